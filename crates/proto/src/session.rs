@@ -1,0 +1,428 @@
+//! Session state machines for the two ends of a transfer, independent of
+//! which end is the daemon.
+//!
+//! The source always proposes and the sink always confirms (seed 000
+//! Fig. 6-4a); the source then streams all metadata without waiting and
+//! the sink answers one SyncDone (Fig. 6-4b: one round trip for the whole
+//! tree); payload flows on the data links; one EndOfData/Complete exchange
+//! ends the session. Each machine checks the order of the messages its end
+//! sends and receives and the consistency of metadata records, so a
+//! confused or hostile peer is caught here and not deep in the engine.
+
+use crate::control::{Control, Entry, EntryKind};
+use crate::path::{validate_link_target, validate_relative};
+use crate::ProtoError;
+
+/// Phases common to both ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Before Propose/Confirm.
+    Negotiate,
+    /// Confirm sent/received; metadata flowing.
+    Metadata,
+    /// MetaEnd sent/received; waiting for SyncDone.
+    Syncing,
+    /// SyncDone exchanged: payload flowing.
+    Payload,
+    /// EndOfData exchanged; waiting for Complete.
+    Completing,
+    /// Complete exchanged.
+    Done,
+    /// Abort or Error seen.
+    Aborted,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Negotiate => "negotiate",
+            Phase::Metadata => "metadata",
+            Phase::Syncing => "syncing",
+            Phase::Payload => "payload",
+            Phase::Completing => "completing",
+            Phase::Done => "done",
+            Phase::Aborted => "aborted",
+        }
+    }
+}
+
+/// Checks of metadata records received by a sink.
+#[derive(Debug, Default)]
+struct EntryChecker {
+    next_id: u64,
+    files: u64,
+    bytes: u64,
+    seen_nondir: bool,
+    /// Ids of File entries, for hard-link targets; bounded by the entries
+    /// actually received (each costs a record on the wire).
+    file_ids: std::collections::HashSet<u64>,
+}
+
+impl EntryChecker {
+    fn check(&mut self, e: &Entry) -> Result<(), ProtoError> {
+        if e.id != self.next_id {
+            return Err(ProtoError::malformed(
+                "entry",
+                format!("id {} out of order (expected {})", e.id, self.next_id),
+            ));
+        }
+        self.next_id += 1;
+        validate_relative(&e.path)?;
+        if e.mode & !0o7777 != 0 {
+            return Err(ProtoError::malformed("entry", "mode has non-permission bits"));
+        }
+        if e.mtime_ns >= 1_000_000_000 {
+            return Err(ProtoError::malformed("entry", "mtime_ns out of range"));
+        }
+        match &e.kind {
+            EntryKind::Dir => {
+                // Directories come first so the tree exists before any file.
+                if self.seen_nondir {
+                    return Err(ProtoError::malformed(
+                        "entry",
+                        "directory record after file records",
+                    ));
+                }
+            }
+            EntryKind::File { size } => {
+                self.seen_nondir = true;
+                self.files += 1;
+                self.bytes = self.bytes.saturating_add(*size);
+                self.file_ids.insert(e.id);
+            }
+            EntryKind::Symlink { target } => {
+                self.seen_nondir = true;
+                validate_link_target(target)?;
+            }
+            EntryKind::HardLink { target_id } => {
+                self.seen_nondir = true;
+                if !self.file_ids.contains(target_id) {
+                    return Err(ProtoError::malformed(
+                        "entry",
+                        "hard link to an id that is not an earlier file",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The source end of a session.
+#[derive(Debug)]
+pub struct SourceMachine {
+    phase: Phase,
+}
+
+impl Default for SourceMachine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SourceMachine {
+    pub fn new() -> Self {
+        SourceMachine {
+            phase: Phase::Negotiate,
+        }
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    fn unexpected(&self, m: &Control) -> ProtoError {
+        ProtoError::Unexpected {
+            got: m.name(),
+            state: self.phase.name(),
+        }
+    }
+
+    /// Validate a message this end is about to send.
+    pub fn on_send(&mut self, m: &Control) -> Result<(), ProtoError> {
+        use Phase::*;
+        self.phase = match (self.phase, m) {
+            (_, Control::Abort { .. }) => Aborted,
+            (Negotiate, Control::Propose(_)) => Negotiate,
+            (Metadata, Control::Entries(_)) => Metadata,
+            (Metadata, Control::MetaEnd { .. }) => Syncing,
+            (Payload, Control::FilesDone(_) | Control::FileFailed { .. }) => Payload,
+            (Payload, Control::EndOfData { .. }) => Completing,
+            _ => return Err(self.unexpected(m)),
+        };
+        Ok(())
+    }
+
+    /// Validate a message received from the sink.
+    pub fn on_recv(&mut self, m: &Control) -> Result<(), ProtoError> {
+        use Phase::*;
+        self.phase = match (self.phase, m) {
+            (_, Control::Abort { .. } | Control::Error { .. }) => Aborted,
+            (Negotiate, Control::Confirm(c)) => {
+                if c.streams == 0 || c.block_size == 0 || c.credits_per_stream == 0 {
+                    return Err(ProtoError::malformed("confirm", "zero streams, block or credits"));
+                }
+                Metadata
+            }
+            (Syncing, Control::SyncDone { .. }) => Payload,
+            (Completing, Control::Complete(_)) => Done,
+            _ => return Err(self.unexpected(m)),
+        };
+        Ok(())
+    }
+}
+
+/// The sink end of a session.
+#[derive(Debug)]
+pub struct SinkMachine {
+    phase: Phase,
+    entries: EntryChecker,
+    proposed: Option<crate::control::Propose>,
+}
+
+impl Default for SinkMachine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SinkMachine {
+    pub fn new() -> Self {
+        SinkMachine {
+            phase: Phase::Negotiate,
+            entries: EntryChecker::default(),
+            proposed: None,
+        }
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// Number of entries accepted so far (= next expected id).
+    pub fn entries_seen(&self) -> u64 {
+        self.entries.next_id
+    }
+
+    fn unexpected(&self, m: &Control) -> ProtoError {
+        ProtoError::Unexpected {
+            got: m.name(),
+            state: self.phase.name(),
+        }
+    }
+
+    pub fn on_send(&mut self, m: &Control) -> Result<(), ProtoError> {
+        use Phase::*;
+        self.phase = match (self.phase, m) {
+            (_, Control::Abort { .. }) => Aborted,
+            (Negotiate, Control::Confirm(c)) => {
+                let Some(p) = &self.proposed else {
+                    return Err(self.unexpected(m));
+                };
+                // The sink may lower what was proposed, never raise it.
+                if c.streams > p.streams || c.block_size > p.block_size || c.streams == 0 {
+                    return Err(ProtoError::malformed("confirm", "exceeds proposal"));
+                }
+                Metadata
+            }
+            (Syncing, Control::SyncDone { .. }) => Payload,
+            (Completing, Control::Complete(_)) => Done,
+            _ => return Err(self.unexpected(m)),
+        };
+        Ok(())
+    }
+
+    pub fn on_recv(&mut self, m: &Control) -> Result<(), ProtoError> {
+        use Phase::*;
+        self.phase = match (self.phase, m) {
+            (_, Control::Abort { .. } | Control::Error { .. }) => Aborted,
+            (Negotiate, Control::Propose(p)) if self.proposed.is_none() => {
+                if p.streams == 0 || p.block_size == 0 {
+                    return Err(ProtoError::malformed("propose", "zero streams or block size"));
+                }
+                self.proposed = Some(p.clone());
+                Negotiate
+            }
+            (Metadata, Control::Entries(es)) => {
+                for e in es {
+                    self.entries.check(e)?;
+                }
+                Metadata
+            }
+            (Metadata, Control::MetaEnd { entries, files, bytes }) => {
+                if *entries != self.entries.next_id
+                    || *files != self.entries.files
+                    || *bytes != self.entries.bytes
+                {
+                    return Err(ProtoError::malformed(
+                        "meta end",
+                        "counts do not match the records received",
+                    ));
+                }
+                Syncing
+            }
+            (Payload, Control::FilesDone(v)) => {
+                if v.iter().any(|(id, _)| *id >= self.entries.next_id) {
+                    return Err(ProtoError::malformed("files done", "unknown file id"));
+                }
+                Payload
+            }
+            (Payload, Control::FileFailed { id, .. }) => {
+                if *id >= self.entries.next_id {
+                    return Err(ProtoError::malformed("file failed", "unknown file id"));
+                }
+                Payload
+            }
+            (Payload, Control::EndOfData { .. }) => Completing,
+            _ => return Err(self.unexpected(m)),
+        };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::{Complete, Confirm, Propose};
+
+    fn propose() -> Control {
+        Control::Propose(Propose {
+            roots: 1,
+            streams: 4,
+            block_size: 1 << 20,
+            capacity_mbps: 0,
+            checksum: true,
+        })
+    }
+    fn confirm(streams: u16) -> Control {
+        Control::Confirm(Confirm {
+            streams,
+            block_size: 1 << 20,
+            credits_per_stream: 4,
+            capacity_mbps: 0,
+            checksum: true,
+        })
+    }
+    fn entry(id: u64, path: &str, kind: EntryKind) -> Entry {
+        Entry {
+            id,
+            path: path.as_bytes().to_vec(),
+            kind,
+            mode: 0o644,
+            mtime_s: 0,
+            mtime_ns: 0,
+        }
+    }
+
+    /// Drive both machines through a full session, as the engine does,
+    /// delivering every message the one sends to the other.
+    #[test]
+    fn full_session_both_ends() {
+        let mut src = SourceMachine::new();
+        let mut snk = SinkMachine::new();
+        let mut deliver_to_sink = |m: Control, src: &mut SourceMachine, snk: &mut SinkMachine| {
+            src.on_send(&m).unwrap();
+            snk.on_recv(&m).unwrap();
+        };
+        deliver_to_sink(propose(), &mut src, &mut snk);
+        let c = confirm(2);
+        snk.on_send(&c).unwrap();
+        src.on_recv(&c).unwrap();
+        let es = vec![
+            entry(0, "d", EntryKind::Dir),
+            entry(1, "d/f", EntryKind::File { size: 10 }),
+            entry(2, "d/l", EntryKind::HardLink { target_id: 1 }),
+            entry(
+                3,
+                "d/s",
+                EntryKind::Symlink {
+                    target: b"f".to_vec(),
+                },
+            ),
+        ];
+        deliver_to_sink(Control::Entries(es), &mut src, &mut snk);
+        deliver_to_sink(
+            Control::MetaEnd {
+                entries: 4,
+                files: 1,
+                bytes: 10,
+            },
+            &mut src,
+            &mut snk,
+        );
+        let sd = Control::SyncDone { failures: vec![] };
+        snk.on_send(&sd).unwrap();
+        src.on_recv(&sd).unwrap();
+        deliver_to_sink(Control::FilesDone(vec![(1, 42)]), &mut src, &mut snk);
+        deliver_to_sink(Control::EndOfData { files: 1, bytes: 10 }, &mut src, &mut snk);
+        let done = Control::Complete(Complete {
+            files: 1,
+            bytes: 10,
+            failures: vec![],
+            cpu_s: 0.0,
+        });
+        snk.on_send(&done).unwrap();
+        src.on_recv(&done).unwrap();
+        assert_eq!(src.phase(), Phase::Done);
+        assert_eq!(snk.phase(), Phase::Done);
+    }
+
+    #[test]
+    fn sink_rejects_out_of_order_and_hostile_records() {
+        let mut snk = SinkMachine::new();
+        snk.on_recv(&propose()).unwrap();
+        snk.on_send(&confirm(4)).unwrap();
+        // A confirm that raises the proposal is refused.
+        let mut s2 = SinkMachine::new();
+        s2.on_recv(&propose()).unwrap();
+        assert!(s2.on_send(&confirm(9)).is_err());
+
+        let bad = [
+            vec![entry(1, "a", EntryKind::Dir)],
+            vec![entry(0, "../a", EntryKind::Dir)],
+            vec![entry(0, "/abs", EntryKind::File { size: 1 })],
+            vec![entry(0, "a", EntryKind::HardLink { target_id: 0 })],
+            vec![
+                entry(0, "f", EntryKind::File { size: 1 }),
+                entry(1, "d", EntryKind::Dir),
+            ],
+        ];
+        for b in bad {
+            let mut m = SinkMachine::new();
+            m.on_recv(&propose()).unwrap();
+            m.on_send(&confirm(4)).unwrap();
+            assert!(m.on_recv(&Control::Entries(b.clone())).is_err(), "{b:?}");
+        }
+        // Payload messages before metadata are refused.
+        assert!(snk
+            .on_recv(&Control::EndOfData { files: 0, bytes: 0 })
+            .is_err());
+    }
+
+    #[test]
+    fn meta_end_counts_must_match() {
+        let mut m = SinkMachine::new();
+        m.on_recv(&propose()).unwrap();
+        m.on_send(&confirm(1)).unwrap();
+        m.on_recv(&Control::Entries(vec![entry(0, "f", EntryKind::File { size: 5 })]))
+            .unwrap();
+        assert!(m
+            .on_recv(&Control::MetaEnd {
+                entries: 1,
+                files: 1,
+                bytes: 6
+            })
+            .is_err());
+    }
+
+    #[test]
+    fn source_rejects_premature_messages() {
+        let mut s = SourceMachine::new();
+        assert!(s.on_recv(&Control::SyncDone { failures: vec![] }).is_err());
+        let mut s = SourceMachine::new();
+        assert!(s.on_send(&Control::Entries(vec![])).is_err());
+        let mut s = SourceMachine::new();
+        s.on_recv(&Control::Abort { reason: "x".into() }).unwrap();
+        assert_eq!(s.phase(), Phase::Aborted);
+    }
+}

@@ -1,0 +1,99 @@
+//! Property tests: every decoder of network input, fed arbitrary bytes,
+//! returns an error or a value; it never panics and never allocates more
+//! than the frame limits allow (postcard pre-allocates cautiously and the
+//! body itself is bounded before decoding).
+
+use proptest::prelude::*;
+use ramsys_proto::data::{decode_credit, decode_table, table_len, Segment};
+use ramsys_proto::frame::{FrameDecoder, FrameHeader, HEADER_LEN};
+use ramsys_proto::session::SinkMachine;
+use ramsys_proto::{parse_preamble, path, Control};
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn control_decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+        let _ = Control::decode(&bytes);
+    }
+
+    #[test]
+    fn header_decode_never_panics(b in any::<[u8; HEADER_LEN]>(), max in any::<u32>()) {
+        if let Ok(h) = FrameHeader::decode(&b, max) {
+            prop_assert!(h.len <= max.max(1 << 20));
+        }
+    }
+
+    #[test]
+    fn preamble_never_panics(b in any::<[u8; 8]>()) {
+        let _ = parse_preamble(&b);
+    }
+
+    #[test]
+    fn table_decode_never_panics(
+        bytes in proptest::collection::vec(any::<u8>(), 0..512),
+        nseg in 0usize..40,
+        extra in 0usize..100000,
+    ) {
+        let mut segs: Vec<Segment> = Vec::with_capacity(64);
+        let tl = table_len(nseg);
+        if bytes.len() >= tl {
+            let r = decode_table(&bytes[..tl], nseg, tl + extra, 1 << 16, &mut segs);
+            if let Ok((_, payload)) = r {
+                prop_assert_eq!(payload, extra);
+                prop_assert!(payload <= 1 << 16);
+            }
+        }
+    }
+
+    #[test]
+    fn credit_decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..8)) {
+        let _ = decode_credit(&bytes);
+    }
+
+    #[test]
+    fn frame_stream_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
+        let mut d = FrameDecoder::new(1 << 16);
+        d.feed(&bytes);
+        for _ in 0..64 {
+            match d.next_frame() {
+                Ok(Some((h, body))) => {
+                    prop_assert_eq!(h.len as usize, body.len());
+                    if h.kind == ramsys_proto::FrameKind::Control {
+                        let _ = Control::decode(&body);
+                    }
+                }
+                _ => break,
+            }
+        }
+    }
+
+    #[test]
+    fn path_validation_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+        if path::validate_relative(&bytes).is_ok() {
+            prop_assert!(!bytes.contains(&0));
+            prop_assert!(bytes[0] != b'/');
+            prop_assert!(!bytes.split(|&b| b == b'/').any(|c| c == b".." || c.is_empty()));
+        }
+    }
+
+    /// Arbitrary decoded control messages fed to a sink machine never panic.
+    #[test]
+    fn sink_machine_never_panics(msgs in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..128), 0..16)) {
+        let mut m = SinkMachine::new();
+        for b in msgs {
+            if let Ok(c) = Control::decode(&b) {
+                let _ = m.on_recv(&c);
+            }
+        }
+    }
+}
+
+/// A length prefix claiming a huge collection must not allocate it.
+#[test]
+fn huge_length_prefix_is_rejected_cheaply() {
+    // Variant 9 = Entries, then a varint length of ~2^62 entries.
+    let mut b = vec![9u8];
+    b.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f]);
+    assert!(Control::decode(&b).is_err());
+}
