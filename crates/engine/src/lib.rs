@@ -1,1 +1,62 @@
-//! stub
+//! The ramsys engine: the request-management (RM) and data-access (DAT)
+//! layers of RAMSYS (seed 000, sec. 6.1.3 and 6.1.5), driven by the
+//! protocol crate (PEP layer) and fed by the resources crate (INI layer).
+//!
+//! Read top to bottom:
+//! - [`transport`]: links (TCP now; raw Ethernet and RDMA later).
+//! - [`wire`]: frames on links.
+//! - [`session`]: connection handshake, authentication, data-link joins.
+//! - [`request`]: a request becomes a walk of the source tree and per-device
+//!   queues of read units (tasks grouped by storage, Fig. 6-3).
+//! - [`data`]: readers fill buffers, senders drain them; receivers fill,
+//!   writers drain; bounded queues and credits between every pair.
+//! - [`source`] and [`sink`]: one session end each, as a controller thread
+//!   with an event loop over control messages and data-thread events.
+
+pub mod data;
+pub mod client;
+pub mod fsops;
+pub mod options;
+pub mod request;
+pub mod resources;
+pub mod server;
+pub mod session;
+pub mod sink;
+pub mod source;
+pub mod stats;
+pub mod transport;
+pub mod wire;
+
+pub use options::TransferOptions;
+pub use resources::EngineResources;
+pub use stats::{Report, Stats};
+
+use ramsys_proto::ProtoError;
+
+/// Why a session failed as a whole (per-file failures are in the report).
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol error: {0}")]
+    Proto(#[from] ProtoError),
+    #[error("peer closed the connection")]
+    PeerClosed,
+    #[error("peer aborted: {0}")]
+    PeerAborted(String),
+    #[error("refused by peer: {0}")]
+    Refused(String),
+    #[error("{0}")]
+    Local(String),
+}
+
+impl EngineError {
+    pub fn local(s: impl Into<String>) -> Self {
+        EngineError::Local(s.into())
+    }
+}
+
+/// Lossy display of wire path bytes.
+pub fn show(p: &[u8]) -> String {
+    String::from_utf8_lossy(p).into_owned()
+}

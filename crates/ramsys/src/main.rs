@@ -1,1 +1,95 @@
-fn main() {}
+//! `ramsys`: one binary for the daemon (`serve`), the agent (`cp`) and the
+//! hardware tools (`topo`, `iomodel`).
+
+mod agent;
+mod daemon;
+mod progress;
+mod spec;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "ramsys", version, about = "NUMA-aware, resource-aware data replication")]
+struct Cli {
+    /// More log output (repeat for more); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run the daemon: serve transfers beneath --root.
+    Serve(daemon::ServeArgs),
+    /// Copy files and directory trees (local paths or ramsys://HOST:PORT/PATH).
+    Cp(agent::CpArgs),
+    /// Show the hardware model: NUMA nodes, NICs, block devices.
+    Topo(ramsys_topo::TopoArgs),
+    /// NUMA I/O bandwidth characterization, classes, prediction, calibration.
+    Iomodel(ramsys_iomodel::IomodelArgs),
+}
+
+/// Options shared by every command that authenticates.
+#[derive(Args, Debug, Clone)]
+pub struct KeyArgs {
+    /// Shared key file (default: $RAMSYS_KEY_FILE or ~/.config/ramsys/key,
+    /// created with mode 0600 on first use).
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+}
+
+impl KeyArgs {
+    pub fn load(&self) -> anyhow::Result<Vec<u8>> {
+        let p = self
+            .key_file
+            .clone()
+            .unwrap_or_else(ramsys_resources::keys::default_key_path);
+        ramsys_resources::keys::load_or_create(&p)
+    }
+}
+
+fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+fn main() {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    let r = match &cli.cmd {
+        Cmd::Serve(a) => daemon::run(a),
+        Cmd::Cp(a) => agent::run(a),
+        Cmd::Topo(a) => ramsys_topo::run(a).map(|_| 0),
+        Cmd::Iomodel(a) => ramsys_iomodel::run(a).map(|_| 0),
+    };
+    match r {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            // One line: the error and its causes.
+            let mut msg = e.to_string();
+            for c in e.chain().skip(1) {
+                let s = c.to_string();
+                if !msg.contains(&s) {
+                    msg.push_str(": ");
+                    msg.push_str(&s);
+                }
+            }
+            eprintln!("ramsys: error: {msg}");
+            std::process::exit(1);
+        }
+    }
+}

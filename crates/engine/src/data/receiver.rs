@@ -1,0 +1,115 @@
+//! Receivers: read blocks from one data link each into free buffers.
+
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use ramsys_proto::data::{decode_table, hash_block, table_len, MAX_SEGMENTS};
+use ramsys_proto::frame::FrameKind;
+use ramsys_proto::ProtoError;
+use ramsys_resources::{Buf, BufferPool};
+
+use crate::stats::Stats;
+use crate::transport::Link;
+use crate::wire::read_header;
+use crate::EngineError;
+
+/// What a receiver reports besides blocks.
+#[derive(Debug)]
+pub enum ReceiverEvent {
+    /// A block failed its checksum; these file ids are corrupt.
+    Corrupt { stream: u16, file_ids: Vec<u64> },
+}
+
+/// Receiver thread body. `granted` counts credits the writers have handed
+/// out on this stream (incremented before the credit is sent).
+#[allow(clippy::too_many_arguments)]
+pub fn run_receiver(
+    stream: u16,
+    mut link: Box<dyn Link>,
+    block_size: usize,
+    checksum: bool,
+    pool: Arc<BufferPool>,
+    received: Sender<Buf>,
+    events: Sender<ReceiverEvent>,
+    granted: Arc<AtomicU64>,
+    abort: Arc<AtomicBool>,
+    stats: Arc<Stats>,
+) -> Result<(), EngineError> {
+    let max_body = (table_len(MAX_SEGMENTS) + block_size) as u32;
+    let mut table = vec![0u8; table_len(MAX_SEGMENTS)];
+    let mut count: u64 = 0;
+    loop {
+        let h = match read_header(&mut *link, max_body)? {
+            Some(h) => h,
+            None => {
+                if abort.load(Ordering::Relaxed) {
+                    return Err(EngineError::local("aborted"));
+                }
+                return Err(EngineError::PeerClosed);
+            }
+        };
+        match h.kind {
+            FrameKind::End => return Ok(()),
+            FrameKind::Data => {}
+            _ => {
+                return Err(ProtoError::Unexpected {
+                    got: "non-data frame",
+                    state: "receiver",
+                }
+                .into())
+            }
+        }
+        count += 1;
+        if count > granted.load(Ordering::Acquire) {
+            return Err(ProtoError::Credit(format!("stream {stream}: block sent without credit")).into());
+        }
+        let nseg = h.aux as usize;
+        let tl = table_len(nseg);
+        if nseg == 0 || nseg > MAX_SEGMENTS || tl > h.len as usize {
+            return Err(ProtoError::Malformed {
+                what: "data block",
+                detail: format!("segment count {nseg}"),
+            }
+            .into());
+        }
+        link.read_exact(&mut table[..tl])?;
+        // Credits guarantee a free buffer; the timeout only guards bugs.
+        let mut buf = pool
+            .get_timeout(Duration::from_secs(30))
+            .ok_or_else(|| EngineError::local("no free buffer despite credit"))?;
+        let (declared, plen) = match decode_table(&table[..tl], nseg, h.len as usize, block_size, &mut buf.segs) {
+            Ok(v) => v,
+            Err(e) => {
+                pool.put(buf);
+                return Err(e.into());
+            }
+        };
+        if let Err(e) = link.read_exact(&mut buf.space()[..plen]) {
+            pool.put(buf);
+            return Err(e.into());
+        }
+        buf.len = plen;
+        buf.stream = stream;
+        if checksum {
+            buf.hashes.resize(nseg, 0);
+            let (payload, segs, hashes) = buf.parts_mut();
+            let got = hash_block(segs, payload, hashes);
+            if got != declared {
+                stats.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                let ids = buf.segs.iter().map(|s| s.file_id).collect();
+                let _ = events.send(ReceiverEvent::Corrupt { stream, file_ids: ids });
+                // Hand the buffer on empty, so its credit returns as usual.
+                buf.segs.clear();
+                buf.hashes.clear();
+                buf.len = 0;
+            }
+        }
+        stats.blocks.fetch_add(1, Ordering::Relaxed);
+        if received.send(buf).is_err() {
+            return Err(EngineError::local("writers stopped"));
+        }
+    }
+}

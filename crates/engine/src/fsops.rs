@@ -1,0 +1,399 @@
+//! File-system access confined to a root directory.
+//!
+//! Every path a peer names is resolved with `openat2(2)` and
+//! `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` (sink) or `RESOLVE_BENEATH`
+//! (source): the kernel itself refuses `..` escapes, absolute paths and,
+//! on the sink, any symlink on the way, atomically with the lookup, so a
+//! symlink swapped in during a transfer cannot redirect a write (no
+//! check-then-use race). Final renames, links and attribute changes are
+//! made relative to a directory fd obtained the same way.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+/// `struct open_how` of openat2(2).
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+const RESOLVE_BENEATH: u64 = 0x08;
+
+/// How strictly paths under a root are resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Confinement {
+    /// Beneath the root, no symlinks at all (sink side, peer-named paths).
+    Strict,
+    /// Beneath the root; symlinks allowed when they stay inside (daemon
+    /// source: reading through a link inside the export is harmless).
+    Beneath,
+    /// The user's own local paths: ordinary resolution.
+    None,
+}
+
+/// An open directory all paths are resolved against.
+pub struct Root {
+    fd: OwnedFd,
+    path: PathBuf,
+    confine: Confinement,
+}
+
+fn cstr(b: &[u8]) -> io::Result<CString> {
+    CString::new(b).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in path"))
+}
+
+fn errno() -> io::Error {
+    io::Error::last_os_error()
+}
+
+/// Split "a/b/c" into ("a/b", "c"); "c" into ("", "c").
+pub fn split_parent(rel: &[u8]) -> (&[u8], &[u8]) {
+    match rel.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&rel[..i], &rel[i + 1..]),
+        None => (&b""[..], rel),
+    }
+}
+
+impl Root {
+    pub fn open(path: &Path, confine: Confinement) -> io::Result<Root> {
+        let c = cstr(path.as_os_str().as_encoded_bytes())?;
+        // SAFETY: valid C string; the returned fd is owned below.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+        if fd < 0 {
+            let e = errno();
+            return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display())));
+        }
+        Ok(Root {
+            // SAFETY: fd is a fresh descriptor we own.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            path: path.to_path_buf(),
+            confine,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn resolve_flags(&self) -> u64 {
+        match self.confine {
+            Confinement::Strict => RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+            Confinement::Beneath => RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+            Confinement::None => 0,
+        }
+    }
+
+    /// openat2 relative to the root; "" is the root itself.
+    pub fn openat(&self, rel: &[u8], flags: i32, mode: u32) -> io::Result<OwnedFd> {
+        let rel = if rel.is_empty() { &b"."[..] } else { rel };
+        let c = cstr(rel)?;
+        let how = OpenHow {
+            flags: (flags | libc::O_CLOEXEC) as u64,
+            mode: if flags & libc::O_CREAT != 0 { mode as u64 } else { 0 },
+            resolve: self.resolve_flags(),
+        };
+        // SAFETY: openat2 with a valid dirfd, C string and open_how.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            )
+        };
+        if fd < 0 {
+            let e = errno();
+            let shown = String::from_utf8_lossy(rel);
+            return Err(match e.raw_os_error() {
+                Some(libc::ELOOP) | Some(libc::EXDEV) if self.confine != Confinement::None => {
+                    io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!("refusing to follow a symlink or leave the root at {shown:?}"),
+                    )
+                }
+                _ => io::Error::new(e.kind(), format!("{shown}: {e}")),
+            });
+        }
+        // SAFETY: fresh descriptor.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    }
+
+    /// Open a directory under the root.
+    pub fn open_dir(&self, rel: &[u8]) -> io::Result<OwnedFd> {
+        self.openat(rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+    }
+
+    /// Open a regular file for reading (never through a final symlink).
+    pub fn open_read(&self, rel: &[u8], direct: bool) -> io::Result<File> {
+        let mut fl = libc::O_RDONLY | libc::O_NOFOLLOW;
+        if direct {
+            fl |= libc::O_DIRECT;
+        }
+        Ok(File::from(self.openat(rel, fl, 0)?))
+    }
+
+    /// lstat of `rel` (None if it does not exist).
+    pub fn lstat(&self, rel: &[u8]) -> io::Result<Option<libc::stat>> {
+        let (parent, name) = split_parent(rel);
+        let dir = match self.open_dir(parent) {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let name = if name.is_empty() { &b"."[..] } else { name };
+        let c = cstr(name)?;
+        // SAFETY: zeroed stat is a valid out-parameter.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: valid dirfd, C string, out pointer.
+        let r = unsafe { libc::fstatat(dir.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+        if r != 0 {
+            let e = errno();
+            if e.kind() == io::ErrorKind::NotFound {
+                return Ok(None);
+            }
+            return Err(e);
+        }
+        Ok(Some(st))
+    }
+
+    /// Create directory `rel` (its parent must exist); an existing directory
+    /// is fine, an existing non-directory is an error.
+    pub fn mkdir(&self, rel: &[u8], mode: u32) -> io::Result<()> {
+        let (parent, name) = split_parent(rel);
+        let dir = self.open_dir(parent)?;
+        let c = cstr(name)?;
+        // SAFETY: valid dirfd and C string.
+        let r = unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), (mode | 0o700) as libc::mode_t) };
+        if r != 0 {
+            let e = errno();
+            if e.raw_os_error() == Some(libc::EEXIST) {
+                let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                // SAFETY: as above.
+                let ok = unsafe {
+                    libc::fstatat(dir.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW)
+                } == 0;
+                if ok && st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                    return Ok(());
+                }
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{} exists and is not a directory", String::from_utf8_lossy(rel)),
+                ));
+            }
+            return Err(io::Error::new(e.kind(), format!("mkdir {}: {e}", String::from_utf8_lossy(rel))));
+        }
+        Ok(())
+    }
+
+    /// Create a new temporary file `tmp` in directory `parent`.
+    pub fn create_temp(&self, parent: &[u8], tmp: &[u8]) -> io::Result<File> {
+        let dir = self.open_dir(parent)?;
+        let c = cstr(tmp)?;
+        // SAFETY: valid dirfd and C string.
+        let fd = unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o600 as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(errno());
+        }
+        // SAFETY: fresh descriptor.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    /// Set mode and mtime of `name` in `dir` without following a symlink.
+    fn set_attrs(dir: RawFd, name: &CString, mode: Option<u32>, mtime: (i64, u32)) -> io::Result<()> {
+        if let Some(m) = mode {
+            // fchmodat cannot refuse symlinks portably; name is our own
+            // freshly created temp file or directory, never a link.
+            // SAFETY: valid dirfd and C string.
+            if unsafe { libc::fchmodat(dir, name.as_ptr(), m as libc::mode_t, 0) } != 0 {
+                return Err(errno());
+            }
+        }
+        let ts = [
+            libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_OMIT,
+            },
+            libc::timespec {
+                tv_sec: mtime.0 as libc::time_t,
+                tv_nsec: mtime.1 as libc::c_long,
+            },
+        ];
+        // SAFETY: valid dirfd, C string and two timespecs.
+        if unsafe { libc::utimensat(dir, name.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) } != 0 {
+            return Err(errno());
+        }
+        Ok(())
+    }
+
+    /// Give the temp file its mode and mtime and rename it over `name`.
+    pub fn finalize(&self, parent: &[u8], tmp: &[u8], name: &[u8], mode: u32, mtime: (i64, u32)) -> io::Result<()> {
+        let dir = self.open_dir(parent)?;
+        let t = cstr(tmp)?;
+        let n = cstr(name)?;
+        Self::set_attrs(dir.as_raw_fd(), &t, Some(mode), mtime)?;
+        // SAFETY: valid dirfds and C strings.
+        if unsafe { libc::renameat(dir.as_raw_fd(), t.as_ptr(), dir.as_raw_fd(), n.as_ptr()) } != 0 {
+            return Err(errno());
+        }
+        Ok(())
+    }
+
+    /// Remove `name` from `parent` (a temp file we created).
+    pub fn unlink(&self, parent: &[u8], name: &[u8]) -> io::Result<()> {
+        let dir = self.open_dir(parent)?;
+        let n = cstr(name)?;
+        // SAFETY: valid dirfd and C string.
+        if unsafe { libc::unlinkat(dir.as_raw_fd(), n.as_ptr(), 0) } != 0 {
+            return Err(errno());
+        }
+        Ok(())
+    }
+
+    /// Apply mode and mtime to an existing directory.
+    pub fn set_dir_attrs(&self, rel: &[u8], mode: u32, mtime: (i64, u32)) -> io::Result<()> {
+        let (parent, name) = split_parent(rel);
+        let dir = self.open_dir(parent)?;
+        let n = cstr(if name.is_empty() { b"." } else { name })?;
+        Self::set_attrs(dir.as_raw_fd(), &n, Some(mode), mtime)
+    }
+
+    /// Create (or replace) symlink `rel` pointing at `target`, atomically:
+    /// a temp link is renamed over the final name.
+    pub fn symlink(&self, rel: &[u8], target: &[u8], tmp: &[u8], mtime: (i64, u32)) -> io::Result<()> {
+        let (parent, name) = split_parent(rel);
+        let dir = self.open_dir(parent)?;
+        let t = cstr(target)?;
+        let tm = cstr(tmp)?;
+        let n = cstr(name)?;
+        // SAFETY: valid dirfd and C strings.
+        if unsafe { libc::symlinkat(t.as_ptr(), dir.as_raw_fd(), tm.as_ptr()) } != 0 {
+            return Err(errno());
+        }
+        let _ = Self::set_attrs(dir.as_raw_fd(), &tm, None, mtime);
+        // SAFETY: as above.
+        if unsafe { libc::renameat(dir.as_raw_fd(), tm.as_ptr(), dir.as_raw_fd(), n.as_ptr()) } != 0 {
+            let e = errno();
+            // SAFETY: as above.
+            unsafe { libc::unlinkat(dir.as_raw_fd(), tm.as_ptr(), 0) };
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Make `link` another name of the existing file `target` (atomically
+    /// replacing `link` through a temp name).
+    pub fn hardlink(&self, target: &[u8], link: &[u8], tmp: &[u8]) -> io::Result<()> {
+        let (tp, tn) = split_parent(target);
+        let (lp, ln) = split_parent(link);
+        let tdir = self.open_dir(tp)?;
+        let ldir = self.open_dir(lp)?;
+        let tn = cstr(tn)?;
+        let tm = cstr(tmp)?;
+        let ln = cstr(ln)?;
+        // SAFETY: valid dirfds and C strings; flags 0 = do not follow.
+        if unsafe { libc::linkat(tdir.as_raw_fd(), tn.as_ptr(), ldir.as_raw_fd(), tm.as_ptr(), 0) } != 0 {
+            return Err(errno());
+        }
+        // SAFETY: as above.
+        if unsafe { libc::renameat(ldir.as_raw_fd(), tm.as_ptr(), ldir.as_raw_fd(), ln.as_ptr()) } != 0 {
+            let e = errno();
+            unsafe { libc::unlinkat(ldir.as_raw_fd(), tm.as_ptr(), 0) };
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+/// Raise the open-file limit to its hard maximum (many files in flight).
+pub fn raise_nofile_limit() {
+    // SAFETY: plain struct in/out.
+    unsafe {
+        let mut rl: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 && rl.rlim_cur < rl.rlim_max {
+            rl.rlim_cur = rl.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
+        }
+    }
+}
+
+/// Positional write of the whole buffer.
+pub fn pwrite_all(f: &File, mut buf: &[u8], mut off: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    while !buf.is_empty() {
+        match f.write_at(buf, off) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "short write")),
+            Ok(n) => {
+                buf = &buf[n..];
+                off += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Positional read filling as much of `buf` as the file has; returns bytes
+/// read (short only at end of file).
+pub fn pread_full(f: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read_at(&mut buf[got..], off + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strict_root_refuses_symlinks_and_escapes() {
+        let d = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("sub")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), d.path().join("link")).unwrap();
+        let r = Root::open(d.path(), Confinement::Strict).unwrap();
+        assert!(r.mkdir(b"sub/x", 0o755).is_ok());
+        let e = r.mkdir(b"link/x", 0o755).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(r.open_dir(b"../").is_err());
+        assert!(r.create_temp(b"link", b"t").is_err());
+        assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none());
+        let f = r.create_temp(b"sub", b".t").unwrap();
+        pwrite_all(&f, b"hello", 0).unwrap();
+        drop(f);
+        r.finalize(b"sub", b".t", b"f", 0o640, (1_000_000, 5)).unwrap();
+        let md = std::fs::metadata(d.path().join("sub/f")).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(md.mode() & 0o777, 0o640);
+        assert_eq!((md.mtime(), md.mtime_nsec()), (1_000_000, 5));
+        r.symlink(b"sub/s", b"../../etc", b".s", (5, 0)).unwrap();
+        assert_eq!(std::fs::read_link(d.path().join("sub/s")).unwrap(), Path::new("../../etc"));
+        r.hardlink(b"sub/f", b"sub/h", b".h").unwrap();
+        assert_eq!(std::fs::metadata(d.path().join("sub/h")).unwrap().ino(), md.ino());
+        // Writing through the symlink we just created is refused.
+        assert!(r.create_temp(b"sub/s", b"x").is_err());
+    }
+}

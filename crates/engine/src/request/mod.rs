@@ -1,0 +1,7 @@
+//! Request management (RM) layer (seed 000, sec. 6.1.3): a request is
+//! turned into the metadata of every entry (the depth-first [`walk`]) and
+//! into per-storage-device queues of read units ([`tasks`]), so each device
+//! is served by its own readers (Fig. 6-3).
+
+pub mod tasks;
+pub mod walk;

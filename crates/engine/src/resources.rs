@@ -1,0 +1,81 @@
+//! The resources one engine (daemon or agent end) pre-allocates at start
+//! (INI layer, seed 000 sec. 6.1.2): a bounded buffer pool and one thread
+//! pool per role. Sessions borrow from them and give everything back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ramsys_resources::{BufferPool, ThreadPool};
+
+/// Sizes of what is pre-allocated.
+#[derive(Debug, Clone)]
+pub struct ResourceConfig {
+    /// Total buffer memory, bytes (caps memory use whatever the data set).
+    pub memory: usize,
+    /// Size of each buffer = largest block size served.
+    pub buffer_size: usize,
+    pub readers: usize,
+    pub writers: usize,
+    /// Most data streams served at once (sender and receiver threads).
+    pub max_streams: usize,
+    /// CPUs for storage threads and for network threads (empty: unpinned).
+    pub storage_cpus: Vec<usize>,
+    pub net_cpus: Vec<usize>,
+}
+
+impl Default for ResourceConfig {
+    fn default() -> Self {
+        ResourceConfig {
+            memory: 256 << 20,
+            buffer_size: 4 << 20,
+            readers: 4,
+            writers: 4,
+            max_streams: 16,
+            storage_cpus: Vec::new(),
+            net_cpus: Vec::new(),
+        }
+    }
+}
+
+/// Pre-allocated pools of one engine.
+pub struct EngineResources {
+    pub buffers: Arc<BufferPool>,
+    pub readers: Arc<ThreadPool>,
+    pub writers: Arc<ThreadPool>,
+    pub senders: Arc<ThreadPool>,
+    pub receivers: Arc<ThreadPool>,
+    pub config: ResourceConfig,
+}
+
+impl EngineResources {
+    pub fn new(cfg: &ResourceConfig) -> anyhow::Result<Self> {
+        let count = (cfg.memory / cfg.buffer_size).max(4);
+        Ok(EngineResources {
+            buffers: Arc::new(BufferPool::allocate(count, cfg.buffer_size)?),
+            readers: ThreadPool::new("reader", cfg.readers, cfg.storage_cpus.clone())?,
+            writers: ThreadPool::new("writer", cfg.writers, cfg.storage_cpus.clone())?,
+            senders: ThreadPool::new("sender", cfg.max_streams, cfg.net_cpus.clone())?,
+            receivers: ThreadPool::new("receiver", cfg.max_streams, cfg.net_cpus.clone())?,
+            config: cfg.clone(),
+        })
+    }
+
+    /// A session's share of buffers: between `min` and `max`, waiting up
+    /// to `wait` for `min`.
+    pub fn take_buffers(&self, min: usize, max: usize, wait: Duration) -> Option<BufferPool> {
+        let bufs = self.buffers.take(min.min(self.buffers.count()), max, wait)?;
+        BufferPool::from_bufs(bufs).ok()
+    }
+
+    /// Return a session's share (waits briefly for stragglers).
+    pub fn return_buffers(&self, share: Arc<BufferPool>) {
+        match Arc::try_unwrap(share) {
+            Ok(p) => {
+                for b in p.into_bufs(Duration::from_secs(5)) {
+                    self.buffers.put(b);
+                }
+            }
+            Err(_) => tracing::warn!("buffer share still referenced at session end; leaking it"),
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! The daemon's connection handling (seed 000 sec. 6.2.1): a link
+//! dispatcher accepts every connection and, from its first message,
+//! either authenticates a new control connection and runs its session, or
+//! hands a data link to the session it joins.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crossbeam_channel::{unbounded, Sender};
+use ramsys_proto::auth::{verify_join, ServerHandshake};
+use ramsys_proto::control::{Bytes32, Role};
+use ramsys_proto::path::validate_relative;
+use ramsys_proto::Control;
+
+use crate::fsops::{Confinement, Root};
+use crate::request::walk::Top;
+use crate::resources::EngineResources;
+use crate::session::{random32, ServerLinks};
+use crate::sink::{run_sink, SinkSpec};
+use crate::source::{run_source, SourceSpec};
+use crate::stats::Stats;
+use crate::transport::tcp::tune;
+use crate::transport::Link;
+use crate::wire::{exchange_preamble, recv_control, send_control};
+use crate::{show, EngineError, TransferOptions};
+
+struct Slot {
+    key: Bytes32,
+    tx: Sender<(u16, Box<dyn Link>)>,
+}
+
+/// State shared by all connections of one daemon.
+pub struct DaemonShared {
+    pub root_path: PathBuf,
+    sink_root: Arc<Root>,
+    source_root: Arc<Root>,
+    key: Vec<u8>,
+    pub res: EngineResources,
+    pub opts: TransferOptions,
+    registry: Mutex<HashMap<u64, Slot>>,
+    next_session: AtomicU64,
+    /// Sessions currently running (observable state).
+    pub active: AtomicU64,
+}
+
+/// A bound, not yet serving daemon.
+pub struct Daemon {
+    listener: TcpListener,
+    shared: Arc<DaemonShared>,
+}
+
+impl Daemon {
+    /// Bind `listen` and pre-allocate resources. `root` is canonicalized:
+    /// every peer path resolves beneath it.
+    pub fn bind(
+        listen: &str,
+        root: &Path,
+        key: Vec<u8>,
+        opts: TransferOptions,
+        res: EngineResources,
+    ) -> anyhow::Result<Daemon> {
+        let root_path = root
+            .canonicalize()
+            .map_err(|e| anyhow::anyhow!("root {}: {e}", root.display()))?;
+        anyhow::ensure!(root_path.is_dir(), "root {} is not a directory", root_path.display());
+        let listener =
+            TcpListener::bind(listen).map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+        let sink_root = Arc::new(Root::open(&root_path, Confinement::Strict)?);
+        let source_root = Arc::new(Root::open(&root_path, Confinement::Beneath)?);
+        crate::fsops::raise_nofile_limit();
+        // Session ids start at a random point so ids of a restarted daemon
+        // do not repeat.
+        let r = random32();
+        let start = u64::from_le_bytes(r[..8].try_into().unwrap()) >> 16;
+        Ok(Daemon {
+            listener,
+            shared: Arc::new(DaemonShared {
+                root_path,
+                sink_root,
+                source_root,
+                key,
+                res,
+                opts,
+                registry: Mutex::new(HashMap::new()),
+                next_session: AtomicU64::new(start),
+                active: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("bound listener")
+    }
+
+    pub fn shared(&self) -> Arc<DaemonShared> {
+        self.shared.clone()
+    }
+
+    /// Accept connections forever.
+    pub fn serve(self) {
+        for c in self.listener.incoming() {
+            match c {
+                Ok(s) => {
+                    tune(&s, None);
+                    let sh = self.shared.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("conn".into())
+                        .spawn(move || handle(sh, Box::new(s)));
+                }
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+
+    /// Serve on a background thread.
+    pub fn spawn(self) -> std::thread::JoinHandle<()> {
+        std::thread::Builder::new()
+            .name("dispatcher".into())
+            .spawn(move || self.serve())
+            .expect("spawn dispatcher")
+    }
+}
+
+fn handle(sh: Arc<DaemonShared>, mut link: Box<dyn Link>) {
+    let peer = link.peer();
+    if let Err(e) = handle_inner(&sh, &mut link) {
+        match e {
+            EngineError::PeerClosed => tracing::debug!("{peer}: closed"),
+            e => tracing::warn!("{peer}: {e}"),
+        }
+    }
+}
+
+fn refuse(link: &mut Box<dyn Link>, code: u16, message: String) {
+    let _ = send_control(&mut **link, &Control::Error { code, message });
+}
+
+fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), EngineError> {
+    link.set_read_timeout(Some(Duration::from_secs(30)))?;
+    exchange_preamble(&mut **link)?;
+    let first = recv_control(&mut **link)?;
+    match first {
+        Control::Join {
+            session,
+            stream,
+            nonce,
+            mac,
+        } => {
+            let reg = sh.registry.lock().unwrap();
+            let ok = reg
+                .get(&session)
+                .filter(|s| verify_join(&s.key, session, stream, &nonce, &mac));
+            match ok {
+                Some(slot) => {
+                    let tx = slot.tx.clone();
+                    drop(reg);
+                    let l = std::mem::replace(link, Box::new(ClosedLink));
+                    let _ = tx.send((stream, l));
+                    Ok(())
+                }
+                None => {
+                    drop(reg);
+                    tracing::warn!("{}: data link with bad credentials refused", link.peer());
+                    refuse(link, 1, "unknown session or bad credentials".into());
+                    Ok(())
+                }
+            }
+        }
+        hello @ Control::Hello { .. } => {
+            let mut hs = ServerHandshake::new(&sh.key, random32());
+            let ch = hs.on_hello(&hello)?;
+            send_control(&mut **link, &ch)?;
+            let auth = recv_control(&mut **link)?;
+            let (user, skey) = match hs.on_auth(&auth) {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!("{}: authentication failed ({e}); closing", link.peer());
+                    refuse(link, 1, "authentication failed".into());
+                    return Ok(());
+                }
+            };
+            let session = sh.next_session.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = unbounded();
+            sh.registry
+                .lock()
+                .unwrap()
+                .insert(session, Slot { key: skey, tx });
+            send_control(&mut **link, &Control::AuthOk { session })?;
+            tracing::info!("{}: user {user} authenticated, session {session:x}", link.peer());
+            sh.active.fetch_add(1, Ordering::Relaxed);
+            let r = run_session(sh, link, session, ServerLinks {
+                rx,
+                timeout: Duration::from_secs(30),
+            });
+            sh.active.fetch_sub(1, Ordering::Relaxed);
+            sh.registry.lock().unwrap().remove(&session);
+            match &r {
+                Ok(()) => tracing::info!("session {session:x} complete"),
+                Err(e) => tracing::warn!("session {session:x} failed: {e}"),
+            }
+            r
+        }
+        other => {
+            refuse(link, 1, format!("unexpected first message {}", other.name()));
+            Ok(())
+        }
+    }
+}
+
+fn run_session(
+    sh: &Arc<DaemonShared>,
+    link: &mut Box<dyn Link>,
+    session: u64,
+    mut links: ServerLinks,
+) -> Result<(), EngineError> {
+    let open = match recv_control(&mut **link)? {
+        Control::Open(o) => o,
+        other => {
+            refuse(link, 1, format!("expected Open, got {}", other.name()));
+            return Ok(());
+        }
+    };
+    // Every path is relative to the root; "" means the root itself.
+    let mut rels = Vec::new();
+    for p in &open.paths {
+        if p.is_empty() {
+            rels.push(Vec::new());
+            continue;
+        }
+        if let Err(e) = validate_relative(p) {
+            refuse(link, 2, e.to_string());
+            return Err(e.into());
+        }
+        rels.push(p.clone());
+    }
+    let ctl = std::mem::replace(link, Box::new(ClosedLink));
+    let stats = Arc::new(Stats::default());
+    let mut opts = sh.opts.clone();
+    opts.recursive = open.recursive;
+    match open.server_role {
+        Role::Sink => {
+            if rels.len() != 1 {
+                let mut ctl = ctl;
+                refuse(&mut ctl, 2, "a sink takes exactly one destination".into());
+                return Ok(());
+            }
+            let spec = SinkSpec {
+                root: sh.sink_root.clone(),
+                dest: rels.pop().unwrap(),
+                session,
+            };
+            run_sink(ctl, &mut links, spec, &opts, &sh.res, stats).map(|_| ())
+        }
+        Role::Source => {
+            let mut tops = Vec::new();
+            for r in rels {
+                // Symlinks inside the export may be read through, but the
+                // top-level path must resolve inside the root.
+                let abs = sh.root_path.join(std::ffi::OsStr::new(&show(&r)));
+                if let Ok(c) = abs.canonicalize() {
+                    if !c.starts_with(&sh.root_path) {
+                        let mut ctl = ctl;
+                        refuse(&mut ctl, 2, format!("{} resolves outside the daemon root", show(&r)));
+                        return Ok(());
+                    }
+                }
+                let name = match r.iter().rposition(|&b| b == b'/') {
+                    Some(i) => r[i + 1..].to_vec(),
+                    None if r.is_empty() => sh
+                        .root_path
+                        .file_name()
+                        .map(|n| n.as_encoded_bytes().to_vec())
+                        .unwrap_or_else(|| b"root".to_vec()),
+                    None => r.clone(),
+                };
+                tops.push(Top { rel: r, name });
+            }
+            let spec = SourceSpec {
+                root: sh.source_root.clone(),
+                tops,
+            };
+            run_source(ctl, &mut links, spec, &opts, &sh.res, stats).map(|_| ())
+        }
+    }
+}
+
+/// Placeholder left behind when a link is handed elsewhere.
+struct ClosedLink;
+
+impl std::io::Read for ClosedLink {
+    fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+        Ok(0)
+    }
+}
+impl std::io::Write for ClosedLink {
+    fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+        Err(std::io::ErrorKind::NotConnected.into())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+impl Link for ClosedLink {
+    fn try_clone_link(&self) -> std::io::Result<Box<dyn Link>> {
+        Ok(Box::new(ClosedLink))
+    }
+    fn shutdown_both(&self) {}
+    fn peer(&self) -> String {
+        "closed".into()
+    }
+    fn local(&self) -> String {
+        "closed".into()
+    }
+    fn set_read_timeout(&self, _: Option<Duration>) -> std::io::Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,420 @@
+//! The sink end of a session: confirm capacity, rebuild the tree from the
+//! metadata stream, answer one SyncDone, then run receivers and writers,
+//! finalize files as they complete, and report (seed 000 Fig. 6-4).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, select, unbounded};
+use ramsys_proto::control::{Complete, Confirm, EntryKind, Failure};
+use ramsys_proto::session::SinkMachine;
+use ramsys_proto::Control;
+use ramsys_resources::Buf;
+
+use crate::data::receiver::{run_receiver, ReceiverEvent};
+use crate::data::sinkfiles::{FileTable, WriteError};
+use crate::data::writer::{run_writer, CreditReturn, WriterEvent};
+use crate::fsops::Root;
+use crate::resources::EngineResources;
+use crate::session::LinkProvider;
+use crate::stats::{process_cpu_seconds, FailedPath, Report, Stats};
+use crate::transport::Link;
+use crate::wire::{recv_control, send_control};
+use crate::{show, EngineError, TransferOptions};
+
+/// Where to write.
+pub struct SinkSpec {
+    /// Confined root (Strict: no symlinks, nothing outside).
+    pub root: Arc<Root>,
+    /// Destination relative to the root ("" = the root itself).
+    pub dest: Vec<u8>,
+    /// Session id (names temp files).
+    pub session: u64,
+}
+
+struct Ctl {
+    link: Box<dyn Link>,
+    machine: SinkMachine,
+}
+
+impl Ctl {
+    fn send(&mut self, m: &Control) -> Result<(), EngineError> {
+        self.machine.on_send(m)?;
+        send_control(&mut *self.link, m)
+    }
+    fn recv(&mut self) -> Result<Control, EngineError> {
+        let m = recv_control(&mut *self.link)?;
+        if let Control::Abort { reason } = &m {
+            return Err(EngineError::PeerAborted(reason.clone()));
+        }
+        self.machine.on_recv(&m)?;
+        Ok(m)
+    }
+}
+
+fn join_rel(a: &[u8], b: &[u8]) -> Vec<u8> {
+    match (a.is_empty(), b.is_empty()) {
+        (true, _) => b.to_vec(),
+        (_, true) => a.to_vec(),
+        _ => [a, b"/", b].concat(),
+    }
+}
+
+/// Maps wire paths ("top/sub/x") to paths under the root.
+struct DestMap {
+    dest: Vec<u8>,
+    /// DST names the copy of the single top-level entry itself.
+    replace_top: bool,
+}
+
+impl DestMap {
+    fn map(&self, wire: &[u8]) -> Vec<u8> {
+        if self.replace_top {
+            match wire.iter().position(|&b| b == b'/') {
+                Some(i) => join_rel(&self.dest, &wire[i + 1..]),
+                None => self.dest.clone(),
+            }
+        } else {
+            join_rel(&self.dest, wire)
+        }
+    }
+}
+
+/// Run the sink end on an authenticated control link.
+pub fn run_sink(
+    ctl_link: Box<dyn Link>,
+    links: &mut dyn LinkProvider,
+    spec: SinkSpec,
+    opts: &TransferOptions,
+    res: &EngineResources,
+    stats: Arc<Stats>,
+) -> Result<Report, EngineError> {
+    let cpu0 = process_cpu_seconds();
+    let mut ctl = Ctl {
+        link: ctl_link,
+        machine: SinkMachine::new(),
+    };
+    let prop = match ctl.recv()? {
+        Control::Propose(p) => p,
+        _ => unreachable!("machine admits only Propose here"),
+    };
+    // How DST is read, as cp does: an existing directory receives the
+    // sources inside it; otherwise a single source is copied *as* DST.
+    let dmap = match spec.root.lstat(&spec.dest) {
+        Ok(Some(st)) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => DestMap {
+            dest: spec.dest.clone(),
+            replace_top: false,
+        },
+        Ok(_) if prop.roots <= 1 => DestMap {
+            dest: spec.dest.clone(),
+            replace_top: true,
+        },
+        Ok(_) => {
+            let msg = format!(
+                "destination {} is not an existing directory (needed for {} sources)",
+                show(&spec.dest),
+                prop.roots
+            );
+            let _ = send_control(&mut *ctl.link, &Control::Error { code: 2, message: msg.clone() });
+            return Err(EngineError::Refused(msg));
+        }
+        Err(e) => {
+            let msg = format!("destination {}: {e}", show(&spec.dest));
+            let _ = send_control(&mut *ctl.link, &Control::Error { code: 2, message: msg.clone() });
+            return Err(EngineError::Refused(msg));
+        }
+    };
+
+    // Capacity: what we can serve of what was proposed.
+    let mut receivers = res
+        .receivers
+        .reserve(1, prop.streams as usize, Duration::from_secs(30))
+        .ok_or_else(|| EngineError::local("no receiver threads free"))?;
+    let mut writers = res
+        .writers
+        .reserve(1, opts.writers.max(1), Duration::from_secs(30))
+        .ok_or_else(|| EngineError::local("no writer threads free"))?;
+    let streams = receivers.len() as u16;
+    let block_size = prop.block_size.min(res.buffers.buf_size() as u32);
+    let want = streams as usize * opts.window.max(2) as usize;
+    let share = res
+        .take_buffers(streams as usize * 2, want, Duration::from_secs(30))
+        .ok_or_else(|| EngineError::local("no buffers free"))?;
+    let credits_per_stream = (share.count() / streams as usize) as u32;
+    let pool = Arc::new(share);
+    ctl.send(&Control::Confirm(Confirm {
+        streams,
+        block_size,
+        credits_per_stream,
+        capacity_mbps: 0,
+        checksum: prop.checksum,
+    }))?;
+    let data_links = links.open(streams)?;
+    for l in &data_links {
+        l.set_read_timeout(Some(opts.idle_timeout))?;
+    }
+
+    // Metadata: build the tree as records arrive.
+    let mut table = FileTable::new(spec.root.clone(), spec.session, prop.checksum, opts.fsync, stats.clone());
+    let mut prep_failures: Vec<Failure> = Vec::new();
+    let mut dirs: Vec<(Vec<u8>, u32, (i64, u32))> = Vec::new();
+    let mut symlinks: Vec<(Vec<u8>, Vec<u8>, (i64, u32))> = Vec::new();
+    let mut hardlinks: Vec<(Vec<u8>, u64)> = Vec::new();
+    let mut total_bytes = 0u64;
+    let meta_result: Result<(), EngineError> = (|| loop {
+        match ctl.recv()? {
+            Control::Entries(es) => {
+                for e in es {
+                    let target = dmap.map(&e.path);
+                    let mtime = (e.mtime_s, e.mtime_ns);
+                    match e.kind {
+                        EntryKind::Dir => {
+                            table.push_entry(e.id, None);
+                            match spec.root.mkdir(&target, e.mode) {
+                                Ok(()) => dirs.push((target, e.mode, mtime)),
+                                Err(err) => prep_failures.push(Failure {
+                                    path: target,
+                                    reason: err.to_string(),
+                                }),
+                            }
+                        }
+                        EntryKind::File { size } => {
+                            total_bytes += size;
+                            table.push_entry(e.id, Some((target, size, e.mode, mtime)));
+                        }
+                        EntryKind::Symlink { target: t } => {
+                            table.push_entry(e.id, None);
+                            symlinks.push((target, t, mtime));
+                        }
+                        EntryKind::HardLink { target_id } => {
+                            table.push_entry(e.id, None);
+                            hardlinks.push((target, target_id));
+                        }
+                    }
+                }
+            }
+            Control::MetaEnd { .. } => return Ok(()),
+            _ => unreachable!("machine admits only metadata here"),
+        }
+    })();
+    if let Err(e) = meta_result {
+        tracing::warn!("session {}: {e}", spec.session);
+        let _ = send_control(&mut *ctl.link, &Control::Abort { reason: e.to_string() });
+        res.return_buffers(pool);
+        return Err(e);
+    }
+    stats.total_bytes.store(total_bytes, Ordering::Relaxed);
+    stats.total_files.store(table.files().len() as u64, Ordering::Relaxed);
+    let table = Arc::new(table);
+    ctl.send(&Control::SyncDone {
+        failures: prep_failures.clone(),
+    })?;
+    ctl.link.set_read_timeout(None)?;
+
+    // Payload: receivers -> received -> writers, credits back per stream.
+    let abort = Arc::new(AtomicBool::new(false));
+    let mut credit_returns = Vec::new();
+    let mut shutdown_handles = Vec::new();
+    for l in &data_links {
+        credit_returns.push(CreditReturn {
+            link: Mutex::new(l.try_clone_link()?),
+            freed: AtomicU64::new(0),
+            granted: Arc::new(AtomicU64::new(0)),
+            batch: (credits_per_stream as u64 / 4).max(1),
+        });
+        shutdown_handles.push(l.try_clone_link()?);
+    }
+    let credits = Arc::new(credit_returns);
+    let (recv_tx, recv_rx) = bounded::<Buf>(pool.count());
+    let (wev_tx, wev_rx) = unbounded::<WriterEvent>();
+    let (rev_tx, rev_rx) = unbounded::<ReceiverEvent>();
+    let (rdone_tx, rdone_rx) = unbounded();
+    let mut writer_jobs = Vec::new();
+    for _ in 0..writers.len() {
+        let t = table.clone();
+        let rx = recv_rx.clone();
+        let p = pool.clone();
+        let c = credits.clone();
+        let ev = wev_tx.clone();
+        let a = abort.clone();
+        writer_jobs.push(writers.spawn(move || run_writer(&t, rx, p, c, ev, a)));
+    }
+    drop(recv_rx);
+    drop(wev_tx);
+    let mut receiver_jobs = Vec::new();
+    for (i, l) in data_links.into_iter().enumerate() {
+        let tx = recv_tx.clone();
+        let p = pool.clone();
+        let ev = rev_tx.clone();
+        let g = credits[i].granted.clone();
+        let a = abort.clone();
+        let s = stats.clone();
+        let d = rdone_tx.clone();
+        let bs = block_size as usize;
+        let ck = prop.checksum;
+        receiver_jobs.push(receivers.spawn(move || {
+            let r = run_receiver(i as u16, l, bs, ck, p, tx, ev, g, a, s);
+            let _ = d.send((i, r));
+        }));
+    }
+    drop(recv_tx);
+    drop(rev_tx);
+    drop(rdone_tx);
+    receivers.release_unused();
+    writers.release_unused();
+    for c in credits.iter() {
+        c.grant(credits_per_stream as u64)?;
+    }
+
+    let (cev_tx, cev_rx) = unbounded();
+    let mut ctl_reader = ctl.link.try_clone_link()?;
+    std::thread::Builder::new()
+        .name("sink-ctl".into())
+        .spawn(move || loop {
+            let r = recv_control(&mut *ctl_reader);
+            let stop = r.is_err();
+            if cev_tx.send(r).is_err() || stop {
+                break;
+            }
+        })?;
+
+    let mut receivers_left = streams as usize;
+    let mut eod = false;
+    let result: Result<(), EngineError> = loop {
+        if eod && receivers_left == 0 {
+            break Ok(());
+        }
+        select! {
+            recv(cev_rx) -> m => match m {
+                Ok(Ok(m)) => {
+                    if let Control::Abort { reason } = &m {
+                        break Err(EngineError::PeerAborted(reason.clone()));
+                    }
+                    if let Err(e) = ctl.machine.on_recv(&m) { break Err(e.into()); }
+                    match m {
+                        Control::FilesDone(v) => {
+                            let mut bad = None;
+                            for (id, d) in v {
+                                match table.digest_known(id, d) {
+                                    Ok(()) => {}
+                                    Err(WriteError::Fatal(s)) => { bad = Some(EngineError::local(s)); break; }
+                                    Err(WriteError::Protocol(s)) => { bad = Some(EngineError::local(format!("protocol error: {s}"))); break; }
+                                }
+                            }
+                            if let Some(e) = bad { break Err(e); }
+                        }
+                        Control::FileFailed { id, reason } => table.fail_id(id, format!("source: {reason}")),
+                        Control::EndOfData { .. } => eod = true,
+                        _ => {}
+                    }
+                }
+                Ok(Err(EngineError::PeerClosed)) | Ok(Err(EngineError::Io(_))) => {
+                    break Err(EngineError::local("connection to the source lost mid-transfer"));
+                }
+                Ok(Err(e)) => break Err(e),
+                Err(_) => break Err(EngineError::local("control reader stopped")),
+            },
+            recv(rdone_rx) -> r => match r {
+                Ok((_, Ok(()))) => receivers_left -= 1,
+                Ok((i, Err(e))) => {
+                    receivers_left -= 1;
+                    if abort.load(Ordering::Acquire) {
+                        // A writer stopped the session; its event says why.
+                        continue;
+                    }
+                    break Err(EngineError::local(format!("data stream {i} failed: {e}")));
+                }
+                Err(_) => {}
+            },
+            recv(wev_rx) -> ev => match ev {
+                Ok(WriterEvent::Fatal(m)) => break Err(EngineError::local(m)),
+                Ok(WriterEvent::Protocol(m)) => break Err(EngineError::local(format!("protocol error: {m}"))),
+                Err(_) => {}
+            },
+            recv(rev_rx) -> ev => if let Ok(ReceiverEvent::Corrupt { stream, file_ids }) = ev {
+                for id in file_ids {
+                    table.fail_id(id, format!("block checksum mismatch on stream {stream}"));
+                }
+            },
+        }
+    };
+
+    if let Err(e) = &result {
+        abort.store(true, Ordering::Release);
+        tracing::warn!("session {}: {e}", spec.session);
+        let _ = send_control(&mut *ctl.link, &Control::Abort { reason: e.to_string() });
+        for h in &shutdown_handles {
+            h.shutdown_both();
+        }
+    }
+    for j in receiver_jobs {
+        let _ = j.join();
+    }
+    for j in writer_jobs {
+        let _ = j.join();
+    }
+    // Late corrupt-block reports.
+    while let Ok(ReceiverEvent::Corrupt { stream, file_ids }) = rev_rx.try_recv() {
+        for id in file_ids {
+            table.fail_id(id, format!("block checksum mismatch on stream {stream}"));
+        }
+    }
+    let file_failures = table.finish();
+    drop(credits);
+    res.return_buffers(pool);
+    if let Err(e) = result {
+        ctl.link.shutdown_both();
+        return Err(e);
+    }
+
+    // Links and directory attributes once the files are in place.
+    let mut failures = prep_failures;
+    failures.extend(file_failures.into_iter().map(|(p, r)| Failure { path: p, reason: r }));
+    let tmp = |i: usize| format!(".ramsys-{:016x}-{i}.lnk", spec.session).into_bytes();
+    for (i, (target, id)) in hardlinks.iter().enumerate() {
+        match table.get(*id) {
+            Some(f) if table.is_final(f) => {
+                if let Err(e) = spec.root.hardlink(&f.rel, target, &tmp(i)) {
+                    failures.push(Failure { path: target.clone(), reason: format!("hard link: {e}") });
+                }
+            }
+            _ => failures.push(Failure {
+                path: target.clone(),
+                reason: "hard link target was not copied".into(),
+            }),
+        }
+    }
+    for (i, (path, t, mtime)) in symlinks.iter().enumerate() {
+        if let Err(e) = spec.root.symlink(path, t, &tmp(hardlinks.len() + i), *mtime) {
+            failures.push(Failure { path: path.clone(), reason: format!("symlink: {e}") });
+        }
+    }
+    for (path, mode, mtime) in dirs.iter().rev() {
+        if let Err(e) = spec.root.set_dir_attrs(path, *mode, *mtime) {
+            failures.push(Failure { path: path.clone(), reason: format!("directory attributes: {e}") });
+        }
+    }
+    let files = stats.files.load(Ordering::Relaxed);
+    let bytes: u64 = table.files().iter().filter(|f| table.is_final(f)).map(|f| f.size).sum();
+    let report = Report {
+        files,
+        bytes,
+        failed: failures
+            .iter()
+            .map(|f| FailedPath { path: show(&f.path), reason: f.reason.clone() })
+            .collect(),
+        peer_cpu_s: None,
+        streams,
+        block_size,
+    };
+    ctl.send(&Control::Complete(Complete {
+        files,
+        bytes,
+        failures,
+        cpu_s: process_cpu_seconds() - cpu0,
+    }))?;
+    // Wait for the source to close, so our Complete is read before teardown.
+    let _ = cev_rx.recv_timeout(Duration::from_secs(10));
+    Ok(report)
+}

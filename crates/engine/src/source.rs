@@ -1,0 +1,339 @@
+//! The source end of a session: negotiate, scan and stream metadata,
+//! then run readers and senders until every block is out, and collect
+//! the sink's verdict (seed 000 Fig. 6-4).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, select, unbounded};
+use ramsys_proto::control::{entry_wire_size, Propose};
+use ramsys_proto::frame::MAX_CONTROL_BODY;
+use ramsys_proto::session::SourceMachine;
+use ramsys_proto::Control;
+use ramsys_resources::Buf;
+
+use crate::data::reader::{run_reader, ReaderCtx, ReaderEvent, SrcFileState};
+use crate::data::sender::run_sender;
+use crate::fsops::Root;
+use crate::request::tasks::plan_units;
+use crate::request::walk::{walk, Top};
+use crate::resources::EngineResources;
+use crate::session::LinkProvider;
+use crate::stats::{FailedPath, Report, Stats};
+use crate::transport::Link;
+use crate::wire::{recv_control, send_control};
+use crate::{show, EngineError, TransferOptions};
+
+/// What to send.
+pub struct SourceSpec {
+    pub root: Arc<Root>,
+    pub tops: Vec<Top>,
+}
+
+struct Ctl {
+    link: Box<dyn Link>,
+    machine: SourceMachine,
+}
+
+impl Ctl {
+    fn send(&mut self, m: &Control) -> Result<(), EngineError> {
+        self.machine.on_send(m)?;
+        send_control(&mut *self.link, m)
+    }
+    fn recv(&mut self) -> Result<Control, EngineError> {
+        let m = recv_control(&mut *self.link)?;
+        check_abort(&m)?;
+        self.machine.on_recv(&m)?;
+        Ok(m)
+    }
+}
+
+fn check_abort(m: &Control) -> Result<(), EngineError> {
+    match m {
+        Control::Abort { reason } => Err(EngineError::PeerAborted(reason.clone())),
+        Control::Error { message, .. } => Err(EngineError::Refused(message.clone())),
+        _ => Ok(()),
+    }
+}
+
+/// Run the source end on an authenticated control link.
+pub fn run_source(
+    ctl_link: Box<dyn Link>,
+    links: &mut dyn LinkProvider,
+    spec: SourceSpec,
+    opts: &TransferOptions,
+    res: &EngineResources,
+    stats: Arc<Stats>,
+) -> Result<Report, EngineError> {
+    let mut ctl = Ctl {
+        link: ctl_link,
+        machine: SourceMachine::new(),
+    };
+    // Capacity negotiation (seed 000 Fig. 6-4a): reserve threads first,
+    // propose what we hold, then release what the sink cannot match.
+    let want = opts.streams.clamp(1, res.config.max_streams as u16);
+    let mut senders = res
+        .senders
+        .reserve(1, want as usize, Duration::from_secs(30))
+        .ok_or_else(|| EngineError::local("no sender threads free"))?;
+    let mut readers = res
+        .readers
+        .reserve(1, opts.readers.max(1), Duration::from_secs(30))
+        .ok_or_else(|| EngineError::local("no reader threads free"))?;
+    let block_size = opts.block_size.min(res.buffers.buf_size() as u32).max(4096);
+    ctl.send(&Control::Propose(Propose {
+        roots: spec.tops.len() as u32,
+        streams: senders.len() as u16,
+        block_size,
+        capacity_mbps: 0,
+        checksum: opts.checksum,
+    }))?;
+    let confirm = match ctl.recv()? {
+        Control::Confirm(c) => c,
+        _ => unreachable!("machine admits only Confirm here"),
+    };
+    senders.shrink_to(confirm.streams as usize);
+    let streams = senders.len() as u16;
+    if streams < confirm.streams {
+        return Err(EngineError::local("sender threads vanished during negotiation"));
+    }
+    let block_size = confirm.block_size as usize;
+    let checksum = confirm.checksum;
+    let data_links = links.open(confirm.streams)?;
+    for l in &data_links {
+        l.set_read_timeout(Some(opts.idle_timeout))?;
+    }
+
+    // Metadata in one round trip (Fig. 6-4b): stream every record, then
+    // wait for the single SyncDone.
+    let w = walk(spec.root.path(), &spec.tops, opts.recursive);
+    stats.total_bytes.store(w.total_bytes, Ordering::Relaxed);
+    stats.total_files.store(w.files.len() as u64, Ordering::Relaxed);
+    let mut failures: Vec<FailedPath> = w.failures.clone();
+    let mut batch = Vec::new();
+    let mut batch_bytes = 0usize;
+    let limit = MAX_CONTROL_BODY as usize / 2;
+    for e in &w.entries {
+        let sz = entry_wire_size(e);
+        if batch_bytes + sz > limit && !batch.is_empty() {
+            ctl.send(&Control::Entries(std::mem::take(&mut batch)))?;
+            batch_bytes = 0;
+        }
+        batch_bytes += sz;
+        batch.push(e.clone());
+    }
+    if !batch.is_empty() {
+        ctl.send(&Control::Entries(batch))?;
+    }
+    ctl.send(&Control::MetaEnd {
+        entries: w.entries.len() as u64,
+        files: w.files.len() as u64,
+        bytes: w.total_bytes,
+    })?;
+    ctl.link.set_read_timeout(None)?;
+    match ctl.recv()? {
+        Control::SyncDone { failures: f } => failures.extend(f.into_iter().map(|f| FailedPath {
+            path: show(&f.path),
+            reason: f.reason,
+        })),
+        _ => unreachable!("machine admits only SyncDone here"),
+    }
+
+    // Payload: readers -> filled -> senders.
+    let nread = readers.len();
+    let share = res
+        .take_buffers(2, streams as usize * 2 + nread + 2, Duration::from_secs(30))
+        .ok_or_else(|| EngineError::local("no buffers free"))?;
+    let pool = Arc::new(share);
+    let files = Arc::new(w.files);
+    let state: Arc<Vec<SrcFileState>> = Arc::new(
+        files
+            .iter()
+            .map(|f| SrcFileState {
+                remaining: AtomicU64::new(f.size),
+                digest: AtomicU64::new(0),
+                failed: AtomicBool::new(false),
+            })
+            .collect(),
+    );
+    let queues = Arc::new(plan_units(&files, block_size as u64));
+    let (filled_tx, filled_rx) = bounded::<Buf>(pool.count());
+    let (rev_tx, rev_rx) = unbounded::<ReaderEvent>();
+    let abort = Arc::new(AtomicBool::new(false));
+    for f in files.iter().filter(|f| f.size == 0) {
+        let _ = rev_tx.send(ReaderEvent::FileDone { id: f.id, digest: 0 });
+    }
+    let ctx = Arc::new(ReaderCtx {
+        root: spec.root.clone(),
+        files: files.clone(),
+        state,
+        queues: queues.clone(),
+        pool: pool.clone(),
+        filled: filled_tx,
+        events: rev_tx,
+        checksum,
+        abort: abort.clone(),
+        stats: stats.clone(),
+        block_size,
+    });
+    let (rdone_tx, rdone_rx) = unbounded::<()>();
+    let nq = queues.len().max(1);
+    let mut jobs = Vec::new();
+    for i in 0..nread {
+        let c = ctx.clone();
+        let d = rdone_tx.clone();
+        jobs.push(readers.spawn(move || {
+            run_reader(&c, i % nq);
+            drop(c);
+            let _ = d.send(());
+        }));
+    }
+    drop(rdone_tx);
+    drop(ctx);
+    let (sdone_tx, sdone_rx) = unbounded();
+    let mut shutdown_handles = Vec::new();
+    for (i, l) in data_links.into_iter().enumerate() {
+        shutdown_handles.push(l.try_clone_link()?);
+        let rx = filled_rx.clone();
+        let p = pool.clone();
+        let a = abort.clone();
+        let s = stats.clone();
+        let d = sdone_tx.clone();
+        let window = confirm.credits_per_stream;
+        jobs.push(senders.spawn(move || {
+            let r = run_sender(l, window, rx, p, a, s);
+            let _ = d.send((i, r));
+        }));
+    }
+    drop(sdone_tx);
+    senders.release_unused();
+    readers.release_unused();
+
+    // Control reader: sink messages become events.
+    let (cev_tx, cev_rx) = unbounded();
+    let mut ctl_reader = ctl.link.try_clone_link()?;
+    std::thread::Builder::new()
+        .name("src-ctl".into())
+        .spawn(move || loop {
+            let r = recv_control(&mut *ctl_reader);
+            let stop = r.is_err();
+            if cev_tx.send(r).is_err() || stop {
+                break;
+            }
+        })?;
+
+    let mut readers_left = nread;
+    let mut senders_left = streams as usize;
+    let mut kept_links = Vec::new();
+    let mut done_batch: Vec<(u64, u64)> = Vec::new();
+    let mut local_failed: Vec<FailedPath> = Vec::new();
+    let mut eod_sent = false;
+    let mut files_done = 0u64;
+    let result: Result<Control, EngineError> = loop {
+        // Flush digests whenever the event queue runs dry or grows big.
+        if !done_batch.is_empty() && (rev_rx.is_empty() || done_batch.len() >= 4096) {
+            if let Err(e) = ctl.send(&Control::FilesDone(std::mem::take(&mut done_batch))) {
+                break Err(e);
+            }
+        }
+        if readers_left == 0 && senders_left == 0 && rev_rx.is_empty() && !eod_sent {
+            eod_sent = true;
+            if let Err(e) = ctl.send(&Control::EndOfData {
+                files: files_done,
+                bytes: stats.bytes.load(Ordering::Relaxed),
+            }) {
+                break Err(e);
+            }
+        }
+        select! {
+            recv(rev_rx) -> ev => match ev {
+                Ok(ReaderEvent::FileDone { id, digest }) => {
+                    files_done += 1;
+                    done_batch.push((id, digest));
+                }
+                Ok(ReaderEvent::FileFailed { id, path, reason }) => {
+                    tracing::warn!("{path}: {reason}");
+                    local_failed.push(FailedPath { path: spec.root.path().join(std::ffi::OsStr::new(&path)).display().to_string(), reason: reason.clone() });
+                    if let Err(e) = ctl.send(&Control::FileFailed { id, reason }) {
+                        break Err(e);
+                    }
+                }
+                Err(_) => {}
+            },
+            recv(rdone_rx) -> r => if r.is_ok() { readers_left -= 1; },
+            recv(sdone_rx) -> r => match r {
+                Ok((_, Ok(link))) => { senders_left -= 1; kept_links.push(link); }
+                Ok((i, Err((link, e)))) => {
+                    senders_left -= 1;
+                    kept_links.push(link);
+                    break Err(EngineError::local(format!("data stream {i} failed: {e}")));
+                }
+                Err(_) => {}
+            },
+            recv(cev_rx) -> m => match m {
+                Ok(Ok(m)) => {
+                    if let Err(e) = check_abort(&m) { break Err(e); }
+                    if let Err(e) = ctl.machine.on_recv(&m) { break Err(e.into()); }
+                    if matches!(m, Control::Complete(_)) { break Ok(m); }
+                }
+                Ok(Err(EngineError::PeerClosed)) | Ok(Err(EngineError::Io(_))) => {
+                    break Err(EngineError::local("connection to the sink lost mid-transfer"));
+                }
+                Ok(Err(e)) => break Err(e),
+                Err(_) => break Err(EngineError::local("control reader stopped")),
+            },
+        }
+    };
+
+    let outcome = match result {
+        Ok(Control::Complete(c)) => {
+            let mut failed = failures;
+            failed.extend(local_failed);
+            // The sink reports files the source failed too; keep one line each.
+            for f in c.failures {
+                let p = show(&f.path);
+                if !failed.iter().any(|x| x.path.ends_with(&p)) {
+                    failed.push(FailedPath { path: p, reason: f.reason });
+                }
+            }
+            Ok(Report {
+                files: c.files,
+                bytes: c.bytes,
+                failed,
+                peer_cpu_s: Some(c.cpu_s),
+                streams,
+                block_size: block_size as u32,
+            })
+        }
+        Ok(_) => unreachable!(),
+        Err(e) => {
+            abort.store(true, Ordering::Release);
+            let reason = e.to_string();
+            let _ = ctl.send(&Control::Abort { reason });
+            for h in &shutdown_handles {
+                h.shutdown_both();
+            }
+            Err(e)
+        }
+    };
+    // Drain so no reader stays blocked on a full queue, then join all.
+    if outcome.is_err() {
+        while readers_left > 0 {
+            while let Ok(b) = filled_rx.try_recv() {
+                pool.put(b);
+            }
+            if rdone_rx.recv_timeout(Duration::from_millis(20)).is_ok() {
+                readers_left -= 1;
+            }
+        }
+    }
+    drop(filled_rx);
+    for j in jobs {
+        let _ = j.join();
+    }
+    ctl.link.shutdown_both();
+    drop(kept_links);
+    res.return_buffers(pool);
+    outcome
+}

@@ -1,0 +1,65 @@
+//! Counters shared by the data threads and whoever reports progress.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use serde::Serialize;
+
+/// Live counters of one session end (relaxed atomics; read by a progress
+/// thread, never locked).
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub bytes: AtomicU64,
+    pub files: AtomicU64,
+    pub blocks: AtomicU64,
+    pub total_bytes: AtomicU64,
+    pub total_files: AtomicU64,
+    pub failed: AtomicU64,
+    pub checksum_errors: AtomicU64,
+}
+
+impl Stats {
+    pub fn add_bytes(&self, n: u64) {
+        self.bytes.fetch_add(n, Relaxed);
+    }
+    pub fn snapshot(&self) -> (u64, u64, u64, u64) {
+        (
+            self.bytes.load(Relaxed),
+            self.files.load(Relaxed),
+            self.total_bytes.load(Relaxed),
+            self.total_files.load(Relaxed),
+        )
+    }
+}
+
+/// One failed path and why.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FailedPath {
+    pub path: String,
+    pub reason: String,
+}
+
+/// The outcome of a session end.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// Files written and verified at the sink.
+    pub files: u64,
+    /// File bytes moved.
+    pub bytes: u64,
+    pub failed: Vec<FailedPath>,
+    /// CPU seconds of the peer process during the session, if reported.
+    pub peer_cpu_s: Option<f64>,
+    /// Streams and block size agreed.
+    pub streams: u16,
+    pub block_size: u32,
+}
+
+/// CPU seconds (user + system) of this process so far.
+pub fn process_cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills a plain struct.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+        t(ru.ru_utime) + t(ru.ru_stime)
+    }
+}

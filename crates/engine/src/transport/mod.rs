@@ -1,0 +1,29 @@
+//! The transport interface. Sessions see only [`Link`]s, so TCP can later
+//! be joined by raw-Ethernet channels (seed 002) or RDMA (seed 004) without
+//! touching the data path.
+
+pub mod tcp;
+
+use std::io::{self, Read, Write};
+use std::time::Duration;
+
+/// One bidirectional, reliable, ordered byte stream.
+pub trait Link: Read + Write + Send {
+    /// A second handle to the same stream (one thread reads while another
+    /// writes, e.g. a receiver and the writer returning credits).
+    fn try_clone_link(&self) -> io::Result<Box<dyn Link>>;
+    /// Unblock and fail every pending and future read and write (abort).
+    fn shutdown_both(&self);
+    /// Peer description for logs and --explain.
+    fn peer(&self) -> String;
+    /// Local address description (which NIC the stream uses).
+    fn local(&self) -> String;
+    /// Idle timeout for reads (None = block forever).
+    fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()>;
+}
+
+/// Something that can open links to an address.
+pub trait Transport: Send + Sync {
+    fn connect(&self, addr: &str, timeout: Duration) -> io::Result<Box<dyn Link>>;
+    fn name(&self) -> &'static str;
+}

@@ -1,0 +1,87 @@
+//! TCP links.
+
+use std::io;
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use super::{Link, Transport};
+
+impl Link for TcpStream {
+    fn try_clone_link(&self) -> io::Result<Box<dyn Link>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    fn shutdown_both(&self) {
+        let _ = self.shutdown(Shutdown::Both);
+    }
+    fn peer(&self) -> String {
+        self.peer_addr().map(|a| a.to_string()).unwrap_or_default()
+    }
+    fn local(&self) -> String {
+        self.local_addr().map(|a| a.to_string()).unwrap_or_default()
+    }
+    fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_read_timeout(self, d)
+    }
+}
+
+/// Tune a data or control socket: no Nagle delay for control messages, and
+/// large buffers so one stream can fill a long fat pipe.
+pub fn tune(s: &TcpStream, bufsize: Option<usize>) {
+    let _ = s.set_nodelay(true);
+    if let Some(sz) = bufsize {
+        let v = sz as libc::c_int;
+        for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+            // SAFETY: setsockopt with a valid fd and an int option value.
+            unsafe {
+                libc::setsockopt(
+                    s.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    &v as *const _ as *const libc::c_void,
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+        }
+    }
+    // Keepalive so a vanished peer is noticed even on an idle link.
+    let on: libc::c_int = 1;
+    // SAFETY: as above.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_KEEPALIVE,
+            &on as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+/// The TCP transport.
+#[derive(Default, Clone)]
+pub struct Tcp {
+    pub socket_buffer: Option<usize>,
+}
+
+impl Transport for Tcp {
+    fn connect(&self, addr: &str, timeout: Duration) -> io::Result<Box<dyn Link>> {
+        let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{addr}: no address"));
+        let addrs = addr.to_socket_addrs().map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot resolve {addr}: {e}"))
+        })?;
+        for a in addrs {
+            match TcpStream::connect_timeout(&a, timeout) {
+                Ok(s) => {
+                    tune(&s, self.socket_buffer);
+                    return Ok(Box::new(s));
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+}

@@ -1,0 +1,100 @@
+//! Blocking frame I/O over a [`Link`]: the thin layer between the sans-I/O
+//! protocol crate and real streams.
+
+use std::io::{self, IoSlice, Read, Write};
+
+use ramsys_proto::frame::{FrameHeader, FrameKind, HEADER_LEN};
+use ramsys_proto::{parse_preamble, preamble, Control, ProtoError, PREAMBLE_LEN, VERSION};
+
+use crate::transport::Link;
+use crate::EngineError;
+
+/// Write all of several slices, with as few syscalls as the kernel allows.
+pub fn write_all_vectored(w: &mut dyn Write, bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    let mut bufs = bufs;
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "connection closed")),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Send our preamble and check the peer's (version handshake).
+pub fn exchange_preamble(link: &mut dyn Link) -> Result<(), EngineError> {
+    link.write_all(&preamble(VERSION))?;
+    link.flush()?;
+    let mut p = [0u8; PREAMBLE_LEN];
+    link.read_exact(&mut p).map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            EngineError::Proto(ProtoError::BadMagic)
+        } else {
+            e.into()
+        }
+    })?;
+    let theirs = parse_preamble(&p)?;
+    if theirs != VERSION {
+        return Err(ProtoError::VersionMismatch {
+            ours: VERSION,
+            theirs,
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// Send one control message.
+pub fn send_control(link: &mut dyn Write, m: &Control) -> Result<(), EngineError> {
+    let body = m.encode()?;
+    let h = FrameHeader::new(FrameKind::Control, 0, body.len() as u32).encode();
+    write_all_vectored(link, &mut [IoSlice::new(&h), IoSlice::new(&body)])?;
+    Ok(())
+}
+
+/// Read one frame header; Ok(None) on a clean end of stream.
+pub fn read_header(link: &mut dyn Read, max_data: u32) -> Result<Option<FrameHeader>, EngineError> {
+    let mut h = [0u8; HEADER_LEN];
+    let mut got = 0;
+    while got < HEADER_LEN {
+        match link.read(&mut h[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(Some(FrameHeader::decode(&h, max_data)?))
+}
+
+/// Receive one control message; end of stream is an error.
+pub fn recv_control(link: &mut dyn Read) -> Result<Control, EngineError> {
+    let h = read_header(link, 0)?.ok_or(EngineError::PeerClosed)?;
+    if h.kind != FrameKind::Control {
+        return Err(ProtoError::Unexpected {
+            got: "non-control frame",
+            state: "control link",
+        }
+        .into());
+    }
+    let mut body = vec![0u8; h.len as usize];
+    link.read_exact(&mut body)?;
+    Ok(Control::decode(&body)?)
+}
+
+/// Send a CREDIT frame.
+pub fn send_credit(link: &mut dyn Write, n: u32) -> io::Result<()> {
+    let mut b = [0u8; HEADER_LEN + 4];
+    b[..HEADER_LEN].copy_from_slice(&FrameHeader::new(FrameKind::Credit, 0, 4).encode());
+    b[HEADER_LEN..].copy_from_slice(&n.to_le_bytes());
+    link.write_all(&b)
+}
+
+/// Send an END frame.
+pub fn send_end(link: &mut dyn Write) -> io::Result<()> {
+    link.write_all(&FrameHeader::new(FrameKind::End, 0, 0).encode())
+}

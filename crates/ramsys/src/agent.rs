@@ -1,0 +1,304 @@
+//! `ramsys cp`: the agent. It turns the command line into one session with
+//! a daemon (push or pull), or, for two local paths, runs a sink engine in
+//! this process behind a loopback daemon so the local copy takes exactly
+//! the same path as a remote one.
+
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use ramsys_engine::client::{pull, push, Remote};
+use ramsys_engine::fsops::{Confinement, Root};
+use ramsys_engine::request::walk::Top;
+use ramsys_engine::resources::ResourceConfig;
+use ramsys_engine::server::Daemon;
+use ramsys_engine::stats::process_cpu_seconds;
+use ramsys_engine::transport::tcp::Tcp;
+use ramsys_engine::{EngineResources, Report, Stats, TransferOptions};
+
+use crate::progress::Progress;
+use crate::spec::{parse_endpoint, parse_size, Endpoint};
+use crate::KeyArgs;
+
+#[derive(Args, Debug)]
+pub struct CpArgs {
+    /// Copy directories recursively.
+    #[arg(short = 'r', long = "recursive")]
+    pub recursive: bool,
+    /// Parallel data streams.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub streams: u16,
+    /// Block size: unit of disk access and network transfer.
+    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    pub block_size: u64,
+    /// Turn off per-block checksums and whole-file digests.
+    #[arg(long)]
+    pub no_checksum: bool,
+    /// One JSON object per line: progress events and a final summary.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// Reader threads (source side of this agent).
+    #[arg(long, default_value_t = 4)]
+    pub readers: usize,
+    /// Writer threads (sink side of this agent).
+    #[arg(long, default_value_t = 4)]
+    pub writers: usize,
+    /// Credits (blocks in flight) per stream when this agent is the sink.
+    #[arg(long, default_value_t = 8)]
+    pub window: u32,
+    /// Buffer memory of this agent.
+    #[arg(long, default_value = "192M", value_parser = parse_size)]
+    pub memory: u64,
+    /// Seconds to wait for a daemon to answer.
+    #[arg(long, default_value_t = 10)]
+    pub connect_timeout: u64,
+    /// fsync every file before renaming it into place.
+    #[arg(long)]
+    pub fsync: bool,
+    /// Sources, then the destination.
+    #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
+    pub paths: Vec<String>,
+}
+
+fn local_tops(paths: &[PathBuf]) -> anyhow::Result<Vec<Top>> {
+    let mut tops = Vec::new();
+    for p in paths {
+        let abs = std::path::absolute(p).with_context(|| format!("{}", p.display()))?;
+        let name = match abs.file_name() {
+            Some(n) if n != "." && n != ".." => n.to_os_string(),
+            _ => abs
+                .canonicalize()
+                .ok()
+                .and_then(|c| c.file_name().map(|n| n.to_os_string()))
+                .unwrap_or_else(|| "root".into()),
+        };
+        let rel = abs.as_os_str().as_bytes();
+        let rel = rel.strip_prefix(b"/").unwrap_or(rel).to_vec();
+        tops.push(Top {
+            rel,
+            name: name.as_bytes().to_vec(),
+        });
+    }
+    Ok(tops)
+}
+
+/// Root and destination for a local sink, as cp reads DST.
+fn local_sink(dst: &Path) -> anyhow::Result<(PathBuf, Vec<u8>)> {
+    if dst.is_dir() {
+        let c = dst.canonicalize().with_context(|| format!("{}", dst.display()))?;
+        return Ok((c, Vec::new()));
+    }
+    let parent = match dst.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let c = parent
+        .canonicalize()
+        .with_context(|| format!("destination directory {} does not exist", parent.display()))?;
+    let name = dst
+        .file_name()
+        .with_context(|| format!("invalid destination {}", dst.display()))?;
+    Ok((c, name.as_bytes().to_vec()))
+}
+
+fn open_root(p: &Path, c: Confinement) -> anyhow::Result<Arc<Root>> {
+    Ok(Arc::new(Root::open(p, c).with_context(|| format!("cannot open {}", p.display()))?))
+}
+
+pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
+    let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
+    let dst = parse_endpoint(dst)?;
+    let srcs: Vec<Endpoint> = srcs.iter().map(|s| parse_endpoint(s)).collect::<Result<_, _>>()?;
+    anyhow::ensure!(
+        a.block_size >= 4096 && a.block_size <= 64 << 20,
+        "--block-size must be between 4K and 64M"
+    );
+    let opts = TransferOptions {
+        streams: a.streams,
+        block_size: a.block_size as u32,
+        checksum: !a.no_checksum,
+        recursive: a.recursive,
+        readers: a.readers.max(1),
+        writers: a.writers.max(1),
+        window: a.window.max(2),
+        fsync: a.fsync,
+        ..Default::default()
+    };
+    let res_cfg = ResourceConfig {
+        memory: a.memory as usize,
+        buffer_size: a.block_size as usize,
+        readers: opts.readers,
+        writers: opts.writers,
+        max_streams: a.streams as usize,
+        ..Default::default()
+    };
+    let connect_timeout = Duration::from_secs(a.connect_timeout.max(1));
+    crate_raise_limits();
+
+    let local_srcs: Vec<PathBuf> = srcs
+        .iter()
+        .filter_map(|s| match s {
+            Endpoint::Local(p) => Some(p.clone()),
+            _ => None,
+        })
+        .collect();
+    let remote_srcs: Vec<(String, Vec<u8>)> = srcs
+        .iter()
+        .filter_map(|s| match s {
+            Endpoint::Daemon { addr, path } => Some((addr.clone(), path.clone())),
+            _ => None,
+        })
+        .collect();
+    if !local_srcs.is_empty() && !remote_srcs.is_empty() {
+        bail!("sources must be all local or all on one daemon");
+    }
+    if remote_srcs.iter().any(|(a, _)| *a != remote_srcs[0].0) {
+        bail!("all remote sources must be on the same daemon");
+    }
+
+    let stats = Arc::new(Stats::default());
+    let t0 = Instant::now();
+    let cpu0 = process_cpu_seconds();
+    let transport = Arc::new(Tcp {
+        socket_buffer: None,
+    });
+    let result = match (&dst, remote_srcs.is_empty()) {
+        (Endpoint::Daemon { addr, path }, true) => {
+            let key = a.key.load()?;
+            let res = EngineResources::new(&res_cfg)?;
+            let remote = Remote {
+                transport,
+                addr: addr.clone(),
+                key,
+                connect_timeout,
+            };
+            let root = open_root(Path::new("/"), Confinement::None)?;
+            let progress = Progress::start(stats.clone(), a.json);
+            let r = push(&remote, root, local_tops(&local_srcs)?, path.clone(), &opts, &res, stats.clone());
+            progress.finish();
+            r
+        }
+        (Endpoint::Local(d), false) => {
+            let key = a.key.load()?;
+            let res = EngineResources::new(&res_cfg)?;
+            let remote = Remote {
+                transport,
+                addr: remote_srcs[0].0.clone(),
+                key,
+                connect_timeout,
+            };
+            let (root, dest) = local_sink(d)?;
+            let root = open_root(&root, Confinement::Strict)?;
+            let progress = Progress::start(stats.clone(), a.json);
+            let paths = remote_srcs.into_iter().map(|(_, p)| p).collect();
+            let r = pull(&remote, paths, root, dest, &opts, &res, stats.clone());
+            progress.finish();
+            r
+        }
+        (Endpoint::Local(d), true) => {
+            // Local copy: an in-process daemon on loopback is the sink.
+            let (root, dest) = local_sink(d)?;
+            let mut key = vec![0u8; 32];
+            getrandom_fill(&mut key);
+            let sink_res = EngineResources::new(&res_cfg)?;
+            let sink_opts = opts.clone();
+            let daemon = Daemon::bind("127.0.0.1:0", &root, key.clone(), sink_opts, sink_res)?;
+            let addr = daemon.local_addr().to_string();
+            daemon.spawn();
+            let src_cfg = ResourceConfig {
+                memory: (a.memory as usize / 3).max(a.block_size as usize * 8),
+                ..res_cfg.clone()
+            };
+            let res = EngineResources::new(&src_cfg)?;
+            let remote = Remote {
+                transport,
+                addr,
+                key,
+                connect_timeout,
+            };
+            let src_root = open_root(Path::new("/"), Confinement::None)?;
+            let progress = Progress::start(stats.clone(), a.json);
+            let r = push(&remote, src_root, local_tops(&local_srcs)?, dest, &opts, &res, stats.clone());
+            progress.finish();
+            r
+        }
+        (Endpoint::Daemon { .. }, false) => {
+            bail!("third-party transfers (daemon to daemon) are not supported yet")
+        }
+    };
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu = process_cpu_seconds() - cpu0;
+    match result {
+        Ok(rep) => Ok(summarize(&rep, wall, cpu, a.json)),
+        Err(e) => {
+            if a.json {
+                let line = serde_json::json!({
+                    "event": "summary", "ok": false, "error": e.to_string(),
+                    "files": stats.files.load(std::sync::atomic::Ordering::Relaxed),
+                    "bytes": 0, "wall_s": wall, "mb_s": 0.0, "cpu_s": cpu, "failed": [],
+                });
+                println!("{line}");
+            }
+            Err(anyhow::anyhow!(e))
+        }
+    }
+}
+
+fn getrandom_fill(b: &mut [u8]) {
+    let r = ramsys_engine::session::random32();
+    b.copy_from_slice(&r[..b.len()]);
+}
+
+fn crate_raise_limits() {
+    ramsys_engine::fsops::raise_nofile_limit();
+}
+
+fn summarize(rep: &Report, wall: f64, cpu: f64, json: bool) -> i32 {
+    let mb_s = rep.bytes as f64 / 1e6 / wall.max(1e-9);
+    if json {
+        let line = serde_json::json!({
+            "event": "summary",
+            "ok": rep.failed.is_empty(),
+            "files": rep.files,
+            "bytes": rep.bytes,
+            "wall_s": wall,
+            "mb_s": mb_s,
+            "files_s": rep.files as f64 / wall.max(1e-9),
+            "cpu_s": cpu,
+            "peer_cpu_s": rep.peer_cpu_s,
+            "streams": rep.streams,
+            "block_size": rep.block_size,
+            "failed": rep.failed,
+        });
+        let mut o = std::io::stdout().lock();
+        let _ = writeln!(o, "{line}");
+    } else {
+        for f in &rep.failed {
+            eprintln!("ramsys: failed: {}: {}", f.path, f.reason);
+        }
+        println!(
+            "copied {} files, {:.1} MB in {:.2} s ({:.1} MB/s), cpu {:.2} s{}",
+            rep.files,
+            rep.bytes as f64 / 1e6,
+            wall,
+            mb_s,
+            cpu,
+            if rep.failed.is_empty() {
+                String::new()
+            } else {
+                format!(", {} failed", rep.failed.len())
+            }
+        );
+    }
+    if rep.failed.is_empty() {
+        0
+    } else {
+        1
+    }
+}

@@ -1,0 +1,324 @@
+//! The buffer pool (seed 000 sec. 6.1.5: one bulk allocation split into
+//! fixed buffers that are reused for the whole transfer).
+//!
+//! Buffers travel between stages by value through bounded channels; the
+//! pool itself is a lock-free bounded queue of free buffers, so there is no
+//! global lock per block. Every buffer is page aligned (O_DIRECT-ready) and
+//! carries its own pre-allocated segment table and hash slots, so the data
+//! path never allocates.
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use ramsys_proto::data::{Segment, MAX_SEGMENTS};
+
+/// Alignment of every buffer: a page, enough for O_DIRECT on any device.
+pub const ALIGN: usize = 4096;
+
+/// Backing memory for a pool. The default is the heap; the NUMA layer
+/// supplies node-bound regions (mbind) through the same trait.
+pub trait Memory: Send + Sync {
+    fn ptr(&self) -> *mut u8;
+    fn len(&self) -> usize;
+    /// NUMA node the memory is bound to, if any (for --explain).
+    fn node(&self) -> Option<u32> {
+        None
+    }
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Page-aligned heap memory, pre-faulted so the first transfer does not
+/// pay for page faults.
+pub struct HeapMemory {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: the region is plain memory owned by this value; access is
+// partitioned into disjoint buffers by the pool.
+unsafe impl Send for HeapMemory {}
+unsafe impl Sync for HeapMemory {}
+
+impl HeapMemory {
+    pub fn new(bytes: usize) -> anyhow::Result<Self> {
+        let layout = Layout::from_size_align(bytes.max(ALIGN), ALIGN)?;
+        // SAFETY: layout has non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(p)
+            .ok_or_else(|| anyhow::anyhow!("cannot allocate {bytes} bytes of buffer memory"))?;
+        Ok(HeapMemory { ptr, layout })
+    }
+}
+
+impl Drop for HeapMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated in new() with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+impl Memory for HeapMemory {
+    fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.layout.size()
+    }
+}
+
+/// One buffer: `cap` bytes of the pool's memory plus the metadata of the
+/// block it currently holds.
+pub struct Buf {
+    mem: Arc<dyn Memory>,
+    ptr: NonNull<u8>,
+    cap: usize,
+    /// Valid payload bytes.
+    pub len: usize,
+    /// Where the payload belongs (one segment per file piece).
+    pub segs: Vec<Segment>,
+    /// Per-segment hashes (same indices as `segs`).
+    pub hashes: Vec<u64>,
+    /// Block checksum (sum of segment hashes) or 0 when checksums are off.
+    pub checksum: u64,
+    /// Data link the block arrived on (sink side, for credit return).
+    pub stream: u16,
+}
+
+// SAFETY: a Buf is the only handle to its slice of the region.
+unsafe impl Send for Buf {}
+
+impl Buf {
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+    /// The valid payload.
+    pub fn data(&self) -> &[u8] {
+        // SAFETY: ptr..ptr+cap is exclusively ours; len <= cap.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len.min(self.cap)) }
+    }
+    /// The whole buffer, for filling.
+    pub fn space(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.cap) }
+    }
+    /// Payload, segment table and hash slots at once (to hash a block in
+    /// place without copying).
+    pub fn parts_mut(&mut self) -> (&[u8], &mut Vec<Segment>, &mut Vec<u64>) {
+        // SAFETY: the payload slice and the two Vecs are disjoint.
+        let data = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len.min(self.cap)) };
+        (data, &mut self.segs, &mut self.hashes)
+    }
+    /// Forget the block this buffer held.
+    pub fn reset(&mut self) {
+        self.len = 0;
+        self.segs.clear();
+        self.hashes.clear();
+        self.checksum = 0;
+        self.stream = 0;
+    }
+    /// NUMA node of the memory, if bound.
+    pub fn node(&self) -> Option<u32> {
+        self.mem.node()
+    }
+}
+
+/// A bounded pool of free buffers.
+pub struct BufferPool {
+    tx: Sender<Buf>,
+    rx: Receiver<Buf>,
+    count: usize,
+    buf_size: usize,
+    node: Option<u32>,
+}
+
+impl BufferPool {
+    /// Allocate `count` buffers of `buf_size` bytes (rounded up to the
+    /// page) from fresh heap memory.
+    pub fn allocate(count: usize, buf_size: usize) -> anyhow::Result<Self> {
+        let size = buf_size.div_ceil(ALIGN) * ALIGN;
+        let mem = Arc::new(HeapMemory::new(size * count.max(1))?);
+        Self::from_memory(mem, count, size)
+    }
+
+    /// Split `mem` into `count` buffers of `buf_size` bytes.
+    pub fn from_memory(mem: Arc<dyn Memory>, count: usize, buf_size: usize) -> anyhow::Result<Self> {
+        anyhow::ensure!(count > 0, "buffer pool needs at least one buffer");
+        anyhow::ensure!(buf_size % ALIGN == 0, "buffer size must be a multiple of {ALIGN}");
+        anyhow::ensure!(
+            mem.len() >= count * buf_size,
+            "buffer memory too small: {} < {}",
+            mem.len(),
+            count * buf_size
+        );
+        let node = mem.node();
+        let (tx, rx) = bounded(count);
+        for i in 0..count {
+            // SAFETY: i * buf_size + buf_size <= mem.len().
+            let p = unsafe { mem.ptr().add(i * buf_size) };
+            let buf = Buf {
+                mem: mem.clone(),
+                ptr: NonNull::new(p).expect("non-null region"),
+                cap: buf_size,
+                len: 0,
+                segs: Vec::with_capacity(MAX_SEGMENTS),
+                hashes: Vec::with_capacity(MAX_SEGMENTS),
+                checksum: 0,
+                stream: 0,
+            };
+            tx.send(buf).expect("channel has room for count buffers");
+        }
+        Ok(BufferPool {
+            tx,
+            rx,
+            count,
+            buf_size,
+            node,
+        })
+    }
+
+    /// A pool made of buffers taken from another pool (a session's share).
+    pub fn from_bufs(bufs: Vec<Buf>) -> anyhow::Result<Self> {
+        anyhow::ensure!(!bufs.is_empty(), "empty buffer share");
+        let buf_size = bufs[0].cap;
+        let node = bufs[0].node();
+        let count = bufs.len();
+        let (tx, rx) = bounded(count);
+        for b in bufs {
+            tx.send(b).expect("room for every buffer");
+        }
+        Ok(BufferPool {
+            tx,
+            rx,
+            count,
+            buf_size,
+            node,
+        })
+    }
+
+    pub fn buf_size(&self) -> usize {
+        self.buf_size
+    }
+    pub fn count(&self) -> usize {
+        self.count
+    }
+    pub fn node(&self) -> Option<u32> {
+        self.node
+    }
+    /// Buffers currently free.
+    pub fn free(&self) -> usize {
+        self.rx.len()
+    }
+
+    /// Take a free buffer, waiting for one.
+    pub fn get(&self) -> Buf {
+        let mut b = self.rx.recv().expect("pool holds its own sender");
+        b.reset();
+        b
+    }
+
+    /// Take a free buffer, waiting at most `t`.
+    pub fn get_timeout(&self, t: Duration) -> Option<Buf> {
+        self.rx.recv_timeout(t).ok().map(|mut b| {
+            b.reset();
+            b
+        })
+    }
+
+    /// Take a free buffer if one is ready.
+    pub fn try_get(&self) -> Option<Buf> {
+        self.rx.try_recv().ok().map(|mut b| {
+            b.reset();
+            b
+        })
+    }
+
+    /// Return a buffer.
+    pub fn put(&self, b: Buf) {
+        // Cannot fail: the pool never holds more than `count` buffers.
+        let _ = self.tx.try_send(b);
+    }
+
+    /// Take up to `max` buffers that are free right now (at least `min`,
+    /// waiting up to `wait` for them); used to give a session its share.
+    pub fn take(&self, min: usize, max: usize, wait: Duration) -> Option<Vec<Buf>> {
+        let deadline = std::time::Instant::now() + wait;
+        let mut out = Vec::with_capacity(max);
+        while out.len() < max {
+            match self.rx.try_recv() {
+                Ok(b) => out.push(b),
+                Err(_) if out.len() >= min => break,
+                Err(_) => match self
+                    .rx
+                    .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+                {
+                    Ok(b) => out.push(b),
+                    Err(_) => {
+                        for b in out {
+                            self.put(b);
+                        }
+                        return None;
+                    }
+                },
+            }
+        }
+        Some(out)
+    }
+
+    /// Drain every buffer (waiting for all to come back) to hand them to
+    /// their parent pool.
+    pub fn into_bufs(self, wait: Duration) -> Vec<Buf> {
+        let deadline = std::time::Instant::now() + wait;
+        let mut out = Vec::with_capacity(self.count);
+        while out.len() < self.count {
+            match self
+                .rx
+                .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+            {
+                Ok(b) => out.push(b),
+                Err(_) => break,
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_disjoint_and_recycled() {
+        let p = BufferPool::allocate(4, 10_000).unwrap();
+        assert_eq!(p.buf_size(), 12_288);
+        let mut bs: Vec<Buf> = (0..4).map(|_| p.get()).collect();
+        assert!(p.try_get().is_none());
+        for (i, b) in bs.iter_mut().enumerate() {
+            assert_eq!(b.space().as_ptr() as usize % ALIGN, 0);
+            b.space().fill(i as u8);
+            b.len = 10;
+        }
+        for (i, b) in bs.iter().enumerate() {
+            assert!(b.data().iter().all(|&x| x == i as u8));
+        }
+        for b in bs {
+            p.put(b);
+        }
+        assert_eq!(p.free(), 4);
+        let share = p.take(1, 3, Duration::from_millis(10)).unwrap();
+        assert_eq!(share.len(), 3);
+        let sub = BufferPool::from_bufs(share).unwrap();
+        assert_eq!(sub.count(), 3);
+        assert_eq!(p.free(), 1);
+        assert!(p.take(2, 2, Duration::from_millis(10)).is_none());
+        assert_eq!(p.free(), 1, "a failed take returns what it took");
+        for b in sub.into_bufs(Duration::from_millis(10)) {
+            p.put(b);
+        }
+        assert_eq!(p.free(), 4);
+    }
+}
