@@ -3,8 +3,12 @@
 # Installs the peer tools from Debian, then builds ramsys and wanem in release mode.
 # Idempotent: packages already present are skipped; a package that cannot be
 # installed is reported and the suite later marks that peer "unavailable".
+# Usage: bench/setup.sh [--no-build]   (CARGO_TARGET_DIR is honoured)
 set -u
 cd "$(dirname "$0")/.."
+BUILD=1
+[ "${1:-}" = "--no-build" ] && BUILD=0
+[ "$(id -u)" = 0 ] || { echo "setup: run as root (apt-get, and the suite needs root too)"; exit 1; }
 
 PKGS=(rsync openssh-server openssh-client globus-gridftp-server-progs
       globus-gass-copy-progs xrootd-server xrootd-client iperf3 fio
@@ -30,12 +34,10 @@ else
     echo "setup: all packages already installed"
 fi
 
-# The Debian sshd/xrootd packages may start system services on install; the
-# suite runs its own instances on loopback, so stop the system ones if running.
-for svc in ssh xrootd@clustered; do
-    systemctl stop "$svc" 2>/dev/null || true
-done
-
-echo "setup: building ramsys and wanem (release)"
-cargo build --release -p ramsys -p wanem
+# The suite runs its own sshd/rsyncd/gridftp/xrootd instances on loopback or in
+# its own namespaces; it never uses or touches system services.
+if [ $BUILD = 1 ]; then
+    echo "setup: building ramsys and wanem (release)"
+    cargo build --release -p ramsys -p wanem || { echo "setup: cargo build failed"; exit 1; }
+fi
 echo "setup: done"

@@ -101,7 +101,9 @@ fn enter_netns(path: &str) -> std::io::Result<()> {
 /// opens /dev/net/tun, which is why the caller enters the namespace first.
 fn open_tun(name: &str) -> std::io::Result<File> {
     if name.len() >= libc::IFNAMSIZ {
-        return Err(std::io::Error::other(format!("device name too long: {name}")));
+        return Err(std::io::Error::other(format!(
+            "device name too long: {name}"
+        )));
     }
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -131,7 +133,18 @@ fn ip(args: &[&str]) {
 fn configure(ns: &str, dev: &str, mtu: u32, local: Option<&str>, peer: Option<&str>) {
     let mtu = mtu.to_string();
     // A deep device queue: the emulated bottleneck queue is ours, not the kernel's.
-    ip(&["-n", ns, "link", "set", dev, "mtu", &mtu, "txqueuelen", "10000", "up"]);
+    ip(&[
+        "-n",
+        ns,
+        "link",
+        "set",
+        dev,
+        "mtu",
+        &mtu,
+        "txqueuelen",
+        "10000",
+        "up",
+    ]);
     if let (Some(l), Some(p)) = (local, peer) {
         ip(&["-n", ns, "addr", "add", l, "peer", p, "dev", dev]);
     }

@@ -36,7 +36,12 @@ pub fn push(
     res: &EngineResources,
     stats: Arc<Stats>,
 ) -> Result<Report, EngineError> {
-    let mut s = client_connect(&*remote.transport, &remote.addr, &remote.key, remote.connect_timeout)?;
+    let mut s = client_connect(
+        &*remote.transport,
+        &remote.addr,
+        &remote.key,
+        remote.connect_timeout,
+    )?;
     send_control(
         &mut *s.ctl,
         &Control::Open(Open {
@@ -52,7 +57,14 @@ pub fn push(
         session_key: s.session_key,
         timeout: remote.connect_timeout,
     };
-    run_source(s.ctl, &mut links, SourceSpec { root, tops }, opts, res, stats)
+    run_source(
+        s.ctl,
+        &mut links,
+        SourceSpec { root, tops },
+        opts,
+        res,
+        stats,
+    )
 }
 
 /// Fetch `paths` from the daemon into `dest` under the local `root`.
@@ -65,7 +77,12 @@ pub fn pull(
     res: &EngineResources,
     stats: Arc<Stats>,
 ) -> Result<Report, EngineError> {
-    let mut s = client_connect(&*remote.transport, &remote.addr, &remote.key, remote.connect_timeout)?;
+    let mut s = client_connect(
+        &*remote.transport,
+        &remote.addr,
+        &remote.key,
+        remote.connect_timeout,
+    )?;
     send_control(
         &mut *s.ctl,
         &Control::Open(Open {

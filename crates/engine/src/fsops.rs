@@ -65,7 +65,12 @@ impl Root {
     pub fn open(path: &Path, confine: Confinement) -> io::Result<Root> {
         let c = cstr(path.as_os_str().as_encoded_bytes())?;
         // SAFETY: valid C string; the returned fd is owned below.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
         if fd < 0 {
             let e = errno();
             return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display())));
@@ -96,7 +101,11 @@ impl Root {
         let c = cstr(rel)?;
         let how = OpenHow {
             flags: (flags | libc::O_CLOEXEC) as u64,
-            mode: if flags & libc::O_CREAT != 0 { mode as u64 } else { 0 },
+            mode: if flags & libc::O_CREAT != 0 {
+                mode as u64
+            } else {
+                0
+            },
             resolve: self.resolve_flags(),
         };
         // SAFETY: openat2 with a valid dirfd, C string and open_how.
@@ -153,7 +162,14 @@ impl Root {
         // SAFETY: zeroed stat is a valid out-parameter.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: valid dirfd, C string, out pointer.
-        let r = unsafe { libc::fstatat(dir.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+        let r = unsafe {
+            libc::fstatat(
+                dir.as_raw_fd(),
+                c.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
         if r != 0 {
             let e = errno();
             if e.kind() == io::ErrorKind::NotFound {
@@ -171,24 +187,36 @@ impl Root {
         let dir = self.open_dir(parent)?;
         let c = cstr(name)?;
         // SAFETY: valid dirfd and C string.
-        let r = unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), (mode | 0o700) as libc::mode_t) };
+        let r =
+            unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), (mode | 0o700) as libc::mode_t) };
         if r != 0 {
             let e = errno();
             if e.raw_os_error() == Some(libc::EEXIST) {
                 let mut st: libc::stat = unsafe { std::mem::zeroed() };
                 // SAFETY: as above.
                 let ok = unsafe {
-                    libc::fstatat(dir.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW)
+                    libc::fstatat(
+                        dir.as_raw_fd(),
+                        c.as_ptr(),
+                        &mut st,
+                        libc::AT_SYMLINK_NOFOLLOW,
+                    )
                 } == 0;
                 if ok && st.st_mode & libc::S_IFMT == libc::S_IFDIR {
                     return Ok(());
                 }
                 return Err(io::Error::new(
                     io::ErrorKind::AlreadyExists,
-                    format!("{} exists and is not a directory", String::from_utf8_lossy(rel)),
+                    format!(
+                        "{} exists and is not a directory",
+                        String::from_utf8_lossy(rel)
+                    ),
                 ));
             }
-            return Err(io::Error::new(e.kind(), format!("mkdir {}: {e}", String::from_utf8_lossy(rel))));
+            return Err(io::Error::new(
+                e.kind(),
+                format!("mkdir {}: {e}", String::from_utf8_lossy(rel)),
+            ));
         }
         Ok(())
     }
@@ -214,7 +242,12 @@ impl Root {
     }
 
     /// Set mode and mtime of `name` in `dir` without following a symlink.
-    fn set_attrs(dir: RawFd, name: &CString, mode: Option<u32>, mtime: (i64, u32)) -> io::Result<()> {
+    fn set_attrs(
+        dir: RawFd,
+        name: &CString,
+        mode: Option<u32>,
+        mtime: (i64, u32),
+    ) -> io::Result<()> {
         if let Some(m) = mode {
             // fchmodat cannot refuse symlinks portably; name is our own
             // freshly created temp file or directory, never a link.
@@ -234,20 +267,30 @@ impl Root {
             },
         ];
         // SAFETY: valid dirfd, C string and two timespecs.
-        if unsafe { libc::utimensat(dir, name.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) } != 0 {
+        if unsafe { libc::utimensat(dir, name.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) }
+            != 0
+        {
             return Err(errno());
         }
         Ok(())
     }
 
     /// Give the temp file its mode and mtime and rename it over `name`.
-    pub fn finalize(&self, parent: &[u8], tmp: &[u8], name: &[u8], mode: u32, mtime: (i64, u32)) -> io::Result<()> {
+    pub fn finalize(
+        &self,
+        parent: &[u8],
+        tmp: &[u8],
+        name: &[u8],
+        mode: u32,
+        mtime: (i64, u32),
+    ) -> io::Result<()> {
         let dir = self.open_dir(parent)?;
         let t = cstr(tmp)?;
         let n = cstr(name)?;
         Self::set_attrs(dir.as_raw_fd(), &t, Some(mode), mtime)?;
         // SAFETY: valid dirfds and C strings.
-        if unsafe { libc::renameat(dir.as_raw_fd(), t.as_ptr(), dir.as_raw_fd(), n.as_ptr()) } != 0 {
+        if unsafe { libc::renameat(dir.as_raw_fd(), t.as_ptr(), dir.as_raw_fd(), n.as_ptr()) } != 0
+        {
             return Err(errno());
         }
         Ok(())
@@ -274,7 +317,13 @@ impl Root {
 
     /// Create (or replace) symlink `rel` pointing at `target`, atomically:
     /// a temp link is renamed over the final name.
-    pub fn symlink(&self, rel: &[u8], target: &[u8], tmp: &[u8], mtime: (i64, u32)) -> io::Result<()> {
+    pub fn symlink(
+        &self,
+        rel: &[u8],
+        target: &[u8],
+        tmp: &[u8],
+        mtime: (i64, u32),
+    ) -> io::Result<()> {
         let (parent, name) = split_parent(rel);
         let dir = self.open_dir(parent)?;
         let t = cstr(target)?;
@@ -286,7 +335,8 @@ impl Root {
         }
         let _ = Self::set_attrs(dir.as_raw_fd(), &tm, None, mtime);
         // SAFETY: as above.
-        if unsafe { libc::renameat(dir.as_raw_fd(), tm.as_ptr(), dir.as_raw_fd(), n.as_ptr()) } != 0 {
+        if unsafe { libc::renameat(dir.as_raw_fd(), tm.as_ptr(), dir.as_raw_fd(), n.as_ptr()) } != 0
+        {
             let e = errno();
             // SAFETY: as above.
             unsafe { libc::unlinkat(dir.as_raw_fd(), tm.as_ptr(), 0) };
@@ -306,11 +356,22 @@ impl Root {
         let tm = cstr(tmp)?;
         let ln = cstr(ln)?;
         // SAFETY: valid dirfds and C strings; flags 0 = do not follow.
-        if unsafe { libc::linkat(tdir.as_raw_fd(), tn.as_ptr(), ldir.as_raw_fd(), tm.as_ptr(), 0) } != 0 {
+        if unsafe {
+            libc::linkat(
+                tdir.as_raw_fd(),
+                tn.as_ptr(),
+                ldir.as_raw_fd(),
+                tm.as_ptr(),
+                0,
+            )
+        } != 0
+        {
             return Err(errno());
         }
         // SAFETY: as above.
-        if unsafe { libc::renameat(ldir.as_raw_fd(), tm.as_ptr(), ldir.as_raw_fd(), ln.as_ptr()) } != 0 {
+        if unsafe { libc::renameat(ldir.as_raw_fd(), tm.as_ptr(), ldir.as_raw_fd(), ln.as_ptr()) }
+            != 0
+        {
             let e = errno();
             unsafe { libc::unlinkat(ldir.as_raw_fd(), tm.as_ptr(), 0) };
             return Err(e);
@@ -384,15 +445,22 @@ mod tests {
         let f = r.create_temp(b"sub", b".t").unwrap();
         pwrite_all(&f, b"hello", 0).unwrap();
         drop(f);
-        r.finalize(b"sub", b".t", b"f", 0o640, (1_000_000, 5)).unwrap();
+        r.finalize(b"sub", b".t", b"f", 0o640, (1_000_000, 5))
+            .unwrap();
         let md = std::fs::metadata(d.path().join("sub/f")).unwrap();
         use std::os::unix::fs::MetadataExt;
         assert_eq!(md.mode() & 0o777, 0o640);
         assert_eq!((md.mtime(), md.mtime_nsec()), (1_000_000, 5));
         r.symlink(b"sub/s", b"../../etc", b".s", (5, 0)).unwrap();
-        assert_eq!(std::fs::read_link(d.path().join("sub/s")).unwrap(), Path::new("../../etc"));
+        assert_eq!(
+            std::fs::read_link(d.path().join("sub/s")).unwrap(),
+            Path::new("../../etc")
+        );
         r.hardlink(b"sub/f", b"sub/h", b".h").unwrap();
-        assert_eq!(std::fs::metadata(d.path().join("sub/h")).unwrap().ino(), md.ino());
+        assert_eq!(
+            std::fs::metadata(d.path().join("sub/h")).unwrap().ino(),
+            md.ino()
+        );
         // Writing through the symlink we just created is refused.
         assert!(r.create_temp(b"sub/s", b"x").is_err());
     }

@@ -10,13 +10,17 @@
 //!   queues of read units (tasks grouped by storage, Fig. 6-3).
 //! - [`data`]: readers fill buffers, senders drain them; receivers fill,
 //!   writers drain; bounded queues and credits between every pair.
+//! - [`daemon`]: the daemon's session list, per-device task queues, task
+//!   states, reservation rules, status and metrics.
 //! - [`source`] and [`sink`]: one session end each, as a controller thread
 //!   with an event loop over control messages and data-thread events.
 
-pub mod data;
 pub mod client;
+pub mod daemon;
+pub mod data;
 pub mod fsops;
 pub mod options;
+pub mod placement;
 pub mod request;
 pub mod resources;
 pub mod server;
@@ -24,6 +28,7 @@ pub mod session;
 pub mod sink;
 pub mod source;
 pub mod stats;
+pub mod storage;
 pub mod transport;
 pub mod wire;
 

@@ -23,6 +23,24 @@ pub struct TransferOptions {
     pub idle_timeout: Duration,
     /// fsync each file before it is renamed into place.
     pub fsync: bool,
+    /// O_DIRECT reads and writes of large files where the file system
+    /// allows it (seed 000 sec. 6.2.2; see storage::direct).
+    pub direct: bool,
+    /// Storage I/O engine (falls back to sync without io_uring).
+    pub io_engine: crate::storage::IoEngine,
+    /// Source data engine: real files, or null (blocks without reading).
+    pub source_engine: crate::storage::DataEngine,
+    /// Sink data engine: real files, or null (verify and discard).
+    pub sink_engine: crate::storage::DataEngine,
+    /// With a null source: one synthetic file of this many bytes instead
+    /// of scanning the sources (0 = scan, but do not read).
+    pub null_size: u64,
+    /// Sort each device queue by physical location (FIEMAP).
+    pub sort: bool,
+    /// Storage threads per device, by device type.
+    pub device_threads: crate::storage::DeviceThreads,
+    /// Fault injection for tests (none in production).
+    pub io_hook: crate::storage::Hook,
 }
 
 impl Default for TransferOptions {
@@ -37,6 +55,14 @@ impl Default for TransferOptions {
             window: 8,
             idle_timeout: Duration::from_secs(60),
             fsync: false,
+            direct: true,
+            io_engine: crate::storage::uring::DEFAULT_ENGINE,
+            source_engine: crate::storage::DataEngine::File,
+            sink_engine: crate::storage::DataEngine::File,
+            null_size: 0,
+            sort: true,
+            device_threads: crate::storage::DeviceThreads::default(),
+            io_hook: crate::storage::Hook::default(),
         }
     }
 }

@@ -21,6 +21,8 @@ pub struct ResourceConfig {
     /// CPUs for storage threads and for network threads (empty: unpinned).
     pub storage_cpus: Vec<usize>,
     pub net_cpus: Vec<usize>,
+    /// NUMA node for the buffer pool (None: heap memory, OS placement).
+    pub buffer_node: Option<u32>,
 }
 
 impl Default for ResourceConfig {
@@ -33,6 +35,26 @@ impl Default for ResourceConfig {
             max_streams: 16,
             storage_cpus: Vec::new(),
             net_cpus: Vec::new(),
+            buffer_node: None,
+        }
+    }
+}
+
+/// Buffer memory bound to a NUMA node (mbind before first touch,
+/// pre-faulted; seed 000 sec. 6.1.5).
+pub struct NodeMemory(pub ramsys_topo::NodeRegion);
+
+impl ramsys_resources::Memory for NodeMemory {
+    fn ptr(&self) -> *mut u8 {
+        self.0.as_ptr() as *mut u8
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn node(&self) -> Option<u32> {
+        match self.0.binding() {
+            ramsys_topo::Binding::Bound { node, .. } => Some(*node),
+            _ => None,
         }
     }
 }
@@ -45,26 +67,48 @@ pub struct EngineResources {
     pub senders: Arc<ThreadPool>,
     pub receivers: Arc<ThreadPool>,
     pub config: ResourceConfig,
+    /// The node-bound region behind `buffers`, kept to verify placement.
+    pub node_memory: Option<Arc<NodeMemory>>,
 }
 
 impl EngineResources {
     pub fn new(cfg: &ResourceConfig) -> anyhow::Result<Self> {
         let count = (cfg.memory / cfg.buffer_size).max(4);
+        let mut node_memory = None;
+        let buffers = match cfg.buffer_node {
+            None => BufferPool::allocate(count, cfg.buffer_size)?,
+            Some(node) => {
+                let size = cfg.buffer_size.div_ceil(4096) * 4096;
+                let region = ramsys_topo::NodeRegion::alloc(size * count, Some(node))?;
+                let mem = Arc::new(NodeMemory(region));
+                node_memory = Some(mem.clone());
+                BufferPool::from_memory(mem, count, size)?
+            }
+        };
         Ok(EngineResources {
-            buffers: Arc::new(BufferPool::allocate(count, cfg.buffer_size)?),
+            buffers: Arc::new(buffers),
             readers: ThreadPool::new("reader", cfg.readers, cfg.storage_cpus.clone())?,
             writers: ThreadPool::new("writer", cfg.writers, cfg.storage_cpus.clone())?,
             senders: ThreadPool::new("sender", cfg.max_streams, cfg.net_cpus.clone())?,
             receivers: ThreadPool::new("receiver", cfg.max_streams, cfg.net_cpus.clone())?,
             config: cfg.clone(),
+            node_memory,
         })
     }
 
     /// A session's share of buffers: between `min` and `max`, waiting up
     /// to `wait` for `min`.
     pub fn take_buffers(&self, min: usize, max: usize, wait: Duration) -> Option<BufferPool> {
-        let bufs = self.buffers.take(min.min(self.buffers.count()), max, wait)?;
+        let bufs = self
+            .buffers
+            .take(min.min(self.buffers.count()), max, wait)?;
         BufferPool::from_bufs(bufs).ok()
+    }
+
+    /// Where the buffer pool's pages really are: (node, pages) from
+    /// move_pages, or None when the pool is plain heap memory.
+    pub fn verify_buffers(&self) -> Option<std::io::Result<Vec<(u32, usize)>>> {
+        self.node_memory.as_ref().map(|m| m.0.verify_nodes())
     }
 
     /// Return a session's share (waits briefly for stragglers).

@@ -16,12 +16,15 @@ use ramsys_proto::control::{Bytes32, Role};
 use ramsys_proto::path::validate_relative;
 use ramsys_proto::Control;
 
+use crate::daemon::admit::Dir;
+use crate::daemon::status::{snapshot, Status};
+use crate::daemon::{netdev, DaemonState};
 use crate::fsops::{Confinement, Root};
 use crate::request::walk::Top;
 use crate::resources::EngineResources;
 use crate::session::{random32, ServerLinks};
-use crate::sink::{run_sink, SinkSpec};
-use crate::source::{run_source, SourceSpec};
+use crate::sink::{run_sink_with, SinkSpec};
+use crate::source::{run_source_with, SourceSpec};
 use crate::stats::Stats;
 use crate::transport::tcp::tune;
 use crate::transport::Link;
@@ -45,6 +48,21 @@ pub struct DaemonShared {
     next_session: AtomicU64,
     /// Sessions currently running (observable state).
     pub active: AtomicU64,
+    /// Session list, device task queues, task states (crate::daemon).
+    pub state: Arc<DaemonState>,
+    listen: String,
+}
+
+impl DaemonShared {
+    /// The daemon's state as `ramsys status` shows it.
+    pub fn status(&self) -> Status {
+        snapshot(
+            &self.state,
+            &self.res,
+            &self.listen,
+            &self.root_path.display().to_string(),
+        )
+    }
 }
 
 /// A bound, not yet serving daemon.
@@ -66,9 +84,13 @@ impl Daemon {
         let root_path = root
             .canonicalize()
             .map_err(|e| anyhow::anyhow!("root {}: {e}", root.display()))?;
-        anyhow::ensure!(root_path.is_dir(), "root {} is not a directory", root_path.display());
-        let listener =
-            TcpListener::bind(listen).map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+        anyhow::ensure!(
+            root_path.is_dir(),
+            "root {} is not a directory",
+            root_path.display()
+        );
+        let listener = TcpListener::bind(listen)
+            .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
         let sink_root = Arc::new(Root::open(&root_path, Confinement::Strict)?);
         let source_root = Arc::new(Root::open(&root_path, Confinement::Beneath)?);
         crate::fsops::raise_nofile_limit();
@@ -76,6 +98,10 @@ impl Daemon {
         // do not repeat.
         let r = random32();
         let start = u64::from_le_bytes(r[..8].try_into().unwrap()) >> 16;
+        let state = DaemonState::start(opts.idle_timeout);
+        let (dev, kind) = netdev::device_of(&root_path);
+        state.add_device(&dev, kind);
+        let listen = listener.local_addr()?.to_string();
         Ok(Daemon {
             listener,
             shared: Arc::new(DaemonShared {
@@ -88,6 +114,8 @@ impl Daemon {
                 registry: Mutex::new(HashMap::new()),
                 next_session: AtomicU64::new(start),
                 active: AtomicU64::new(0),
+                state,
+                listen,
             }),
         })
     }
@@ -98,6 +126,13 @@ impl Daemon {
 
     pub fn shared(&self) -> Arc<DaemonShared> {
         self.shared.clone()
+    }
+
+    /// Serve Prometheus metrics at http://ADDR/metrics (background
+    /// thread); returns the bound address.
+    pub fn serve_metrics(&self, addr: &str) -> std::io::Result<SocketAddr> {
+        let sh = self.shared.clone();
+        crate::daemon::metrics::serve(addr, move || sh.status())
     }
 
     /// Accept connections forever.
@@ -193,14 +228,43 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 .unwrap()
                 .insert(session, Slot { key: skey, tx });
             send_control(&mut **link, &Control::AuthOk { session })?;
-            tracing::info!("{}: user {user} authenticated, session {session:x}", link.peer());
+            tracing::info!(
+                "{}: user {user} authenticated, session {session:x}",
+                link.peer()
+            );
+            let open = match recv_control(&mut **link) {
+                Ok(Control::Open(o)) => o,
+                Ok(Control::StatusQuery) => {
+                    sh.registry.lock().unwrap().remove(&session);
+                    let json = serde_json::to_string(&sh.status())
+                        .map_err(|e| EngineError::local(format!("status: {e}")))?;
+                    return send_control(&mut **link, &Control::StatusReport { json });
+                }
+                Ok(other) => {
+                    sh.registry.lock().unwrap().remove(&session);
+                    refuse(link, 1, format!("expected Open, got {}", other.name()));
+                    return Ok(());
+                }
+                Err(e) => {
+                    sh.registry.lock().unwrap().remove(&session);
+                    return Err(e);
+                }
+            };
             sh.active.fetch_add(1, Ordering::Relaxed);
-            let r = run_session(sh, link, session, ServerLinks {
-                rx,
-                timeout: Duration::from_secs(30),
-            });
+            let r = run_session(
+                sh,
+                link,
+                session,
+                &user,
+                open,
+                ServerLinks {
+                    rx,
+                    timeout: Duration::from_secs(30),
+                },
+            );
             sh.active.fetch_sub(1, Ordering::Relaxed);
             sh.registry.lock().unwrap().remove(&session);
+            sh.state.close_session(session);
             match &r {
                 Ok(()) => tracing::info!("session {session:x} complete"),
                 Err(e) => tracing::warn!("session {session:x} failed: {e}"),
@@ -208,7 +272,11 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
             r
         }
         other => {
-            refuse(link, 1, format!("unexpected first message {}", other.name()));
+            refuse(
+                link,
+                1,
+                format!("unexpected first message {}", other.name()),
+            );
             Ok(())
         }
     }
@@ -218,15 +286,21 @@ fn run_session(
     sh: &Arc<DaemonShared>,
     link: &mut Box<dyn Link>,
     session: u64,
+    user: &str,
+    open: ramsys_proto::control::Open,
     mut links: ServerLinks,
 ) -> Result<(), EngineError> {
-    let open = match recv_control(&mut **link)? {
-        Control::Open(o) => o,
-        other => {
-            refuse(link, 1, format!("expected Open, got {}", other.name()));
-            return Ok(());
-        }
+    // The request poller's step (seed 000 sec. 6.2.1): a session element
+    // in the session list, then a task on the queue of the storage device
+    // the request touches (Fig. 6-3).
+    let role = match open.server_role {
+        Role::Sink => "sink",
+        Role::Source => "source",
     };
+    let shown: Vec<String> = open.paths.iter().map(|p| show(p)).collect();
+    sh.state
+        .open_session(session, user, &link.peer(), role, shown);
+    let nic = netdev::nic_for(&link.local());
     // Every path is relative to the root; "" means the root itself.
     let mut rels = Vec::new();
     for p in &open.paths {
@@ -256,7 +330,14 @@ fn run_session(
                 dest: rels.pop().unwrap(),
                 session,
             };
-            run_sink(ctl, &mut links, spec, &opts, &sh.res, stats).map(|_| ())
+            let (dev, kind) =
+                netdev::device_of(&sh.root_path.join(std::ffi::OsStr::new(&show(&spec.dest))));
+            let task = sh
+                .state
+                .new_task(session, Dir::In, &dev, kind, &nic, stats.clone());
+            let r = run_sink_with(ctl, &mut links, spec, &opts, &sh.res, stats, &task).map(|_| ());
+            task.finish(&r);
+            r
         }
         Role::Source => {
             let mut tops = Vec::new();
@@ -267,7 +348,11 @@ fn run_session(
                 if let Ok(c) = abs.canonicalize() {
                     if !c.starts_with(&sh.root_path) {
                         let mut ctl = ctl;
-                        refuse(&mut ctl, 2, format!("{} resolves outside the daemon root", show(&r)));
+                        refuse(
+                            &mut ctl,
+                            2,
+                            format!("{} resolves outside the daemon root", show(&r)),
+                        );
                         return Ok(());
                     }
                 }
@@ -282,11 +367,22 @@ fn run_session(
                 };
                 tops.push(Top { rel: r, name });
             }
+            // The task's queue is the device of the first source path;
+            // readers inside the session still split by device
+            // (request::tasks) and steal across devices.
+            let first = tops.first().map(|t| show(&t.rel)).unwrap_or_default();
+            let (dev, kind) = netdev::device_of(&sh.root_path.join(std::ffi::OsStr::new(&first)));
             let spec = SourceSpec {
                 root: sh.source_root.clone(),
                 tops,
             };
-            run_source(ctl, &mut links, spec, &opts, &sh.res, stats).map(|_| ())
+            let task = sh
+                .state
+                .new_task(session, Dir::Out, &dev, kind, &nic, stats.clone());
+            let r =
+                run_source_with(ctl, &mut links, spec, &opts, &sh.res, stats, &task).map(|_| ());
+            task.finish(&r);
+            r
         }
     }
 }

@@ -47,7 +47,9 @@ pub fn client_connect(
     key: &[u8],
     timeout: Duration,
 ) -> Result<ClientSession, EngineError> {
-    let mut ctl = transport.connect(addr, timeout).map_err(|e| connect_err(addr, e))?;
+    let mut ctl = transport
+        .connect(addr, timeout)
+        .map_err(|e| connect_err(addr, e))?;
     ctl.set_read_timeout(Some(timeout))?;
     exchange_preamble(&mut *ctl).map_err(|e| match e {
         EngineError::Io(io) => connect_err(addr, io),
@@ -138,9 +140,14 @@ impl LinkProvider for ClientLinks {
         // Dial in parallel: on a long path each join costs round trips.
         let this = &*self;
         std::thread::scope(|s| {
-            let hs: Vec<_> = (0..streams).map(|i| s.spawn(move || this.join(i))).collect();
+            let hs: Vec<_> = (0..streams)
+                .map(|i| s.spawn(move || this.join(i)))
+                .collect();
             hs.into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(EngineError::local("join thread panicked"))))
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(EngineError::local("join thread panicked")))
+                })
                 .collect()
         })
     }
@@ -159,10 +166,9 @@ impl LinkProvider for ServerLinks {
         let deadline = std::time::Instant::now() + self.timeout;
         while got < streams {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let (i, mut l) = self
-                .rx
-                .recv_timeout(left)
-                .map_err(|_| EngineError::local("peer did not open its data connections in time"))?;
+            let (i, mut l) = self.rx.recv_timeout(left).map_err(|_| {
+                EngineError::local("peer did not open its data connections in time")
+            })?;
             match slots.get_mut(i as usize) {
                 Some(s @ None) => {
                     send_control(&mut *l, &Control::JoinOk)?;

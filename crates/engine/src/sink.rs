@@ -90,11 +90,36 @@ pub fn run_sink(
     res: &EngineResources,
     stats: Arc<Stats>,
 ) -> Result<Report, EngineError> {
+    run_sink_with(
+        ctl_link,
+        links,
+        spec,
+        opts,
+        res,
+        stats,
+        &crate::daemon::Unmanaged,
+    )
+}
+
+/// [`run_sink`] with threads and buffers reserved through `adm` (the
+/// daemon's task controller, crate::daemon).
+pub fn run_sink_with(
+    ctl_link: Box<dyn Link>,
+    links: &mut dyn LinkProvider,
+    spec: SinkSpec,
+    opts: &TransferOptions,
+    res: &EngineResources,
+    stats: Arc<Stats>,
+    adm: &dyn crate::daemon::Admission,
+) -> Result<Report, EngineError> {
     let cpu0 = process_cpu_seconds();
     let mut ctl = Ctl {
         link: ctl_link,
         machine: SinkMachine::new(),
     };
+    // A daemon source may hold the task suspended until threads free up
+    // (docs/DAEMON.md): wait as long as for an idle peer.
+    ctl.link.set_read_timeout(Some(opts.idle_timeout))?;
     let prop = match ctl.recv()? {
         Control::Propose(p) => p,
         _ => unreachable!("machine admits only Propose here"),
@@ -116,31 +141,50 @@ pub fn run_sink(
                 show(&spec.dest),
                 prop.roots
             );
-            let _ = send_control(&mut *ctl.link, &Control::Error { code: 2, message: msg.clone() });
+            let _ = send_control(
+                &mut *ctl.link,
+                &Control::Error {
+                    code: 2,
+                    message: msg.clone(),
+                },
+            );
             return Err(EngineError::Refused(msg));
         }
         Err(e) => {
             let msg = format!("destination {}: {e}", show(&spec.dest));
-            let _ = send_control(&mut *ctl.link, &Control::Error { code: 2, message: msg.clone() });
+            let _ = send_control(
+                &mut *ctl.link,
+                &Control::Error {
+                    code: 2,
+                    message: msg.clone(),
+                },
+            );
             return Err(EngineError::Refused(msg));
         }
     };
 
     // Capacity: what we can serve of what was proposed.
-    let mut receivers = res
-        .receivers
-        .reserve(1, prop.streams as usize, Duration::from_secs(30))
-        .ok_or_else(|| EngineError::local("no receiver threads free"))?;
-    let mut writers = res
-        .writers
-        .reserve(1, opts.writers.max(1), Duration::from_secs(30))
-        .ok_or_else(|| EngineError::local("no writer threads free"))?;
+    // Threads and buffers come from `adm` (a daemon task may be queued
+    // and suspended first; docs/DAEMON.md). Refuse with code 4 (busy).
+    let grant = adm
+        .reserve_sink(
+            res,
+            prop.streams as usize,
+            opts.writers.max(1),
+            opts.window.max(2) as usize,
+        )
+        .inspect_err(|e| {
+            let _ = send_control(
+                &mut *ctl.link,
+                &Control::Error {
+                    code: 4,
+                    message: e.to_string(),
+                },
+            );
+        })?;
+    let (mut receivers, mut writers, share) = (grant.receivers, grant.writers, grant.buffers);
     let streams = receivers.len() as u16;
     let block_size = prop.block_size.min(res.buffers.buf_size() as u32);
-    let want = streams as usize * opts.window.max(2) as usize;
-    let share = res
-        .take_buffers(streams as usize * 2, want, Duration::from_secs(30))
-        .ok_or_else(|| EngineError::local("no buffers free"))?;
     let credits_per_stream = (share.count() / streams as usize) as u32;
     let pool = Arc::new(share);
     ctl.send(&Control::Confirm(Confirm {
@@ -150,13 +194,23 @@ pub fn run_sink(
         capacity_mbps: 0,
         checksum: prop.checksum,
     }))?;
+    adm.transferring(streams);
     let data_links = links.open(streams)?;
+    let link_desc: Vec<(String, String)> =
+        data_links.iter().map(|l| (l.local(), l.peer())).collect();
     for l in &data_links {
         l.set_read_timeout(Some(opts.idle_timeout))?;
     }
 
     // Metadata: build the tree as records arrive.
-    let mut table = FileTable::new(spec.root.clone(), spec.session, prop.checksum, opts.fsync, stats.clone());
+    let mut table = FileTable::new(
+        spec.root.clone(),
+        spec.session,
+        prop.checksum,
+        opts.fsync,
+        stats.clone(),
+    )
+    .with_storage(crate::storage::StorageCfg::sink(opts));
     let mut prep_failures: Vec<Failure> = Vec::new();
     let mut dirs: Vec<(Vec<u8>, u32, (i64, u32))> = Vec::new();
     let mut symlinks: Vec<(Vec<u8>, Vec<u8>, (i64, u32))> = Vec::new();
@@ -200,12 +254,19 @@ pub fn run_sink(
     })();
     if let Err(e) = meta_result {
         tracing::warn!("session {}: {e}", spec.session);
-        let _ = send_control(&mut *ctl.link, &Control::Abort { reason: e.to_string() });
+        let _ = send_control(
+            &mut *ctl.link,
+            &Control::Abort {
+                reason: e.to_string(),
+            },
+        );
         res.return_buffers(pool);
         return Err(e);
     }
     stats.total_bytes.store(total_bytes, Ordering::Relaxed);
-    stats.total_files.store(table.files().len() as u64, Ordering::Relaxed);
+    stats
+        .total_files
+        .store(table.files().len() as u64, Ordering::Relaxed);
     let table = Arc::new(table);
     ctl.send(&Control::SyncDone {
         failures: prep_failures.clone(),
@@ -343,7 +404,12 @@ pub fn run_sink(
     if let Err(e) = &result {
         abort.store(true, Ordering::Release);
         tracing::warn!("session {}: {e}", spec.session);
-        let _ = send_control(&mut *ctl.link, &Control::Abort { reason: e.to_string() });
+        let _ = send_control(
+            &mut *ctl.link,
+            &Control::Abort {
+                reason: e.to_string(),
+            },
+        );
         for h in &shutdown_handles {
             h.shutdown_both();
         }
@@ -370,13 +436,20 @@ pub fn run_sink(
 
     // Links and directory attributes once the files are in place.
     let mut failures = prep_failures;
-    failures.extend(file_failures.into_iter().map(|(p, r)| Failure { path: p, reason: r }));
+    failures.extend(
+        file_failures
+            .into_iter()
+            .map(|(p, r)| Failure { path: p, reason: r }),
+    );
     let tmp = |i: usize| format!(".ramsys-{:016x}-{i}.lnk", spec.session).into_bytes();
     for (i, (target, id)) in hardlinks.iter().enumerate() {
         match table.get(*id) {
             Some(f) if table.is_final(f) => {
                 if let Err(e) = spec.root.hardlink(&f.rel, target, &tmp(i)) {
-                    failures.push(Failure { path: target.clone(), reason: format!("hard link: {e}") });
+                    failures.push(Failure {
+                        path: target.clone(),
+                        reason: format!("hard link: {e}"),
+                    });
                 }
             }
             _ => failures.push(Failure {
@@ -386,27 +459,45 @@ pub fn run_sink(
         }
     }
     for (i, (path, t, mtime)) in symlinks.iter().enumerate() {
-        if let Err(e) = spec.root.symlink(path, t, &tmp(hardlinks.len() + i), *mtime) {
-            failures.push(Failure { path: path.clone(), reason: format!("symlink: {e}") });
+        if let Err(e) = spec
+            .root
+            .symlink(path, t, &tmp(hardlinks.len() + i), *mtime)
+        {
+            failures.push(Failure {
+                path: path.clone(),
+                reason: format!("symlink: {e}"),
+            });
         }
     }
     for (path, mode, mtime) in dirs.iter().rev() {
         if let Err(e) = spec.root.set_dir_attrs(path, *mode, *mtime) {
-            failures.push(Failure { path: path.clone(), reason: format!("directory attributes: {e}") });
+            failures.push(Failure {
+                path: path.clone(),
+                reason: format!("directory attributes: {e}"),
+            });
         }
     }
     let files = stats.files.load(Ordering::Relaxed);
-    let bytes: u64 = table.files().iter().filter(|f| table.is_final(f)).map(|f| f.size).sum();
+    let bytes: u64 = table
+        .files()
+        .iter()
+        .filter(|f| table.is_final(f))
+        .map(|f| f.size)
+        .sum();
     let report = Report {
         files,
         bytes,
         failed: failures
             .iter()
-            .map(|f| FailedPath { path: show(&f.path), reason: f.reason.clone() })
+            .map(|f| FailedPath {
+                path: show(&f.path),
+                reason: f.reason.clone(),
+            })
             .collect(),
         peer_cpu_s: None,
         streams,
         block_size,
+        links: link_desc,
     };
     ctl.send(&Control::Complete(Complete {
         files,

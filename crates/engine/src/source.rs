@@ -16,7 +16,7 @@ use ramsys_resources::Buf;
 use crate::data::reader::{run_reader, ReaderCtx, ReaderEvent, SrcFileState};
 use crate::data::sender::run_sender;
 use crate::fsops::Root;
-use crate::request::tasks::plan_units;
+use crate::request::tasks::{assign_homes, plan_source};
 use crate::request::walk::{walk, Top};
 use crate::resources::EngineResources;
 use crate::session::LinkProvider;
@@ -66,6 +66,28 @@ pub fn run_source(
     res: &EngineResources,
     stats: Arc<Stats>,
 ) -> Result<Report, EngineError> {
+    run_source_with(
+        ctl_link,
+        links,
+        spec,
+        opts,
+        res,
+        stats,
+        &crate::daemon::Unmanaged,
+    )
+}
+
+/// [`run_source`] with threads reserved through `adm` (the daemon's task
+/// controller, crate::daemon).
+pub fn run_source_with(
+    ctl_link: Box<dyn Link>,
+    links: &mut dyn LinkProvider,
+    spec: SourceSpec,
+    opts: &TransferOptions,
+    res: &EngineResources,
+    stats: Arc<Stats>,
+    adm: &dyn crate::daemon::Admission,
+) -> Result<Report, EngineError> {
     let mut ctl = Ctl {
         link: ctl_link,
         machine: SourceMachine::new(),
@@ -73,14 +95,16 @@ pub fn run_source(
     // Capacity negotiation (seed 000 Fig. 6-4a): reserve threads first,
     // propose what we hold, then release what the sink cannot match.
     let want = opts.streams.clamp(1, res.config.max_streams as u16);
-    let mut senders = res
-        .senders
-        .reserve(1, want as usize, Duration::from_secs(30))
-        .ok_or_else(|| EngineError::local("no sender threads free"))?;
-    let mut readers = res
-        .readers
-        .reserve(1, opts.readers.max(1), Duration::from_secs(30))
-        .ok_or_else(|| EngineError::local("no reader threads free"))?;
+    let (mut senders, mut readers) = adm
+        .reserve_source(res, want as usize, opts.readers.max(1))
+        .inspect_err(|e| {
+            let _ = send_control(
+                &mut *ctl.link,
+                &Control::Abort {
+                    reason: e.to_string(),
+                },
+            );
+        })?;
     let block_size = opts.block_size.min(res.buffers.buf_size() as u32).max(4096);
     ctl.send(&Control::Propose(Propose {
         roots: spec.tops.len() as u32,
@@ -89,6 +113,9 @@ pub fn run_source(
         capacity_mbps: 0,
         checksum: opts.checksum,
     }))?;
+    // A daemon sink may hold the task suspended until threads free up
+    // (docs/DAEMON.md): wait as long as for an idle peer.
+    ctl.link.set_read_timeout(Some(opts.idle_timeout))?;
     let confirm = match ctl.recv()? {
         Control::Confirm(c) => c,
         _ => unreachable!("machine admits only Confirm here"),
@@ -96,20 +123,31 @@ pub fn run_source(
     senders.shrink_to(confirm.streams as usize);
     let streams = senders.len() as u16;
     if streams < confirm.streams {
-        return Err(EngineError::local("sender threads vanished during negotiation"));
+        return Err(EngineError::local(
+            "sender threads vanished during negotiation",
+        ));
     }
+    adm.transferring(streams);
     let block_size = confirm.block_size as usize;
     let checksum = confirm.checksum;
     let data_links = links.open(confirm.streams)?;
+    let link_desc: Vec<(String, String)> =
+        data_links.iter().map(|l| (l.local(), l.peer())).collect();
     for l in &data_links {
         l.set_read_timeout(Some(opts.idle_timeout))?;
     }
 
     // Metadata in one round trip (Fig. 6-4b): stream every record, then
     // wait for the single SyncDone.
-    let w = walk(spec.root.path(), &spec.tops, opts.recursive);
+    let w = if opts.source_engine == crate::storage::DataEngine::Null && opts.null_size > 0 {
+        crate::storage::null::synthetic_walk(&spec.tops, opts.null_size)
+    } else {
+        walk(spec.root.path(), &spec.tops, opts.recursive)
+    };
     stats.total_bytes.store(w.total_bytes, Ordering::Relaxed);
-    stats.total_files.store(w.files.len() as u64, Ordering::Relaxed);
+    stats
+        .total_files
+        .store(w.files.len() as u64, Ordering::Relaxed);
     let mut failures: Vec<FailedPath> = w.failures.clone();
     let mut batch = Vec::new();
     let mut batch_bytes = 0usize;
@@ -157,12 +195,15 @@ pub fn run_source(
             })
             .collect(),
     );
-    let queues = Arc::new(plan_units(&files, block_size as u64));
+    let queues = Arc::new(plan_source(&spec.root, &files, opts, block_size as u64));
     let (filled_tx, filled_rx) = bounded::<Buf>(pool.count());
     let (rev_tx, rev_rx) = unbounded::<ReaderEvent>();
     let abort = Arc::new(AtomicBool::new(false));
     for f in files.iter().filter(|f| f.size == 0) {
-        let _ = rev_tx.send(ReaderEvent::FileDone { id: f.id, digest: 0 });
+        let _ = rev_tx.send(ReaderEvent::FileDone {
+            id: f.id,
+            digest: 0,
+        });
     }
     let ctx = Arc::new(ReaderCtx {
         root: spec.root.clone(),
@@ -176,15 +217,16 @@ pub fn run_source(
         abort: abort.clone(),
         stats: stats.clone(),
         block_size,
+        storage: Arc::new(crate::storage::StorageCfg::source(opts, block_size)),
+        homes: assign_homes(&queues, nread),
     });
     let (rdone_tx, rdone_rx) = unbounded::<()>();
-    let nq = queues.len().max(1);
     let mut jobs = Vec::new();
     for i in 0..nread {
         let c = ctx.clone();
         let d = rdone_tx.clone();
         jobs.push(readers.spawn(move || {
-            run_reader(&c, i % nq);
+            run_reader(&c, i);
             drop(c);
             let _ = d.send(());
         }));
@@ -294,7 +336,10 @@ pub fn run_source(
             for f in c.failures {
                 let p = show(&f.path);
                 if !failed.iter().any(|x| x.path.ends_with(&p)) {
-                    failed.push(FailedPath { path: p, reason: f.reason });
+                    failed.push(FailedPath {
+                        path: p,
+                        reason: f.reason,
+                    });
                 }
             }
             Ok(Report {
@@ -304,6 +349,7 @@ pub fn run_source(
                 peer_cpu_s: Some(c.cpu_s),
                 streams,
                 block_size: block_size as u32,
+                links: link_desc,
             })
         }
         Ok(_) => unreachable!(),

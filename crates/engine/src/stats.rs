@@ -51,6 +51,8 @@ pub struct Report {
     /// Streams and block size agreed.
     pub streams: u16,
     pub block_size: u32,
+    /// Data links as (local address, peer address), for --explain.
+    pub links: Vec<(String, String)>,
 }
 
 /// CPU seconds (user + system) of this process so far.

@@ -15,7 +15,12 @@ pub fn write_all_vectored(w: &mut dyn Write, bufs: &mut [IoSlice<'_>]) -> io::Re
     IoSlice::advance_slices(&mut bufs, 0);
     while !bufs.is_empty() {
         match w.write_vectored(bufs) {
-            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "connection closed")),
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "connection closed",
+                ))
+            }
             Ok(n) => IoSlice::advance_slices(&mut bufs, n),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),

@@ -244,15 +244,19 @@ mod tests {
     #[test]
     fn server_proof_is_not_a_client_proof() {
         let mut s = ServerHandshake::new(b"k", [2; 32]);
-        let ch = s.on_hello(&Control::Hello {
-            nonce: [1; 32],
-            user: "u".into(),
-        })
-        .unwrap();
+        let ch = s
+            .on_hello(&Control::Hello {
+                nonce: [1; 32],
+                user: "u".into(),
+            })
+            .unwrap();
         let Control::Challenge { proof, .. } = ch else {
             panic!()
         };
         // Reflecting the server's own proof back must not authenticate.
-        assert_eq!(s.on_auth(&Control::Auth { proof }), Err(ProtoError::AuthFailed));
+        assert_eq!(
+            s.on_auth(&Control::Auth { proof }),
+            Err(ProtoError::AuthFailed)
+        );
     }
 }

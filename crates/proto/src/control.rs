@@ -64,10 +64,16 @@ pub struct Confirm {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EntryKind {
     Dir,
-    File { size: u64 },
-    Symlink { target: Vec<u8> },
+    File {
+        size: u64,
+    },
+    Symlink {
+        target: Vec<u8>,
+    },
     /// A further name for the file with id `target_id` (same inode).
-    HardLink { target_id: u64 },
+    HardLink {
+        target_id: u64,
+    },
 }
 
 /// One metadata record (seed 000 Fig. 6-4b). `path` is relative, '/'
@@ -105,13 +111,23 @@ pub struct Complete {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Control {
     /// Client to server: start authentication.
-    Hello { nonce: Bytes32, user: String },
+    Hello {
+        nonce: Bytes32,
+        user: String,
+    },
     /// Server to client: server nonce and the server's proof of the key.
-    Challenge { nonce: Bytes32, proof: Bytes32 },
+    Challenge {
+        nonce: Bytes32,
+        proof: Bytes32,
+    },
     /// Client to server: the client's proof of the key.
-    Auth { proof: Bytes32 },
+    Auth {
+        proof: Bytes32,
+    },
     /// Server to client: authenticated; data links join with this id.
-    AuthOk { session: u64 },
+    AuthOk {
+        session: u64,
+    },
     /// Client to server: the request.
     Open(Open),
     /// First message of a data link: join `session` as stream `stream`.
@@ -128,21 +144,46 @@ pub enum Control {
     /// A batch of metadata records.
     Entries(Vec<Entry>),
     /// All metadata sent.
-    MetaEnd { entries: u64, files: u64, bytes: u64 },
+    MetaEnd {
+        entries: u64,
+        files: u64,
+        bytes: u64,
+    },
     /// Sink to source: directories exist, file table ready; failures of
     /// entries the sink could not prepare.
-    SyncDone { failures: Vec<Failure> },
+    SyncDone {
+        failures: Vec<Failure>,
+    },
     /// Source to sink: whole-file digests of files fully read (id, digest).
     FilesDone(Vec<(u64, u64)>),
     /// Source to sink: a file could not be read; the sink discards it.
-    FileFailed { id: u64, reason: String },
+    FileFailed {
+        id: u64,
+        reason: String,
+    },
     /// Source to sink: every block has been sent on every stream.
-    EndOfData { files: u64, bytes: u64 },
+    EndOfData {
+        files: u64,
+        bytes: u64,
+    },
     Complete(Complete),
     /// Either side: the session cannot go on.
-    Abort { reason: String },
+    Abort {
+        reason: String,
+    },
     /// Server to client: request refused.
-    Error { code: u16, message: String },
+    Error {
+        code: u16,
+        message: String,
+    },
+    /// Client to server, instead of Open: ask for the daemon's state
+    /// (`ramsys status`; docs/DAEMON.md).
+    StatusQuery,
+    /// Server to client: the state as a JSON document (schema versioned
+    /// inside, so it can grow without a wire change).
+    StatusReport {
+        json: String,
+    },
 }
 
 impl Control {
@@ -167,6 +208,8 @@ impl Control {
             Control::Complete(_) => "Complete",
             Control::Abort { .. } => "Abort",
             Control::Error { .. } => "Error",
+            Control::StatusQuery => "StatusQuery",
+            Control::StatusReport { .. } => "StatusReport",
         }
     }
 
@@ -288,6 +331,10 @@ mod tests {
             Control::Error {
                 code: 2,
                 message: "no".into(),
+            },
+            Control::StatusQuery,
+            Control::StatusReport {
+                json: "{\"version\":1}".into(),
             },
         ];
         for m in msgs {

@@ -36,6 +36,48 @@ pub struct Segment {
     pub len: u32,
 }
 
+/// Flag bit in a segment's `len`: the segment is a hole (sparse file
+/// region that reads as zeros) of `len & !HOLE_FLAG` bytes and carries no
+/// payload; the sink leaves it unwritten. Appended to the format: a block
+/// with no hole segment is encoded exactly as before.
+pub const HOLE_FLAG: u32 = 1 << 31;
+/// Longest hole one segment can describe (larger holes take several).
+pub const MAX_HOLE: u32 = HOLE_FLAG - 1;
+
+impl Segment {
+    /// A hole segment of `len` (≤ [`MAX_HOLE`]) bytes at `offset`.
+    pub fn hole(file_id: u64, offset: u64, len: u32) -> Segment {
+        debug_assert!(len <= MAX_HOLE);
+        Segment {
+            file_id,
+            offset,
+            len: len | HOLE_FLAG,
+        }
+    }
+    pub fn is_hole(&self) -> bool {
+        self.len & HOLE_FLAG != 0
+    }
+    /// File bytes covered (data or hole).
+    pub fn span(&self) -> u64 {
+        (self.len & !HOLE_FLAG) as u64
+    }
+    /// Payload bytes carried in the block (0 for a hole).
+    pub fn payload_len(&self) -> usize {
+        if self.is_hole() {
+            0
+        } else {
+            self.len as usize
+        }
+    }
+}
+
+/// Hash of a hole, bound to its position and length (holes carry no
+/// bytes, so a file's digest covers its data and the layout of its holes).
+#[inline]
+pub fn hole_hash(file_id: u64, offset: u64, len: u64) -> u64 {
+    segment_hash(file_id, offset, &len.to_le_bytes()) ^ 0x686f_6c65_686f_6c65
+}
+
 /// Hash of one segment's bytes, bound to its position.
 #[inline]
 pub fn segment_hash(file_id: u64, offset: u64, bytes: &[u8]) -> u64 {
@@ -105,10 +147,13 @@ pub fn decode_table(
             offset: u64::from_le_bytes(r[8..16].try_into().unwrap()),
             len: u32::from_le_bytes(r[16..20].try_into().unwrap()),
         };
-        if s.offset.checked_add(s.len as u64).is_none() {
-            return Err(ProtoError::malformed("data block", "segment offset overflows"));
+        if s.offset.checked_add(s.span()).is_none() {
+            return Err(ProtoError::malformed(
+                "data block",
+                "segment offset overflows",
+            ));
         }
-        sum += s.len as u64;
+        sum += s.payload_len() as u64;
         segs.push(s);
     }
     if sum != payload as u64 {
@@ -126,8 +171,12 @@ pub fn hash_block(segs: &[Segment], payload: &[u8], hashes: &mut [u64]) -> u64 {
     let mut p = 0usize;
     let mut sum = 0u64;
     for (i, s) in segs.iter().enumerate() {
-        let end = p + s.len as usize;
-        let h = segment_hash(s.file_id, s.offset, &payload[p..end]);
+        let end = p + s.payload_len();
+        let h = if s.is_hole() {
+            hole_hash(s.file_id, s.offset, s.span())
+        } else {
+            segment_hash(s.file_id, s.offset, &payload[p..end])
+        };
         hashes[i] = h;
         sum = sum.wrapping_add(h);
         p = end;
@@ -280,6 +329,30 @@ mod tests {
         assert!(decode_table(&table, 1, table.len() + 11, 1 << 20, &mut out).is_err());
         assert!(decode_table(&table, 1, table.len() + 10, 5, &mut out).is_err());
         assert!(decode_table(&table, 0, table.len(), 5, &mut out).is_err());
+    }
+
+    #[test]
+    fn hole_segments_carry_no_payload() {
+        let payload = vec![3u8; 10];
+        let segs = vec![
+            Segment::hole(1, 0, 1 << 20),
+            Segment {
+                file_id: 1,
+                offset: 1 << 20,
+                len: 10,
+            },
+        ];
+        assert!(segs[0].is_hole() && segs[0].span() == 1 << 20 && segs[0].payload_len() == 0);
+        let mut hashes = [0u64; 2];
+        let ck = hash_block(&segs, &payload, &mut hashes);
+        assert_eq!(hashes[0], hole_hash(1, 0, 1 << 20));
+        let mut table = vec![0u8; table_len(2)];
+        encode_table(ck, &segs, &mut table);
+        let mut out = Vec::new();
+        let (_, plen) = decode_table(&table, 2, table.len() + 10, 1 << 20, &mut out).unwrap();
+        assert_eq!(plen, 10);
+        assert_eq!(out, segs);
+        assert_ne!(hole_hash(1, 0, 4096), hole_hash(1, 0, 8192));
     }
 
     #[test]

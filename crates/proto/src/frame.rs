@@ -94,7 +94,10 @@ impl FrameHeader {
             });
         }
         if kind == FrameKind::Credit && h.len != 4 {
-            return Err(ProtoError::malformed("credit frame", "body must be 4 bytes"));
+            return Err(ProtoError::malformed(
+                "credit frame",
+                "body must be 4 bytes",
+            ));
         }
         if kind != FrameKind::Data && h.aux != 0 {
             return Err(ProtoError::malformed("frame header", "aux must be 0"));

@@ -64,7 +64,10 @@ pub enum ProtoError {
     #[error("malformed {what}: {detail}")]
     Malformed { what: &'static str, detail: String },
     #[error("unexpected message {got} in state {state}")]
-    Unexpected { got: &'static str, state: &'static str },
+    Unexpected {
+        got: &'static str,
+        state: &'static str,
+    },
     #[error("bad path from peer: {0}")]
     BadPath(String),
     #[error("authentication failed")]

@@ -21,7 +21,9 @@ pub fn validate_relative(p: &[u8]) -> Result<&[u8], ProtoError> {
         return Err(ProtoError::BadPath("empty path".into()));
     }
     if p.len() > MAX_PATH {
-        return Err(ProtoError::BadPath(format!("path longer than {MAX_PATH} bytes")));
+        return Err(ProtoError::BadPath(format!(
+            "path longer than {MAX_PATH} bytes"
+        )));
     }
     if p.contains(&0) {
         return Err(ProtoError::BadPath(format!("NUL byte in {:?}", show())));
@@ -31,7 +33,12 @@ pub fn validate_relative(p: &[u8]) -> Result<&[u8], ProtoError> {
     }
     for c in p.split(|&b| b == b'/') {
         match c {
-            b"" => return Err(ProtoError::BadPath(format!("empty component in {:?}", show()))),
+            b"" => {
+                return Err(ProtoError::BadPath(format!(
+                    "empty component in {:?}",
+                    show()
+                )))
+            }
             b"." | b".." => {
                 return Err(ProtoError::BadPath(format!(
                     "'{}' component in {:?}",
@@ -40,7 +47,10 @@ pub fn validate_relative(p: &[u8]) -> Result<&[u8], ProtoError> {
                 )))
             }
             _ if c.len() > MAX_NAME => {
-                return Err(ProtoError::BadPath(format!("component too long in {:?}", show())))
+                return Err(ProtoError::BadPath(format!(
+                    "component too long in {:?}",
+                    show()
+                )))
             }
             _ => {}
         }

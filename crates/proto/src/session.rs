@@ -69,7 +69,10 @@ impl EntryChecker {
         self.next_id += 1;
         validate_relative(&e.path)?;
         if e.mode & !0o7777 != 0 {
-            return Err(ProtoError::malformed("entry", "mode has non-permission bits"));
+            return Err(ProtoError::malformed(
+                "entry",
+                "mode has non-permission bits",
+            ));
         }
         if e.mtime_ns >= 1_000_000_000 {
             return Err(ProtoError::malformed("entry", "mtime_ns out of range"));
@@ -160,7 +163,10 @@ impl SourceMachine {
             (_, Control::Abort { .. } | Control::Error { .. }) => Aborted,
             (Negotiate, Control::Confirm(c)) => {
                 if c.streams == 0 || c.block_size == 0 || c.credits_per_stream == 0 {
-                    return Err(ProtoError::malformed("confirm", "zero streams, block or credits"));
+                    return Err(ProtoError::malformed(
+                        "confirm",
+                        "zero streams, block or credits",
+                    ));
                 }
                 Metadata
             }
@@ -238,7 +244,10 @@ impl SinkMachine {
             (_, Control::Abort { .. } | Control::Error { .. }) => Aborted,
             (Negotiate, Control::Propose(p)) if self.proposed.is_none() => {
                 if p.streams == 0 || p.block_size == 0 {
-                    return Err(ProtoError::malformed("propose", "zero streams or block size"));
+                    return Err(ProtoError::malformed(
+                        "propose",
+                        "zero streams or block size",
+                    ));
                 }
                 self.proposed = Some(p.clone());
                 Negotiate
@@ -249,7 +258,14 @@ impl SinkMachine {
                 }
                 Metadata
             }
-            (Metadata, Control::MetaEnd { entries, files, bytes }) => {
+            (
+                Metadata,
+                Control::MetaEnd {
+                    entries,
+                    files,
+                    bytes,
+                },
+            ) => {
                 if *entries != self.entries.next_id
                     || *files != self.entries.files
                     || *bytes != self.entries.bytes
@@ -354,7 +370,14 @@ mod tests {
         snk.on_send(&sd).unwrap();
         src.on_recv(&sd).unwrap();
         deliver_to_sink(Control::FilesDone(vec![(1, 42)]), &mut src, &mut snk);
-        deliver_to_sink(Control::EndOfData { files: 1, bytes: 10 }, &mut src, &mut snk);
+        deliver_to_sink(
+            Control::EndOfData {
+                files: 1,
+                bytes: 10,
+            },
+            &mut src,
+            &mut snk,
+        );
         let done = Control::Complete(Complete {
             files: 1,
             bytes: 10,
@@ -404,8 +427,12 @@ mod tests {
         let mut m = SinkMachine::new();
         m.on_recv(&propose()).unwrap();
         m.on_send(&confirm(1)).unwrap();
-        m.on_recv(&Control::Entries(vec![entry(0, "f", EntryKind::File { size: 5 })]))
-            .unwrap();
+        m.on_recv(&Control::Entries(vec![entry(
+            0,
+            "f",
+            EntryKind::File { size: 5 },
+        )]))
+        .unwrap();
         assert!(m
             .on_recv(&Control::MetaEnd {
                 entries: 1,

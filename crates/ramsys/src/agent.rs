@@ -20,6 +20,9 @@ use ramsys_engine::stats::process_cpu_seconds;
 use ramsys_engine::transport::tcp::Tcp;
 use ramsys_engine::{EngineResources, Report, Stats, TransferOptions};
 
+use ramsys_engine::placement::{apply, nic_for_addr, plan_end, sched_instance, storage_for_path};
+use ramsys_topo::Role;
+
 use crate::progress::Progress;
 use crate::spec::{parse_endpoint, parse_size, Endpoint};
 use crate::KeyArgs;
@@ -61,6 +64,16 @@ pub struct CpArgs {
     /// fsync every file before renaming it into place.
     #[arg(long)]
     pub fsync: bool,
+    /// NUMA placement: off (leave to the OS), auto (follow the devices,
+    /// seed 000 sec. 6.1.5) or a node number (everything there).
+    #[arg(long, default_value = "auto", value_name = "off|auto|NODE")]
+    pub numa: ramsys_topo::NumaMode,
+    /// Print where threads ran, where buffers live and which NIC each
+    /// stream used, and the scheduler's plan.
+    #[arg(long)]
+    pub explain: bool,
+    #[command(flatten)]
+    pub storage: StorageArgs,
     /// Sources, then the destination.
     #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
     pub paths: Vec<String>,
@@ -91,7 +104,9 @@ fn local_tops(paths: &[PathBuf]) -> anyhow::Result<Vec<Top>> {
 /// Root and destination for a local sink, as cp reads DST.
 fn local_sink(dst: &Path) -> anyhow::Result<(PathBuf, Vec<u8>)> {
     if dst.is_dir() {
-        let c = dst.canonicalize().with_context(|| format!("{}", dst.display()))?;
+        let c = dst
+            .canonicalize()
+            .with_context(|| format!("{}", dst.display()))?;
         return Ok((c, Vec::new()));
     }
     let parent = match dst.parent() {
@@ -108,13 +123,18 @@ fn local_sink(dst: &Path) -> anyhow::Result<(PathBuf, Vec<u8>)> {
 }
 
 fn open_root(p: &Path, c: Confinement) -> anyhow::Result<Arc<Root>> {
-    Ok(Arc::new(Root::open(p, c).with_context(|| format!("cannot open {}", p.display()))?))
+    Ok(Arc::new(
+        Root::open(p, c).with_context(|| format!("cannot open {}", p.display()))?,
+    ))
 }
 
 pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
     let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
     let dst = parse_endpoint(dst)?;
-    let srcs: Vec<Endpoint> = srcs.iter().map(|s| parse_endpoint(s)).collect::<Result<_, _>>()?;
+    let srcs: Vec<Endpoint> = srcs
+        .iter()
+        .map(|s| parse_endpoint(s))
+        .collect::<Result<_, _>>()?;
     anyhow::ensure!(
         a.block_size >= 4096 && a.block_size <= 64 << 20,
         "--block-size must be between 4K and 64M"
@@ -128,7 +148,7 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
         writers: a.writers.max(1),
         window: a.window.max(2),
         fsync: a.fsync,
-        ..Default::default()
+        ..a.storage.options()
     };
     let res_cfg = ResourceConfig {
         memory: a.memory as usize,
@@ -162,6 +182,7 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
         bail!("all remote sources must be on the same daemon");
     }
 
+    let mut numa = Numa::new(a.numa, a.explain);
     let stats = Arc::new(Stats::default());
     let t0 = Instant::now();
     let cpu0 = process_cpu_seconds();
@@ -171,7 +192,9 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
     let result = match (&dst, remote_srcs.is_empty()) {
         (Endpoint::Daemon { addr, path }, true) => {
             let key = a.key.load()?;
-            let res = EngineResources::new(&res_cfg)?;
+            let cfg = numa.configure("source", Role::Source, local_srcs.first().map(|p| p.as_path()), Some(addr), &res_cfg);
+            let res = EngineResources::new(&cfg)?;
+            numa.buffers("source", &res);
             let remote = Remote {
                 transport,
                 addr: addr.clone(),
@@ -180,13 +203,24 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
             };
             let root = open_root(Path::new("/"), Confinement::None)?;
             let progress = Progress::start(stats.clone(), a.json);
-            let r = push(&remote, root, local_tops(&local_srcs)?, path.clone(), &opts, &res, stats.clone());
+            let r = push(
+                &remote,
+                root,
+                local_tops(&local_srcs)?,
+                path.clone(),
+                &opts,
+                &res,
+                stats.clone(),
+            );
             progress.finish();
+            numa.threads("source", &res);
             r
         }
         (Endpoint::Local(d), false) => {
             let key = a.key.load()?;
-            let res = EngineResources::new(&res_cfg)?;
+            let cfg = numa.configure("sink", Role::Sink, Some(d.as_path()), Some(&remote_srcs[0].0), &res_cfg);
+            let res = EngineResources::new(&cfg)?;
+            numa.buffers("sink", &res);
             let remote = Remote {
                 transport,
                 addr: remote_srcs[0].0.clone(),
@@ -199,6 +233,7 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
             let paths = remote_srcs.into_iter().map(|(_, p)| p).collect();
             let r = pull(&remote, paths, root, dest, &opts, &res, stats.clone());
             progress.finish();
+            numa.threads("sink", &res);
             r
         }
         (Endpoint::Local(d), true) => {
@@ -206,16 +241,21 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
             let (root, dest) = local_sink(d)?;
             let mut key = vec![0u8; 32];
             getrandom_fill(&mut key);
-            let sink_res = EngineResources::new(&res_cfg)?;
+            let sink_cfg = numa.configure("sink", Role::Sink, Some(d.as_path()), Some("127.0.0.1:1"), &res_cfg);
+            let sink_res = EngineResources::new(&sink_cfg)?;
+            numa.buffers("sink", &sink_res);
             let sink_opts = opts.clone();
             let daemon = Daemon::bind("127.0.0.1:0", &root, key.clone(), sink_opts, sink_res)?;
             let addr = daemon.local_addr().to_string();
+            let sink_shared = daemon.shared();
             daemon.spawn();
             let src_cfg = ResourceConfig {
                 memory: (a.memory as usize / 3).max(a.block_size as usize * 8),
                 ..res_cfg.clone()
             };
+            let src_cfg = numa.configure("source", Role::Source, local_srcs.first().map(|p| p.as_path()), Some(&addr), &src_cfg);
             let res = EngineResources::new(&src_cfg)?;
+            numa.buffers("source", &res);
             let remote = Remote {
                 transport,
                 addr,
@@ -224,8 +264,18 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
             };
             let src_root = open_root(Path::new("/"), Confinement::None)?;
             let progress = Progress::start(stats.clone(), a.json);
-            let r = push(&remote, src_root, local_tops(&local_srcs)?, dest, &opts, &res, stats.clone());
+            let r = push(
+                &remote,
+                src_root,
+                local_tops(&local_srcs)?,
+                dest,
+                &opts,
+                &res,
+                stats.clone(),
+            );
             progress.finish();
+            numa.threads("source", &res);
+            numa.threads("sink", &sink_shared.res);
             r
         }
         (Endpoint::Daemon { .. }, false) => {
@@ -234,6 +284,10 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
     };
     let wall = t0.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu0;
+    if let Ok(rep) = &result {
+        numa.streams(rep);
+    }
+    numa.print();
     match result {
         Ok(rep) => Ok(summarize(&rep, wall, cpu, a.json)),
         Err(e) => {
@@ -247,6 +301,139 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
             }
             Err(anyhow::anyhow!(e))
         }
+    }
+}
+
+/// NUMA placement of this agent's engines, and the --explain report.
+struct Numa {
+    topo: Option<ramsys_topo::Topology>,
+    mode: ramsys_topo::NumaMode,
+    explain: bool,
+    lines: Vec<String>,
+}
+
+impl Numa {
+    fn new(mode: ramsys_topo::NumaMode, explain: bool) -> Numa {
+        let mut lines = Vec::new();
+        let topo = if mode == ramsys_topo::NumaMode::Off && !explain {
+            None
+        } else {
+            match ramsys_topo::discover(Path::new("/")) {
+                Ok(t) => {
+                    lines.push(format!(
+                        "host: {} NUMA node(s){}, numa mode {mode}",
+                        t.nodes.len(),
+                        if t.numa_synthetic { " (no NUMA in sysfs; one synthetic node)" } else { "" }
+                    ));
+                    Some(t)
+                }
+                Err(e) => {
+                    lines.push(format!("hardware discovery failed ({e}); placement left to the OS"));
+                    None
+                }
+            }
+        };
+        Numa { topo, mode, explain, lines }
+    }
+
+    /// Pin pools and place buffers for one engine end.
+    fn configure(&mut self, label: &str, role: Role, storage_path: Option<&Path>, peer: Option<&str>, base: &ResourceConfig) -> ResourceConfig {
+        let Some(topo) = &self.topo else { return base.clone() };
+        let probe = storage_path.map(|p| {
+            let abs = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+            if abs.exists() { abs } else { abs.parent().map(Path::to_path_buf).unwrap_or(abs) }
+        });
+        let storage = probe.as_deref().and_then(|p| storage_for_path(topo, p, true));
+        let nic = peer.and_then(|a| nic_for_addr(topo, a));
+        match plan_end(topo, role, storage, nic, self.mode) {
+            Ok(plan) => {
+                let (sw, nw) = match role {
+                    Role::Source => ("readers", "senders"),
+                    Role::Sink => ("writers", "receivers"),
+                };
+                self.lines.push(format!(
+                    "{label}: storage {} ; NIC {}",
+                    storage.map(|d| format!("{} ({}, node {})", d.name, d.kind.as_str(), d.numa_node.map_or("unknown".into(), |n| n.to_string()))).unwrap_or_else(|| "unknown".into()),
+                    nic.map(|n| format!("{} (node {})", n.name, n.numa_node.map_or("unknown".into(), |x| x.to_string()))).unwrap_or_else(|| "unknown".into()),
+                ));
+                self.lines.push(format!("{label}: {sw} planned on {} — {}", place(&plan.storage_threads), plan.storage_threads.reason));
+                if let Some(n) = &plan.network_threads {
+                    self.lines.push(format!("{label}: {nw} planned on {} — {}", place(n), n.reason));
+                }
+                self.lines.push(format!("{label}: buffers planned on {} — {}", place(&plan.buffers), plan.buffers.reason));
+                if let (Some(s), Some(n)) = (storage, nic) {
+                    let (from, to) = match role {
+                        Role::Source => (s.name.as_str(), n.name.as_str()),
+                        Role::Sink => (n.name.as_str(), s.name.as_str()),
+                    };
+                    let inst = sched_instance(topo, None, from, to, base.buffer_size as u64);
+                    let sp = ramsys_sched::plan(&inst);
+                    for l in ramsys_sched::render_text(&sp).lines() {
+                        self.lines.push(format!("{label}: scheduler: {l}"));
+                    }
+                }
+                apply(&plan, base.clone())
+            }
+            Err(e) => {
+                self.lines.push(format!("{label}: placement failed ({e}); left to the OS"));
+                base.clone()
+            }
+        }
+    }
+
+    fn buffers(&mut self, label: &str, res: &EngineResources) {
+        let mb = res.buffers.count() * res.buffers.buf_size() >> 20;
+        match res.verify_buffers() {
+            Some(Ok(v)) => {
+                let where_: Vec<String> = v.iter().map(|(n, p)| format!("{p} pages on node {n}")).collect();
+                self.lines.push(format!("{label}: buffer pool {mb} MiB bound to node {}, verified by move_pages: {}", res.buffers.node().map_or("?".into(), |n| n.to_string()), where_.join(", ")));
+            }
+            Some(Err(e)) => self.lines.push(format!("{label}: buffer pool {mb} MiB; placement check failed: {e}")),
+            None => self.lines.push(format!("{label}: buffer pool {mb} MiB on the heap (OS placement)")),
+        }
+    }
+
+    fn threads(&mut self, label: &str, res: &EngineResources) {
+        for p in [&res.readers, &res.senders, &res.receivers, &res.writers] {
+            let seen = p.observed_cpus();
+            if seen.is_empty() {
+                continue;
+            }
+            let node = |c: &usize| self.topo.as_ref().and_then(|t| t.node_of_cpu(*c)).map_or("?".into(), |n| n.to_string());
+            let nodes: std::collections::BTreeSet<String> = seen.iter().map(node).collect();
+            self.lines.push(format!(
+                "{label}: {} threads ran on CPUs {} (node {}), pinned to {}",
+                p.name(),
+                ramsys_topo::fmt_cpus(&seen),
+                nodes.into_iter().collect::<Vec<_>>().join(","),
+                if p.cpus().is_empty() { "nothing (OS placement)".to_string() } else { ramsys_topo::fmt_cpus(p.cpus()) }
+            ));
+        }
+    }
+
+    fn streams(&mut self, rep: &Report) {
+        for (i, (local, peer)) in rep.links.iter().enumerate() {
+            let nic = self.topo.as_ref().and_then(|t| nic_for_addr(t, local));
+            self.lines.push(format!(
+                "stream {i}: {local} -> {peer} via {}",
+                nic.map(|n| format!("{} (node {})", n.name, n.numa_node.map_or("unknown".into(), |x| x.to_string()))).unwrap_or_else(|| "unknown NIC".into())
+            ));
+        }
+    }
+
+    fn print(&self) {
+        if self.explain {
+            for l in &self.lines {
+                eprintln!("explain: {l}");
+            }
+        }
+    }
+}
+
+fn place(p: &ramsys_topo::Placement) -> String {
+    match p.node {
+        Some(n) => format!("node {n} CPUs {}", ramsys_topo::fmt_cpus(&p.cpus)),
+        None => format!("any node, CPUs {}", ramsys_topo::fmt_cpus(&p.cpus)),
     }
 }
 
@@ -300,5 +487,51 @@ fn summarize(rep: &Report, wall: f64, cpu: f64, json: bool) -> i32 {
         0
     } else {
         1
+    }
+}
+
+/// Storage-engine flags (issue 4), shared by `cp` and `serve`.
+#[derive(Args, Debug, Clone)]
+pub struct StorageArgs {
+    /// Turn off O_DIRECT (kernel-bypass) reads and writes of large files.
+    #[arg(long)]
+    pub no_direct: bool,
+    /// Storage I/O engine: sync (pread/pwrite) or uring (batched io_uring;
+    /// falls back to sync where the kernel has none).
+    #[arg(long, value_name = "sync|uring")]
+    pub io_engine: Option<ramsys_engine::storage::IoEngine>,
+    /// Source data engine: file, or null (blocks produced without reading).
+    #[arg(long, default_value = "file", value_name = "file|null")]
+    pub source_engine: ramsys_engine::storage::DataEngine,
+    /// Sink data engine: file, or null (blocks verified and discarded).
+    #[arg(long, default_value = "file", value_name = "file|null")]
+    pub sink_engine: ramsys_engine::storage::DataEngine,
+    /// With --source-engine null: send one synthetic file of this size
+    /// instead of scanning the sources.
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    pub null_size: u64,
+    /// Keep scan order instead of sorting each device queue by physical
+    /// location (FIEMAP).
+    #[arg(long)]
+    pub no_sort: bool,
+    /// Storage threads per device: N for all, or e.g. hdd=1,ssd=4,nvme=8,mem=4.
+    #[arg(long, value_name = "SPEC")]
+    pub device_threads: Option<ramsys_engine::storage::DeviceThreads>,
+}
+
+impl StorageArgs {
+    /// Default options with these storage settings applied.
+    pub fn options(&self) -> TransferOptions {
+        let d = TransferOptions::default();
+        TransferOptions {
+            direct: !self.no_direct,
+            io_engine: self.io_engine.unwrap_or(d.io_engine),
+            source_engine: self.source_engine,
+            sink_engine: self.sink_engine,
+            null_size: self.null_size,
+            sort: !self.no_sort,
+            device_threads: self.device_threads.unwrap_or(d.device_threads),
+            ..d
+        }
     }
 }

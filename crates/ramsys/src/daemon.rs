@@ -42,11 +42,20 @@ pub struct ServeArgs {
     /// fsync every file before renaming it into place.
     #[arg(long)]
     pub fsync: bool,
+    #[command(flatten)]
+    pub storage: crate::agent::StorageArgs,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (docs/DAEMON.md);
+    /// the bound address is printed on the line after "listening on".
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
 }
 
 pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     let key = a.key.load()?;
-    anyhow::ensure!(a.max_block_size >= 4096, "--max-block-size must be at least 4K");
+    anyhow::ensure!(
+        a.max_block_size >= 4096,
+        "--max-block-size must be at least 4K"
+    );
     let res = EngineResources::new(&ResourceConfig {
         memory: a.memory as usize,
         buffer_size: a.max_block_size as usize,
@@ -60,11 +69,21 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
         writers: a.writers.max(1),
         window: a.window.max(2),
         fsync: a.fsync,
-        ..Default::default()
+        ..a.storage.options()
     };
     let d = Daemon::bind(&a.listen, &a.root, key, opts, res)?;
     println!("listening on {}", d.local_addr());
     std::io::stdout().flush()?;
+    if let Some(m) = &a.metrics {
+        let at = d
+            .serve_metrics(m)
+            .map_err(|e| anyhow::anyhow!("cannot serve metrics on {m}: {e}"))?;
+        // After "listening on" (readers may stop after that line), and
+        // never fatal if stdout is gone.
+        let mut o = std::io::stdout();
+        let _ = writeln!(o, "metrics on {at}").and_then(|_| o.flush());
+        tracing::info!("metrics on http://{at}/metrics");
+    }
     tracing::info!("serving {} on {}", a.root.display(), d.local_addr());
     d.serve();
     Ok(0)

@@ -3,15 +3,21 @@
 
 mod agent;
 mod daemon;
+mod plan;
 mod progress;
 mod spec;
+mod status;
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "ramsys", version, about = "NUMA-aware, resource-aware data replication")]
+#[command(
+    name = "ramsys",
+    version,
+    about = "NUMA-aware, resource-aware data replication"
+)]
 struct Cli {
     /// More log output (repeat for more); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
@@ -26,10 +32,14 @@ enum Cmd {
     Serve(daemon::ServeArgs),
     /// Copy files and directory trees (local paths or ramsys://HOST:PORT/PATH).
     Cp(agent::CpArgs),
+    /// Show a daemon's sessions, tasks, queues, pools and throughput.
+    Status(status::StatusArgs),
     /// Show the hardware model: NUMA nodes, NICs, block devices.
     Topo(ramsys_topo::TopoArgs),
     /// NUMA I/O bandwidth characterization, classes, prediction, calibration.
     Iomodel(ramsys_iomodel::IomodelArgs),
+    /// Show the thread, buffer and stream plan for a transfer, without moving data.
+    Plan(plan::PlanArgs),
 }
 
 /// Options shared by every command that authenticates.
@@ -73,8 +83,10 @@ fn main() {
     let r = match &cli.cmd {
         Cmd::Serve(a) => daemon::run(a),
         Cmd::Cp(a) => agent::run(a),
+        Cmd::Status(a) => status::run(a),
         Cmd::Topo(a) => ramsys_topo::run(a).map(|_| 0),
         Cmd::Iomodel(a) => ramsys_iomodel::run(a).map(|_| 0),
+        Cmd::Plan(a) => plan::run(a),
     };
     match r {
         Ok(code) => std::process::exit(code),

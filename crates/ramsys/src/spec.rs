@@ -5,7 +5,10 @@
 pub enum Endpoint {
     Local(std::path::PathBuf),
     /// ramsys://HOST:PORT/PATH; path relative to the daemon root.
-    Daemon { addr: String, path: Vec<u8> },
+    Daemon {
+        addr: String,
+        path: Vec<u8>,
+    },
 }
 
 pub fn parse_endpoint(s: &str) -> anyhow::Result<Endpoint> {
@@ -15,7 +18,11 @@ pub fn parse_endpoint(s: &str) -> anyhow::Result<Endpoint> {
             None => (rest, ""),
         };
         anyhow::ensure!(!hostport.is_empty(), "{s}: missing HOST:PORT");
-        let addr = if hostport.starts_with('[') || hostport.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
+        let addr = if hostport.starts_with('[')
+            || hostport
+                .rsplit_once(':')
+                .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        {
             hostport.to_string()
         } else {
             anyhow::bail!("{s}: missing port (ramsys://HOST:PORT/PATH)");
@@ -52,7 +59,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "g" | "gb" | "gib" => 1 << 30,
         _ => return Err(format!("invalid size unit in {s:?} (use K, M or G)")),
     };
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} too large"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} too large"))
 }
 
 #[cfg(test)]
@@ -77,7 +85,10 @@ mod tests {
         );
         assert!(parse_endpoint("ramsys://h/a").is_err());
         assert!(parse_endpoint("ramsys://h:1/../x").is_err());
-        assert_eq!(parse_endpoint("x:y").unwrap(), Endpoint::Local("x:y".into()));
+        assert_eq!(
+            parse_endpoint("x:y").unwrap(),
+            Endpoint::Local("x:y".into())
+        );
     }
 
     #[test]

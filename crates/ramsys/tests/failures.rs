@@ -19,7 +19,15 @@ fn missing_source_is_reported_and_the_rest_copied() {
     let into = t.path().join("into");
     std::fs::create_dir(&into).unwrap();
     let missing = t.path().join("missing");
-    let o = ramsys(&key, &["cp", missing.to_str().unwrap(), ok.to_str().unwrap(), into.to_str().unwrap()]);
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            missing.to_str().unwrap(),
+            ok.to_str().unwrap(),
+            into.to_str().unwrap(),
+        ],
+    );
     assert!(!o.status.success());
     let e = stderr(&o);
     assert!(e.contains("missing") && e.contains("No such file"), "{e}");
@@ -40,7 +48,10 @@ fn unreadable_file_is_reported_and_the_rest_copied() {
     // where a file is expected is not possible, so only check when not root.
     let is_root = unsafe { libc::geteuid() } == 0;
     let dst = t.path().join("dst");
-    let o = ramsys(&key, &["cp", "-r", src.to_str().unwrap(), dst.to_str().unwrap()]);
+    let o = ramsys(
+        &key,
+        &["cp", "-r", src.to_str().unwrap(), dst.to_str().unwrap()],
+    );
     if is_root {
         assert!(o.status.success(), "{}", stderr(&o));
     } else {
@@ -57,7 +68,14 @@ fn directory_without_r_is_refused_cleanly() {
     let key = key_file(t.path());
     let src = t.path().join("dir");
     std::fs::create_dir(&src).unwrap();
-    let o = ramsys(&key, &["cp", src.to_str().unwrap(), t.path().join("d2").to_str().unwrap()]);
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            src.to_str().unwrap(),
+            t.path().join("d2").to_str().unwrap(),
+        ],
+    );
     assert!(!o.status.success());
     assert!(stderr(&o).contains("use -r"), "{}", stderr(&o));
 }
@@ -87,11 +105,22 @@ fn unreachable_daemon_fails_fast() {
     let t = tempfile::tempdir().unwrap();
     let key = key_file(t.path());
     // A port nobody listens on: bind, note it, close.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let f = t.path().join("f");
     std::fs::write(&f, b"x").unwrap();
     let start = Instant::now();
-    let o = ramsys(&key, &["cp", f.to_str().unwrap(), &format!("ramsys://127.0.0.1:{port}/f")]);
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            f.to_str().unwrap(),
+            &format!("ramsys://127.0.0.1:{port}/f"),
+        ],
+    );
     assert!(start.elapsed() < Duration::from_secs(10));
     assert!(!o.status.success());
     assert!(stderr(&o).contains("cannot connect"), "{}", stderr(&o));
@@ -107,7 +136,10 @@ fn bad_flags_and_paths_are_clear() {
     let o = ramsys(&key, &["cp", "a", "ramsys://host-without-port/x"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("missing port"), "{}", stderr(&o));
-    let o = ramsys(&key, &["cp", "x", t.path().join("no/such/dir/y").to_str().unwrap()]);
+    let o = ramsys(
+        &key,
+        &["cp", "x", t.path().join("no/such/dir/y").to_str().unwrap()],
+    );
     assert!(!o.status.success());
     assert!(stderr(&o).contains("does not exist"), "{}", stderr(&o));
 }
@@ -151,13 +183,18 @@ impl SmallFs {
 }
 impl Drop for SmallFs {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
     }
 }
 
 #[test]
 fn disk_full_on_sink_fails_cleanly() {
-    let Some(fs) = SmallFs::mount("4m", "") else { return };
+    let Some(fs) = SmallFs::mount("4m", "") else {
+        return;
+    };
     let t = tempfile::tempdir().unwrap();
     let key = key_file(t.path());
     let src = t.path().join("src");
@@ -166,11 +203,24 @@ fn disk_full_on_sink_fails_cleanly() {
     std::fs::write(src.join("big"), r.bytes(12 << 20)).unwrap();
     std::fs::write(src.join("small"), b"small").unwrap();
     let d = TestDaemon::start(fs.dir.path(), &key);
-    let o = ramsys(&key, &["cp", "-r", "--block-size", "256K", src.to_str().unwrap(), &d.url("")]);
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--block-size",
+            "256K",
+            src.to_str().unwrap(),
+            &d.url(""),
+        ],
+    );
     assert!(!o.status.success());
     let e = stderr(&o);
     assert!(e.contains("disk full"), "{e}");
-    assert!(!fs.dir.path().join("src/big").exists(), "no half-written final file");
+    assert!(
+        !fs.dir.path().join("src/big").exists(),
+        "no half-written final file"
+    );
     assert!(temp_files(fs.dir.path()).is_empty(), "temp files removed");
     // The source is untouched.
     assert_eq!(std::fs::metadata(src.join("big")).unwrap().len(), 12 << 20);
@@ -178,12 +228,17 @@ fn disk_full_on_sink_fails_cleanly() {
 
 #[test]
 fn read_only_destination_fails_cleanly() {
-    let Some(fs) = SmallFs::mount("4m", ",ro") else { return };
+    let Some(fs) = SmallFs::mount("4m", ",ro") else {
+        return;
+    };
     let t = tempfile::tempdir().unwrap();
     let key = key_file(t.path());
     let f = t.path().join("f");
     std::fs::write(&f, b"data").unwrap();
-    let o = ramsys(&key, &["cp", f.to_str().unwrap(), fs.dir.path().to_str().unwrap()]);
+    let o = ramsys(
+        &key,
+        &["cp", f.to_str().unwrap(), fs.dir.path().to_str().unwrap()],
+    );
     assert!(!o.status.success());
     assert!(stderr(&o).contains("read-only"), "{}", stderr(&o));
 }
@@ -224,7 +279,10 @@ fn killing_the_sink_daemon_mid_transfer() {
     if out.status.success() {
         eprintln!("note: copy finished before the kill landed");
         // The copy finished before the kill landed: then it must be whole.
-        assert_eq!(std::fs::read(root.join("big")).unwrap(), std::fs::read(&src).unwrap());
+        assert_eq!(
+            std::fs::read(root.join("big")).unwrap(),
+            std::fs::read(&src).unwrap()
+        );
         return;
     }
     let e = String::from_utf8_lossy(&out.stderr);

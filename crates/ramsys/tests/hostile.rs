@@ -117,7 +117,11 @@ fn hostile_paths_abort_the_session_and_touch_nothing() {
     ];
     for p in bad {
         let mut e = open_push(&d.addr, b"");
-        send_control(&mut *e.ctl, &Control::Entries(vec![entry(0, p, EntryKind::Dir)])).unwrap();
+        send_control(
+            &mut *e.ctl,
+            &Control::Entries(vec![entry(0, p, EntryKind::Dir)]),
+        )
+        .unwrap();
         let _ = send_control(
             &mut *e.ctl,
             &Control::MetaEnd {
@@ -127,13 +131,25 @@ fn hostile_paths_abort_the_session_and_touch_nothing() {
             },
         );
         match recv_control(&mut *e.ctl) {
-            Ok(Control::Abort { reason }) => assert!(reason.contains("path") || reason.contains("malformed"), "{reason}"),
-            other => panic!("path {:?}: expected Abort, got {other:?}", String::from_utf8_lossy(p)),
+            Ok(Control::Abort { reason }) => assert!(
+                reason.contains("path") || reason.contains("malformed"),
+                "{reason}"
+            ),
+            other => panic!(
+                "path {:?}: expected Abort, got {other:?}",
+                String::from_utf8_lossy(p)
+            ),
         }
     }
     outside_untouched(t.path());
-    assert!(std::fs::read_dir(t.path().join("outside")).unwrap().next().is_none());
-    assert!(std::fs::read_dir(&d.root).unwrap().next().is_none(), "nothing created in the root either");
+    assert!(std::fs::read_dir(t.path().join("outside"))
+        .unwrap()
+        .next()
+        .is_none());
+    assert!(
+        std::fs::read_dir(&d.root).unwrap().next().is_none(),
+        "nothing created in the root either"
+    );
 }
 
 #[test]
@@ -182,7 +198,8 @@ fn writes_through_symlinks_are_refused_without_following() {
     let mut hashes = [0u64];
     let ck = hash_block(&segs, payload, &mut hashes);
     send_block(&mut **link, &segs, ck, payload);
-    link.write_all(&FrameHeader::new(FrameKind::End, 0, 0).encode()).unwrap();
+    link.write_all(&FrameHeader::new(FrameKind::End, 0, 0).encode())
+        .unwrap();
     send_control(&mut *e.ctl, &Control::FilesDone(vec![(1, hashes[0])])).unwrap();
     send_control(&mut *e.ctl, &Control::EndOfData { files: 1, bytes: 5 }).unwrap();
     let Control::Complete(c) = recv_control(&mut *e.ctl).unwrap() else {
@@ -193,7 +210,10 @@ fn writes_through_symlinks_are_refused_without_following() {
         .failures
         .iter()
         .any(|f| f.path == b"link/pwned" && f.reason.contains("symlink")));
-    assert!(std::fs::read_dir(&outside).unwrap().next().is_none(), "nothing written through the link");
+    assert!(
+        std::fs::read_dir(&outside).unwrap().next().is_none(),
+        "nothing written through the link"
+    );
     assert!(temp_files(&d.root).is_empty());
     outside_untouched(t.path());
 }
@@ -201,7 +221,11 @@ fn writes_through_symlinks_are_refused_without_following() {
 fn send_block(link: &mut dyn Link, segs: &[Segment], ck: u64, payload: &[u8]) {
     let mut table = vec![0u8; table_len(segs.len())];
     let tl = encode_table(ck, segs, &mut table);
-    let h = FrameHeader::new(FrameKind::Data, segs.len() as u16, (tl + payload.len()) as u32);
+    let h = FrameHeader::new(
+        FrameKind::Data,
+        segs.len() as u16,
+        (tl + payload.len()) as u32,
+    );
     link.write_all(&h.encode()).unwrap();
     link.write_all(&table).unwrap();
     link.write_all(payload).unwrap();
@@ -229,7 +253,10 @@ fn data_for_unknown_files_or_past_eof_aborts() {
             },
         )
         .unwrap();
-        assert!(matches!(recv_control(&mut *e.ctl).unwrap(), Control::SyncDone { .. }));
+        assert!(matches!(
+            recv_control(&mut *e.ctl).unwrap(),
+            Control::SyncDone { .. }
+        ));
         let link = &mut e.data[0];
         let _ = read_header(&mut **link, 0).unwrap();
         let mut c = [0u8; 4];
@@ -271,7 +298,10 @@ fn sending_beyond_credits_aborts() {
         },
     )
     .unwrap();
-    assert!(matches!(recv_control(&mut *e.ctl).unwrap(), Control::SyncDone { .. }));
+    assert!(matches!(
+        recv_control(&mut *e.ctl).unwrap(),
+        Control::SyncDone { .. }
+    ));
     // Ignore credits entirely and flood the link.
     let link = &mut e.data[0];
     let payload = vec![1u8; 1024];
@@ -286,12 +316,18 @@ fn sending_beyond_credits_aborts() {
         let mut table = vec![0u8; table_len(1)];
         encode_table(ck, &segs, &mut table);
         let h = FrameHeader::new(FrameKind::Data, 1, (table.len() + payload.len()) as u32);
-        if link.write_all(&h.encode()).is_err() || link.write_all(&table).is_err() || link.write_all(&payload).is_err() {
+        if link.write_all(&h.encode()).is_err()
+            || link.write_all(&table).is_err()
+            || link.write_all(&payload).is_err()
+        {
             break;
         }
     }
     match recv_control(&mut *e.ctl) {
-        Ok(Control::Abort { reason }) => assert!(reason.contains("credit") || reason.contains("data past"), "{reason}"),
+        Ok(Control::Abort { reason }) => assert!(
+            reason.contains("credit") || reason.contains("data past"),
+            "{reason}"
+        ),
         other => panic!("expected Abort, got {other:?}"),
     }
     assert!(!d.root.join("f").exists());

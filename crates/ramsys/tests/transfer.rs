@@ -18,13 +18,35 @@ fn push_and_pull_varied_tree_through_daemon() {
     let d = TestDaemon::start(&root, &key);
 
     // Push into an existing directory: the tree lands inside it.
-    let o = ramsys(&key, &["cp", "-r", "--block-size", "64K", "--streams", "3", src.to_str().unwrap(), &d.url("")]);
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--block-size",
+            "64K",
+            "--streams",
+            "3",
+            src.to_str().unwrap(),
+            &d.url(""),
+        ],
+    );
     assert_ok(&o);
     assert_same_tree(&src, &root.join("src"));
 
     // Pull back to a new name: the copy is the destination itself.
     let back = t.path().join("back");
-    let o = ramsys(&key, &["cp", "-r", "--block-size", "64K", &d.url("src"), back.to_str().unwrap()]);
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--block-size",
+            "64K",
+            &d.url("src"),
+            back.to_str().unwrap(),
+        ],
+    );
     assert_ok(&o);
     assert_same_tree(&src, &back);
     assert!(temp_files(&root).is_empty() && temp_files(&back).is_empty());
@@ -37,7 +59,18 @@ fn local_mode_copies_tree_and_single_files() {
     let src = t.path().join("src");
     make_varied_tree(&src, 4096);
     let dst = t.path().join("dst");
-    let o = ramsys(&key, &["cp", "-r", "--block-size", "4K", "--json", src.to_str().unwrap(), dst.to_str().unwrap()]);
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--block-size",
+            "4K",
+            "--json",
+            src.to_str().unwrap(),
+            dst.to_str().unwrap(),
+        ],
+    );
     assert_ok(&o);
     assert_same_tree(&src, &dst);
     // The JSON summary is the last line and carries the required fields.
@@ -54,10 +87,24 @@ fn local_mode_copies_tree_and_single_files() {
     std::fs::create_dir(&into).unwrap();
     let a = src.join("m600");
     let b = src.join("sub/size_5_40960");
-    let o = ramsys(&key, &["cp", a.to_str().unwrap(), b.to_str().unwrap(), into.to_str().unwrap()]);
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            a.to_str().unwrap(),
+            b.to_str().unwrap(),
+            into.to_str().unwrap(),
+        ],
+    );
     assert_ok(&o);
-    assert_eq!(std::fs::read(into.join("m600")).unwrap(), std::fs::read(&a).unwrap());
-    assert_eq!(std::fs::read(into.join("size_5_40960")).unwrap(), std::fs::read(&b).unwrap());
+    assert_eq!(
+        std::fs::read(into.join("m600")).unwrap(),
+        std::fs::read(&a).unwrap()
+    );
+    assert_eq!(
+        std::fs::read(into.join("size_5_40960")).unwrap(),
+        std::fs::read(&b).unwrap()
+    );
 }
 
 #[test]
@@ -68,7 +115,10 @@ fn tree_with_no_files_and_empty_files() {
     std::fs::create_dir_all(src.join("a/b/c")).unwrap();
     std::fs::create_dir_all(src.join("x")).unwrap();
     let dst = t.path().join("dst");
-    assert_ok(&ramsys(&key, &["cp", "-r", src.to_str().unwrap(), dst.to_str().unwrap()]));
+    assert_ok(&ramsys(
+        &key,
+        &["cp", "-r", src.to_str().unwrap(), dst.to_str().unwrap()],
+    ));
     assert_same_tree(&src, &dst);
     let src2 = t.path().join("src2");
     std::fs::create_dir(&src2).unwrap();
@@ -76,7 +126,10 @@ fn tree_with_no_files_and_empty_files() {
         std::fs::write(src2.join(format!("e{i}")), b"").unwrap();
     }
     let dst2 = t.path().join("dst2");
-    assert_ok(&ramsys(&key, &["cp", "-r", src2.to_str().unwrap(), dst2.to_str().unwrap()]));
+    assert_ok(&ramsys(
+        &key,
+        &["cp", "-r", src2.to_str().unwrap(), dst2.to_str().unwrap()],
+    ));
     assert_same_tree(&src2, &dst2);
 }
 
@@ -97,7 +150,10 @@ fn twenty_thousand_small_files_through_daemon() {
     let root = t.path().join("root");
     std::fs::create_dir(&root).unwrap();
     let d = TestDaemon::start(&root, &key);
-    let o = ramsys(&key, &["cp", "-r", "--json", src.to_str().unwrap(), &d.url("")]);
+    let o = ramsys(
+        &key,
+        &["cp", "-r", "--json", src.to_str().unwrap(), &d.url("")],
+    );
     assert_ok(&o);
     let out = String::from_utf8(o.stdout).unwrap();
     let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
@@ -112,7 +168,18 @@ fn no_checksum_mode_still_copies_correctly() {
     let src = t.path().join("src");
     make_varied_tree(&src, 8192);
     let dst = t.path().join("dst");
-    assert_ok(&ramsys(&key, &["cp", "-r", "--no-checksum", "--block-size", "8K", src.to_str().unwrap(), dst.to_str().unwrap()]));
+    assert_ok(&ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--no-checksum",
+            "--block-size",
+            "8K",
+            src.to_str().unwrap(),
+            dst.to_str().unwrap(),
+        ],
+    ));
     assert_same_tree(&src, &dst);
 }
 
@@ -124,7 +191,10 @@ fn overwrites_existing_file_atomically() {
     std::fs::write(&src, vec![7u8; 100_000]).unwrap();
     let dst = t.path().join("g");
     std::fs::write(&dst, b"old contents").unwrap();
-    assert_ok(&ramsys(&key, &["cp", src.to_str().unwrap(), dst.to_str().unwrap()]));
+    assert_ok(&ramsys(
+        &key,
+        &["cp", src.to_str().unwrap(), dst.to_str().unwrap()],
+    ));
     assert_eq!(std::fs::read(&dst).unwrap(), vec![7u8; 100_000]);
     assert!(temp_files(t.path()).is_empty());
 }

@@ -7,7 +7,6 @@
 //! carries its own pre-allocated segment table and hash slots, so the data
 //! path never allocates.
 
-use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,11 +31,12 @@ pub trait Memory: Send + Sync {
     }
 }
 
-/// Page-aligned heap memory, pre-faulted so the first transfer does not
-/// pay for page faults.
+/// Page-aligned anonymous memory from mmap. Pages are zero-filled by the
+/// kernel on first touch, so a large pool costs nothing until used (an
+/// over-aligned `alloc_zeroed` would memset the whole pool up front).
 pub struct HeapMemory {
     ptr: NonNull<u8>,
-    layout: Layout,
+    len: usize,
 }
 
 // SAFETY: the region is plain memory owned by this value; access is
@@ -46,19 +46,35 @@ unsafe impl Sync for HeapMemory {}
 
 impl HeapMemory {
     pub fn new(bytes: usize) -> anyhow::Result<Self> {
-        let layout = Layout::from_size_align(bytes.max(ALIGN), ALIGN)?;
-        // SAFETY: layout has non-zero size.
-        let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(p)
-            .ok_or_else(|| anyhow::anyhow!("cannot allocate {bytes} bytes of buffer memory"))?;
-        Ok(HeapMemory { ptr, layout })
+        let len = bytes.max(ALIGN).div_ceil(ALIGN) * ALIGN;
+        // SAFETY: anonymous private mapping; checked for MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            anyhow::bail!(
+                "cannot allocate {bytes} bytes of buffer memory: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(HeapMemory {
+            ptr: NonNull::new(p as *mut u8).expect("mmap returned null"),
+            len,
+        })
     }
 }
 
 impl Drop for HeapMemory {
     fn drop(&mut self) {
-        // SAFETY: allocated in new() with this layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        // SAFETY: mapped in new() with this length.
+        unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
     }
 }
 
@@ -67,7 +83,7 @@ impl Memory for HeapMemory {
         self.ptr.as_ptr()
     }
     fn len(&self) -> usize {
-        self.layout.size()
+        self.len
     }
 }
 
@@ -125,6 +141,11 @@ impl Buf {
     pub fn node(&self) -> Option<u32> {
         self.mem.node()
     }
+    /// The whole region this buffer was cut from (start, length), e.g. to
+    /// register it once with io_uring as a fixed buffer.
+    pub fn region(&self) -> (*mut u8, usize) {
+        (self.mem.ptr(), self.mem.len())
+    }
 }
 
 /// A bounded pool of free buffers.
@@ -146,9 +167,16 @@ impl BufferPool {
     }
 
     /// Split `mem` into `count` buffers of `buf_size` bytes.
-    pub fn from_memory(mem: Arc<dyn Memory>, count: usize, buf_size: usize) -> anyhow::Result<Self> {
+    pub fn from_memory(
+        mem: Arc<dyn Memory>,
+        count: usize,
+        buf_size: usize,
+    ) -> anyhow::Result<Self> {
         anyhow::ensure!(count > 0, "buffer pool needs at least one buffer");
-        anyhow::ensure!(buf_size % ALIGN == 0, "buffer size must be a multiple of {ALIGN}");
+        anyhow::ensure!(
+            buf_size.is_multiple_of(ALIGN),
+            "buffer size must be a multiple of {ALIGN}"
+        );
         anyhow::ensure!(
             mem.len() >= count * buf_size,
             "buffer memory too small: {} < {}",
@@ -243,6 +271,34 @@ impl BufferPool {
         let _ = self.tx.try_send(b);
     }
 
+    /// Batch get (seed 000 sec. 6.2.2, Fig. 6-8: take several buffers per
+    /// pool operation): append up to `max` free buffers to `out`, waiting
+    /// for the first one only if `block`. Returns how many were taken.
+    pub fn get_many(&self, out: &mut Vec<Buf>, max: usize, block: bool) -> usize {
+        let mut n = 0;
+        if block && max > 0 {
+            out.push(self.get());
+            n = 1;
+        }
+        while n < max {
+            match self.try_get() {
+                Some(b) => {
+                    out.push(b);
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        n
+    }
+
+    /// Batch put: return every buffer in `bufs` (drained).
+    pub fn put_many(&self, bufs: &mut Vec<Buf>) {
+        for b in bufs.drain(..) {
+            self.put(b);
+        }
+    }
+
     /// Take up to `max` buffers that are free right now (at least `min`,
     /// waiting up to `wait` for them); used to give a session its share.
     pub fn take(&self, min: usize, max: usize, wait: Duration) -> Option<Vec<Buf>> {
@@ -320,5 +376,19 @@ mod tests {
             p.put(b);
         }
         assert_eq!(p.free(), 4);
+    }
+
+    #[test]
+    fn batch_get_and_put() {
+        let p = BufferPool::allocate(3, 4096).unwrap();
+        let mut v = Vec::new();
+        assert_eq!(p.get_many(&mut v, 2, false), 2);
+        assert_eq!(p.get_many(&mut v, 5, true), 1);
+        assert_eq!(p.get_many(&mut v, 5, false), 0);
+        let (start, len) = v[0].region();
+        assert!(len >= 3 * 4096 && !start.is_null());
+        p.put_many(&mut v);
+        assert!(v.is_empty());
+        assert_eq!(p.free(), 3);
     }
 }

@@ -36,7 +36,8 @@ pub fn load_or_create(path: &Path) -> anyhow::Result<Vec<u8>> {
                     path.display()
                 );
             }
-            let raw = fs::read(path).with_context(|| format!("cannot read key file {}", path.display()))?;
+            let raw = fs::read(path)
+                .with_context(|| format!("cannot read key file {}", path.display()))?;
             let key: Vec<u8> = raw.trim_ascii().to_vec();
             if key.len() < 16 {
                 bail!("key file {} holds fewer than 16 bytes", path.display());
@@ -49,7 +50,8 @@ pub fn load_or_create(path: &Path) -> anyhow::Result<Vec<u8>> {
                     .with_context(|| format!("cannot create {}", dir.display()))?;
             }
             let mut raw = [0u8; 32];
-            getrandom::getrandom(&mut raw).map_err(|e| anyhow::anyhow!("no randomness for a new key: {e}"))?;
+            getrandom::getrandom(&mut raw)
+                .map_err(|e| anyhow::anyhow!("no randomness for a new key: {e}"))?;
             let text = hex::encode(raw);
             match fs::OpenOptions::new()
                 .write(true)
@@ -66,7 +68,9 @@ pub fn load_or_create(path: &Path) -> anyhow::Result<Vec<u8>> {
                 }
                 // Someone else created it first: use theirs.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => load_or_create(path),
-                Err(e) => Err(e).with_context(|| format!("cannot create key file {}", path.display())),
+                Err(e) => {
+                    Err(e).with_context(|| format!("cannot create key file {}", path.display()))
+                }
             }
         }
         Err(e) => Err(e).with_context(|| format!("cannot read key file {}", path.display())),
@@ -82,7 +86,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("sub/key");
         let k1 = load_or_create(&p).unwrap();
-        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         assert_eq!(k1.len(), 64);
         assert_eq!(load_or_create(&p).unwrap(), k1);
     }

@@ -15,13 +15,14 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 pub type Job = Box<dyn FnOnce() + Send + 'static>;
 
 struct Worker {
-    id: usize,
     tx: Sender<(Job, Sender<Result<(), String>>)>,
 }
 
 struct Shared {
     idle: Mutex<Vec<Worker>>,
     cv: Condvar,
+    /// CPUs the pool's threads were seen running on (for --explain).
+    observed: Mutex<std::collections::BTreeSet<usize>>,
 }
 
 /// A pool of pre-spawned threads for one role on one device.
@@ -72,6 +73,7 @@ impl ThreadPool {
         let shared = Arc::new(Shared {
             idle: Mutex::new(Vec::with_capacity(size)),
             cv: Condvar::new(),
+            observed: Mutex::new(Default::default()),
         });
         for id in 0..size {
             let (tx, rx) = bounded::<(Job, Sender<Result<(), String>>)>(1);
@@ -80,8 +82,8 @@ impl ThreadPool {
             let me_tx = tx.clone();
             std::thread::Builder::new()
                 .name(format!("{name}-{id}"))
-                .spawn(move || worker_loop(id, rx, me_tx, sh, cpus2))?;
-            shared.idle.lock().unwrap().push(Worker { id, tx });
+                .spawn(move || worker_loop(rx, me_tx, sh, cpus2))?;
+            shared.idle.lock().unwrap().push(Worker { tx });
         }
         Ok(Arc::new(ThreadPool {
             name: name.to_string(),
@@ -101,6 +103,17 @@ impl ThreadPool {
     pub fn cpus(&self) -> &[usize] {
         &self.cpus
     }
+    /// CPUs this pool's threads were seen on at the end of their jobs.
+    pub fn observed_cpus(&self) -> Vec<usize> {
+        self.shared
+            .observed
+            .lock()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect()
+    }
+
     /// Threads idle right now.
     pub fn idle(&self) -> usize {
         self.shared.idle.lock().unwrap().len()
@@ -109,7 +122,12 @@ impl ThreadPool {
     /// Reserve between `min` and `max` threads, waiting up to `wait` for
     /// `min` to be idle. All-or-nothing below `min`, so two sessions that
     /// each hold part of what they need cannot deadlock each other.
-    pub fn reserve(self: &Arc<Self>, min: usize, max: usize, wait: Duration) -> Option<Reservation> {
+    pub fn reserve(
+        self: &Arc<Self>,
+        min: usize,
+        max: usize,
+        wait: Duration,
+    ) -> Option<Reservation> {
         let deadline = Instant::now() + wait;
         let mut idle = self.shared.idle.lock().unwrap();
         loop {
@@ -133,7 +151,6 @@ impl ThreadPool {
 }
 
 fn worker_loop(
-    id: usize,
     rx: Receiver<(Job, Sender<Result<(), String>>)>,
     me: Sender<(Job, Sender<Result<(), String>>)>,
     shared: Arc<Shared>,
@@ -149,9 +166,14 @@ fn worker_loop(
                 .or_else(|| p.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "I/O thread panicked".into())
         });
+        // SAFETY: sched_getcpu has no preconditions.
+        let cpu = unsafe { libc::sched_getcpu() };
+        if cpu >= 0 {
+            shared.observed.lock().unwrap().insert(cpu as usize);
+        }
         // Back to the pool before reporting, so the next reservation that
         // the completion triggers finds this thread idle.
-        shared.idle.lock().unwrap().push(Worker { id, tx: me.clone() });
+        shared.idle.lock().unwrap().push(Worker { tx: me.clone() });
         shared.cv.notify_all();
         let _ = done.send(r);
     }
@@ -198,8 +220,7 @@ impl Reservation {
     pub fn spawn(&mut self, job: impl FnOnce() + Send + 'static) -> JobHandle {
         let w = self.workers.pop().expect("spawn beyond reservation");
         let (dtx, drx) = bounded(1);
-        w.tx
-            .send((Box::new(job), dtx))
+        w.tx.send((Box::new(job), dtx))
             .expect("worker thread alive");
         self.handles += 1;
         JobHandle { rx: drx }

@@ -2,7 +2,7 @@
 //! load/transmit/offload pipeline, seed 004 sec. 3.2).
 //!
 //! ```text
-//! source:  readers --filled (bounded)--> senders --link--> 
+//! source:  readers --filled (bounded)--> senders --link-->
 //! sink:    --link--> receivers --received (bounded)--> writers
 //!                       ^                                 |
 //!                       +------ credits per stream -------+

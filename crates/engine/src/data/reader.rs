@@ -1,16 +1,29 @@
 //! Readers: fill buffers from files (the "load" stage).
+//!
+//! A reader takes read units from its device's queue (request::tasks),
+//! maps each unit into data and holes (storage::sparse), and packs the
+//! pieces into blocks: small files share a block, a large file spans many
+//! (seed 000 sec. 6.1.4). Files of at least storage::DIRECT_MIN bytes are
+//! read with O_DIRECT into page-aligned buffer offsets (a large file's
+//! first read starts a fresh block if the current one holds packed small
+//! files at an unaligned length). Two engines share this file's helpers:
+//! the synchronous loop below and the io_uring loop (storage::uring).
 
+use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crossbeam_channel::Sender;
-use ramsys_proto::data::{segment_hash, Segment, MAX_SEGMENTS};
+use ramsys_proto::data::{hole_hash, segment_hash, Segment, MAX_HOLE, MAX_SEGMENTS};
 use ramsys_resources::{Buf, BufferPool};
 
 use crate::fsops::{pread_full, Root};
 use crate::request::tasks::{DeviceQueue, ReadUnit};
 use crate::request::walk::SourceFile;
 use crate::stats::Stats;
+use crate::storage::direct::{is_aligned, pread_direct, round_up, ALIGN};
+use crate::storage::sparse::{map_range, may_be_sparse, Piece};
+use crate::storage::{is_direct_refusal, IoEngine, IoOp, StorageCfg, DIRECT_MIN};
 
 /// Progress of one source file across readers.
 #[derive(Debug)]
@@ -25,8 +38,15 @@ pub struct SrcFileState {
 /// What readers tell the source controller.
 #[derive(Debug)]
 pub enum ReaderEvent {
-    FileDone { id: u64, digest: u64 },
-    FileFailed { id: u64, path: String, reason: String },
+    FileDone {
+        id: u64,
+        digest: u64,
+    },
+    FileFailed {
+        id: u64,
+        path: String,
+        reason: String,
+    },
 }
 
 /// Everything a reader needs, shared by all readers of a session.
@@ -43,15 +63,50 @@ pub struct ReaderCtx {
     pub stats: Arc<Stats>,
     /// Payload bytes per block (≤ buffer capacity).
     pub block_size: usize,
+    /// Direct I/O, engine, null source, fault hook.
+    pub storage: Arc<StorageCfg>,
+    /// Home queue of each reader, by reader index (tasks::assign_homes);
+    /// empty = reader i serves queue i % queues.
+    pub homes: Vec<Option<usize>>,
+}
+
+/// A source file opened for reading.
+pub struct SrcOpen {
+    pub idx: u32,
+    /// Buffered descriptor (unaligned pieces, metadata, holes).
+    pub file: File,
+    /// O_DIRECT descriptor for large files where the file system takes it.
+    pub direct: Option<File>,
+    /// Fewer blocks than bytes: map holes before reading.
+    pub sparse: bool,
 }
 
 impl ReaderCtx {
-    fn next_unit(&self, home: usize) -> Option<ReadUnit> {
+    /// Next unit: from the home queue, else stolen from a flash or memory
+    /// queue (never from a rotational one).
+    pub fn next_unit(&self, home: usize) -> Option<ReadUnit> {
         let n = self.queues.len();
-        (0..n).find_map(|k| self.queues[(home + k) % n].pop())
+        if n == 0 {
+            return None;
+        }
+        if let Some(u) = self.queues[home % n].pop() {
+            return Some(u);
+        }
+        (1..n)
+            .map(|k| &self.queues[(home + k) % n])
+            .filter(|q| q.stealable())
+            .find_map(|q| q.pop())
     }
 
-    fn fail(&self, idx: usize, reason: String) {
+    /// Home queue of reader `i`, None if it has no device to serve.
+    pub fn home_of(&self, i: usize) -> Option<usize> {
+        if self.homes.is_empty() {
+            return Some(i % self.queues.len().max(1));
+        }
+        self.homes.get(i).copied().flatten()
+    }
+
+    pub fn fail(&self, idx: usize, reason: String) {
         let st = &self.state[idx];
         if !st.failed.swap(true, Ordering::AcqRel) {
             let f = &self.files[idx];
@@ -62,122 +117,300 @@ impl ReaderCtx {
             });
         }
     }
-}
 
-/// Reader thread body. `home` is the index of its device queue.
-pub fn run_reader(ctx: &ReaderCtx, home: usize) {
-    let mut cur: Option<Buf> = None;
-    let mut open: Option<(u32, std::fs::File)> = None;
-    while let Some(u) = ctx.next_unit(home) {
-        if ctx.abort.load(Ordering::Relaxed) {
-            break;
+    pub fn is_failed(&self, idx: usize) -> bool {
+        self.state[idx].failed.load(Ordering::Acquire)
+    }
+
+    /// Open file `idx` (None for the null source, which reads nothing).
+    pub fn open(&self, idx: u32) -> Result<Option<SrcOpen>, String> {
+        if self.storage.null {
+            return Ok(None);
         }
-        let idx = u.file as usize;
-        if ctx.state[idx].failed.load(Ordering::Acquire) {
-            continue;
-        }
-        let f = &ctx.files[idx];
-        if open.as_ref().map(|(i, _)| *i) != Some(u.file) {
-            open = match ctx.root.open_read(&f.rel, false) {
-                Ok(fd) => Some((u.file, fd)),
-                Err(e) => {
-                    ctx.fail(idx, format!("cannot open: {e}"));
-                    continue;
+        let f = &self.files[idx as usize];
+        let file = self
+            .root
+            .open_read(&f.rel, false)
+            .map_err(|e| format!("cannot open: {e}"))?;
+        let md = file.metadata().map_err(|e| format!("cannot stat: {e}"))?;
+        use std::os::unix::fs::MetadataExt;
+        let sparse = may_be_sparse(md.blocks(), md.len());
+        let mut direct = None;
+        if self.storage.direct && f.size >= DIRECT_MIN && !self.storage.refusals.refused(f.dev) {
+            let r = self
+                .storage
+                .hook
+                .check(IoOp::OpenDirect, &f.rel, 0, 0)
+                .and_then(|_| self.root.open_read(&f.rel, true));
+            match r {
+                Ok(d) => direct = Some(d),
+                Err(e) if is_direct_refusal(&e) => {
+                    self.storage.refusals.refuse(f.dev, "source", &e)
                 }
-            };
+                Err(e) => return Err(format!("cannot open: {e}")),
+            }
         }
-        let fd = &open.as_ref().unwrap().1;
-        let mut off = u.offset;
-        let end = u.offset + u.len;
-        let mut ok = true;
+        Ok(Some(SrcOpen {
+            idx,
+            file,
+            direct,
+            sparse,
+        }))
+    }
+
+    /// Data and holes of unit `u` (one data piece unless the file is
+    /// sparse).
+    pub fn pieces(
+        &self,
+        open: Option<&SrcOpen>,
+        u: &ReadUnit,
+        out: &mut Vec<Piece>,
+    ) -> Result<(), String> {
+        out.clear();
+        match open {
+            Some(o) if o.sparse => map_range(&o.file, u.offset, u.offset + u.len, out)
+                .map_err(|e| format!("cannot map holes at offset {}: {e}", u.offset)),
+            _ => {
+                out.push(Piece::Data {
+                    off: u.offset,
+                    len: u.len,
+                });
+                Ok(())
+            }
+        }
+    }
+
+    /// Record one segment already in `buf` at payload offset `start`.
+    pub fn push_data(&self, buf: &mut Buf, idx: usize, off: u64, start: usize, n: usize) {
+        let f = &self.files[idx];
+        if self.checksum {
+            let h = segment_hash(f.id, off, &buf.space()[start..start + n]);
+            self.add_hash(buf, idx, h);
+        }
+        buf.segs.push(Segment {
+            file_id: f.id,
+            offset: off,
+            len: n as u32,
+        });
+        buf.len = buf.len.max(start + n);
+        self.stats.add_bytes(n as u64);
+    }
+
+    fn add_hash(&self, buf: &mut Buf, idx: usize, h: u64) {
+        buf.hashes.push(h);
+        buf.checksum = buf.checksum.wrapping_add(h);
+        self.state[idx].digest.fetch_add(h, Ordering::AcqRel);
+    }
+
+    /// Append hole segments for `[off, off+len)`; blocks that fill up are
+    /// shipped. Returns false if the senders are gone.
+    pub fn push_hole(&self, cur: &mut Option<Buf>, idx: usize, mut off: u64, len: u64) -> bool {
+        let end = off + len;
+        let id = self.files[idx].id;
         while off < end {
-            let mut buf = cur.take().unwrap_or_else(|| ctx.pool.get());
-            let room = ctx.block_size - buf.len;
-            if room == 0 || buf.segs.len() == MAX_SEGMENTS {
-                if ctx.filled.send(buf).is_err() {
-                    return;
+            let mut buf = cur.take().unwrap_or_else(|| self.pool.get());
+            if buf.segs.len() == MAX_SEGMENTS {
+                if !self.ship(buf) {
+                    return false;
                 }
                 continue;
             }
-            let want = room.min((end - off) as usize);
-            let start = buf.len;
-            let n = match pread_full(fd, &mut buf.space()[start..start + want], off) {
-                Ok(n) => n,
-                Err(e) => {
-                    cur = Some(buf);
-                    ctx.fail(idx, format!("read error at offset {off}: {e}"));
-                    ok = false;
-                    break;
-                }
-            };
-            if n < want {
-                cur = Some(buf);
-                ctx.fail(
-                    idx,
-                    format!(
-                        "file shrank while being read (expected {} bytes, ended at {})",
-                        f.size,
-                        off + n as u64
-                    ),
-                );
-                ok = false;
-                break;
-            }
-            let seg = Segment {
-                file_id: f.id,
-                offset: off,
-                len: n as u32,
-            };
-            if ctx.checksum {
-                let h = segment_hash(f.id, off, &buf.space()[start..start + n]);
-                buf.hashes.push(h);
-                buf.checksum = buf.checksum.wrapping_add(h);
-                ctx.state[idx].digest.fetch_add(h, Ordering::AcqRel);
+            let n = (end - off).min(MAX_HOLE as u64) as u32;
+            let seg = Segment::hole(id, off, n);
+            if self.checksum {
+                self.add_hash(&mut buf, idx, hole_hash(id, off, n as u64));
             }
             buf.segs.push(seg);
-            buf.len += n;
+            self.stats.add_bytes(n as u64);
             off += n as u64;
-            ctx.stats.add_bytes(n as u64);
-            if buf.len == ctx.block_size || buf.segs.len() == MAX_SEGMENTS {
-                if ctx.filled.send(buf).is_err() {
-                    return;
-                }
-            } else {
-                cur = Some(buf);
-            }
+            *cur = Some(buf);
         }
-        if !ok {
-            continue;
+        true
+    }
+
+    /// Hand a filled block to the senders (false if they are gone).
+    pub fn ship(&self, buf: Buf) -> bool {
+        if buf.segs.is_empty() {
+            self.pool.put(buf);
+            return true;
         }
-        let st = &ctx.state[idx];
-        if st.remaining.fetch_sub(u.len, Ordering::AcqRel) == u.len {
-            // Last piece of the file: check it did not change under us.
+        self.filled.send(buf).is_ok()
+    }
+
+    /// All of unit `u` was read: the reader that completes the file checks
+    /// it did not change under us and reports its digest.
+    pub fn unit_done(&self, u: &ReadUnit, file: Option<&File>) {
+        let idx = u.file as usize;
+        let f = &self.files[idx];
+        let st = &self.state[idx];
+        if st.remaining.fetch_sub(u.len, Ordering::AcqRel) != u.len {
+            return;
+        }
+        if let Some(fd) = file {
             match fd.metadata() {
                 Ok(md) => {
                     use std::os::unix::fs::MetadataExt;
                     if md.len() != f.size || (md.mtime(), md.mtime_nsec() as u32) != f.mtime {
-                        ctx.fail(idx, "file changed while being read".into());
-                        continue;
+                        self.fail(idx, "file changed while being read".into());
+                        return;
                     }
                 }
                 Err(e) => {
-                    ctx.fail(idx, format!("cannot stat: {e}"));
+                    self.fail(idx, format!("cannot stat: {e}"));
+                    return;
+                }
+            }
+        }
+        if !st.failed.load(Ordering::Acquire) {
+            let _ = self.events.send(ReaderEvent::FileDone {
+                id: f.id,
+                digest: st.digest.load(Ordering::Acquire),
+            });
+        }
+    }
+}
+
+/// Reader thread body; `i` is the reader's index (its home queue comes
+/// from `ctx.homes`).
+pub fn run_reader(ctx: &ReaderCtx, i: usize) {
+    let Some(home) = ctx.home_of(i) else { return };
+    if ctx.storage.engine == IoEngine::Uring && crate::storage::uring::run_reader_uring(ctx, home) {
+        return;
+    }
+    run_reader_sync(ctx, home);
+}
+
+/// The synchronous engine: one blocking read per segment.
+pub fn run_reader_sync(ctx: &ReaderCtx, home: usize) {
+    let mut cur: Option<Buf> = None;
+    let mut open: Option<SrcOpen> = None;
+    let mut pieces = Vec::new();
+    'units: while let Some(u) = ctx.next_unit(home) {
+        if ctx.abort.load(Ordering::Relaxed) {
+            break;
+        }
+        let idx = u.file as usize;
+        if ctx.is_failed(idx) {
+            continue;
+        }
+        if !ctx.storage.null && open.as_ref().map(|o| o.idx) != Some(u.file) {
+            open = None;
+            match ctx.open(u.file) {
+                Ok(o) => open = o,
+                Err(e) => {
+                    ctx.fail(idx, e);
                     continue;
                 }
             }
-            if !st.failed.load(Ordering::Acquire) {
-                let _ = ctx.events.send(ReaderEvent::FileDone {
-                    id: f.id,
-                    digest: st.digest.load(Ordering::Acquire),
-                });
+        }
+        if let Err(e) = ctx.pieces(open.as_ref(), &u, &mut pieces) {
+            ctx.fail(idx, e);
+            continue;
+        }
+        for p in &pieces {
+            match *p {
+                Piece::Hole { off, len } => {
+                    if !ctx.push_hole(&mut cur, idx, off, len) {
+                        return;
+                    }
+                }
+                Piece::Data { off, len } => {
+                    match read_data(ctx, &mut cur, open.as_mut(), idx, off, off + len) {
+                        Ok(true) => {}
+                        Ok(false) => return,
+                        Err(e) => {
+                            ctx.fail(idx, e);
+                            continue 'units;
+                        }
+                    }
+                }
             }
         }
+        ctx.unit_done(&u, open.as_ref().map(|o| &o.file));
     }
     if let Some(b) = cur {
-        if b.len > 0 {
-            let _ = ctx.filled.send(b);
+        ctx.ship(b);
+    }
+}
+
+/// Read `[off, end)` of file `idx` into blocks. Ok(false): senders gone.
+fn read_data(
+    ctx: &ReaderCtx,
+    cur: &mut Option<Buf>,
+    mut open: Option<&mut SrcOpen>,
+    idx: usize,
+    mut off: u64,
+    end: u64,
+) -> Result<bool, String> {
+    let f = &ctx.files[idx];
+    while off < end {
+        let mut buf = cur.take().unwrap_or_else(|| ctx.pool.get());
+        let room = ctx.block_size - buf.len;
+        if room == 0 || buf.segs.len() == MAX_SEGMENTS {
+            if !ctx.ship(buf) {
+                return Ok(false);
+            }
+            continue;
+        }
+        let start = buf.len;
+        let want = room.min((end - off) as usize);
+        let use_direct = open.as_ref().is_some_and(|o| o.direct.is_some()) && is_aligned(off);
+        if use_direct && !start.is_multiple_of(ALIGN) {
+            // Keep the large read aligned: send the packed block first.
+            if !ctx.ship(buf) {
+                return Ok(false);
+            }
+            continue;
+        }
+        if let Err(e) = ctx.storage.hook.check(IoOp::Read, &f.rel, off, want) {
+            *cur = Some(buf);
+            return Err(format!("read error at offset {off}: {e}"));
+        }
+        let got = match open.as_deref_mut() {
+            None => Ok(want), // null source: the block's bytes are whatever it holds
+            Some(o) if use_direct => {
+                let io_len = round_up(want).min(buf.capacity() - start);
+                let r = pread_direct(
+                    o.direct.as_ref().unwrap(),
+                    &mut buf.space()[start..start + io_len],
+                    off,
+                );
+                match r {
+                    Err(e) if is_direct_refusal(&e) => {
+                        ctx.storage.refusals.refuse(f.dev, "source read", &e);
+                        o.direct = None;
+                        *cur = Some(buf);
+                        continue;
+                    }
+                    r => r.map(|n| n.min(want)),
+                }
+            }
+            Some(o) => pread_full(&o.file, &mut buf.space()[start..start + want], off),
+        };
+        let n = match got {
+            Ok(n) => n,
+            Err(e) => {
+                *cur = Some(buf);
+                return Err(format!("read error at offset {off}: {e}"));
+            }
+        };
+        if n < want {
+            *cur = Some(buf);
+            return Err(format!(
+                "file shrank while being read (expected {} bytes, ended at {})",
+                f.size,
+                off + n as u64
+            ));
+        }
+        ctx.push_data(&mut buf, idx, off, start, n);
+        off += n as u64;
+        if buf.len == ctx.block_size || buf.segs.len() == MAX_SEGMENTS {
+            if !ctx.ship(buf) {
+                return Ok(false);
+            }
         } else {
-            ctx.pool.put(b);
+            *cur = Some(buf);
         }
     }
+    Ok(true)
 }

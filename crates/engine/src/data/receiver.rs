@@ -64,7 +64,9 @@ pub fn run_receiver(
         }
         count += 1;
         if count > granted.load(Ordering::Acquire) {
-            return Err(ProtoError::Credit(format!("stream {stream}: block sent without credit")).into());
+            return Err(
+                ProtoError::Credit(format!("stream {stream}: block sent without credit")).into(),
+            );
         }
         let nseg = h.aux as usize;
         let tl = table_len(nseg);
@@ -80,7 +82,13 @@ pub fn run_receiver(
         let mut buf = pool
             .get_timeout(Duration::from_secs(30))
             .ok_or_else(|| EngineError::local("no free buffer despite credit"))?;
-        let (declared, plen) = match decode_table(&table[..tl], nseg, h.len as usize, block_size, &mut buf.segs) {
+        let (declared, plen) = match decode_table(
+            &table[..tl],
+            nseg,
+            h.len as usize,
+            block_size,
+            &mut buf.segs,
+        ) {
             Ok(v) => v,
             Err(e) => {
                 pool.put(buf);
@@ -100,7 +108,10 @@ pub fn run_receiver(
             if got != declared {
                 stats.checksum_errors.fetch_add(1, Ordering::Relaxed);
                 let ids = buf.segs.iter().map(|s| s.file_id).collect();
-                let _ = events.send(ReceiverEvent::Corrupt { stream, file_ids: ids });
+                let _ = events.send(ReceiverEvent::Corrupt {
+                    stream,
+                    file_ids: ids,
+                });
                 // Hand the buffer on empty, so its credit returns as usual.
                 buf.segs.clear();
                 buf.hashes.clear();

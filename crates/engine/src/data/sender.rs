@@ -50,10 +50,19 @@ pub fn run_sender(
             }
             credits.consume()?;
             let tl = encode_table(buf.checksum, &buf.segs, &mut table);
-            let h = FrameHeader::new(FrameKind::Data, buf.segs.len() as u16, (tl + buf.len) as u32).encode();
+            let h = FrameHeader::new(
+                FrameKind::Data,
+                buf.segs.len() as u16,
+                (tl + buf.len) as u32,
+            )
+            .encode();
             write_all_vectored(
                 &mut *link,
-                &mut [IoSlice::new(&h), IoSlice::new(&table[..tl]), IoSlice::new(buf.data())],
+                &mut [
+                    IoSlice::new(&h),
+                    IoSlice::new(&table[..tl]),
+                    IoSlice::new(buf.data()),
+                ],
             )?;
             stats.blocks.fetch_add(1, Ordering::Relaxed);
             pool.put(buf);

@@ -8,9 +8,18 @@
 //! different links); whichever completes the pair finalizes the file, so
 //! files appear under their final names while the transfer is still
 //! running, and never half-written.
+//!
+//! Storage (storage module): each temp file is created at its final size
+//! (ftruncate), so holes the source sends as hole segments stay holes and
+//! a file ending in a hole has the right length. Files of at least
+//! storage::DIRECT_MIN bytes also get an O_DIRECT descriptor: the aligned
+//! prefix of each segment is written through it, the unaligned tail
+//! through the buffered one (storage::direct). A null sink verifies
+//! digests but creates nothing.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -18,6 +27,8 @@ use ramsys_proto::data::Segment;
 
 use crate::fsops::{split_parent, Root};
 use crate::stats::Stats;
+use crate::storage::direct::{direct_prefix, pwrite_all_fd};
+use crate::storage::{is_direct_refusal, IoOp, StorageCfg, DIRECT_MIN};
 
 const DATA_DONE: u8 = 1;
 const DIGEST_KNOWN: u8 = 2;
@@ -37,8 +48,24 @@ pub struct SinkFile {
     digest: AtomicU64,
     expected: AtomicU64,
     flags: AtomicU8,
-    fd: Mutex<Option<File>>,
+    fd: Mutex<Option<Arc<SinkFd>>>,
     reason: Mutex<Option<String>>,
+}
+
+/// A regular file announced in the metadata: (path, size, mode, mtime).
+pub type NewFile = (Vec<u8>, u64, u32, (i64, u32));
+
+/// Where a segment goes: its file and descriptors (None for a null sink),
+/// or None when there is nothing to write.
+pub type Prepared<'a> = Option<(&'a SinkFile, Option<Arc<SinkFd>>)>;
+
+/// Open descriptors of a temp file. Writers hold a clone while a write is
+/// in flight, so a concurrent failure (which drops the table's reference)
+/// can never close the descriptor under a write, nor let its number be
+/// reused by another file.
+pub struct SinkFd {
+    pub buffered: File,
+    pub direct: Option<File>,
 }
 
 /// Outcome of writing one segment.
@@ -61,16 +88,18 @@ pub struct FileTable {
     checksum: bool,
     fsync: bool,
     stats: Arc<Stats>,
+    /// Direct I/O, engine, null sink, fault hook.
+    pub storage: Arc<StorageCfg>,
 }
 
-fn is_fatal(e: &std::io::Error) -> bool {
+pub fn is_fatal(e: &std::io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EROFS)
     )
 }
 
-fn fatal_msg(e: &std::io::Error) -> String {
+pub fn fatal_msg(e: &std::io::Error) -> String {
     match e.raw_os_error() {
         Some(libc::ENOSPC) => "sink disk full (No space left on device)".into(),
         Some(libc::EDQUOT) => "sink disk quota exceeded".into(),
@@ -80,7 +109,13 @@ fn fatal_msg(e: &std::io::Error) -> String {
 }
 
 impl FileTable {
-    pub fn new(root: Arc<Root>, session: u64, checksum: bool, fsync: bool, stats: Arc<Stats>) -> Self {
+    pub fn new(
+        root: Arc<Root>,
+        session: u64,
+        checksum: bool,
+        fsync: bool,
+        stats: Arc<Stats>,
+    ) -> Self {
         FileTable {
             root,
             files: Vec::new(),
@@ -89,11 +124,18 @@ impl FileTable {
             checksum,
             fsync,
             stats,
+            storage: Arc::new(StorageCfg::plain(false, crate::storage::IoEngine::Sync)),
         }
     }
 
+    /// Use these storage settings (direct I/O, engine, null sink, hook).
+    pub fn with_storage(mut self, cfg: StorageCfg) -> Self {
+        self.storage = Arc::new(cfg);
+        self
+    }
+
     /// Register entry `id` (ids arrive in order; non-files get no slot).
-    pub fn push_entry(&mut self, id: u64, file: Option<(Vec<u8>, u64, u32, (i64, u32))>) {
+    pub fn push_entry(&mut self, id: u64, file: Option<NewFile>) {
         debug_assert_eq!(id as usize, self.by_id.len());
         match file {
             Some((rel, size, mode, mtime)) => {
@@ -152,12 +194,29 @@ impl FileTable {
         }
     }
 
-    /// Write one received segment.
+    /// Write one received segment (synchronous engine).
     pub fn write_segment(&self, seg: &Segment, data: &[u8], hash: u64) -> Result<(), WriteError> {
-        let f = self
-            .get(seg.file_id)
-            .ok_or_else(|| WriteError::Protocol(format!("data for unknown file id {}", seg.file_id)))?;
-        let end = seg.offset + seg.len as u64;
+        let Some((f, fd)) = self.prepare(seg)? else {
+            return Ok(());
+        };
+        if let Some(fd) = fd {
+            if !seg.is_hole() {
+                if let Err(e) = self.write_data(f, &fd, data, seg.offset) {
+                    return self.write_failed(f, e);
+                }
+            }
+        }
+        self.account(f, seg, hash)
+    }
+
+    /// Check a segment and find where it goes: None if there is nothing to
+    /// do (file failed or already complete); otherwise the file and its
+    /// descriptors (None for a null sink), created on first use.
+    pub fn prepare(&self, seg: &Segment) -> Result<Prepared<'_>, WriteError> {
+        let f = self.get(seg.file_id).ok_or_else(|| {
+            WriteError::Protocol(format!("data for unknown file id {}", seg.file_id))
+        })?;
+        let end = seg.offset + seg.span();
         if end > f.size {
             return Err(WriteError::Protocol(format!(
                 "data past the end of {} ({end} > {})",
@@ -166,45 +225,126 @@ impl FileTable {
             )));
         }
         if f.flags.load(Ordering::Acquire) & (FAILED | FINAL) != 0 {
-            return Ok(());
+            return Ok(None);
         }
-        let raw = {
-            let mut g = f.fd.lock().unwrap();
-            if g.is_none() {
-                if f.flags.load(Ordering::Acquire) & (TEMP | FAILED) != 0 {
-                    // Closed after completion or failure: nothing to write.
-                    return Ok(());
+        if self.storage.null {
+            return Ok(Some((f, None)));
+        }
+        let mut g = f.fd.lock().unwrap();
+        if g.is_none() {
+            if f.flags.load(Ordering::Acquire) & (TEMP | FAILED) != 0 {
+                // Closed after completion or failure: nothing to write.
+                return Ok(None);
+            }
+            match self.create(f) {
+                Ok(fd) => {
+                    f.flags.fetch_or(TEMP, Ordering::AcqRel);
+                    *g = Some(Arc::new(fd));
                 }
-                let (parent, _) = split_parent(&f.rel);
-                match self.root.create_temp(parent, &self.tmp_name(f)) {
-                    Ok(file) => {
-                        f.flags.fetch_or(TEMP, Ordering::AcqRel);
-                        *g = Some(file);
+                Err(e) if is_fatal(&e) => return Err(WriteError::Fatal(fatal_msg(&e))),
+                Err(e) => {
+                    drop(g);
+                    self.fail(f, format!("cannot create: {e}"));
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(Some((f, g.clone())))
+    }
+
+    /// Create the temp file at its final size, with an O_DIRECT descriptor
+    /// for large files where the file system takes one.
+    fn create(&self, f: &SinkFile) -> std::io::Result<SinkFd> {
+        let (parent, _) = split_parent(&f.rel);
+        let tmp = self.tmp_name(f);
+        let buffered = self.root.create_temp(parent, &tmp)?;
+        let made = (|| {
+            buffered.set_len(f.size)?;
+            let mut direct = None;
+            if self.storage.direct && f.size >= DIRECT_MIN {
+                let dev = buffered.metadata()?.dev();
+                if !self.storage.refusals.refused(dev) {
+                    let mut rel = parent.to_vec();
+                    if !rel.is_empty() {
+                        rel.push(b'/');
                     }
-                    Err(e) if is_fatal(&e) => return Err(WriteError::Fatal(fatal_msg(&e))),
-                    Err(e) => {
-                        drop(g);
-                        self.fail(f, format!("cannot create: {e}"));
-                        return Ok(());
+                    rel.extend_from_slice(&tmp);
+                    let r = self
+                        .storage
+                        .hook
+                        .check(IoOp::OpenDirect, &f.rel, 0, 0)
+                        .and_then(|_| {
+                            self.root.openat(
+                                &rel,
+                                libc::O_WRONLY | libc::O_DIRECT | libc::O_NOFOLLOW,
+                                0,
+                            )
+                        });
+                    match r {
+                        Ok(d) => direct = Some(File::from(d)),
+                        Err(e) if is_direct_refusal(&e) => {
+                            self.storage.refusals.refuse(dev, "sink", &e)
+                        }
+                        Err(e) => return Err(e),
                     }
                 }
             }
-            g.as_ref().unwrap().as_raw_fd()
-        };
-        // The fd stays open until this file's last byte is counted below,
-        // so writing through the raw fd outside the lock is safe.
-        if let Err(e) = pwrite_raw(raw, data, seg.offset) {
-            if is_fatal(&e) {
-                return Err(WriteError::Fatal(fatal_msg(&e)));
+            Ok(direct)
+        })();
+        match made {
+            Ok(direct) => Ok(SinkFd { buffered, direct }),
+            Err(e) => {
+                let _ = self.root.unlink(parent, &tmp);
+                Err(e)
             }
-            self.fail(f, format!("write error: {e}"));
-            return Ok(());
         }
+    }
+
+    /// Write a data segment: aligned prefix direct, tail buffered.
+    pub fn write_data(
+        &self,
+        f: &SinkFile,
+        fd: &SinkFd,
+        data: &[u8],
+        off: u64,
+    ) -> std::io::Result<()> {
+        self.storage
+            .hook
+            .check(IoOp::Write, &f.rel, off, data.len())?;
+        let mut done = 0;
+        if let Some(d) = &fd.direct {
+            let pre = direct_prefix(data.as_ptr() as usize, off, data.len());
+            if pre > 0 {
+                match pwrite_all_fd(d.as_raw_fd(), &data[..pre], off) {
+                    Ok(()) => done = pre,
+                    Err(e) if is_direct_refusal(&e) => {
+                        let dev = fd.buffered.metadata().map(|m| m.dev()).unwrap_or(0);
+                        self.storage.refusals.refuse(dev, "sink write", &e);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        pwrite_all_fd(fd.buffered.as_raw_fd(), &data[done..], off + done as u64)
+    }
+
+    /// A write failed: fatal errors stop the session, others fail the file.
+    pub fn write_failed(&self, f: &SinkFile, e: std::io::Error) -> Result<(), WriteError> {
+        if is_fatal(&e) {
+            return Err(WriteError::Fatal(fatal_msg(&e)));
+        }
+        self.fail(f, format!("write error: {e}"));
+        Ok(())
+    }
+
+    /// The segment is on disk (or is a hole, or was discarded): count it.
+    pub fn account(&self, f: &SinkFile, seg: &Segment, hash: u64) -> Result<(), WriteError> {
         if self.checksum {
             f.digest.fetch_add(hash, Ordering::AcqRel);
         }
-        let w = f.written.fetch_add(seg.len as u64, Ordering::AcqRel) + seg.len as u64;
-        self.stats.add_bytes(seg.len as u64);
+        let span = seg.span();
+        let w = f.written.fetch_add(span, Ordering::AcqRel) + span;
+        self.stats.add_bytes(span);
         if w > f.size {
             self.fail(f, "received more bytes than the file holds".into());
         } else if w == f.size {
@@ -216,7 +356,7 @@ impl FileTable {
     fn data_complete(&self, f: &SinkFile) -> Result<(), WriteError> {
         if let Some(file) = f.fd.lock().unwrap().take() {
             if self.fsync {
-                if let Err(e) = file.sync_all() {
+                if let Err(e) = file.buffered.sync_all() {
                     if is_fatal(&e) {
                         return Err(WriteError::Fatal(fatal_msg(&e)));
                     }
@@ -238,7 +378,7 @@ impl FileTable {
             .get(id)
             .ok_or_else(|| WriteError::Protocol(format!("digest for unknown file id {id}")))?;
         f.expected.store(digest, Ordering::Release);
-        if f.size == 0 {
+        if f.size == 0 && !self.storage.null {
             // No payload will come: create the empty file now.
             let (parent, _) = split_parent(&f.rel);
             match self.root.create_temp(parent, &self.tmp_name(f)) {
@@ -267,8 +407,17 @@ impl FileTable {
             self.fail(f, "checksum mismatch: file corrupted in transit".into());
             return;
         }
+        if self.storage.null {
+            // Verified and discarded.
+            f.flags.fetch_or(FINAL, Ordering::AcqRel);
+            self.stats.files.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let (parent, name) = split_parent(&f.rel);
-        match self.root.finalize(parent, &self.tmp_name(f), name, f.mode, f.mtime) {
+        match self
+            .root
+            .finalize(parent, &self.tmp_name(f), name, f.mode, f.mtime)
+        {
             Ok(()) => {
                 f.flags.fetch_or(FINAL, Ordering::AcqRel);
                 self.stats.files.fetch_add(1, Ordering::Relaxed);
@@ -310,24 +459,4 @@ impl FileTable {
         }
         out
     }
-}
-
-fn pwrite_raw(fd: i32, mut buf: &[u8], mut off: u64) -> std::io::Result<()> {
-    while !buf.is_empty() {
-        // SAFETY: fd is open for writing; buf is a valid slice.
-        let n = unsafe { libc::pwrite(fd, buf.as_ptr() as *const libc::c_void, buf.len(), off as libc::off_t) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "short write"));
-        }
-        buf = &buf[n as usize..];
-        off += n as u64;
-    }
-    Ok(())
 }

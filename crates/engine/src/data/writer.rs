@@ -52,7 +52,8 @@ pub enum WriterEvent {
     Protocol(String),
 }
 
-/// Writer thread body.
+/// Writer thread body: the io_uring engine when configured and
+/// available, else the synchronous loop.
 pub fn run_writer(
     table: &FileTable,
     received: Receiver<Buf>,
@@ -61,31 +62,68 @@ pub fn run_writer(
     events: Sender<WriterEvent>,
     abort: Arc<AtomicBool>,
 ) {
+    let w = WriterIo {
+        table,
+        pool,
+        credits,
+        events,
+        abort,
+    };
+    if table.storage.engine == crate::storage::IoEngine::Uring
+        && !table.storage.null
+        && crate::storage::uring::run_writer_uring(&w, &received)
+    {
+        return;
+    }
     while let Ok(buf) = received.recv() {
-        if !abort.load(Ordering::Relaxed) {
+        if !w.abort.load(Ordering::Relaxed) {
             let mut p = 0usize;
             for (i, s) in buf.segs.iter().enumerate() {
-                let end = p + s.len as usize;
+                let end = p + s.payload_len();
                 let h = buf.hashes.get(i).copied().unwrap_or(0);
-                match table.write_segment(s, &buf.data()[p..end], h) {
-                    Ok(()) => {}
-                    Err(WriteError::Fatal(m)) => {
-                        abort.store(true, Ordering::Release);
-                        let _ = events.send(WriterEvent::Fatal(m));
-                        break;
-                    }
-                    Err(WriteError::Protocol(m)) => {
-                        abort.store(true, Ordering::Release);
-                        let _ = events.send(WriterEvent::Protocol(m));
-                        break;
-                    }
+                if !w.check(table.write_segment(s, &buf.data()[p..end], h)) {
+                    break;
                 }
                 p = end;
             }
         }
+        w.release(buf);
+    }
+}
+
+/// What both writer engines share: the table, where buffers go back, and
+/// where errors are reported.
+pub struct WriterIo<'a> {
+    pub table: &'a FileTable,
+    pub pool: Arc<BufferPool>,
+    pub credits: Arc<Vec<CreditReturn>>,
+    pub events: Sender<WriterEvent>,
+    pub abort: Arc<AtomicBool>,
+}
+
+impl WriterIo<'_> {
+    /// Report a session-stopping error; false if the block must stop.
+    pub fn check(&self, r: Result<(), WriteError>) -> bool {
+        match r {
+            Ok(()) => true,
+            Err(WriteError::Fatal(m)) => {
+                self.abort.store(true, Ordering::Release);
+                let _ = self.events.send(WriterEvent::Fatal(m));
+                false
+            }
+            Err(WriteError::Protocol(m)) => {
+                self.abort.store(true, Ordering::Release);
+                let _ = self.events.send(WriterEvent::Protocol(m));
+                false
+            }
+        }
+    }
+
+    /// The buffer is free again: back to the pool, credit to its stream.
+    pub fn release(&self, buf: Buf) {
         let stream = buf.stream as usize;
-        pool.put(buf);
-        if let Some(c) = credits.get(stream) {
+        self.pool.put(buf);
+        if let Some(c) = self.credits.get(stream) {
             c.freed_one();
         }
     }

@@ -1,15 +1,30 @@
 //! Per-device queues of read units (seed 000 Fig. 6-3 and Fig. 6-7).
 //!
 //! Files are grouped by the device that holds them, so each device is read
-//! by its own readers. A small file is one unit (pipelining mode: several
-//! readers on several files); a large file is cut into chunks that several
-//! readers take at once (striping mode). Readers take units through an
-//! atomic cursor (no lock) and steal from other devices' queues when their
-//! own runs dry (seed 000 sec. 7.2.3).
+//! by its own readers, as many as its type wants (one for a rotational
+//! disk, several for SSD, NVMe and memory; storage::DeviceThreads).
+//! Per file, from its size and the device type (Fig. 6-7, Fig. 6-13):
+//! - pipelining: a file is one unit and one reader reads it whole while
+//!   other readers read other files (small files, and medium files on
+//!   flash, which favours concurrent access);
+//! - striping: a large file is cut into chunks several readers take at
+//!   once. Chunks are longer on a rotational disk (64 MiB vs 16 MiB) so
+//!   each stays a long sequential run.
+//!
+//! Each queue is sorted by the physical address of each file's first
+//! extent (FIEMAP, sec. 6.2.2 "file sorting"), or by inode number where
+//! the file system cannot say; `--no-sort` keeps scan order. Readers take
+//! units through an atomic cursor (no lock) and steal from other flash or
+//! memory queues when their own runs dry (seed 000 sec. 7.2.3); nobody
+//! steals from a rotational queue, which would add a second head position.
 
+use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::walk::SourceFile;
+use crate::fsops::Root;
+use crate::storage::extents::ExtentSource;
+use crate::storage::{DeviceKind, DeviceThreads};
 
 /// A byte range of one file to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,70 +39,207 @@ pub struct ReadUnit {
 #[derive(Debug)]
 pub struct DeviceQueue {
     pub dev: u64,
+    pub kind: DeviceKind,
+    /// Reader threads this device gets.
+    pub threads: usize,
     pub units: Vec<ReadUnit>,
     pub bytes: u64,
     next: AtomicUsize,
 }
 
 impl DeviceQueue {
+    fn new(dev: u64, kind: DeviceKind, threads: usize) -> Self {
+        DeviceQueue {
+            dev,
+            kind,
+            threads,
+            units: Vec::new(),
+            bytes: 0,
+            next: AtomicUsize::new(0),
+        }
+    }
+
     /// Next unit, or None when the queue is drained.
     pub fn pop(&self) -> Option<ReadUnit> {
         let i = self.next.fetch_add(1, Ordering::Relaxed);
         self.units.get(i).copied()
     }
+
+    /// Whether other devices' readers may take units from this queue.
+    pub fn stealable(&self) -> bool {
+        self.kind != DeviceKind::Rotational
+    }
 }
 
-/// Size of a striping chunk for a given block size.
+/// Size of a striping chunk for a given block size (16 MiB on flash and
+/// memory).
 pub fn stripe_chunk(block_size: u64) -> u64 {
-    (16 << 20u64).max(block_size).div_ceil(block_size) * block_size
+    chunk_for(DeviceKind::Ssd, block_size)
 }
 
-/// Build per-device queues. Files of at least two chunks are striped.
+/// Striping chunk for a device type, a whole number of blocks.
+pub fn chunk_for(kind: DeviceKind, block_size: u64) -> u64 {
+    let base: u64 = if kind == DeviceKind::Rotational {
+        64 << 20
+    } else {
+        16 << 20
+    };
+    base.max(block_size).div_ceil(block_size) * block_size
+}
+
+/// How queues are planned.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanOptions {
+    pub block_size: u64,
+    /// Sort by physical location (else scan order).
+    pub sort: bool,
+    pub threads: DeviceThreads,
+}
+
+/// Build per-device queues in scan order, every device taken as flash
+/// (no probing; kept for callers without a root).
 pub fn plan_units(files: &[SourceFile], block_size: u64) -> Vec<DeviceQueue> {
-    let chunk = stripe_chunk(block_size);
-    let mut queues: Vec<DeviceQueue> = Vec::new();
+    let po = PlanOptions {
+        block_size,
+        sort: false,
+        threads: DeviceThreads::default(),
+    };
+    plan(files, &po, &|_| DeviceKind::Ssd, None)
+}
+
+/// Build per-device queues. `kind_of` names the device type of a file's
+/// device (called once per device); `extents` (root and extent source)
+/// gives physical addresses when sorting.
+pub fn plan(
+    files: &[SourceFile],
+    po: &PlanOptions,
+    kind_of: &dyn Fn(&SourceFile) -> DeviceKind,
+    extents: Option<(&Root, &dyn ExtentSource)>,
+) -> Vec<DeviceQueue> {
+    // Group file indices by device, in scan order.
+    let mut groups: Vec<(u64, Vec<u32>)> = Vec::new();
     for (i, f) in files.iter().enumerate() {
         if f.size == 0 {
             continue;
         }
-        let q = match queues.iter_mut().position(|q| q.dev == f.dev) {
-            Some(p) => &mut queues[p],
-            None => {
-                queues.push(DeviceQueue {
-                    dev: f.dev,
-                    units: Vec::new(),
-                    bytes: 0,
-                    next: AtomicUsize::new(0),
-                });
-                queues.last_mut().unwrap()
-            }
-        };
-        q.bytes += f.size;
-        if f.size >= 2 * chunk {
-            let mut off = 0;
-            while off < f.size {
-                let len = chunk.min(f.size - off);
-                q.units.push(ReadUnit {
-                    file: i as u32,
-                    offset: off,
-                    len,
-                });
-                off += len;
-            }
-        } else {
-            q.units.push(ReadUnit {
-                file: i as u32,
-                offset: 0,
-                len: f.size,
-            });
+        match groups.iter_mut().find(|g| g.0 == f.dev) {
+            Some(g) => g.1.push(i as u32),
+            None => groups.push((f.dev, vec![i as u32])),
         }
     }
+    let mut queues = Vec::with_capacity(groups.len());
+    for (dev, mut idx) in groups {
+        let kind = kind_of(&files[idx[0] as usize]);
+        let mut q = DeviceQueue::new(dev, kind, po.threads.for_kind(kind));
+        if po.sort {
+            sort_by_location(files, &mut idx, extents);
+        }
+        let chunk = chunk_for(kind, po.block_size);
+        for i in idx {
+            let f = &files[i as usize];
+            q.bytes += f.size;
+            if f.size >= 2 * chunk {
+                let mut off = 0;
+                while off < f.size {
+                    let len = chunk.min(f.size - off);
+                    q.units.push(ReadUnit {
+                        file: i,
+                        offset: off,
+                        len,
+                    });
+                    off += len;
+                }
+            } else {
+                q.units.push(ReadUnit {
+                    file: i,
+                    offset: 0,
+                    len: f.size,
+                });
+            }
+        }
+        queues.push(q);
+    }
     queues
+}
+
+/// Order `idx` by first-extent address; files whose address is unknown
+/// go after the located ones, by inode. Where no file of the device can
+/// be located (no FIEMAP), this is plain inode order, which on most file
+/// systems follows allocation order.
+fn sort_by_location(
+    files: &[SourceFile],
+    idx: &mut [u32],
+    extents: Option<(&Root, &dyn ExtentSource)>,
+) {
+    let mut keys: Vec<(u64, u64, u32)> = idx
+        .iter()
+        .map(|&i| {
+            let f = &files[i as usize];
+            let phys = extents.and_then(|(r, e)| e.first_physical(r, f));
+            (phys.unwrap_or(u64::MAX), f.ino, i)
+        })
+        .collect();
+    keys.sort_unstable();
+    for (slot, k) in idx.iter_mut().zip(keys) {
+        *slot = k.2;
+    }
+}
+
+/// Queues for a source session: device types from sysfs/statfs, sorted
+/// by FIEMAP when `opts.sort`. A null source reads nothing: its files are
+/// taken as memory and not located.
+pub fn plan_source(
+    root: &Root,
+    files: &[SourceFile],
+    opts: &crate::TransferOptions,
+    block_size: u64,
+) -> Vec<DeviceQueue> {
+    let po = PlanOptions {
+        block_size,
+        sort: opts.sort,
+        threads: opts.device_threads,
+    };
+    if opts.source_engine == crate::storage::DataEngine::Null {
+        return plan(files, &po, &|_| DeviceKind::Memory, None);
+    }
+    let kind_of = |f: &SourceFile| {
+        let p = root.path().join(std::ffi::OsStr::from_bytes(&f.rel));
+        crate::storage::device::device_kind(f.dev, &p)
+    };
+    plan(
+        files,
+        &po,
+        &kind_of,
+        Some((root, &crate::storage::extents::Fiemap)),
+    )
+}
+
+/// Home queue of each of `readers` reader threads: queues get readers in
+/// turn up to their device's thread count; readers left over get None
+/// (every device already has the threads its type wants).
+pub fn assign_homes(queues: &[DeviceQueue], readers: usize) -> Vec<Option<usize>> {
+    let mut homes = Vec::with_capacity(readers);
+    let mut given = vec![0usize; queues.len()];
+    while homes.len() < readers {
+        let before = homes.len();
+        for (q, g) in given.iter_mut().enumerate() {
+            if homes.len() < readers && *g < queues[q].threads {
+                *g += 1;
+                homes.push(Some(q));
+            }
+        }
+        if homes.len() == before {
+            break;
+        }
+    }
+    homes.resize(readers, None);
+    homes
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::extents::FixtureExtents;
 
     fn f(size: u64, dev: u64) -> SourceFile {
         SourceFile {
@@ -109,9 +261,94 @@ mod tests {
         assert_eq!(qs.len(), 2);
         assert_eq!(qs[0].units.len(), 1 + 4);
         assert_eq!(qs[0].bytes, 10 + 3 * chunk + 5);
-        let covered: u64 = qs[0].units.iter().filter(|u| u.file == 2).map(|u| u.len).sum();
+        let covered: u64 = qs[0]
+            .units
+            .iter()
+            .filter(|u| u.file == 2)
+            .map(|u| u.len)
+            .sum();
         assert_eq!(covered, 3 * chunk + 5);
         assert_eq!(qs[1].pop().unwrap().file, 3);
         assert!(qs[1].pop().is_none());
+    }
+
+    #[test]
+    fn device_type_sets_threads_and_chunks() {
+        let bs = 4 << 20;
+        let files = vec![f(100 << 20, 1), f(100 << 20, 2)];
+        let po = PlanOptions {
+            block_size: bs,
+            sort: false,
+            threads: DeviceThreads::default(),
+        };
+        let kind = |s: &SourceFile| {
+            if s.dev == 1 {
+                DeviceKind::Rotational
+            } else {
+                DeviceKind::Nvme
+            }
+        };
+        let qs = plan(&files, &po, &kind, None);
+        assert_eq!((qs[0].kind, qs[0].threads), (DeviceKind::Rotational, 1));
+        assert_eq!((qs[1].kind, qs[1].threads), (DeviceKind::Nvme, 8));
+        // 100 MiB: under two 64 MiB chunks on the disk (one unit), seven
+        // 16 MiB chunks on NVMe.
+        assert_eq!(qs[0].units.len(), 1);
+        assert_eq!(qs[1].units.len(), 7);
+        assert!(!qs[0].stealable() && qs[1].stealable());
+        let homes = assign_homes(&qs, 4);
+        assert_eq!(homes, vec![Some(0), Some(1), Some(1), Some(1)]);
+        let homes = assign_homes(&qs, 12);
+        assert_eq!(homes.iter().filter(|h| **h == Some(0)).count(), 1);
+        assert_eq!(homes.iter().filter(|h| **h == Some(1)).count(), 8);
+        assert_eq!(homes.iter().filter(|h| h.is_none()).count(), 3);
+    }
+
+    #[test]
+    fn sorted_by_fixture_extent_map_then_inode() {
+        let d = tempfile::tempdir().unwrap();
+        let root = Root::open(d.path(), crate::fsops::Confinement::None).unwrap();
+        let mk = |name: &str, ino: u64| SourceFile {
+            id: 0,
+            rel: name.as_bytes().to_vec(),
+            size: 100,
+            dev: 1,
+            ino,
+            mtime: (0, 0),
+        };
+        let files = vec![
+            mk("a", 50),
+            mk("b", 40),
+            mk("c", 30),
+            mk("d", 20),
+            mk("e", 10),
+        ];
+        let mut map = FixtureExtents::default();
+        map.0.insert(b"a".to_vec(), 9000);
+        map.0.insert(b"b".to_vec(), 100);
+        map.0.insert(b"c".to_vec(), 5000);
+        // d and e unknown: after the located ones, by inode (e before d).
+        let po = PlanOptions {
+            block_size: 4096,
+            sort: true,
+            threads: DeviceThreads::default(),
+        };
+        let qs = plan(
+            &files,
+            &po,
+            &|_| DeviceKind::Rotational,
+            Some((&root, &map)),
+        );
+        let order: Vec<u32> = qs[0].units.iter().map(|u| u.file).collect();
+        assert_eq!(order, vec![1, 2, 0, 4, 3]);
+        // No extent source: inode order.
+        let qs = plan(&files, &po, &|_| DeviceKind::Ssd, None);
+        let order: Vec<u32> = qs[0].units.iter().map(|u| u.file).collect();
+        assert_eq!(order, vec![4, 3, 2, 1, 0]);
+        // --no-sort: scan order.
+        let po = PlanOptions { sort: false, ..po };
+        let qs = plan(&files, &po, &|_| DeviceKind::Ssd, Some((&root, &map)));
+        let order: Vec<u32> = qs[0].units.iter().map(|u| u.file).collect();
+        assert_eq!(order, vec![0, 1, 2, 3, 4]);
     }
 }

@@ -89,7 +89,16 @@ pub fn walk(base: &Path, tops: &[Top], recursive: bool) -> Walk {
                     });
                     continue;
                 }
-                visit(base, &t.rel, &t.name, md, &mut dirs, &mut others, &mut failures, &mut inodes);
+                visit(
+                    base,
+                    &t.rel,
+                    &t.name,
+                    md,
+                    &mut dirs,
+                    &mut others,
+                    &mut failures,
+                    &mut inodes,
+                );
             }
             Err(e) => failures.push(FailedPath {
                 path: path.display().to_string(),
@@ -287,7 +296,9 @@ mod tests {
             .iter()
             .position(|e| e.kind != EntryKind::Dir)
             .unwrap();
-        assert!(w.entries[first_nondir..].iter().all(|e| e.kind != EntryKind::Dir));
+        assert!(w.entries[first_nondir..]
+            .iter()
+            .all(|e| e.kind != EntryKind::Dir));
         assert_eq!(first_nondir, 3);
         assert_eq!(w.files.len(), 1);
         assert_eq!(w.total_bytes, 3);
@@ -296,7 +307,12 @@ mod tests {
             .iter()
             .find(|e| matches!(e.kind, EntryKind::HardLink { .. }))
             .unwrap();
-        assert_eq!(hl.kind, EntryKind::HardLink { target_id: w.files[0].id });
+        assert_eq!(
+            hl.kind,
+            EntryKind::HardLink {
+                target_id: w.files[0].id
+            }
+        );
         assert!(w.entries.iter().any(|e| e.kind
             == EntryKind::Symlink {
                 target: b"f".to_vec()

@@ -67,9 +67,9 @@ pub struct Tcp {
 impl Transport for Tcp {
     fn connect(&self, addr: &str, timeout: Duration) -> io::Result<Box<dyn Link>> {
         let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{addr}: no address"));
-        let addrs = addr.to_socket_addrs().map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot resolve {addr}: {e}"))
-        })?;
+        let addrs = addr
+            .to_socket_addrs()
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot resolve {addr}: {e}")))?;
         for a in addrs {
             match TcpStream::connect_timeout(&a, timeout) {
                 Ok(s) => {

@@ -147,7 +147,14 @@ pub fn set_mtime(p: &Path, secs: i64, nsec: i64) {
         },
     ];
     // SAFETY: valid C string and timespecs.
-    unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
+    unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            ts.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
 }
 
 /// A tree with every awkward case of the core issue.
@@ -156,9 +163,16 @@ pub fn make_varied_tree(root: &Path, block: usize) {
     std::fs::create_dir_all(root.join("empty dir")).unwrap();
     std::fs::create_dir_all(root.join("sub")).unwrap();
     std::fs::write(root.join("empty file"), b"").unwrap();
-    for (i, n) in [1usize, block - 1, block, block + 1, 3 * block + 17, 10 * block]
-        .iter()
-        .enumerate()
+    for (i, n) in [
+        1usize,
+        block - 1,
+        block,
+        block + 1,
+        3 * block + 17,
+        10 * block,
+    ]
+    .iter()
+    .enumerate()
     {
         std::fs::write(root.join(format!("sub/size_{i}_{n}")), r.bytes(*n)).unwrap();
     }
@@ -176,17 +190,30 @@ pub fn make_varied_tree(root: &Path, block: usize) {
     std::fs::write(root.join("sub/hard_a"), r.bytes(5000)).unwrap();
     std::fs::hard_link(root.join("sub/hard_a"), root.join("hard_b")).unwrap();
     std::fs::hard_link(root.join("sub/hard_a"), root.join("deep/hard_c")).unwrap();
-    for (name, mode) in [("m600", 0o600), ("m755", 0o755), ("m444", 0o444), ("m4750", 0o750)] {
+    for (name, mode) in [
+        ("m600", 0o600),
+        ("m755", 0o755),
+        ("m444", 0o444),
+        ("m4750", 0o750),
+    ] {
         let p = root.join(name);
         std::fs::write(&p, name.as_bytes()).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
     }
-    std::fs::set_permissions(root.join("empty dir"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(
+        root.join("empty dir"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .unwrap();
     // Distinct mtimes, set last (children first so dirs keep theirs).
     let mut all: Vec<PathBuf> = walk_paths(root);
     all.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     for (i, p) in all.iter().enumerate() {
-        set_mtime(p, 1_600_000_000 + i as i64 * 101, (i as i64 * 7919) % 1_000_000_000);
+        set_mtime(
+            p,
+            1_600_000_000 + i as i64 * 101,
+            (i as i64 * 7919) % 1_000_000_000,
+        );
     }
 }
 
@@ -231,7 +258,11 @@ pub fn snapshot(root: &Path) -> BTreeMap<String, Node> {
         } else if ft.is_symlink() {
             (
                 "symlink",
-                std::fs::read_link(&p).unwrap().as_os_str().as_encoded_bytes().to_vec(),
+                std::fs::read_link(&p)
+                    .unwrap()
+                    .as_os_str()
+                    .as_encoded_bytes()
+                    .to_vec(),
             )
         } else {
             ("file", std::fs::read(&p).unwrap())
@@ -246,8 +277,16 @@ pub fn snapshot(root: &Path) -> BTreeMap<String, Node> {
             rel,
             Node {
                 kind,
-                mode: if ft.is_symlink() { 0 } else { md.mode() & 0o7777 },
-                mtime: if ft.is_symlink() { (0, 0) } else { (md.mtime(), md.mtime_nsec()) },
+                mode: if ft.is_symlink() {
+                    0
+                } else {
+                    md.mode() & 0o7777
+                },
+                mtime: if ft.is_symlink() {
+                    (0, 0)
+                } else {
+                    (md.mtime(), md.mtime_nsec())
+                },
                 content,
                 link_group,
             },

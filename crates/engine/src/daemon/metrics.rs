@@ -1,0 +1,412 @@
+//! Prometheus text exposition (format 0.0.4) of a status snapshot, and a
+//! tiny std-only HTTP responder serving it at `/metrics`.
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use super::status::Status;
+
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+struct Out(String);
+
+impl Out {
+    fn head(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+    fn val(&mut self, name: &str, labels: &[(&str, &str)], v: f64) {
+        self.0.push_str(name);
+        if !labels.is_empty() {
+            self.0.push('{');
+            for (i, (k, lv)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.0.push(',');
+                }
+                let _ = write!(self.0, "{k}=\"{}\"", esc(lv));
+            }
+            self.0.push('}');
+        }
+        let _ = writeln!(self.0, " {v}");
+    }
+    fn one(&mut self, name: &str, kind: &str, help: &str, v: f64) {
+        self.head(name, kind, help);
+        self.val(name, &[], v);
+    }
+}
+
+/// Render every `ramsys_*` metric (docs/DAEMON.md has the reference).
+pub fn render(s: &Status) -> String {
+    let t = &s.totals;
+    let mut o = Out(String::with_capacity(8192));
+    o.one("ramsys_up", "gauge", "The daemon is serving.", 1.0);
+    o.one(
+        "ramsys_uptime_seconds",
+        "gauge",
+        "Seconds since the daemon started.",
+        s.uptime_s,
+    );
+    o.one(
+        "ramsys_sessions",
+        "gauge",
+        "User sessions in the session list.",
+        s.sessions.len() as f64,
+    );
+    o.one(
+        "ramsys_sessions_total",
+        "counter",
+        "Sessions opened.",
+        t.sessions as f64,
+    );
+    for (name, help, inv, outv) in [
+        (
+            "ramsys_bytes_total",
+            "File bytes moved (in: daemon is the sink; out: source).",
+            t.bytes_in,
+            t.bytes_out,
+        ),
+        (
+            "ramsys_files_total",
+            "Files moved.",
+            t.files_in,
+            t.files_out,
+        ),
+        (
+            "ramsys_blocks_total",
+            "Data blocks moved.",
+            t.blocks_in,
+            t.blocks_out,
+        ),
+    ] {
+        o.head(name, "counter", help);
+        o.val(name, &[("direction", "in")], inv as f64);
+        o.val(name, &[("direction", "out")], outv as f64);
+    }
+    o.one(
+        "ramsys_retries_total",
+        "counter",
+        "Reservations retried by suspended tasks after a wake-up.",
+        t.retries as f64,
+    );
+    o.one(
+        "ramsys_suspensions_total",
+        "counter",
+        "Tasks suspended for lack of threads or buffers.",
+        t.suspensions as f64,
+    );
+    o.one(
+        "ramsys_steals_total",
+        "counter",
+        "Grants that used a starving device queue's thread budget.",
+        t.steals as f64,
+    );
+    o.one(
+        "ramsys_checksum_errors_total",
+        "counter",
+        "Blocks that failed their checksum.",
+        t.checksum_errors as f64,
+    );
+    o.one(
+        "ramsys_failed_files_total",
+        "counter",
+        "Files that failed.",
+        t.failed_files as f64,
+    );
+    o.one(
+        "ramsys_tasks_total",
+        "counter",
+        "Tasks created.",
+        t.tasks as f64,
+    );
+    o.one(
+        "ramsys_tasks_failed_total",
+        "counter",
+        "Tasks that ended in an error.",
+        t.tasks_failed as f64,
+    );
+    o.head(
+        "ramsys_tasks",
+        "gauge",
+        "Tasks by state (exit: recently finished tasks kept for status).",
+    );
+    for (state, n) in &t.tasks_by_state {
+        o.val("ramsys_tasks", &[("state", state)], *n as f64);
+    }
+    o.head(
+        "ramsys_pool_size",
+        "gauge",
+        "Threads (or buffers) pre-allocated per pool.",
+    );
+    for p in &s.pools {
+        o.val("ramsys_pool_size", &[("pool", &p.pool)], p.size as f64);
+    }
+    o.head(
+        "ramsys_pool_busy",
+        "gauge",
+        "Threads (or buffers) of a pool held by tasks.",
+    );
+    for p in &s.pools {
+        o.val("ramsys_pool_busy", &[("pool", &p.pool)], p.busy as f64);
+    }
+    o.head(
+        "ramsys_device_queue_waiting",
+        "gauge",
+        "Tasks waiting on a device's queue.",
+    );
+    for q in &s.queues {
+        o.val(
+            "ramsys_device_queue_waiting",
+            &[("device", &q.device), ("kind", &q.kind)],
+            q.waiting.len() as f64,
+        );
+    }
+    o.head(
+        "ramsys_device_threads_held",
+        "gauge",
+        "Storage threads held by a device's tasks.",
+    );
+    for q in &s.queues {
+        o.val(
+            "ramsys_device_threads_held",
+            &[("device", &q.device), ("pool", "readers")],
+            q.readers_held as f64,
+        );
+        o.val(
+            "ramsys_device_threads_held",
+            &[("device", &q.device), ("pool", "writers")],
+            q.writers_held as f64,
+        );
+    }
+    o.head(
+        "ramsys_device_steals_total",
+        "counter",
+        "Grants to this device's tasks beyond its own budget.",
+    );
+    for q in &s.queues {
+        o.val(
+            "ramsys_device_steals_total",
+            &[("device", &q.device)],
+            q.steals as f64,
+        );
+    }
+    o.head(
+        "ramsys_device_bytes_total",
+        "counter",
+        "File bytes moved per storage device.",
+    );
+    for q in &s.queues {
+        o.val(
+            "ramsys_device_bytes_total",
+            &[("device", &q.device), ("direction", "in")],
+            q.bytes_in as f64,
+        );
+        o.val(
+            "ramsys_device_bytes_total",
+            &[("device", &q.device), ("direction", "out")],
+            q.bytes_out as f64,
+        );
+    }
+    o.head(
+        "ramsys_device_throughput_bytes_per_second",
+        "gauge",
+        "Recent throughput per storage device.",
+    );
+    for q in &s.queues {
+        let d = &q.device;
+        o.val(
+            "ramsys_device_throughput_bytes_per_second",
+            &[("device", d), ("direction", "in")],
+            q.rate_in_bps,
+        );
+        o.val(
+            "ramsys_device_throughput_bytes_per_second",
+            &[("device", d), ("direction", "out")],
+            q.rate_out_bps,
+        );
+    }
+    o.head(
+        "ramsys_nic_bytes_total",
+        "counter",
+        "File bytes moved per NIC.",
+    );
+    for n in &s.nics {
+        o.val(
+            "ramsys_nic_bytes_total",
+            &[("nic", &n.nic), ("direction", "in")],
+            n.bytes_in as f64,
+        );
+        o.val(
+            "ramsys_nic_bytes_total",
+            &[("nic", &n.nic), ("direction", "out")],
+            n.bytes_out as f64,
+        );
+    }
+    o.head(
+        "ramsys_nic_throughput_bytes_per_second",
+        "gauge",
+        "Recent throughput per NIC.",
+    );
+    for n in &s.nics {
+        o.val(
+            "ramsys_nic_throughput_bytes_per_second",
+            &[("nic", &n.nic), ("direction", "in")],
+            n.rate_in_bps,
+        );
+        o.val(
+            "ramsys_nic_throughput_bytes_per_second",
+            &[("nic", &n.nic), ("direction", "out")],
+            n.rate_out_bps,
+        );
+    }
+    o.head(
+        "ramsys_task_bytes",
+        "gauge",
+        "Bytes moved so far by a live task.",
+    );
+    for k in &s.tasks {
+        let id = k.id.to_string();
+        o.val(
+            "ramsys_task_bytes",
+            &[
+                ("task", &id),
+                ("session", &k.session),
+                ("state", k.state.name()),
+            ],
+            k.bytes as f64,
+        );
+    }
+    o.head(
+        "ramsys_task_throughput_bytes_per_second",
+        "gauge",
+        "Recent throughput of a live task.",
+    );
+    for k in &s.tasks {
+        let id = k.id.to_string();
+        o.val(
+            "ramsys_task_throughput_bytes_per_second",
+            &[("task", &id), ("session", &k.session)],
+            k.rate_bps,
+        );
+    }
+    o.0
+}
+
+/// Serve `GET /metrics` on `addr` from a background thread; returns the
+/// bound address. `snap` renders the current state.
+pub fn serve(
+    addr: &str,
+    snap: impl Fn() -> Status + Send + Sync + 'static,
+) -> std::io::Result<SocketAddr> {
+    let l = TcpListener::bind(addr)?;
+    let local = l.local_addr()?;
+    let snap = std::sync::Arc::new(snap);
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            for c in l.incoming().flatten() {
+                let snap = snap.clone();
+                // One short-lived thread per scrape; a slow client cannot
+                // block the next one.
+                let _ = std::thread::Builder::new()
+                    .name("metrics-conn".into())
+                    .spawn(move || answer(c, &*snap));
+            }
+        })?;
+    Ok(local)
+}
+
+fn answer(mut c: TcpStream, snap: &dyn Fn() -> Status) {
+    let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = c.set_write_timeout(Some(Duration::from_secs(5)));
+    let mut req = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 16 << 10 {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => req.extend_from_slice(&buf[..n]),
+        }
+    }
+    let line = String::from_utf8_lossy(&req);
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    let (code, ctype, body) = match (method, path) {
+        ("GET" | "HEAD", "/metrics") => (
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            render(&snap()),
+        ),
+        ("GET" | "HEAD", _) => (
+            "404 Not Found",
+            "text/plain",
+            "not found; try /metrics\n".into(),
+        ),
+        _ => ("405 Method Not Allowed", "text/plain", "only GET\n".into()),
+    };
+    let head = format!(
+        "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = c.write_all(head.as_bytes());
+    if method != "HEAD" {
+        let _ = c.write_all(body.as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::status::{PoolStatus, Totals};
+
+    fn empty() -> Status {
+        Status {
+            version: 1,
+            listen: "x".into(),
+            root: "/".into(),
+            uptime_s: 1.0,
+            sessions: vec![],
+            tasks: vec![],
+            finished: vec![],
+            queues: vec![],
+            pools: vec![PoolStatus {
+                pool: "readers".into(),
+                size: 4,
+                busy: 1,
+            }],
+            nics: vec![],
+            totals: Totals {
+                bytes_in: 42,
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn renders_and_serves_over_http() {
+        let text = render(&empty());
+        assert!(text.contains("ramsys_bytes_total{direction=\"in\"} 42\n"));
+        assert!(text.contains("ramsys_pool_busy{pool=\"readers\"} 1\n"));
+        // Every sample line belongs to a declared ramsys_ family.
+        for l in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(l.starts_with("ramsys_"), "{l}");
+        }
+        let a = serve("127.0.0.1:0", empty).unwrap();
+        let mut c = TcpStream::connect(a).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut s = String::new();
+        c.read_to_string(&mut s).unwrap();
+        assert!(s.starts_with("HTTP/1.1 200 OK\r\n"), "{s}");
+        assert!(s.contains("ramsys_up 1\n"));
+        let mut c = TcpStream::connect(a).unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let mut s = String::new();
+        c.read_to_string(&mut s).unwrap();
+        assert!(s.starts_with("HTTP/1.1 404"));
+    }
+}

@@ -1,0 +1,302 @@
+//! A snapshot of the daemon's state, as `ramsys status --json` prints it
+//! and as the metrics endpoint renders it (docs/DAEMON.md lists fields).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::admit::{DaemonState, Dir, TaskRec, TaskState};
+use crate::resources::EngineResources;
+
+/// Version of the status document (bump on incompatible changes).
+pub const STATUS_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Status {
+    pub version: u32,
+    pub listen: String,
+    pub root: String,
+    pub uptime_s: f64,
+    pub sessions: Vec<SessionStatus>,
+    /// Live tasks (not yet exited).
+    pub tasks: Vec<TaskStatus>,
+    /// Recently exited tasks, newest last.
+    pub finished: Vec<TaskStatus>,
+    /// One waiting queue per storage device.
+    pub queues: Vec<QueueStatus>,
+    pub pools: Vec<PoolStatus>,
+    pub nics: Vec<NicStatus>,
+    pub totals: Totals,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionStatus {
+    /// Session id, hex.
+    pub id: String,
+    pub user: String,
+    pub peer: String,
+    /// Role the daemon plays: "source" or "sink".
+    pub role: String,
+    pub paths: Vec<String>,
+    pub age_s: f64,
+    pub tasks: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskStatus {
+    pub id: u64,
+    pub session: String,
+    pub role: String,
+    pub device: String,
+    pub nic: String,
+    pub state: TaskState,
+    /// Seconds in the current state.
+    pub state_s: f64,
+    pub age_s: f64,
+    /// Threads held: network (senders or receivers) and storage (readers
+    /// or writers), and buffers (sink).
+    pub streams: usize,
+    pub threads: usize,
+    pub buffers: usize,
+    pub bytes: u64,
+    pub total_bytes: u64,
+    pub files: u64,
+    pub total_files: u64,
+    pub blocks: u64,
+    /// Recent throughput, bytes per second.
+    pub rate_bps: f64,
+    pub suspensions: u64,
+    /// Took storage budget of a starving device queue.
+    pub stolen: bool,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QueueStatus {
+    pub device: String,
+    pub kind: String,
+    /// Task ids waiting, head first.
+    pub waiting: Vec<u64>,
+    /// Storage-thread budget of this device per pool, and threads held.
+    pub budget: usize,
+    pub readers_held: usize,
+    pub writers_held: usize,
+    pub steals: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub rate_in_bps: f64,
+    pub rate_out_bps: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PoolStatus {
+    /// "readers", "writers", "senders", "receivers" or "buffers".
+    pub pool: String,
+    pub size: usize,
+    pub busy: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NicStatus {
+    pub nic: String,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub rate_in_bps: f64,
+    pub rate_out_bps: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Totals {
+    pub sessions: u64,
+    pub tasks: u64,
+    pub tasks_failed: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub files_in: u64,
+    pub files_out: u64,
+    pub blocks_in: u64,
+    pub blocks_out: u64,
+    pub checksum_errors: u64,
+    pub failed_files: u64,
+    pub retries: u64,
+    pub suspensions: u64,
+    pub steals: u64,
+    /// Live tasks by state ("exit" counts the finished tasks kept).
+    pub tasks_by_state: BTreeMap<String, u64>,
+}
+
+fn task_status(t: &TaskRec, now: Instant) -> TaskStatus {
+    let s = &t.info.stats;
+    TaskStatus {
+        id: t.info.id,
+        session: format!("{:x}", t.info.session),
+        role: t.info.dir.role().into(),
+        device: t.info.device.clone(),
+        nic: t.info.nic.clone(),
+        state: t.state,
+        state_s: now.duration_since(t.since).as_secs_f64(),
+        age_s: now.duration_since(t.started).as_secs_f64(),
+        streams: t.streams,
+        threads: t.storage,
+        buffers: t.buffers,
+        bytes: s.bytes.load(Relaxed),
+        total_bytes: s.total_bytes.load(Relaxed),
+        files: s.files.load(Relaxed),
+        total_files: s.total_files.load(Relaxed),
+        blocks: s.blocks.load(Relaxed),
+        rate_bps: match t.state {
+            TaskState::Exit => 0.0,
+            // Not sampled yet: the average since it started moving.
+            TaskState::Transferring if t.last_bytes == 0 => {
+                s.bytes.load(Relaxed) as f64 / now.duration_since(t.since).as_secs_f64().max(1e-3)
+            }
+            _ => t.rate,
+        },
+        suspensions: t.suspensions,
+        stolen: t.stolen,
+        error: t.error.clone(),
+    }
+}
+
+/// Take a consistent snapshot (one lock).
+pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &str) -> Status {
+    let now = Instant::now();
+    let g = st.lock();
+    let tasks: Vec<TaskStatus> = g.tasks.values().map(|t| task_status(t, now)).collect();
+    let finished: Vec<TaskStatus> = g.finished.iter().map(|t| task_status(t, now)).collect();
+    let mut totals = Totals {
+        sessions: st.counters.sessions.load(Relaxed),
+        tasks: st.counters.tasks.load(Relaxed),
+        tasks_failed: st.counters.tasks_failed.load(Relaxed),
+        retries: st.counters.retries.load(Relaxed),
+        suspensions: st.counters.suspensions.load(Relaxed),
+        steals: st.counters.steals.load(Relaxed),
+        bytes_in: g.done.bytes[Dir::In as usize],
+        bytes_out: g.done.bytes[Dir::Out as usize],
+        files_in: g.done.files[Dir::In as usize],
+        files_out: g.done.files[Dir::Out as usize],
+        blocks_in: g.done.blocks[Dir::In as usize],
+        blocks_out: g.done.blocks[Dir::Out as usize],
+        checksum_errors: g.done.checksum_errors,
+        failed_files: g.done.failed_files,
+        tasks_by_state: TaskState::ALL
+            .iter()
+            .map(|s| (s.name().to_string(), 0))
+            .collect(),
+    };
+    *totals.tasks_by_state.get_mut("exit").unwrap() = g.finished.len() as u64;
+    let mut dev_live: BTreeMap<&str, [(u64, f64); 2]> = BTreeMap::new();
+    let mut nic_live: BTreeMap<&str, [(u64, f64); 2]> = BTreeMap::new();
+    for t in g.tasks.values() {
+        let s = &t.info.stats;
+        let i = t.info.dir as usize;
+        let b = s.bytes.load(Relaxed);
+        match t.info.dir {
+            Dir::In => {
+                totals.bytes_in += b;
+                totals.files_in += s.files.load(Relaxed);
+                totals.blocks_in += s.blocks.load(Relaxed);
+            }
+            Dir::Out => {
+                totals.bytes_out += b;
+                totals.files_out += s.files.load(Relaxed);
+                totals.blocks_out += s.blocks.load(Relaxed);
+            }
+        }
+        totals.checksum_errors += s.checksum_errors.load(Relaxed);
+        totals.failed_files += s.failed.load(Relaxed);
+        *totals.tasks_by_state.get_mut(t.state.name()).unwrap() += 1;
+        let d = &mut dev_live.entry(t.info.device.as_str()).or_default()[i];
+        d.0 += b;
+        d.1 += t.rate;
+        let n = &mut nic_live.entry(t.info.nic.as_str()).or_default()[i];
+        n.0 += b;
+        n.1 += t.rate;
+    }
+    let budget_of = |size: usize| size.div_ceil(g.lanes.len().max(1));
+    let queues = g
+        .lanes
+        .iter()
+        .map(|(k, l)| {
+            let live = dev_live.get(k.as_str()).copied().unwrap_or_default();
+            QueueStatus {
+                device: k.clone(),
+                kind: l.kind.into(),
+                waiting: l.queue.iter().copied().collect(),
+                budget: budget_of(res.readers.size().max(res.writers.size())),
+                readers_held: l.held[Dir::Out as usize],
+                writers_held: l.held[Dir::In as usize],
+                steals: l.steals,
+                bytes_in: l.done_bytes[0] + live[0].0,
+                bytes_out: l.done_bytes[1] + live[1].0,
+                rate_in_bps: live[0].1,
+                rate_out_bps: live[1].1,
+            }
+        })
+        .collect();
+    let mut nic_names: Vec<&str> = g.nic_done.keys().map(|s| s.as_str()).collect();
+    nic_names.extend(nic_live.keys().copied());
+    nic_names.sort_unstable();
+    nic_names.dedup();
+    let nics = nic_names
+        .into_iter()
+        .map(|n| {
+            let done = g.nic_done.get(n).copied().unwrap_or_default();
+            let live = nic_live.get(n).copied().unwrap_or_default();
+            NicStatus {
+                nic: n.into(),
+                bytes_in: done[0] + live[0].0,
+                bytes_out: done[1] + live[1].0,
+                rate_in_bps: live[0].1,
+                rate_out_bps: live[1].1,
+            }
+        })
+        .collect();
+    let pool = |name: &str, size: usize, idle: usize| PoolStatus {
+        pool: name.into(),
+        size,
+        busy: size.saturating_sub(idle),
+    };
+    let pools = vec![
+        pool("readers", res.readers.size(), res.readers.idle()),
+        pool("writers", res.writers.size(), res.writers.idle()),
+        pool("senders", res.senders.size(), res.senders.idle()),
+        pool("receivers", res.receivers.size(), res.receivers.idle()),
+        pool("buffers", res.buffers.count(), res.buffers.free()),
+    ];
+    let sessions = g
+        .sessions
+        .iter()
+        .map(|(id, s)| SessionStatus {
+            id: format!("{id:x}"),
+            user: s.user.clone(),
+            peer: s.peer.clone(),
+            role: s.role.into(),
+            paths: s.paths.clone(),
+            age_s: now.duration_since(s.started).as_secs_f64(),
+            tasks: s.tasks.clone(),
+        })
+        .collect();
+    Status {
+        version: STATUS_VERSION,
+        listen: listen.into(),
+        root: root.into(),
+        uptime_s: now.duration_since(st.started).as_secs_f64(),
+        sessions,
+        tasks,
+        finished,
+        queues,
+        pools,
+        nics,
+        totals,
+    }
+}
+
+impl Status {
+    /// True when no task is live and every pool is fully idle.
+    pub fn idle(&self) -> bool {
+        self.tasks.is_empty() && self.pools.iter().all(|p| p.busy == 0)
+    }
+}

@@ -1,0 +1,213 @@
+//! `ramsys status`: ask a daemon for its sessions, tasks, queues, pools
+//! and throughput (docs/DAEMON.md). Authenticated like every connection.
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use ramsys_engine::daemon::status::Status;
+use ramsys_engine::session::client_connect;
+use ramsys_engine::transport::tcp::Tcp;
+use ramsys_engine::wire::{recv_control, send_control};
+use ramsys_proto::Control;
+
+use crate::spec::{parse_endpoint, Endpoint};
+use crate::KeyArgs;
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Daemon to ask: ramsys://HOST:PORT (or HOST:PORT). Default:
+    /// $RAMSYS_DAEMON.
+    #[arg(value_name = "ramsys://HOST:PORT")]
+    pub daemon: Option<String>,
+    /// Print the status document as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// Seconds to wait for the daemon to answer.
+    #[arg(long, default_value_t = 10)]
+    pub connect_timeout: u64,
+}
+
+/// Address from "ramsys://HOST:PORT[/]" or "HOST:PORT".
+fn daemon_addr(s: &str) -> anyhow::Result<String> {
+    let url = if s.starts_with("ramsys://") {
+        s.to_string()
+    } else {
+        format!("ramsys://{s}")
+    };
+    match parse_endpoint(&url)? {
+        Endpoint::Daemon { addr, .. } => Ok(addr),
+        Endpoint::Local(_) => anyhow::bail!("{s}: not a daemon address"),
+    }
+}
+
+/// Fetch the status document of the daemon at `addr`.
+pub fn query(addr: &str, key: &[u8], timeout: Duration) -> anyhow::Result<Status> {
+    let t = Tcp {
+        socket_buffer: None,
+    };
+    let mut s = client_connect(&t, addr, key, timeout)?;
+    send_control(&mut *s.ctl, &Control::StatusQuery)?;
+    match recv_control(&mut *s.ctl)? {
+        Control::StatusReport { json } => {
+            serde_json::from_str(&json).context("daemon sent a malformed status document")
+        }
+        Control::Error { message, .. } => anyhow::bail!("daemon refused: {message}"),
+        other => anyhow::bail!("daemon answered {} to a status query", other.name()),
+    }
+}
+
+pub fn run(a: &StatusArgs) -> anyhow::Result<i32> {
+    let target = match &a.daemon {
+        Some(d) => d.clone(),
+        None => std::env::var("RAMSYS_DAEMON").map_err(|_| {
+            anyhow::anyhow!("give the daemon address (ramsys://HOST:PORT) or set RAMSYS_DAEMON")
+        })?,
+    };
+    let addr = daemon_addr(&target)?;
+    let key = a.key.load()?;
+    let st = query(&addr, &key, Duration::from_secs(a.connect_timeout.max(1)))?;
+    let mut o = std::io::stdout().lock();
+    if a.json {
+        writeln!(o, "{}", serde_json::to_string_pretty(&st)?)?;
+    } else {
+        o.write_all(human(&st).as_bytes())?;
+    }
+    Ok(0)
+}
+
+fn mb(b: u64) -> String {
+    format!("{:.1}MB", b as f64 / 1e6)
+}
+
+fn rate(bps: f64) -> String {
+    format!("{:.1}MB/s", bps / 1e6)
+}
+
+/// The human-readable report.
+pub fn human(st: &Status) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let t = &st.totals;
+    let _ = writeln!(
+        s,
+        "daemon {}  root {}  up {:.0}s  sessions {} (total {})  moved in {} out {}",
+        st.listen,
+        st.root,
+        st.uptime_s,
+        st.sessions.len(),
+        t.sessions,
+        mb(t.bytes_in),
+        mb(t.bytes_out)
+    );
+    let states: Vec<String> = t
+        .tasks_by_state
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    let _ = writeln!(
+        s,
+        "tasks: {}  (suspensions {}, retries {}, steals {}, failed {})",
+        states.join(", "),
+        t.suspensions,
+        t.retries,
+        t.steals,
+        t.tasks_failed
+    );
+    let _ = writeln!(
+        s,
+        "\nSESSION           ROLE    USER        PEER                   AGE  PATHS"
+    );
+    for x in &st.sessions {
+        let _ = writeln!(
+            s,
+            "{:<17} {:<7} {:<11} {:<21} {:>4.0}s {}",
+            x.id,
+            x.role,
+            x.user,
+            x.peer,
+            x.age_s,
+            x.paths.join(" ")
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nTASK  SESSION           ROLE    DEVICE   STATE         STREAMS THREADS  BYTES/TOTAL            FILES/TOTAL    RATE"
+    );
+    for k in st.tasks.iter().chain(st.finished.iter().rev().take(5)) {
+        let _ = writeln!(
+            s,
+            "{:<5} {:<17} {:<7} {:<8} {:<13} {:>7} {:>7}  {:<22} {:<14} {}{}",
+            k.id,
+            k.session,
+            k.role,
+            k.device,
+            k.state.name(),
+            k.streams,
+            k.threads,
+            format!("{}/{}", mb(k.bytes), mb(k.total_bytes)),
+            format!("{}/{}", k.files, k.total_files),
+            rate(k.rate_bps),
+            k.error
+                .as_deref()
+                .map(|e| format!("  error: {e}"))
+                .unwrap_or_default()
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nQUEUE (device)  KIND  WAITING  BUDGET  READERS WRITERS  STEALS  IN            OUT"
+    );
+    for q in &st.queues {
+        let _ = writeln!(
+            s,
+            "{:<15} {:<5} {:>7}  {:>6}  {:>7} {:>7}  {:>6}  {:<13} {}",
+            q.device,
+            q.kind,
+            q.waiting.len(),
+            q.budget,
+            q.readers_held,
+            q.writers_held,
+            q.steals,
+            format!("{} {}", mb(q.bytes_in), rate(q.rate_in_bps)),
+            format!("{} {}", mb(q.bytes_out), rate(q.rate_out_bps)),
+        );
+    }
+    let _ = writeln!(s, "\nPOOL       BUSY/SIZE");
+    for p in &st.pools {
+        let _ = writeln!(s, "{:<10} {}/{}", p.pool, p.busy, p.size);
+    }
+    let _ = writeln!(s, "\nNIC        IN                  OUT");
+    for n in &st.nics {
+        let _ = writeln!(
+            s,
+            "{:<10} {:<19} {}",
+            n.nic,
+            format!("{} {}", mb(n.bytes_in), rate(n.rate_in_bps)),
+            format!("{} {}", mb(n.bytes_out), rate(n.rate_out_bps))
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses() {
+        assert_eq!(
+            daemon_addr("ramsys://127.0.0.1:7000").unwrap(),
+            "127.0.0.1:7000"
+        );
+        assert_eq!(
+            daemon_addr("ramsys://127.0.0.1:7000/").unwrap(),
+            "127.0.0.1:7000"
+        );
+        assert_eq!(daemon_addr("127.0.0.1:7000").unwrap(), "127.0.0.1:7000");
+        assert!(daemon_addr("ramsys://host").is_err());
+    }
+}
