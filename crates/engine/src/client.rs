@@ -10,7 +10,7 @@ use ramsys_proto::Control;
 use crate::fsops::Root;
 use crate::request::walk::Top;
 use crate::resources::EngineResources;
-use crate::session::{client_connect, ClientLinks};
+use crate::session::{client_connect_pipelined, ClientSession, PreLinks};
 use crate::sink::{run_sink, SinkSpec};
 use crate::source::{run_source, SourceSpec};
 use crate::stats::{Report, Stats};
@@ -26,7 +26,38 @@ pub struct Remote {
     pub connect_timeout: Duration,
 }
 
-/// Send local `tops` (under `root`) to `dest` on the daemon.
+/// Connect with the data links dialled in parallel with the control link
+/// (they join the session as soon as the Challenge names it).
+fn connect(remote: &Remote, streams: u16) -> Result<(ClientSession, PreLinks), EngineError> {
+    let mut pre = PreLinks::start(
+        remote.transport.clone(),
+        &remote.addr,
+        streams,
+        remote.connect_timeout,
+    );
+    let s = client_connect_pipelined(
+        &*remote.transport,
+        &remote.addr,
+        &remote.key,
+        remote.connect_timeout,
+    )?;
+    pre.join(s.session, s.session_key);
+    Ok((s, pre))
+}
+
+fn open_msg(role: Role, paths: Vec<Vec<u8>>, opts: &TransferOptions) -> Control {
+    Control::Open(Open {
+        server_role: role,
+        paths,
+        recursive: opts.recursive,
+        streams: opts.streams,
+        block_size: opts.block_size,
+        checksum: opts.checksum,
+    })
+}
+
+/// Send local `tops` (under `root`) to `dest` on the daemon. Auth, Open,
+/// Propose and the whole metadata stream leave in one flight.
 pub fn push(
     remote: &Remote,
     root: Arc<Root>,
@@ -36,35 +67,15 @@ pub fn push(
     res: &EngineResources,
     stats: Arc<Stats>,
 ) -> Result<Report, EngineError> {
-    let mut s = client_connect(
-        &*remote.transport,
-        &remote.addr,
-        &remote.key,
-        remote.connect_timeout,
-    )?;
-    send_control(
-        &mut *s.ctl,
-        &Control::Open(Open {
-            server_role: Role::Sink,
-            paths: vec![dest],
-            recursive: opts.recursive,
-        }),
-    )?;
-    let mut links = ClientLinks {
-        transport: remote.transport.clone(),
-        addr: remote.addr.clone(),
-        session: s.session,
-        session_key: s.session_key,
-        timeout: remote.connect_timeout,
+    let streams = opts.streams.clamp(1, res.config.max_streams as u16);
+    let (mut s, mut links) = connect(remote, streams)?;
+    send_control(&mut *s.ctl, &open_msg(Role::Sink, vec![dest], opts))?;
+    let spec = SourceSpec {
+        root,
+        tops,
+        pending_auth: Some((s.addr.clone(), s.session)),
     };
-    run_source(
-        s.ctl,
-        &mut links,
-        SourceSpec { root, tops },
-        opts,
-        res,
-        stats,
-    )
+    run_source(s.ctl, &mut links, spec, opts, res, stats)
 }
 
 /// Fetch `paths` from the daemon into `dest` under the local `root`.
@@ -77,31 +88,14 @@ pub fn pull(
     res: &EngineResources,
     stats: Arc<Stats>,
 ) -> Result<Report, EngineError> {
-    let mut s = client_connect(
-        &*remote.transport,
-        &remote.addr,
-        &remote.key,
-        remote.connect_timeout,
-    )?;
-    send_control(
-        &mut *s.ctl,
-        &Control::Open(Open {
-            server_role: Role::Source,
-            paths,
-            recursive: opts.recursive,
-        }),
-    )?;
-    let mut links = ClientLinks {
-        transport: remote.transport.clone(),
-        addr: remote.addr.clone(),
-        session: s.session,
-        session_key: s.session_key,
-        timeout: remote.connect_timeout,
-    };
+    let streams = opts.streams.clamp(1, res.config.max_streams as u16);
+    let (mut s, mut links) = connect(remote, streams)?;
+    send_control(&mut *s.ctl, &open_msg(Role::Source, paths, opts))?;
     let spec = SinkSpec {
         root,
         dest,
         session: s.session,
+        pending_auth: Some(s.addr.clone()),
     };
     run_sink(s.ctl, &mut links, spec, opts, res, stats)
 }

@@ -45,6 +45,10 @@ pub struct DaemonShared {
     pub res: EngineResources,
     pub opts: TransferOptions,
     registry: Mutex<HashMap<u64, Slot>>,
+    /// Signalled when a session is registered (early data-link joins).
+    registry_cv: std::sync::Condvar,
+    /// Session ids sent in a Challenge whose Auth is still pending.
+    announced: Mutex<std::collections::HashSet<u64>>,
     next_session: AtomicU64,
     /// Sessions currently running (observable state).
     pub active: AtomicU64,
@@ -112,6 +116,8 @@ impl Daemon {
                 res,
                 opts,
                 registry: Mutex::new(HashMap::new()),
+                registry_cv: std::sync::Condvar::new(),
+                announced: Mutex::new(Default::default()),
                 next_session: AtomicU64::new(start),
                 active: AtomicU64::new(0),
                 state,
@@ -173,8 +179,20 @@ fn handle(sh: Arc<DaemonShared>, mut link: Box<dyn Link>) {
     }
 }
 
+/// Drops a session id from the announced set when the handshake ends,
+/// whatever the outcome, and wakes joins waiting for it.
+struct Unannounce(Arc<DaemonShared>, u64);
+
+impl Drop for Unannounce {
+    fn drop(&mut self) {
+        self.0.announced.lock().unwrap().remove(&self.1);
+        let _g = self.0.registry.lock().unwrap();
+        self.0.registry_cv.notify_all();
+    }
+}
+
 fn refuse(link: &mut Box<dyn Link>, code: u16, message: String) {
-    let _ = send_control(&mut **link, &Control::Error { code, message });
+    crate::wire::send_final(&mut **link, &Control::Error { code, message });
 }
 
 fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), EngineError> {
@@ -188,7 +206,21 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
             nonce,
             mac,
         } => {
-            let reg = sh.registry.lock().unwrap();
+            // The client joins as soon as it knows the session id (from
+            // the Challenge), possibly before its Auth has been checked:
+            // wait a little for the session to be registered.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let mut reg = sh.registry.lock().unwrap();
+            while !reg.contains_key(&session)
+                && sh.announced.lock().unwrap().contains(&session)
+                && std::time::Instant::now() < deadline
+            {
+                reg = sh
+                    .registry_cv
+                    .wait_timeout(reg, deadline.saturating_duration_since(std::time::Instant::now()))
+                    .unwrap()
+                    .0;
+            }
             let ok = reg
                 .get(&session)
                 .filter(|s| verify_join(&s.key, session, stream, &nonce, &mac));
@@ -210,7 +242,11 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
         }
         hello @ Control::Hello { .. } => {
             let mut hs = ServerHandshake::new(&sh.key, random32());
-            let ch = hs.on_hello(&hello)?;
+            let session = sh.next_session.fetch_add(1, Ordering::Relaxed);
+            let ch = hs.on_hello(&hello, session)?;
+            // Announced but not yet authenticated: early joins may wait.
+            sh.announced.lock().unwrap().insert(session);
+            let _unannounce = Unannounce(sh.clone(), session);
             send_control(&mut **link, &ch)?;
             let auth = recv_control(&mut **link)?;
             let (user, skey) = match hs.on_auth(&auth) {
@@ -221,12 +257,12 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                     return Ok(());
                 }
             };
-            let session = sh.next_session.fetch_add(1, Ordering::Relaxed);
             let (tx, rx) = unbounded();
             sh.registry
                 .lock()
                 .unwrap()
                 .insert(session, Slot { key: skey, tx });
+            sh.registry_cv.notify_all();
             send_control(&mut **link, &Control::AuthOk { session })?;
             tracing::info!(
                 "{}: user {user} authenticated, session {session:x}",
@@ -318,6 +354,10 @@ fn run_session(
     let stats = Arc::new(Stats::default());
     let mut opts = sh.opts.clone();
     opts.recursive = open.recursive;
+    // The client's wishes, within what this daemon serves.
+    opts.streams = open.streams.clamp(1, sh.res.config.max_streams as u16);
+    opts.block_size = open.block_size.clamp(4096, sh.res.buffers.buf_size() as u32);
+    opts.checksum = open.checksum;
     match open.server_role {
         Role::Sink => {
             if rels.len() != 1 {
@@ -329,6 +369,7 @@ fn run_session(
                 root: sh.sink_root.clone(),
                 dest: rels.pop().unwrap(),
                 session,
+                pending_auth: None,
             };
             let (dev, kind) =
                 netdev::device_of(&sh.root_path.join(std::ffi::OsStr::new(&show(&spec.dest))));
@@ -375,6 +416,7 @@ fn run_session(
             let spec = SourceSpec {
                 root: sh.source_root.clone(),
                 tops,
+                pending_auth: None,
             };
             let task = sh
                 .state

@@ -11,7 +11,8 @@ use ramsys_proto::control::Bytes32;
 use ramsys_proto::{Control, ProtoError};
 
 use crate::transport::{Link, Transport};
-use crate::wire::{exchange_preamble, recv_control, send_control};
+use crate::wire::{recv_control, send_control};
+use ramsys_proto::preamble;
 use crate::EngineError;
 
 /// Fresh random bytes from the OS.
@@ -28,20 +29,69 @@ pub fn current_user() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-/// An authenticated control connection, client side.
+/// A control connection, client side.
 pub struct ClientSession {
     pub ctl: Box<dyn Link>,
     pub session: u64,
     pub session_key: Bytes32,
     pub addr: String,
+    /// Auth was sent but AuthOk not yet read (pipelined connect): the
+    /// session controller reads it before its first answer.
+    pub auth_pending: bool,
 }
 
 fn connect_err(addr: &str, e: std::io::Error) -> EngineError {
     EngineError::local(format!("cannot connect to {addr}: {e}"))
 }
 
-/// Connect to a daemon and authenticate.
-pub fn client_connect(
+fn auth_refused(addr: &str) -> EngineError {
+    EngineError::local(format!(
+        "authentication failed: the daemon at {addr} refused our key (check --key-file)"
+    ))
+}
+
+/// Send several control messages in one write (one segment on the wire).
+fn send_batch(link: &mut dyn Link, prefix: &[u8], msgs: &[&Control]) -> Result<(), EngineError> {
+    let mut buf = prefix.to_vec();
+    for m in msgs {
+        let body = m.encode()?;
+        buf.extend_from_slice(
+            &ramsys_proto::frame::FrameHeader::new(
+                ramsys_proto::frame::FrameKind::Control,
+                0,
+                body.len() as u32,
+            )
+            .encode(),
+        );
+        buf.extend_from_slice(&body);
+    }
+    link.write_all(&buf)?;
+    link.flush()?;
+    Ok(())
+}
+
+fn read_preamble(link: &mut dyn Link, addr: &str) -> Result<(), EngineError> {
+    let mut p = [0u8; ramsys_proto::PREAMBLE_LEN];
+    link.read_exact(&mut p).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => EngineError::Proto(ProtoError::BadMagic),
+        _ => connect_err(addr, e),
+    })?;
+    let theirs = ramsys_proto::parse_preamble(&p)?;
+    if theirs != ramsys_proto::VERSION {
+        return Err(ProtoError::VersionMismatch {
+            ours: ramsys_proto::VERSION,
+            theirs,
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// Connect, prove the key, and return as soon as our proof is sent: the
+/// caller pipelines its request behind it and reads AuthOk later
+/// ([`finish_auth`]). Preamble and Hello travel in one segment, so the
+/// whole handshake costs one round trip after TCP's.
+pub fn client_connect_pipelined(
     transport: &dyn Transport,
     addr: &str,
     key: &[u8],
@@ -51,13 +101,13 @@ pub fn client_connect(
         .connect(addr, timeout)
         .map_err(|e| connect_err(addr, e))?;
     ctl.set_read_timeout(Some(timeout))?;
-    exchange_preamble(&mut *ctl).map_err(|e| match e {
-        EngineError::Io(io) => connect_err(addr, io),
+    let mut hs = ClientHandshake::new(key, &current_user(), random32());
+    send_batch(&mut *ctl, &preamble(ramsys_proto::VERSION), &[&hs.hello()])?;
+    read_preamble(&mut *ctl, addr)?;
+    let reply = recv_control(&mut *ctl).map_err(|e| match e {
+        EngineError::PeerClosed => auth_refused(addr),
         other => other,
     })?;
-    let mut hs = ClientHandshake::new(key, &current_user(), random32());
-    send_control(&mut *ctl, &hs.hello())?;
-    let reply = recv_control(&mut *ctl)?;
     if let Control::Error { message, .. } = &reply {
         return Err(EngineError::Refused(message.clone()));
     }
@@ -68,26 +118,45 @@ pub fn client_connect(
         other => other.into(),
     })?;
     send_control(&mut *ctl, &auth)?;
-    let ok = match recv_control(&mut *ctl) {
-        Ok(m) => m,
-        Err(EngineError::PeerClosed) | Err(EngineError::Io(_)) => {
-            return Err(EngineError::local(format!(
-                "authentication failed: the daemon at {addr} refused our key (check --key-file)"
-            )))
-        }
-        Err(e) => return Err(e),
-    };
-    let (session, session_key) = hs.on_auth_ok(&ok).map_err(|_| {
-        EngineError::local(format!(
-            "authentication failed: the daemon at {addr} refused our key (check --key-file)"
-        ))
-    })?;
+    let (session, session_key) = hs
+        .session()
+        .ok_or_else(|| EngineError::local("handshake incomplete"))?;
     Ok(ClientSession {
         ctl,
         session,
         session_key,
         addr: addr.to_string(),
+        auth_pending: true,
     })
+}
+
+/// Read the AuthOk that [`client_connect_pipelined`] left pending.
+pub fn finish_auth(ctl: &mut dyn Link, addr: &str, session: u64) -> Result<(), EngineError> {
+    match recv_control(ctl) {
+        Ok(Control::AuthOk { session: s }) if s == session => Ok(()),
+        Ok(Control::Error { message, .. }) if message.contains("authentication") => Err(auth_refused(addr)),
+        Ok(Control::Error { message, .. }) => Err(EngineError::Refused(message)),
+        Ok(other) => Err(ProtoError::Unexpected {
+            got: other.name(),
+            state: "awaiting AuthOk",
+        }
+        .into()),
+        Err(EngineError::PeerClosed) | Err(EngineError::Io(_)) => Err(auth_refused(addr)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Connect and authenticate completely (status queries, tests).
+pub fn client_connect(
+    transport: &dyn Transport,
+    addr: &str,
+    key: &[u8],
+    timeout: Duration,
+) -> Result<ClientSession, EngineError> {
+    let mut s = client_connect_pipelined(transport, addr, key, timeout)?;
+    finish_auth(&mut *s.ctl, addr, s.session)?;
+    s.auth_pending = false;
+    Ok(s)
 }
 
 /// Opens the data links of a session once the stream count is agreed.
@@ -106,32 +175,108 @@ pub struct ClientLinks {
 
 impl ClientLinks {
     fn join(&self, stream: u16) -> Result<Box<dyn Link>, EngineError> {
-        let mut l = self
+        let l = self
             .transport
             .connect(&self.addr, self.timeout)
             .map_err(|e| connect_err(&self.addr, e))?;
         l.set_read_timeout(Some(self.timeout))?;
-        exchange_preamble(&mut *l)?;
-        let nonce = random32();
-        let mac = join_mac(&self.session_key, self.session, stream, &nonce);
-        send_control(
-            &mut *l,
-            &Control::Join {
-                session: self.session,
-                stream,
-                nonce,
-                mac,
-            },
-        )?;
-        match recv_control(&mut *l)? {
-            Control::JoinOk => Ok(l),
-            Control::Error { message, .. } => Err(EngineError::Refused(message)),
-            other => Err(ProtoError::Unexpected {
-                got: other.name(),
-                state: "awaiting JoinOk",
-            }
-            .into()),
+        join_link(l, &self.addr, self.session, &self.session_key, stream)
+    }
+}
+
+/// Send preamble + Join in one segment and wait for JoinOk.
+fn join_link(
+    mut l: Box<dyn Link>,
+    addr: &str,
+    session: u64,
+    key: &Bytes32,
+    stream: u16,
+) -> Result<Box<dyn Link>, EngineError> {
+    let nonce = random32();
+    let mac = join_mac(key, session, stream, &nonce);
+    let join = Control::Join {
+        session,
+        stream,
+        nonce,
+        mac,
+    };
+    send_batch(&mut *l, &preamble(ramsys_proto::VERSION), &[&join])?;
+    read_preamble(&mut *l, addr)?;
+    match recv_control(&mut *l)? {
+        Control::JoinOk => Ok(l),
+        Control::Error { message, .. } => Err(EngineError::Refused(message)),
+        other => Err(ProtoError::Unexpected {
+            got: other.name(),
+            state: "awaiting JoinOk",
         }
+        .into()),
+    }
+}
+
+/// Data links dialled before the stream count is agreed: TCP connects start
+/// together with the control connection and each link joins as soon as the
+/// session id and key are known, so links are ready when Confirm arrives
+/// instead of costing two more round trips after it. Links beyond the
+/// confirmed count are simply dropped.
+pub struct PreLinks {
+    handles: Vec<std::thread::JoinHandle<Result<Box<dyn Link>, EngineError>>>,
+    go: Vec<crossbeam_channel::Sender<(u64, Bytes32)>>,
+}
+
+impl PreLinks {
+    /// Start connecting `n` links to `addr`.
+    pub fn start(transport: Arc<dyn Transport>, addr: &str, n: u16, timeout: Duration) -> PreLinks {
+        let mut handles = Vec::new();
+        let mut go = Vec::new();
+        for i in 0..n {
+            let (tx, rx) = crossbeam_channel::bounded::<(u64, Bytes32)>(1);
+            let t = transport.clone();
+            let a = addr.to_string();
+            go.push(tx);
+            handles.push(
+                std::thread::Builder::new()
+                    .name(format!("dial-{i}"))
+                    .spawn(move || {
+                        let l = t.connect(&a, timeout).map_err(|e| connect_err(&a, e))?;
+                        l.set_read_timeout(Some(timeout))?;
+                        let (session, key) = rx
+                            .recv()
+                            .map_err(|_| EngineError::local("session setup abandoned"))?;
+                        join_link(l, &a, session, &key, i)
+                    })
+                    .expect("spawn dialer"),
+            );
+        }
+        PreLinks { handles, go }
+    }
+
+    /// The session is known: let every link join it.
+    pub fn join(&mut self, session: u64, key: Bytes32) {
+        for g in self.go.drain(..) {
+            let _ = g.send((session, key));
+        }
+    }
+}
+
+impl LinkProvider for PreLinks {
+    fn open(&mut self, streams: u16) -> Result<Vec<Box<dyn Link>>, EngineError> {
+        if streams as usize > self.handles.len() {
+            return Err(EngineError::local(format!(
+                "peer confirmed {streams} streams, more than the {} proposed",
+                self.handles.len()
+            )));
+        }
+        let rest = self.handles.split_off(streams as usize);
+        let mut out = Vec::new();
+        for h in self.handles.drain(..) {
+            out.push(
+                h.join()
+                    .unwrap_or_else(|_| Err(EngineError::local("dial thread panicked")))?,
+            );
+        }
+        // Surplus links: detach; the daemon refuses their stream numbers.
+        drop(rest);
+        Ok(out)
     }
 }
 

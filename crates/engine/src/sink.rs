@@ -31,6 +31,8 @@ pub struct SinkSpec {
     pub dest: Vec<u8>,
     /// Session id (names temp files).
     pub session: u64,
+    /// (daemon address): AuthOk still to be read (pipelined connect).
+    pub pending_auth: Option<String>,
 }
 
 struct Ctl {
@@ -120,6 +122,9 @@ pub fn run_sink_with(
     // A daemon source may hold the task suspended until threads free up
     // (docs/DAEMON.md): wait as long as for an idle peer.
     ctl.link.set_read_timeout(Some(opts.idle_timeout))?;
+    if let Some(addr) = &spec.pending_auth {
+        crate::session::finish_auth(&mut *ctl.link, addr, spec.session)?;
+    }
     let prop = match ctl.recv()? {
         Control::Propose(p) => p,
         _ => unreachable!("machine admits only Propose here"),
@@ -141,7 +146,7 @@ pub fn run_sink_with(
                 show(&spec.dest),
                 prop.roots
             );
-            let _ = send_control(
+            crate::wire::send_final(
                 &mut *ctl.link,
                 &Control::Error {
                     code: 2,
@@ -152,7 +157,7 @@ pub fn run_sink_with(
         }
         Err(e) => {
             let msg = format!("destination {}: {e}", show(&spec.dest));
-            let _ = send_control(
+            crate::wire::send_final(
                 &mut *ctl.link,
                 &Control::Error {
                     code: 2,
@@ -187,20 +192,17 @@ pub fn run_sink_with(
     let block_size = prop.block_size.min(res.buffers.buf_size() as u32);
     let credits_per_stream = (share.count() / streams as usize) as u32;
     let pool = Arc::new(share);
-    ctl.send(&Control::Confirm(Confirm {
+    if let Err(e) = ctl.send(&Control::Confirm(Confirm {
         streams,
         block_size,
         credits_per_stream,
         capacity_mbps: 0,
         checksum: prop.checksum,
-    }))?;
-    adm.transferring(streams);
-    let data_links = links.open(streams)?;
-    let link_desc: Vec<(String, String)> =
-        data_links.iter().map(|l| (l.local(), l.peer())).collect();
-    for l in &data_links {
-        l.set_read_timeout(Some(opts.idle_timeout))?;
+    })) {
+        res.return_buffers(pool);
+        return Err(e);
     }
+    adm.transferring(streams);
 
     // Metadata: build the tree as records arrive.
     let mut table = FileTable::new(
@@ -268,9 +270,26 @@ pub fn run_sink_with(
         .total_files
         .store(table.files().len() as u64, Ordering::Relaxed);
     let table = Arc::new(table);
-    ctl.send(&Control::SyncDone {
-        failures: prep_failures.clone(),
-    })?;
+    // The whole tree is prepared before the data links are waited for: a
+    // client that dialled them early has them ready, and SyncDone leaves
+    // one round trip earlier.
+    let opened = ctl
+        .send(&Control::SyncDone {
+            failures: prep_failures.clone(),
+        })
+        .and_then(|_| links.open(streams));
+    let data_links = match opened {
+        Ok(l) => l,
+        Err(e) => {
+            res.return_buffers(pool);
+            return Err(e);
+        }
+    };
+    let link_desc: Vec<(String, String)> =
+        data_links.iter().map(|l| (l.local(), l.peer())).collect();
+    for l in &data_links {
+        l.set_read_timeout(Some(opts.idle_timeout))?;
+    }
     ctl.link.set_read_timeout(None)?;
 
     // Payload: receivers -> received -> writers, credits back per stream.
@@ -419,6 +438,20 @@ pub fn run_sink_with(
     }
     for j in writer_jobs {
         let _ = j.join();
+    }
+    // A writer may have failed after the last block arrived (disk full on
+    // the final write): that fails the session, with its reason.
+    let mut result = result;
+    if result.is_ok() {
+        if let Ok(ev) = wev_rx.try_recv() {
+            let e = match ev {
+                WriterEvent::Fatal(m) => EngineError::local(m),
+                WriterEvent::Protocol(m) => EngineError::local(format!("protocol error: {m}")),
+            };
+            tracing::warn!("session {}: {e}", spec.session);
+            let _ = send_control(&mut *ctl.link, &Control::Abort { reason: e.to_string() });
+            result = Err(e);
+        }
     }
     // Late corrupt-block reports.
     while let Ok(ReceiverEvent::Corrupt { stream, file_ids }) = rev_rx.try_recv() {

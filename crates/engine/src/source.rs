@@ -29,6 +29,9 @@ use crate::{show, EngineError, TransferOptions};
 pub struct SourceSpec {
     pub root: Arc<Root>,
     pub tops: Vec<Top>,
+    /// (daemon address, session): AuthOk still to be read (pipelined
+    /// connect, session::client_connect_pipelined).
+    pub pending_auth: Option<(String, u64)>,
 }
 
 struct Ctl {
@@ -54,6 +57,44 @@ fn check_abort(m: &Control) -> Result<(), EngineError> {
         Control::Abort { reason } => Err(EngineError::PeerAborted(reason.clone())),
         Control::Error { message, .. } => Err(EngineError::Refused(message.clone())),
         _ => Ok(()),
+    }
+}
+
+fn send_metadata(ctl: &mut Ctl, w: &crate::request::walk::Walk) -> Result<(), EngineError> {
+    let mut batch = Vec::new();
+    let mut batch_bytes = 0usize;
+    let limit = MAX_CONTROL_BODY as usize / 2;
+    for e in &w.entries {
+        let sz = entry_wire_size(e);
+        if batch_bytes + sz > limit && !batch.is_empty() {
+            ctl.send(&Control::Entries(std::mem::take(&mut batch)))?;
+            batch_bytes = 0;
+        }
+        batch_bytes += sz;
+        batch.push(e.clone());
+    }
+    if !batch.is_empty() {
+        ctl.send(&Control::Entries(batch))?;
+    }
+    ctl.send(&Control::MetaEnd {
+        entries: w.entries.len() as u64,
+        files: w.files.len() as u64,
+        bytes: w.total_bytes,
+    })
+}
+
+/// After a failed send: the reason the peer gave, if it sent one.
+fn peer_reason(ctl: &mut Ctl, pending: Option<&(String, u64)>) -> Option<EngineError> {
+    let _ = ctl.link.set_read_timeout(Some(Duration::from_secs(2)));
+    if let Some((addr, session)) = pending {
+        if let Err(e) = crate::session::finish_auth(&mut *ctl.link, addr, *session) {
+            return Some(e);
+        }
+    }
+    match recv_control(&mut *ctl.link) {
+        Ok(Control::Error { message, .. }) => Some(EngineError::Refused(message)),
+        Ok(Control::Abort { reason }) => Some(EngineError::PeerAborted(reason)),
+        _ => None,
     }
 }
 
@@ -113,6 +154,28 @@ pub fn run_source_with(
         capacity_mbps: 0,
         checksum: opts.checksum,
     }))?;
+    // Metadata in one round trip (Fig. 6-4b): stream every record right
+    // behind Propose, then wait for Confirm and the single SyncDone.
+    let w = if opts.source_engine == crate::storage::DataEngine::Null && opts.null_size > 0 {
+        crate::storage::null::synthetic_walk(&spec.tops, opts.null_size)
+    } else {
+        walk(spec.root.path(), &spec.tops, opts.recursive)
+    };
+    stats.total_bytes.store(w.total_bytes, Ordering::Relaxed);
+    stats
+        .total_files
+        .store(w.files.len() as u64, Ordering::Relaxed);
+    let mut failures: Vec<FailedPath> = w.failures.clone();
+    if let Err(e) = send_metadata(&mut ctl, &w) {
+        // The peer may have refused and closed while we were still
+        // streaming: its reason is waiting on the link.
+        return Err(peer_reason(&mut ctl, spec.pending_auth.as_ref()).unwrap_or(e));
+    }
+    // Negotiation answer: read only now, so the metadata above travelled
+    // in the same flight as Propose (and Auth, on a pipelined connect).
+    if let Some((addr, session)) = &spec.pending_auth {
+        crate::session::finish_auth(&mut *ctl.link, addr, *session)?;
+    }
     // A daemon sink may hold the task suspended until threads free up
     // (docs/DAEMON.md): wait as long as for an idle peer.
     ctl.link.set_read_timeout(Some(opts.idle_timeout))?;
@@ -137,38 +200,6 @@ pub fn run_source_with(
         l.set_read_timeout(Some(opts.idle_timeout))?;
     }
 
-    // Metadata in one round trip (Fig. 6-4b): stream every record, then
-    // wait for the single SyncDone.
-    let w = if opts.source_engine == crate::storage::DataEngine::Null && opts.null_size > 0 {
-        crate::storage::null::synthetic_walk(&spec.tops, opts.null_size)
-    } else {
-        walk(spec.root.path(), &spec.tops, opts.recursive)
-    };
-    stats.total_bytes.store(w.total_bytes, Ordering::Relaxed);
-    stats
-        .total_files
-        .store(w.files.len() as u64, Ordering::Relaxed);
-    let mut failures: Vec<FailedPath> = w.failures.clone();
-    let mut batch = Vec::new();
-    let mut batch_bytes = 0usize;
-    let limit = MAX_CONTROL_BODY as usize / 2;
-    for e in &w.entries {
-        let sz = entry_wire_size(e);
-        if batch_bytes + sz > limit && !batch.is_empty() {
-            ctl.send(&Control::Entries(std::mem::take(&mut batch)))?;
-            batch_bytes = 0;
-        }
-        batch_bytes += sz;
-        batch.push(e.clone());
-    }
-    if !batch.is_empty() {
-        ctl.send(&Control::Entries(batch))?;
-    }
-    ctl.send(&Control::MetaEnd {
-        entries: w.entries.len() as u64,
-        files: w.files.len() as u64,
-        bytes: w.total_bytes,
-    })?;
     ctl.link.set_read_timeout(None)?;
     match ctl.recv()? {
         Control::SyncDone { failures: f } => failures.extend(f.into_iter().map(|f| FailedPath {
@@ -307,8 +338,12 @@ pub fn run_source_with(
             recv(sdone_rx) -> r => match r {
                 Ok((_, Ok(link))) => { senders_left -= 1; kept_links.push(link); }
                 Ok((i, Err((link, e)))) => {
-                    senders_left -= 1;
                     kept_links.push(link);
+                    // The sink usually says why it dropped the stream
+                    // (disk full, protocol error): prefer its reason.
+                    if let Ok(Ok(Control::Abort { reason })) = cev_rx.recv_timeout(Duration::from_secs(2)) {
+                        break Err(EngineError::PeerAborted(reason));
+                    }
                     break Err(EngineError::local(format!("data stream {i} failed: {e}")));
                 }
                 Err(_) => {}

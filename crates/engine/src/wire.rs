@@ -103,3 +103,22 @@ pub fn send_credit(link: &mut dyn Write, n: u32) -> io::Result<()> {
 pub fn send_end(link: &mut dyn Write) -> io::Result<()> {
     link.write_all(&FrameHeader::new(FrameKind::End, 0, 0).encode())
 }
+
+/// Send a final message and close so that the peer can read it: half-close
+/// our side, then discard what the peer still sends (bounded), so the
+/// kernel does not answer its in-flight data with a reset that would
+/// destroy our message before it is read.
+pub fn send_final(link: &mut dyn Link, m: &Control) {
+    let _ = send_control(link, m);
+    let _ = link.flush();
+    link.shutdown_write();
+    let _ = link.set_read_timeout(Some(std::time::Duration::from_millis(500)));
+    let mut sink = [0u8; 65536];
+    let mut total = 0usize;
+    while total < 64 << 20 {
+        match link.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => total += n,
+        }
+    }
+}

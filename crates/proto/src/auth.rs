@@ -85,6 +85,7 @@ pub struct ClientHandshake {
     user: String,
     nonce: Bytes32,
     server_nonce: Option<Bytes32>,
+    session: Option<u64>,
 }
 
 impl ClientHandshake {
@@ -95,7 +96,17 @@ impl ClientHandshake {
             user: user.to_string(),
             nonce,
             server_nonce: None,
+            session: None,
         }
+    }
+
+    /// Session id and session key, known once the Challenge has been
+    /// verified: data links may join before AuthOk arrives.
+    pub fn session(&self) -> Option<(u64, Bytes32)> {
+        Some((
+            self.session?,
+            session_key(&self.key, &self.nonce, self.server_nonce.as_ref()?),
+        ))
     }
 
     pub fn hello(&self) -> Control {
@@ -108,12 +119,17 @@ impl ClientHandshake {
     /// Handle the server's Challenge: verify its proof, return our Auth.
     pub fn on_challenge(&mut self, msg: &Control) -> Result<Control, ProtoError> {
         match msg {
-            Control::Challenge { nonce, proof } => {
+            Control::Challenge {
+                nonce,
+                proof,
+                session,
+            } => {
                 let expect = server_proof(&self.key, &self.nonce, nonce, &self.user);
                 if !bool::from(subtle::ConstantTimeEq::ct_eq(&expect[..], &proof[..])) {
                     return Err(ProtoError::AuthFailed);
                 }
                 self.server_nonce = Some(*nonce);
+                self.session = Some(*session);
                 Ok(Control::Auth {
                     proof: mac(&self.key, &client_parts(&self.nonce, nonce, &self.user)),
                 })
@@ -129,7 +145,7 @@ impl ClientHandshake {
     /// Handle AuthOk; returns (session id, session key).
     pub fn on_auth_ok(&self, msg: &Control) -> Result<(u64, Bytes32), ProtoError> {
         match (msg, &self.server_nonce) {
-            (Control::AuthOk { session }, Some(sn)) => {
+            (Control::AuthOk { session }, Some(sn)) if Some(*session) == self.session => {
                 Ok((*session, session_key(&self.key, &self.nonce, sn)))
             }
             (Control::Error { .. }, _) => Err(ProtoError::AuthFailed),
@@ -157,8 +173,8 @@ impl ServerHandshake {
         }
     }
 
-    /// Handle Hello; returns the Challenge to send.
-    pub fn on_hello(&mut self, msg: &Control) -> Result<Control, ProtoError> {
+    /// Handle Hello; returns the Challenge to send, announcing `session`.
+    pub fn on_hello(&mut self, msg: &Control, session: u64) -> Result<Control, ProtoError> {
         match msg {
             Control::Hello { nonce, user } => {
                 if user.len() > 256 {
@@ -169,6 +185,7 @@ impl ServerHandshake {
                 Ok(Control::Challenge {
                     nonce: self.nonce,
                     proof,
+                    session,
                 })
             }
             other => Err(ProtoError::Unexpected {
@@ -209,7 +226,7 @@ mod tests {
     fn run(ckey: &[u8], skey: &[u8]) -> Result<(Bytes32, Bytes32), ProtoError> {
         let mut c = ClientHandshake::new(ckey, "u", [1; 32]);
         let mut s = ServerHandshake::new(skey, [2; 32]);
-        let ch = s.on_hello(&c.hello())?;
+        let ch = s.on_hello(&c.hello(), 1)?;
         let auth = c.on_challenge(&ch)?;
         let (_, sk_s) = s.on_auth(&auth)?;
         let (_, sk_c) = c.on_auth_ok(&Control::AuthOk { session: 1 })?;
@@ -231,10 +248,13 @@ mod tests {
         assert_eq!(run(b"k1", b"k2"), Err(ProtoError::AuthFailed));
         // A client without the key is refused by the server.
         let mut s = ServerHandshake::new(b"right", [2; 32]);
-        let _ = s.on_hello(&Control::Hello {
-            nonce: [1; 32],
-            user: "u".into(),
-        });
+        let _ = s.on_hello(
+            &Control::Hello {
+                nonce: [1; 32],
+                user: "u".into(),
+            },
+            1,
+        );
         assert_eq!(
             s.on_auth(&Control::Auth { proof: [0; 32] }),
             Err(ProtoError::AuthFailed)
@@ -245,10 +265,13 @@ mod tests {
     fn server_proof_is_not_a_client_proof() {
         let mut s = ServerHandshake::new(b"k", [2; 32]);
         let ch = s
-            .on_hello(&Control::Hello {
-                nonce: [1; 32],
-                user: "u".into(),
-            })
+            .on_hello(
+                &Control::Hello {
+                    nonce: [1; 32],
+                    user: "u".into(),
+                },
+                1,
+            )
             .unwrap();
         let Control::Challenge { proof, .. } = ch else {
             panic!()

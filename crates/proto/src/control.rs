@@ -31,6 +31,11 @@ pub struct Open {
     pub paths: Vec<Vec<u8>>,
     /// Copy directories recursively (cp -r).
     pub recursive: bool,
+    /// What the client asks for; a server-side source proposes at most
+    /// this (a server-side sink gets the source's own Propose).
+    pub streams: u16,
+    pub block_size: u32,
+    pub checksum: bool,
 }
 
 /// Capacity proposal, source to sink (seed 000 Fig. 6-4a).
@@ -115,10 +120,13 @@ pub enum Control {
         nonce: Bytes32,
         user: String,
     },
-    /// Server to client: server nonce and the server's proof of the key.
+    /// Server to client: server nonce, the server's proof of the key, and
+    /// the id the session will have once the client proves itself (so the
+    /// client can open data links without waiting for AuthOk).
     Challenge {
         nonce: Bytes32,
         proof: Bytes32,
+        session: u64,
     },
     /// Client to server: the client's proof of the key.
     Auth {
@@ -265,6 +273,7 @@ mod tests {
             Control::Challenge {
                 nonce: [2; 32],
                 proof: [3; 32],
+                session: 9,
             },
             Control::Auth { proof: [4; 32] },
             Control::AuthOk { session: 77 },
@@ -272,6 +281,9 @@ mod tests {
                 server_role: Role::Sink,
                 paths: vec![b"dst".to_vec()],
                 recursive: true,
+                streams: 4,
+                block_size: 1 << 20,
+                checksum: true,
             }),
             Control::Join {
                 session: 77,

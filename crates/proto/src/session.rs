@@ -111,10 +111,14 @@ impl EntryChecker {
     }
 }
 
-/// The source end of a session.
+/// The source end of a session. The source may stream its metadata right
+/// after Propose, before Confirm arrives: nothing in the records depends on
+/// the answer, and pipelining them saves a round trip on long paths.
 #[derive(Debug)]
 pub struct SourceMachine {
     phase: Phase,
+    proposed: bool,
+    confirmed: bool,
 }
 
 impl Default for SourceMachine {
@@ -127,6 +131,8 @@ impl SourceMachine {
     pub fn new() -> Self {
         SourceMachine {
             phase: Phase::Negotiate,
+            proposed: false,
+            confirmed: false,
         }
     }
 
@@ -146,9 +152,12 @@ impl SourceMachine {
         use Phase::*;
         self.phase = match (self.phase, m) {
             (_, Control::Abort { .. }) => Aborted,
-            (Negotiate, Control::Propose(_)) => Negotiate,
-            (Metadata, Control::Entries(_)) => Metadata,
-            (Metadata, Control::MetaEnd { .. }) => Syncing,
+            (Negotiate, Control::Propose(_)) if !self.proposed => {
+                self.proposed = true;
+                Negotiate
+            }
+            (Negotiate | Metadata, Control::Entries(_)) if self.proposed => Metadata,
+            (Negotiate | Metadata, Control::MetaEnd { .. }) if self.proposed => Syncing,
             (Payload, Control::FilesDone(_) | Control::FileFailed { .. }) => Payload,
             (Payload, Control::EndOfData { .. }) => Completing,
             _ => return Err(self.unexpected(m)),
@@ -161,16 +170,19 @@ impl SourceMachine {
         use Phase::*;
         self.phase = match (self.phase, m) {
             (_, Control::Abort { .. } | Control::Error { .. }) => Aborted,
-            (Negotiate, Control::Confirm(c)) => {
+            (Negotiate | Metadata | Syncing, Control::Confirm(c))
+                if self.proposed && !self.confirmed =>
+            {
                 if c.streams == 0 || c.block_size == 0 || c.credits_per_stream == 0 {
                     return Err(ProtoError::malformed(
                         "confirm",
                         "zero streams, block or credits",
                     ));
                 }
-                Metadata
+                self.confirmed = true;
+                self.phase
             }
-            (Syncing, Control::SyncDone { .. }) => Payload,
+            (Syncing, Control::SyncDone { .. }) if self.confirmed => Payload,
             (Completing, Control::Complete(_)) => Done,
             _ => return Err(self.unexpected(m)),
         };
@@ -440,6 +452,34 @@ mod tests {
                 bytes: 6
             })
             .is_err());
+    }
+
+    #[test]
+    fn source_may_pipeline_metadata_before_confirm() {
+        let mut s = SourceMachine::new();
+        s.on_send(&propose()).unwrap();
+        s.on_send(&Control::Entries(vec![])).unwrap();
+        s.on_send(&Control::MetaEnd {
+            entries: 0,
+            files: 0,
+            bytes: 0,
+        })
+        .unwrap();
+        // SyncDone before Confirm is still out of order.
+        let mut early = SourceMachine::new();
+        early.on_send(&propose()).unwrap();
+        early
+            .on_send(&Control::MetaEnd {
+                entries: 0,
+                files: 0,
+                bytes: 0,
+            })
+            .unwrap();
+        assert!(early.on_recv(&Control::SyncDone { failures: vec![] }).is_err());
+        s.on_recv(&confirm(1)).unwrap();
+        assert!(s.on_recv(&confirm(1)).is_err(), "one Confirm only");
+        s.on_recv(&Control::SyncDone { failures: vec![] }).unwrap();
+        assert_eq!(s.phase(), Phase::Payload);
     }
 
     #[test]

@@ -23,8 +23,16 @@ const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
 
 struct Evil {
     ctl: Box<dyn Link>,
+    links: ClientLinks,
     data: Vec<Box<dyn Link>>,
     confirm: Confirm,
+}
+
+impl Evil {
+    /// Open the data links (the sink accepts them after SyncDone).
+    fn open_links(&mut self) {
+        self.data = self.links.open(self.confirm.streams).unwrap();
+    }
 }
 
 /// Authenticate with the right key and negotiate a push session.
@@ -38,6 +46,9 @@ fn open_push(addr: &str, dest: &[u8]) -> Evil {
             server_role: Role::Sink,
             paths: vec![dest.to_vec()],
             recursive: true,
+            streams: 1,
+            block_size: 1 << 16,
+            checksum: true,
         }),
     )
     .unwrap();
@@ -56,15 +67,19 @@ fn open_push(addr: &str, dest: &[u8]) -> Evil {
         Control::Confirm(c) => c,
         other => panic!("expected Confirm, got {other:?}"),
     };
-    let mut links = ClientLinks {
+    let links = ClientLinks {
         transport: Arc::new(Tcp::default()),
         addr: addr.to_string(),
         session: s.session,
         session_key: s.session_key,
         timeout: Duration::from_secs(5),
     };
-    let data = links.open(confirm.streams).unwrap();
-    Evil { ctl, data, confirm }
+    Evil {
+        ctl,
+        links,
+        data: Vec::new(),
+        confirm,
+    }
 }
 
 fn entry(id: u64, path: &[u8], kind: EntryKind) -> Entry {
@@ -183,6 +198,7 @@ fn writes_through_symlinks_are_refused_without_following() {
     };
     assert_eq!(failures.len(), 1, "the directory through the symlink fails");
     assert!(failures[0].reason.contains("symlink"), "{:?}", failures[0]);
+    e.open_links();
     // Send the file's payload anyway.
     let link = &mut e.data[0];
     let h = read_header(&mut **link, 0).unwrap().unwrap();
@@ -257,6 +273,7 @@ fn data_for_unknown_files_or_past_eof_aborts() {
             recv_control(&mut *e.ctl).unwrap(),
             Control::SyncDone { .. }
         ));
+        e.open_links();
         let link = &mut e.data[0];
         let _ = read_header(&mut **link, 0).unwrap();
         let mut c = [0u8; 4];
@@ -302,6 +319,7 @@ fn sending_beyond_credits_aborts() {
         recv_control(&mut *e.ctl).unwrap(),
         Control::SyncDone { .. }
     ));
+    e.open_links();
     // Ignore credits entirely and flood the link.
     let link = &mut e.data[0];
     let payload = vec![1u8; 1024];

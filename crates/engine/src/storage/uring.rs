@@ -676,15 +676,33 @@ struct WriteOp {
 
 /// Writer body for the io_uring engine; false if no ring could be made.
 pub fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
-    let first = match rx.recv() {
-        Ok(b) => b,
-        Err(_) => return true, // no data at all
+    // Make the ring (and register the buffer region) before data flows,
+    // so its set-up cost is not paid on the first block. Any buffer of the
+    // pool names the region: a free one goes straight back; if none is
+    // free, the first received block serves (and is then written).
+    let mut next = None;
+    let ring = match w.pool.try_get() {
+        Some(free) => {
+            let r = Ring::new(&free);
+            w.pool.put(free);
+            r
+        }
+        None => match rx.recv() {
+            Ok(b) => {
+                let r = Ring::new(&b);
+                next = Some(b);
+                r
+            }
+            Err(_) => return true, // no data at all
+        },
     };
-    let mut ring = match Ring::new(&first) {
+    let mut ring = match ring {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!("io_uring ring: {e}; writer uses the sync engine");
-            write_sync(w, first);
+            if let Some(b) = next {
+                write_sync(w, b);
+            }
             return false;
         }
     };
@@ -692,7 +710,6 @@ pub fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
     let mut segs: Slab<SegWrite> = Slab::new();
     let mut ops: Slab<WriteOp> = Slab::new();
     let mut cqes = Vec::with_capacity(RING_ENTRIES as usize);
-    let mut next = Some(first);
     let mut closed = false;
     loop {
         // Take every block that is ready; block on the channel only when

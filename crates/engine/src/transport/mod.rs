@@ -14,6 +14,9 @@ pub trait Link: Read + Write + Send {
     fn try_clone_link(&self) -> io::Result<Box<dyn Link>>;
     /// Unblock and fail every pending and future read and write (abort).
     fn shutdown_both(&self);
+    /// Half-close: the peer reads everything sent so far, then end of
+    /// stream (so a final Error message is not lost to a reset).
+    fn shutdown_write(&self) {}
     /// Peer description for logs and --explain.
     fn peer(&self) -> String;
     /// Local address description (which NIC the stream uses).

@@ -14,6 +14,9 @@ impl Link for TcpStream {
     fn shutdown_both(&self) {
         let _ = self.shutdown(Shutdown::Both);
     }
+    fn shutdown_write(&self) {
+        let _ = self.shutdown(Shutdown::Write);
+    }
     fn peer(&self) -> String {
         self.peer_addr().map(|a| a.to_string()).unwrap_or_default()
     }
