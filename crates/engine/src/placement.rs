@@ -132,8 +132,10 @@ pub fn sched_instance(
     sink: &str,
     block: u64,
 ) -> Instance {
-    let mut params = ramsys_sched::Params::default();
-    params.block_bytes = block;
+    let params = ramsys_sched::Params {
+        block_bytes: block,
+        ..Default::default()
+    };
     Instance {
         host: sched_host(topo),
         model: model.map(|m| sched_model(topo, m)),

@@ -217,7 +217,10 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
             {
                 reg = sh
                     .registry_cv
-                    .wait_timeout(reg, deadline.saturating_duration_since(std::time::Instant::now()))
+                    .wait_timeout(
+                        reg,
+                        deadline.saturating_duration_since(std::time::Instant::now()),
+                    )
                     .unwrap()
                     .0;
             }
@@ -356,7 +359,9 @@ fn run_session(
     opts.recursive = open.recursive;
     // The client's wishes, within what this daemon serves.
     opts.streams = open.streams.clamp(1, sh.res.config.max_streams as u16);
-    opts.block_size = open.block_size.clamp(4096, sh.res.buffers.buf_size() as u32);
+    opts.block_size = open
+        .block_size
+        .clamp(4096, sh.res.buffers.buf_size() as u32);
     opts.checksum = open.checksum;
     match open.server_role {
         Role::Sink => {

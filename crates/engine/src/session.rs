@@ -12,8 +12,8 @@ use ramsys_proto::{Control, ProtoError};
 
 use crate::transport::{Link, Transport};
 use crate::wire::{recv_control, send_control};
-use ramsys_proto::preamble;
 use crate::EngineError;
+use ramsys_proto::preamble;
 
 /// Fresh random bytes from the OS.
 pub fn random32() -> Bytes32 {
@@ -134,7 +134,9 @@ pub fn client_connect_pipelined(
 pub fn finish_auth(ctl: &mut dyn Link, addr: &str, session: u64) -> Result<(), EngineError> {
     match recv_control(ctl) {
         Ok(Control::AuthOk { session: s }) if s == session => Ok(()),
-        Ok(Control::Error { message, .. }) if message.contains("authentication") => Err(auth_refused(addr)),
+        Ok(Control::Error { message, .. }) if message.contains("authentication") => {
+            Err(auth_refused(addr))
+        }
         Ok(Control::Error { message, .. }) => Err(EngineError::Refused(message)),
         Ok(other) => Err(ProtoError::Unexpected {
             got: other.name(),

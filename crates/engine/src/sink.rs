@@ -215,7 +215,9 @@ pub fn run_sink_with(
     .with_storage(crate::storage::StorageCfg::sink(opts));
     let mut prep_failures: Vec<Failure> = Vec::new();
     let mut dirs: Vec<(Vec<u8>, u32, (i64, u32))> = Vec::new();
-    let mut symlinks: Vec<(Vec<u8>, Vec<u8>, (i64, u32))> = Vec::new();
+    // (path, link target, mtime)
+    type SymlinkRec = (Vec<u8>, Vec<u8>, (i64, u32));
+    let mut symlinks: Vec<SymlinkRec> = Vec::new();
     let mut hardlinks: Vec<(Vec<u8>, u64)> = Vec::new();
     let mut total_bytes = 0u64;
     let meta_result: Result<(), EngineError> = (|| loop {
@@ -449,7 +451,12 @@ pub fn run_sink_with(
                 WriterEvent::Protocol(m) => EngineError::local(format!("protocol error: {m}")),
             };
             tracing::warn!("session {}: {e}", spec.session);
-            let _ = send_control(&mut *ctl.link, &Control::Abort { reason: e.to_string() });
+            let _ = send_control(
+                &mut *ctl.link,
+                &Control::Abort {
+                    reason: e.to_string(),
+                },
+            );
             result = Err(e);
         }
     }

@@ -348,7 +348,7 @@ mod tests {
     fn full_session_both_ends() {
         let mut src = SourceMachine::new();
         let mut snk = SinkMachine::new();
-        let mut deliver_to_sink = |m: Control, src: &mut SourceMachine, snk: &mut SinkMachine| {
+        let deliver_to_sink = |m: Control, src: &mut SourceMachine, snk: &mut SinkMachine| {
             src.on_send(&m).unwrap();
             snk.on_recv(&m).unwrap();
         };
@@ -475,7 +475,9 @@ mod tests {
                 bytes: 0,
             })
             .unwrap();
-        assert!(early.on_recv(&Control::SyncDone { failures: vec![] }).is_err());
+        assert!(early
+            .on_recv(&Control::SyncDone { failures: vec![] })
+            .is_err());
         s.on_recv(&confirm(1)).unwrap();
         assert!(s.on_recv(&confirm(1)).is_err(), "one Confirm only");
         s.on_recv(&Control::SyncDone { failures: vec![] }).unwrap();

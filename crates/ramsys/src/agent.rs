@@ -192,7 +192,13 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
     let result = match (&dst, remote_srcs.is_empty()) {
         (Endpoint::Daemon { addr, path }, true) => {
             let key = a.key.load()?;
-            let cfg = numa.configure("source", Role::Source, local_srcs.first().map(|p| p.as_path()), Some(addr), &res_cfg);
+            let cfg = numa.configure(
+                "source",
+                Role::Source,
+                local_srcs.first().map(|p| p.as_path()),
+                Some(addr),
+                &res_cfg,
+            );
             let res = EngineResources::new(&cfg)?;
             numa.buffers("source", &res);
             let remote = Remote {
@@ -218,7 +224,13 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
         }
         (Endpoint::Local(d), false) => {
             let key = a.key.load()?;
-            let cfg = numa.configure("sink", Role::Sink, Some(d.as_path()), Some(&remote_srcs[0].0), &res_cfg);
+            let cfg = numa.configure(
+                "sink",
+                Role::Sink,
+                Some(d.as_path()),
+                Some(&remote_srcs[0].0),
+                &res_cfg,
+            );
             let res = EngineResources::new(&cfg)?;
             numa.buffers("sink", &res);
             let remote = Remote {
@@ -241,7 +253,13 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
             let (root, dest) = local_sink(d)?;
             let mut key = vec![0u8; 32];
             getrandom_fill(&mut key);
-            let sink_cfg = numa.configure("sink", Role::Sink, Some(d.as_path()), Some("127.0.0.1:1"), &res_cfg);
+            let sink_cfg = numa.configure(
+                "sink",
+                Role::Sink,
+                Some(d.as_path()),
+                Some("127.0.0.1:1"),
+                &res_cfg,
+            );
             let sink_res = EngineResources::new(&sink_cfg)?;
             numa.buffers("sink", &sink_res);
             let sink_opts = opts.clone();
@@ -253,7 +271,13 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
                 memory: (a.memory as usize / 3).max(a.block_size as usize * 8),
                 ..res_cfg.clone()
             };
-            let src_cfg = numa.configure("source", Role::Source, local_srcs.first().map(|p| p.as_path()), Some(&addr), &src_cfg);
+            let src_cfg = numa.configure(
+                "source",
+                Role::Source,
+                local_srcs.first().map(|p| p.as_path()),
+                Some(&addr),
+                &src_cfg,
+            );
             let res = EngineResources::new(&src_cfg)?;
             numa.buffers("source", &res);
             let remote = Remote {
@@ -323,27 +347,53 @@ impl Numa {
                     lines.push(format!(
                         "host: {} NUMA node(s){}, numa mode {mode}",
                         t.nodes.len(),
-                        if t.numa_synthetic { " (no NUMA in sysfs; one synthetic node)" } else { "" }
+                        if t.numa_synthetic {
+                            " (no NUMA in sysfs; one synthetic node)"
+                        } else {
+                            ""
+                        }
                     ));
                     Some(t)
                 }
                 Err(e) => {
-                    lines.push(format!("hardware discovery failed ({e}); placement left to the OS"));
+                    lines.push(format!(
+                        "hardware discovery failed ({e}); placement left to the OS"
+                    ));
                     None
                 }
             }
         };
-        Numa { topo, mode, explain, lines }
+        Numa {
+            topo,
+            mode,
+            explain,
+            lines,
+        }
     }
 
     /// Pin pools and place buffers for one engine end.
-    fn configure(&mut self, label: &str, role: Role, storage_path: Option<&Path>, peer: Option<&str>, base: &ResourceConfig) -> ResourceConfig {
-        let Some(topo) = &self.topo else { return base.clone() };
+    fn configure(
+        &mut self,
+        label: &str,
+        role: Role,
+        storage_path: Option<&Path>,
+        peer: Option<&str>,
+        base: &ResourceConfig,
+    ) -> ResourceConfig {
+        let Some(topo) = &self.topo else {
+            return base.clone();
+        };
         let probe = storage_path.map(|p| {
             let abs = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-            if abs.exists() { abs } else { abs.parent().map(Path::to_path_buf).unwrap_or(abs) }
+            if abs.exists() {
+                abs
+            } else {
+                abs.parent().map(Path::to_path_buf).unwrap_or(abs)
+            }
         });
-        let storage = probe.as_deref().and_then(|p| storage_for_path(topo, p, true));
+        let storage = probe
+            .as_deref()
+            .and_then(|p| storage_for_path(topo, p, true));
         let nic = peer.and_then(|a| nic_for_addr(topo, a));
         match plan_end(topo, role, storage, nic, self.mode) {
             Ok(plan) => {
@@ -353,14 +403,38 @@ impl Numa {
                 };
                 self.lines.push(format!(
                     "{label}: storage {} ; NIC {}",
-                    storage.map(|d| format!("{} ({}, node {})", d.name, d.kind.as_str(), d.numa_node.map_or("unknown".into(), |n| n.to_string()))).unwrap_or_else(|| "unknown".into()),
-                    nic.map(|n| format!("{} (node {})", n.name, n.numa_node.map_or("unknown".into(), |x| x.to_string()))).unwrap_or_else(|| "unknown".into()),
+                    storage
+                        .map(|d| format!(
+                            "{} ({}, node {})",
+                            d.name,
+                            d.kind.as_str(),
+                            d.numa_node.map_or("unknown".into(), |n| n.to_string())
+                        ))
+                        .unwrap_or_else(|| "unknown".into()),
+                    nic.map(|n| format!(
+                        "{} (node {})",
+                        n.name,
+                        n.numa_node.map_or("unknown".into(), |x| x.to_string())
+                    ))
+                    .unwrap_or_else(|| "unknown".into()),
                 ));
-                self.lines.push(format!("{label}: {sw} planned on {} — {}", place(&plan.storage_threads), plan.storage_threads.reason));
+                self.lines.push(format!(
+                    "{label}: {sw} planned on {} — {}",
+                    place(&plan.storage_threads),
+                    plan.storage_threads.reason
+                ));
                 if let Some(n) = &plan.network_threads {
-                    self.lines.push(format!("{label}: {nw} planned on {} — {}", place(n), n.reason));
+                    self.lines.push(format!(
+                        "{label}: {nw} planned on {} — {}",
+                        place(n),
+                        n.reason
+                    ));
                 }
-                self.lines.push(format!("{label}: buffers planned on {} — {}", place(&plan.buffers), plan.buffers.reason));
+                self.lines.push(format!(
+                    "{label}: buffers planned on {} — {}",
+                    place(&plan.buffers),
+                    plan.buffers.reason
+                ));
                 if let (Some(s), Some(n)) = (storage, nic) {
                     let (from, to) = match role {
                         Role::Source => (s.name.as_str(), n.name.as_str()),
@@ -375,21 +449,33 @@ impl Numa {
                 apply(&plan, base.clone())
             }
             Err(e) => {
-                self.lines.push(format!("{label}: placement failed ({e}); left to the OS"));
+                self.lines
+                    .push(format!("{label}: placement failed ({e}); left to the OS"));
                 base.clone()
             }
         }
     }
 
     fn buffers(&mut self, label: &str, res: &EngineResources) {
-        let mb = res.buffers.count() * res.buffers.buf_size() >> 20;
+        let mb = (res.buffers.count() * res.buffers.buf_size()) >> 20;
         match res.verify_buffers() {
             Some(Ok(v)) => {
-                let where_: Vec<String> = v.iter().map(|(n, p)| format!("{p} pages on node {n}")).collect();
-                self.lines.push(format!("{label}: buffer pool {mb} MiB bound to node {}, verified by move_pages: {}", res.buffers.node().map_or("?".into(), |n| n.to_string()), where_.join(", ")));
+                let where_: Vec<String> = v
+                    .iter()
+                    .map(|(n, p)| format!("{p} pages on node {n}"))
+                    .collect();
+                self.lines.push(format!(
+                    "{label}: buffer pool {mb} MiB bound to node {}, verified by move_pages: {}",
+                    res.buffers.node().map_or("?".into(), |n| n.to_string()),
+                    where_.join(", ")
+                ));
             }
-            Some(Err(e)) => self.lines.push(format!("{label}: buffer pool {mb} MiB; placement check failed: {e}")),
-            None => self.lines.push(format!("{label}: buffer pool {mb} MiB on the heap (OS placement)")),
+            Some(Err(e)) => self.lines.push(format!(
+                "{label}: buffer pool {mb} MiB; placement check failed: {e}"
+            )),
+            None => self.lines.push(format!(
+                "{label}: buffer pool {mb} MiB on the heap (OS placement)"
+            )),
         }
     }
 
@@ -399,14 +485,23 @@ impl Numa {
             if seen.is_empty() {
                 continue;
             }
-            let node = |c: &usize| self.topo.as_ref().and_then(|t| t.node_of_cpu(*c)).map_or("?".into(), |n| n.to_string());
+            let node = |c: &usize| {
+                self.topo
+                    .as_ref()
+                    .and_then(|t| t.node_of_cpu(*c))
+                    .map_or("?".into(), |n| n.to_string())
+            };
             let nodes: std::collections::BTreeSet<String> = seen.iter().map(node).collect();
             self.lines.push(format!(
                 "{label}: {} threads ran on CPUs {} (node {}), pinned to {}",
                 p.name(),
                 ramsys_topo::fmt_cpus(&seen),
                 nodes.into_iter().collect::<Vec<_>>().join(","),
-                if p.cpus().is_empty() { "nothing (OS placement)".to_string() } else { ramsys_topo::fmt_cpus(p.cpus()) }
+                if p.cpus().is_empty() {
+                    "nothing (OS placement)".to_string()
+                } else {
+                    ramsys_topo::fmt_cpus(p.cpus())
+                }
             ));
         }
     }
@@ -416,7 +511,12 @@ impl Numa {
             let nic = self.topo.as_ref().and_then(|t| nic_for_addr(t, local));
             self.lines.push(format!(
                 "stream {i}: {local} -> {peer} via {}",
-                nic.map(|n| format!("{} (node {})", n.name, n.numa_node.map_or("unknown".into(), |x| x.to_string()))).unwrap_or_else(|| "unknown NIC".into())
+                nic.map(|n| format!(
+                    "{} (node {})",
+                    n.name,
+                    n.numa_node.map_or("unknown".into(), |x| x.to_string())
+                ))
+                .unwrap_or_else(|| "unknown NIC".into())
             ));
         }
     }

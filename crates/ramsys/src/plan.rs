@@ -79,7 +79,10 @@ pub fn run(a: &PlanArgs) -> anyhow::Result<i32> {
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        println!("transfer {src} -> {dst} on {} NUMA node(s)", topo.nodes.len());
+        println!(
+            "transfer {src} -> {dst} on {} NUMA node(s)",
+            topo.nodes.len()
+        );
         print!("{}", ramsys_sched::render_text(&plan));
         if a.exact {
             match ramsys_sched::plan_exact(&inst) {

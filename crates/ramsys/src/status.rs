@@ -162,6 +162,8 @@ pub fn human(st: &Status) -> String {
         "\nQUEUE (device)  KIND  WAITING  BUDGET  READERS WRITERS  STEALS  IN            OUT"
     );
     for q in &st.queues {
+        let inb = format!("{} {}", mb(q.bytes_in), rate(q.rate_in_bps));
+        let outb = format!("{} {}", mb(q.bytes_out), rate(q.rate_out_bps));
         let _ = writeln!(
             s,
             "{:<15} {:<5} {:>7}  {:>6}  {:>7} {:>7}  {:>6}  {:<13} {}",
@@ -172,8 +174,8 @@ pub fn human(st: &Status) -> String {
             q.readers_held,
             q.writers_held,
             q.steals,
-            format!("{} {}", mb(q.bytes_in), rate(q.rate_in_bps)),
-            format!("{} {}", mb(q.bytes_out), rate(q.rate_out_bps)),
+            inb,
+            outb,
         );
     }
     let _ = writeln!(s, "\nPOOL       BUSY/SIZE");
@@ -182,13 +184,9 @@ pub fn human(st: &Status) -> String {
     }
     let _ = writeln!(s, "\nNIC        IN                  OUT");
     for n in &st.nics {
-        let _ = writeln!(
-            s,
-            "{:<10} {:<19} {}",
-            n.nic,
-            format!("{} {}", mb(n.bytes_in), rate(n.rate_in_bps)),
-            format!("{} {}", mb(n.bytes_out), rate(n.rate_out_bps))
-        );
+        let inb = format!("{} {}", mb(n.bytes_in), rate(n.rate_in_bps));
+        let outb = format!("{} {}", mb(n.bytes_out), rate(n.rate_out_bps));
+        let _ = writeln!(s, "{:<10} {:<19} {}", n.nic, inb, outb);
     }
     s
 }
