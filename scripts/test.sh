@@ -5,8 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 command -v cargo >/dev/null 2>&1 || export PATH="$HOME/.cargo/bin:$PATH"
-cargo build --release -p ramsys
+# Release profile: the integration tests move real data through real
+# daemons; the test build also produces target/release/ramsys for the
+# benchmark smoke run below.
 cargo test --workspace --release -- --test-threads 2
+cargo build --release -p ramsys
 if [ -f bench/run.py ]; then
     python3 bench/run.py --smoke
 fi

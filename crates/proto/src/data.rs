@@ -17,8 +17,6 @@
 //! verify a whole file no matter in which order its blocks arrived, with
 //! one pass over the bytes on each side.
 
-use xxhash_rust::xxh3::xxh3_64_with_seed;
-
 use crate::ProtoError;
 
 /// Bytes per segment-table record.
@@ -82,7 +80,7 @@ pub fn hole_hash(file_id: u64, offset: u64, len: u64) -> u64 {
 #[inline]
 pub fn segment_hash(file_id: u64, offset: u64, bytes: &[u8]) -> u64 {
     let seed = offset.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ file_id.rotate_left(29);
-    xxh3_64_with_seed(bytes, seed)
+    xxh3::hash64_with_seed(bytes, seed)
 }
 
 /// Length of the table (checksum + segments) for `nseg` segments.
@@ -353,6 +351,23 @@ mod tests {
         assert_eq!(plen, 10);
         assert_eq!(out, segs);
         assert_ne!(hole_hash(1, 0, 4096), hole_hash(1, 0, 8192));
+    }
+
+    #[test]
+    fn xxh3_matches_the_reference_implementation() {
+        // The wire format is XXH3-64: any implementation must agree.
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + i / 13) as u8).collect();
+        for len in [
+            0usize, 1, 3, 16, 17, 128, 129, 240, 241, 1024, 4096, 100_000,
+        ] {
+            for seed in [0u64, 1, 0xdead_beef_cafe_f00d] {
+                assert_eq!(
+                    xxh3::hash64_with_seed(&data[..len], seed),
+                    xxhash_rust::xxh3::xxh3_64_with_seed(&data[..len], seed),
+                    "len {len} seed {seed}"
+                );
+            }
+        }
     }
 
     #[test]
