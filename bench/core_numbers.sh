@@ -19,11 +19,11 @@ cleanup() { kill "${DPIDS[@]}" 2>/dev/null || true; pkill -f "iperf3 -s -p 5299"
 DPIDS=()
 trap cleanup EXIT
 
-start_daemon() { # root -> prints addr
+start_daemon() { # root -> sets ADDR (no subshell: the pid must be kept for cleanup)
     "$BIN" serve --listen 127.0.0.1:0 --root "$1" > "$1.out" 2>/dev/null &
     DPIDS+=($!)
     for _ in $(seq 100); do grep -q listening "$1.out" 2>/dev/null && break; sleep 0.05; done
-    sed -n 's/^listening on //p' "$1.out"
+    ADDR=$(sed -n 's/^listening on //p' "$1.out")
 }
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 now() { date +%s.%N; }
@@ -39,7 +39,7 @@ for d in range(100):
             fh.write(os.urandom(16384))
 PY
 sync
-ADDR=$(start_daemon "$SCRATCH/root")
+start_daemon "$SCRATCH/root"
 R=(); C=()
 for i in $(seq "$RUNS"); do
     rm -rf "$SCRATCH/root/tree" "$SCRATCH/cpa"; sync
@@ -53,7 +53,7 @@ rt=$(printf '%s\n' "${R[@]}" | median); ct=$(printf '%s\n' "${C[@]}" | median)
 echo "tree 20000 x 16 KB: ramsys via daemon median ${rt} s (runs: ${R[*]}); cp -a median ${ct} s (runs: ${C[*]}); ratio cp/ramsys $(echo "$ct / $rt" | bc -l | cut -c1-5)"
 
 head -c 4G /dev/urandom > "$SHM/big4g"
-ADDR2=$(start_daemon "$SHM/root")
+start_daemon "$SHM/root"; ADDR2=$ADDR
 M=()
 for i in $(seq "$RUNS"); do
     rm -f "$SHM/root/big4g"

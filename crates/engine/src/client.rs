@@ -46,14 +46,26 @@ fn connect(remote: &Remote, streams: u16) -> Result<(ClientSession, PreLinks), E
 }
 
 fn open_msg(role: Role, paths: Vec<Vec<u8>>, opts: &TransferOptions) -> Control {
-    Control::Open(Open {
+    let open = open_struct(role, paths, opts);
+    // Sync and resume ask through SyncOpen (docs/SYNC.md); cp stays Open.
+    if opts.sync != 0 {
+        return Control::SyncOpen {
+            open,
+            flags: opts.sync,
+        };
+    }
+    Control::Open(open)
+}
+
+fn open_struct(role: Role, paths: Vec<Vec<u8>>, opts: &TransferOptions) -> Open {
+    Open {
         server_role: role,
         paths,
         recursive: opts.recursive,
         streams: opts.streams,
         block_size: opts.block_size,
         checksum: opts.checksum,
-    })
+    }
 }
 
 /// Send local `tops` (under `root`) to `dest` on the daemon. Auth, Open,

@@ -296,6 +296,20 @@ impl Root {
         Ok(())
     }
 
+    /// Rename `from` to `to`, both in directory `parent` (a resumed temp
+    /// file taking this session's temp name).
+    pub fn rename_in(&self, parent: &[u8], from: &[u8], to: &[u8]) -> io::Result<()> {
+        let dir = self.open_dir(parent)?;
+        let f = cstr(from)?;
+        let t = cstr(to)?;
+        // SAFETY: valid dirfd and C strings.
+        if unsafe { libc::renameat(dir.as_raw_fd(), f.as_ptr(), dir.as_raw_fd(), t.as_ptr()) } != 0
+        {
+            return Err(errno());
+        }
+        Ok(())
+    }
+
     /// Remove `name` from `parent` (a temp file we created).
     pub fn unlink(&self, parent: &[u8], name: &[u8]) -> io::Result<()> {
         let dir = self.open_dir(parent)?;
@@ -376,6 +390,10 @@ impl Root {
             unsafe { libc::unlinkat(ldir.as_raw_fd(), tm.as_ptr(), 0) };
             return Err(e);
         }
+        // rename(2) between two names of one inode does nothing and leaves
+        // the temp name (a re-run or sync over an existing link): drop it.
+        // SAFETY: as above; ENOENT after a real rename is expected.
+        unsafe { libc::unlinkat(ldir.as_raw_fd(), tm.as_ptr(), 0) };
         Ok(())
     }
 }

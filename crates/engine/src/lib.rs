@@ -16,6 +16,8 @@
 //!   with an event loop over control messages and data-thread events.
 
 pub mod client;
+pub mod config;
+pub mod crypto;
 pub mod daemon;
 pub mod data;
 pub mod fsops;
@@ -29,6 +31,7 @@ pub mod sink;
 pub mod source;
 pub mod stats;
 pub mod storage;
+pub mod sync;
 pub mod transport;
 pub mod wire;
 

@@ -39,8 +39,12 @@ pub struct TransferOptions {
     pub sort: bool,
     /// Storage threads per device, by device type.
     pub device_threads: crate::storage::DeviceThreads,
+    /// Cipher for DATA blocks (`--encrypt`); either end may ask for one.
+    pub encrypt: crate::crypto::Cipher,
     /// Fault injection for tests (none in production).
     pub io_hook: crate::storage::Hook,
+    /// Sync and resume bits (proto::control::sync; docs/SYNC.md), 0 = cp.
+    pub sync: u32,
 }
 
 impl Default for TransferOptions {
@@ -62,7 +66,9 @@ impl Default for TransferOptions {
             null_size: 0,
             sort: true,
             device_threads: crate::storage::DeviceThreads::default(),
+            encrypt: crate::crypto::Cipher::None,
             io_hook: crate::storage::Hook::default(),
+            sync: 0,
         }
     }
 }

@@ -79,14 +79,20 @@ pub fn sched_model(topo: &Topology, m: &ramsys_iomodel::Model) -> IoModel {
     base
 }
 
-fn sched_host(topo: &Topology) -> Host {
+/// Per-device capacities (Gbit/s) the user states in `serve --config`,
+/// overriding what discovery guesses (seed 000 sec. 6.1.2, user-assisted
+/// abstraction).
+pub type Capacities = std::collections::BTreeMap<String, f64>;
+
+fn sched_host(topo: &Topology, caps: &Capacities) -> Host {
+    let cap = |name: &str, guess: f64| caps.get(name).copied().unwrap_or(guess);
     let mut devices = Vec::new();
     for d in &topo.block_devices {
         devices.push(SDevice {
             name: d.name.clone(),
             kind: SKind::Storage,
             node: d.numa_node,
-            capacity_gbps: storage_gbps(d.kind),
+            capacity_gbps: cap(&d.name, storage_gbps(d.kind)),
         });
     }
     for p in &topo.pseudo_devices {
@@ -94,18 +100,19 @@ fn sched_host(topo: &Topology) -> Host {
             name: p.name.clone(),
             kind: SKind::Storage,
             node: p.numa_node,
-            capacity_gbps: storage_gbps(p.kind),
+            capacity_gbps: cap(&p.name, storage_gbps(p.kind)),
         });
     }
     for nic in &topo.nics {
+        let guess = nic
+            .speed_mbps
+            .map(|m| m as f64 / 1000.0)
+            .unwrap_or(if nic.is_virtual { 40.0 } else { 10.0 });
         devices.push(SDevice {
             name: nic.name.clone(),
             kind: SKind::Nic,
             node: nic.numa_node,
-            capacity_gbps: nic
-                .speed_mbps
-                .map(|m| m as f64 / 1000.0)
-                .unwrap_or(if nic.is_virtual { 40.0 } else { 10.0 }),
+            capacity_gbps: cap(&nic.name, guess),
         });
     }
     Host {
@@ -132,12 +139,24 @@ pub fn sched_instance(
     sink: &str,
     block: u64,
 ) -> Instance {
+    sched_instance_with(topo, model, &Capacities::new(), source, sink, block)
+}
+
+/// [`sched_instance`] with capacity overrides from the daemon's config.
+pub fn sched_instance_with(
+    topo: &Topology,
+    model: Option<&ramsys_iomodel::Model>,
+    caps: &Capacities,
+    source: &str,
+    sink: &str,
+    block: u64,
+) -> Instance {
     let params = ramsys_sched::Params {
         block_bytes: block,
         ..Default::default()
     };
     Instance {
-        host: sched_host(topo),
+        host: sched_host(topo, caps),
         model: model.map(|m| sched_model(topo, m)),
         requests: vec![Request {
             source: source.to_string(),

@@ -55,17 +55,24 @@ pub struct DaemonShared {
     /// Session list, device task queues, task states (crate::daemon).
     pub state: Arc<DaemonState>,
     listen: String,
+    /// Hardware view and start-time placement (`serve --config`); set
+    /// once before serving. Without it tasks run with the fixed counts.
+    pub placement: std::sync::OnceLock<Arc<crate::config::DaemonPlacement>>,
 }
 
 impl DaemonShared {
     /// The daemon's state as `ramsys status` shows it.
     pub fn status(&self) -> Status {
-        snapshot(
+        let mut s = snapshot(
             &self.state,
             &self.res,
             &self.listen,
             &self.root_path.display().to_string(),
-        )
+        );
+        if let Some(p) = self.placement.get() {
+            s.placement = p.lines.clone();
+        }
+        s
     }
 }
 
@@ -122,8 +129,15 @@ impl Daemon {
                 active: AtomicU64::new(0),
                 state,
                 listen,
+                placement: std::sync::OnceLock::new(),
             }),
         })
+    }
+
+    /// Follow `p` from now on: per-task plans (issue 7) and the placement
+    /// shown by `ramsys status`.
+    pub fn set_placement(&self, p: crate::config::DaemonPlacement) {
+        let _ = self.shared.placement.set(Arc::new(p));
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -271,8 +285,10 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 "{}: user {user} authenticated, session {session:x}",
                 link.peer()
             );
-            let open = match recv_control(&mut **link) {
-                Ok(Control::Open(o)) => o,
+            let (open, sync) = match recv_control(&mut **link) {
+                Ok(Control::Open(o)) => (o, 0),
+                // Sync and resume (docs/SYNC.md): flags for a server source.
+                Ok(Control::SyncOpen { open, flags }) => (open, flags & crate::sync::flags::ALL),
                 Ok(Control::StatusQuery) => {
                     sh.registry.lock().unwrap().remove(&session);
                     let json = serde_json::to_string(&sh.status())
@@ -296,9 +312,11 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 session,
                 &user,
                 open,
+                sync,
                 ServerLinks {
                     rx,
                     timeout: Duration::from_secs(30),
+                    session_key: Some(skey),
                 },
             );
             sh.active.fetch_sub(1, Ordering::Relaxed);
@@ -327,6 +345,7 @@ fn run_session(
     session: u64,
     user: &str,
     open: ramsys_proto::control::Open,
+    sync: u32,
     mut links: ServerLinks,
 ) -> Result<(), EngineError> {
     // The request poller's step (seed 000 sec. 6.2.1): a session element
@@ -340,6 +359,7 @@ fn run_session(
     sh.state
         .open_session(session, user, &link.peer(), role, shown);
     let nic = netdev::nic_for(&link.local());
+    let local_addr = link.local();
     // Every path is relative to the root; "" means the root itself.
     let mut rels = Vec::new();
     for p in &open.paths {
@@ -363,6 +383,7 @@ fn run_session(
         .block_size
         .clamp(4096, sh.res.buffers.buf_size() as u32);
     opts.checksum = open.checksum;
+    opts.sync = sync;
     match open.server_role {
         Role::Sink => {
             if rels.len() != 1 {
@@ -381,6 +402,14 @@ fn run_session(
             let task = sh
                 .state
                 .new_task(session, Dir::In, &dev, kind, &nic, stats.clone());
+            follow_plan(
+                sh,
+                &task,
+                true,
+                &sh.root_path.join(std::ffi::OsStr::new(&show(&spec.dest))),
+                &local_addr,
+                &mut opts,
+            );
             let r = run_sink_with(ctl, &mut links, spec, &opts, &sh.res, stats, &task).map(|_| ());
             task.finish(&r);
             r
@@ -426,11 +455,65 @@ fn run_session(
             let task = sh
                 .state
                 .new_task(session, Dir::Out, &dev, kind, &nic, stats.clone());
+            follow_plan(
+                sh,
+                &task,
+                false,
+                &sh.root_path.join(std::ffi::OsStr::new(&first)),
+                &local_addr,
+                &mut opts,
+            );
             let r =
                 run_source_with(ctl, &mut links, spec, &opts, &sh.res, stats, &task).map(|_| ());
             task.finish(&r);
             r
         }
+    }
+}
+
+/// Issue 7: when a task starts, plan it (MSMRAP heuristic over the
+/// topology, the I/O model if configured, the task's storage device and
+/// NIC) and run its storage threads with the plan's count, within the pools
+/// (admission may still grant fewer). The plan shows in `ramsys status`.
+/// The stream count stays the one agreed with the client, capped by the
+/// pools: the agent plans its own end. Re-planning: docs/SCHEDULER.md.
+fn follow_plan(
+    sh: &DaemonShared,
+    task: &crate::daemon::TaskGuard,
+    sink: bool,
+    path: &Path,
+    local: &str,
+    opts: &mut TransferOptions,
+) {
+    let Some(p) = sh.placement.get() else {
+        return;
+    };
+    let Some((plan, storage, nic)) = p.task_plan(sink, path, local, opts.block_size as u64) else {
+        return;
+    };
+    let configured = p.device_threads.get(&storage).copied();
+    // Floor 1: the storage layer already gives a rotational device one
+    // thread per device queue (seed 000 6.1.2), so the plan cannot starve it.
+    let c = crate::config::task_counts(&plan, sink, &storage, &nic, configured, &sh.res.config, 1);
+    if sink {
+        opts.writers = c.storage;
+    } else {
+        opts.readers = c.storage;
+    }
+    tracing::info!(
+        "task {}: plan {storage} {} {nic}: {} storage threads, {:.1} Gbps predicted ({} bound)",
+        task.id(),
+        if sink { "<-" } else { "->" },
+        c.storage,
+        plan.predicted.gbps,
+        plan.predicted.bottleneck
+    );
+    if let Ok(mut v) = serde_json::to_value(&plan) {
+        v["storage_device"] = storage.into();
+        v["nic"] = nic.into();
+        v["followed"] =
+            serde_json::json!({"storage_threads": c.storage, "planned_network_threads": c.network});
+        task.set_plan(v);
     }
 }
 

@@ -164,6 +164,9 @@ pub fn client_connect(
 /// Opens the data links of a session once the stream count is agreed.
 pub trait LinkProvider: Send {
     fn open(&mut self, streams: u16) -> Result<Vec<Box<dyn Link>>, EngineError>;
+    /// The session key the links joined with (data keys derive from it,
+    /// crate::crypto); None if not known yet.
+    fn session_key(&self) -> Option<Bytes32>;
 }
 
 /// Client side: dial `streams` connections and join each to the session.
@@ -223,6 +226,7 @@ fn join_link(
 pub struct PreLinks {
     handles: Vec<std::thread::JoinHandle<Result<Box<dyn Link>, EngineError>>>,
     go: Vec<crossbeam_channel::Sender<(u64, Bytes32)>>,
+    key: Option<Bytes32>,
 }
 
 impl PreLinks {
@@ -249,11 +253,16 @@ impl PreLinks {
                     .expect("spawn dialer"),
             );
         }
-        PreLinks { handles, go }
+        PreLinks {
+            handles,
+            go,
+            key: None,
+        }
     }
 
     /// The session is known: let every link join it.
     pub fn join(&mut self, session: u64, key: Bytes32) {
+        self.key = Some(key);
         for g in self.go.drain(..) {
             let _ = g.send((session, key));
         }
@@ -280,6 +289,9 @@ impl LinkProvider for PreLinks {
         drop(rest);
         Ok(out)
     }
+    fn session_key(&self) -> Option<Bytes32> {
+        self.key
+    }
 }
 
 impl LinkProvider for ClientLinks {
@@ -298,12 +310,16 @@ impl LinkProvider for ClientLinks {
                 .collect()
         })
     }
+    fn session_key(&self) -> Option<Bytes32> {
+        Some(self.session_key)
+    }
 }
 
 /// Server side: links arrive through the daemon's dispatcher.
 pub struct ServerLinks {
     pub rx: Receiver<(u16, Box<dyn Link>)>,
     pub timeout: Duration,
+    pub session_key: Option<Bytes32>,
 }
 
 impl LinkProvider for ServerLinks {
@@ -335,5 +351,8 @@ impl LinkProvider for ServerLinks {
             }
         }
         Ok(slots.into_iter().map(|s| s.unwrap()).collect())
+    }
+    fn session_key(&self) -> Option<Bytes32> {
+        self.session_key
     }
 }

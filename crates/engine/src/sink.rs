@@ -19,6 +19,8 @@ use crate::fsops::Root;
 use crate::resources::EngineResources;
 use crate::session::LinkProvider;
 use crate::stats::{process_cpu_seconds, FailedPath, Report, Stats};
+use crate::sync::flags as sync_flags;
+use crate::sync::sink::SinkSync;
 use crate::transport::Link;
 use crate::wire::{recv_control, send_control};
 use crate::{show, EngineError, TransferOptions};
@@ -192,12 +194,22 @@ pub fn run_sink_with(
     let block_size = prop.block_size.min(res.buffers.buf_size() as u32);
     let credits_per_stream = (share.count() / streams as usize) as u32;
     let pool = Arc::new(share);
+    // Encryption is on if either end asks for it; the source's choice wins.
+    let cipher = match crate::crypto::Cipher::from_id(prop.cipher) {
+        Ok(crate::crypto::Cipher::None) => opts.encrypt,
+        Ok(c) => c,
+        Err(e) => {
+            res.return_buffers(pool);
+            return Err(e.into());
+        }
+    };
     if let Err(e) = ctl.send(&Control::Confirm(Confirm {
         streams,
         block_size,
         credits_per_stream,
         capacity_mbps: 0,
         checksum: prop.checksum,
+        cipher: cipher.id(),
     })) {
         res.return_buffers(pool);
         return Err(e);
@@ -220,15 +232,43 @@ pub fn run_sink_with(
     let mut symlinks: Vec<SymlinkRec> = Vec::new();
     let mut hardlinks: Vec<(Vec<u8>, u64)> = Vec::new();
     let mut total_bytes = 0u64;
+    // Sync (docs/SYNC.md): set by a SyncMode right behind Propose.
+    let mut sync: Option<SinkSync> = None;
     let meta_result: Result<(), EngineError> = (|| loop {
         match ctl.recv()? {
+            Control::SyncMode { flags } => {
+                table.resume = flags & sync_flags::RESUME != 0 && flags & sync_flags::DRY_RUN == 0;
+                sync = Some(SinkSync::new(flags, spec.root.clone()));
+            }
             Control::Entries(es) => {
                 for e in es {
                     let target = dmap.map(&e.path);
                     let mtime = (e.mtime_s, e.mtime_ns);
+                    let dry = sync.as_ref().is_some_and(|s| s.dry());
                     match e.kind {
+                        EntryKind::Dir if dry => {
+                            table.push_entry(e.id, None);
+                            if let Some(s) = &mut sync {
+                                s.on_dir(&target);
+                            }
+                        }
+                        EntryKind::File { size } if dry => {
+                            table.push_entry(e.id, None);
+                            if let Some(s) = &mut sync {
+                                s.on_file(&table, e.id, &target, size, e.mode, mtime);
+                            }
+                        }
+                        _ if dry => {
+                            table.push_entry(e.id, None);
+                            if let Some(s) = &mut sync {
+                                s.on_other(&target);
+                            }
+                        }
                         EntryKind::Dir => {
                             table.push_entry(e.id, None);
+                            if let Some(s) = &mut sync {
+                                s.on_dir(&target);
+                            }
                             match spec.root.mkdir(&target, e.mode) {
                                 Ok(()) => dirs.push((target, e.mode, mtime)),
                                 Err(err) => prep_failures.push(Failure {
@@ -239,14 +279,23 @@ pub fn run_sink_with(
                         }
                         EntryKind::File { size } => {
                             total_bytes += size;
-                            table.push_entry(e.id, Some((target, size, e.mode, mtime)));
+                            table.push_entry(e.id, Some((target.clone(), size, e.mode, mtime)));
+                            if let Some(s) = &mut sync {
+                                s.on_file(&table, e.id, &target, size, e.mode, mtime);
+                            }
                         }
                         EntryKind::Symlink { target: t } => {
                             table.push_entry(e.id, None);
+                            if let Some(s) = &mut sync {
+                                s.on_other(&target);
+                            }
                             symlinks.push((target, t, mtime));
                         }
                         EntryKind::HardLink { target_id } => {
                             table.push_entry(e.id, None);
+                            if let Some(s) = &mut sync {
+                                s.on_other(&target);
+                            }
                             hardlinks.push((target, target_id));
                         }
                     }
@@ -271,13 +320,22 @@ pub fn run_sink_with(
     stats
         .total_files
         .store(table.files().len() as u64, Ordering::Relaxed);
+    // Sync: what we already hold, in the same round trip as SyncDone.
+    let mut have_sent = Ok(());
+    if let Some(s) = &mut sync {
+        for batch in s.answer(&table) {
+            have_sent = have_sent.and_then(|_| ctl.send(&Control::Have(batch)));
+        }
+    }
     let table = Arc::new(table);
     // The whole tree is prepared before the data links are waited for: a
     // client that dialled them early has them ready, and SyncDone leaves
     // one round trip earlier.
-    let opened = ctl
-        .send(&Control::SyncDone {
-            failures: prep_failures.clone(),
+    let opened = have_sent
+        .and_then(|_| {
+            ctl.send(&Control::SyncDone {
+                failures: prep_failures.clone(),
+            })
         })
         .and_then(|_| links.open(streams));
     let data_links = match opened {
@@ -293,6 +351,11 @@ pub fn run_sink_with(
         l.set_read_timeout(Some(opts.idle_timeout))?;
     }
     ctl.link.set_read_timeout(None)?;
+    let session_key = links.session_key();
+    if cipher != crate::crypto::Cipher::None && session_key.is_none() {
+        res.return_buffers(pool);
+        return Err(EngineError::local("encryption without a session key"));
+    }
 
     // Payload: receivers -> received -> writers, credits back per stream.
     let abort = Arc::new(AtomicBool::new(false));
@@ -335,8 +398,10 @@ pub fn run_sink_with(
         let d = rdone_tx.clone();
         let bs = block_size as usize;
         let ck = prop.checksum;
+        let seal =
+            session_key.and_then(|k| crate::crypto::StreamSeal::new(cipher, &k, i as u16, 0));
         receiver_jobs.push(receivers.spawn(move || {
-            let r = run_receiver(i as u16, l, bs, ck, p, tx, ev, g, a, s);
+            let r = run_receiver(i as u16, l, bs, ck, p, tx, ev, g, a, s, seal);
             let _ = d.send((i, r));
         }));
     }
@@ -363,11 +428,35 @@ pub fn run_sink_with(
 
     let mut receivers_left = streams as usize;
     let mut eod = false;
+    // Resume: the journal follows the written blocks (sync::journal).
+    let tick = if table.resume {
+        crossbeam_channel::tick(Duration::from_millis(200))
+    } else {
+        crossbeam_channel::never()
+    };
+    // Settled (docs/PROTOCOL.md): once every file is in place or failed,
+    // no Resend can follow and the source may end its links. Files finish
+    // on writer threads, so look often, and scan only after progress.
+    let settle_tick = crossbeam_channel::tick(Duration::from_millis(5));
+    let (mut settled, mut last_progress, mut idle_ticks) = (false, u64::MAX, 0u32);
     let result: Result<(), EngineError> = loop {
         if eod && receivers_left == 0 {
             break Ok(());
         }
         select! {
+            // (After EndOfData it is too late: the source did not wait.)
+            recv(settle_tick) -> _ => if !settled && !eod {
+                let p = stats.files.load(Ordering::Relaxed) + stats.failed.load(Ordering::Relaxed);
+                idle_ticks += 1;
+                if p != last_progress || idle_ticks >= 40 {
+                    (last_progress, idle_ticks) = (p, 0);
+                    if table.unsettled() == 0 {
+                        settled = true;
+                        if let Err(e) = ctl.send(&Control::Settled) { break Err(e); }
+                    }
+                }
+            },
+            recv(tick) -> _ => if let Some(s) = &mut sync { s.flush(&table, false) },
             recv(cev_rx) -> m => match m {
                 Ok(Ok(m)) => {
                     if let Control::Abort { reason } = &m {
@@ -387,6 +476,17 @@ pub fn run_sink_with(
                             if let Some(e) = bad { break Err(e); }
                         }
                         Control::FileFailed { id, reason } => table.fail_id(id, format!("source: {reason}")),
+                        Control::Reuse(v) => {
+                            let r = match &mut sync {
+                                Some(s) => s.on_reuse(&table, v),
+                                None => Ok(()),
+                            };
+                            match r {
+                                Ok(()) => {}
+                                Err(WriteError::Fatal(s)) => break Err(EngineError::local(s)),
+                                Err(WriteError::Protocol(s)) => break Err(EngineError::local(format!("protocol error: {s}"))),
+                            }
+                        }
                         Control::EndOfData { .. } => eod = true,
                         _ => {}
                     }
@@ -414,10 +514,22 @@ pub fn run_sink_with(
                 Ok(WriterEvent::Protocol(m)) => break Err(EngineError::local(format!("protocol error: {m}"))),
                 Err(_) => {}
             },
-            recv(rev_rx) -> ev => if let Ok(ReceiverEvent::Corrupt { stream, file_ids }) = ev {
-                for id in file_ids {
-                    table.fail_id(id, format!("block checksum mismatch on stream {stream}"));
+            recv(rev_rx) -> ev => if let Ok(ReceiverEvent::Corrupt { stream, segs }) = ev {
+                // Ask for the block's segments again, if its table names
+                // real ranges; a table too damaged to say what was lost
+                // leaves no way to complete the files.
+                let plausible = segs.iter().all(|s| {
+                    table.get(s.file_id).is_some_and(|f| s.offset.saturating_add(s.span()) <= f.size)
+                });
+                if !plausible {
+                    break Err(EngineError::local(format!(
+                        "corrupt block on stream {stream} with an unusable segment table"
+                    )));
                 }
+                tracing::warn!("block on stream {stream} failed verification; asking for {} segments again", segs.len());
+                stats.resends.fetch_add(segs.len() as u64, Ordering::Relaxed);
+                let v = segs.iter().map(|s| (s.file_id, s.offset, s.len)).collect();
+                if let Err(e) = ctl.send(&Control::Resend(v)) { break Err(e); }
             },
         }
     };
@@ -461,12 +573,18 @@ pub fn run_sink_with(
         }
     }
     // Late corrupt-block reports.
-    while let Ok(ReceiverEvent::Corrupt { stream, file_ids }) = rev_rx.try_recv() {
-        for id in file_ids {
-            table.fail_id(id, format!("block checksum mismatch on stream {stream}"));
+    while let Ok(ReceiverEvent::Corrupt { stream, segs }) = rev_rx.try_recv() {
+        for s in segs {
+            table.fail_id(
+                s.file_id,
+                format!("block checksum mismatch on stream {stream}"),
+            );
         }
     }
-    let file_failures = table.finish();
+    let file_failures = table.finish_keeping(table.resume);
+    if let Some(s) = &mut sync {
+        s.close_journal(&table);
+    }
     drop(credits);
     res.return_buffers(pool);
     if let Err(e) = result {
@@ -482,6 +600,12 @@ pub fn run_sink_with(
             .map(|(p, r)| Failure { path: p, reason: r }),
     );
     let tmp = |i: usize| format!(".ramsys-{:016x}-{i}.lnk", spec.session).into_bytes();
+    let dry = sync.as_ref().is_some_and(|s| s.dry());
+    let (hardlinks, symlinks, dirs) = if dry {
+        (Vec::new(), Vec::new(), Vec::new())
+    } else {
+        (hardlinks, symlinks, dirs)
+    };
     for (i, (target, id)) in hardlinks.iter().enumerate() {
         match table.get(*id) {
             Some(f) if table.is_final(f) => {
@@ -517,14 +641,51 @@ pub fn run_sink_with(
             });
         }
     }
-    let files = stats.files.load(Ordering::Relaxed);
-    let bytes: u64 = table
-        .files()
-        .iter()
-        .filter(|f| table.is_final(f))
-        .map(|f| f.size)
-        .sum();
+    // --delete: only now that every new file, link and attribute is in
+    // place, and only after a session without failures (a file that could
+    // not be written must not cost the copy the sink still has).
+    let mut deleted = Vec::new();
+    let mut planned = Vec::new();
+    let mut unchanged = table.kept();
+    if let Some(s) = &sync {
+        if failures.is_empty() {
+            let (d, f) = s.delete();
+            deleted = d;
+            failures.extend(f.into_iter().map(|(p, r)| Failure { path: p, reason: r }));
+        } else if s.flags & sync_flags::DELETE != 0 {
+            tracing::warn!("session {}: errors, deletions skipped", spec.session);
+        }
+        if s.dry() {
+            let (p, u) = s.planned();
+            planned = p;
+            unchanged = u;
+        }
+        let mut batch = Vec::new();
+        let mut size = 0;
+        for p in &deleted {
+            size += p.len() + 4;
+            batch.push(p.clone());
+            if size > (ramsys_proto::frame::MAX_CONTROL_BODY as usize) / 2 {
+                ctl.send(&Control::Deleted(std::mem::take(&mut batch)))?;
+                size = 0;
+            }
+        }
+        if !batch.is_empty() {
+            ctl.send(&Control::Deleted(batch))?;
+        }
+    }
+    // Sync counts files whose data moved (a delta with no differing
+    // block moved none); a copy counts every file put in place.
+    let files = if sync.is_some() {
+        table.files_moved()
+    } else {
+        stats.files.load(Ordering::Relaxed)
+    };
+    let bytes: u64 = table.bytes_moved();
     let report = Report {
+        unchanged,
+        deleted: deleted.iter().map(|p| show(p)).collect(),
+        planned: planned.iter().map(|p| show(p)).collect(),
         files,
         bytes,
         failed: failures

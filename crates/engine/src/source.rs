@@ -153,7 +153,12 @@ pub fn run_source_with(
         block_size,
         capacity_mbps: 0,
         checksum: opts.checksum,
+        cipher: opts.encrypt.id(),
     }))?;
+    if opts.sync != 0 {
+        // Sync (docs/SYNC.md): the sink answers with what it holds.
+        ctl.send(&Control::SyncMode { flags: opts.sync })?;
+    }
     // Metadata in one round trip (Fig. 6-4b): stream every record right
     // behind Propose, then wait for Confirm and the single SyncDone.
     let w = if opts.source_engine == crate::storage::DataEngine::Null && opts.null_size > 0 {
@@ -193,7 +198,20 @@ pub fn run_source_with(
     adm.transferring(streams);
     let block_size = confirm.block_size as usize;
     let checksum = confirm.checksum;
+    // The sink may add encryption, never drop or swap the one we asked for.
+    let cipher = crate::crypto::Cipher::from_id(confirm.cipher)?;
+    if opts.encrypt != crate::crypto::Cipher::None && cipher != opts.encrypt {
+        return Err(EngineError::local(format!(
+            "peer confirmed cipher {} instead of {}",
+            cipher.name(),
+            opts.encrypt.name()
+        )));
+    }
     let data_links = links.open(confirm.streams)?;
+    let session_key = links.session_key();
+    if cipher != crate::crypto::Cipher::None && session_key.is_none() {
+        return Err(EngineError::local("encryption without a session key"));
+    }
     let link_desc: Vec<(String, String)> =
         data_links.iter().map(|l| (l.local(), l.peer())).collect();
     for l in &data_links {
@@ -201,12 +219,30 @@ pub fn run_source_with(
     }
 
     ctl.link.set_read_timeout(None)?;
-    match ctl.recv()? {
-        Control::SyncDone { failures: f } => failures.extend(f.into_iter().map(|f| FailedPath {
-            path: show(&f.path),
-            reason: f.reason,
-        })),
-        _ => unreachable!("machine admits only SyncDone here"),
+    let mut haves = Vec::new();
+    loop {
+        match ctl.recv()? {
+            Control::Have(v) => haves.extend(v),
+            Control::SyncDone { failures: f } => {
+                failures.extend(f.into_iter().map(|f| FailedPath {
+                    path: show(&f.path),
+                    reason: f.reason,
+                }));
+                break;
+            }
+            _ => unreachable!("machine admits only Have and SyncDone here"),
+        }
+    }
+    // Sync: compare what the sink holds, tell it what it can reuse.
+    let dry = opts.sync & crate::sync::flags::DRY_RUN != 0;
+    let plan = (opts.sync != 0).then(|| {
+        let max_run = crate::request::tasks::stripe_chunk(block_size as u64);
+        crate::sync::source::plan(&spec.root, &w.files, haves, dry, max_run)
+    });
+    if let Some(p) = &plan {
+        for chunk in p.reuse.chunks(16_384) {
+            ctl.send(&Control::Reuse(chunk.to_vec()))?;
+        }
     }
 
     // Payload: readers -> filled -> senders.
@@ -219,18 +255,29 @@ pub fn run_source_with(
     let state: Arc<Vec<SrcFileState>> = Arc::new(
         files
             .iter()
-            .map(|f| SrcFileState {
-                remaining: AtomicU64::new(f.size),
+            .enumerate()
+            .map(|(i, f)| SrcFileState {
+                remaining: AtomicU64::new(plan.as_ref().map_or(f.size, |p| p.bytes(i, f.size))),
                 digest: AtomicU64::new(0),
                 failed: AtomicBool::new(false),
             })
             .collect(),
     );
-    let queues = Arc::new(plan_source(&spec.root, &files, opts, block_size as u64));
+    let mut queues = plan_source(&spec.root, &files, opts, block_size as u64);
+    if let Some(p) = &plan {
+        crate::sync::source::restrict(&mut queues, p);
+    }
+    let queues = Arc::new(queues);
     let (filled_tx, filled_rx) = bounded::<Buf>(pool.count());
     let (rev_tx, rev_rx) = unbounded::<ReaderEvent>();
     let abort = Arc::new(AtomicBool::new(false));
-    for f in files.iter().filter(|f| f.size == 0) {
+    // Nothing to read: empty files, and delta files with no differing
+    // block (their digest is the sum over no segment).
+    let nothing = |i: usize, f: &crate::request::walk::SourceFile| match &plan {
+        None => f.size == 0,
+        Some(p) => !p.skipped(i) && p.bytes(i, f.size) == 0,
+    };
+    for (_, f) in files.iter().enumerate().filter(|(i, f)| nothing(*i, f)) {
         let _ = rev_tx.send(ReaderEvent::FileDone {
             id: f.id,
             digest: 0,
@@ -242,7 +289,7 @@ pub fn run_source_with(
         state,
         queues: queues.clone(),
         pool: pool.clone(),
-        filled: filled_tx,
+        filled: filled_tx.clone(),
         events: rev_tx,
         checksum,
         abort: abort.clone(),
@@ -274,8 +321,10 @@ pub fn run_source_with(
         let s = stats.clone();
         let d = sdone_tx.clone();
         let window = confirm.credits_per_stream;
+        let seal =
+            session_key.and_then(|k| crate::crypto::StreamSeal::new(cipher, &k, i as u16, 0));
         jobs.push(senders.spawn(move || {
-            let r = run_sender(l, window, rx, p, a, s);
+            let r = run_sender(l, window, rx, p, a, s, seal);
             let _ = d.send((i, r));
         }));
     }
@@ -303,7 +352,16 @@ pub fn run_source_with(
     let mut local_failed: Vec<FailedPath> = Vec::new();
     let mut eod_sent = false;
     let mut files_done = 0u64;
+    let mut deleted: Vec<String> = Vec::new();
+    // Re-sent blocks (Resend) go through the same queue; the senders end
+    // only once the sink has Settled and this handle is dropped.
+    let mut resend_tx = Some(filled_tx);
+    let mut settled = false;
+    let mut resender = Resender::new(&spec.root, &files, checksum, opts);
     let result: Result<Control, EngineError> = loop {
+        if settled && readers_left == 0 && rev_rx.is_empty() {
+            resend_tx = None;
+        }
         // Flush digests whenever the event queue runs dry or grows big.
         if !done_batch.is_empty() && (rev_rx.is_empty() || done_batch.len() >= 4096) {
             if let Err(e) = ctl.send(&Control::FilesDone(std::mem::take(&mut done_batch))) {
@@ -352,6 +410,28 @@ pub fn run_source_with(
                 Ok(Ok(m)) => {
                     if let Err(e) = check_abort(&m) { break Err(e); }
                     if let Err(e) = ctl.machine.on_recv(&m) { break Err(e.into()); }
+                    if let Control::Deleted(v) = &m { deleted.extend(v.iter().map(|p| show(p))); }
+                    if matches!(m, Control::Settled) { settled = true; }
+                    let mut send_err = None;
+                    if let (Control::Resend(v), Some(tx)) = (&m, &resend_tx) {
+                        for &(id, offset, len) in v {
+                            let seg = ramsys_proto::data::Segment { file_id: id, offset, len };
+                            match resender.block(seg, &pool) {
+                                Ok(buf) => {
+                                    stats.resends.fetch_add(1, Ordering::Relaxed);
+                                    let _ = tx.send(buf);
+                                }
+                                Err(reason) => {
+                                    tracing::warn!("cannot re-send file id {id}: {reason}");
+                                    if let Err(e) = ctl.send(&Control::FileFailed { id, reason }) {
+                                        send_err = Some(e);
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    if let Some(e) = send_err { break Err(e); }
                     if matches!(m, Control::Complete(_)) { break Ok(m); }
                 }
                 Ok(Err(EngineError::PeerClosed)) | Ok(Err(EngineError::Io(_))) => {
@@ -363,6 +443,8 @@ pub fn run_source_with(
         }
     };
 
+    // Senders must see their queue close, on success and on error alike.
+    drop(resend_tx);
     let outcome = match result {
         Ok(Control::Complete(c)) => {
             let mut failed = failures;
@@ -385,6 +467,15 @@ pub fn run_source_with(
                 streams,
                 block_size: block_size as u32,
                 links: link_desc,
+                unchanged: plan.as_ref().map_or(0, |p| p.unchanged),
+                deleted,
+                planned: plan.as_ref().map_or(Vec::new(), |p| {
+                    // Wire paths (entry ids index the entry list).
+                    p.planned
+                        .iter()
+                        .map(|&i| show(&w.entries[files[i].id as usize].path))
+                        .collect()
+                }),
             })
         }
         Ok(_) => unreachable!(),
@@ -417,4 +508,85 @@ pub fn run_source_with(
     drop(kept_links);
     res.return_buffers(pool);
     outcome
+}
+
+/// Re-reads segments the sink asks for again (Control::Resend): a block
+/// that failed verification in flight is sent again with the same segment
+/// boundaries, so its hashes, and the file's digest, are the same.
+struct Resender<'a> {
+    root: &'a Root,
+    files: &'a [crate::request::walk::SourceFile],
+    by_id: std::collections::HashMap<u64, usize>,
+    checksum: bool,
+    null: bool,
+}
+
+impl<'a> Resender<'a> {
+    fn new(
+        root: &'a Root,
+        files: &'a [crate::request::walk::SourceFile],
+        checksum: bool,
+        opts: &TransferOptions,
+    ) -> Self {
+        Resender {
+            root,
+            files,
+            by_id: std::collections::HashMap::new(),
+            checksum,
+            null: opts.source_engine == crate::storage::DataEngine::Null,
+        }
+    }
+
+    fn block(
+        &mut self,
+        seg: ramsys_proto::data::Segment,
+        pool: &ramsys_resources::BufferPool,
+    ) -> Result<Buf, String> {
+        use std::os::unix::fs::FileExt;
+        if self.by_id.is_empty() {
+            self.by_id = self
+                .files
+                .iter()
+                .enumerate()
+                .map(|(i, f)| (f.id, i))
+                .collect();
+        }
+        let f = self
+            .by_id
+            .get(&seg.file_id)
+            .map(|&i| &self.files[i])
+            .ok_or("the sink asked for an unknown file")?;
+        let len = seg.payload_len();
+        if seg.offset.saturating_add(seg.span()) > f.size || len > pool.buf_size() {
+            return Err("the sink asked for a range outside the file".into());
+        }
+        if self.null && len > 0 {
+            return Err("cannot re-send from the null source engine".into());
+        }
+        let mut buf = pool
+            .get_timeout(Duration::from_secs(30))
+            .ok_or("no free buffer to re-send a block")?;
+        if len > 0 {
+            let r = self
+                .root
+                .open_read(&f.rel, false)
+                .and_then(|file| file.read_exact_at(&mut buf.space()[..len], seg.offset));
+            if let Err(e) = r {
+                pool.put(buf);
+                return Err(format!("cannot re-read: {e}"));
+            }
+        }
+        buf.len = len;
+        buf.segs.clear();
+        buf.segs.push(seg);
+        buf.hashes.clear();
+        buf.hashes.push(0);
+        buf.checksum = if self.checksum {
+            let (payload, segs, hashes) = buf.parts_mut();
+            ramsys_proto::data::hash_block(segs, payload, hashes)
+        } else {
+            0
+        };
+        Ok(buf)
+    }
 }

@@ -15,6 +15,11 @@ pub struct Stats {
     pub total_files: AtomicU64,
     pub failed: AtomicU64,
     pub checksum_errors: AtomicU64,
+    /// Encrypted blocks that failed authentication (crate::crypto).
+    pub auth_failures: AtomicU64,
+    /// Segments of failed blocks sent again: requested (sink) or re-read
+    /// and re-sent (source).
+    pub resends: AtomicU64,
 }
 
 impl Stats {
@@ -53,6 +58,12 @@ pub struct Report {
     pub block_size: u32,
     /// Data links as (local address, peer address), for --explain.
     pub links: Vec<(String, String)>,
+    /// Sync: files the sink already had (nothing sent).
+    pub unchanged: u64,
+    /// Sync: sink entries removed (--delete), or that would be.
+    pub deleted: Vec<String>,
+    /// Dry run: files that would be sent.
+    pub planned: Vec<String>,
 }
 
 /// CPU seconds (user + system) of this process so far.

@@ -51,6 +51,9 @@ pub struct Propose {
     pub capacity_mbps: u64,
     /// Per-block checksums and whole-file digests on.
     pub checksum: bool,
+    /// DATA block cipher the source asks for: 0 none, 1 ChaCha20-Poly1305,
+    /// 2 AES-256-GCM (docs/SECURITY.md).
+    pub cipher: u8,
 }
 
 /// Confirmation, sink to source: what the sink can serve. The source
@@ -63,6 +66,9 @@ pub struct Confirm {
     pub credits_per_stream: u32,
     pub capacity_mbps: u64,
     pub checksum: bool,
+    /// DATA block cipher in force: the source's, or the sink's own when the
+    /// source asked for none (either end may require encryption).
+    pub cipher: u8,
 }
 
 /// What a metadata record describes.
@@ -192,6 +198,90 @@ pub enum Control {
     StatusReport {
         json: String,
     },
+    /// Client to server, instead of Open: the same request as a sync
+    /// (`ramsys sync`, `cp --resume`); `flags` are the [`sync`] bits.
+    SyncOpen {
+        open: Open,
+        flags: u32,
+    },
+    /// Source to sink, right after Propose: compare with what the sink
+    /// holds ([`sync`] bits). Without it a session is a plain copy.
+    SyncMode {
+        flags: u32,
+    },
+    /// Sink to source, after MetaEnd and before SyncDone (same round
+    /// trip): what the sink already holds of the announced files.
+    Have(Vec<Have>),
+    /// Source to sink, after SyncDone, before any data of the files named:
+    /// the source's verdict on the files the sink offered digests or
+    /// blocks for.
+    Reuse(Vec<Reuse>),
+    /// Sink to source, after EndOfData and before Complete: entries the
+    /// sink removed (`--delete`), or would remove (`--dry-run`).
+    Deleted(Vec<Vec<u8>>),
+    /// Sink to source during the payload: these segments (file id, offset,
+    /// len with the hole bit, as in a DATA table) arrived in a block that
+    /// failed its checksum or authentication; send them again.
+    Resend(Vec<(u64, u64, u32)>),
+    /// Sink to source during the payload: every file is in place or has
+    /// failed, no Resend will follow; the source may end its data links.
+    Settled,
+}
+
+/// Bits of SyncOpen/SyncMode `flags` (docs/SYNC.md).
+pub mod sync {
+    /// Skip files the sink holds with the same size and mtime; delta the rest.
+    pub const SYNC: u32 = 1;
+    /// Compare whole-file content digests instead of size and mtime.
+    pub const CHECKSUM: u32 = 2;
+    /// Remove sink entries the source no longer has.
+    pub const DELETE: u32 = 4;
+    /// Change nothing; report what would be sent and removed.
+    pub const DRY_RUN: u32 = 8;
+    /// Keep interrupted temp files and a journal; reuse them next time.
+    pub const RESUME: u32 = 16;
+    pub const ALL: u32 = 31;
+}
+
+/// What the sink holds of one announced file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Have {
+    pub id: u64,
+    pub state: HaveState,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HaveState {
+    /// Same size and mtime (or resumed and verified): nothing to send; the
+    /// sink applies the mode itself.
+    Unchanged,
+    /// `--checksum`: the sink's file has the announced size and this
+    /// content digest (xxh3-64 of the whole file).
+    Digest(u64),
+    /// The sink has an older version (or an interrupted temp file) of
+    /// `size` bytes: one hash per `block_size` block (segment hash keyed by
+    /// the file id and offset; 0 = block missing, always sent).
+    Blocks {
+        block_size: u32,
+        size: u64,
+        sums: Vec<u64>,
+    },
+}
+
+/// The source's verdict on a file the sink offered a Digest or Blocks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reuse {
+    pub id: u64,
+    pub what: ReuseKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReuseKind {
+    /// Content identical: keep the sink's file, apply mode and mtime.
+    Keep,
+    /// Build the file from the sink's base: `bytes` of it are reused (the
+    /// blocks that matched), the rest arrives as data.
+    Base { bytes: u64 },
 }
 
 impl Control {
@@ -218,6 +308,13 @@ impl Control {
             Control::Error { .. } => "Error",
             Control::StatusQuery => "StatusQuery",
             Control::StatusReport { .. } => "StatusReport",
+            Control::SyncOpen { .. } => "SyncOpen",
+            Control::SyncMode { .. } => "SyncMode",
+            Control::Have(_) => "Have",
+            Control::Reuse(_) => "Reuse",
+            Control::Deleted(_) => "Deleted",
+            Control::Resend(_) => "Resend",
+            Control::Settled => "Settled",
         }
     }
 
@@ -298,6 +395,7 @@ mod tests {
                 block_size: 1 << 22,
                 capacity_mbps: 0,
                 checksum: true,
+                cipher: 0,
             }),
             Control::Confirm(Confirm {
                 streams: 4,
@@ -305,6 +403,7 @@ mod tests {
                 credits_per_stream: 8,
                 capacity_mbps: 10_000,
                 checksum: true,
+                cipher: 0,
             }),
             Control::Entries(vec![Entry {
                 id: 9,
@@ -348,6 +447,38 @@ mod tests {
             Control::StatusReport {
                 json: "{\"version\":1}".into(),
             },
+            Control::SyncMode { flags: 5 },
+            Control::Have(vec![
+                Have {
+                    id: 3,
+                    state: HaveState::Unchanged,
+                },
+                Have {
+                    id: 4,
+                    state: HaveState::Digest(7),
+                },
+                Have {
+                    id: 5,
+                    state: HaveState::Blocks {
+                        block_size: 1 << 18,
+                        size: 9,
+                        sums: vec![1, 0],
+                    },
+                },
+            ]),
+            Control::Reuse(vec![
+                Reuse {
+                    id: 4,
+                    what: ReuseKind::Keep,
+                },
+                Reuse {
+                    id: 5,
+                    what: ReuseKind::Base { bytes: 1 },
+                },
+            ]),
+            Control::Deleted(vec![b"a/b".to_vec()]),
+            Control::Resend(vec![(3, 1 << 20, 4096), (4, 0, 1 << 31 | 512)]),
+            Control::Settled,
         ];
         for m in msgs {
             let b = m.encode().unwrap();

@@ -119,6 +119,9 @@ pub struct SourceMachine {
     phase: Phase,
     proposed: bool,
     confirmed: bool,
+    /// SyncMode sent (docs/SYNC.md): Have, Reuse and Deleted allowed.
+    sync: bool,
+    sent_entries: bool,
 }
 
 impl Default for SourceMachine {
@@ -133,6 +136,8 @@ impl SourceMachine {
             phase: Phase::Negotiate,
             proposed: false,
             confirmed: false,
+            sync: false,
+            sent_entries: false,
         }
     }
 
@@ -156,8 +161,24 @@ impl SourceMachine {
                 self.proposed = true;
                 Negotiate
             }
-            (Negotiate | Metadata, Control::Entries(_)) if self.proposed => Metadata,
-            (Negotiate | Metadata, Control::MetaEnd { .. }) if self.proposed => Syncing,
+            (Negotiate, Control::SyncMode { flags })
+                if self.proposed && !self.sync && !self.sent_entries =>
+            {
+                if flags & !crate::control::sync::ALL != 0 {
+                    return Err(ProtoError::malformed("sync mode", "unknown flags"));
+                }
+                self.sync = true;
+                Negotiate
+            }
+            (Negotiate | Metadata, Control::Entries(_)) if self.proposed => {
+                self.sent_entries = true;
+                Metadata
+            }
+            (Negotiate | Metadata, Control::MetaEnd { .. }) if self.proposed => {
+                self.sent_entries = true;
+                Syncing
+            }
+            (Payload, Control::Reuse(_)) if self.sync => Payload,
             (Payload, Control::FilesDone(_) | Control::FileFailed { .. }) => Payload,
             (Payload, Control::EndOfData { .. }) => Completing,
             _ => return Err(self.unexpected(m)),
@@ -182,7 +203,10 @@ impl SourceMachine {
                 self.confirmed = true;
                 self.phase
             }
+            (Syncing, Control::Have(_)) if self.confirmed && self.sync => Syncing,
             (Syncing, Control::SyncDone { .. }) if self.confirmed => Payload,
+            (Payload, Control::Resend(_) | Control::Settled) => Payload,
+            (Completing, Control::Deleted(_)) if self.sync => Completing,
             (Completing, Control::Complete(_)) => Done,
             _ => return Err(self.unexpected(m)),
         };
@@ -196,6 +220,8 @@ pub struct SinkMachine {
     phase: Phase,
     entries: EntryChecker,
     proposed: Option<crate::control::Propose>,
+    /// Flags of a SyncMode received (docs/SYNC.md), None for a plain copy.
+    sync: Option<u32>,
 }
 
 impl Default for SinkMachine {
@@ -210,7 +236,13 @@ impl SinkMachine {
             phase: Phase::Negotiate,
             entries: EntryChecker::default(),
             proposed: None,
+            sync: None,
         }
+    }
+
+    /// Flags of the SyncMode received, if any.
+    pub fn sync_flags(&self) -> Option<u32> {
+        self.sync
     }
 
     pub fn phase(&self) -> Phase {
@@ -243,7 +275,10 @@ impl SinkMachine {
                 }
                 Metadata
             }
+            (Syncing, Control::Have(_)) if self.sync.is_some() => Syncing,
             (Syncing, Control::SyncDone { .. }) => Payload,
+            (Payload, Control::Resend(_) | Control::Settled) => Payload,
+            (Completing, Control::Deleted(_)) if self.sync.is_some() => Completing,
             (Completing, Control::Complete(_)) => Done,
             _ => return Err(self.unexpected(m)),
         };
@@ -263,6 +298,16 @@ impl SinkMachine {
                 }
                 self.proposed = Some(p.clone());
                 Negotiate
+            }
+            // Right behind Propose, so it may arrive after Confirm left.
+            (Negotiate | Metadata, Control::SyncMode { flags })
+                if self.proposed.is_some() && self.sync.is_none() && self.entries.next_id == 0 =>
+            {
+                if flags & !crate::control::sync::ALL != 0 {
+                    return Err(ProtoError::malformed("sync mode", "unknown flags"));
+                }
+                self.sync = Some(*flags);
+                self.phase
             }
             (Metadata, Control::Entries(es)) => {
                 for e in es {
@@ -301,6 +346,12 @@ impl SinkMachine {
                 }
                 Payload
             }
+            (Payload, Control::Reuse(v)) if self.sync.is_some() => {
+                if v.iter().any(|r| r.id >= self.entries.next_id) {
+                    return Err(ProtoError::malformed("reuse", "unknown file id"));
+                }
+                Payload
+            }
             (Payload, Control::EndOfData { .. }) => Completing,
             _ => return Err(self.unexpected(m)),
         };
@@ -320,6 +371,7 @@ mod tests {
             block_size: 1 << 20,
             capacity_mbps: 0,
             checksum: true,
+            cipher: 0,
         })
     }
     fn confirm(streams: u16) -> Control {
@@ -329,6 +381,7 @@ mod tests {
             credits_per_stream: 4,
             capacity_mbps: 0,
             checksum: true,
+            cipher: 0,
         })
     }
     fn entry(id: u64, path: &str, kind: EntryKind) -> Entry {
@@ -400,6 +453,111 @@ mod tests {
         src.on_recv(&done).unwrap();
         assert_eq!(src.phase(), Phase::Done);
         assert_eq!(snk.phase(), Phase::Done);
+    }
+
+    /// A sync session: SyncMode behind Propose, Have before SyncDone,
+    /// Reuse in the payload phase, Deleted before Complete; none of them
+    /// is accepted in a plain copy.
+    #[test]
+    fn sync_session_messages_in_order_only() {
+        use crate::control::{Have, HaveState, Reuse, ReuseKind};
+        let mut src = SourceMachine::new();
+        let mut snk = SinkMachine::new();
+        let to_sink = |m: Control, src: &mut SourceMachine, snk: &mut SinkMachine| {
+            src.on_send(&m).unwrap();
+            snk.on_recv(&m).unwrap();
+        };
+        let to_src = |m: Control, src: &mut SourceMachine, snk: &mut SinkMachine| {
+            snk.on_send(&m).unwrap();
+            src.on_recv(&m).unwrap();
+        };
+        to_sink(propose(), &mut src, &mut snk);
+        to_src(confirm(2), &mut src, &mut snk);
+        assert!(src.on_send(&Control::SyncMode { flags: 1 << 20 }).is_err());
+        to_sink(Control::SyncMode { flags: 5 }, &mut src, &mut snk);
+        assert_eq!(snk.sync_flags(), Some(5));
+        to_sink(
+            Control::Entries(vec![entry(0, "f", EntryKind::File { size: 10 })]),
+            &mut src,
+            &mut snk,
+        );
+        // A second SyncMode, after records, is refused.
+        assert!(snk.on_recv(&Control::SyncMode { flags: 1 }).is_err());
+        let mut snk2 = SinkMachine::new();
+        snk2.on_recv(&propose()).unwrap();
+        snk2.on_send(&confirm(2)).unwrap();
+        snk2.on_recv(&Control::SyncMode { flags: 1 }).unwrap();
+        to_sink(
+            Control::MetaEnd {
+                entries: 1,
+                files: 1,
+                bytes: 10,
+            },
+            &mut src,
+            &mut snk,
+        );
+        let have = Control::Have(vec![Have {
+            id: 0,
+            state: HaveState::Digest(1),
+        }]);
+        to_src(have, &mut src, &mut snk);
+        to_src(Control::SyncDone { failures: vec![] }, &mut src, &mut snk);
+        let bad = Control::Reuse(vec![Reuse {
+            id: 9,
+            what: ReuseKind::Keep,
+        }]);
+        src.on_send(&bad).unwrap();
+        assert!(snk.on_recv(&bad).is_err());
+        let mut snk = SinkMachine::new();
+        snk.on_recv(&propose()).unwrap();
+        snk.on_send(&confirm(2)).unwrap();
+        snk.on_recv(&Control::SyncMode { flags: 1 }).unwrap();
+        snk.on_recv(&Control::Entries(vec![entry(
+            0,
+            "f",
+            EntryKind::File { size: 10 },
+        )]))
+        .unwrap();
+        snk.on_recv(&Control::MetaEnd {
+            entries: 1,
+            files: 1,
+            bytes: 10,
+        })
+        .unwrap();
+        snk.on_send(&Control::SyncDone { failures: vec![] })
+            .unwrap();
+        let ok = Control::Reuse(vec![Reuse {
+            id: 0,
+            what: ReuseKind::Base { bytes: 4 },
+        }]);
+        snk.on_recv(&ok).unwrap();
+        src.on_send(&ok).unwrap();
+        to_sink(
+            Control::EndOfData { files: 1, bytes: 6 },
+            &mut src,
+            &mut snk,
+        );
+        to_src(Control::Deleted(vec![b"old".to_vec()]), &mut src, &mut snk);
+        let done = Control::Complete(Complete {
+            files: 1,
+            bytes: 6,
+            failures: vec![],
+            cpu_s: 0.0,
+        });
+        to_src(done, &mut src, &mut snk);
+        assert_eq!(src.phase(), Phase::Done);
+        // A plain copy refuses the sync messages.
+        let mut plain = SourceMachine::new();
+        plain.on_send(&propose()).unwrap();
+        plain.on_recv(&confirm(2)).unwrap();
+        plain
+            .on_send(&Control::MetaEnd {
+                entries: 0,
+                files: 0,
+                bytes: 0,
+            })
+            .unwrap();
+        assert!(plain.on_recv(&Control::Have(vec![])).is_err());
     }
 
     #[test]

@@ -17,7 +17,9 @@ use ramsys_engine::request::walk::Top;
 use ramsys_engine::resources::ResourceConfig;
 use ramsys_engine::server::Daemon;
 use ramsys_engine::stats::process_cpu_seconds;
+use ramsys_engine::transport::channels::ChannelTcp;
 use ramsys_engine::transport::tcp::Tcp;
+use ramsys_engine::transport::Transport;
 use ramsys_engine::{EngineResources, Report, Stats, TransferOptions};
 
 use ramsys_engine::placement::{apply, nic_for_addr, plan_end, sched_instance, storage_for_path};
@@ -32,26 +34,35 @@ pub struct CpArgs {
     /// Copy directories recursively.
     #[arg(short = 'r', long = "recursive")]
     pub recursive: bool,
-    /// Parallel data streams.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub streams: u16,
+    /// Parallel data streams (default: the scheduler's plan with --numa
+    /// auto, at least 4; otherwise 4).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub streams: Option<u16>,
     /// Block size: unit of disk access and network transfer.
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     pub block_size: u64,
     /// Turn off per-block checksums and whole-file digests.
     #[arg(long)]
     pub no_checksum: bool,
+    /// Encrypt and authenticate every data block (AEAD keyed per session;
+    /// docs/SECURITY.md). Bare `--encrypt` picks AES-256-GCM with CPU
+    /// support, else ChaCha20-Poly1305.
+    #[arg(long, value_name = "auto|aes-256-gcm|chacha20-poly1305", num_args = 0..=1,
+          default_missing_value = "auto", require_equals = true)]
+    pub encrypt: Option<ramsys_engine::crypto::Cipher>,
     /// One JSON object per line: progress events and a final summary.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
     pub key: KeyArgs,
-    /// Reader threads (source side of this agent).
-    #[arg(long, default_value_t = 4)]
-    pub readers: usize,
-    /// Writer threads (sink side of this agent).
-    #[arg(long, default_value_t = 4)]
-    pub writers: usize,
+    /// Reader threads (source side of this agent; default: the
+    /// scheduler's plan with --numa auto, else 4).
+    #[arg(long)]
+    pub readers: Option<usize>,
+    /// Writer threads (sink side of this agent; default: the scheduler's
+    /// plan with --numa auto, else 4).
+    #[arg(long)]
+    pub writers: Option<usize>,
     /// Credits (blocks in flight) per stream when this agent is the sink.
     #[arg(long, default_value_t = 8)]
     pub window: u32,
@@ -72,8 +83,22 @@ pub struct CpArgs {
     /// stream used, and the scheduler's plan.
     #[arg(long)]
     pub explain: bool,
+    /// With several NICs reaching the daemon: how streams are spread over
+    /// them (seed 002 sec. 6.3); each link's source address is bound to
+    /// its NIC.
+    #[arg(
+        long,
+        default_value = "affinity-aware",
+        value_name = "round-robin|affinity-aware|dynamic"
+    )]
+    pub channels: ramsys_topo::ChannelPolicy,
     #[command(flatten)]
     pub storage: StorageArgs,
+    /// Resume an interrupted transfer: run again with the same arguments;
+    /// only what is missing or wrong moves (block checksums; the sink
+    /// keeps its temp files and a SQLite journal; docs/SYNC.md).
+    #[arg(long)]
+    pub resume: bool,
     /// Sources, then the destination.
     #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
     pub paths: Vec<String>,
@@ -128,7 +153,52 @@ fn open_root(p: &Path, c: Confinement) -> anyhow::Result<Arc<Root>> {
     ))
 }
 
+/// `ramsys sync`: cp's options and endpoints, plus change detection.
+#[derive(Args, Debug)]
+pub struct SyncArgs {
+    /// Compare whole-file content digests (computed in parallel by the side
+    /// holding each file) instead of size and mtime.
+    #[arg(long)]
+    pub checksum: bool,
+    /// Remove destination entries the source no longer has (after the new
+    /// data is in place, only inside the destination).
+    #[arg(long)]
+    pub delete: bool,
+    /// List what would be sent and deleted; change nothing.
+    #[arg(long, short = 'n')]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub cp: CpArgs,
+}
+
+pub fn run_sync(a: &SyncArgs) -> anyhow::Result<i32> {
+    use ramsys_engine::sync::flags::*;
+    let mut f = SYNC;
+    if a.checksum {
+        f |= CHECKSUM;
+    }
+    if a.delete {
+        f |= DELETE;
+    }
+    if a.dry_run {
+        f |= DRY_RUN;
+    }
+    if a.cp.resume {
+        f |= RESUME;
+    }
+    run_with(&a.cp, f)
+}
+
 pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
+    let f = if a.resume {
+        ramsys_engine::sync::flags::RESUME
+    } else {
+        0
+    };
+    run_with(a, f)
+}
+
+fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
     let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
     let dst = parse_endpoint(dst)?;
     let srcs: Vec<Endpoint> = srcs
@@ -139,15 +209,17 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
         a.block_size >= 4096 && a.block_size <= 64 << 20,
         "--block-size must be between 4K and 64M"
     );
-    let opts = TransferOptions {
-        streams: a.streams,
+    let mut opts = TransferOptions {
+        streams: a.streams.unwrap_or(4),
         block_size: a.block_size as u32,
         checksum: !a.no_checksum,
         recursive: a.recursive,
-        readers: a.readers.max(1),
-        writers: a.writers.max(1),
+        readers: a.readers.unwrap_or(4).max(1),
+        writers: a.writers.unwrap_or(4).max(1),
         window: a.window.max(2),
         fsync: a.fsync,
+        sync,
+        encrypt: a.encrypt.unwrap_or_default(),
         ..a.storage.options()
     };
     let res_cfg = ResourceConfig {
@@ -155,7 +227,7 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
         buffer_size: a.block_size as usize,
         readers: opts.readers,
         writers: opts.writers,
-        max_streams: a.streams as usize,
+        max_streams: opts.streams as usize,
         ..Default::default()
     };
     let connect_timeout = Duration::from_secs(a.connect_timeout.max(1));
@@ -186,7 +258,7 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
     let stats = Arc::new(Stats::default());
     let t0 = Instant::now();
     let cpu0 = process_cpu_seconds();
-    let transport = Arc::new(Tcp {
+    let transport: Arc<dyn Transport> = Arc::new(Tcp {
         socket_buffer: None,
     });
     let result = match (&dst, remote_srcs.is_empty()) {
@@ -199,8 +271,10 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
                 Some(addr),
                 &res_cfg,
             );
+            numa.follow("source", Role::Source, &mut opts, a);
             let res = EngineResources::new(&cfg)?;
             numa.buffers("source", &res);
+            let transport = numa.channels(addr, a.channels, cfg.buffer_node, transport);
             let remote = Remote {
                 transport,
                 addr: addr.clone(),
@@ -231,8 +305,11 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
                 Some(&remote_srcs[0].0),
                 &res_cfg,
             );
+            numa.follow("sink", Role::Sink, &mut opts, a);
             let res = EngineResources::new(&cfg)?;
             numa.buffers("sink", &res);
+            let transport =
+                numa.channels(&remote_srcs[0].0, a.channels, cfg.buffer_node, transport);
             let remote = Remote {
                 transport,
                 addr: remote_srcs[0].0.clone(),
@@ -262,7 +339,8 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
             );
             let sink_res = EngineResources::new(&sink_cfg)?;
             numa.buffers("sink", &sink_res);
-            let sink_opts = opts.clone();
+            let mut sink_opts = opts.clone();
+            numa.follow("sink", Role::Sink, &mut sink_opts, a);
             let daemon = Daemon::bind("127.0.0.1:0", &root, key.clone(), sink_opts, sink_res)?;
             let addr = daemon.local_addr().to_string();
             let sink_shared = daemon.shared();
@@ -278,6 +356,7 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
                 Some(&addr),
                 &src_cfg,
             );
+            numa.follow("source", Role::Source, &mut opts, a);
             let res = EngineResources::new(&src_cfg)?;
             numa.buffers("source", &res);
             let remote = Remote {
@@ -313,7 +392,15 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
     }
     numa.print();
     match result {
-        Ok(rep) => Ok(summarize(&rep, wall, cpu, a.json)),
+        Ok(rep) => {
+            let resent = stats.resends.load(std::sync::atomic::Ordering::Relaxed);
+            if resent > 0 && !a.json {
+                eprintln!(
+                    "ramsys: {resent} segments failed verification in flight and were sent again"
+                );
+            }
+            Ok(summarize(&rep, wall, cpu, a.json, sync, resent))
+        }
         Err(e) => {
             if a.json {
                 let line = serde_json::json!({
@@ -334,6 +421,8 @@ struct Numa {
     mode: ramsys_topo::NumaMode,
     explain: bool,
     lines: Vec<String>,
+    /// The scheduler plan of the last configured end: (storage, NIC, plan).
+    last: Option<(String, String, ramsys_sched::Plan)>,
 }
 
 impl Numa {
@@ -368,6 +457,7 @@ impl Numa {
             mode,
             explain,
             lines,
+            last: None,
         }
     }
 
@@ -442,6 +532,7 @@ impl Numa {
                     };
                     let inst = sched_instance(topo, None, from, to, base.buffer_size as u64);
                     let sp = ramsys_sched::plan(&inst);
+                    self.last = Some((s.name.clone(), n.name.clone(), sp.clone()));
                     for l in ramsys_sched::render_text(&sp).lines() {
                         self.lines.push(format!("{label}: scheduler: {l}"));
                     }
@@ -452,6 +543,98 @@ impl Numa {
                 self.lines
                     .push(format!("{label}: placement failed ({e}); left to the OS"));
                 base.clone()
+            }
+        }
+    }
+
+    /// Issue 7: with --numa auto, run the end just configured with the
+    /// plan's storage-thread count (readers or writers) and at least its
+    /// network-thread count of streams, unless the user set them. Streams
+    /// keep a floor of 4: the plan counts CPU and device bandwidth, while
+    /// parallel streams also work around TCP's per-flow window on long
+    /// paths (seed 000 sec. 5.2.1), which the plan does not model.
+    fn follow(&mut self, label: &str, role: Role, opts: &mut TransferOptions, a: &CpArgs) {
+        if self.mode != ramsys_topo::NumaMode::Auto {
+            return;
+        }
+        let Some((storage, nic, plan)) = self.last.take() else {
+            return;
+        };
+        use ramsys_sched::Role as R;
+        let (sr, nr) = match role {
+            Role::Source => (R::Reader, R::Sender),
+            Role::Sink => (R::Writer, R::Receiver),
+        };
+        let st = (plan.count(sr, &storage) as usize).max(1);
+        let net = plan.count(nr, &nic) as u16;
+        let mut done = Vec::new();
+        match role {
+            Role::Source if a.readers.is_none() => {
+                opts.readers = st;
+                done.push(format!("{st} reader(s)"));
+            }
+            Role::Sink if a.writers.is_none() => {
+                opts.writers = st;
+                done.push(format!("{st} writer(s)"));
+            }
+            _ => {}
+        }
+        if a.streams.is_none() {
+            opts.streams = net.clamp(4, 256);
+            done.push(format!("{} stream(s)", opts.streams));
+        }
+        if !done.is_empty() {
+            self.lines
+                .push(format!("{label}: following the plan: {}", done.join(", ")));
+        }
+    }
+
+    /// Seed 002 channels: with two or more NICs towards `addr`, a transport
+    /// that binds each link to the NIC the channel scheduler picks;
+    /// otherwise `plain` (the kernel chooses).
+    fn channels(
+        &mut self,
+        addr: &str,
+        policy: ramsys_topo::ChannelPolicy,
+        buffer_node: Option<u32>,
+        plain: Arc<dyn Transport>,
+    ) -> Arc<dyn Transport> {
+        use std::net::ToSocketAddrs;
+        let Some(topo) = &self.topo else {
+            return plain;
+        };
+        let Some(peer) = addr.to_socket_addrs().ok().and_then(|mut i| i.next()) else {
+            return plain;
+        };
+        let nics = ChannelTcp::towards(topo, peer.ip());
+        if nics.len() < 2 {
+            return plain;
+        }
+        let names: Vec<String> = nics
+            .iter()
+            .map(|n| {
+                format!(
+                    "{} ({}, node {})",
+                    n.nic,
+                    n.addr,
+                    n.node.map_or("unknown".into(), |x| x.to_string())
+                )
+            })
+            .collect();
+        match ChannelTcp::new(nics, policy, buffer_node) {
+            Ok(t) => {
+                self.lines.push(format!(
+                    "channels: {} over {}",
+                    serde_json::to_value(policy)
+                        .map(|v| v.as_str().unwrap_or("").to_string())
+                        .unwrap_or_default(),
+                    names.join(", ")
+                ));
+                Arc::new(t)
+            }
+            Err(e) => {
+                self.lines.push(format!("channels: not used ({e})"));
+                plain
             }
         }
     }
@@ -546,10 +729,11 @@ fn crate_raise_limits() {
     ramsys_engine::fsops::raise_nofile_limit();
 }
 
-fn summarize(rep: &Report, wall: f64, cpu: f64, json: bool) -> i32 {
+fn summarize(rep: &Report, wall: f64, cpu: f64, json: bool, sync: u32, resent: u64) -> i32 {
     let mb_s = rep.bytes as f64 / 1e6 / wall.max(1e-9);
+    let dry = sync & ramsys_engine::sync::flags::DRY_RUN != 0;
     if json {
-        let line = serde_json::json!({
+        let mut line = serde_json::json!({
             "event": "summary",
             "ok": rep.failed.is_empty(),
             "files": rep.files,
@@ -562,12 +746,46 @@ fn summarize(rep: &Report, wall: f64, cpu: f64, json: bool) -> i32 {
             "streams": rep.streams,
             "block_size": rep.block_size,
             "failed": rep.failed,
+            "resent": resent,
         });
+        if sync != 0 {
+            // bytes = file data sent, files = files whose data was sent,
+            // unchanged = files skipped (issue 10).
+            line["unchanged"] = rep.unchanged.into();
+            line["deleted"] = rep.deleted.len().into();
+            line["dry_run"] = dry.into();
+            if dry {
+                line["would_send"] = serde_json::json!(rep.planned);
+                line["would_delete"] = serde_json::json!(rep.deleted);
+            }
+        }
         let mut o = std::io::stdout().lock();
         let _ = writeln!(o, "{line}");
     } else {
         for f in &rep.failed {
             eprintln!("ramsys: failed: {}: {}", f.path, f.reason);
+        }
+        if dry {
+            for p in &rep.planned {
+                println!("would send {p}");
+            }
+            for p in &rep.deleted {
+                println!("would delete {p}");
+            }
+            println!(
+                "dry run: {} files would be sent, {} unchanged, {} entries would be deleted",
+                rep.planned.len(),
+                rep.unchanged,
+                rep.deleted.len()
+            );
+            return i32::from(!rep.failed.is_empty());
+        }
+        if sync != 0 {
+            println!(
+                "{} files unchanged, {} entries deleted",
+                rep.unchanged,
+                rep.deleted.len()
+            );
         }
         println!(
             "copied {} files, {:.1} MB in {:.2} s ({:.1} MB/s), cpu {:.2} s{}",

@@ -32,6 +32,9 @@ enum Cmd {
     Serve(daemon::ServeArgs),
     /// Copy files and directory trees (local paths or ramsys://HOST:PORT/PATH).
     Cp(agent::CpArgs),
+    /// Bring DST up to date with SRC: only changed files (and changed
+    /// blocks of large files) move; --delete, --dry-run, --checksum.
+    Sync(agent::SyncArgs),
     /// Show a daemon's sessions, tasks, queues, pools and throughput.
     Status(status::StatusArgs),
     /// Show the hardware model: NUMA nodes, NICs, block devices.
@@ -83,6 +86,7 @@ fn main() {
     let r = match &cli.cmd {
         Cmd::Serve(a) => daemon::run(a),
         Cmd::Cp(a) => agent::run(a),
+        Cmd::Sync(a) => agent::run_sync(a),
         Cmd::Status(a) => status::run(a),
         Cmd::Topo(a) => ramsys_topo::run(a).map(|_| 0),
         Cmd::Iomodel(a) => ramsys_iomodel::run(a).map(|_| 0),

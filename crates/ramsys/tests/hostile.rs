@@ -60,6 +60,7 @@ fn open_push(addr: &str, dest: &[u8]) -> Evil {
             block_size: 1 << 16,
             capacity_mbps: 0,
             checksum: true,
+            cipher: 0,
         }),
     )
     .unwrap();
@@ -218,7 +219,7 @@ fn writes_through_symlinks_are_refused_without_following() {
         .unwrap();
     send_control(&mut *e.ctl, &Control::FilesDone(vec![(1, hashes[0])])).unwrap();
     send_control(&mut *e.ctl, &Control::EndOfData { files: 1, bytes: 5 }).unwrap();
-    let Control::Complete(c) = recv_control(&mut *e.ctl).unwrap() else {
+    let Control::Complete(c) = recv_final(&mut *e.ctl) else {
         panic!("expected Complete")
     };
     assert_eq!(c.files, 0);
@@ -229,6 +230,85 @@ fn writes_through_symlinks_are_refused_without_following() {
     assert!(
         std::fs::read_dir(&outside).unwrap().next().is_none(),
         "nothing written through the link"
+    );
+    assert!(temp_files(&d.root).is_empty());
+    outside_untouched(t.path());
+}
+
+/// The sink's last message, past any Settled it sent during the payload.
+fn recv_final(ctl: &mut dyn Link) -> Control {
+    loop {
+        match recv_control(ctl).unwrap() {
+            Control::Settled => {}
+            m => return m,
+        }
+    }
+}
+
+#[test]
+fn directory_swapped_for_a_symlink_mid_transfer_is_not_followed() {
+    // TOCTOU: the tree exists at the sink (SyncDone), then a local user
+    // swaps a directory for a symlink out of the export before the file's
+    // data arrives. The sink resolves every path with openat2
+    // RESOLVE_NO_SYMLINKS, so the write fails instead of following it.
+    let (t, d) = setup();
+    let outside = t.path().join("outside");
+    let mut e = open_push(&d.addr, b"");
+    send_control(
+        &mut *e.ctl,
+        &Control::Entries(vec![
+            entry(0, b"top", EntryKind::Dir),
+            entry(1, b"top/d", EntryKind::Dir),
+            entry(2, b"top/d/x", EntryKind::File { size: 5 }),
+        ]),
+    )
+    .unwrap();
+    send_control(
+        &mut *e.ctl,
+        &Control::MetaEnd {
+            entries: 3,
+            files: 1,
+            bytes: 5,
+        },
+    )
+    .unwrap();
+    let Control::SyncDone { failures } = recv_control(&mut *e.ctl).unwrap() else {
+        panic!("expected SyncDone")
+    };
+    assert!(failures.is_empty(), "{failures:?}");
+    assert!(d.root.join("top/d").is_dir());
+    std::fs::rename(d.root.join("top/d"), d.root.join("top/d.orig")).unwrap();
+    std::os::unix::fs::symlink(&outside, d.root.join("top/d")).unwrap();
+    e.open_links();
+    let link = &mut e.data[0];
+    let h = read_header(&mut **link, 0).unwrap().unwrap();
+    assert_eq!(h.kind, FrameKind::Credit);
+    let mut c = [0u8; 4];
+    std::io::Read::read_exact(&mut **link, &mut c).unwrap();
+    let segs = [Segment {
+        file_id: 2,
+        offset: 0,
+        len: 5,
+    }];
+    let mut hashes = [0u64];
+    let ck = hash_block(&segs, b"pwned", &mut hashes);
+    send_block(&mut **link, &segs, ck, b"pwned");
+    link.write_all(&FrameHeader::new(FrameKind::End, 0, 0).encode())
+        .unwrap();
+    send_control(&mut *e.ctl, &Control::FilesDone(vec![(2, hashes[0])])).unwrap();
+    send_control(&mut *e.ctl, &Control::EndOfData { files: 1, bytes: 5 }).unwrap();
+    let Control::Complete(c) = recv_final(&mut *e.ctl) else {
+        panic!("expected Complete")
+    };
+    assert_eq!(c.files, 0, "the write must fail, not follow the link");
+    assert!(
+        c.failures.iter().any(|f| f.path == b"top/d/x"),
+        "{:?}",
+        c.failures
+    );
+    assert!(
+        std::fs::read_dir(&outside).unwrap().next().is_none(),
+        "written through the swapped-in symlink"
     );
     assert!(temp_files(&d.root).is_empty());
     outside_untouched(t.path());

@@ -130,6 +130,8 @@ pub(super) struct TaskRec {
     pub rate: f64,
     pub last_bytes: u64,
     pub error: Option<String>,
+    /// The scheduler plan the task follows (issue 7), as JSON.
+    pub plan: Option<serde_json::Value>,
 }
 
 pub(super) struct SessionRec {
@@ -317,6 +319,7 @@ impl DaemonState {
                 rate: 0.0,
                 last_bytes: 0,
                 error: None,
+                plan: None,
             },
         );
         g.lanes
@@ -537,6 +540,13 @@ impl TaskGuard {
             Ok(_) => Ok(()),
             Err(e) => Err(e.to_string()),
         });
+    }
+
+    /// Record the plan this task follows, for `ramsys status`.
+    pub fn set_plan(&self, plan: serde_json::Value) {
+        if let Some(t) = self.state.lock().tasks.get_mut(&self.id) {
+            t.plan = Some(plan);
+        }
     }
 
     pub fn state(&self) -> TaskState {

@@ -365,6 +365,7 @@ mod tests {
 
     fn empty() -> Status {
         Status {
+            placement: vec![],
             version: 1,
             listen: "x".into(),
             root: "/".into(),

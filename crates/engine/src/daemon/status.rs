@@ -29,6 +29,10 @@ pub struct Status {
     pub pools: Vec<PoolStatus>,
     pub nics: Vec<NicStatus>,
     pub totals: Totals,
+    /// The placement chosen at start (`serve --config`, issue 5): one line
+    /// per decision.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placement: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -57,6 +61,10 @@ pub struct TaskStatus {
     pub age_s: f64,
     /// Threads held: network (senders or receivers) and storage (readers
     /// or writers), and buffers (sink).
+    /// The scheduler plan the task follows (threads, buffers, streams,
+    /// prediction; docs/SCHEDULER.md), when the daemon has a topology.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<serde_json::Value>,
     pub streams: usize,
     pub threads: usize,
     pub buffers: usize,
@@ -138,6 +146,7 @@ fn task_status(t: &TaskRec, now: Instant) -> TaskStatus {
         state: t.state,
         state_s: now.duration_since(t.since).as_secs_f64(),
         age_s: now.duration_since(t.started).as_secs_f64(),
+        plan: t.plan.clone(),
         streams: t.streams,
         threads: t.storage,
         buffers: t.buffers,
@@ -280,6 +289,7 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
         })
         .collect();
     Status {
+        placement: Vec::new(),
         version: STATUS_VERSION,
         listen: listen.into(),
         root: root.into(),

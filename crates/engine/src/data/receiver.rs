@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use crossbeam_channel::Sender;
 use ramsys_proto::data::{decode_table, hash_block, table_len, MAX_SEGMENTS};
-use ramsys_proto::frame::FrameKind;
+use ramsys_proto::frame::{FrameKind, HEADER_LEN};
 use ramsys_proto::ProtoError;
 use ramsys_resources::{Buf, BufferPool};
 
+use crate::crypto::{StreamSeal, FLAG_SEALED, TAG_LEN};
 use crate::stats::Stats;
 use crate::transport::Link;
 use crate::wire::read_header;
@@ -19,12 +20,18 @@ use crate::EngineError;
 /// What a receiver reports besides blocks.
 #[derive(Debug)]
 pub enum ReceiverEvent {
-    /// A block failed its checksum; these file ids are corrupt.
-    Corrupt { stream: u16, file_ids: Vec<u64> },
+    /// A block failed its checksum or authentication; its segments (as
+    /// its table says) must be sent again.
+    Corrupt {
+        stream: u16,
+        segs: Vec<ramsys_proto::data::Segment>,
+    },
 }
 
 /// Receiver thread body. `granted` counts credits the writers have handed
-/// out on this stream (incremented before the credit is sent).
+/// out on this stream (incremented before the credit is sent). With
+/// `seal`, every block must be sealed; it is authenticated and decrypted in
+/// place in its buffer (crate::crypto).
 #[allow(clippy::too_many_arguments)]
 pub fn run_receiver(
     stream: u16,
@@ -37,9 +44,13 @@ pub fn run_receiver(
     granted: Arc<AtomicU64>,
     abort: Arc<AtomicBool>,
     stats: Arc<Stats>,
+    mut seal: Option<StreamSeal>,
 ) -> Result<(), EngineError> {
-    let max_body = (table_len(MAX_SEGMENTS) + block_size) as u32;
-    let mut table = vec![0u8; table_len(MAX_SEGMENTS)];
+    let tag_len = if seal.is_some() { TAG_LEN } else { 0 };
+    let max_body = (table_len(MAX_SEGMENTS) + block_size + tag_len) as u32;
+    // Header and table, kept together: the AEAD's associated data.
+    let mut head = vec![0u8; HEADER_LEN + table_len(MAX_SEGMENTS)];
+    let mut tag = [0u8; TAG_LEN];
     let mut count: u64 = 0;
     loop {
         let h = match read_header(&mut *link, max_body)? {
@@ -68,24 +79,37 @@ pub fn run_receiver(
                 ProtoError::Credit(format!("stream {stream}: block sent without credit")).into(),
             );
         }
+        if (h.flags & FLAG_SEALED != 0) != seal.is_some() {
+            return Err(ProtoError::Malformed {
+                what: "data block",
+                detail: if seal.is_some() {
+                    "unencrypted block in an encrypted session".into()
+                } else {
+                    "encrypted block in a session without encryption".into()
+                },
+            }
+            .into());
+        }
         let nseg = h.aux as usize;
         let tl = table_len(nseg);
-        if nseg == 0 || nseg > MAX_SEGMENTS || tl > h.len as usize {
+        if nseg == 0 || nseg > MAX_SEGMENTS || tl + tag_len > h.len as usize {
             return Err(ProtoError::Malformed {
                 what: "data block",
                 detail: format!("segment count {nseg}"),
             }
             .into());
         }
-        link.read_exact(&mut table[..tl])?;
+        head[..HEADER_LEN].copy_from_slice(&h.encode());
+        link.read_exact(&mut head[HEADER_LEN..HEADER_LEN + tl])?;
+        let table = &head[HEADER_LEN..HEADER_LEN + tl];
         // Credits guarantee a free buffer; the timeout only guards bugs.
         let mut buf = pool
             .get_timeout(Duration::from_secs(30))
             .ok_or_else(|| EngineError::local("no free buffer despite credit"))?;
         let (declared, plen) = match decode_table(
-            &table[..tl],
+            table,
             nseg,
-            h.len as usize,
+            h.len as usize - tag_len,
             block_size,
             &mut buf.segs,
         ) {
@@ -99,18 +123,39 @@ pub fn run_receiver(
             pool.put(buf);
             return Err(e.into());
         }
+        if let Err(e) = link.read_exact(&mut tag[..tag_len]) {
+            pool.put(buf);
+            return Err(e.into());
+        }
         buf.len = plen;
         buf.stream = stream;
-        if checksum {
+        let authentic = match seal.as_mut() {
+            Some(s) => s
+                .open(&head[..HEADER_LEN + tl], &mut buf.space()[..plen], &tag)
+                .is_ok(),
+            None => true,
+        };
+        if !authentic {
+            // Counted with checksum errors too: daemon metrics report
+            // blocks that failed verification, whatever caught them.
+            stats.auth_failures.fetch_add(1, Ordering::Relaxed);
+            stats.checksum_errors.fetch_add(1, Ordering::Relaxed);
+            let _ = events.send(ReceiverEvent::Corrupt {
+                stream,
+                segs: buf.segs.clone(),
+            });
+            buf.segs.clear();
+            buf.hashes.clear();
+            buf.len = 0;
+        } else if checksum {
             buf.hashes.resize(nseg, 0);
             let (payload, segs, hashes) = buf.parts_mut();
             let got = hash_block(segs, payload, hashes);
             if got != declared {
                 stats.checksum_errors.fetch_add(1, Ordering::Relaxed);
-                let ids = buf.segs.iter().map(|s| s.file_id).collect();
                 let _ = events.send(ReceiverEvent::Corrupt {
                     stream,
-                    file_ids: ids,
+                    segs: buf.segs.clone(),
                 });
                 // Hand the buffer on empty, so its credit returns as usual.
                 buf.segs.clear();

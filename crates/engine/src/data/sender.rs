@@ -2,22 +2,38 @@
 //! paced by the sink's credits (seed 004 sec. 3.2).
 
 use std::io::{IoSlice, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use crossbeam_channel::Receiver;
 use ramsys_proto::data::{decode_credit, encode_table, table_len, CreditWindow, MAX_SEGMENTS};
-use ramsys_proto::frame::{FrameHeader, FrameKind};
+use ramsys_proto::frame::{FrameHeader, FrameKind, HEADER_LEN};
 use ramsys_proto::ProtoError;
 use ramsys_resources::{Buf, BufferPool};
 
+use crate::crypto::{StreamSeal, FLAG_SEALED, TAG_LEN};
 use crate::stats::Stats;
 use crate::transport::Link;
 use crate::wire::{read_header, send_end, write_all_vectored};
 use crate::EngineError;
 
+/// Fault injection (tests, docs/SECURITY.md): `RAMSYS_FAULT_FLIP_EVERY=N`
+/// flips one payload bit of every Nth block this process sends, after it
+/// is checksummed and sealed, as a bad NIC or switch would. Read once.
+fn flip_every() -> u64 {
+    static N: OnceLock<u64> = OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("RAMSYS_FAULT_FLIP_EVERY")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    })
+}
+static SENT: AtomicU64 = AtomicU64::new(0);
+
 /// Sender thread body: returns the link (kept open until the session
-/// ends) or the error that broke it.
+/// ends) or the error that broke it. With `seal`, every payload is
+/// encrypted in place and followed by its tag (crate::crypto).
 pub fn run_sender(
     mut link: Box<dyn Link>,
     window: u32,
@@ -25,12 +41,16 @@ pub fn run_sender(
     pool: Arc<BufferPool>,
     abort: Arc<AtomicBool>,
     stats: Arc<Stats>,
+    mut seal: Option<StreamSeal>,
 ) -> Result<Box<dyn Link>, (Box<dyn Link>, EngineError)> {
     let mut credits = CreditWindow::new(window);
-    // One table buffer per sender, allocated once.
-    let mut table = vec![0u8; table_len(MAX_SEGMENTS)];
+    // Header and table in one buffer per sender, allocated once: together
+    // they are the AEAD's associated data.
+    let mut head = vec![0u8; HEADER_LEN + table_len(MAX_SEGMENTS)];
+    let tag_len = if seal.is_some() { TAG_LEN } else { 0 };
+    let flip = flip_every();
     let r: Result<(), EngineError> = (|| {
-        while let Ok(buf) = filled.recv() {
+        while let Ok(mut buf) = filled.recv() {
             if abort.load(Ordering::Relaxed) {
                 pool.put(buf);
                 return Err(EngineError::local("aborted"));
@@ -49,19 +69,33 @@ pub fn run_sender(
                 credits.grant(decode_credit(&b)?)?;
             }
             credits.consume()?;
-            let tl = encode_table(buf.checksum, &buf.segs, &mut table);
-            let h = FrameHeader::new(
+            let tl = encode_table(buf.checksum, &buf.segs, &mut head[HEADER_LEN..]);
+            let mut h = FrameHeader::new(
                 FrameKind::Data,
                 buf.segs.len() as u16,
-                (tl + buf.len) as u32,
-            )
-            .encode();
+                (tl + buf.len + tag_len) as u32,
+            );
+            if seal.is_some() {
+                h.flags = FLAG_SEALED;
+            }
+            head[..HEADER_LEN].copy_from_slice(&h.encode());
+            let len = buf.len;
+            let tag = match seal.as_mut() {
+                Some(s) => s.seal(&head[..HEADER_LEN + tl], &mut buf.space()[..len]),
+                None => [0u8; TAG_LEN],
+            };
+            if flip > 0
+                && len > 0
+                && (SENT.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(flip)
+            {
+                buf.space()[len / 2] ^= 0x10;
+            }
             write_all_vectored(
                 &mut *link,
                 &mut [
-                    IoSlice::new(&h),
-                    IoSlice::new(&table[..tl]),
+                    IoSlice::new(&head[..HEADER_LEN + tl]),
                     IoSlice::new(buf.data()),
+                    IoSlice::new(&tag[..tag_len]),
                 ],
             )?;
             stats.blocks.fetch_add(1, Ordering::Relaxed);

@@ -35,6 +35,23 @@ const DIGEST_KNOWN: u8 = 2;
 const FAILED: u8 = 4;
 const FINAL: u8 = 8;
 const TEMP: u8 = 16;
+/// Sync: the sink's existing file is kept (unchanged, or identical
+/// content); FINAL is set too, but nothing was written.
+const KEPT: u8 = 32;
+/// Resume: written blocks changed since the journal last saw them.
+const DIRTY: u8 = 64;
+
+/// What a changed file is built from (sync, resume; docs/SYNC.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Base {
+    /// The sink's current file under the final name: copied (reflinked
+    /// where the file system can) into the temp file, then overwritten
+    /// where blocks differ.
+    Old,
+    /// An interrupted temp file of an earlier session (name in the same
+    /// directory): renamed to this session's temp name and completed.
+    Part(Vec<u8>),
+}
 
 /// One regular file being received.
 pub struct SinkFile {
@@ -50,6 +67,11 @@ pub struct SinkFile {
     flags: AtomicU8,
     fd: Mutex<Option<Arc<SinkFd>>>,
     reason: Mutex<Option<String>>,
+    base: Mutex<Option<Base>>,
+    /// Bytes taken from the base instead of the wire.
+    reused: AtomicU64,
+    /// Resume: bytes written per journal block (sync::delta_block).
+    jblocks: Mutex<Vec<u32>>,
 }
 
 /// A regular file announced in the metadata: (path, size, mode, mtime).
@@ -90,6 +112,23 @@ pub struct FileTable {
     stats: Arc<Stats>,
     /// Direct I/O, engine, null sink, fault hook.
     pub storage: Arc<StorageCfg>,
+    /// Resume: track written blocks for the journal (sync::journal).
+    pub resume: bool,
+}
+
+/// Fault injection for the resume tests: `RAMSYS_FAULT_SLOW_WRITE_US=N`
+/// sleeps N µs per segment written, so a test can kill a transfer midway.
+fn slow_write_fault() {
+    static US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let us = *US.get_or_init(|| {
+        std::env::var("RAMSYS_FAULT_SLOW_WRITE_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
+    if us > 0 {
+        std::thread::sleep(std::time::Duration::from_micros(us));
+    }
 }
 
 pub fn is_fatal(e: &std::io::Error) -> bool {
@@ -125,6 +164,7 @@ impl FileTable {
             fsync,
             stats,
             storage: Arc::new(StorageCfg::plain(false, crate::storage::IoEngine::Sync)),
+            resume: false,
         }
     }
 
@@ -152,6 +192,9 @@ impl FileTable {
                     flags: AtomicU8::new(0),
                     fd: Mutex::new(None),
                     reason: Mutex::new(None),
+                    base: Mutex::new(None),
+                    reused: AtomicU64::new(0),
+                    jblocks: Mutex::new(Vec::new()),
                 });
             }
             None => self.by_id.push(u32::MAX),
@@ -257,8 +300,27 @@ impl FileTable {
     fn create(&self, f: &SinkFile) -> std::io::Result<SinkFd> {
         let (parent, _) = split_parent(&f.rel);
         let tmp = self.tmp_name(f);
-        let buffered = self.root.create_temp(parent, &tmp)?;
+        let base = f.base.lock().unwrap().clone();
+        let buffered = match &base {
+            Some(Base::Part(name)) => {
+                self.root.rename_in(parent, name, &tmp)?;
+                let mut rel = parent.to_vec();
+                if !rel.is_empty() {
+                    rel.push(b'/');
+                }
+                rel.extend_from_slice(&tmp);
+                File::from(
+                    self.root
+                        .openat(&rel, libc::O_WRONLY | libc::O_NOFOLLOW, 0)?,
+                )
+            }
+            _ => self.root.create_temp(parent, &tmp)?,
+        };
         let made = (|| {
+            if base == Some(Base::Old) {
+                let old = self.root.open_read(&f.rel, false)?;
+                crate::sync::copy_base(&old, &buffered, f.size)?;
+            }
             buffered.set_len(f.size)?;
             let mut direct = None;
             if self.storage.direct && f.size >= DIRECT_MIN {
@@ -343,6 +405,10 @@ impl FileTable {
             f.digest.fetch_add(hash, Ordering::AcqRel);
         }
         let span = seg.span();
+        slow_write_fault();
+        if self.resume && !self.storage.null {
+            self.note_blocks(f, seg.offset, span);
+        }
         let w = f.written.fetch_add(span, Ordering::AcqRel) + span;
         self.stats.add_bytes(span);
         if w > f.size {
@@ -351,6 +417,154 @@ impl FileTable {
             self.data_complete(f)?;
         }
         Ok(())
+    }
+
+    /// Resume: count written bytes per journal block.
+    fn note_blocks(&self, f: &SinkFile, off: u64, len: u64) {
+        let bs = crate::sync::delta_block(f.size) as u64;
+        let mut g = f.jblocks.lock().unwrap();
+        if g.is_empty() {
+            g.resize(f.size.div_ceil(bs) as usize, 0);
+        }
+        let (mut o, end) = (off, off + len);
+        while o < end {
+            let i = (o / bs) as usize;
+            let n = ((i as u64 + 1) * bs).min(end) - o;
+            if let Some(c) = g.get_mut(i) {
+                *c += n as u32;
+            }
+            o += n;
+        }
+        f.flags.fetch_or(DIRTY, Ordering::AcqRel);
+    }
+
+    /// Sync: build file `id` from `base` (set during metadata, before any
+    /// data can arrive).
+    pub fn set_base(&self, id: u64, base: Base) {
+        if let Some(f) = self.get(id) {
+            *f.base.lock().unwrap() = Some(base);
+        }
+    }
+
+    /// Sync: the sink's file is kept as it is; give it the source's mode
+    /// and mtime (a metadata-only change moves no data).
+    pub fn keep(&self, id: u64, apply_attrs: bool) {
+        let Some(f) = self.get(id) else { return };
+        if apply_attrs && !self.storage.null {
+            if let Err(e) = self.root.set_dir_attrs(&f.rel, f.mode, f.mtime) {
+                self.fail(f, format!("attributes: {e}"));
+                return;
+            }
+        }
+        f.flags.fetch_or(KEPT | FINAL, Ordering::AcqRel);
+    }
+
+    /// Sync: the source reuses `bytes` of file `id`'s base; only the rest
+    /// arrives as data. Creates the temp file from the base now, so a file
+    /// with no differing block completes here.
+    pub fn reuse(&self, id: u64, bytes: u64) -> Result<(), WriteError> {
+        let Some(f) = self.get(id) else {
+            return Err(WriteError::Protocol(format!(
+                "reuse of unknown file id {id}"
+            )));
+        };
+        if bytes > f.size || f.base.lock().unwrap().is_none() {
+            return Err(WriteError::Protocol(format!(
+                "reuse of {} without a base the sink offered",
+                crate::show(&f.rel)
+            )));
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        let seg = Segment {
+            file_id: id,
+            offset: 0,
+            len: 0,
+        };
+        if self.prepare(&seg)?.is_none() {
+            return Ok(());
+        }
+        f.reused.fetch_add(bytes, Ordering::AcqRel);
+        if self.resume {
+            // Reused blocks count as written for the journal too.
+            let bs = crate::sync::delta_block(f.size) as u64;
+            let mut g = f.jblocks.lock().unwrap();
+            g.resize(f.size.div_ceil(bs) as usize, 0);
+        }
+        let w = f.written.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        if w > f.size {
+            self.fail(f, "received more bytes than the file holds".into());
+        } else if w == f.size {
+            self.data_complete(f)?;
+        }
+        Ok(())
+    }
+
+    /// File bytes that crossed the wire for files now in place.
+    pub fn bytes_moved(&self) -> u64 {
+        self.files
+            .iter()
+            .filter(|f| f.flags.load(Ordering::Acquire) & (FINAL | KEPT) == FINAL)
+            .map(|f| f.size - f.reused.load(Ordering::Acquire).min(f.size))
+            .sum()
+    }
+
+    /// Files now in place whose data (some of it) crossed the wire.
+    pub fn files_moved(&self) -> u64 {
+        self.files
+            .iter()
+            .filter(|f| f.flags.load(Ordering::Acquire) & (FINAL | KEPT) == FINAL)
+            .filter(|f| f.size == 0 || f.reused.load(Ordering::Acquire) < f.size)
+            .count() as u64
+    }
+
+    /// Files kept as they were at the sink.
+    pub fn kept(&self) -> u64 {
+        self.files
+            .iter()
+            .filter(|f| f.flags.load(Ordering::Acquire) & KEPT != 0)
+            .count() as u64
+    }
+
+    /// Resume: journal rows of temp files whose written blocks changed
+    /// since the last call (`all`: every temp file not in place).
+    pub fn journal_rows(&self, all: bool) -> Vec<crate::sync::journal::PartRec> {
+        let mut out = Vec::new();
+        for f in &self.files {
+            let fl = f.flags.load(Ordering::Acquire);
+            if fl & TEMP == 0 || fl & FINAL != 0 || (!all && fl & DIRTY == 0) {
+                continue;
+            }
+            f.flags.fetch_and(!DIRTY, Ordering::AcqRel);
+            let bs = crate::sync::delta_block(f.size);
+            let g = f.jblocks.lock().unwrap();
+            let mut written = vec![0u8; g.len().div_ceil(8)];
+            for (i, c) in g.iter().enumerate() {
+                let blen = (f.size - i as u64 * bs as u64).min(bs as u64);
+                if *c as u64 >= blen {
+                    written[i / 8] |= 1 << (i % 8);
+                }
+            }
+            out.push(crate::sync::journal::PartRec {
+                dest: f.rel.clone(),
+                size: f.size,
+                mtime: f.mtime,
+                part: self.tmp_name(f),
+                block_size: bs,
+                written,
+            });
+        }
+        out
+    }
+
+    /// Paths of files now in place (their journal rows can go).
+    pub fn final_paths(&self) -> Vec<&[u8]> {
+        self.files
+            .iter()
+            .filter(|f| f.flags.load(Ordering::Acquire) & FINAL != 0)
+            .map(|f| f.rel.as_slice())
+            .collect()
     }
 
     fn data_complete(&self, f: &SinkFile) -> Result<(), WriteError> {
@@ -426,6 +640,15 @@ impl FileTable {
         }
     }
 
+    /// Files neither in place nor failed yet (the sink tells the source
+    /// it may end the payload when none is left; docs/PROTOCOL.md).
+    pub fn unsettled(&self) -> usize {
+        self.files
+            .iter()
+            .filter(|f| f.flags.load(Ordering::Acquire) & (FINAL | FAILED) == 0)
+            .count()
+    }
+
     /// Whether a file made it to its final name.
     pub fn is_final(&self, f: &SinkFile) -> bool {
         f.flags.load(Ordering::Acquire) & FINAL != 0
@@ -434,6 +657,12 @@ impl FileTable {
     /// After the transfer: fail what is incomplete, remove every temp file
     /// left, and list failures as (path, reason).
     pub fn finish(&self) -> Vec<(Vec<u8>, String)> {
+        self.finish_keeping(false)
+    }
+
+    /// [`Self::finish`]; with `keep_parts` (resume), temp files that hold
+    /// data stay for the next run (the journal names them).
+    pub fn finish_keeping(&self, keep_parts: bool) -> Vec<(Vec<u8>, String)> {
         let mut out = Vec::new();
         for f in &self.files {
             let fl = f.flags.load(Ordering::Acquire);
@@ -450,7 +679,8 @@ impl FileTable {
                 self.fail(f, why);
             }
             f.fd.lock().unwrap().take();
-            if f.flags.load(Ordering::Acquire) & TEMP != 0 {
+            let keep = keep_parts && f.written.load(Ordering::Acquire) > 0;
+            if f.flags.load(Ordering::Acquire) & TEMP != 0 && !keep {
                 let (parent, _) = split_parent(&f.rel);
                 let _ = self.root.unlink(parent, &self.tmp_name(f));
             }

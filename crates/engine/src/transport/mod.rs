@@ -2,6 +2,7 @@
 //! be joined by raw-Ethernet channels (seed 002) or RDMA (seed 004) without
 //! touching the data path.
 
+pub mod channels;
 pub mod tcp;
 
 use std::io::{self, Read, Write};

@@ -1,0 +1,572 @@
+//! `ramsys serve --config FILE`: what hardware detection cannot know (seed
+//! 000 sec. 6.1.2, the user-assisted abstraction): the purpose of each
+//! device, a capacity that beats the guess from its type, thread counts
+//! per device, the I/O model file (`ramsys iomodel -o`), and the daemon's
+//! NUMA mode, memory and stream limits. And the daemon's placement: which
+//! device and NIC it serves, how big its pools are and where they live.
+//!
+//! ```toml
+//! numa = "auto"              # off | auto | NODE
+//! memory = "512M"            # buffer memory (bytes, or 512K/64M/2G)
+//! max_streams = 16
+//! readers = 4                # storage threads when no device entry says
+//! writers = 4
+//! model = "model.json"       # relative to this file's directory
+//! send_path = "queued"       # inline | queued (seed 002 sec. 7)
+//!
+//! [devices.sda]
+//! capacity_gbps = 4.0        # what the device really sustains
+//! threads = 2                # reader and writer threads for it
+//!
+//! [devices.eth1]
+//! purpose = "storage"        # data (default) | storage | ignore
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+
+use ramsys_topo::{NumaMode, Role, Topology, TransferPlan};
+
+use crate::placement::{apply, plan_end, sched_instance_with, storage_for_path, Capacities};
+use crate::resources::ResourceConfig;
+
+/// What a device is for. Detection sees a NIC but not whether it carries
+/// replication traffic or the storage traffic of a SAN/NFS mount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Purpose {
+    /// Carries transfers (the default).
+    Data,
+    /// A NIC used for storage traffic: never a data channel.
+    Storage,
+    /// Not used by ramsys at all.
+    Ignore,
+}
+
+/// One `[devices.NAME]` table.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceConfig {
+    pub purpose: Option<Purpose>,
+    pub capacity_gbps: Option<f64>,
+    pub threads: Option<usize>,
+}
+
+/// How a source hands blocks to the network (seed 002 sec. 7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SendPath {
+    /// Reader -> bounded queue -> sender thread.
+    #[default]
+    Queued,
+    /// The reader waits for credit and writes the block itself.
+    Inline,
+}
+
+impl std::str::FromStr for SendPath {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "queued" => Ok(SendPath::Queued),
+            "inline" => Ok(SendPath::Inline),
+            _ => Err(format!("expected inline or queued, got {s:?}")),
+        }
+    }
+}
+
+/// The parsed config file. Every field is optional: absent means "use the
+/// command line or the detected default".
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DaemonConfig {
+    pub numa: Option<NumaMode>,
+    pub memory: Option<u64>,
+    pub max_streams: Option<usize>,
+    pub readers: Option<usize>,
+    pub writers: Option<usize>,
+    pub model: Option<PathBuf>,
+    pub send_path: Option<SendPath>,
+    pub devices: BTreeMap<String, DeviceConfig>,
+}
+
+/// Parse a size: a number of bytes, or with a K/M/G/T suffix (binary).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mul) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                'B' => 1,
+                _ => return Err(format!("unknown size suffix in {s:?}")),
+            };
+            (&s[..i], m)
+        }
+        _ => (s, 1),
+    };
+    num.trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .ok_or_else(|| format!("expected a size like 512M, got {s:?}"))
+}
+
+fn positive(key: &str, v: &toml::Value) -> Result<usize, String> {
+    match v.as_integer() {
+        Some(n) if n > 0 => Ok(n as usize),
+        _ => Err(format!("key `{key}`: expected a positive integer, got {v}")),
+    }
+}
+
+fn string<'a>(key: &str, v: &'a toml::Value) -> Result<&'a str, String> {
+    v.as_str()
+        .ok_or_else(|| format!("key `{key}`: expected a string, got {v}"))
+}
+
+impl DaemonConfig {
+    /// Parse config text. Relative paths (the model file) resolve against
+    /// `base` (the config file's directory). Errors are one line naming
+    /// the offending key.
+    pub fn parse(text: &str, base: &Path) -> Result<DaemonConfig, String> {
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+            let msg = e.message().replace('\n', " ");
+            match line {
+                Some(l) => format!("TOML syntax error on line {l}: {msg}"),
+                None => format!("TOML syntax error: {msg}"),
+            }
+        })?;
+        let mut c = DaemonConfig::default();
+        for (k, v) in &table {
+            match k.as_str() {
+                "numa" => {
+                    let s = match v {
+                        toml::Value::Integer(n) => n.to_string(),
+                        _ => string(k, v)?.to_string(),
+                    };
+                    c.numa = Some(s.parse().map_err(|e| format!("key `numa`: {e}"))?);
+                }
+                "memory" => {
+                    c.memory = Some(match v {
+                        toml::Value::Integer(n) if *n > 0 => *n as u64,
+                        toml::Value::String(s) => {
+                            parse_size(s).map_err(|e| format!("key `memory`: {e}"))?
+                        }
+                        _ => return Err(format!("key `memory`: expected a size, got {v}")),
+                    })
+                }
+                "max_streams" => c.max_streams = Some(positive(k, v)?),
+                "readers" => c.readers = Some(positive(k, v)?),
+                "writers" => c.writers = Some(positive(k, v)?),
+                "model" => c.model = Some(base.join(string(k, v)?)),
+                "send_path" => {
+                    c.send_path = Some(
+                        string(k, v)?
+                            .parse()
+                            .map_err(|e| format!("key `send_path`: {e}"))?,
+                    )
+                }
+                "devices" => {
+                    let t = v
+                        .as_table()
+                        .ok_or_else(|| format!("key `devices`: expected a table, got {v}"))?;
+                    for (name, dv) in t {
+                        c.devices
+                            .insert(name.clone(), parse_device(&format!("devices.{name}"), dv)?);
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "unknown key `{k}` (expected numa, memory, max_streams, readers, \
+                         writers, model, send_path or [devices.NAME])"
+                    ))
+                }
+            }
+        }
+        Ok(c)
+    }
+
+    /// Read and parse a config file; errors name the file and the key.
+    pub fn load(path: &Path) -> anyhow::Result<DaemonConfig> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        DaemonConfig::parse(&text, base)
+            .map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))
+    }
+
+    /// Capacity overrides for the scheduler.
+    pub fn capacities(&self) -> Capacities {
+        self.devices
+            .iter()
+            .filter_map(|(n, d)| d.capacity_gbps.map(|c| (n.clone(), c)))
+            .collect()
+    }
+
+    fn purpose(&self, name: &str) -> Purpose {
+        self.devices
+            .get(name)
+            .and_then(|d| d.purpose)
+            .unwrap_or(Purpose::Data)
+    }
+
+    fn threads(&self, name: &str) -> Option<usize> {
+        self.devices.get(name).and_then(|d| d.threads)
+    }
+}
+
+fn parse_device(key: &str, v: &toml::Value) -> Result<DeviceConfig, String> {
+    let t = v
+        .as_table()
+        .ok_or_else(|| format!("key `{key}`: expected a table, got {v}"))?;
+    let mut d = DeviceConfig::default();
+    for (k, v) in t {
+        let full = format!("{key}.{k}");
+        match k.as_str() {
+            "purpose" => {
+                d.purpose = Some(match string(&full, v)? {
+                    "data" => Purpose::Data,
+                    "storage" => Purpose::Storage,
+                    "ignore" => Purpose::Ignore,
+                    s => {
+                        return Err(format!(
+                            "key `{full}`: expected data, storage or ignore, got {s:?}"
+                        ))
+                    }
+                })
+            }
+            "capacity_gbps" => {
+                let g = v.as_float().or_else(|| v.as_integer().map(|i| i as f64));
+                match g {
+                    Some(g) if g > 0.0 && g.is_finite() => d.capacity_gbps = Some(g),
+                    _ => {
+                        return Err(format!(
+                            "key `{full}`: expected a positive number of Gbit/s, got {v}"
+                        ))
+                    }
+                }
+            }
+            "threads" => d.threads = Some(positive(&full, v)?),
+            _ => {
+                return Err(format!(
+                    "unknown key `{full}` (expected purpose, capacity_gbps or threads)"
+                ))
+            }
+        }
+    }
+    Ok(d)
+}
+
+/// What the command line says, before the config file and the hardware
+/// are consulted. `None` = not given (so the config or the plan decides).
+#[derive(Clone, Debug, Default)]
+pub struct ServeInputs {
+    pub numa: Option<NumaMode>,
+    pub memory: Option<u64>,
+    pub max_streams: Option<usize>,
+    pub readers: Option<usize>,
+    pub writers: Option<usize>,
+    pub buffer_size: usize,
+}
+
+/// The daemon's hardware view and the placement it chose at start; kept
+/// for per-task plans (issue 7).
+#[derive(Clone, Debug)]
+pub struct DaemonPlacement {
+    pub topo: Topology,
+    pub live: bool,
+    pub mode: NumaMode,
+    pub model: Option<ramsys_iomodel::Model>,
+    pub capacities: Capacities,
+    /// Storage threads configured per device (`[devices.X] threads`).
+    pub device_threads: BTreeMap<String, usize>,
+    /// The export root's block device and the listen NIC.
+    pub storage: Option<String>,
+    pub nic: Option<String>,
+    /// The start-time placement (mode off: None).
+    pub plan: Option<TransferPlan>,
+    /// The resulting pool configuration.
+    pub resources: ResourceConfig,
+    /// One line per decision, for the log and `ramsys status`.
+    pub lines: Vec<String>,
+}
+
+fn listen_ip(listen: &str) -> Option<IpAddr> {
+    listen.to_socket_addrs().ok()?.next().map(|a| a.ip())
+}
+
+/// Decide the daemon's placement: the root's storage device, the NIC it
+/// listens on (a wildcard address: the first physical, up NIC of purpose
+/// data), pools pinned by [`plan_end`] (storage threads on the storage
+/// node, network threads and buffers on the NIC's node, seed 000 6.1.5)
+/// and sized by, in order: the command line, the config (per device, then
+/// global), the device type (seed 000 6.1.2) and the scheduler's plan.
+pub fn daemon_placement(
+    topo: Topology,
+    live: bool,
+    cfg: &DaemonConfig,
+    cli: &ServeInputs,
+    root: &Path,
+    listen: &str,
+) -> anyhow::Result<DaemonPlacement> {
+    let mode = cli.numa.or(cfg.numa).unwrap_or(NumaMode::Auto);
+    let model = match &cfg.model {
+        Some(p) => Some(ramsys_iomodel::load_model(p)?),
+        None => None,
+    };
+    let capacities = cfg.capacities();
+    let mut lines = Vec::new();
+    let storage = storage_for_path(&topo, root, live).cloned();
+    let ip = listen_ip(listen);
+    let nic = match ip {
+        Some(ip) if !ip.is_unspecified() => {
+            if ip.is_loopback() {
+                topo.nic("lo").or_else(|| topo.nic_for_addr(ip))
+            } else {
+                topo.nic_for_addr(ip)
+            }
+        }
+        _ => topo
+            .nics
+            .iter()
+            .filter(|n| cfg.purpose(&n.name) == Purpose::Data)
+            .find(|n| !n.is_virtual && n.operstate.as_deref() != Some("down")),
+    }
+    .filter(|n| cfg.purpose(&n.name) != Purpose::Ignore)
+    .cloned();
+    if let Some(n) = &nic {
+        if cfg.purpose(&n.name) == Purpose::Storage {
+            lines.push(format!(
+                "warning: listening on {} whose configured purpose is storage",
+                n.name
+            ));
+        }
+    }
+    lines.push(format!(
+        "storage {} ; NIC {} ; numa {mode}{}",
+        storage
+            .as_ref()
+            .map(|d| format!(
+                "{} ({}, node {})",
+                d.name,
+                d.kind.as_str(),
+                d.numa_node.map_or("unknown".into(), |x| x.to_string())
+            ))
+            .unwrap_or_else(|| "unknown".into()),
+        nic.as_ref()
+            .map(|n| format!(
+                "{} (node {})",
+                n.name,
+                n.numa_node.map_or("unknown".into(), |x| x.to_string())
+            ))
+            .unwrap_or_else(|| "unknown".into()),
+        if model.is_some() {
+            ", I/O model loaded"
+        } else {
+            ""
+        }
+    ));
+
+    // The scheduler's view of the root device <-> NIC path.
+    let block = cli.buffer_size as u64;
+    let sched = match (&storage, &nic) {
+        (Some(s), Some(n)) => Some(ramsys_sched::plan(&sched_instance_with(
+            &topo,
+            model.as_ref(),
+            &capacities,
+            &s.name,
+            &n.name,
+            block,
+        ))),
+        _ => None,
+    };
+    let by_type = storage.as_ref().map(|d| {
+        let cap = capacities.get(&d.name).map(|g| (g * 1000.0) as u64);
+        ramsys_topo::plan::storage_pool_size(d.kind, cap, 16)
+    });
+    let planned = sched
+        .as_ref()
+        .zip(storage.as_ref())
+        .map(|(p, d)| p.count(ramsys_sched::Role::Reader, &d.name) as usize);
+    let dev_threads = storage.as_ref().and_then(|d| cfg.threads(&d.name));
+    let auto_storage = by_type.max(planned).filter(|n| *n > 0);
+    let readers = cli
+        .readers
+        .or(dev_threads)
+        .or(cfg.readers)
+        .or(auto_storage)
+        .unwrap_or(4);
+    let writers = cli
+        .writers
+        .or(dev_threads)
+        .or(cfg.writers)
+        .or(auto_storage)
+        .unwrap_or(4);
+    let max_streams = cli
+        .max_streams
+        .or(nic.as_ref().and_then(|n| cfg.threads(&n.name)))
+        .or(cfg.max_streams)
+        .unwrap_or(16);
+    let memory = cli.memory.or(cfg.memory).unwrap_or(256 << 20);
+    let base = ResourceConfig {
+        memory: memory as usize,
+        buffer_size: cli.buffer_size,
+        readers: readers.max(1),
+        writers: writers.max(1),
+        max_streams: max_streams.max(1),
+        ..Default::default()
+    };
+    let plan = if mode == NumaMode::Off {
+        None
+    } else {
+        Some(plan_end(
+            &topo,
+            Role::Source,
+            storage.as_ref(),
+            nic.as_ref(),
+            mode,
+        )?)
+    };
+    let resources = match &plan {
+        Some(p) => apply(p, base),
+        None => base,
+    };
+    lines.push(format!(
+        "pools: readers {} writers {} (storage threads, CPUs {}), senders/receivers {} (CPUs {}), \
+         buffers {} MiB on {}",
+        resources.readers,
+        resources.writers,
+        cpus_or_os(&resources.storage_cpus),
+        resources.max_streams,
+        cpus_or_os(&resources.net_cpus),
+        resources.memory >> 20,
+        resources
+            .buffer_node
+            .map_or("the heap (OS placement)".into(), |n| format!("node {n}")),
+    ));
+    if let Some(p) = &plan {
+        lines.push(format!("storage threads: {}", p.storage_threads.reason));
+        if let Some(n) = &p.network_threads {
+            lines.push(format!("network threads: {}", n.reason));
+        }
+        lines.push(format!("buffers: {}", p.buffers.reason));
+    }
+    if let Some(s) = &sched {
+        lines.push(format!(
+            "scheduler: {:.1} Gbps predicted, bottleneck {}",
+            s.predicted.gbps, s.predicted.bottleneck
+        ));
+    }
+    Ok(DaemonPlacement {
+        device_threads: cfg
+            .devices
+            .iter()
+            .filter_map(|(n, d)| d.threads.map(|t| (n.clone(), t)))
+            .collect(),
+        topo,
+        live,
+        mode,
+        model,
+        capacities,
+        storage: storage.map(|d| d.name),
+        nic: nic.map(|n| n.name),
+        plan,
+        resources,
+        lines,
+    })
+}
+
+fn cpus_or_os(c: &[usize]) -> String {
+    if c.is_empty() {
+        "any (OS)".into()
+    } else {
+        ramsys_topo::fmt_cpus(c)
+    }
+}
+
+/// Thread counts a task follows, from its plan (issue 7).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskCounts {
+    /// Storage threads (readers for a source, writers for a sink).
+    pub storage: usize,
+    /// Network threads = streams.
+    pub network: usize,
+}
+
+impl DaemonPlacement {
+    /// The MSMRAP plan for one task: data from the storage device under
+    /// `path` to the NIC that owns `local` (the control link's local
+    /// address), or the reverse for a sink. None when either device is
+    /// unknown.
+    pub fn task_plan(
+        &self,
+        sink: bool,
+        path: &Path,
+        local: &str,
+        block: u64,
+    ) -> Option<(ramsys_sched::Plan, String, String)> {
+        let storage = storage_for_path(&self.topo, path, self.live)
+            .map(|d| d.name.clone())
+            .or_else(|| self.storage.clone())?;
+        let nic = local
+            .parse::<std::net::SocketAddr>()
+            .ok()
+            .and_then(|a| {
+                if a.ip().is_loopback() {
+                    self.topo.nic("lo")
+                } else {
+                    self.topo.nic_for_addr(a.ip())
+                }
+            })
+            .map(|n| n.name.clone())
+            .or_else(|| self.nic.clone())?;
+        let (from, to) = if sink {
+            (nic.as_str(), storage.as_str())
+        } else {
+            (storage.as_str(), nic.as_str())
+        };
+        let inst = sched_instance_with(
+            &self.topo,
+            self.model.as_ref(),
+            &self.capacities,
+            from,
+            to,
+            block,
+        );
+        Some((ramsys_sched::plan(&inst), storage, nic))
+    }
+}
+
+/// The counts a task runs with: the plan's, raised to what the user
+/// configured for the device (an explicit `threads` wins), and never
+/// above the pools (admission grants within these). `floor` keeps at
+/// least that many storage threads (see docs/SCHEDULER.md: a virtio disk
+/// that claims to be rotational).
+pub fn task_counts(
+    plan: &ramsys_sched::Plan,
+    sink: bool,
+    storage: &str,
+    nic: &str,
+    configured: Option<usize>,
+    pools: &ResourceConfig,
+    floor: usize,
+) -> TaskCounts {
+    use ramsys_sched::Role as R;
+    let (sr, nr, pool) = if sink {
+        (R::Writer, R::Receiver, pools.writers)
+    } else {
+        (R::Reader, R::Sender, pools.readers)
+    };
+    let planned = plan.count(sr, storage) as usize;
+    let storage_n = configured
+        .unwrap_or(planned.max(floor))
+        .clamp(1, pool.max(1));
+    let network = (plan.count(nr, nic) as usize).clamp(1, pools.max_streams.max(1));
+    TaskCounts {
+        storage: storage_n,
+        network,
+    }
+}

@@ -1,0 +1,127 @@
+//! `--delete`: remove sink entries the source no longer has. Only the
+//! directories the source sent are scanned (so nothing outside the
+//! destination is looked at), every directory is opened through the root
+//! (openat2, no symlinks followed), entries are removed with unlinkat on
+//! that descriptor, and a symlink is removed, never followed. The sink runs
+//! this after every new file, link and directory attribute is in place.
+
+use std::collections::HashSet;
+use std::ffi::CString;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+
+use crate::fsops::Root;
+
+/// Our own working files, never deleted: temp files and links of running
+/// or interrupted sessions, and the resume journal.
+pub fn is_ours(name: &[u8]) -> bool {
+    let s = String::from_utf8_lossy(name);
+    s.starts_with(super::journal::JOURNAL_NAME)
+        || (s.starts_with('.') && s.contains(".ramsys-") && s.ends_with(".part"))
+        || (s.starts_with(".ramsys-") && s.ends_with(".lnk"))
+}
+
+fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
+    if a.is_empty() {
+        return b.to_vec();
+    }
+    let mut v = a.to_vec();
+    v.push(b'/');
+    v.extend_from_slice(b);
+    v
+}
+
+/// Entries of the sink directories `dirs` whose paths are not in `keep`.
+pub fn extraneous(root: &Root, dirs: &[Vec<u8>], keep: &HashSet<Vec<u8>>) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for d in dirs {
+        let Ok(fd) = root.open_dir(d) else { continue };
+        // Listing through the descriptor keeps the walk on the directory
+        // openat2 confined.
+        let Ok(rd) = std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+            continue;
+        };
+        let mut names: Vec<Vec<u8>> = rd
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().as_bytes().to_vec())
+            .filter(|n| !is_ours(n))
+            .collect();
+        names.sort();
+        for n in names {
+            let p = join(d, &n);
+            if !keep.contains(&p) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Remove `rel` (a whole tree if it is a directory).
+pub fn remove(root: &Root, rel: &[u8]) -> std::io::Result<()> {
+    let (parent, name) = crate::fsops::split_parent(rel);
+    let dir = root.open_dir(parent)?;
+    let c = CString::new(name).map_err(|_| std::io::Error::other("NUL in path"))?;
+    // SAFETY: zeroed stat is a valid out-parameter; valid dirfd and C string.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    } != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    let flag = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+        let sub = root.open_dir(rel)?;
+        let rd = std::fs::read_dir(format!("/proc/self/fd/{}", sub.as_raw_fd()))?;
+        for e in rd {
+            remove(root, &join(rel, e?.file_name().as_bytes()))?;
+        }
+        libc::AT_REMOVEDIR
+    } else {
+        0
+    };
+    // SAFETY: valid dirfd and C string.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), flag) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fsops::Confinement;
+
+    #[test]
+    fn finds_and_removes_only_extraneous_never_through_symlinks() {
+        let d = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("keep"), b"x").unwrap();
+        let t = d.path().join("t");
+        std::fs::create_dir_all(t.join("old/deep")).unwrap();
+        std::fs::write(t.join("old/deep/f"), b"x").unwrap();
+        std::fs::write(t.join("a"), b"x").unwrap();
+        std::fs::write(t.join("gone"), b"x").unwrap();
+        std::fs::write(t.join(".a.ramsys-00000001.part"), b"x").unwrap();
+        std::os::unix::fs::symlink(outside.path(), t.join("link")).unwrap();
+        let root = Root::open(d.path(), Confinement::Strict).unwrap();
+        let keep: HashSet<Vec<u8>> = [b"t".to_vec(), b"t/a".to_vec()].into_iter().collect();
+        let x = extraneous(&root, &[b"t".to_vec()], &keep);
+        assert_eq!(
+            x,
+            vec![b"t/gone".to_vec(), b"t/link".to_vec(), b"t/old".to_vec()]
+        );
+        for p in &x {
+            remove(&root, p).unwrap();
+        }
+        assert!(t.join("a").exists() && t.join(".a.ramsys-00000001.part").exists());
+        assert!(!t.join("old").exists() && !t.join("gone").exists());
+        assert!(std::fs::symlink_metadata(t.join("link")).is_err());
+        assert!(outside.path().join("keep").exists());
+    }
+}

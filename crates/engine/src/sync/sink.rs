@@ -1,0 +1,333 @@
+//! The sink's part of a sync: decide per announced file what it already
+//! holds, answer Have in the metadata round trip, apply the source's Reuse
+//! verdicts, keep the resume journal, and delete what the source no longer
+//! has once everything new is in place.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use ramsys_proto::control::{Have, HaveState, Reuse, ReuseKind};
+
+use super::flags::{CHECKSUM, DELETE, DRY_RUN, RESUME, SYNC};
+use super::journal::{Journal, PartRec};
+use crate::data::sinkfiles::{Base, FileTable, WriteError};
+use crate::fsops::{split_parent, Root};
+
+/// (path, reason) of entries that could not be removed.
+pub type PathFailures = Vec<(Vec<u8>, String)>;
+
+enum Check {
+    Digest,
+    /// Hash the base: the old file, or a journalled temp file.
+    Blocks {
+        base_size: u64,
+        part: Option<PartRec>,
+    },
+}
+
+pub struct SinkSync {
+    pub flags: u32,
+    root: Arc<Root>,
+    journal: Option<Journal>,
+    checks: Vec<(u64, Vec<u8>, u64, Check)>,
+    pub haves: Vec<Have>,
+    /// Every destination path the source sent (for --delete).
+    keep: HashSet<Vec<u8>>,
+    /// Destination directories the source sent that exist here.
+    dirs: Vec<Vec<u8>>,
+    /// Dry run: files that would be sent, by id.
+    dry_files: Vec<(u64, Vec<u8>)>,
+    /// Dry run: ids the sink or source found unchanged.
+    dry_kept: HashSet<u64>,
+    /// Resume: temp files taken as bases (paths under the root).
+    used_parts: HashSet<Vec<u8>>,
+}
+
+fn is_reg(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFREG
+}
+
+impl SinkSync {
+    pub fn new(flags: u32, root: Arc<Root>) -> Self {
+        SinkSync {
+            flags,
+            root,
+            journal: None,
+            checks: Vec::new(),
+            haves: Vec::new(),
+            keep: HashSet::new(),
+            dirs: Vec::new(),
+            dry_files: Vec::new(),
+            dry_kept: HashSet::new(),
+            used_parts: HashSet::new(),
+        }
+    }
+
+    pub fn dry(&self) -> bool {
+        self.flags & DRY_RUN != 0
+    }
+
+    pub fn resume(&self) -> bool {
+        self.flags & RESUME != 0 && !self.dry()
+    }
+
+    /// A directory record (created by the caller unless dry run).
+    pub fn on_dir(&mut self, target: &[u8]) {
+        self.keep.insert(target.to_vec());
+        self.dirs.push(target.to_vec());
+    }
+
+    pub fn on_other(&mut self, target: &[u8]) {
+        self.keep.insert(target.to_vec());
+    }
+
+    /// A file record, already in `table` (unless dry run): unchanged,
+    /// to compare, or to send whole.
+    pub fn on_file(
+        &mut self,
+        table: &FileTable,
+        id: u64,
+        target: &[u8],
+        size: u64,
+        mode: u32,
+        mtime: (i64, u32),
+    ) {
+        self.keep.insert(target.to_vec());
+        if self.dry() {
+            self.dry_files.push((id, target.to_vec()));
+        }
+        if self.resume() {
+            if self.journal.is_none() {
+                match Journal::open(self.root.path()) {
+                    Ok(j) => self.journal = Some(j),
+                    Err(e) => tracing::warn!("{e}; resuming without it"),
+                }
+            }
+            let rec = self
+                .journal
+                .as_ref()
+                .and_then(|j| j.lookup(target).ok().flatten());
+            if let Some(r) = rec.filter(|r| r.size == size && r.mtime == mtime) {
+                let (parent, _) = split_parent(target);
+                let mut p = parent.to_vec();
+                if !p.is_empty() {
+                    p.push(b'/');
+                }
+                p.extend_from_slice(&r.part);
+                if matches!(self.root.lstat(&p), Ok(Some(st)) if is_reg(&st)) {
+                    self.used_parts.insert(p.clone());
+                    let check = Check::Blocks {
+                        base_size: size,
+                        part: Some(r),
+                    };
+                    self.checks.push((id, p, size, check));
+                    return;
+                }
+            }
+        }
+        let Ok(Some(st)) = self.root.lstat(target) else {
+            return;
+        };
+        if !is_reg(&st) {
+            return;
+        }
+        let osize = st.st_size as u64;
+        let omtime = (st.st_mtime, st.st_mtime_nsec as u32);
+        let delta_ok = self.flags & SYNC != 0
+            && !self.dry()
+            && osize > 0
+            && (osize == size || size >= super::DELTA_MIN);
+        if self.flags & CHECKSUM != 0 && osize == size {
+            self.checks.push((id, target.to_vec(), size, Check::Digest));
+        } else if self.flags & CHECKSUM == 0 && osize == size && omtime == mtime {
+            self.haves.push(Have {
+                id,
+                state: HaveState::Unchanged,
+            });
+            // A mode change alone is applied here: no data moves.
+            table.keep(id, st.st_mode & 0o7777 != mode);
+            self.dry_kept.insert(id);
+        } else if delta_ok {
+            let check = Check::Blocks {
+                base_size: osize,
+                part: None,
+            };
+            self.checks.push((id, target.to_vec(), size, check));
+        }
+    }
+
+    /// Resume: temp files of this session's files that no journal row
+    /// vouches for (written after its last save before a kill, or of
+    /// another source version) are removed: their blocks are unverified.
+    fn drop_stale_parts(&self) {
+        for d in &self.dirs {
+            let Ok(fd) = self.root.open_dir(d) else {
+                continue;
+            };
+            use std::os::fd::AsRawFd;
+            use std::os::unix::ffi::OsStrExt;
+            let Ok(rd) = std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+                continue;
+            };
+            for e in rd.filter_map(|e| e.ok()) {
+                let name = e.file_name().as_bytes().to_vec();
+                let s = String::from_utf8_lossy(&name).into_owned();
+                let Some(i) = s.rfind(".ramsys-") else {
+                    continue;
+                };
+                if !s.starts_with('.') || !s.ends_with(".part") {
+                    continue;
+                }
+                let mut dest = d.clone();
+                let mut part = d.clone();
+                if !d.is_empty() {
+                    dest.push(b'/');
+                    part.push(b'/');
+                }
+                dest.extend_from_slice(&name[1..i]);
+                part.extend_from_slice(&name);
+                if self.keep.contains(&dest) && !self.used_parts.contains(&part) {
+                    let _ = self.root.unlink(d, &name);
+                }
+            }
+        }
+    }
+
+    /// After MetaEnd: digests and block hashes, in parallel; the Have
+    /// answer in batches that fit a CONTROL frame.
+    pub fn answer(&mut self, table: &FileTable) -> Vec<Vec<Have>> {
+        if self.resume() {
+            self.drop_stale_parts();
+        }
+        let root = self.root.clone();
+        let res: Vec<Option<HaveState>> = super::par_map(
+            &self.checks,
+            super::hash_threads(),
+            |(id, path, size, c)| {
+                let f = root.open_read(path, false).ok()?;
+                match c {
+                    Check::Digest => super::content_digest(f).ok().map(HaveState::Digest),
+                    Check::Blocks { base_size, part } => {
+                        let bs = super::delta_block(*size);
+                        let want = |i: usize| part.as_ref().is_none_or(|p| p.has(i));
+                        let sums = super::block_sums(&f, *id, *base_size, bs, &want).ok()?;
+                        Some(HaveState::Blocks {
+                            block_size: bs,
+                            size: *base_size,
+                            sums,
+                        })
+                    }
+                }
+            },
+        );
+        for ((id, _, _, c), r) in std::mem::take(&mut self.checks).into_iter().zip(res) {
+            let Some(state) = r else { continue };
+            match c {
+                Check::Blocks { part: Some(p), .. } => table.set_base(id, Base::Part(p.part)),
+                Check::Blocks { part: None, .. } => table.set_base(id, Base::Old),
+                Check::Digest => {}
+            }
+            self.haves.push(Have { id, state });
+        }
+        let mut out = Vec::new();
+        let mut cur = Vec::new();
+        let mut bytes = 0;
+        for h in std::mem::take(&mut self.haves) {
+            let sz = 16
+                + match &h.state {
+                    HaveState::Blocks { sums, .. } => sums.len() * 10 + 16,
+                    _ => 10,
+                };
+            if bytes + sz > (ramsys_proto::frame::MAX_CONTROL_BODY as usize) / 2 && !cur.is_empty()
+            {
+                out.push(std::mem::take(&mut cur));
+                bytes = 0;
+            }
+            bytes += sz;
+            cur.push(h);
+        }
+        if !cur.is_empty() {
+            out.push(cur);
+        }
+        out
+    }
+
+    /// The source's verdicts.
+    pub fn on_reuse(&mut self, table: &FileTable, v: Vec<Reuse>) -> Result<(), WriteError> {
+        for r in v {
+            match r.what {
+                ReuseKind::Keep => {
+                    self.dry_kept.insert(r.id);
+                    table.keep(r.id, true);
+                }
+                ReuseKind::Base { bytes } => table.reuse(r.id, bytes)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Resume: save the written blocks of temp files changed since last time.
+    pub fn flush(&mut self, table: &FileTable, all: bool) {
+        if let Some(j) = &mut self.journal {
+            let rows = table.journal_rows(all);
+            if !rows.is_empty() {
+                if let Err(e) = j.put(&rows) {
+                    tracing::warn!("{e}");
+                }
+            }
+        } else if self.resume() {
+            if let Ok(mut j) = Journal::open(self.root.path()) {
+                let rows = table.journal_rows(all);
+                if !rows.is_empty() {
+                    let _ = j.put(&rows);
+                }
+                self.journal = Some(j);
+            }
+        }
+    }
+
+    /// After the session's files are in place (or it failed): forget what
+    /// completed, keep what did not.
+    pub fn close_journal(&mut self, table: &FileTable) {
+        self.flush(table, true);
+        if let Some(mut j) = self.journal.take() {
+            let done = table.final_paths();
+            if let Err(e) = j.remove(&done) {
+                tracing::warn!("{e}");
+            }
+            j.close();
+        }
+    }
+
+    /// `--delete`, last of all: entries of the sent directories the source
+    /// does not have (removed unless dry run). Returns (removed, failures).
+    pub fn delete(&self) -> (Vec<Vec<u8>>, PathFailures) {
+        if self.flags & DELETE == 0 {
+            return (Vec::new(), Vec::new());
+        }
+        let gone = super::delete::extraneous(&self.root, &self.dirs, &self.keep);
+        if self.dry() {
+            return (gone, Vec::new());
+        }
+        let mut done = Vec::new();
+        let mut failed = Vec::new();
+        for p in gone {
+            match super::delete::remove(&self.root, &p) {
+                Ok(()) => done.push(p),
+                Err(e) => failed.push((p, format!("delete: {e}"))),
+            }
+        }
+        (done, failed)
+    }
+
+    /// Dry run: files that would be sent, and how many were unchanged.
+    pub fn planned(&self) -> (Vec<Vec<u8>>, u64) {
+        let p = self
+            .dry_files
+            .iter()
+            .filter(|(id, _)| !self.dry_kept.contains(id))
+            .map(|(_, t)| t.clone())
+            .collect();
+        (p, self.dry_kept.len() as u64)
+    }
+}

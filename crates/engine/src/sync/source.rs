@@ -1,0 +1,171 @@
+//! The source's part of a sync: turn the sink's Have answer into a read
+//! plan (skip unchanged files, read only differing blocks of the others)
+//! and the Reuse verdicts the sink needs to build its files.
+
+use std::collections::HashMap;
+
+use ramsys_proto::control::{Have, HaveState, Reuse, ReuseKind};
+
+use crate::fsops::Root;
+use crate::request::tasks::{DeviceQueue, ReadUnit};
+use crate::request::walk::SourceFile;
+
+/// What to read of each file, by index in the walk's file list.
+#[derive(Debug, Default)]
+pub struct SyncPlan {
+    /// None: read whole; Some(ranges): just these (delta).
+    pub ranges: Vec<Option<Vec<(u64, u64)>>>,
+    /// Not sent at all (unchanged, identical content, or dry run).
+    pub skip: Vec<bool>,
+    pub reuse: Vec<Reuse>,
+    /// Files not sent at all.
+    pub unchanged: u64,
+    /// Dry run: indices of the files that would be sent.
+    pub planned: Vec<usize>,
+}
+
+impl SyncPlan {
+    pub fn skipped(&self, idx: usize) -> bool {
+        self.skip[idx]
+    }
+
+    /// Bytes to read of file `idx`.
+    pub fn bytes(&self, idx: usize, size: u64) -> u64 {
+        if self.skip[idx] {
+            return 0;
+        }
+        match &self.ranges[idx] {
+            None => size,
+            Some(r) => r.iter().map(|x| x.1).sum(),
+        }
+    }
+}
+
+enum Job {
+    Digest(u64),
+    Blocks(u32, u64, Vec<u64>),
+}
+
+#[derive(Clone, Default)]
+enum Verdict {
+    #[default]
+    Whole,
+    Keep,
+    Base(Vec<(u64, u64)>, u64),
+}
+
+/// Compare in parallel (each side hashes what it holds) and plan.
+pub fn plan(
+    root: &Root,
+    files: &[SourceFile],
+    haves: Vec<Have>,
+    dry: bool,
+    max_run: u64,
+) -> SyncPlan {
+    let by_id: HashMap<u64, usize> = files.iter().enumerate().map(|(i, f)| (f.id, i)).collect();
+    let mut p = SyncPlan {
+        ranges: vec![None; files.len()],
+        skip: vec![false; files.len()],
+        ..Default::default()
+    };
+    let mut jobs: Vec<(usize, Job)> = Vec::new();
+    for h in haves {
+        let Some(&i) = by_id.get(&h.id) else { continue };
+        match h.state {
+            HaveState::Unchanged => {
+                p.skip[i] = true;
+                p.unchanged += 1;
+            }
+            HaveState::Digest(d) => jobs.push((i, Job::Digest(d))),
+            HaveState::Blocks {
+                block_size,
+                size,
+                sums,
+            } => {
+                if block_size >= 4096 && !dry {
+                    jobs.push((i, Job::Blocks(block_size, size, sums)));
+                }
+            }
+        }
+    }
+    let verdicts = super::par_map(&jobs, super::hash_threads(), |(i, job)| {
+        let f = &files[*i];
+        let Ok(file) = root.open_read(&f.rel, false) else {
+            return Verdict::Whole;
+        };
+        match job {
+            Job::Digest(d) => match super::content_digest(file) {
+                Ok(x) if x == *d => Verdict::Keep,
+                _ => Verdict::Whole,
+            },
+            Job::Blocks(bs, base_size, sums) => {
+                match super::block_sums(&file, f.id, f.size, *bs, &|_| true) {
+                    Ok(ours) => {
+                        let (r, reused) =
+                            super::diff_ranges(&ours, sums, *bs, f.size, *base_size, max_run);
+                        Verdict::Base(r, reused)
+                    }
+                    Err(_) => Verdict::Whole,
+                }
+            }
+        }
+    });
+    for ((i, _), v) in jobs.iter().zip(verdicts) {
+        let id = files[*i].id;
+        match v {
+            Verdict::Whole => {}
+            Verdict::Keep => {
+                p.skip[*i] = true;
+                p.unchanged += 1;
+                p.reuse.push(Reuse {
+                    id,
+                    what: ReuseKind::Keep,
+                });
+            }
+            Verdict::Base(r, reused) => {
+                p.ranges[*i] = Some(r);
+                p.reuse.push(Reuse {
+                    id,
+                    what: ReuseKind::Base { bytes: reused },
+                });
+            }
+        }
+    }
+    if dry {
+        for (i, s) in p.skip.iter_mut().enumerate() {
+            if !*s {
+                p.planned.push(i);
+            }
+            *s = true;
+        }
+    }
+    p
+}
+
+/// Restrict the read queues to the plan: skipped files vanish, delta files
+/// keep only their differing ranges.
+pub fn restrict(queues: &mut [DeviceQueue], p: &SyncPlan) {
+    for q in queues.iter_mut() {
+        let mut units = Vec::with_capacity(q.units.len());
+        for u in q.units.iter().filter(|u| !p.skip[u.file as usize]) {
+            match &p.ranges[u.file as usize] {
+                None => units.push(*u),
+                Some(rs) => {
+                    for &(o, l) in rs {
+                        let s = o.max(u.offset);
+                        let e = (o + l).min(u.offset + u.len);
+                        if s < e {
+                            units.push(ReadUnit {
+                                file: u.file,
+                                offset: s,
+                                len: e - s,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        q.bytes = units.iter().map(|u| u.len).sum();
+        q.units = units;
+    }
+}

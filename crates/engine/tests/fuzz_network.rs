@@ -1,0 +1,305 @@
+//! Time-bounded mutational fuzzing of every decoder of network input:
+//! frame headers, frame streams, control messages (and the session
+//! machines they drive), DATA segment tables, credits, the preamble and
+//! sealed (encrypted) blocks. Seeds are valid encodings, mutated by bit
+//! flips, byte overwrites, truncation, insertion and splicing; nothing may
+//! panic, valid decodes must re-encode to the same message, and a mutated
+//! sealed block must never authenticate.
+//!
+//! `RAMSYS_FUZZ_SECS` (default 3) bounds the run; docs/SECURITY.md
+//! records a 10-minute run.
+
+use std::time::{Duration, Instant};
+
+use ramsys_engine::crypto::{Cipher, StreamSeal, TAG_LEN};
+use ramsys_proto::control::{Complete, Confirm, Entry, EntryKind, Failure, Open, Propose, Role};
+use ramsys_proto::data::{
+    decode_credit, decode_table, encode_table, hash_block, table_len, Segment,
+};
+use ramsys_proto::frame::{FrameDecoder, FrameHeader, FrameKind, HEADER_LEN};
+use ramsys_proto::session::{SinkMachine, SourceMachine};
+use ramsys_proto::{parse_preamble, preamble, Control, PREAMBLE_LEN};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+fn seeds() -> Vec<Control> {
+    vec![
+        Control::Hello {
+            nonce: [1; 32],
+            user: "u".into(),
+        },
+        Control::Challenge {
+            nonce: [2; 32],
+            proof: [3; 32],
+            session: 9,
+        },
+        Control::Auth { proof: [4; 32] },
+        Control::AuthOk { session: 9 },
+        Control::Open(Open {
+            server_role: Role::Sink,
+            paths: vec![b"a/b".to_vec()],
+            recursive: true,
+            streams: 4,
+            block_size: 1 << 20,
+            checksum: true,
+        }),
+        Control::Join {
+            session: 9,
+            stream: 1,
+            nonce: [5; 32],
+            mac: [6; 32],
+        },
+        Control::Propose(Propose {
+            roots: 1,
+            streams: 4,
+            block_size: 1 << 20,
+            capacity_mbps: 0,
+            checksum: true,
+            cipher: 2,
+        }),
+        Control::Confirm(Confirm {
+            streams: 4,
+            block_size: 1 << 20,
+            credits_per_stream: 8,
+            capacity_mbps: 0,
+            checksum: true,
+            cipher: 2,
+        }),
+        Control::Entries(vec![
+            Entry {
+                id: 0,
+                path: b"top".to_vec(),
+                kind: EntryKind::Dir,
+                mode: 0o755,
+                mtime_s: 1,
+                mtime_ns: 2,
+            },
+            Entry {
+                id: 1,
+                path: b"top/f".to_vec(),
+                kind: EntryKind::File { size: 10 },
+                mode: 0o644,
+                mtime_s: 1,
+                mtime_ns: 2,
+            },
+        ]),
+        Control::MetaEnd {
+            entries: 2,
+            files: 1,
+            bytes: 10,
+        },
+        Control::SyncDone { failures: vec![] },
+        Control::FilesDone(vec![(1, 77)]),
+        Control::Resend(vec![(1, 0, 10)]),
+        Control::Settled,
+        Control::EndOfData {
+            files: 1,
+            bytes: 10,
+        },
+        Control::Complete(Complete {
+            files: 1,
+            bytes: 10,
+            failures: vec![Failure {
+                path: b"x".to_vec(),
+                reason: "r".into(),
+            }],
+            cpu_s: 0.1,
+        }),
+        Control::Abort { reason: "x".into() },
+    ]
+}
+
+fn mutate(rng: &mut Rng, v: &mut Vec<u8>, pool: &[Vec<u8>]) {
+    for _ in 0..1 + rng.below(4) {
+        match rng.below(6) {
+            0 if !v.is_empty() => {
+                let i = rng.below(v.len());
+                v[i] ^= 1 << rng.below(8);
+            }
+            1 if !v.is_empty() => {
+                let i = rng.below(v.len());
+                v[i] = [0, 0xff, 0x7f, 0x80, rng.next() as u8][rng.below(5)];
+            }
+            2 => v.truncate(rng.below(v.len() + 1)),
+            3 => {
+                let i = rng.below(v.len() + 1);
+                for _ in 0..1 + rng.below(8) {
+                    v.insert(i, rng.next() as u8);
+                }
+            }
+            4 => {
+                let o = &pool[rng.below(pool.len())];
+                let i = rng.below(v.len() + 1);
+                let j = rng.below(o.len() + 1);
+                v.truncate(i);
+                v.extend_from_slice(&o[j..]);
+            }
+            _ => {
+                let i = rng.below(v.len() + 1);
+                v.splice(i..i, (rng.next() as u32).to_le_bytes());
+            }
+        }
+    }
+}
+
+fn framed(c: &Control) -> Vec<u8> {
+    let body = c.encode().unwrap();
+    let mut v = FrameHeader::new(FrameKind::Control, 0, body.len() as u32)
+        .encode()
+        .to_vec();
+    v.extend_from_slice(&body);
+    v
+}
+
+#[test]
+fn network_decoders_survive_mutated_input() {
+    let secs: u64 = std::env::var("RAMSYS_FUZZ_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let seed = std::env::var("RAMSYS_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("fuzz: seed {seed}, {secs} s (RAMSYS_FUZZ_SEED / RAMSYS_FUZZ_SECS)");
+    let mut rng = Rng(seed);
+    let msgs = seeds();
+    let bodies: Vec<Vec<u8>> = msgs.iter().map(|m| m.encode().unwrap()).collect();
+    // A valid DATA block (table + payload) and a sealed one.
+    let segs = [
+        Segment {
+            file_id: 1,
+            offset: 0,
+            len: 6,
+        },
+        Segment::hole(1, 6, 4096),
+    ];
+    let payload = b"abcdef".to_vec();
+    let mut hashes = [0u64; 2];
+    let ck = hash_block(&segs, &payload, &mut hashes);
+    let mut table = vec![0u8; table_len(2)];
+    encode_table(ck, &segs, &mut table);
+    let mut stream: Vec<u8> = bodies
+        .iter()
+        .zip(&msgs)
+        .flat_map(|(_, m)| framed(m))
+        .collect();
+    let mut dh = FrameHeader::new(FrameKind::Data, 2, (table.len() + payload.len()) as u32)
+        .encode()
+        .to_vec();
+    dh.extend_from_slice(&table);
+    dh.extend_from_slice(&payload);
+    stream.extend_from_slice(&dh);
+    let mut pool = bodies.clone();
+    pool.push(table.clone());
+    pool.push(stream.clone());
+    let key = [9u8; 32];
+    let mut sealed = payload.clone();
+    let tag = StreamSeal::new(Cipher::ChaCha20Poly1305, &key, 0, 0)
+        .unwrap()
+        .seal(&dh[..HEADER_LEN + table.len()], &mut sealed);
+    let mut sealed_block = dh[..HEADER_LEN + table.len()].to_vec();
+    sealed_block.extend_from_slice(&sealed);
+    sealed_block.extend_from_slice(&tag);
+
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut n: u64 = 0;
+    let mut segs_out: Vec<Segment> = Vec::with_capacity(64);
+    while Instant::now() < deadline {
+        for _ in 0..256 {
+            n += 1;
+            // Control bodies, and the machines they drive.
+            let mut b = bodies[rng.below(bodies.len())].clone();
+            mutate(&mut rng, &mut b, &pool);
+            if let Ok(c) = Control::decode(&b) {
+                // Compare encodings, not values: a decoded f64 may be NaN.
+                let e = c.encode().unwrap();
+                let again = Control::decode(&e).unwrap().encode().unwrap();
+                assert_eq!(again, e, "re-encoding changed the message");
+                let _ = SinkMachine::new().on_recv(&c);
+                let _ = SourceMachine::new().on_recv(&c);
+            }
+            // Frame streams.
+            let mut s = stream.clone();
+            mutate(&mut rng, &mut s, &pool);
+            let mut d = FrameDecoder::new(1 << 16);
+            d.feed(&s);
+            while let Ok(Some((h, body))) = d.next_frame() {
+                assert_eq!(h.len as usize, body.len());
+                match h.kind {
+                    FrameKind::Control => {
+                        let _ = Control::decode(&body);
+                    }
+                    FrameKind::Data => {
+                        let tl = table_len(h.aux as usize);
+                        if body.len() >= tl {
+                            let _ = decode_table(
+                                &body[..tl],
+                                h.aux as usize,
+                                body.len(),
+                                1 << 16,
+                                &mut segs_out,
+                            );
+                        }
+                    }
+                    FrameKind::Credit => {
+                        let _ = decode_credit(&body);
+                    }
+                    FrameKind::End => {}
+                }
+            }
+            // Headers, tables, credits, preambles straight from the RNG.
+            let mut h = [0u8; HEADER_LEN];
+            h.copy_from_slice(&rng.next().to_le_bytes());
+            if let Ok(fh) = FrameHeader::decode(&h, 1 << 20) {
+                assert!(fh.len <= 1 << 20);
+            }
+            let mut t = table.clone();
+            mutate(&mut rng, &mut t, &pool);
+            let nseg = rng.below(5);
+            let tl = table_len(nseg);
+            if t.len() >= tl {
+                if let Ok((_, p)) =
+                    decode_table(&t[..tl], nseg, tl + rng.below(9000), 8192, &mut segs_out)
+                {
+                    assert!(p <= 8192);
+                }
+            }
+            let _ = decode_credit(&rng.next().to_le_bytes()[..rng.below(9)]);
+            let mut p = preamble(1);
+            p[rng.below(PREAMBLE_LEN)] ^= 1 << rng.below(8);
+            let _ = parse_preamble(&p);
+            // Sealed blocks: any change must fail authentication.
+            let mut sb = sealed_block.clone();
+            let i = rng.below(sb.len());
+            sb[i] ^= 1 << rng.below(8);
+            let aad_len = HEADER_LEN + table.len();
+            let (aad, rest) = sb.split_at_mut(aad_len);
+            let (body, tag) = rest.split_at_mut(rest.len() - TAG_LEN);
+            let tag: [u8; TAG_LEN] = (&*tag).try_into().unwrap();
+            let mut rx = StreamSeal::new(Cipher::ChaCha20Poly1305, &key, 0, 0).unwrap();
+            assert!(
+                rx.open(aad, body, &tag).is_err(),
+                "a modified block authenticated"
+            );
+        }
+    }
+    eprintln!("fuzz: {n} iterations, no failure");
+}

@@ -1,0 +1,333 @@
+//! `ramsys sync` (issue 10) through real daemons on loopback: unchanged
+//! trees, single changes among many files, block deltas, deletes, dry
+//! runs, metadata-only changes, --checksum, and files changing while read.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+fn summary(o: &std::process::Output) -> serde_json::Value {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.contains("\"summary\""))
+        .unwrap_or_else(|| panic!("no summary in {out:?}; stderr {}", stderr(o)));
+    serde_json::from_str(line).unwrap()
+}
+
+fn sync(key: &Path, extra: &[&str], src: &str, dst: &str) -> serde_json::Value {
+    let mut args = vec!["sync", "-r", "--json", "--block-size", "64K"];
+    args.extend_from_slice(extra);
+    args.push(src);
+    args.push(dst);
+    let o = ramsys(key, &args);
+    assert_ok(&o);
+    summary(&o)
+}
+
+fn n(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64()
+        .unwrap_or_else(|| panic!("{k} missing in {v}"))
+}
+
+/// Regular files in a tree (hard-linked names count once: one inode).
+fn count_files(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fn walk(p: &Path, seen: &mut std::collections::HashSet<u64>) {
+        for e in std::fs::read_dir(p).unwrap() {
+            let e = e.unwrap();
+            let md = std::fs::symlink_metadata(e.path()).unwrap();
+            if md.is_dir() {
+                walk(&e.path(), seen);
+            } else if md.is_file() {
+                seen.insert(md.ino());
+            }
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    walk(p, &mut seen);
+    seen.len() as u64
+}
+
+#[test]
+fn unchanged_tree_sends_nothing_push_and_pull() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    make_varied_tree(&src, 65536);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = TestDaemon::start(&root, &key);
+    let files = count_files(&src);
+
+    let first = sync(&key, &[], src.to_str().unwrap(), &d.url(""));
+    assert_eq!(n(&first, "unchanged"), 0);
+    assert_same_tree(&src, &root.join("src"));
+    let again = sync(&key, &[], src.to_str().unwrap(), &d.url(""));
+    assert_eq!(n(&again, "bytes"), 0, "{again}");
+    assert_eq!(n(&again, "files"), 0);
+    assert_eq!(n(&again, "unchanged"), files);
+
+    // Pull: the agent is the sink and answers Have itself.
+    let back = t.path().join("back");
+    std::fs::create_dir(&back).unwrap();
+    sync(&key, &[], &d.url("src"), back.to_str().unwrap());
+    let again = sync(&key, &[], &d.url("src"), back.to_str().unwrap());
+    assert_eq!(n(&again, "bytes"), 0);
+    assert_eq!(n(&again, "unchanged"), files);
+    assert_same_tree(&src, &back.join("src"));
+    assert!(temp_files(&root).is_empty() && temp_files(&back).is_empty());
+}
+
+#[test]
+fn one_changed_file_in_20000() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    for d in 0..100 {
+        let dir = src.join(format!("d{d:03}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in 0..200 {
+            std::fs::write(dir.join(format!("f{f:03}")), format!("{d}/{f} ").repeat(8)).unwrap();
+        }
+    }
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = TestDaemon::start(&root, &key);
+    sync(&key, &[], src.to_str().unwrap(), &d.url(""));
+    let p = src.join("d042/f117");
+    std::fs::write(&p, b"changed, and a different size").unwrap();
+    set_mtime(&p, 1_700_000_000, 5);
+    let r = sync(&key, &[], src.to_str().unwrap(), &d.url(""));
+    assert_eq!(n(&r, "files"), 1, "{r}");
+    assert_eq!(n(&r, "bytes"), 29);
+    assert_eq!(n(&r, "unchanged"), 19_999);
+    assert_same_tree(&src, &root.join("src"));
+}
+
+#[test]
+fn appended_truncated_and_changed_blocks_move_only_deltas() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let mut rng = Rng(7);
+    let big = src.join("big");
+    std::fs::write(&big, rng.bytes(8 << 20)).unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = TestDaemon::start(&root, &key);
+    for (pull, dst) in [(false, d.url("")), (true, String::new())] {
+        let back = t.path().join("back");
+        let run = |extra: &[&str]| {
+            if pull {
+                std::fs::create_dir_all(&back).unwrap();
+                // Pull from the daemon's copy into `back`.
+                sync(&key, extra, &d.url("src"), back.to_str().unwrap())
+            } else {
+                sync(&key, extra, src.to_str().unwrap(), &dst)
+            }
+        };
+        let check = || {
+            if pull {
+                assert_same_tree(&root.join("src"), &back.join("src"));
+            } else {
+                assert_same_tree(&src, &root.join("src"));
+            }
+        };
+        run(&[]);
+        check();
+        if pull {
+            // Change the daemon's side (the source of a pull).
+            let f = root.join("src/big");
+            let mut v = std::fs::read(&f).unwrap();
+            v[5 << 20] ^= 0xff;
+            v.extend_from_slice(b"appended tail");
+            std::fs::write(&f, &v).unwrap();
+        } else {
+            let mut v = std::fs::read(&big).unwrap();
+            v[3 << 20] ^= 0xff;
+            v.extend_from_slice(b"appended tail");
+            std::fs::write(&big, &v).unwrap();
+        }
+        // One changed block (256 KiB) and the appended tail's block.
+        let r = run(&[]);
+        check();
+        assert!(n(&r, "bytes") <= 2 * (256 << 10), "{r}");
+        assert_eq!(n(&r, "files"), 1);
+        // Truncated: only the new last partial block moves.
+        let f = if pull {
+            root.join("src/big")
+        } else {
+            big.clone()
+        };
+        let v = std::fs::read(&f).unwrap();
+        std::fs::write(&f, &v[..(6 << 20) + 1000]).unwrap();
+        let r = run(&[]);
+        check();
+        assert!(n(&r, "bytes") <= 256 << 10, "{r}");
+    }
+    assert!(temp_files(&root).is_empty());
+}
+
+#[test]
+fn renamed_directory_and_deletes_with_and_without_delete() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    make_varied_tree(&src, 65536);
+    std::fs::create_dir_all(src.join("olddir/sub")).unwrap();
+    std::fs::write(src.join("olddir/sub/x"), b"x").unwrap();
+    std::fs::write(src.join("gone"), b"gone").unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    // Outside the destination: must survive --delete.
+    std::fs::write(root.join("outside"), b"keep").unwrap();
+    let d = TestDaemon::start(&root, &key);
+    sync(&key, &[], src.to_str().unwrap(), &d.url(""));
+    std::fs::rename(src.join("olddir"), src.join("newdir")).unwrap();
+    std::fs::remove_file(src.join("gone")).unwrap();
+
+    let r = sync(&key, &[], src.to_str().unwrap(), &d.url(""));
+    assert_eq!(n(&r, "deleted"), 0);
+    assert!(root.join("src/olddir/sub/x").exists() && root.join("src/gone").exists());
+    assert!(root.join("src/newdir/sub/x").exists());
+
+    let r = sync(&key, &["--delete"], src.to_str().unwrap(), &d.url(""));
+    assert_eq!(n(&r, "deleted"), 2, "{r}");
+    assert_eq!(n(&r, "bytes"), 0);
+    assert_same_tree(&src, &root.join("src"));
+    assert!(root.join("outside").exists());
+}
+
+#[test]
+fn dry_run_changes_nothing_and_lists_plan() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    make_varied_tree(&src, 65536);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = TestDaemon::start(&root, &key);
+    sync(&key, &[], src.to_str().unwrap(), &d.url(""));
+    std::fs::write(src.join("new-file"), b"new").unwrap();
+    std::fs::write(root.join("src/extra"), b"extra").unwrap();
+    let before = snapshot(&root);
+    let r = sync(
+        &key,
+        &["--dry-run", "--delete"],
+        src.to_str().unwrap(),
+        &d.url(""),
+    );
+    assert_eq!(n(&r, "bytes"), 0);
+    assert_eq!(r["would_send"], serde_json::json!(["src/new-file"]), "{r}");
+    assert_eq!(r["would_delete"], serde_json::json!(["src/extra"]));
+    assert_eq!(snapshot(&root), before, "dry run changed the destination");
+    // A first sync as a dry run creates nothing at all.
+    let fresh = t.path().join("fresh");
+    std::fs::create_dir(&fresh).unwrap();
+    let r = sync(
+        &key,
+        &["--dry-run"],
+        src.to_str().unwrap(),
+        fresh.to_str().unwrap(),
+    );
+    assert_eq!(n(&r, "unchanged"), 0);
+    assert_eq!(std::fs::read_dir(&fresh).unwrap().count(), 0);
+}
+
+#[test]
+fn metadata_only_changes_move_no_data() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("a"), b"aaaa").unwrap();
+    std::fs::write(src.join("b"), vec![7u8; 300_000]).unwrap();
+    std::os::unix::fs::symlink("a", src.join("l")).unwrap();
+    let dst = t.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    // Local mode: the in-process daemon is the sink.
+    sync(&key, &[], src.to_str().unwrap(), dst.to_str().unwrap());
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(src.join("a"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    set_mtime(&src.join("b"), 1_600_000_000, 0);
+    std::fs::remove_file(src.join("l")).unwrap();
+    std::os::unix::fs::symlink("b", src.join("l")).unwrap();
+    let r = sync(&key, &[], src.to_str().unwrap(), dst.to_str().unwrap());
+    assert_eq!(n(&r, "bytes"), 0, "{r}");
+    assert_same_tree(&src, &dst.join("src"));
+}
+
+#[test]
+fn checksum_mode_finds_content_changes_size_and_mtime_miss() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("a"), b"same size one").unwrap();
+    std::fs::write(src.join("b"), b"untouched").unwrap();
+    set_mtime(&src.join("a"), 1_500_000_000, 0);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = TestDaemon::start(&root, &key);
+    sync(&key, &[], src.to_str().unwrap(), &d.url(""));
+    std::fs::write(src.join("a"), b"same size two").unwrap();
+    set_mtime(&src.join("a"), 1_500_000_000, 0);
+    let r = sync(&key, &[], src.to_str().unwrap(), &d.url(""));
+    assert_eq!(n(&r, "bytes"), 0, "size+mtime cannot see it");
+    let r = sync(&key, &["--checksum"], src.to_str().unwrap(), &d.url(""));
+    assert_eq!(n(&r, "files"), 1, "{r}");
+    assert_eq!(n(&r, "unchanged"), 1);
+    assert_same_tree(&src, &root.join("src"));
+}
+
+#[test]
+fn file_changing_while_read_is_reported_not_corrupted() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let f = src.join("growing");
+    std::fs::write(&f, vec![1u8; 64 << 20]).unwrap();
+    let dst = t.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s2 = stop.clone();
+    let f2 = f.clone();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let mut h = std::fs::OpenOptions::new().append(true).open(&f2).unwrap();
+        while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+            h.write_all(&[2u8; 4096]).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    });
+    let o = ramsys(
+        &key,
+        &[
+            "sync",
+            "-r",
+            "--json",
+            "--block-size",
+            "64K",
+            src.to_str().unwrap(),
+            dst.to_str().unwrap(),
+        ],
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    assert!(!o.status.success(), "a changing file must be reported");
+    let s = summary(&o);
+    let failed = s["failed"].to_string();
+    assert!(
+        failed.contains("growing") && failed.contains("changed"),
+        "{s}"
+    );
+    // Never a half-read file under the final name.
+    assert!(!dst.join("src/growing").exists());
+    assert!(temp_files(&dst).is_empty());
+}
