@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 command -v cargo >/dev/null 2>&1 || export PATH="$HOME/.cargo/bin:$PATH"
 cargo build --release -p ramsys
-BIN=target/release/ramsys
+BIN="${CARGO_TARGET_DIR:-target}/release/ramsys"
 WORK=$(mktemp -d /tmp/ramsys-demo.XXXXXX)
 trap 'kill $DPID 2>/dev/null || true; rm -rf "$WORK"' EXIT
 export RAMSYS_KEY_FILE="$WORK/key"
