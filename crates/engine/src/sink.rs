@@ -372,9 +372,9 @@ pub fn run_sink_with(
     }
     let credits = Arc::new(credit_returns);
     let (recv_tx, recv_rx) = bounded::<Buf>(pool.count());
-    let (wev_tx, wev_rx) = unbounded::<WriterEvent>();
-    let (rev_tx, rev_rx) = unbounded::<ReceiverEvent>();
-    let (rdone_tx, rdone_rx) = unbounded();
+    let (wev_tx, mut wev_rx) = unbounded::<WriterEvent>();
+    let (rev_tx, mut rev_rx) = unbounded::<ReceiverEvent>();
+    let (rdone_tx, mut rdone_rx) = unbounded();
     let mut writer_jobs = Vec::new();
     for _ in 0..writers.len() {
         let t = table.clone();
@@ -507,12 +507,14 @@ pub fn run_sink_with(
                     }
                     break Err(EngineError::local(format!("data stream {i} failed: {e}")));
                 }
-                Err(_) => {}
+                // Every receiver has ended: a disconnected channel is always
+                // ready, so stop selecting on it (else this loop spins).
+                Err(_) => rdone_rx = crossbeam_channel::never(),
             },
             recv(wev_rx) -> ev => match ev {
                 Ok(WriterEvent::Fatal(m)) => break Err(EngineError::local(m)),
                 Ok(WriterEvent::Protocol(m)) => break Err(EngineError::local(format!("protocol error: {m}"))),
-                Err(_) => {}
+                Err(_) => wev_rx = crossbeam_channel::never(),
             },
             recv(rev_rx) -> ev => if let Ok(ReceiverEvent::Corrupt { stream, segs }) = ev {
                 // Ask for the block's segments again, if its table names
@@ -530,6 +532,8 @@ pub fn run_sink_with(
                 stats.resends.fetch_add(segs.len() as u64, Ordering::Relaxed);
                 let v = segs.iter().map(|s| (s.file_id, s.offset, s.len)).collect();
                 if let Err(e) = ctl.send(&Control::Resend(v)) { break Err(e); }
+            } else {
+                rev_rx = crossbeam_channel::never();
             },
         }
     };

@@ -269,7 +269,7 @@ pub fn run_source_with(
     }
     let queues = Arc::new(queues);
     let (filled_tx, filled_rx) = bounded::<Buf>(pool.count());
-    let (rev_tx, rev_rx) = unbounded::<ReaderEvent>();
+    let (rev_tx, mut rev_rx) = unbounded::<ReaderEvent>();
     let abort = Arc::new(AtomicBool::new(false));
     // Nothing to read: empty files, and delta files with no differing
     // block (their digest is the sum over no segment).
@@ -298,7 +298,7 @@ pub fn run_source_with(
         storage: Arc::new(crate::storage::StorageCfg::source(opts, block_size)),
         homes: assign_homes(&queues, nread),
     });
-    let (rdone_tx, rdone_rx) = unbounded::<()>();
+    let (rdone_tx, mut rdone_rx) = unbounded::<()>();
     let mut jobs = Vec::new();
     for i in 0..nread {
         let c = ctx.clone();
@@ -311,7 +311,7 @@ pub fn run_source_with(
     }
     drop(rdone_tx);
     drop(ctx);
-    let (sdone_tx, sdone_rx) = unbounded();
+    let (sdone_tx, mut sdone_rx) = unbounded();
     let mut shutdown_handles = Vec::new();
     for (i, l) in data_links.into_iter().enumerate() {
         shutdown_handles.push(l.try_clone_link()?);
@@ -390,9 +390,14 @@ pub fn run_source_with(
                         break Err(e);
                     }
                 }
-                Err(_) => {}
+                // All readers gone: a disconnected channel is always ready,
+                // so stop selecting on it (else this loop spins).
+                Err(_) => rev_rx = crossbeam_channel::never(),
             },
-            recv(rdone_rx) -> r => if r.is_ok() { readers_left -= 1; },
+            recv(rdone_rx) -> r => match r {
+                Ok(()) => readers_left -= 1,
+                Err(_) => rdone_rx = crossbeam_channel::never(),
+            },
             recv(sdone_rx) -> r => match r {
                 Ok((_, Ok(link))) => { senders_left -= 1; kept_links.push(link); }
                 Ok((i, Err((link, e)))) => {
@@ -404,7 +409,7 @@ pub fn run_source_with(
                     }
                     break Err(EngineError::local(format!("data stream {i} failed: {e}")));
                 }
-                Err(_) => {}
+                Err(_) => sdone_rx = crossbeam_channel::never(),
             },
             recv(cev_rx) -> m => match m {
                 Ok(Ok(m)) => {
