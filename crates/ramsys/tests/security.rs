@@ -22,13 +22,13 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 
 #[test]
 fn encrypted_push_and_pull_with_both_ciphers() {
-    let t = tempfile::tempdir().unwrap();
-    let key = key_file(t.path());
-    let src = t.path().join("src");
-    make_varied_tree(&src, 65536);
-    let root = t.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let d = TestDaemon::start(&root, &key);
+    let TreeAndDaemon {
+        t,
+        key,
+        src,
+        root,
+        d,
+    } = tree_and_daemon(65536);
     // Push: the agent is the source and proposes the cipher.
     assert_ok(&ramsys(
         &key,
@@ -97,13 +97,13 @@ fn eavesdropper_sees_plaintext_only_without_encrypt() {
 /// again and re-sent; the copy is byte-identical and the re-sends counted.
 #[test]
 fn flipped_bits_in_flight_are_detected_and_resent() {
-    let t = tempfile::tempdir().unwrap();
-    let key = key_file(t.path());
-    let src = t.path().join("src");
-    make_varied_tree(&src, 65536);
-    let root = t.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let d = TestDaemon::start(&root, &key);
+    let TreeAndDaemon {
+        t: _t,
+        key,
+        src,
+        root,
+        d,
+    } = tree_and_daemon(65536);
     for (i, enc) in ["--encrypt=none", "--encrypt=chacha20-poly1305"]
         .iter()
         .enumerate()

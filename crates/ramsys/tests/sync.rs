@@ -54,13 +54,13 @@ fn count_files(p: &Path) -> u64 {
 
 #[test]
 fn unchanged_tree_sends_nothing_push_and_pull() {
-    let t = tempfile::tempdir().unwrap();
-    let key = key_file(t.path());
-    let src = t.path().join("src");
-    make_varied_tree(&src, 65536);
-    let root = t.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let d = TestDaemon::start(&root, &key);
+    let TreeAndDaemon {
+        t,
+        key,
+        src,
+        root,
+        d,
+    } = tree_and_daemon(65536);
     let files = count_files(&src);
 
     let first = sync(&key, &[], src.to_str().unwrap(), &d.url(""));
@@ -205,13 +205,13 @@ fn renamed_directory_and_deletes_with_and_without_delete() {
 
 #[test]
 fn dry_run_changes_nothing_and_lists_plan() {
-    let t = tempfile::tempdir().unwrap();
-    let key = key_file(t.path());
-    let src = t.path().join("src");
-    make_varied_tree(&src, 65536);
-    let root = t.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let d = TestDaemon::start(&root, &key);
+    let TreeAndDaemon {
+        t,
+        key,
+        src,
+        root,
+        d,
+    } = tree_and_daemon(65536);
     sync(&key, &[], src.to_str().unwrap(), &d.url(""));
     std::fs::write(src.join("new-file"), b"new").unwrap();
     std::fs::write(root.join("src/extra"), b"extra").unwrap();

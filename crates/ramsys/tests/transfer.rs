@@ -9,13 +9,13 @@ use common::*;
 
 #[test]
 fn push_and_pull_varied_tree_through_daemon() {
-    let t = tempfile::tempdir().unwrap();
-    let key = key_file(t.path());
-    let src = t.path().join("src");
-    make_varied_tree(&src, 65536);
-    let root = t.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let d = TestDaemon::start(&root, &key);
+    let TreeAndDaemon {
+        t,
+        key,
+        src,
+        root,
+        d,
+    } = tree_and_daemon(65536);
 
     // Push into an existing directory: the tree lands inside it.
     let o = ramsys(

@@ -326,3 +326,30 @@ pub fn key_file(dir: &Path) -> PathBuf {
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
     p
 }
+
+/// The usual set-up of a daemon test: a temp dir holding a key, a varied
+/// source tree `src` (made with `block`) and a daemon serving `root`.
+pub struct TreeAndDaemon {
+    pub t: tempfile::TempDir,
+    pub key: PathBuf,
+    pub src: PathBuf,
+    pub root: PathBuf,
+    pub d: TestDaemon,
+}
+
+pub fn tree_and_daemon(block: usize) -> TreeAndDaemon {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    make_varied_tree(&src, block);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = TestDaemon::start(&root, &key);
+    TreeAndDaemon {
+        t,
+        key,
+        src,
+        root,
+        d,
+    }
+}
