@@ -12,7 +12,7 @@
 //! readers = 4                # storage threads when no device entry says
 //! writers = 4
 //! model = "model.json"       # relative to this file's directory
-//! send_path = "queued"       # inline | queued (seed 002 sec. 7)
+//! send_path = "auto"         # inline | queued | auto (seed 002 sec. 7)
 //!
 //! [devices.sda]
 //! capacity_gbps = 4.0        # what the device really sustains
@@ -52,15 +52,41 @@ pub struct DeviceConfig {
     pub threads: Option<usize>,
 }
 
-/// How a source hands blocks to the network (seed 002 sec. 7).
+/// How a source hands blocks to the network (seed 002 sec. 7;
+/// crate::data::inline). Chosen per session end, never negotiated: the
+/// sink cannot tell the two apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SendPath {
-    /// Reader -> bounded queue -> sender thread.
-    #[default]
+    /// Reader -> bounded queue -> sender thread per link.
     Queued,
     /// The reader waits for credit and writes the block itself.
     Inline,
+    /// Inline when every reader can hold a link of its own (readers <=
+    /// streams), else queued: Tyche's inline mode loses to the queue only
+    /// when more threads issue sends than there are links to send on
+    /// (seed 002 sec. 7, Figs. 14-15). docs/NUMA.md has the measurement.
+    #[default]
+    Auto,
+}
+
+impl SendPath {
+    /// The path a session with `readers` reader threads and `streams`
+    /// data links takes.
+    pub fn resolve(self, readers: usize, streams: usize) -> SendPath {
+        match self {
+            SendPath::Auto if readers <= streams => SendPath::Inline,
+            SendPath::Auto => SendPath::Queued,
+            p => p,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            SendPath::Queued => "queued",
+            SendPath::Inline => "inline",
+            SendPath::Auto => "auto",
+        }
+    }
 }
 
 impl std::str::FromStr for SendPath {
@@ -69,7 +95,8 @@ impl std::str::FromStr for SendPath {
         match s {
             "queued" => Ok(SendPath::Queued),
             "inline" => Ok(SendPath::Inline),
-            _ => Err(format!("expected inline or queued, got {s:?}")),
+            "auto" => Ok(SendPath::Auto),
+            _ => Err(format!("expected inline, queued or auto, got {s:?}")),
         }
     }
 }

@@ -13,8 +13,10 @@ use ramsys_proto::session::SourceMachine;
 use ramsys_proto::Control;
 use ramsys_resources::Buf;
 
+use crate::config::SendPath;
+use crate::data::inline::InlineLinks;
 use crate::data::reader::{run_reader, ReaderCtx, ReaderEvent, SrcFileState};
-use crate::data::sender::run_sender;
+use crate::data::sender::{run_sender, StreamOut};
 use crate::fsops::Root;
 use crate::request::tasks::{assign_homes, plan_source};
 use crate::request::walk::{walk, Top};
@@ -271,6 +273,33 @@ pub fn run_source_with(
     let (filled_tx, filled_rx) = bounded::<Buf>(pool.count());
     let (rev_tx, mut rev_rx) = unbounded::<ReaderEvent>();
     let abort = Arc::new(AtomicBool::new(false));
+    // Data links: shut down on error so no thread stays blocked on one.
+    let (sdone_tx, mut sdone_rx) = unbounded();
+    let mut shutdown_handles = Vec::new();
+    for l in &data_links {
+        shutdown_handles.push(l.try_clone_link()?);
+    }
+    let window = confirm.credits_per_stream;
+    let seal_of = |i: usize| {
+        session_key.and_then(|k| crate::crypto::StreamSeal::new(cipher, &k, i as u16, 0))
+    };
+    // Inline send path (seed 002 sec. 7): readers own the links' sending
+    // ends in turn and no sender thread runs (crate::data::inline).
+    let mut data_links = data_links;
+    let inline = (opts.send_path.resolve(nread, streams as usize) == SendPath::Inline).then(|| {
+        let outs = data_links
+            .drain(..)
+            .enumerate()
+            .map(|(i, l)| StreamOut::new(i, l, window, seal_of(i)))
+            .collect();
+        Arc::new(InlineLinks::new(
+            outs,
+            sdone_tx.clone(),
+            pool.clone(),
+            abort.clone(),
+            stats.clone(),
+        ))
+    });
     // Nothing to read: empty files, and delta files with no differing
     // block (their digest is the sum over no segment).
     let nothing = |i: usize, f: &crate::request::walk::SourceFile| match &plan {
@@ -290,6 +319,7 @@ pub fn run_source_with(
         queues: queues.clone(),
         pool: pool.clone(),
         filled: filled_tx.clone(),
+        inline: inline.clone(),
         events: rev_tx,
         checksum,
         abort: abort.clone(),
@@ -311,18 +341,13 @@ pub fn run_source_with(
     }
     drop(rdone_tx);
     drop(ctx);
-    let (sdone_tx, mut sdone_rx) = unbounded();
-    let mut shutdown_handles = Vec::new();
     for (i, l) in data_links.into_iter().enumerate() {
-        shutdown_handles.push(l.try_clone_link()?);
         let rx = filled_rx.clone();
         let p = pool.clone();
         let a = abort.clone();
         let s = stats.clone();
         let d = sdone_tx.clone();
-        let window = confirm.credits_per_stream;
-        let seal =
-            session_key.and_then(|k| crate::crypto::StreamSeal::new(cipher, &k, i as u16, 0));
+        let seal = seal_of(i);
         jobs.push(senders.spawn(move || {
             let r = run_sender(l, window, rx, p, a, s, seal);
             let _ = d.send((i, r));
@@ -361,6 +386,9 @@ pub fn run_source_with(
     let result: Result<Control, EngineError> = loop {
         if settled && readers_left == 0 && rev_rx.is_empty() {
             resend_tx = None;
+            if let Some(l) = &inline {
+                l.end();
+            }
         }
         // Flush digests whenever the event queue runs dry or grows big.
         if !done_batch.is_empty() && (rev_rx.is_empty() || done_batch.len() >= 4096) {
@@ -424,7 +452,14 @@ pub fn run_source_with(
                             match resender.block(seg, &pool) {
                                 Ok(buf) => {
                                     stats.resends.fetch_add(1, Ordering::Relaxed);
-                                    let _ = tx.send(buf);
+                                    match &inline {
+                                        // A failed link is reported on sdone.
+                                        Some(l) => { l.send(buf); }
+                                        None => {
+                                            stats.handoffs.fetch_add(1, Ordering::Relaxed);
+                                            let _ = tx.send(buf);
+                                        }
+                                    }
                                 }
                                 Err(reason) => {
                                     tracing::warn!("cannot re-send file id {id}: {reason}");
@@ -472,6 +507,12 @@ pub fn run_source_with(
                 streams,
                 block_size: block_size as u32,
                 links: link_desc,
+                send_path: Some(if inline.is_some() {
+                    SendPath::Inline
+                } else {
+                    SendPath::Queued
+                }),
+                handoffs: stats.handoffs.load(Ordering::Relaxed),
                 unchanged: plan.as_ref().map_or(0, |p| p.unchanged),
                 deleted,
                 planned: plan.as_ref().map_or(Vec::new(), |p| {

@@ -20,6 +20,9 @@ pub struct Stats {
     /// Segments of failed blocks sent again: requested (sink) or re-read
     /// and re-sent (source).
     pub resends: AtomicU64,
+    /// Blocks handed from a reader to a sender thread through the filled
+    /// queue (0 on the inline send path; crate::data::inline).
+    pub handoffs: AtomicU64,
 }
 
 impl Stats {
@@ -64,6 +67,10 @@ pub struct Report {
     pub deleted: Vec<String>,
     /// Dry run: files that would be sent.
     pub planned: Vec<String>,
+    /// Where this end was the source: the send path it took (seed 002
+    /// sec. 7) and the blocks it passed through the filled queue.
+    pub send_path: Option<crate::config::SendPath>,
+    pub handoffs: u64,
 }
 
 /// CPU seconds (user + system) of this process so far.

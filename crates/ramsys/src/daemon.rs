@@ -116,6 +116,8 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
         writers: rcfg.writers,
         window: a.window.max(2),
         fsync: a.fsync,
+        // Where the daemon is the source (pulls): flag, else config.
+        send_path: a.storage.send_path.or(cfg.send_path).unwrap_or_default(),
         ..a.storage.options()
     };
     let d = Daemon::bind(&a.listen, &a.root, key, opts, res)?;

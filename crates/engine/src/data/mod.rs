@@ -12,6 +12,7 @@
 //! free again, so the source can never have more in flight than the sink
 //! can hold, however slow the sink's disk.
 
+pub mod inline;
 pub mod reader;
 pub mod receiver;
 pub mod sender;
