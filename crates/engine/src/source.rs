@@ -285,8 +285,13 @@ pub fn run_source_with(
     };
     // Inline send path (seed 002 sec. 7): readers own the links' sending
     // ends in turn and no sender thread runs (crate::data::inline).
+    let path = opts.send_path.resolve(nread, streams as usize);
+    tracing::info!(
+        "source: send path {} ({nread} readers, {streams} streams)",
+        path.name()
+    );
     let mut data_links = data_links;
-    let inline = (opts.send_path.resolve(nread, streams as usize) == SendPath::Inline).then(|| {
+    let inline = (path == SendPath::Inline).then(|| {
         let outs = data_links
             .drain(..)
             .enumerate()
