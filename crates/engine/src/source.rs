@@ -555,6 +555,8 @@ pub fn run_source_with(
     for j in jobs {
         let _ = j.join();
     }
+    // The inline links hold a reference to the buffer share.
+    drop(inline);
     ctl.link.shutdown_both();
     drop(kept_links);
     res.return_buffers(pool);

@@ -76,7 +76,10 @@ fn copy(
         name,
     }];
     let stats = Arc::new(Stats::default());
-    let r = push(&remote, root, tops, Vec::new(), o, &res(o), stats.clone());
+    let res = res(o);
+    let r = push(&remote, root, tops, Vec::new(), o, &res, stats.clone());
+    // Whatever the outcome, the session gave its buffer share back.
+    assert_eq!(res.buffers.free(), res.buffers.count(), "buffers leaked");
     (r, stats)
 }
 
