@@ -62,10 +62,12 @@ pub enum SendPath {
     Queued,
     /// The reader waits for credit and writes the block itself.
     Inline,
-    /// Inline when every reader can hold a link of its own (readers <=
-    /// streams), else queued: Tyche's inline mode loses to the queue only
-    /// when more threads issue sends than there are links to send on
-    /// (seed 002 sec. 7, Figs. 14-15). docs/NUMA.md has the measurement.
+    /// Inline when readers == streams (each reader can hold a link of its
+    /// own), else queued. More readers than links contend for them, which
+    /// is when Tyche's inline mode loses to the queue (seed 002 sec. 7,
+    /// Figs. 14-15); fewer readers than links would serialize reading and
+    /// sending that the queue overlaps (one reader on a disk). docs/NUMA.md
+    /// sec. 8 has the measurement.
     #[default]
     Auto,
 }
@@ -75,7 +77,7 @@ impl SendPath {
     /// data links takes.
     pub fn resolve(self, readers: usize, streams: usize) -> SendPath {
         match self {
-            SendPath::Auto if readers <= streams => SendPath::Inline,
+            SendPath::Auto if readers == streams => SendPath::Inline,
             SendPath::Auto => SendPath::Queued,
             p => p,
         }

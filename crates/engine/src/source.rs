@@ -512,11 +512,7 @@ pub fn run_source_with(
                 streams,
                 block_size: block_size as u32,
                 links: link_desc,
-                send_path: Some(if inline.is_some() {
-                    SendPath::Inline
-                } else {
-                    SendPath::Queued
-                }),
+                send_path: Some(path),
                 handoffs: stats.handoffs.load(Ordering::Relaxed),
                 unchanged: plan.as_ref().map_or(0, |p| p.unchanged),
                 deleted,

@@ -221,8 +221,9 @@ fn encrypted_blocks_are_sealed_once_on_either_path() {
 }
 
 /// More readers than links: inline readers take turns on the one link
-/// (waiting while it is busy) and the copy is still whole; auto picks
-/// queued here and inline where each reader can hold a link.
+/// (waiting while it is busy) and the copy is still whole; one reader
+/// spreads its blocks over three links; auto picks inline only where
+/// readers match streams.
 #[test]
 fn readers_share_links_inline_and_auto_follows_the_counts() {
     let t = tmp();
@@ -231,7 +232,8 @@ fn readers_share_links_inline_and_auto_follows_the_counts() {
     for (path, readers, streams, want) in [
         (SendPath::Inline, 4, 1, SendPath::Inline),
         (SendPath::Auto, 4, 1, SendPath::Queued),
-        (SendPath::Auto, 2, 3, SendPath::Inline),
+        (SendPath::Auto, 2, 3, SendPath::Queued),
+        (SendPath::Inline, 1, 3, SendPath::Inline),
         (SendPath::Auto, 3, 3, SendPath::Inline),
     ] {
         let dst = t.path().join(format!("dst-{path:?}-{readers}-{streams}"));

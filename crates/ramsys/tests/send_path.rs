@@ -169,7 +169,7 @@ fn corrupted_blocks_are_resent_inline() {
 
 /// Local copies (in-process daemon as the sink): a file striped over four
 /// streams, a sparse file and zero-length files, on each path, and auto
-/// picking inline when readers can match streams, queued when not.
+/// picking inline when readers match streams, queued when not.
 #[test]
 fn local_copies_on_each_path_and_auto() {
     let t = tempfile::tempdir().unwrap();
@@ -188,6 +188,7 @@ fn local_copies_on_each_path_and_auto() {
         ("queued", "4", "queued"),
         ("auto", "4", "inline"),
         ("auto", "6", "queued"),
+        ("auto", "2", "queued"),
     ] {
         let dst = t.path().join(format!("dst-{path}-{readers}"));
         let o = ramsys(
