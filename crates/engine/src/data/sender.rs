@@ -164,6 +164,8 @@ pub fn run_sender(
     stats: Arc<Stats>,
     seal: Option<StreamSeal>,
 ) -> LinkOutcome {
+    // The stream number only names inline links in reports; a sender's
+    // caller knows its own.
     let mut out = StreamOut::new(0, link, window, seal);
     let r: Result<(), EngineError> = (|| {
         while let Ok(mut buf) = filled.recv() {
