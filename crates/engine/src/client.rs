@@ -7,6 +7,7 @@ use std::time::Duration;
 use ramsys_proto::control::{Open, Role};
 use ramsys_proto::Control;
 
+use crate::crypto::Cipher;
 use crate::fsops::Root;
 use crate::request::walk::Top;
 use crate::resources::EngineResources;
@@ -14,6 +15,7 @@ use crate::session::{client_connect_pipelined, ClientSession, PreLinks};
 use crate::sink::{run_sink, SinkSpec};
 use crate::source::{run_source, SourceSpec};
 use crate::stats::{Report, Stats};
+use crate::transport::sealed::{End, SealedLink};
 use crate::transport::Transport;
 use crate::wire::send_control;
 use crate::{EngineError, TransferOptions};
@@ -43,6 +45,31 @@ fn connect(remote: &Remote, streams: u16) -> Result<(ClientSession, PreLinks), E
     )?;
     pre.join(s.session, s.session_key);
     Ok((s, pre))
+}
+
+/// Under `--encrypt`, ask for a sealed control link and switch to it
+/// before the request is sent (transport/sealed.rs): paths, sizes and
+/// digests then never travel in clear.
+fn seal_control(s: &mut ClientSession, cipher: Cipher) -> Result<(), EngineError> {
+    if cipher == Cipher::None {
+        return Ok(());
+    }
+    send_control(
+        &mut *s.ctl,
+        &Control::SealControl {
+            cipher: cipher.id(),
+        },
+    )?;
+    let clear = u32::from(s.auth_pending);
+    let inner = std::mem::replace(&mut s.ctl, Box::new(crate::server::ClosedLink));
+    s.ctl = Box::new(SealedLink::new(
+        inner,
+        cipher,
+        &s.session_key,
+        End::Client,
+        clear,
+    )?);
+    Ok(())
 }
 
 fn open_msg(role: Role, paths: Vec<Vec<u8>>, opts: &TransferOptions) -> Control {
@@ -81,6 +108,7 @@ pub fn push(
 ) -> Result<Report, EngineError> {
     let streams = opts.streams.clamp(1, res.config.max_streams as u16);
     let (mut s, mut links) = connect(remote, streams)?;
+    seal_control(&mut s, opts.encrypt)?;
     send_control(&mut *s.ctl, &open_msg(Role::Sink, vec![dest], opts))?;
     let spec = SourceSpec {
         root,
@@ -102,6 +130,7 @@ pub fn pull(
 ) -> Result<Report, EngineError> {
     let streams = opts.streams.clamp(1, res.config.max_streams as u16);
     let (mut s, mut links) = connect(remote, streams)?;
+    seal_control(&mut s, opts.encrypt)?;
     send_control(&mut *s.ctl, &open_msg(Role::Source, paths, opts))?;
     let spec = SinkSpec {
         root,

@@ -193,6 +193,77 @@ impl StreamSeal {
     }
 }
 
+/// Key of the control link in one direction (client to server or back)
+/// under `--encrypt`; a label of its own, so it never equals a data key.
+pub fn control_key(session_key: &Bytes32, cipher: Cipher, client_to_server: bool) -> Bytes32 {
+    let label: &[u8] = if client_to_server {
+        b"client to server"
+    } else {
+        b"server to client"
+    };
+    let mut m =
+        <Hmac<Sha256> as Mac>::new_from_slice(session_key).expect("HMAC accepts any key length");
+    for p in [b"ramsys-v1 control key".as_slice(), &[cipher.id()], label] {
+        m.update(&(p.len() as u64).to_le_bytes());
+        m.update(p);
+    }
+    m.finalize().into_bytes().into()
+}
+
+/// AEAD of one direction of a record stream (the sealed control link,
+/// transport/sealed.rs): one key per direction, nonce = record counter, so
+/// records cannot be dropped, replayed, reordered or reflected.
+pub struct RecordSeal {
+    aead: Aead,
+    counter: u64,
+}
+
+impl RecordSeal {
+    /// None when `cipher` is [`Cipher::None`].
+    pub fn new(cipher: Cipher, key: &Bytes32) -> Option<Self> {
+        let aead = match cipher {
+            Cipher::None => return None,
+            Cipher::ChaCha20Poly1305 => Aead::ChaCha(ChaCha20Poly1305::new(&(*key).into())),
+            Cipher::Aes256Gcm => Aead::Aes(Box::new(Aes256Gcm::new(&(*key).into()))),
+        };
+        Some(RecordSeal { aead, counter: 0 })
+    }
+
+    fn next_nonce(&mut self) -> [u8; 12] {
+        let mut n = [0u8; 12];
+        n[0] = b'C';
+        n[4..].copy_from_slice(&self.counter.to_le_bytes());
+        self.counter += 1;
+        n
+    }
+
+    /// Encrypt `payload` in place; returns the tag.
+    pub fn seal(&mut self, aad: &[u8], payload: &mut [u8]) -> [u8; TAG_LEN] {
+        let n = self.next_nonce();
+        match &self.aead {
+            Aead::ChaCha(c) => c.encrypt_in_place_detached(&n.into(), aad, payload),
+            Aead::Aes(c) => c.encrypt_in_place_detached(&n.into(), aad, payload),
+        }
+        .expect("record within AEAD limits")
+        .into()
+    }
+
+    /// Check and decrypt `payload` in place.
+    pub fn open(
+        &mut self,
+        aad: &[u8],
+        payload: &mut [u8],
+        tag: &[u8; TAG_LEN],
+    ) -> Result<(), OpenFailed> {
+        let n = self.next_nonce();
+        match &self.aead {
+            Aead::ChaCha(c) => c.decrypt_in_place_detached(&n.into(), aad, payload, tag.into()),
+            Aead::Aes(c) => c.decrypt_in_place_detached(&n.into(), aad, payload, tag.into()),
+        }
+        .map_err(|_| OpenFailed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

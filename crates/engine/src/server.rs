@@ -285,7 +285,34 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 "{}: user {user} authenticated, session {session:x}",
                 link.peer()
             );
-            let (open, sync) = match recv_control(&mut **link) {
+            let mut first = recv_control(&mut **link);
+            if let Ok(Control::SealControl { cipher }) = &first {
+                // --encrypt: everything after this is sealed both ways
+                // (transport/sealed.rs); AuthOk above was the last clear
+                // frame.
+                let cipher = match crate::crypto::Cipher::from_id(*cipher) {
+                    Ok(c) if c != crate::crypto::Cipher::None => c,
+                    _ => {
+                        sh.registry.lock().unwrap().remove(&session);
+                        refuse(
+                            link,
+                            1,
+                            format!("cannot seal the control link with cipher {cipher}"),
+                        );
+                        return Ok(());
+                    }
+                };
+                let inner = std::mem::replace(link, Box::new(ClosedLink));
+                *link = Box::new(crate::transport::sealed::SealedLink::new(
+                    inner,
+                    cipher,
+                    &skey,
+                    crate::transport::sealed::End::Server,
+                    0,
+                )?);
+                first = recv_control(&mut **link);
+            }
+            let (open, sync) = match first {
                 Ok(Control::Open(o)) => (o, 0),
                 // Sync and resume (docs/SYNC.md): flags for a server source.
                 Ok(Control::SyncOpen { open, flags }) => (open, flags & crate::sync::flags::ALL),
@@ -518,7 +545,7 @@ fn follow_plan(
 }
 
 /// Placeholder left behind when a link is handed elsewhere.
-struct ClosedLink;
+pub(crate) struct ClosedLink;
 
 impl std::io::Read for ClosedLink {
     fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {

@@ -226,6 +226,13 @@ pub enum Control {
     /// Sink to source during the payload: every file is in place or has
     /// failed, no Resend will follow; the source may end its data links.
     Settled,
+    /// Client to server, right after Auth (`--encrypt`): from the next
+    /// byte on, both directions of this control link are AEAD records
+    /// under `cipher` (ids as in Propose; docs/SECURITY.md). The server's
+    /// AuthOk, sent before it read this, is the last clear frame.
+    SealControl {
+        cipher: u8,
+    },
 }
 
 /// Bits of SyncOpen/SyncMode `flags` (docs/SYNC.md).
@@ -315,6 +322,7 @@ impl Control {
             Control::Deleted(_) => "Deleted",
             Control::Resend(_) => "Resend",
             Control::Settled => "Settled",
+            Control::SealControl { .. } => "SealControl",
         }
     }
 
@@ -479,6 +487,7 @@ mod tests {
             Control::Deleted(vec![b"a/b".to_vec()]),
             Control::Resend(vec![(3, 1 << 20, 4096), (4, 0, 1 << 31 | 512)]),
             Control::Settled,
+            Control::SealControl { cipher: 2 },
         ];
         for m in msgs {
             let b = m.encode().unwrap();

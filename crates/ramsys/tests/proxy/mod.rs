@@ -15,6 +15,8 @@ pub struct Proxy {
     pub addr: String,
     /// Client-to-server bytes of every connection, concatenated.
     pub captured: Arc<Mutex<Vec<u8>>>,
+    /// Server-to-client bytes of every connection, concatenated.
+    pub captured_back: Arc<Mutex<Vec<u8>>>,
     /// Cut a connection once it has forwarded this many client bytes
     /// (0 = never); counts down across connections until one is cut.
     pub cut_after: Arc<AtomicU64>,
@@ -30,6 +32,7 @@ impl Proxy {
         let p = Proxy {
             addr,
             captured: Arc::new(Mutex::new(Vec::new())),
+            captured_back: Arc::new(Mutex::new(Vec::new())),
             cut_after: Arc::new(AtomicU64::new(0)),
             cuts: Arc::new(AtomicU64::new(0)),
             stop: Arc::new(AtomicBool::new(false)),
@@ -40,6 +43,7 @@ impl Proxy {
             p.cuts.clone(),
             p.stop.clone(),
         );
+        let back = p.captured_back.clone();
         let target = target.to_string();
         std::thread::spawn(move || {
             for c in l.incoming() {
@@ -56,7 +60,9 @@ impl Proxy {
                 std::thread::spawn(move || {
                     pump(c, s, Some((cap, cut, cuts)));
                 });
-                std::thread::spawn(move || pump(s2, c2, None));
+                // Server to client: captured, never cut.
+                let tap = (back.clone(), Arc::default(), Arc::default());
+                std::thread::spawn(move || pump(s2, c2, Some(tap)));
             }
         });
         p
