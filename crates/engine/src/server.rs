@@ -294,24 +294,23 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
             let _unannounce = Unannounce(sh.clone(), session);
             send_control(&mut **link, &ch)?;
             let auth = recv_control(&mut **link)?;
-            let (grant, skey) =
-                match hs
-                    .on_auth(&auth)
-                    .map_err(|e| e.to_string())
-                    .and_then(|(_, k)| match sh.creds.admit(pending) {
-                        Ok(g) => Ok((g, k)),
-                        Err(Refusal::Auth) => {
-                            Err("unknown user, or credential used or expired".into())
-                        }
-                        Err(Refusal::Limit(m)) => Err(m),
-                    }) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        tracing::warn!("{}: authentication failed ({e}); closing", link.peer());
-                        refuse(link, 1, "authentication failed".into());
-                        return Ok(());
-                    }
-                };
+            let admitted = match hs.on_auth(&auth) {
+                Ok((_, k)) => sh.creds.admit(pending).map(|g| (g, k)),
+                Err(e) => Err(Refusal::Auth(e.to_string())),
+            };
+            let (grant, skey) = match admitted {
+                Ok(v) => v,
+                Err(Refusal::Auth(e)) => {
+                    tracing::warn!("{}: authentication failed ({e}); closing", link.peer());
+                    refuse(link, 1, "authentication failed".into());
+                    return Ok(());
+                }
+                Err(Refusal::Limit(m)) => {
+                    tracing::warn!("{}: {m}; closing", link.peer());
+                    refuse(link, 4, m);
+                    return Ok(());
+                }
+            };
             let user = grant.shown.clone();
             let (tx, rx) = unbounded();
             sh.registry

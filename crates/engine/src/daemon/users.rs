@@ -319,8 +319,9 @@ impl Drop for SessionSlot {
 /// Why an Auth that verified is still refused.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Refusal {
-    /// Reported exactly like a wrong key (token used or expired meanwhile).
-    Auth,
+    /// Reported to the client exactly like a wrong key (unknown name, token
+    /// used or expired meanwhile); the reason is for the daemon's log.
+    Auth(String),
     /// A limit: the message is for the user.
     Limit(String),
 }
@@ -372,6 +373,9 @@ impl Credentials {
 
     /// The key to run the handshake with for a Hello naming `name`.
     pub fn lookup(&self, name: &str) -> Pending {
+        // Computed for every name, so a known and an unknown name cost the
+        // same before the Challenge goes out.
+        let decoy = self.users.as_ref().map(|_| self.decoy_key(name));
         if name.starts_with(TOKEN_PREFIX) {
             let t = self.tokens.lock().unwrap();
             if let Some(r) = t.get(name).filter(|r| r.expires > Instant::now()) {
@@ -392,32 +396,27 @@ impl Credentials {
                     claim: Claim::User(name.to_string()),
                 },
                 None => Pending {
-                    key: self.decoy_key(name),
+                    key: decoy.unwrap_or_default(),
                     claim: Claim::Unknown,
                 },
             },
         }
     }
 
-    /// After Auth verified under `p.key`: consume a token, apply limits.
+    /// After Auth verified under `p.key`: apply limits, consume a token.
     pub fn admit(&self, p: Pending) -> Result<Grant, Refusal> {
+        let gone = |n: &str| Refusal::Auth(format!("one-time credential {n} used or expired"));
         let (shown, account, token) = match p.claim {
-            Claim::Unknown => return Err(Refusal::Auth),
-            Claim::Shared(n) => (n, None, false),
-            Claim::User(n) => (n.clone(), Some(n), false),
+            Claim::Unknown => return Err(Refusal::Auth("unknown user".into())),
+            Claim::Shared(n) => (n, None, None),
+            Claim::User(n) => (n.clone(), Some(n), None),
             Claim::Token(n) => {
-                // One use: whoever removes it first wins; a replay or a
-                // late use finds it gone or expired.
-                let r = self
-                    .tokens
-                    .lock()
-                    .unwrap()
-                    .remove(&n)
-                    .ok_or(Refusal::Auth)?;
-                if r.expires <= Instant::now() {
-                    return Err(Refusal::Auth);
-                }
-                (format!("{}/{n}", r.minter), r.account, true)
+                let t = self.tokens.lock().unwrap();
+                let r = t
+                    .get(&n)
+                    .filter(|r| r.expires > Instant::now())
+                    .ok_or_else(|| gone(&n))?;
+                (format!("{}/{n}", r.minter), r.account.clone(), Some(n))
             }
         };
         let user = account
@@ -427,6 +426,7 @@ impl Credentials {
             Some(u) => (u.root.clone(), u.read_only),
             None => (self.default_root.clone(), false),
         };
+        // The limit first, so a session refused for it keeps its token.
         let mut slot = None;
         if let (Some(a), Some(max)) = (&account, user.and_then(|u| u.max_sessions)) {
             let mut m = self.active.lock().unwrap();
@@ -439,12 +439,25 @@ impl Credentials {
             *n += 1;
             slot = Some(SessionSlot(self.active.clone(), a.clone()));
         }
+        // One use: whoever removes it first wins (a loser's slot is
+        // released on return); a replay finds it gone.
+        if let Some(n) = &token {
+            let r = self
+                .tokens
+                .lock()
+                .unwrap()
+                .remove(n)
+                .ok_or_else(|| gone(n))?;
+            if r.expires <= Instant::now() {
+                return Err(gone(n));
+            }
+        }
         Ok(Grant {
             shown,
             account,
             root,
             read_only,
-            token,
+            token: token.is_some(),
             _slot: slot,
         })
     }
@@ -697,7 +710,7 @@ mod tests {
         assert_eq!(p1.key.len(), 64);
         assert_ne!(p1.key, c.lookup("eve").key);
         assert_ne!(p1.key, c.shared_key);
-        assert_eq!(c.admit(p1).err(), Some(Refusal::Auth));
+        assert!(matches!(c.admit(p1), Err(Refusal::Auth(_))));
         // The shared key is not accepted in users mode, whatever the name.
         assert_ne!(c.lookup("root").key, c.shared_key);
     }
@@ -719,16 +732,22 @@ mod tests {
         assert_eq!(g.account.as_deref(), Some("bob"));
         assert_eq!(g.shown, format!("bob/{name}"));
         assert!(Arc::ptr_eq(&g.root, &bob.root));
-        assert_eq!(c.admit(p2).err(), Some(Refusal::Auth));
+        assert!(matches!(c.admit(p2), Err(Refusal::Auth(_))));
         // Used: the name is now unknown (decoy key).
         assert_ne!(c.lookup(&name).key, hex::encode(raw).into_bytes());
         // A token cannot mint another.
         assert!(c.mint(&g, 10).is_err());
+        // A token of a user at its session limit is refused but not spent.
+        let alice = c.admit(c.lookup("alice")).unwrap();
+        let (na, _, _) = c.mint(&alice, 0).unwrap();
+        assert!(matches!(c.admit(c.lookup(&na)), Err(Refusal::Limit(_))));
+        drop(alice);
+        assert_eq!(c.admit(c.lookup(&na)).unwrap().shown, format!("alice/{na}"));
         // Expired: refused, even if looked up in time.
         let (n2, _, _) = c.mint(&bob, 5000).unwrap();
         let p = c.lookup(&n2);
         c.expire_all();
-        assert_eq!(c.admit(p).err(), Some(Refusal::Auth));
+        assert!(matches!(c.admit(p), Err(Refusal::Auth(_))));
         assert_eq!(c.tokens_outstanding(), 0);
     }
 
