@@ -11,15 +11,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::{unbounded, Sender};
-use ramsys_proto::auth::{verify_join, ServerHandshake};
+use ramsys_proto::auth::{seal_token_key, verify_join, ServerHandshake};
 use ramsys_proto::control::{Bytes32, Role};
 use ramsys_proto::path::validate_relative;
 use ramsys_proto::Control;
 
 use crate::daemon::admit::Dir;
-use crate::daemon::status::{snapshot, Status};
+use crate::daemon::status::{snapshot, Status, UserStatus};
+use crate::daemon::users::{Credentials, ExportRoot, Grant, Refusal, Users};
 use crate::daemon::{netdev, DaemonState};
-use crate::fsops::{Confinement, Root};
 use crate::request::walk::Top;
 use crate::resources::EngineResources;
 use crate::session::{random32, ServerLinks};
@@ -39,9 +39,8 @@ struct Slot {
 /// State shared by all connections of one daemon.
 pub struct DaemonShared {
     pub root_path: PathBuf,
-    sink_root: Arc<Root>,
-    source_root: Arc<Root>,
-    key: Vec<u8>,
+    /// Shared key or users table, one-time credentials (daemon::users).
+    pub creds: Credentials,
     pub res: EngineResources,
     pub opts: TransferOptions,
     registry: Mutex<HashMap<u64, Slot>>,
@@ -63,6 +62,12 @@ pub struct DaemonShared {
 impl DaemonShared {
     /// The daemon's state as `ramsys status` shows it.
     pub fn status(&self) -> Status {
+        self.status_for(None)
+    }
+
+    /// The state as shown to `user` (None: everything, e.g. metrics): with
+    /// a users table a user sees only its own sessions and root.
+    pub fn status_for(&self, user: Option<&str>) -> Status {
         let mut s = snapshot(
             &self.state,
             &self.res,
@@ -71,6 +76,22 @@ impl DaemonShared {
         );
         if let Some(p) = self.placement.get() {
             s.placement = p.lines.clone();
+        }
+        s.users = self
+            .creds
+            .user_status(user)
+            .into_iter()
+            .map(|(name, root, sessions, read_only)| UserStatus {
+                name,
+                root,
+                sessions,
+                read_only,
+            })
+            .collect();
+        if let (Some(u), Some(_)) = (user, self.creds.users()) {
+            let mine = |x: &str| x == u || x.starts_with(&format!("{u}/"));
+            s.sessions.retain(|x| mine(&x.user));
+            s.root = s.users.first().map(|x| x.root.clone()).unwrap_or_default();
         }
         s
     }
@@ -92,18 +113,10 @@ impl Daemon {
         opts: TransferOptions,
         res: EngineResources,
     ) -> anyhow::Result<Daemon> {
-        let root_path = root
-            .canonicalize()
-            .map_err(|e| anyhow::anyhow!("root {}: {e}", root.display()))?;
-        anyhow::ensure!(
-            root_path.is_dir(),
-            "root {} is not a directory",
-            root_path.display()
-        );
+        let export = Arc::new(ExportRoot::open(root)?);
+        let root_path = export.path.clone();
         let listener = TcpListener::bind(listen)
             .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
-        let sink_root = Arc::new(Root::open(&root_path, Confinement::Strict)?);
-        let source_root = Arc::new(Root::open(&root_path, Confinement::Beneath)?);
         crate::fsops::raise_nofile_limit();
         // Session ids start at a random point so ids of a restarted daemon
         // do not repeat.
@@ -117,9 +130,7 @@ impl Daemon {
             listener,
             shared: Arc::new(DaemonShared {
                 root_path,
-                sink_root,
-                source_root,
-                key,
+                creds: Credentials::new(key, export),
                 res,
                 opts,
                 registry: Mutex::new(HashMap::new()),
@@ -138,6 +149,17 @@ impl Daemon {
     /// shown by `ramsys status`.
     pub fn set_placement(&self, p: crate::config::DaemonPlacement) {
         let _ = self.shared.placement.set(Arc::new(p));
+    }
+
+    /// Serve a users table (per-user keys and export roots) instead of the
+    /// shared key; call before serving.
+    pub fn set_users(&mut self, users: Users) {
+        let sh = Arc::get_mut(&mut self.shared).expect("set_users before serving");
+        for r in users.roots() {
+            let (dev, kind) = netdev::device_of(&r.path);
+            sh.state.add_device(&dev, kind);
+        }
+        sh.creds.set_users(users);
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -258,7 +280,13 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
             }
         }
         hello @ Control::Hello { .. } => {
-            let mut hs = ServerHandshake::new(&sh.key, random32());
+            // The Hello's name selects the key (daemon::users); unknown
+            // names get a decoy key and fail at Auth like a wrong key.
+            let pending = match &hello {
+                Control::Hello { user, .. } => sh.creds.lookup(user),
+                _ => unreachable!(),
+            };
+            let mut hs = ServerHandshake::new(&pending.key, random32());
             let session = sh.next_session.fetch_add(1, Ordering::Relaxed);
             let ch = hs.on_hello(&hello, session)?;
             // Announced but not yet authenticated: early joins may wait.
@@ -266,14 +294,24 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
             let _unannounce = Unannounce(sh.clone(), session);
             send_control(&mut **link, &ch)?;
             let auth = recv_control(&mut **link)?;
-            let (user, skey) = match hs.on_auth(&auth) {
+            let admitted = match hs.on_auth(&auth) {
+                Ok((_, k)) => sh.creds.admit(pending).map(|g| (g, k)),
+                Err(e) => Err(Refusal::Auth(e.to_string())),
+            };
+            let (grant, skey) = match admitted {
                 Ok(v) => v,
-                Err(e) => {
+                Err(Refusal::Auth(e)) => {
                     tracing::warn!("{}: authentication failed ({e}); closing", link.peer());
                     refuse(link, 1, "authentication failed".into());
                     return Ok(());
                 }
+                Err(Refusal::Limit(m)) => {
+                    tracing::warn!("{}: {m}; closing", link.peer());
+                    refuse(link, 4, m);
+                    return Ok(());
+                }
             };
+            let user = grant.shown.clone();
             let (tx, rx) = unbounded();
             sh.registry
                 .lock()
@@ -318,9 +356,28 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 Ok(Control::SyncOpen { open, flags }) => (open, flags & crate::sync::flags::ALL),
                 Ok(Control::StatusQuery) => {
                     sh.registry.lock().unwrap().remove(&session);
-                    let json = serde_json::to_string(&sh.status())
+                    let json = serde_json::to_string(&sh.status_for(grant.account.as_deref()))
                         .map_err(|e| EngineError::local(format!("status: {e}")))?;
                     return send_control(&mut **link, &Control::StatusReport { json });
+                }
+                Ok(Control::TokenRequest { ttl_s }) => {
+                    sh.registry.lock().unwrap().remove(&session);
+                    return match sh.creds.mint(&grant, ttl_s) {
+                        Ok((name, raw, expires_s)) => {
+                            tracing::info!("{user}: minted one-time credential {name}");
+                            let key = seal_token_key(&skey, &name, &raw);
+                            let t = Control::Token {
+                                user: name,
+                                key,
+                                expires_s,
+                            };
+                            send_control(&mut **link, &t)
+                        }
+                        Err(m) => {
+                            refuse(link, 3, m);
+                            Ok(())
+                        }
+                    };
                 }
                 Ok(other) => {
                     sh.registry.lock().unwrap().remove(&session);
@@ -332,12 +389,21 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                     return Err(e);
                 }
             };
+            if grant.read_only && open.server_role == Role::Sink {
+                sh.registry.lock().unwrap().remove(&session);
+                refuse(
+                    link,
+                    3,
+                    format!("user {user} may only read from this daemon"),
+                );
+                return Ok(());
+            }
             sh.active.fetch_add(1, Ordering::Relaxed);
             let r = run_session(
                 sh,
                 link,
                 session,
-                &user,
+                &grant,
                 open,
                 sync,
                 ServerLinks {
@@ -370,7 +436,7 @@ fn run_session(
     sh: &Arc<DaemonShared>,
     link: &mut Box<dyn Link>,
     session: u64,
-    user: &str,
+    grant: &Grant,
     open: ramsys_proto::control::Open,
     sync: u32,
     mut links: ServerLinks,
@@ -384,7 +450,9 @@ fn run_session(
     };
     let shown: Vec<String> = open.paths.iter().map(|p| show(p)).collect();
     sh.state
-        .open_session(session, user, &link.peer(), role, shown);
+        .open_session(session, &grant.shown, &link.peer(), role, shown);
+    // Every path resolves beneath the user's export root (daemon::users).
+    let ex = &*grant.root;
     let nic = netdev::nic_for(&link.local());
     let local_addr = link.local();
     // Every path is relative to the root; "" means the root itself.
@@ -419,13 +487,13 @@ fn run_session(
                 return Ok(());
             }
             let spec = SinkSpec {
-                root: sh.sink_root.clone(),
+                root: ex.sink.clone(),
                 dest: rels.pop().unwrap(),
                 session,
                 pending_auth: None,
             };
             let (dev, kind) =
-                netdev::device_of(&sh.root_path.join(std::ffi::OsStr::new(&show(&spec.dest))));
+                netdev::device_of(&ex.path.join(std::ffi::OsStr::new(&show(&spec.dest))));
             let task = sh
                 .state
                 .new_task(session, Dir::In, &dev, kind, &nic, stats.clone());
@@ -433,7 +501,7 @@ fn run_session(
                 sh,
                 &task,
                 true,
-                &sh.root_path.join(std::ffi::OsStr::new(&show(&spec.dest))),
+                &ex.path.join(std::ffi::OsStr::new(&show(&spec.dest))),
                 &local_addr,
                 &mut opts,
             );
@@ -446,9 +514,9 @@ fn run_session(
             for r in rels {
                 // Symlinks inside the export may be read through, but the
                 // top-level path must resolve inside the root.
-                let abs = sh.root_path.join(std::ffi::OsStr::new(&show(&r)));
+                let abs = ex.path.join(std::ffi::OsStr::new(&show(&r)));
                 if let Ok(c) = abs.canonicalize() {
-                    if !c.starts_with(&sh.root_path) {
+                    if !c.starts_with(&ex.path) {
                         let mut ctl = ctl;
                         refuse(
                             &mut ctl,
@@ -460,8 +528,8 @@ fn run_session(
                 }
                 let name = match r.iter().rposition(|&b| b == b'/') {
                     Some(i) => r[i + 1..].to_vec(),
-                    None if r.is_empty() => sh
-                        .root_path
+                    None if r.is_empty() => ex
+                        .path
                         .file_name()
                         .map(|n| n.as_encoded_bytes().to_vec())
                         .unwrap_or_else(|| b"root".to_vec()),
@@ -473,9 +541,9 @@ fn run_session(
             // readers inside the session still split by device
             // (request::tasks) and steal across devices.
             let first = tops.first().map(|t| show(&t.rel)).unwrap_or_default();
-            let (dev, kind) = netdev::device_of(&sh.root_path.join(std::ffi::OsStr::new(&first)));
+            let (dev, kind) = netdev::device_of(&ex.path.join(std::ffi::OsStr::new(&first)));
             let spec = SourceSpec {
-                root: sh.source_root.clone(),
+                root: ex.source.clone(),
                 tops,
                 pending_auth: None,
             };
@@ -486,7 +554,7 @@ fn run_session(
                 sh,
                 &task,
                 false,
-                &sh.root_path.join(std::ffi::OsStr::new(&first)),
+                &ex.path.join(std::ffi::OsStr::new(&first)),
                 &local_addr,
                 &mut opts,
             );

@@ -22,9 +22,13 @@ pub fn random32() -> Bytes32 {
     b
 }
 
-/// The user name we authenticate as.
+/// The user name we authenticate as: `$RAMSYS_USER` (e.g. a one-time
+/// credential's `otp-…` name), else the login name.
 pub fn current_user() -> String {
-    std::env::var("USER")
+    std::env::var("RAMSYS_USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .map_or_else(|| std::env::var("USER"), Ok)
         .or_else(|_| std::env::var("LOGNAME"))
         .unwrap_or_else(|_| "unknown".into())
 }
@@ -97,11 +101,23 @@ pub fn client_connect_pipelined(
     key: &[u8],
     timeout: Duration,
 ) -> Result<ClientSession, EngineError> {
+    client_connect_pipelined_as(transport, addr, &current_user(), key, timeout)
+}
+
+/// [`client_connect_pipelined`] as `user` (a daemon with a users table
+/// picks the key by it; a one-time credential's name).
+pub fn client_connect_pipelined_as(
+    transport: &dyn Transport,
+    addr: &str,
+    user: &str,
+    key: &[u8],
+    timeout: Duration,
+) -> Result<ClientSession, EngineError> {
     let mut ctl = transport
         .connect(addr, timeout)
         .map_err(|e| connect_err(addr, e))?;
     ctl.set_read_timeout(Some(timeout))?;
-    let mut hs = ClientHandshake::new(key, &current_user(), random32());
+    let mut hs = ClientHandshake::new(key, user, random32());
     send_batch(&mut *ctl, &preamble(ramsys_proto::VERSION), &[&hs.hello()])?;
     read_preamble(&mut *ctl, addr)?;
     let reply = recv_control(&mut *ctl).map_err(|e| match e {
@@ -155,7 +171,18 @@ pub fn client_connect(
     key: &[u8],
     timeout: Duration,
 ) -> Result<ClientSession, EngineError> {
-    let mut s = client_connect_pipelined(transport, addr, key, timeout)?;
+    client_connect_as(transport, addr, &current_user(), key, timeout)
+}
+
+/// [`client_connect`] as `user`.
+pub fn client_connect_as(
+    transport: &dyn Transport,
+    addr: &str,
+    user: &str,
+    key: &[u8],
+    timeout: Duration,
+) -> Result<ClientSession, EngineError> {
+    let mut s = client_connect_pipelined_as(transport, addr, user, key, timeout)?;
     finish_auth(&mut *s.ctl, addr, s.session)?;
     s.auth_pending = false;
     Ok(s)

@@ -52,6 +52,11 @@ impl Ctl {
         if let Control::Abort { reason } = &m {
             return Err(EngineError::PeerAborted(reason.clone()));
         }
+        // A daemon source refusing the request (path outside its root,
+        // not found) answers Error instead of Propose.
+        if let Control::Error { message, .. } = &m {
+            return Err(EngineError::Refused(message.clone()));
+        }
         self.machine.on_recv(&m)?;
         Ok(m)
     }

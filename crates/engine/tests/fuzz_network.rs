@@ -104,6 +104,12 @@ fn seeds() -> Vec<Control> {
         Control::FilesDone(vec![(1, 77)]),
         Control::Resend(vec![(1, 0, 10)]),
         Control::Settled,
+        Control::TokenRequest { ttl_s: 60 },
+        Control::Token {
+            user: "otp-0123456789abcdef0123456789abcdef".into(),
+            key: [9; 32],
+            expires_s: 60,
+        },
         Control::SealControl { cipher: 1 },
         Control::EndOfData {
             files: 1,

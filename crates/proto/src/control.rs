@@ -226,6 +226,20 @@ pub enum Control {
     /// Sink to source during the payload: every file is in place or has
     /// failed, no Resend will follow; the source may end its data links.
     Settled,
+    /// Client to server, instead of Open: mint a one-time credential bound
+    /// to the authenticated user's export root, valid for `ttl_s` seconds
+    /// (0 = the daemon's default; docs/SECURITY.md).
+    TokenRequest {
+        ttl_s: u32,
+    },
+    /// Server to client: the credential. `key` is sealed under the session
+    /// key ([`crate::auth::seal_token_key`]); the usable key is the hex text
+    /// of the unsealed bytes. `expires_s`: seconds left to start the session.
+    Token {
+        user: String,
+        key: Bytes32,
+        expires_s: u32,
+    },
     /// Client to server, right after Auth (`--encrypt`): from the next
     /// byte on, both directions of this control link are AEAD records
     /// under `cipher` (ids as in Propose; docs/SECURITY.md). The server's
@@ -322,6 +336,8 @@ impl Control {
             Control::Deleted(_) => "Deleted",
             Control::Resend(_) => "Resend",
             Control::Settled => "Settled",
+            Control::TokenRequest { .. } => "TokenRequest",
+            Control::Token { .. } => "Token",
             Control::SealControl { .. } => "SealControl",
         }
     }
@@ -487,6 +503,12 @@ mod tests {
             Control::Deleted(vec![b"a/b".to_vec()]),
             Control::Resend(vec![(3, 1 << 20, 4096), (4, 0, 1 << 31 | 512)]),
             Control::Settled,
+            Control::TokenRequest { ttl_s: 60 },
+            Control::Token {
+                user: "otp-00ff".into(),
+                key: [7; 32],
+                expires_s: 60,
+            },
             Control::SealControl { cipher: 2 },
         ];
         for m in msgs {

@@ -280,6 +280,7 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
                 addr: addr.clone(),
                 key,
                 connect_timeout,
+                user: None,
             };
             let root = open_root(Path::new("/"), Confinement::None)?;
             let progress = Progress::start(stats.clone(), a.json);
@@ -315,6 +316,7 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
                 addr: remote_srcs[0].0.clone(),
                 key,
                 connect_timeout,
+                user: None,
             };
             let (root, dest) = local_sink(d)?;
             let root = open_root(&root, Confinement::Strict)?;
@@ -364,6 +366,7 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
                 addr,
                 key,
                 connect_timeout,
+                user: None,
             };
             let src_root = open_root(Path::new("/"), Confinement::None)?;
             let progress = Progress::start(stats.clone(), a.json);

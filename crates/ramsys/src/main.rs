@@ -7,6 +7,7 @@ mod plan;
 mod progress;
 mod spec;
 mod status;
+mod token;
 
 use std::path::PathBuf;
 
@@ -37,6 +38,9 @@ enum Cmd {
     Sync(agent::SyncArgs),
     /// Show a daemon's sessions, tasks, queues, pools and throughput.
     Status(status::StatusArgs),
+    /// Ask a running daemon for a one-time credential (one session, bound
+    /// to your export root), e.g. for an ssh session to relay.
+    Token(token::TokenArgs),
     /// Show the hardware model: NUMA nodes, NICs, block devices.
     Topo(ramsys_topo::TopoArgs),
     /// NUMA I/O bandwidth characterization, classes, prediction, calibration.
@@ -88,6 +92,7 @@ fn main() {
         Cmd::Cp(a) => agent::run(a),
         Cmd::Sync(a) => agent::run_sync(a),
         Cmd::Status(a) => status::run(a),
+        Cmd::Token(a) => token::run(a),
         Cmd::Topo(a) => ramsys_topo::run(a).map(|_| 0),
         Cmd::Iomodel(a) => ramsys_iomodel::run(a).map(|_| 0),
         Cmd::Plan(a) => plan::run(a),

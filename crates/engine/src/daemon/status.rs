@@ -33,6 +33,18 @@ pub struct Status {
     /// per decision.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub placement: Vec<String>,
+    /// With a users table (daemon::users): each user's export root and
+    /// running sessions (a user asking sees only itself).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<UserStatus>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UserStatus {
+    pub name: String,
+    pub root: String,
+    pub sessions: u32,
+    pub read_only: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -290,6 +302,7 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
         .collect();
     Status {
         placement: Vec::new(),
+        users: Vec::new(),
         version: STATUS_VERSION,
         listen: listen.into(),
         root: root.into(),
