@@ -64,7 +64,7 @@ pub fn quote_path(p: &str) -> String {
         return "~".into();
     }
     match p.strip_prefix("~/") {
-        Some(rest) if rest.is_empty() => "~/".into(),
+        Some("") => "~/".into(),
         Some(rest) => format!("~/{}", shell_quote(rest)),
         None => shell_quote(p),
     }

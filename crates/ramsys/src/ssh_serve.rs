@@ -159,7 +159,7 @@ impl Offer {
         }
         anyhow::ensure!(!o.listen.is_empty(), "ready line without listen address");
         anyhow::ensure!(
-            o.dest.is_some() != !o.srcs.is_empty(),
+            o.dest.is_some() == o.srcs.is_empty(),
             "ready line needs either dest or src"
         );
         Ok(o)
