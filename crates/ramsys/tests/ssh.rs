@@ -36,6 +36,11 @@ fn keygen(path: &Path) {
     assert!(o.status.success(), "ssh-keygen: {o:?}");
 }
 
+/// Whether this machine has IPv6 loopback.
+fn ipv6() -> bool {
+    TcpListener::bind("[::1]:0").is_ok()
+}
+
 impl Sshd {
     /// None (with the reason printed) when this machine has no sshd.
     fn start() -> Option<Sshd> {
@@ -65,9 +70,10 @@ impl Sshd {
                      AuthorizedKeysFile {ak}\nStrictModes no\nUsePAM no\n\
                      PermitRootLogin yes\nPasswordAuthentication no\n\
                      KbdInteractiveAuthentication no\nPidFile none\n\
-                     MaxStartups 100\nLogLevel VERBOSE\n",
+                     MaxStartups 100\nLogLevel VERBOSE\n{v6}",
                     hk = d.join("host_key").display(),
                     ak = d.join("authorized_keys").display(),
+                    v6 = if ipv6() { "ListenAddress ::1\n" } else { "" },
                 ),
             )
             .unwrap();
@@ -233,6 +239,25 @@ fn push_pull_and_rename_over_ssh() {
         std::fs::read(t.path().join("pushed/newname")).unwrap(),
         std::fs::read(&f).unwrap()
     );
+
+    // IPv6 in brackets, with a user: ssh-serve listens on ::1, where the
+    // ssh connection arrived.
+    if ipv6() {
+        let o = run(
+            &sshd,
+            &["cp", "--explain"],
+            &opts,
+            &[&s(&f), &format!("root@[::1]:{}/v6name", dst.display())],
+        );
+        assert_ok(&o);
+        assert!(stderr(&o).contains("-> [::1]:"), "{}", stderr(&o));
+        assert_eq!(
+            std::fs::read(dst.join("v6name")).unwrap(),
+            std::fs::read(&f).unwrap()
+        );
+    } else {
+        eprintln!("no IPv6 loopback: IPv6 endpoint not tested");
+    }
 }
 
 #[test]
@@ -721,6 +746,29 @@ fn credential_refused_for_a_second_concurrent_session() {
     let st = exit_within(&mut sv.child, Duration::from_secs(30));
     assert!(!st.success());
     assert!(child_stderr(&mut sv.child).contains("ramsys: error: "));
+
+    // A sink session cannot be used to read: Open of the other role is
+    // refused.
+    let mut sv = ssh_serve(t.path(), &cred, &["--", "."]);
+    let mut s = client_connect_pipelined(&tcp, &sv.addr, cred.as_bytes(), timeout).unwrap();
+    finish_auth(&mut *s.ctl, &sv.addr, s.session).unwrap();
+    let open = ramsys_proto::control::Open {
+        server_role: ramsys_proto::control::Role::Source,
+        paths: vec![b"etc/passwd".to_vec()],
+        recursive: false,
+        streams: 1,
+        block_size: 65536,
+        checksum: true,
+    };
+    ramsys_engine::wire::send_control(&mut *s.ctl, &ramsys_proto::Control::Open(open)).unwrap();
+    match ramsys_engine::wire::recv_control(&mut *s.ctl) {
+        Ok(ramsys_proto::Control::Error { message, .. }) => {
+            assert!(message.contains("role"), "{message}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    drop(s);
+    exit_within(&mut sv.child, Duration::from_secs(30));
 }
 
 #[test]
