@@ -22,9 +22,13 @@ pub fn random32() -> Bytes32 {
     b
 }
 
-/// The user name we authenticate as.
+/// The user name we authenticate as: `$RAMSYS_USER` (e.g. a one-time
+/// credential's `otp-…` name), else the login name.
 pub fn current_user() -> String {
-    std::env::var("USER")
+    std::env::var("RAMSYS_USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .map_or_else(|| std::env::var("USER"), Ok)
         .or_else(|_| std::env::var("LOGNAME"))
         .unwrap_or_else(|_| "unknown".into())
 }

@@ -258,6 +258,12 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
         return Ok(code);
     }
     let ssh = crate::ssh::open(a, &mut srcs, &mut dst)?;
+    if let Some(u) = ssh.user() {
+        // A running daemon's one-time credential names the user to
+        // authenticate as; session::current_user reads it. Set before any
+        // engine thread starts.
+        std::env::set_var("RAMSYS_USER", u);
+    }
     let load_key = || match ssh.key() {
         Some(k) => Ok(k),
         None => a.load_key(),

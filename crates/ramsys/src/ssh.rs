@@ -127,8 +127,14 @@ impl SshArgs {
         host: &SshEndpoint,
         args: &[String],
         secret: &[u8],
+        as_user: Option<&str>,
     ) -> anyhow::Result<SshProc> {
-        let remote = format!("{} {}", self.remote_ramsys, args.join(" "));
+        // A one-time credential's user name goes in the environment of
+        // the remote command (not secret; the key stays on stdin).
+        let env = as_user
+            .map(|u| format!("RAMSYS_USER={} ", shell_quote(u)))
+            .unwrap_or_default();
+        let remote = format!("{env}{} {}", self.remote_ramsys, args.join(" "));
         tracing::debug!("ssh {}: {remote}", host.host);
         let mut c = self.command(host, &remote)?;
         let mut child = c
@@ -256,6 +262,9 @@ pub struct SshSession {
     pub ssh: SshProc,
     pub addr: String,
     pub key: Vec<u8>,
+    /// The name to authenticate as, when a running daemon minted the
+    /// credential (None: our own user name).
+    pub user: Option<String>,
     pub offer: Offer,
 }
 
@@ -294,7 +303,7 @@ pub fn serve(
     args.extend(storage_args(a, role == ServeRole::Sink));
     args.push("--".into());
     args.extend(paths.iter().map(|p| quote_path(p)));
-    let mut p = a.ssh.spawn(host, &args, cred.as_bytes())?;
+    let mut p = a.ssh.spawn(host, &args, cred.as_bytes(), None)?;
     let mut noise = Vec::new();
     loop {
         let mut line = String::new();
@@ -316,6 +325,7 @@ pub fn serve(
                     ssh: p,
                     addr: offer.listen.clone(),
                     key,
+                    user: offer.user.clone(),
                     offer,
                 });
             }
@@ -367,6 +377,12 @@ impl Opened {
     /// The credential of the ssh session, if the transfer uses one.
     pub fn key(&self) -> Option<Vec<u8>> {
         self.sessions.first().map(|s| s.key.clone())
+    }
+
+    /// The user name to authenticate as, if not ours (a running daemon's
+    /// one-time credential).
+    pub fn user(&self) -> Option<String> {
+        self.sessions.first().and_then(|s| s.user.clone())
     }
 
     pub fn finish(self) {
@@ -465,7 +481,7 @@ pub fn third_party(
         .map_err(|_| anyhow::anyhow!("{}: destination name is not UTF-8", d.display()))?;
     let url = format!("ramsys://{}/{}", sink.addr, dest);
     let args = source_cp_args(a, sync, &ssh_srcs, &url);
-    let mut p = a.ssh.spawn(h, &args, &sink.key)?;
+    let mut p = a.ssh.spawn(h, &args, &sink.key, sink.user.as_deref())?;
     let code = relay(a, &mut p);
     let code = match code {
         Some(c) => {

@@ -79,6 +79,10 @@ pub struct SshServeArgs {
     /// Seconds to wait for the agent to authenticate.
     #[arg(long, default_value_t = 60)]
     pub accept_timeout: u64,
+    /// Always start a daemon for this session, even if one runs for this
+    /// user.
+    #[arg(long)]
+    pub own_daemon: bool,
     /// The destination (sink) or the sources (source), relative to the
     /// working directory (ssh: the home directory) unless absolute.
     #[arg(required = true, num_args = 1..)]
@@ -89,6 +93,9 @@ pub struct SshServeArgs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Offer {
     pub listen: String,
+    /// With a credential minted by a running daemon: the name to
+    /// authenticate as (`otp-…`).
+    pub user: Option<String>,
     /// A credential minted by a running daemon; None: the agent's own.
     pub key: Option<Vec<u8>>,
     /// Sink: the destination beneath the served root.
@@ -106,10 +113,13 @@ fn hex_or_dash(b: &[u8]) -> String {
 }
 
 impl Offer {
-    /// `ramsys-ssh v1 listen ADDR:PORT [key HEX] (dest HEX | src HEX...)`,
+    /// `ramsys-ssh v1 listen ADDR:PORT [user NAME key HEX] (dest HEX | src HEX...)`,
     /// '-' for an empty path (docs/PROTOCOL.md).
     pub fn line(&self) -> String {
         let mut s = format!("{READY_PREFIX} listen {}", self.listen);
+        if let Some(u) = &self.user {
+            s += &format!(" user {u}");
+        }
         if let Some(k) = &self.key {
             s += &format!(" key {}", hex::encode(k));
         }
@@ -133,6 +143,7 @@ impl Offer {
     fn parse_fields(rest: &str) -> anyhow::Result<Offer> {
         let mut o = Offer {
             listen: String::new(),
+            user: None,
             key: None,
             dest: None,
             srcs: Vec::new(),
@@ -151,6 +162,7 @@ impl Offer {
                 .with_context(|| format!("ready line: {k} without a value"))?;
             match k {
                 "listen" => o.listen = v.to_string(),
+                "user" => o.user = Some(v.to_string()),
                 "key" => o.key = Some(hexv(v)?),
                 "dest" => o.dest = Some(hexv(v)?),
                 "src" => o.srcs.push(hexv(v)?),
@@ -227,21 +239,215 @@ fn source_paths(paths: &[PathBuf]) -> anyhow::Result<Vec<Vec<u8>>> {
     Ok(out)
 }
 
-/// Issue 9: "uses the daemon there if one runs for that user". The hook
-/// where a long-running multi-user daemon would be asked for a one-time
-/// credential for this user and these paths (docs/SECURITY.md, "ssh
-/// sessions"). This build has no interface to ask a running daemon, so
-/// the answer is always "none", and ssh-serve starts its own daemon.
-fn running_daemon_offer(_role: ServeRole, _paths: &[PathBuf]) -> Option<Offer> {
-    None
+/// Issue 9: "uses the daemon there if one runs for that user". A daemon
+/// runs for this user when `$RAMSYS_DAEMON` names one or `ramsys serve
+/// --addr-file` left its address file, and the user has a key file (never
+/// created here). Then, through this same binary's commands (the users
+/// interface, /work/coord and docs/DAEMON.md): `status --json` gives the
+/// user's export root, the paths must lie beneath it (a sink also needs a
+/// user who may write), the daemon must be reachable where the agent
+/// reached us, and `token --json` mints a one-time credential. Any
+/// shortfall means "no": ssh-serve then starts its own daemon.
+fn running_daemon_offer(
+    role: ServeRole,
+    paths: &[PathBuf],
+    ssh_ip: Option<std::net::IpAddr>,
+) -> Option<Offer> {
+    match try_running_daemon(role, paths, ssh_ip) {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::info!("not using a running daemon: {e:#}");
+            None
+        }
+    }
+}
+
+/// `$XDG_RUNTIME_DIR/ramsys/daemon.addr`, else
+/// `$XDG_CONFIG_HOME|~/.config` + `/ramsys/daemon.addr` (where `serve
+/// --addr-file` writes by default).
+fn default_addr_file() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("ramsys/daemon.addr");
+    }
+    std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+        .join("ramsys/daemon.addr")
+}
+
+/// Run one of our own commands; its stdout if it succeeded in time.
+fn helper(args: &[&std::ffi::OsStr]) -> anyhow::Result<Vec<u8>> {
+    let exe = std::env::current_exe()?;
+    let mut c = std::process::Command::new(exe)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let end = Instant::now() + Duration::from_secs(15);
+    while c.try_wait()?.is_none() {
+        if Instant::now() > end {
+            let _ = c.kill();
+            let _ = c.wait();
+            bail!("{args:?} timed out");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = c.wait_with_output()?;
+    anyhow::ensure!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr).trim()
+    );
+    Ok(o.stdout)
+}
+
+/// `path` relative to `root` as wire bytes, if it lies beneath it.
+fn beneath(root: &Path, path: &Path) -> Option<Vec<u8>> {
+    let rel = path.strip_prefix(root).ok()?;
+    Some(rel.as_os_str().as_bytes().to_vec())
+}
+
+fn join_rel(dir: Vec<u8>, name: &[u8]) -> Vec<u8> {
+    match (dir.is_empty(), name.is_empty()) {
+        (true, _) => name.to_vec(),
+        (_, true) => dir,
+        _ => [dir.as_slice(), b"/", name].concat(),
+    }
+}
+
+fn try_running_daemon(
+    role: ServeRole,
+    paths: &[PathBuf],
+    ssh_ip: Option<std::net::IpAddr>,
+) -> anyhow::Result<Option<Offer>> {
+    use std::ffi::OsStr;
+    let key_file = ramsys_resources::keys::default_key_path();
+    if !key_file.exists() {
+        return Ok(None);
+    }
+    let daemon = match std::env::var("RAMSYS_DAEMON")
+        .ok()
+        .filter(|s| !s.is_empty())
+    {
+        Some(d) => d
+            .trim_start_matches("ramsys://")
+            .trim_end_matches('/')
+            .to_string(),
+        None => match std::fs::read_to_string(default_addr_file()) {
+            Ok(t) => t.lines().next().unwrap_or("").trim().to_string(),
+            Err(_) => return Ok(None),
+        },
+    };
+    if daemon.is_empty() {
+        return Ok(None);
+    }
+    let kf = OsStr::new("--key-file");
+    let url = format!("ramsys://{daemon}");
+    let st: serde_json::Value = serde_json::from_slice(&helper(&[
+        OsStr::new("status"),
+        OsStr::new("--json"),
+        kf,
+        key_file.as_os_str(),
+        OsStr::new(&url),
+    ])?)?;
+    // A daemon with a users table shows the asking user only.
+    let me = &st["users"][0];
+    let root = me["root"]
+        .as_str()
+        .or(st["root"].as_str())
+        .context("status without a root")?;
+    let root = Path::new(root).canonicalize()?;
+    let (dest, srcs) = match role {
+        ServeRole::Sink => {
+            if me["read_only"].as_bool() == Some(true) {
+                return Ok(None);
+            }
+            let (dir, name) = crate::agent::local_sink(&paths[0])?;
+            let Some(rel) = beneath(&root, &dir) else {
+                return Ok(None);
+            };
+            (Some(join_rel(rel, &name)), Vec::new())
+        }
+        ServeRole::Source => {
+            let mut v = Vec::new();
+            for p in source_paths(paths)? {
+                let abs = Path::new("/").join(std::ffi::OsStr::from_bytes(&p));
+                let Some(rel) = beneath(&root, &abs) else {
+                    return Ok(None);
+                };
+                v.push(rel);
+            }
+            (None, v)
+        }
+    };
+    // The address file names loopback for a wildcard listener: the agent
+    // reaches the daemon where it reached sshd, if it listens there.
+    use std::net::ToSocketAddrs;
+    let mut addr = daemon
+        .to_socket_addrs()?
+        .next()
+        .context("daemon address does not resolve")?;
+    if let Some(ip) = ssh_ip {
+        if (addr.ip().is_loopback() || addr.ip().is_unspecified()) && !ip.is_loopback() {
+            addr.set_ip(ip);
+        }
+    }
+    if std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_err() {
+        return Ok(None);
+    }
+    let tok: serde_json::Value = serde_json::from_slice(&helper(&[
+        OsStr::new("token"),
+        OsStr::new("--json"),
+        kf,
+        key_file.as_os_str(),
+        OsStr::new("--daemon"),
+        OsStr::new(&daemon),
+    ])?)?;
+    let user = tok["user"].as_str().context("token without user")?;
+    let key = tok["key"].as_str().context("token without key")?;
+    anyhow::ensure!(
+        !user.is_empty() && !user.contains(char::is_whitespace),
+        "bad token user"
+    );
+    Ok(Some(Offer {
+        listen: addr.to_string(),
+        user: Some(user.to_string()),
+        key: Some(key.as_bytes().to_vec()),
+        dest,
+        srcs,
+    }))
 }
 
 pub fn run(a: &SshServeArgs) -> anyhow::Result<i32> {
     let key = read_credential(&mut std::io::stdin().lock())?;
-    if let Some(offer) = running_daemon_offer(a.role, &a.paths) {
-        println!("{}", offer.line());
-        std::io::stdout().flush()?;
-        return Ok(0);
+    let ssh_connection = std::env::var("SSH_CONNECTION").ok();
+    let paths: Vec<PathBuf> = a
+        .paths
+        .iter()
+        .map(|p| {
+            if p.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                p.clone()
+            }
+        })
+        .collect();
+    if a.role == ServeRole::Sink && paths.len() != 1 {
+        bail!("a sink takes exactly one destination");
+    }
+    if !a.own_daemon {
+        let ip = listen_addr(ssh_connection.as_deref())
+            .parse::<std::net::SocketAddr>()
+            .ok()
+            .map(|s| s.ip());
+        if let Some(offer) = running_daemon_offer(a.role, &paths, ip) {
+            let mut o = std::io::stdout().lock();
+            writeln!(o, "{}", offer.line())?;
+            o.flush()?;
+            return Ok(0);
+        }
     }
     anyhow::ensure!(
         a.block_size >= 4096 && a.block_size <= 64 << 20,
@@ -249,20 +455,12 @@ pub fn run(a: &SshServeArgs) -> anyhow::Result<i32> {
     );
     let (root, dest, srcs) = match a.role {
         ServeRole::Sink => {
-            if a.paths.len() != 1 {
-                bail!("a sink takes exactly one destination");
-            }
-            let d = if a.paths[0].as_os_str().is_empty() {
-                PathBuf::from(".")
-            } else {
-                a.paths[0].clone()
-            };
-            let (root, dest) = crate::agent::local_sink(&d)?;
+            let (root, dest) = crate::agent::local_sink(&paths[0])?;
             (root, Some(dest), Vec::new())
         }
-        ServeRole::Source => (PathBuf::from("/"), None, source_paths(&a.paths)?),
+        ServeRole::Source => (PathBuf::from("/"), None, source_paths(&paths)?),
     };
-    let listen = listen_addr(std::env::var("SSH_CONNECTION").ok().as_deref());
+    let listen = listen_addr(ssh_connection.as_deref());
     let cli = ServeInputs {
         numa: None,
         memory: Some(a.memory),
@@ -299,6 +497,7 @@ pub fn run(a: &SshServeArgs) -> anyhow::Result<i32> {
     let shared = d.shared();
     let offer = Offer {
         listen: d.local_addr().to_string(),
+        user: None,
         key: None,
         dest,
         srcs,
@@ -349,6 +548,7 @@ mod tests {
     fn ready_line_round_trip() {
         let o = Offer {
             listen: "[::1]:4000".into(),
+            user: None,
             key: None,
             dest: Some(b"new name".to_vec()),
             srcs: vec![],
@@ -358,6 +558,7 @@ mod tests {
         assert_eq!(Offer::parse(&l).unwrap().unwrap(), o);
         let o = Offer {
             listen: "10.0.0.1:5".into(),
+            user: Some("otp-ab".into()),
             key: Some(vec![1, 2]),
             dest: None,
             srcs: vec![b"a".to_vec(), vec![]],
@@ -411,5 +612,20 @@ mod tests {
             ]
         );
         assert!(source_paths(&[d.join("missing")]).is_err());
+    }
+
+    #[test]
+    fn paths_beneath_an_export_root() {
+        let r = Path::new("/srv/export/alice");
+        assert_eq!(
+            beneath(r, Path::new("/srv/export/alice/a/b")),
+            Some(b"a/b".to_vec())
+        );
+        assert_eq!(beneath(r, r), Some(vec![]));
+        assert_eq!(beneath(r, Path::new("/srv/export/alicex")), None);
+        assert_eq!(beneath(r, Path::new("/etc")), None);
+        assert_eq!(join_rel(b"a".to_vec(), b"f"), b"a/f");
+        assert_eq!(join_rel(vec![], b"f"), b"f");
+        assert_eq!(join_rel(b"a".to_vec(), b""), b"a");
     }
 }

@@ -795,3 +795,86 @@ fn serve_exits_on_stdin_eof_and_on_accept_timeout() {
     assert!(o.stdout.is_empty());
     assert!(stderr(&o).contains("credential"), "{o:?}");
 }
+
+/// Issue 9: "uses the daemon there if one runs for that user". Needs the
+/// users interface (`ramsys token`); skipped with a reason without it.
+#[test]
+fn ssh_serve_uses_a_running_daemon_for_the_user() {
+    let has_token = Command::new(bin())
+        .args(["token", "--help"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_token {
+        eprintln!("skipping: this build has no `ramsys token` (one-time credentials)");
+        return;
+    }
+    let TreeAndDaemon {
+        t,
+        key,
+        src,
+        root,
+        d,
+    } = tree_and_daemon(65536);
+    std::fs::create_dir(root.join("in")).unwrap();
+    let serve = |path: &Path| {
+        let mut c = Command::new(bin())
+            .args(["ssh-serve", "--role", "sink", "--"])
+            .arg(path)
+            .env("RAMSYS_KEY_FILE", &key)
+            .env("RAMSYS_DAEMON", &d.addr)
+            .env_remove("SSH_CONNECTION")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        writeln!(c.stdin.as_mut().unwrap(), "{}", "77".repeat(32)).unwrap();
+        let mut line = String::new();
+        BufReader::new(c.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        (c, line)
+    };
+    let (mut c, line) = serve(&root.join("in"));
+    // The daemon's address and a credential it minted, then ssh-serve is
+    // done.
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let field = |k: &str| {
+        f.iter()
+            .position(|w| *w == k)
+            .map(|i| f[i + 1].to_string())
+            .unwrap_or_else(|| panic!("no {k} in {line:?}"))
+    };
+    assert_eq!(field("listen"), d.addr, "{line}");
+    assert_eq!(field("dest"), hex("in"));
+    let user = field("user");
+    assert!(user.starts_with("otp-"), "{line}");
+    let cred = String::from_utf8(
+        (0..field("key").len() / 2)
+            .map(|i| u8::from_str_radix(&field("key")[2 * i..2 * i + 2], 16).unwrap())
+            .collect(),
+    )
+    .unwrap();
+    assert!(exit_within(&mut c, Duration::from_secs(30)).success());
+    let mut cp = Command::new(bin())
+        .args(["cp", "-r", "--key-stdin"])
+        .arg(&src)
+        .arg(format!("ramsys://{}/in", d.addr))
+        .env("RAMSYS_USER", &user)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(cp.stdin.take().unwrap(), "{cred}").unwrap();
+    let o = cp.wait_with_output().unwrap();
+    assert_ok(&o);
+    assert_same_tree(&src, &root.join("in/src"));
+
+    // Outside that daemon's root: a daemon of its own, as without one.
+    let (mut c, line) = serve(t.path());
+    assert!(!line.contains(" user "), "{line}");
+    assert!(!line.contains(&d.addr), "{line}");
+    drop(c.stdin.take());
+    let _ = exit_within(&mut c, Duration::from_secs(30));
+}
