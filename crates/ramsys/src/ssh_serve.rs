@@ -343,11 +343,27 @@ fn try_running_daemon(
     if daemon.is_empty() {
         return Ok(None);
     }
+    // The address file names loopback for a wildcard listener: the agent
+    // reaches the daemon where it reached sshd, so ask it there (the
+    // status query doubles as the reachability check).
+    use std::net::ToSocketAddrs;
+    let mut addr = daemon
+        .to_socket_addrs()?
+        .next()
+        .context("daemon address does not resolve")?;
+    if let Some(ip) = ssh_ip {
+        if (addr.ip().is_loopback() || addr.ip().is_unspecified()) && !ip.is_loopback() {
+            addr.set_ip(ip);
+        }
+    }
+    let daemon = addr.to_string();
     let kf = OsStr::new("--key-file");
     let url = format!("ramsys://{daemon}");
     let st: serde_json::Value = serde_json::from_slice(&helper(&[
         OsStr::new("status"),
         OsStr::new("--json"),
+        OsStr::new("--connect-timeout"),
+        OsStr::new("3"),
         kf,
         key_file.as_os_str(),
         OsStr::new(&url),
@@ -382,21 +398,6 @@ fn try_running_daemon(
             (None, v)
         }
     };
-    // The address file names loopback for a wildcard listener: the agent
-    // reaches the daemon where it reached sshd, if it listens there.
-    use std::net::ToSocketAddrs;
-    let mut addr = daemon
-        .to_socket_addrs()?
-        .next()
-        .context("daemon address does not resolve")?;
-    if let Some(ip) = ssh_ip {
-        if (addr.ip().is_loopback() || addr.ip().is_unspecified()) && !ip.is_loopback() {
-            addr.set_ip(ip);
-        }
-    }
-    if std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_err() {
-        return Ok(None);
-    }
     let tok: serde_json::Value = serde_json::from_slice(&helper(&[
         OsStr::new("token"),
         OsStr::new("--json"),
@@ -412,7 +413,7 @@ fn try_running_daemon(
         "bad token user"
     );
     Ok(Some(Offer {
-        listen: addr.to_string(),
+        listen: daemon,
         user: Some(user.to_string()),
         key: Some(key.as_bytes().to_vec()),
         dest,
