@@ -57,6 +57,26 @@ pub struct DaemonShared {
     /// Hardware view and start-time placement (`serve --config`); set
     /// once before serving. Without it tasks run with the fixed counts.
     pub placement: std::sync::OnceLock<Arc<crate::config::DaemonPlacement>>,
+    /// Set for a daemon started over ssh for one session (`ssh-serve`).
+    one_shot: std::sync::OnceLock<OneShot>,
+}
+
+/// A daemon that serves one session only (`ramsys ssh-serve`,
+/// docs/SECURITY.md): its key is a one-time credential, so the first
+/// session to authenticate consumes it; later ones are refused.
+struct OneShot {
+    role: Role,
+    used: std::sync::atomic::AtomicBool,
+    done: Sender<Result<(), String>>,
+}
+
+/// Reports the one session's outcome when it ends, however it ends.
+struct OneShotDone<'a>(&'a OneShot, Result<(), String>);
+
+impl Drop for OneShotDone<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.done.send(std::mem::replace(&mut self.1, Ok(())));
+    }
 }
 
 impl DaemonShared {
@@ -141,6 +161,7 @@ impl Daemon {
                 state,
                 listen,
                 placement: std::sync::OnceLock::new(),
+                one_shot: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -160,6 +181,19 @@ impl Daemon {
             sh.state.add_device(&dev, kind);
         }
         sh.creds.set_users(users);
+    }
+
+    /// Serve exactly one session, in `role` (ssh-serve): the first
+    /// authenticated session consumes the key, later ones are refused.
+    /// The receiver gets the session's outcome when it ends.
+    pub fn one_session(&self, role: Role) -> crossbeam_channel::Receiver<Result<(), String>> {
+        let (done, rx) = crossbeam_channel::bounded(1);
+        let _ = self.shared.one_shot.set(OneShot {
+            role,
+            used: false.into(),
+            done,
+        });
+        rx
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -312,6 +346,15 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 }
             };
             let user = grant.shown.clone();
+            let mut one_shot = None;
+            if let Some(o) = sh.one_shot.get() {
+                if o.used.swap(true, Ordering::SeqCst) {
+                    tracing::warn!("{}: one-time credential used again; refused", link.peer());
+                    refuse(link, 1, "credential already used".into());
+                    return Ok(());
+                }
+                one_shot = Some(OneShotDone(o, Err("session ended early".into())));
+            }
             let (tx, rx) = unbounded();
             sh.registry
                 .lock()
@@ -398,6 +441,15 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 );
                 return Ok(());
             }
+            if let Some(o) = sh.one_shot.get().filter(|o| o.role != open.server_role) {
+                sh.registry.lock().unwrap().remove(&session);
+                refuse(
+                    link,
+                    2,
+                    format!("this session serves the {:?} role only", o.role),
+                );
+                return Ok(());
+            }
             sh.active.fetch_add(1, Ordering::Relaxed);
             let r = run_session(
                 sh,
@@ -418,6 +470,9 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
             match &r {
                 Ok(()) => tracing::info!("session {session:x} complete"),
                 Err(e) => tracing::warn!("session {session:x} failed: {e}"),
+            }
+            if let Some(d) = &mut one_shot {
+                d.1 = r.as_ref().map(|_| ()).map_err(|e| e.to_string());
             }
             r
         }

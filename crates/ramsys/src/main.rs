@@ -6,6 +6,8 @@ mod daemon;
 mod plan;
 mod progress;
 mod spec;
+mod ssh;
+mod ssh_serve;
 mod status;
 mod token;
 
@@ -47,6 +49,10 @@ enum Cmd {
     Iomodel(ramsys_iomodel::IomodelArgs),
     /// Show the thread, buffer and stream plan for a transfer, without moving data.
     Plan(plan::PlanArgs),
+    /// The remote end of an ssh transfer, run by the agent through ssh
+    /// (one session; credential on stdin; docs/PROTOCOL.md).
+    #[command(hide = true)]
+    SshServe(ssh_serve::SshServeArgs),
 }
 
 /// Options shared by every command that authenticates.
@@ -96,6 +102,7 @@ fn main() {
         Cmd::Topo(a) => ramsys_topo::run(a).map(|_| 0),
         Cmd::Iomodel(a) => ramsys_iomodel::run(a).map(|_| 0),
         Cmd::Plan(a) => plan::run(a),
+        Cmd::SshServe(a) => ssh_serve::run(a),
     };
     match r {
         Ok(code) => std::process::exit(code),

@@ -40,7 +40,7 @@ pub fn daemon_addr(s: &str) -> anyhow::Result<String> {
     };
     match parse_endpoint(&url)? {
         Endpoint::Daemon { addr, .. } => Ok(addr),
-        Endpoint::Local(_) => anyhow::bail!("{s}: not a daemon address"),
+        Endpoint::Local(_) | Endpoint::Ssh(_) => anyhow::bail!("{s}: not a daemon address"),
     }
 }
 
