@@ -136,7 +136,7 @@ impl Dialer {
                         }
                         Err(e) => {
                             stats.link_retries.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!("re-dialling data stream {stream}: {e}");
+                            tracing::info!("re-dialling data stream {stream}: {e}");
                             reason = e.to_string();
                         }
                     }
@@ -284,7 +284,7 @@ impl Streams {
         if s.epoch != epoch || s.state != State::Live {
             return None;
         }
-        tracing::warn!("data stream {i} lost: {e}");
+        tracing::info!("data stream {i} lost: {e}");
         self.stats.links_lost.fetch_add(1, Ordering::Relaxed);
         if self.first_error.is_none() {
             self.first_error = Some(e.to_string());
@@ -394,7 +394,7 @@ impl Streams {
     /// Every attempt to replace `stream` failed: it stays down. True if
     /// that ends the stream (its work goes to the others).
     pub fn gave_up(&mut self, stream: u16, attempts: u32, reason: String) -> bool {
-        tracing::warn!("data stream {stream} not replaced after {attempts} attempts: {reason}");
+        tracing::info!("data stream {stream} not replaced after {attempts} attempts: {reason}");
         self.attempts += attempts;
         self.last_dial_error = Some(reason);
         match self.slots.get_mut(stream as usize) {
@@ -500,9 +500,9 @@ impl Requeue {
         blocks: Vec<Vec<Segment>>,
         filled: Sender<Buf>,
         failed: Sender<crate::data::reader::ReaderEvent>,
-    ) {
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
         let me = self.clone();
-        let _ = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("requeue".into())
             .spawn(move || {
                 let by_id: std::collections::HashMap<u64, usize> = me
@@ -534,7 +534,7 @@ impl Requeue {
                         }
                     }
                 }
-            });
+            })
     }
 
     fn rebuild(

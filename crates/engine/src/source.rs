@@ -432,7 +432,10 @@ pub fn run_source_with(
                     Ok(blocks) => {
                         tracing::info!("stream {}: sending {} lost blocks again", k.0, blocks.len());
                         let blocks = blocks.into_iter().map(|b| b.to_vec()).collect();
-                        requeue.spawn(blocks, tx.clone(), requeue_events.clone());
+                        match requeue.spawn(blocks, tx.clone(), requeue_events.clone()) {
+                            Ok(h) => extra_jobs.push(h),
+                            Err(e) => requeue_err = Some(e.into()),
+                        }
                     }
                     Err(e) => requeue_err = Some(EngineError::from(e)),
                 }
@@ -626,6 +629,8 @@ pub fn run_source_with(
     for j in extra_jobs {
         let _ = j.join();
     }
+    drop(requeue);
+    drop(streams_st);
     ctl.link.shutdown_both();
     drop(kept_links);
     res.return_buffers(pool);
