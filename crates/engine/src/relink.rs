@@ -191,6 +191,8 @@ pub struct Streams {
     budget: Duration,
     /// Streams that ended normally.
     normal: usize,
+    /// Every (stream, epoch) a thread ran on here.
+    ran: std::collections::HashSet<(u16, u16)>,
     last_dial_error: Option<String>,
 }
 
@@ -203,6 +205,7 @@ impl Streams {
         abort: Arc<AtomicBool>,
     ) -> Streams {
         let (tx, events) = unbounded();
+        let n = handles.len();
         let budget = match &relinks {
             Relinks::Dial(d) => d.backoff.budget,
             _ => Backoff::default().budget,
@@ -253,6 +256,7 @@ impl Streams {
             budget: budget + Duration::from_secs(5),
             normal: 0,
             last_dial_error: None,
+            ran: (0..n as u16).map(|i| (i, 0)).collect(),
         }
     }
 
@@ -318,6 +322,13 @@ impl Streams {
         if self.live() == 0 && self.all_down_since.is_none() {
             self.all_down_since = Some(Instant::now());
         }
+    }
+
+    /// Whether a thread ever ran here on (`stream`, `epoch`). A sink asked
+    /// about a link it never ran (the source's end joined, but our JoinOk
+    /// or its dialler's answer was lost) answers Lost with 0 blocks.
+    pub fn ran(&self, stream: u16, epoch: u16) -> bool {
+        self.ran.contains(&(stream, epoch))
     }
 
     /// Close the current link of (`i`, `epoch`) so its thread ends (the
@@ -386,6 +397,7 @@ impl Streams {
         s.state = State::Live;
         s.epoch = epoch;
         s.handle = Some(handle);
+        self.ran.insert((i as u16, epoch));
         self.all_down_since = None;
         self.stats.links_replaced.fetch_add(1, Ordering::Relaxed);
         tracing::info!("data stream {i} replaced (epoch {epoch})");

@@ -284,7 +284,10 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                     let _ = tx.send((stream, epoch, l));
                 }
                 None => {
-                    tracing::warn!("{}: replacement link with bad credentials refused", link.peer());
+                    tracing::warn!(
+                        "{}: replacement link with bad credentials refused",
+                        link.peer()
+                    );
                     refuse(link, 1, "unknown session or bad credentials".into());
                 }
             }

@@ -15,8 +15,8 @@ use ramsys_resources::Buf;
 use crate::data::receiver::{run_receiver, ReceiverEvent};
 use crate::data::sinkfiles::{FileTable, WriteError};
 use crate::data::writer::{run_writer, CreditReturn, WriterEvent};
-use crate::relink::{LinkEvent, Streams};
 use crate::fsops::Root;
+use crate::relink::{LinkEvent, Streams};
 use crate::resources::EngineResources;
 use crate::session::LinkProvider;
 use crate::stats::{process_cpu_seconds, FailedPath, Report, Stats};
@@ -550,7 +550,13 @@ pub fn run_sink_with(
                         Control::EndOfData { .. } => eod = true,
                         // The source's end broke first: close ours, so its
                         // receiver ends and we can report what arrived.
-                        Control::LinkDown { stream, epoch } => streams_st.close(stream as usize, epoch),
+                        Control::LinkDown { stream, epoch } => {
+                            if streams_st.ran(stream, epoch) {
+                                streams_st.close(stream as usize, epoch);
+                            } else if let Err(e) = ctl.send(&Control::Lost { stream, epoch, received: 0 }) {
+                                break Err(e);
+                            }
+                        }
                         _ => {}
                     }
                 }

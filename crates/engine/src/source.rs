@@ -15,9 +15,8 @@ use ramsys_resources::Buf;
 
 use crate::data::reader::{run_reader, ReaderCtx, ReaderEvent, SrcFileState};
 use crate::data::sender::run_sender;
-use crate::relink::{Joined, LinkEvent, Requeue, Streams};
-use ramsys_proto::relink::SentLog;
 use crate::fsops::Root;
+use crate::relink::{Joined, LinkEvent, Requeue, Streams};
 use crate::request::tasks::{assign_homes, plan_source};
 use crate::request::walk::{walk, Top};
 use crate::resources::EngineResources;
@@ -26,6 +25,7 @@ use crate::stats::{FailedPath, Report, Stats};
 use crate::transport::Link;
 use crate::wire::{recv_control, send_control};
 use crate::{show, EngineError, TransferOptions};
+use ramsys_proto::relink::SentLog;
 
 /// What to send.
 pub struct SourceSpec {
@@ -332,8 +332,8 @@ pub fn run_source_with(
         let window = confirm.credits_per_stream;
         move |i: usize, epoch: u16, l: Box<dyn Link>| {
             let (rx, p, a, s, d) = (rx.clone(), p.clone(), a.clone(), s.clone(), d.clone());
-            let seal =
-                session_key.and_then(|k| crate::crypto::StreamSeal::new(cipher, &k, i as u16, epoch));
+            let seal = session_key
+                .and_then(|k| crate::crypto::StreamSeal::new(cipher, &k, i as u16, epoch));
             move || {
                 let mut log = SentLog::new(window + 1);
                 let r = run_sender(l, window, rx, p, a, s, seal, &mut log);
@@ -426,11 +426,18 @@ pub fn run_source_with(
             .collect();
         let mut requeue_err = None;
         for k in ready {
-            let (log, n) = (lost_logs.remove(&k).unwrap(), lost_counts.remove(&k).unwrap());
+            let (log, n) = (
+                lost_logs.remove(&k).unwrap(),
+                lost_counts.remove(&k).unwrap(),
+            );
             if let Some(tx) = &resend_tx {
                 match log.unreceived(n) {
                     Ok(blocks) => {
-                        tracing::info!("stream {}: sending {} lost blocks again", k.0, blocks.len());
+                        tracing::info!(
+                            "stream {}: sending {} lost blocks again",
+                            k.0,
+                            blocks.len()
+                        );
                         let blocks = blocks.into_iter().map(|b| b.to_vec()).collect();
                         match requeue.spawn(blocks, tx.clone(), requeue_events.clone()) {
                             Ok(h) => extra_jobs.push(h),

@@ -88,8 +88,8 @@ fn names(dir: &Path) -> BTreeSet<String> {
 /// Returns whether the kill interrupted a running transfer.
 fn run_seed(seed: u64) -> bool {
     let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let push = seed % 2 == 0;
-    let kill_agent = r.next() % 2 == 0;
+    let push = seed.is_multiple_of(2);
+    let kill_agent = r.next().is_multiple_of(2);
     let delay = Duration::from_millis(r.next() % 800);
     let streams = (1 + r.next() % 4).to_string();
     let t = tempfile::tempdir().unwrap();
@@ -121,9 +121,15 @@ fn run_seed(seed: u64) -> bool {
     let mut d = daemon(&root, &key, if push { &slow } else { &[] });
     let args = |d: &TestDaemon| -> Vec<String> {
         let (from, to) = if push {
-            (src.display().to_string(), format!("ramsys://{}/dst", d.addr))
+            (
+                src.display().to_string(),
+                format!("ramsys://{}/dst", d.addr),
+            )
         } else {
-            (format!("ramsys://{}/src", d.addr), dst.display().to_string())
+            (
+                format!("ramsys://{}/src", d.addr),
+                dst.display().to_string(),
+            )
         };
         [
             "cp",
@@ -186,7 +192,11 @@ fn run_seed(seed: u64) -> bool {
     // A daemon sink keeps its journal in its root, which is `parent` in a
     // push; it must be gone once nothing is interrupted any more.
     assert_eq!(names(&parent), want, "{what}: parent directory changed");
-    assert!(temp_files(&parent).is_empty(), "{what}: {:?}", temp_files(&parent));
+    assert!(
+        temp_files(&parent).is_empty(),
+        "{what}: {:?}",
+        temp_files(&parent)
+    );
     drop(d);
     interrupted
 }
@@ -211,9 +221,16 @@ fn kill_either_end_then_resume() {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(&seed) = seeds.get(i) else { break };
-                if run_seed(seed) {
+                let t = Instant::now();
+                let hit = run_seed(seed);
+                if hit {
                     hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
+                eprintln!(
+                    "kill seed {seed} ok in {:.2} s{}",
+                    t.elapsed().as_secs_f64(),
+                    if hit { ", mid-transfer" } else { "" }
+                );
             });
         }
     });
@@ -223,5 +240,8 @@ fn kill_either_end_then_resume() {
         t0.elapsed().as_secs_f64()
     );
     // Most kills must land mid-transfer, or the suite proves little.
-    assert!(hits * 2 >= n as usize, "only {hits} of {n} kills mid-transfer");
+    assert!(
+        hits * 2 >= n as usize,
+        "only {hits} of {n} kills mid-transfer"
+    );
 }

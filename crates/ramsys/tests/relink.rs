@@ -80,7 +80,9 @@ fn setup() -> Setup {
 fn push_survives_one_cut_data_link() {
     let s = setup();
     let p = LinkProxy::start(&s.d.addr);
-    p.rules.cut_data_after.store(2 * MB as u64, Ordering::Relaxed);
+    p.rules
+        .cut_data_after
+        .store(2 * MB as u64, Ordering::Relaxed);
     p.rules.cut_data_max.store(1, Ordering::Relaxed);
     let o = cp(
         &s.key,
@@ -96,6 +98,14 @@ fn push_survives_one_cut_data_link() {
     assert_eq!(j["links_replaced"], 1, "{j}");
     assert!(p.seen.rejoins.load(Ordering::Relaxed) >= 1);
     assert!(temp_files(&s.root).is_empty());
+    // The daemon (sink) counts the replacement too (status, /metrics).
+    let st = ramsys(
+        &s.key,
+        &["status", "--json", &format!("ramsys://{}", s.d.addr)],
+    );
+    assert_ok(&st);
+    let st: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    assert_eq!(st["totals"]["links_replaced"], 1, "{st}");
 }
 
 #[test]
@@ -104,7 +114,9 @@ fn pull_survives_one_cut_data_link() {
     // The daemon serves the source tree; pull it through the proxy.
     std::fs::rename(&s.src, s.root.join("src")).unwrap();
     let p = LinkProxy::start(&s.d.addr);
-    p.rules.cut_data_after.store(2 * MB as u64, Ordering::Relaxed);
+    p.rules
+        .cut_data_after
+        .store(2 * MB as u64, Ordering::Relaxed);
     p.rules.cut_data_max.store(1, Ordering::Relaxed);
     let dst = s.t.path().join("dst");
     let o = cp(
@@ -126,7 +138,9 @@ fn every_data_link_cut_again_and_again_still_completes() {
     let s = setup();
     let p = LinkProxy::start(&s.d.addr);
     // Every data link (replacements too) dies after 3 MB, 10 times over.
-    p.rules.cut_data_after.store(3 * MB as u64, Ordering::Relaxed);
+    p.rules
+        .cut_data_after
+        .store(3 * MB as u64, Ordering::Relaxed);
     p.rules.cut_data_max.store(10, Ordering::Relaxed);
     let o = cp(
         &s.key,
