@@ -612,3 +612,176 @@ impl Requeue {
         Ok(buf)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A link that records writes and shutdowns.
+    #[derive(Clone, Default)]
+    struct Fake {
+        shut: Arc<AtomicBool>,
+        out: Arc<Mutex<Vec<u8>>>,
+    }
+    impl std::io::Read for Fake {
+        fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+            Ok(0)
+        }
+    }
+    impl std::io::Write for Fake {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.out.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    impl Link for Fake {
+        fn try_clone_link(&self) -> std::io::Result<Box<dyn Link>> {
+            Ok(Box::new(self.clone()))
+        }
+        fn shutdown_both(&self) {
+            self.shut.store(true, Ordering::Relaxed);
+        }
+        fn peer(&self) -> String {
+            "fake".into()
+        }
+        fn local(&self) -> String {
+            "fake".into()
+        }
+        fn set_read_timeout(&self, _: Option<Duration>) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn streams(relinks: Relinks, n: usize) -> (Streams, Vec<Fake>) {
+        let links: Vec<Fake> = (0..n).map(|_| Fake::default()).collect();
+        let handles = links
+            .iter()
+            .map(|l| Box::new(l.clone()) as Box<dyn Link>)
+            .collect();
+        let st = Streams::new(
+            relinks,
+            handles,
+            "peer:1".into(),
+            Arc::new(Stats::default()),
+            Arc::new(AtomicBool::new(false)),
+        );
+        (st, links)
+    }
+
+    fn joined(stream: u16, epoch: u16) -> (Joined, Fake) {
+        let f = Fake::default();
+        let j = Joined {
+            stream,
+            epoch,
+            link: Box::new(f.clone()),
+            accepted: false,
+        };
+        (j, f)
+    }
+
+    fn io_err() -> EngineError {
+        EngineError::Io(std::io::ErrorKind::ConnectionReset.into())
+    }
+
+    #[test]
+    fn server_replaces_a_lost_stream_and_refuses_stale_ones() {
+        let (_tx, rx) = unbounded();
+        let (mut st, _links) = streams(Relinks::Accept(rx), 2);
+        assert!(st.lost(0, 0, &io_err()).is_none());
+        assert_eq!(st.state(0), State::Lost);
+        // One link still live: progress is possible.
+        assert!(st.check().is_ok());
+        let (j, f) = joined(0, 3);
+        let j = st.arrived(j).expect("starts at once");
+        assert!(!f.out.lock().unwrap().is_empty(), "JoinOk sent");
+        st.started(0, j.epoch, j.link);
+        assert_eq!((st.state(0), st.epoch(0)), (State::Live, 3));
+        // An older attempt arriving late is refused.
+        let (j, _) = joined(0, 2);
+        assert!(st.arrived(j).is_none());
+        // Out of range.
+        let (j, _) = joined(7, 1);
+        assert!(st.arrived(j).is_none());
+        assert!(st.ran(0, 3) && st.ran(1, 0) && !st.ran(0, 2));
+    }
+
+    #[test]
+    fn replacement_waits_for_the_old_thread() {
+        let (_tx, rx) = unbounded();
+        let (mut st, links) = streams(Relinks::Accept(rx), 1);
+        let (j, _) = joined(0, 1);
+        // The peer saw the link break first: the old one is closed and the
+        // new one kept until the old thread reports.
+        assert!(st.arrived(j).is_none());
+        assert!(links[0].shut.load(Ordering::Relaxed));
+        let j = st.lost(0, 0, &io_err()).expect("waiting replacement");
+        assert_eq!(j.epoch, 1);
+    }
+
+    #[test]
+    fn all_links_lost_and_dials_failing_is_one_clear_error() {
+        struct Refuse;
+        impl Transport for Refuse {
+            fn connect(&self, _: &str, _: Duration) -> std::io::Result<Box<dyn Link>> {
+                Err(std::io::ErrorKind::ConnectionRefused.into())
+            }
+            fn name(&self) -> &'static str {
+                "refuse"
+            }
+        }
+        let d = Arc::new(Dialer {
+            transport: Arc::new(Refuse),
+            addr: "host:1".into(),
+            session: 1,
+            key: [0; 32],
+            timeout: Duration::from_secs(1),
+            backoff: Backoff {
+                tries: 3,
+                first: Duration::from_millis(1),
+                budget: Duration::from_secs(5),
+            },
+        });
+        let (mut st, _) = streams(Relinks::Dial(d), 2);
+        st.lost(0, 0, &io_err());
+        st.lost(1, 0, &io_err());
+        // Dialling: still hope.
+        assert!(st.check().is_ok());
+        let mut ended = 0;
+        while ended < 2 {
+            match st.events.recv_timeout(Duration::from_secs(10)).unwrap() {
+                LinkEvent::GaveUp {
+                    stream,
+                    attempts,
+                    reason,
+                } => {
+                    assert_eq!(attempts, 3);
+                    assert!(st.gave_up(stream, attempts, reason));
+                    ended += 1;
+                }
+                LinkEvent::Up(_) => panic!("refused transport connected"),
+            }
+        }
+        let e = st.check().unwrap_err().to_string();
+        assert!(
+            e.starts_with("all data links lost to peer:1: ")
+                && e.ends_with("; 6 reconnect attempts failed"),
+            "{e}"
+        );
+        assert_eq!(st.stats.link_retries.load(Ordering::Relaxed), 6);
+    }
+
+    #[test]
+    fn streams_that_ended_normally_need_nothing() {
+        let (_tx, rx) = unbounded();
+        let (mut st, _) = streams(Relinks::Accept(rx), 2);
+        st.ended(0);
+        st.lost(1, 0, &io_err());
+        assert!(st.check().is_ok());
+        assert_eq!(st.settle(), 1);
+        assert_eq!(st.waiting(), 0);
+    }
+}

@@ -628,7 +628,6 @@ pub fn run_source_with(
             }
         }
     }
-    drop(filled_rx);
     drop(sender_job);
     for j in jobs {
         let _ = j.join();
@@ -636,6 +635,12 @@ pub fn run_source_with(
     for j in extra_jobs {
         let _ = j.join();
     }
+    // Blocks still queued when the senders stopped (a failed session) go
+    // back to the pool, or returning the share waits for them in vain.
+    while let Ok(b) = filled_rx.try_recv() {
+        pool.put(b);
+    }
+    drop(filled_rx);
     drop(requeue);
     drop(streams_st);
     ctl.link.shutdown_both();

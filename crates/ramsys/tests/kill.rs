@@ -149,9 +149,9 @@ fn run_seed(seed: u64) -> bool {
     let mut c = Command::new(bin());
     c.args(args(&d))
         .env("RAMSYS_KEY_FILE", &key)
-        .env("RUST_LOG", "error")
+        .env("RUST_LOG", "info")
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(std::fs::File::create(t.path().join("agent.log")).unwrap());
     if !push {
         c.env(slow[0].0, &slow[0].1);
     }
@@ -169,6 +169,13 @@ fn run_seed(seed: u64) -> bool {
         while agent.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_millis(20));
         }
+        if t0.elapsed() > Duration::from_secs(3) {
+            eprintln!(
+                "seed {seed}: agent took {:.1} s to end after the daemon's kill: {}",
+                t0.elapsed().as_secs_f64(),
+                std::fs::read_to_string(t.path().join("agent.log")).unwrap_or_default()
+            );
+        }
         let _ = agent.kill();
         let _ = agent.wait();
         d = daemon(&root, &key, &[]);
@@ -177,7 +184,15 @@ fn run_seed(seed: u64) -> bool {
     // Same arguments again (the daemon may have a new port).
     let a = args(&d);
     let a: Vec<&str> = a.iter().map(|s| s.as_str()).collect();
+    let t_resume = Instant::now();
     let o = ramsys(&key, &a);
+    if t_resume.elapsed() > Duration::from_secs(3) {
+        eprintln!(
+            "seed {seed} (kill agent {kill_agent}): resume took {:.1} s: {}",
+            t_resume.elapsed().as_secs_f64(),
+            stderr(&o).trim()
+        );
+    }
     let what = format!(
         "seed {seed}: {} kill {} after {delay:?}, {streams} streams",
         if push { "push" } else { "pull" },
