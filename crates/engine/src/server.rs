@@ -353,6 +353,7 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                     rx,
                     timeout: Duration::from_secs(30),
                     session_key: Some(skey),
+                    control: link.try_clone_link().ok(),
                 },
             );
             sh.active.fetch_sub(1, Ordering::Relaxed);

@@ -380,6 +380,10 @@ pub struct ServerLinks {
     pub rx: Receiver<(u16, u16, Box<dyn Link>)>,
     pub timeout: Duration,
     pub session_key: Option<Bytes32>,
+    /// The session's control link, watched while waiting: a client that
+    /// died during setup must not hold the session's threads and buffers
+    /// for the whole timeout (its next run would wait for them).
+    pub control: Option<Box<dyn Link>>,
 }
 
 impl LinkProvider for ServerLinks {
@@ -389,9 +393,21 @@ impl LinkProvider for ServerLinks {
         let deadline = std::time::Instant::now() + self.timeout;
         while got < streams {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let (i, epoch, mut l) = self.rx.recv_timeout(left).map_err(|_| {
-                EngineError::local("peer did not open its data connections in time")
-            })?;
+            let next = self.rx.recv_timeout(left.min(Duration::from_millis(200)));
+            let (i, epoch, mut l) = match next {
+                Ok(v) => v,
+                Err(_) if self.control.as_ref().is_some_and(|c| c.peer_gone()) => {
+                    return Err(EngineError::local(
+                        "peer closed the control connection during setup",
+                    ))
+                }
+                Err(_) if left > Duration::from_millis(200) => continue,
+                Err(_) => {
+                    return Err(EngineError::local(
+                        "peer did not open its data connections in time",
+                    ))
+                }
+            };
             match slots.get_mut(i as usize) {
                 Some(s @ None) if epoch == 0 => {
                     send_control(&mut *l, &Control::JoinOk)?;
