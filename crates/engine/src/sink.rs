@@ -46,7 +46,11 @@ struct Ctl {
 impl Ctl {
     fn send(&mut self, m: &Control) -> Result<(), EngineError> {
         self.machine.on_send(m)?;
-        send_control(&mut *self.link, m)
+        // A failed write here means the control link is gone: say so.
+        send_control(&mut *self.link, m).map_err(|e| match e {
+            EngineError::Io(e) => EngineError::local(format!("connection to the source lost: {e}")),
+            e => e,
+        })
     }
     fn recv(&mut self) -> Result<Control, EngineError> {
         let m = recv_control(&mut *self.link)?;
