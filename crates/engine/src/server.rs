@@ -33,7 +33,8 @@ use crate::{show, EngineError, TransferOptions};
 
 struct Slot {
     key: Bytes32,
-    tx: Sender<(u16, Box<dyn Link>)>,
+    /// (stream, epoch, link): epoch 0 from Join, higher from Rejoin.
+    tx: Sender<(u16, u16, Box<dyn Link>)>,
 }
 
 /// State shared by all connections of one daemon.
@@ -302,7 +303,7 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                     let tx = slot.tx.clone();
                     drop(reg);
                     let l = std::mem::replace(link, Box::new(ClosedLink));
-                    let _ = tx.send((stream, l));
+                    let _ = tx.send((stream, 0, l));
                     Ok(())
                 }
                 None => {
@@ -312,6 +313,41 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                     Ok(())
                 }
             }
+        }
+        // A replacement for a data link that broke (crate::relink): only
+        // for a session already running; its controller answers.
+        Control::Rejoin {
+            session,
+            stream,
+            epoch,
+            nonce,
+            mac,
+        } => {
+            let reg = sh.registry.lock().unwrap();
+            let tx = reg
+                .get(&session)
+                .filter(|s| {
+                    epoch > 0
+                        && ramsys_proto::auth::verify_rejoin(
+                            &s.key, session, stream, epoch, &nonce, &mac,
+                        )
+                })
+                .map(|s| s.tx.clone());
+            drop(reg);
+            match tx {
+                Some(tx) => {
+                    let l = std::mem::replace(link, Box::new(ClosedLink));
+                    let _ = tx.send((stream, epoch, l));
+                }
+                None => {
+                    tracing::warn!(
+                        "{}: replacement link with bad credentials refused",
+                        link.peer()
+                    );
+                    refuse(link, 1, "unknown session or bad credentials".into());
+                }
+            }
+            Ok(())
         }
         hello @ Control::Hello { .. } => {
             // The Hello's name selects the key (daemon::users); unknown
@@ -462,6 +498,7 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                     rx,
                     timeout: Duration::from_secs(30),
                     session_key: Some(skey),
+                    control: link.try_clone_link().ok(),
                 },
             );
             sh.active.fetch_sub(1, Ordering::Relaxed);

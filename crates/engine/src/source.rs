@@ -16,6 +16,7 @@ use ramsys_resources::Buf;
 use crate::data::reader::{run_reader, ReaderCtx, ReaderEvent, SrcFileState};
 use crate::data::sender::run_sender;
 use crate::fsops::Root;
+use crate::relink::{Joined, LinkEvent, Requeue, Streams};
 use crate::request::tasks::{assign_homes, plan_source};
 use crate::request::walk::{walk, Top};
 use crate::resources::EngineResources;
@@ -24,6 +25,7 @@ use crate::stats::{FailedPath, Report, Stats};
 use crate::transport::Link;
 use crate::wire::{recv_control, send_control};
 use crate::{show, EngineError, TransferOptions};
+use ramsys_proto::relink::SentLog;
 
 /// What to send.
 pub struct SourceSpec {
@@ -42,7 +44,11 @@ struct Ctl {
 impl Ctl {
     fn send(&mut self, m: &Control) -> Result<(), EngineError> {
         self.machine.on_send(m)?;
-        send_control(&mut *self.link, m)
+        // A failed write here means the control link is gone: say so.
+        send_control(&mut *self.link, m).map_err(|e| match e {
+            EngineError::Io(e) => EngineError::local(format!("connection to the sink lost: {e}")),
+            e => e,
+        })
     }
     fn recv(&mut self) -> Result<Control, EngineError> {
         let m = recv_control(&mut *self.link)?;
@@ -209,6 +215,7 @@ pub fn run_source_with(
     }
     let data_links = links.open(confirm.streams)?;
     let session_key = links.session_key();
+    let relinks = links.relinks();
     if cipher != crate::crypto::Cipher::None && session_key.is_none() {
         return Err(EngineError::local("encryption without a session key"));
     }
@@ -270,6 +277,8 @@ pub fn run_source_with(
     let queues = Arc::new(queues);
     let (filled_tx, filled_rx) = bounded::<Buf>(pool.count());
     let (rev_tx, mut rev_rx) = unbounded::<ReaderEvent>();
+    // Re-read lost blocks report unreadable files here too (crate::relink).
+    let requeue_events = rev_tx.clone();
     let abort = Arc::new(AtomicBool::new(false));
     // Nothing to read: empty files, and delta files with no differing
     // block (their digest is the sum over no segment).
@@ -313,22 +322,58 @@ pub fn run_source_with(
     drop(ctx);
     let (sdone_tx, mut sdone_rx) = unbounded();
     let mut shutdown_handles = Vec::new();
+    // A sender job for stream i on link incarnation `epoch` (0 = first;
+    // replacements, crate::relink, take higher ones, which key the AEAD
+    // nonces). It reports its link, or the error and what it sent.
+    let sender_job = {
+        let (rx, p, a, s, d) = (
+            filled_rx.clone(),
+            pool.clone(),
+            abort.clone(),
+            stats.clone(),
+            sdone_tx.clone(),
+        );
+        let window = confirm.credits_per_stream;
+        move |i: usize, epoch: u16, l: Box<dyn Link>| {
+            let (rx, p, a, s, d) = (rx.clone(), p.clone(), a.clone(), s.clone(), d.clone());
+            let seal = session_key
+                .and_then(|k| crate::crypto::StreamSeal::new(cipher, &k, i as u16, epoch));
+            move || {
+                let mut log = SentLog::new(window + 1);
+                let r = run_sender(l, window, rx, p, a, s, seal, &mut log);
+                let _ = d.send((i, epoch, r, log));
+            }
+        }
+    };
     for (i, l) in data_links.into_iter().enumerate() {
         shutdown_handles.push(l.try_clone_link()?);
-        let rx = filled_rx.clone();
-        let p = pool.clone();
-        let a = abort.clone();
-        let s = stats.clone();
-        let d = sdone_tx.clone();
-        let window = confirm.credits_per_stream;
-        let seal =
-            session_key.and_then(|k| crate::crypto::StreamSeal::new(cipher, &k, i as u16, 0));
-        jobs.push(senders.spawn(move || {
-            let r = run_sender(l, window, rx, p, a, s, seal);
-            let _ = d.send((i, r));
-        }));
+        jobs.push(senders.spawn(sender_job(i, 0, l)));
     }
     drop(sdone_tx);
+    let mut streams_st = Streams::new(
+        relinks,
+        shutdown_handles
+            .iter()
+            .map(|h| h.try_clone_link())
+            .collect::<Result<_, _>>()?,
+        ctl.link.peer(),
+        stats.clone(),
+        abort.clone(),
+    );
+    let requeue = Arc::new(Requeue {
+        root: spec.root.clone(),
+        files: files.clone(),
+        pool: pool.clone(),
+        checksum,
+        null: opts.source_engine == crate::storage::DataEngine::Null,
+        abort: abort.clone(),
+    });
+    // Per lost link (stream, epoch): what its sender sent, and how many
+    // blocks the sink says it accepted; both are needed to re-queue.
+    let mut lost_logs: std::collections::HashMap<(usize, u16), SentLog> = Default::default();
+    let mut lost_counts: std::collections::HashMap<(usize, u16), u64> = Default::default();
+    let mut extra_jobs: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    let check_tick = crossbeam_channel::tick(Duration::from_millis(250));
     senders.release_unused();
     readers.release_unused();
 
@@ -377,7 +422,61 @@ pub fn run_source_with(
                 break Err(e);
             }
         }
+        // Re-queue what a lost link lost, once both halves are known.
+        let ready: Vec<(usize, u16)> = lost_logs
+            .keys()
+            .filter(|k| lost_counts.contains_key(k))
+            .copied()
+            .collect();
+        let mut requeue_err = None;
+        for k in ready {
+            let (log, n) = (
+                lost_logs.remove(&k).unwrap(),
+                lost_counts.remove(&k).unwrap(),
+            );
+            if let Some(tx) = &resend_tx {
+                match log.unreceived(n) {
+                    Ok(blocks) => {
+                        tracing::info!(
+                            "stream {}: sending {} lost blocks again",
+                            k.0,
+                            blocks.len()
+                        );
+                        let blocks = blocks.into_iter().map(|b| b.to_vec()).collect();
+                        match requeue.spawn(blocks, tx.clone(), requeue_events.clone()) {
+                            Ok(h) => extra_jobs.push(h),
+                            Err(e) => requeue_err = Some(e.into()),
+                        }
+                    }
+                    Err(e) => requeue_err = Some(EngineError::from(e)),
+                }
+            }
+        }
+        if let Some(e) = requeue_err {
+            break Err(e);
+        }
+        if resend_tx.is_none() {
+            // Settled: lost links need no replacement any more.
+            senders_left -= streams_st.settle();
+        }
         select! {
+            recv(check_tick) -> _ => if let Err(e) = streams_st.check() { break Err(e) },
+            recv(streams_st.events) -> ev => match ev {
+                Ok(LinkEvent::Up(j)) => {
+                    if let Some(j) = streams_st.arrived(j) {
+                        if let Err(e) = start_replacement(&mut streams_st, &mut shutdown_handles, &mut extra_jobs, &sender_job, j, opts.idle_timeout) {
+                            break Err(e);
+                        }
+                    }
+                }
+                Ok(LinkEvent::GaveUp { stream, attempts, reason }) => {
+                    if streams_st.gave_up(stream, attempts, reason) {
+                        senders_left -= 1;
+                    }
+                    if let Err(e) = streams_st.check() { break Err(e) }
+                }
+                Err(_) => {}
+            },
             recv(rev_rx) -> ev => match ev {
                 Ok(ReaderEvent::FileDone { id, digest }) => {
                     files_done += 1;
@@ -399,8 +498,30 @@ pub fn run_source_with(
                 Err(_) => rdone_rx = crossbeam_channel::never(),
             },
             recv(sdone_rx) -> r => match r {
-                Ok((_, Ok(link))) => { senders_left -= 1; kept_links.push(link); }
-                Ok((i, Err((link, e)))) => {
+                Ok((i, _, Ok(link), _)) => { senders_left -= 1; kept_links.push(link); streams_st.ended(i); }
+                Ok((i, epoch, Err((link, e)), log)) if streams_st.enabled() && crate::relink::is_link_loss(&e) && !abort.load(Ordering::Acquire) => {
+                    kept_links.push(link);
+                    if resend_tx.is_none() {
+                        // Settled: nothing left to send on any link.
+                        senders_left -= 1;
+                        streams_st.ended(i);
+                        continue;
+                    }
+                    // The session goes on without this link (crate::relink):
+                    // ask the sink what arrived, replace the link.
+                    let waiting = streams_st.lost(i, epoch, &e);
+                    lost_logs.insert((i, epoch), log);
+                    if let Err(e) = ctl.send(&Control::LinkDown { stream: i as u16, epoch }) {
+                        break Err(e);
+                    }
+                    if let Some(j) = waiting {
+                        if let Err(e) = start_replacement(&mut streams_st, &mut shutdown_handles, &mut extra_jobs, &sender_job, j, opts.idle_timeout) {
+                            break Err(e);
+                        }
+                    }
+                    if let Err(e) = streams_st.check() { break Err(e) }
+                }
+                Ok((i, _, Err((link, e)), _)) => {
                     kept_links.push(link);
                     // The sink usually says why it dropped the stream
                     // (disk full, protocol error): prefer its reason.
@@ -417,6 +538,12 @@ pub fn run_source_with(
                     if let Err(e) = ctl.machine.on_recv(&m) { break Err(e.into()); }
                     if let Control::Deleted(v) = &m { deleted.extend(v.iter().map(|p| show(p))); }
                     if matches!(m, Control::Settled) { settled = true; }
+                    if let Control::Lost { stream, epoch, received } = m {
+                        // Our end may not have noticed yet: close it, so
+                        // its sender ends and hands over its log.
+                        streams_st.close(stream as usize, epoch);
+                        lost_counts.insert((stream as usize, epoch), received);
+                    }
                     let mut send_err = None;
                     if let (Control::Resend(v), Some(tx)) = (&m, &resend_tx) {
                         for &(id, offset, len) in v {
@@ -505,14 +632,51 @@ pub fn run_source_with(
             }
         }
     }
-    drop(filled_rx);
+    drop(sender_job);
     for j in jobs {
         let _ = j.join();
     }
+    for j in extra_jobs {
+        let _ = j.join();
+    }
+    // Blocks still queued when the senders stopped (a failed session) go
+    // back to the pool, or returning the share waits for them in vain.
+    while let Ok(b) = filled_rx.try_recv() {
+        pool.put(b);
+    }
+    drop(filled_rx);
+    drop(requeue);
+    drop(streams_st);
     ctl.link.shutdown_both();
     drop(kept_links);
     res.return_buffers(pool);
     outcome
+}
+
+/// Start a sender on a replacement link (crate::relink). Replacements are
+/// rare, so they run on a thread of their own rather than a pooled one.
+fn start_replacement<F, J>(
+    st: &mut Streams,
+    handles: &mut Vec<Box<dyn Link>>,
+    jobs: &mut Vec<std::thread::JoinHandle<()>>,
+    job: &F,
+    j: Joined,
+    idle: Duration,
+) -> Result<(), EngineError>
+where
+    F: Fn(usize, u16, Box<dyn Link>) -> J,
+    J: FnOnce() + Send + 'static,
+{
+    j.link.set_read_timeout(Some(idle))?;
+    handles.push(j.link.try_clone_link()?);
+    st.started(j.stream as usize, j.epoch, j.link.try_clone_link()?);
+    let f = job(j.stream as usize, j.epoch, j.link);
+    jobs.push(
+        std::thread::Builder::new()
+            .name(format!("sender-r{}", j.stream))
+            .spawn(f)?,
+    );
+    Ok(())
 }
 
 /// Re-reads segments the sink asks for again (Control::Resend): a block

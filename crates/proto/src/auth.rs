@@ -89,6 +89,49 @@ pub fn seal_token_key(session_key: &Bytes32, user: &str, key: &Bytes32) -> Bytes
     std::array::from_fn(|i| key[i] ^ pad[i])
 }
 
+fn rejoin_parts<'a>(
+    session: &'a [u8; 8],
+    stream: &'a [u8; 2],
+    epoch: &'a [u8; 2],
+    nonce: &'a Bytes32,
+) -> [&'a [u8]; 5] {
+    [b"ramsys-v1 rejoin", session, stream, epoch, nonce]
+}
+
+/// MAC a replacement data link presents (Control::Rejoin): as
+/// [`join_mac`], under its own label and over the epoch too.
+pub fn rejoin_mac(
+    session_key: &Bytes32,
+    session: u64,
+    stream: u16,
+    epoch: u16,
+    nonce: &Bytes32,
+) -> Bytes32 {
+    let (s, st, e) = (
+        session.to_le_bytes(),
+        stream.to_le_bytes(),
+        epoch.to_le_bytes(),
+    );
+    mac(session_key, &rejoin_parts(&s, &st, &e, nonce))
+}
+
+/// Check a Rejoin MAC in constant time.
+pub fn verify_rejoin(
+    session_key: &Bytes32,
+    session: u64,
+    stream: u16,
+    epoch: u16,
+    nonce: &Bytes32,
+    tag: &Bytes32,
+) -> bool {
+    let (s, st, e) = (
+        session.to_le_bytes(),
+        stream.to_le_bytes(),
+        epoch.to_le_bytes(),
+    );
+    verify(session_key, &rejoin_parts(&s, &st, &e, nonce), tag)
+}
+
 /// Client side of the handshake.
 pub struct ClientHandshake {
     key: Vec<u8>,
@@ -232,6 +275,19 @@ impl ServerHandshake {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rejoin_mac_binds_stream_epoch_and_label() {
+        let k = [7u8; 32];
+        let n = [3u8; 32];
+        let m = rejoin_mac(&k, 5, 2, 1, &n);
+        assert!(verify_rejoin(&k, 5, 2, 1, &n, &m));
+        assert!(!verify_rejoin(&k, 5, 2, 2, &n, &m));
+        assert!(!verify_rejoin(&k, 5, 3, 1, &n, &m));
+        assert!(!verify_rejoin(&[8u8; 32], 5, 2, 1, &n, &m));
+        // A Join MAC is no Rejoin MAC (different label).
+        assert!(!verify_rejoin(&k, 5, 2, 0, &n, &join_mac(&k, 5, 2, &n)));
+    }
 
     fn run(ckey: &[u8], skey: &[u8]) -> Result<(Bytes32, Bytes32), ProtoError> {
         let mut c = ClientHandshake::new(ckey, "u", [1; 32]);

@@ -247,6 +247,33 @@ pub enum Control {
     SealControl {
         cipher: u8,
     },
+    /// Client to server, first message of a *replacement* data link
+    /// (docs/PROTOCOL.md, "Lost links"): take the place of `stream`, whose
+    /// link broke. `epoch` numbers the link's incarnations (the first link
+    /// is 0); each dial attempt takes a fresh, higher one, and it keys the
+    /// link's AEAD nonces, so no nonce repeats across incarnations.
+    Rejoin {
+        session: u64,
+        stream: u16,
+        epoch: u16,
+        nonce: Bytes32,
+        mac: Bytes32,
+    },
+    /// Sink to source during the payload: data link (`stream`, `epoch`)
+    /// ended without END; the sink accepted exactly `received` DATA blocks
+    /// on it. The source sends the rest of what it sent there again.
+    Lost {
+        stream: u16,
+        epoch: u16,
+        received: u64,
+    },
+    /// Source to sink during the payload: the source's end of (`stream`,
+    /// `epoch`) failed; the sink closes its end (if still open) and
+    /// answers Lost.
+    LinkDown {
+        stream: u16,
+        epoch: u16,
+    },
 }
 
 /// Bits of SyncOpen/SyncMode `flags` (docs/SYNC.md).
@@ -339,6 +366,9 @@ impl Control {
             Control::TokenRequest { .. } => "TokenRequest",
             Control::Token { .. } => "Token",
             Control::SealControl { .. } => "SealControl",
+            Control::Rejoin { .. } => "Rejoin",
+            Control::Lost { .. } => "Lost",
+            Control::LinkDown { .. } => "LinkDown",
         }
     }
 
@@ -510,6 +540,22 @@ mod tests {
                 expires_s: 60,
             },
             Control::SealControl { cipher: 2 },
+            Control::Rejoin {
+                session: 9,
+                stream: 3,
+                epoch: 2,
+                nonce: [1; 32],
+                mac: [2; 32],
+            },
+            Control::Lost {
+                stream: 3,
+                epoch: 1,
+                received: 77,
+            },
+            Control::LinkDown {
+                stream: 3,
+                epoch: 1,
+            },
         ];
         for m in msgs {
             let b = m.encode().unwrap();

@@ -441,7 +441,14 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
                     "ramsys: {resent} segments failed verification in flight and were sent again"
                 );
             }
-            Ok(summarize(&rep, wall, cpu, a.json, sync, resent))
+            let faults = LinkFaults::of(&stats);
+            if faults.lost > 0 && !a.json {
+                eprintln!(
+                    "ramsys: {} data links lost, {} replaced ({} failed reconnect attempts)",
+                    faults.lost, faults.replaced, faults.retries
+                );
+            }
+            Ok(summarize(&rep, wall, cpu, a.json, sync, resent, faults))
         }
         Err(e) => {
             if a.json {
@@ -771,7 +778,33 @@ fn crate_raise_limits() {
     ramsys_engine::fsops::raise_nofile_limit();
 }
 
-fn summarize(rep: &Report, wall: f64, cpu: f64, json: bool, sync: u32, resent: u64) -> i32 {
+/// Data links lost and replaced during the transfer (engine::relink).
+struct LinkFaults {
+    lost: u64,
+    replaced: u64,
+    retries: u64,
+}
+
+impl LinkFaults {
+    fn of(s: &Stats) -> LinkFaults {
+        use std::sync::atomic::Ordering::Relaxed;
+        LinkFaults {
+            lost: s.links_lost.load(Relaxed),
+            replaced: s.links_replaced.load(Relaxed),
+            retries: s.link_retries.load(Relaxed),
+        }
+    }
+}
+
+fn summarize(
+    rep: &Report,
+    wall: f64,
+    cpu: f64,
+    json: bool,
+    sync: u32,
+    resent: u64,
+    faults: LinkFaults,
+) -> i32 {
     let mb_s = rep.bytes as f64 / 1e6 / wall.max(1e-9);
     let dry = sync & ramsys_engine::sync::flags::DRY_RUN != 0;
     if json {
@@ -789,6 +822,9 @@ fn summarize(rep: &Report, wall: f64, cpu: f64, json: bool, sync: u32, resent: u
             "block_size": rep.block_size,
             "failed": rep.failed,
             "resent": resent,
+            "links_lost": faults.lost,
+            "links_replaced": faults.replaced,
+            "link_retries": faults.retries,
         });
         if sync != 0 {
             // bytes = file data sent, files = files whose data was sent,

@@ -126,6 +126,18 @@ pub fn render(s: &Status) -> String {
         t.checksum_errors as f64,
     );
     o.one(
+        "ramsys_links_lost_total",
+        "counter",
+        "Data links that broke mid-transfer.",
+        t.links_lost as f64,
+    );
+    o.one(
+        "ramsys_links_replaced_total",
+        "counter",
+        "Broken data links replaced by a new one.",
+        t.links_replaced as f64,
+    );
+    o.one(
         "ramsys_failed_files_total",
         "counter",
         "Files that failed.",

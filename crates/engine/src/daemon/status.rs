@@ -140,6 +140,11 @@ pub struct Totals {
     pub blocks_out: u64,
     pub checksum_errors: u64,
     pub failed_files: u64,
+    /// Data links lost mid-transfer, and replaced (crate::relink).
+    #[serde(default)]
+    pub links_lost: u64,
+    #[serde(default)]
+    pub links_replaced: u64,
     pub retries: u64,
     pub suspensions: u64,
     pub steals: u64,
@@ -202,6 +207,8 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
         blocks_out: g.done.blocks[Dir::Out as usize],
         checksum_errors: g.done.checksum_errors,
         failed_files: g.done.failed_files,
+        links_lost: g.done.links_lost,
+        links_replaced: g.done.links_replaced,
         tasks_by_state: TaskState::ALL
             .iter()
             .map(|s| (s.name().to_string(), 0))
@@ -227,6 +234,8 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
             }
         }
         totals.checksum_errors += s.checksum_errors.load(Relaxed);
+        totals.links_lost += s.links_lost.load(Relaxed);
+        totals.links_replaced += s.links_replaced.load(Relaxed);
         totals.failed_files += s.failed.load(Relaxed);
         *totals.tasks_by_state.get_mut(t.state.name()).unwrap() += 1;
         let d = &mut dev_live.entry(t.info.device.as_str()).or_default()[i];

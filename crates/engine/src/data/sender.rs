@@ -33,7 +33,10 @@ static SENT: AtomicU64 = AtomicU64::new(0);
 
 /// Sender thread body: returns the link (kept open until the session
 /// ends) or the error that broke it. With `seal`, every payload is
-/// encrypted in place and followed by its tag (crate::crypto).
+/// encrypted in place and followed by its tag (crate::crypto). Every block
+/// is recorded in `log` (window + 1 entries) before it is written, so the blocks a broken link
+/// lost can be sent again (crate::relink).
+#[allow(clippy::too_many_arguments)]
 pub fn run_sender(
     mut link: Box<dyn Link>,
     window: u32,
@@ -42,6 +45,7 @@ pub fn run_sender(
     abort: Arc<AtomicBool>,
     stats: Arc<Stats>,
     mut seal: Option<StreamSeal>,
+    log: &mut ramsys_proto::relink::SentLog,
 ) -> Result<Box<dyn Link>, (Box<dyn Link>, EngineError)> {
     let mut credits = CreditWindow::new(window);
     // Header and table in one buffer per sender, allocated once: together
@@ -49,12 +53,18 @@ pub fn run_sender(
     let mut head = vec![0u8; HEADER_LEN + table_len(MAX_SEGMENTS)];
     let tag_len = if seal.is_some() { TAG_LEN } else { 0 };
     let flip = flip_every();
+    // The block being sent: back to the pool if the link breaks under it.
+    let mut in_hand: Option<Buf> = None;
     let r: Result<(), EngineError> = (|| {
-        while let Ok(mut buf) = filled.recv() {
+        while let Ok(buf) = filled.recv() {
             if abort.load(Ordering::Relaxed) {
                 pool.put(buf);
                 return Err(EngineError::local("aborted"));
             }
+            // Logged as soon as taken: if the link breaks while we wait
+            // for credit, the block still counts as lost here.
+            log.record(&buf.segs);
+            let buf = in_hand.insert(buf);
             while credits.available() == 0 {
                 let h = read_header(&mut *link, 0)?.ok_or(EngineError::PeerClosed)?;
                 if h.kind != FrameKind::Credit {
@@ -99,12 +109,15 @@ pub fn run_sender(
                 ],
             )?;
             stats.blocks.fetch_add(1, Ordering::Relaxed);
-            pool.put(buf);
+            pool.put(in_hand.take().expect("block in hand"));
         }
         send_end(&mut *link)?;
         link.flush()?;
         Ok(())
     })();
+    if let Some(b) = in_hand.take() {
+        pool.put(b);
+    }
     match r {
         Ok(()) => Ok(link),
         Err(e) => Err((link, e)),
