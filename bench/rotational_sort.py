@@ -82,7 +82,7 @@ class Rig:
         # What a real disk would report; ramsys reads this flag (storage/device.rs).
         (q / "rotational").write_text("1\n")
         # The default scheduler for a disk; also lets queued requests be sorted and merged.
-        (q / "scheduler").write_text("mq-deadline\n")
+        (q / "scheduler").write_text(self.a.scheduler + "\n")
         sh("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.loop)
         sh("mount", "-o", "noatime", self.loop, self.mnt)
         self.mounted = True
@@ -93,6 +93,13 @@ class Rig:
             self.mounted = False
         if self.loop:
             subprocess.run(["losetup", "-d", self.loop])
+            # Detaching is deferred until the last opener lets go; the FUSE
+            # file cannot be unmounted before that.
+            bf = Path("/sys/block") / Path(self.loop).name / "loop" / "backing_file"
+            for _ in range(100):
+                if not bf.exists():
+                    break
+                time.sleep(0.1)
             self.loop = None
         if self.proc and self.proc.poll() is None:
             subprocess.run(["umount", str(self.fusemnt)])
@@ -211,9 +218,18 @@ def main():
     p.add_argument("--dst", default="/dev/shm/ramsys-rotational-dst", help="destination (tmpfs)")
     p.add_argument("--ramsys", default=None)
     p.add_argument("--out", default=None, help="JSON results file")
+    p.add_argument("--scheduler", default="mq-deadline", help="I/O scheduler of the loop device (none: no elevator)")
+    p.add_argument("--tools", default=None, help="comma-separated subset of the tool names (default: all)")
     a = p.parse_args()
     if os.geteuid() != 0:
         sys.exit("rotational_sort: run as root (losetup, mount, drop_caches)")
+    if os.environ.get("ROTATIONAL_SORT_NS") != "1" and shutil.which("unshare"):
+        # Private mount namespace: the mounts exist only for this script and
+        # its children, so a mount namespace that another program creates
+        # meanwhile (sshd, ip netns exec) cannot copy them and keep the file
+        # system, loop device and emulator busy after we exit.
+        os.environ["ROTATIONAL_SORT_NS"] = "1"
+        os.execvp("unshare", ["unshare", "-m", "--propagation", "private", sys.executable, *sys.argv])
     if a.ramsys is None:
         t = os.environ.get("CARGO_TARGET_DIR", str(HERE.parent / "target"))
         a.ramsys = str(Path(t) / "release" / "ramsys")
@@ -249,6 +265,8 @@ def main():
         results = {}
         for run in range(a.runs):
             for name, (cmd, env) in tools(a, src, a.dst).items():
+                if a.tools and name not in a.tools.split(","):
+                    continue
                 r = run_one(rig, cmd, env, a.dst, src if run == 0 else None)
                 r["mb_s"] = total / 1e6 / r["wall_s"]
                 results.setdefault(name, []).append(r)
@@ -258,7 +276,7 @@ def main():
         med = {}
         for name, rs in results.items():
             med[name] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-        ref = med["ramsys (sort)"]
+        ref = med.get("ramsys (sort)") or next(iter(med.values()))
         print("\n| tool | wall s | MB/s | seeks | seek distance GB | mean seek MB | modelled disk s | reads | wall vs ramsys (sort) |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for name, m in med.items():
@@ -268,7 +286,8 @@ def main():
                   f"{m['wall_s'] / ref['wall_s']:.2f} |")
         if a.out:
             Path(a.out).write_text(json.dumps(dict(files=a.files, bytes=total, runs=a.runs,
-                                                   plan=plan, results=results, medians=med), indent=1))
+                                                   scheduler=a.scheduler, plan=plan, results=results,
+                                                   medians=med), indent=1))
     finally:
         rig.down()
         shutil.rmtree(a.dst, ignore_errors=True)
