@@ -134,6 +134,14 @@ pub fn plan(
         if po.sort {
             sort_by_location(files, &mut idx, extents);
         }
+        tracing::debug!(
+            dev,
+            kind = kind.name(),
+            threads = q.threads,
+            files = idx.len(),
+            sorted = po.sort,
+            "read queue"
+        );
         let chunk = chunk_for(kind, po.block_size);
         for i in idx {
             let f = &files[i as usize];
