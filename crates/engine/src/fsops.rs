@@ -61,6 +61,33 @@ pub fn split_parent(rel: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
+/// lstat of `name` (one component; "" is the directory itself) in an open
+/// directory `dir` (from [`Root::open_dir`], so already confined): callers
+/// that stat many names of one directory open it once (sync's sink).
+pub fn lstat_at(dir: &OwnedFd, name: &[u8]) -> io::Result<Option<libc::stat>> {
+    let name = if name.is_empty() { &b"."[..] } else { name };
+    let c = cstr(name)?;
+    // SAFETY: zeroed stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid dirfd, C string, out pointer.
+    let r = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r != 0 {
+        let e = errno();
+        if e.kind() == io::ErrorKind::NotFound {
+            return Ok(None);
+        }
+        return Err(e);
+    }
+    Ok(Some(st))
+}
+
 impl Root {
     pub fn open(path: &Path, confine: Confinement) -> io::Result<Root> {
         let c = cstr(path.as_os_str().as_encoded_bytes())?;
@@ -157,27 +184,7 @@ impl Root {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        let name = if name.is_empty() { &b"."[..] } else { name };
-        let c = cstr(name)?;
-        // SAFETY: zeroed stat is a valid out-parameter.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: valid dirfd, C string, out pointer.
-        let r = unsafe {
-            libc::fstatat(
-                dir.as_raw_fd(),
-                c.as_ptr(),
-                &mut st,
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        };
-        if r != 0 {
-            let e = errno();
-            if e.kind() == io::ErrorKind::NotFound {
-                return Ok(None);
-            }
-            return Err(e);
-        }
-        Ok(Some(st))
+        lstat_at(&dir, name)
     }
 
     /// Create directory `rel` (its parent must exist); an existing directory

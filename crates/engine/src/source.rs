@@ -263,7 +263,8 @@ pub fn run_source_with(
             })
             .collect(),
     );
-    let mut queues = plan_source(&spec.root, &files, opts, block_size as u64);
+    let skip = |i: usize| plan.as_ref().is_some_and(|p| p.skipped(i));
+    let mut queues = plan_source(&spec.root, &files, opts, block_size as u64, &skip);
     if let Some(p) = &plan {
         crate::sync::source::restrict(&mut queues, p);
     }
