@@ -11,7 +11,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 /// `struct open_how` of openat2(2).
@@ -64,7 +64,7 @@ pub fn split_parent(rel: &[u8]) -> (&[u8], &[u8]) {
 /// lstat of `name` (one component; "" is the directory itself) in an open
 /// directory `dir` (from [`Root::open_dir`], so already confined): callers
 /// that stat many names of one directory open it once (sync's sink).
-pub fn lstat_at(dir: &OwnedFd, name: &[u8]) -> io::Result<Option<libc::stat>> {
+pub fn lstat_at(dir: std::os::fd::BorrowedFd<'_>, name: &[u8]) -> io::Result<Option<libc::stat>> {
     let name = if name.is_empty() { &b"."[..] } else { name };
     let c = cstr(name)?;
     // SAFETY: zeroed stat is a valid out-parameter.
@@ -184,7 +184,7 @@ impl Root {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        lstat_at(&dir, name)
+        lstat_at(dir.as_fd(), name)
     }
 
     /// Create directory `rel` (its parent must exist); an existing directory

@@ -79,7 +79,9 @@ impl SinkSync {
             self.dir = Some((parent.to_vec(), fd));
         }
         let fd = self.dir.as_ref()?.1.as_ref()?;
-        crate::fsops::lstat_at(fd, name).ok().flatten()
+        crate::fsops::lstat_at(std::os::fd::AsFd::as_fd(fd), name)
+            .ok()
+            .flatten()
     }
 
     pub fn dry(&self) -> bool {
