@@ -234,7 +234,10 @@ def main(a):
     src = ctx.scratch / TREE
     if not src.is_dir():
         log(f"copying the generated tree to {src}")
-        subprocess.run(["cp", "-a", str(gen), str(src)], check=True)
+        tmp = ctx.scratch / (TREE + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        subprocess.run(["cp", "-a", str(gen), str(tmp)], check=True)
+        tmp.rename(src)
     nfiles = len(files_of(src))
     log(f"tree {src}: {nfiles} files; ramsys {ctx.ramsys}")
     results, env_order, pings = [], [], {}
@@ -262,8 +265,10 @@ def main(a):
             env_order.append(name)
             try:
                 for row in rows:
-                    r = measure(ctx, row, name, "first", 0, src, ns, check=True)
-                    results.append(r)
+                    # A first copy where the destination is new; else (a copy
+                    # left by an earlier environment) just bring it up to date.
+                    case = "prep" if row.target.exists() else "first"
+                    results.append(measure(ctx, row, name, case, 0, src, ns, check=True))
                 for run in range(a.runs):
                     for row in rows:
                         results.append(measure(ctx, row, name, "unchanged", run, src, ns, check=False))

@@ -88,6 +88,50 @@ pub fn lstat_at(dir: std::os::fd::BorrowedFd<'_>, name: &[u8]) -> io::Result<Opt
     Ok(Some(st))
 }
 
+/// Names in an open directory (without "." and ".."), read through the
+/// descriptor itself: no path lookup (a /proc/self/fd path costs a magic
+/// link walk per directory).
+pub fn list_dir(dir: std::os::fd::BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
+    // SAFETY: dup of a valid descriptor; fdopendir takes ownership of the
+    // copy and closedir releases it.
+    let fd = unsafe { libc::fcntl(dir.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: fd is a fresh descriptor of a directory.
+    let d = unsafe { libc::fdopendir(fd) };
+    if d.is_null() {
+        let e = errno();
+        // SAFETY: fdopendir failed, so fd is still ours.
+        unsafe { libc::close(fd) };
+        return Err(e);
+    }
+    // SAFETY: rewind: a dup shares the file offset with `dir`.
+    unsafe { libc::rewinddir(d) };
+    let mut out = Vec::new();
+    loop {
+        // SAFETY: valid DIR stream; errno is reset to tell end from error.
+        let ent = unsafe {
+            *libc::__errno_location() = 0;
+            libc::readdir64(d)
+        };
+        if ent.is_null() {
+            let e = errno();
+            // SAFETY: valid DIR stream, closed once.
+            unsafe { libc::closedir(d) };
+            if e.raw_os_error().unwrap_or(0) != 0 {
+                return Err(e);
+            }
+            return Ok(out);
+        }
+        // SAFETY: d_name is a NUL-terminated string inside the entry.
+        let name = unsafe { std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()) }.to_bytes();
+        if name != b"." && name != b".." {
+            out.push(name.to_vec());
+        }
+    }
+}
+
 impl Root {
     pub fn open(path: &Path, confine: Confinement) -> io::Result<Root> {
         let c = cstr(path.as_os_str().as_encoded_bytes())?;

@@ -68,6 +68,14 @@ impl SinkSync {
         }
     }
 
+    /// Record a path the source sent: needed only to find what it no
+    /// longer has (--delete) and stale temp files (resume).
+    fn remember(&mut self, target: &[u8]) {
+        if self.flags & (DELETE | RESUME) != 0 {
+            self.keep.insert(target.to_vec());
+        }
+    }
+
     /// lstat of a destination path through the cached directory descriptor.
     fn lstat(&mut self, rel: &[u8]) -> Option<libc::stat> {
         let (parent, name) = split_parent(rel);
@@ -95,12 +103,12 @@ impl SinkSync {
     /// A directory record (created by the caller unless dry run).
     pub fn on_dir(&mut self, target: &[u8]) {
         self.dir = None;
-        self.keep.insert(target.to_vec());
+        self.remember(target);
         self.dirs.push(target.to_vec());
     }
 
     pub fn on_other(&mut self, target: &[u8]) {
-        self.keep.insert(target.to_vec());
+        self.remember(target);
     }
 
     /// A file record, already in `table` (unless dry run): unchanged,
@@ -114,7 +122,7 @@ impl SinkSync {
         mode: u32,
         mtime: (i64, u32),
     ) {
-        self.keep.insert(target.to_vec());
+        self.remember(target);
         if self.dry() {
             self.dry_files.push((id, target.to_vec()));
         }
