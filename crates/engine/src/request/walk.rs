@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use ramsys_proto::control::{Entry, EntryKind};
@@ -167,7 +167,13 @@ pub fn walk_streamed<E>(
             Deferred::Ready(p) => Some(p),
             Deferred::Name { dir, name } => {
                 if open.as_ref().is_none_or(|(i, _)| *i != dir) {
-                    open = Some((dir, fs::File::open(abs(base, &dirs[dir].rel)).ok()));
+                    // The directory itself, never a symlink put in its place
+                    // since the first pass.
+                    let f = fs::OpenOptions::new()
+                        .read(true)
+                        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+                        .open(abs(base, &dirs[dir].rel));
+                    open = Some((dir, f.ok()));
                 }
                 let dp = &dirs[dir];
                 let rel = join(&dp.rel, &name);
@@ -180,7 +186,14 @@ pub fn walk_streamed<E>(
                 };
                 match st {
                     Ok(Some(st)) => pending(base, rel, wire, &Meta::from(&st), &mut w.failures),
-                    Ok(None) => None, // removed since the directory was read
+                    // Removed since its directory was read: reported as before.
+                    Ok(None) => {
+                        w.failures.push(FailedPath {
+                            path: abs(base, &rel).display().to_string(),
+                            reason: std::io::Error::from(std::io::ErrorKind::NotFound).to_string(),
+                        });
+                        None
+                    }
                     Err(e) => {
                         w.failures.push(FailedPath {
                             path: abs(base, &rel).display().to_string(),
