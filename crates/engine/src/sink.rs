@@ -519,7 +519,7 @@ pub fn run_sink_with(
                 idle_ticks += 1;
                 if p != last_progress || idle_ticks >= 40 {
                     (last_progress, idle_ticks) = (p, 0);
-                    if table.unsettled() == 0 {
+                    if table.all_settled() {
                         settled = true;
                         if let Err(e) = ctl.send(&Control::Settled) { break Err(e); }
                     }

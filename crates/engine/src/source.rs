@@ -18,7 +18,7 @@ use crate::data::sender::run_sender;
 use crate::fsops::Root;
 use crate::relink::{Joined, LinkEvent, Requeue, Streams};
 use crate::request::tasks::{assign_homes, plan_source};
-use crate::request::walk::{walk, Top};
+use crate::request::walk::{walk_streamed, Top};
 use crate::resources::EngineResources;
 use crate::session::LinkProvider;
 use crate::stats::{FailedPath, Report, Stats};
@@ -66,11 +66,15 @@ fn check_abort(m: &Control) -> Result<(), EngineError> {
     }
 }
 
-fn send_metadata(ctl: &mut Ctl, w: &crate::request::walk::Walk) -> Result<(), EngineError> {
+/// Entries records, as many per CONTROL frame as fit in half of one.
+fn send_entries(
+    ctl: &mut Ctl,
+    entries: &[ramsys_proto::control::Entry],
+) -> Result<(), EngineError> {
     let mut batch = Vec::new();
     let mut batch_bytes = 0usize;
     let limit = MAX_CONTROL_BODY as usize / 2;
-    for e in &w.entries {
+    for e in entries {
         let sz = entry_wire_size(e);
         if batch_bytes + sz > limit && !batch.is_empty() {
             ctl.send(&Control::Entries(std::mem::take(&mut batch)))?;
@@ -82,6 +86,10 @@ fn send_metadata(ctl: &mut Ctl, w: &crate::request::walk::Walk) -> Result<(), En
     if !batch.is_empty() {
         ctl.send(&Control::Entries(batch))?;
     }
+    Ok(())
+}
+
+fn send_meta_end(ctl: &mut Ctl, w: &crate::request::walk::Walk) -> Result<(), EngineError> {
     ctl.send(&Control::MetaEnd {
         entries: w.entries.len() as u64,
         files: w.files.len() as u64,
@@ -167,21 +175,28 @@ pub fn run_source_with(
     }
     // Metadata in one round trip (Fig. 6-4b): stream every record right
     // behind Propose, then wait for Confirm and the single SyncDone.
-    let w = if opts.source_engine == crate::storage::DataEngine::Null && opts.null_size > 0 {
-        crate::storage::null::synthetic_walk(&spec.tops, opts.null_size)
+    // The scan streams its records as it goes (walk_streamed), so the
+    // sink checks what it holds while the source still scans.
+    let scanned = if opts.source_engine == crate::storage::DataEngine::Null && opts.null_size > 0 {
+        let w = crate::storage::null::synthetic_walk(&spec.tops, opts.null_size);
+        send_entries(&mut ctl, &w.entries).map(|_| w)
     } else {
-        walk(spec.root.path(), &spec.tops, opts.recursive)
+        walk_streamed(spec.root.path(), &spec.tops, opts.recursive, &mut |es| {
+            send_entries(&mut ctl, es)
+        })
+    };
+    let sent = scanned.and_then(|w| send_meta_end(&mut ctl, &w).map(|_| w));
+    let w = match sent {
+        Ok(w) => w,
+        // The peer may have refused and closed while we were still
+        // streaming: its reason is waiting on the link.
+        Err(e) => return Err(peer_reason(&mut ctl, spec.pending_auth.as_ref()).unwrap_or(e)),
     };
     stats.total_bytes.store(w.total_bytes, Ordering::Relaxed);
     stats
         .total_files
         .store(w.files.len() as u64, Ordering::Relaxed);
     let mut failures: Vec<FailedPath> = w.failures.clone();
-    if let Err(e) = send_metadata(&mut ctl, &w) {
-        // The peer may have refused and closed while we were still
-        // streaming: its reason is waiting on the link.
-        return Err(peer_reason(&mut ctl, spec.pending_auth.as_ref()).unwrap_or(e));
-    }
     // Negotiation answer: read only now, so the metadata above travelled
     // in the same flight as Propose (and Auth, on a pipelined connect).
     if let Some((addr, session)) = &spec.pending_auth {
@@ -270,7 +285,8 @@ pub fn run_source_with(
             })
             .collect(),
     );
-    let mut queues = plan_source(&spec.root, &files, opts, block_size as u64);
+    let skip = |i: usize| plan.as_ref().is_some_and(|p| p.skipped(i));
+    let mut queues = plan_source(&spec.root, &files, opts, block_size as u64, &skip);
     if let Some(p) = &plan {
         crate::sync::source::restrict(&mut queues, p);
     }
