@@ -216,10 +216,26 @@ fn serve_conn(
         return;
     }
     let _ = c.set_read_timeout(None);
+    // The first body byte is the postcard variant tag; take the tags
+    // from the encoder so renumbering cannot silently break the proxy.
+    let tag = |m: ramsys_proto::Control| m.encode().unwrap()[0];
+    let rejoin = tag(ramsys_proto::Control::Rejoin {
+        session: 0,
+        stream: 0,
+        epoch: 0,
+        nonce: [0; 32],
+        mac: [0; 32],
+    });
+    let join = tag(ramsys_proto::Control::Join {
+        session: 0,
+        stream: 0,
+        nonce: [0; 32],
+        mac: [0; 32],
+    });
     let kind = match first[16] {
         0 => Kind::Control,
-        5 => Kind::Join,
-        27 => Kind::Rejoin,
+        t if t == join => Kind::Join,
+        t if t == rejoin => Kind::Rejoin,
         _ => Kind::Other,
     };
     match kind {
