@@ -12,7 +12,8 @@ BUILD=1
 
 PKGS=(rsync openssh-server openssh-client globus-gridftp-server-progs
       globus-gass-copy-progs xrootd-server xrootd-client iperf3 fio
-      python3-matplotlib iputils-ping iproute2 procps)
+      python3-matplotlib iputils-ping iproute2 procps
+      python3-fusepy fuse3)   # fusepy: bench/hddemu (rotational emulation)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -9,6 +9,17 @@ each time they are picked); the unchanged run with --checksum next to
 `rsync -a --checksum`. Every run is followed by a tree comparison.
 
     bench/sync_bench.py --bin target/release/ramsys --files 20000 --reps 3
+
+--wan (root; uses bench/run.py's namespaces, wanem, servers and accounting):
+the 47,984-file "kernel" tree of run.py, (a) a run over the unchanged tree
+and (b) a run after changing 1 % of its files (content rewritten in place,
+appended or truncated, plus new and deleted files; --delete), for
+`ramsys sync` (daemon), `rsync -a --delete` to an rsync daemon and over
+ssh, through wanem at each --rtts, and locally (ramsys local, rsync local).
+Medians of --runs, tools interleaved inside each run; wall time, CPU of
+both ends, bytes on the wire (the TUN devices of the client namespace).
+
+    sudo python3 bench/sync_bench.py --wan --rtts 0,100 --runs 3
 """
 import argparse
 import json
@@ -77,7 +88,18 @@ def main():
     ap.add_argument("--files", type=int, default=20000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--wan", action="store_true", help="remote runs through wanem (root)")
+    ap.add_argument("--rtts", default="0,100")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--local", default="yes", help="also the local (no network) rows: yes/no")
+    ap.add_argument("--scale", type=float, default=1.0, help="kernel tree size (1.0 = 47,984 files)")
+    ap.add_argument("--tools", default="ramsys,rsyncd,rsync-ssh")
+    ap.add_argument("--scratch", default="/var/tmp/ramsys-syncbench")
+    ap.add_argument("--json-out", default=None, help="also write all results here")
     a = ap.parse_args()
+    if a.wan:
+        import sync_wan
+        return sync_wan.main(a)
     rng = random.Random(42)
     base = tempfile.mkdtemp(prefix="syncbench-", dir=a.dir)
     env = dict(os.environ)
@@ -122,4 +144,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -2,7 +2,7 @@
 # System packages the build, the tests and the demo need (Debian/Ubuntu).
 set -euo pipefail
 need=()
-for p in build-essential pkg-config rsync iproute2 python3; do
+for p in build-essential pkg-config rsync iproute2 python3 openssh-client openssh-server; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

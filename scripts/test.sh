@@ -10,6 +10,10 @@ command -v cargo >/dev/null 2>&1 || export PATH="$HOME/.cargo/bin:$PATH"
 # benchmark smoke run below.
 cargo test --workspace --release -- --test-threads 2
 cargo build --release -p ramsys
+# bench/hddemu's seek-cost model (pure Python; no FUSE needed).
+if [ -d bench/hddemu ]; then
+    python3 -m unittest discover -s bench/hddemu
+fi
 if [ -f bench/run.py ]; then
     python3 bench/run.py --smoke
 fi

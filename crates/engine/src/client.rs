@@ -7,13 +7,17 @@ use std::time::Duration;
 use ramsys_proto::control::{Open, Role};
 use ramsys_proto::Control;
 
+use crate::crypto::Cipher;
 use crate::fsops::Root;
 use crate::request::walk::Top;
 use crate::resources::EngineResources;
-use crate::session::{client_connect_pipelined, ClientSession, PreLinks};
+use crate::session::{
+    client_connect_as, client_connect_pipelined_as, current_user, ClientSession, PreLinks,
+};
 use crate::sink::{run_sink, SinkSpec};
 use crate::source::{run_source, SourceSpec};
 use crate::stats::{Report, Stats};
+use crate::transport::sealed::{End, SealedLink};
 use crate::transport::Transport;
 use crate::wire::send_control;
 use crate::{EngineError, TransferOptions};
@@ -24,6 +28,9 @@ pub struct Remote {
     pub addr: String,
     pub key: Vec<u8>,
     pub connect_timeout: Duration,
+    /// Authenticate as this user (a one-time credential's `otp-…` name);
+    /// None: [`crate::session::current_user`].
+    pub user: Option<String>,
 }
 
 /// Connect with the data links dialled in parallel with the control link
@@ -35,14 +42,41 @@ fn connect(remote: &Remote, streams: u16) -> Result<(ClientSession, PreLinks), E
         streams,
         remote.connect_timeout,
     );
-    let s = client_connect_pipelined(
+    let user = remote.user.clone().unwrap_or_else(current_user);
+    let s = client_connect_pipelined_as(
         &*remote.transport,
         &remote.addr,
+        &user,
         &remote.key,
         remote.connect_timeout,
     )?;
     pre.join(s.session, s.session_key);
     Ok((s, pre))
+}
+
+/// Under `--encrypt`, ask for a sealed control link and switch to it
+/// before the request is sent (transport/sealed.rs): paths, sizes and
+/// digests then never travel in clear.
+fn seal_control(s: &mut ClientSession, cipher: Cipher) -> Result<(), EngineError> {
+    if cipher == Cipher::None {
+        return Ok(());
+    }
+    send_control(
+        &mut *s.ctl,
+        &Control::SealControl {
+            cipher: cipher.id(),
+        },
+    )?;
+    let clear = u32::from(s.auth_pending);
+    let inner = std::mem::replace(&mut s.ctl, Box::new(crate::server::ClosedLink));
+    s.ctl = Box::new(SealedLink::new(
+        inner,
+        cipher,
+        &s.session_key,
+        End::Client,
+        clear,
+    )?);
+    Ok(())
 }
 
 fn open_msg(role: Role, paths: Vec<Vec<u8>>, opts: &TransferOptions) -> Control {
@@ -81,6 +115,7 @@ pub fn push(
 ) -> Result<Report, EngineError> {
     let streams = opts.streams.clamp(1, res.config.max_streams as u16);
     let (mut s, mut links) = connect(remote, streams)?;
+    seal_control(&mut s, opts.encrypt)?;
     send_control(&mut *s.ctl, &open_msg(Role::Sink, vec![dest], opts))?;
     let spec = SourceSpec {
         root,
@@ -102,6 +137,7 @@ pub fn pull(
 ) -> Result<Report, EngineError> {
     let streams = opts.streams.clamp(1, res.config.max_streams as u16);
     let (mut s, mut links) = connect(remote, streams)?;
+    seal_control(&mut s, opts.encrypt)?;
     send_control(&mut *s.ctl, &open_msg(Role::Source, paths, opts))?;
     let spec = SinkSpec {
         root,
@@ -110,4 +146,53 @@ pub fn pull(
         pending_auth: Some(s.addr.clone()),
     };
     run_sink(s.ctl, &mut links, spec, opts, res, stats)
+}
+
+/// A one-time credential minted by a daemon (docs/SECURITY.md).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct OneTimeCredential {
+    /// The name to authenticate as (`otp-…`).
+    pub user: String,
+    /// The key, as the 64 hex digits a key file would hold.
+    pub key: String,
+    /// Seconds left to start the one session it allows.
+    pub expires_s: u32,
+    /// The daemon that minted it.
+    pub daemon: String,
+}
+
+/// Ask the daemon at `remote` (authenticated as `remote.user` or the
+/// current user) for a one-time credential bound to our export root, valid
+/// `ttl_s` seconds (0: the daemon's default).
+pub fn request_token(remote: &Remote, ttl_s: u32) -> Result<OneTimeCredential, EngineError> {
+    let user = remote.user.clone().unwrap_or_else(current_user);
+    let mut s = client_connect_as(
+        &*remote.transport,
+        &remote.addr,
+        &user,
+        &remote.key,
+        remote.connect_timeout,
+    )?;
+    send_control(&mut *s.ctl, &Control::TokenRequest { ttl_s })?;
+    match crate::wire::recv_control(&mut *s.ctl)? {
+        Control::Token {
+            user,
+            key,
+            expires_s,
+        } => {
+            let raw = ramsys_proto::auth::seal_token_key(&s.session_key, &user, &key);
+            Ok(OneTimeCredential {
+                user,
+                key: hex::encode(raw),
+                expires_s,
+                daemon: remote.addr.clone(),
+            })
+        }
+        Control::Error { message, .. } => Err(EngineError::Refused(message)),
+        other => Err(ramsys_proto::ProtoError::Unexpected {
+            got: other.name(),
+            state: "awaiting Token",
+        }
+        .into()),
+    }
 }

@@ -20,6 +20,10 @@
 //!
 //! [devices.eth1]
 //! purpose = "storage"        # data (default) | storage | ignore
+//!
+//! [users.alice]              # per-user key and export root (daemon::users)
+//! key_file = "keys/alice"
+//! root = "/srv/export/alice"
 //! ```
 
 use std::collections::BTreeMap;
@@ -115,6 +119,9 @@ pub struct DaemonConfig {
     pub model: Option<PathBuf>,
     pub send_path: Option<SendPath>,
     pub devices: BTreeMap<String, DeviceConfig>,
+    /// `[users.NAME]` tables (crate::daemon::users): per-user keys and
+    /// export roots.
+    pub users: Vec<crate::daemon::users::UserSpec>,
 }
 
 /// Parse a size: a number of bytes, or with a K/M/G/T suffix (binary).
@@ -153,21 +160,26 @@ fn string<'a>(key: &str, v: &'a toml::Value) -> Result<&'a str, String> {
         .ok_or_else(|| format!("key `{key}`: expected a string, got {v}"))
 }
 
+/// A TOML syntax error as one line with its line number.
+pub(crate) fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let line = e
+        .span()
+        .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+    let msg = e.message().replace('\n', " ");
+    match line {
+        Some(l) => format!("TOML syntax error on line {l}: {msg}"),
+        None => format!("TOML syntax error: {msg}"),
+    }
+}
+
 impl DaemonConfig {
     /// Parse config text. Relative paths (the model file) resolve against
     /// `base` (the config file's directory). Errors are one line naming
     /// the offending key.
     pub fn parse(text: &str, base: &Path) -> Result<DaemonConfig, String> {
-        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
-            let line = e
-                .span()
-                .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
-            let msg = e.message().replace('\n', " ");
-            match line {
-                Some(l) => format!("TOML syntax error on line {l}: {msg}"),
-                None => format!("TOML syntax error: {msg}"),
-            }
-        })?;
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| toml_error(text, &e))?;
         let mut c = DaemonConfig::default();
         for (k, v) in &table {
             match k.as_str() {
@@ -207,10 +219,11 @@ impl DaemonConfig {
                             .insert(name.clone(), parse_device(&format!("devices.{name}"), dv)?);
                     }
                 }
+                "users" => c.users = crate::daemon::users::parse_users_section(v, base)?,
                 _ => {
                     return Err(format!(
                         "unknown key `{k}` (expected numa, memory, max_streams, readers, \
-                         writers, model, send_path or [devices.NAME])"
+                         writers, model, send_path, [devices.NAME] or [users.NAME])"
                     ))
                 }
             }

@@ -108,9 +108,15 @@ pub fn data_key(session_key: &Bytes32, cipher: Cipher, dir: Direction) -> Bytes3
         Direction::SourceToSink => b"source to sink",
         Direction::SinkToSource => b"sink to source",
     };
+    derive_key(session_key, b"ramsys-v1 data key", cipher, label)
+}
+
+/// HMAC-SHA256(session_key, purpose, cipher, direction), length-prefixed
+/// parts like every other derivation in proto::auth.
+fn derive_key(session_key: &Bytes32, purpose: &[u8], cipher: Cipher, label: &[u8]) -> Bytes32 {
     let mut m =
         <Hmac<Sha256> as Mac>::new_from_slice(session_key).expect("HMAC accepts any key length");
-    for p in [b"ramsys-v1 data key".as_slice(), &[cipher.id()], label] {
+    for p in [purpose, &[cipher.id()], label] {
         m.update(&(p.len() as u64).to_le_bytes());
         m.update(p);
     }
@@ -120,6 +126,40 @@ pub fn data_key(session_key: &Bytes32, cipher: Cipher, dir: Direction) -> Bytes3
 enum Aead {
     ChaCha(ChaCha20Poly1305),
     Aes(Box<Aes256Gcm>),
+}
+
+impl Aead {
+    /// None for [`Cipher::None`].
+    fn new(cipher: Cipher, key: &Bytes32) -> Option<Self> {
+        match cipher {
+            Cipher::None => None,
+            Cipher::ChaCha20Poly1305 => Some(Aead::ChaCha(ChaCha20Poly1305::new(&(*key).into()))),
+            Cipher::Aes256Gcm => Some(Aead::Aes(Box::new(Aes256Gcm::new(&(*key).into())))),
+        }
+    }
+
+    fn seal(&self, nonce: [u8; 12], aad: &[u8], payload: &mut [u8]) -> [u8; TAG_LEN] {
+        match self {
+            Aead::ChaCha(c) => c.encrypt_in_place_detached(&nonce.into(), aad, payload),
+            Aead::Aes(c) => c.encrypt_in_place_detached(&nonce.into(), aad, payload),
+        }
+        .expect("payload within AEAD limits")
+        .into()
+    }
+
+    fn open(
+        &self,
+        nonce: [u8; 12],
+        aad: &[u8],
+        payload: &mut [u8],
+        tag: &[u8; TAG_LEN],
+    ) -> Result<(), OpenFailed> {
+        match self {
+            Aead::ChaCha(c) => c.decrypt_in_place_detached(&nonce.into(), aad, payload, tag.into()),
+            Aead::Aes(c) => c.decrypt_in_place_detached(&nonce.into(), aad, payload, tag.into()),
+        }
+        .map_err(|_| OpenFailed)
+    }
 }
 
 /// The AEAD state of one data link at one end: key, stream number, link
@@ -140,11 +180,7 @@ impl StreamSeal {
     /// None when `cipher` is [`Cipher::None`].
     pub fn new(cipher: Cipher, session_key: &Bytes32, stream: u16, epoch: u16) -> Option<Self> {
         let key = data_key(session_key, cipher, Direction::SourceToSink);
-        let aead = match cipher {
-            Cipher::None => return None,
-            Cipher::ChaCha20Poly1305 => Aead::ChaCha(ChaCha20Poly1305::new(&key.into())),
-            Cipher::Aes256Gcm => Aead::Aes(Box::new(Aes256Gcm::new(&key.into()))),
-        };
+        let aead = Aead::new(cipher, &key)?;
         Some(StreamSeal {
             aead,
             stream,
@@ -167,12 +203,7 @@ impl StreamSeal {
     /// Encrypt `payload` in place; returns the tag to send after it.
     pub fn seal(&mut self, aad: &[u8], payload: &mut [u8]) -> [u8; TAG_LEN] {
         let n = self.next_nonce();
-        let tag = match &self.aead {
-            Aead::ChaCha(c) => c.encrypt_in_place_detached(&n.into(), aad, payload),
-            Aead::Aes(c) => c.encrypt_in_place_detached(&n.into(), aad, payload),
-        }
-        .expect("payload within AEAD limits");
-        tag.into()
+        self.aead.seal(n, aad, payload)
     }
 
     /// Check and decrypt `payload` in place. On failure the payload is
@@ -185,11 +216,59 @@ impl StreamSeal {
         tag: &[u8; TAG_LEN],
     ) -> Result<(), OpenFailed> {
         let n = self.next_nonce();
-        match &self.aead {
-            Aead::ChaCha(c) => c.decrypt_in_place_detached(&n.into(), aad, payload, tag.into()),
-            Aead::Aes(c) => c.decrypt_in_place_detached(&n.into(), aad, payload, tag.into()),
-        }
-        .map_err(|_| OpenFailed)
+        self.aead.open(n, aad, payload, tag)
+    }
+}
+
+/// Key of the control link in one direction (client to server or back)
+/// under `--encrypt`; a label of its own, so it never equals a data key.
+pub fn control_key(session_key: &Bytes32, cipher: Cipher, client_to_server: bool) -> Bytes32 {
+    let label: &[u8] = if client_to_server {
+        b"client to server"
+    } else {
+        b"server to client"
+    };
+    derive_key(session_key, b"ramsys-v1 control key", cipher, label)
+}
+
+/// AEAD of one direction of a record stream (the sealed control link,
+/// transport/sealed.rs): one key per direction, nonce = record counter, so
+/// records cannot be dropped, replayed, reordered or reflected.
+pub struct RecordSeal {
+    aead: Aead,
+    counter: u64,
+}
+
+impl RecordSeal {
+    /// None when `cipher` is [`Cipher::None`].
+    pub fn new(cipher: Cipher, key: &Bytes32) -> Option<Self> {
+        let aead = Aead::new(cipher, key)?;
+        Some(RecordSeal { aead, counter: 0 })
+    }
+
+    fn next_nonce(&mut self) -> [u8; 12] {
+        let mut n = [0u8; 12];
+        n[0] = b'C';
+        n[4..].copy_from_slice(&self.counter.to_le_bytes());
+        self.counter += 1;
+        n
+    }
+
+    /// Encrypt `payload` in place; returns the tag.
+    pub fn seal(&mut self, aad: &[u8], payload: &mut [u8]) -> [u8; TAG_LEN] {
+        let n = self.next_nonce();
+        self.aead.seal(n, aad, payload)
+    }
+
+    /// Check and decrypt `payload` in place.
+    pub fn open(
+        &mut self,
+        aad: &[u8],
+        payload: &mut [u8],
+        tag: &[u8; TAG_LEN],
+    ) -> Result<(), OpenFailed> {
+        let n = self.next_nonce();
+        self.aead.open(n, aad, payload, tag)
     }
 }
 

@@ -11,7 +11,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 /// `struct open_how` of openat2(2).
@@ -58,6 +58,77 @@ pub fn split_parent(rel: &[u8]) -> (&[u8], &[u8]) {
     match rel.iter().rposition(|&b| b == b'/') {
         Some(i) => (&rel[..i], &rel[i + 1..]),
         None => (&b""[..], rel),
+    }
+}
+
+/// lstat of `name` (one component; "" is the directory itself) in an open
+/// directory `dir` (from [`Root::open_dir`], so already confined): callers
+/// that stat many names of one directory open it once (sync's sink).
+pub fn lstat_at(dir: std::os::fd::BorrowedFd<'_>, name: &[u8]) -> io::Result<Option<libc::stat>> {
+    let name = if name.is_empty() { &b"."[..] } else { name };
+    let c = cstr(name)?;
+    // SAFETY: zeroed stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid dirfd, C string, out pointer.
+    let r = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r != 0 {
+        let e = errno();
+        if e.kind() == io::ErrorKind::NotFound {
+            return Ok(None);
+        }
+        return Err(e);
+    }
+    Ok(Some(st))
+}
+
+/// Names in an open directory (without "." and ".."), read through the
+/// descriptor itself: no path lookup (a /proc/self/fd path costs a magic
+/// link walk per directory).
+pub fn list_dir(dir: std::os::fd::BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
+    // SAFETY: dup of a valid descriptor; fdopendir takes ownership of the
+    // copy and closedir releases it.
+    let fd = unsafe { libc::fcntl(dir.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: fd is a fresh descriptor of a directory.
+    let d = unsafe { libc::fdopendir(fd) };
+    if d.is_null() {
+        let e = errno();
+        // SAFETY: fdopendir failed, so fd is still ours.
+        unsafe { libc::close(fd) };
+        return Err(e);
+    }
+    // SAFETY: rewind: a dup shares the file offset with `dir`.
+    unsafe { libc::rewinddir(d) };
+    let mut out = Vec::new();
+    loop {
+        // SAFETY: valid DIR stream; errno is reset to tell end from error.
+        let ent = unsafe {
+            *libc::__errno_location() = 0;
+            libc::readdir64(d)
+        };
+        if ent.is_null() {
+            let e = errno();
+            // SAFETY: valid DIR stream, closed once.
+            unsafe { libc::closedir(d) };
+            if e.raw_os_error().unwrap_or(0) != 0 {
+                return Err(e);
+            }
+            return Ok(out);
+        }
+        // SAFETY: d_name is a NUL-terminated string inside the entry.
+        let name = unsafe { std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()) }.to_bytes();
+        if name != b"." && name != b".." {
+            out.push(name.to_vec());
+        }
     }
 }
 
@@ -157,27 +228,7 @@ impl Root {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        let name = if name.is_empty() { &b"."[..] } else { name };
-        let c = cstr(name)?;
-        // SAFETY: zeroed stat is a valid out-parameter.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: valid dirfd, C string, out pointer.
-        let r = unsafe {
-            libc::fstatat(
-                dir.as_raw_fd(),
-                c.as_ptr(),
-                &mut st,
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        };
-        if r != 0 {
-            let e = errno();
-            if e.kind() == io::ErrorKind::NotFound {
-                return Ok(None);
-            }
-            return Err(e);
-        }
-        Ok(Some(st))
+        lstat_at(dir.as_fd(), name)
     }
 
     /// Create directory `rel` (its parent must exist); an existing directory

@@ -23,6 +23,7 @@ pub mod data;
 pub mod fsops;
 pub mod options;
 pub mod placement;
+pub mod relink;
 pub mod request;
 pub mod resources;
 pub mod server;

@@ -11,15 +11,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::{unbounded, Sender};
-use ramsys_proto::auth::{verify_join, ServerHandshake};
+use ramsys_proto::auth::{seal_token_key, verify_join, ServerHandshake};
 use ramsys_proto::control::{Bytes32, Role};
 use ramsys_proto::path::validate_relative;
 use ramsys_proto::Control;
 
 use crate::daemon::admit::Dir;
-use crate::daemon::status::{snapshot, Status};
+use crate::daemon::status::{snapshot, Status, UserStatus};
+use crate::daemon::users::{Credentials, ExportRoot, Grant, Refusal, Users};
 use crate::daemon::{netdev, DaemonState};
-use crate::fsops::{Confinement, Root};
 use crate::request::walk::Top;
 use crate::resources::EngineResources;
 use crate::session::{random32, ServerLinks};
@@ -33,15 +33,15 @@ use crate::{show, EngineError, TransferOptions};
 
 struct Slot {
     key: Bytes32,
-    tx: Sender<(u16, Box<dyn Link>)>,
+    /// (stream, epoch, link): epoch 0 from Join, higher from Rejoin.
+    tx: Sender<(u16, u16, Box<dyn Link>)>,
 }
 
 /// State shared by all connections of one daemon.
 pub struct DaemonShared {
     pub root_path: PathBuf,
-    sink_root: Arc<Root>,
-    source_root: Arc<Root>,
-    key: Vec<u8>,
+    /// Shared key or users table, one-time credentials (daemon::users).
+    pub creds: Credentials,
     pub res: EngineResources,
     pub opts: TransferOptions,
     registry: Mutex<HashMap<u64, Slot>>,
@@ -58,11 +58,37 @@ pub struct DaemonShared {
     /// Hardware view and start-time placement (`serve --config`); set
     /// once before serving. Without it tasks run with the fixed counts.
     pub placement: std::sync::OnceLock<Arc<crate::config::DaemonPlacement>>,
+    /// Set for a daemon started over ssh for one session (`ssh-serve`).
+    one_shot: std::sync::OnceLock<OneShot>,
+}
+
+/// A daemon that serves one session only (`ramsys ssh-serve`,
+/// docs/SECURITY.md): its key is a one-time credential, so the first
+/// session to authenticate consumes it; later ones are refused.
+struct OneShot {
+    role: Role,
+    used: std::sync::atomic::AtomicBool,
+    done: Sender<Result<(), String>>,
+}
+
+/// Reports the one session's outcome when it ends, however it ends.
+struct OneShotDone<'a>(&'a OneShot, Result<(), String>);
+
+impl Drop for OneShotDone<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.done.send(std::mem::replace(&mut self.1, Ok(())));
+    }
 }
 
 impl DaemonShared {
     /// The daemon's state as `ramsys status` shows it.
     pub fn status(&self) -> Status {
+        self.status_for(None)
+    }
+
+    /// The state as shown to `user` (None: everything, e.g. metrics): with
+    /// a users table a user sees only its own sessions and root.
+    pub fn status_for(&self, user: Option<&str>) -> Status {
         let mut s = snapshot(
             &self.state,
             &self.res,
@@ -71,6 +97,22 @@ impl DaemonShared {
         );
         if let Some(p) = self.placement.get() {
             s.placement = p.lines.clone();
+        }
+        s.users = self
+            .creds
+            .user_status(user)
+            .into_iter()
+            .map(|(name, root, sessions, read_only)| UserStatus {
+                name,
+                root,
+                sessions,
+                read_only,
+            })
+            .collect();
+        if let (Some(u), Some(_)) = (user, self.creds.users()) {
+            let mine = |x: &str| x == u || x.starts_with(&format!("{u}/"));
+            s.sessions.retain(|x| mine(&x.user));
+            s.root = s.users.first().map(|x| x.root.clone()).unwrap_or_default();
         }
         s
     }
@@ -92,18 +134,10 @@ impl Daemon {
         opts: TransferOptions,
         res: EngineResources,
     ) -> anyhow::Result<Daemon> {
-        let root_path = root
-            .canonicalize()
-            .map_err(|e| anyhow::anyhow!("root {}: {e}", root.display()))?;
-        anyhow::ensure!(
-            root_path.is_dir(),
-            "root {} is not a directory",
-            root_path.display()
-        );
+        let export = Arc::new(ExportRoot::open(root)?);
+        let root_path = export.path.clone();
         let listener = TcpListener::bind(listen)
             .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
-        let sink_root = Arc::new(Root::open(&root_path, Confinement::Strict)?);
-        let source_root = Arc::new(Root::open(&root_path, Confinement::Beneath)?);
         crate::fsops::raise_nofile_limit();
         // Session ids start at a random point so ids of a restarted daemon
         // do not repeat.
@@ -117,9 +151,7 @@ impl Daemon {
             listener,
             shared: Arc::new(DaemonShared {
                 root_path,
-                sink_root,
-                source_root,
-                key,
+                creds: Credentials::new(key, export),
                 res,
                 opts,
                 registry: Mutex::new(HashMap::new()),
@@ -130,6 +162,7 @@ impl Daemon {
                 state,
                 listen,
                 placement: std::sync::OnceLock::new(),
+                one_shot: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -138,6 +171,30 @@ impl Daemon {
     /// shown by `ramsys status`.
     pub fn set_placement(&self, p: crate::config::DaemonPlacement) {
         let _ = self.shared.placement.set(Arc::new(p));
+    }
+
+    /// Serve a users table (per-user keys and export roots) instead of the
+    /// shared key; call before serving.
+    pub fn set_users(&mut self, users: Users) {
+        let sh = Arc::get_mut(&mut self.shared).expect("set_users before serving");
+        for r in users.roots() {
+            let (dev, kind) = netdev::device_of(&r.path);
+            sh.state.add_device(&dev, kind);
+        }
+        sh.creds.set_users(users);
+    }
+
+    /// Serve exactly one session, in `role` (ssh-serve): the first
+    /// authenticated session consumes the key, later ones are refused.
+    /// The receiver gets the session's outcome when it ends.
+    pub fn one_session(&self, role: Role) -> crossbeam_channel::Receiver<Result<(), String>> {
+        let (done, rx) = crossbeam_channel::bounded(1);
+        let _ = self.shared.one_shot.set(OneShot {
+            role,
+            used: false.into(),
+            done,
+        });
+        rx
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -246,7 +303,7 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                     let tx = slot.tx.clone();
                     drop(reg);
                     let l = std::mem::replace(link, Box::new(ClosedLink));
-                    let _ = tx.send((stream, l));
+                    let _ = tx.send((stream, 0, l));
                     Ok(())
                 }
                 None => {
@@ -257,8 +314,49 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 }
             }
         }
+        // A replacement for a data link that broke (crate::relink): only
+        // for a session already running; its controller answers.
+        Control::Rejoin {
+            session,
+            stream,
+            epoch,
+            nonce,
+            mac,
+        } => {
+            let reg = sh.registry.lock().unwrap();
+            let tx = reg
+                .get(&session)
+                .filter(|s| {
+                    epoch > 0
+                        && ramsys_proto::auth::verify_rejoin(
+                            &s.key, session, stream, epoch, &nonce, &mac,
+                        )
+                })
+                .map(|s| s.tx.clone());
+            drop(reg);
+            match tx {
+                Some(tx) => {
+                    let l = std::mem::replace(link, Box::new(ClosedLink));
+                    let _ = tx.send((stream, epoch, l));
+                }
+                None => {
+                    tracing::warn!(
+                        "{}: replacement link with bad credentials refused",
+                        link.peer()
+                    );
+                    refuse(link, 1, "unknown session or bad credentials".into());
+                }
+            }
+            Ok(())
+        }
         hello @ Control::Hello { .. } => {
-            let mut hs = ServerHandshake::new(&sh.key, random32());
+            // The Hello's name selects the key (daemon::users); unknown
+            // names get a decoy key and fail at Auth like a wrong key.
+            let pending = match &hello {
+                Control::Hello { user, .. } => sh.creds.lookup(user),
+                _ => unreachable!(),
+            };
+            let mut hs = ServerHandshake::new(&pending.key, random32());
             let session = sh.next_session.fetch_add(1, Ordering::Relaxed);
             let ch = hs.on_hello(&hello, session)?;
             // Announced but not yet authenticated: early joins may wait.
@@ -266,14 +364,33 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
             let _unannounce = Unannounce(sh.clone(), session);
             send_control(&mut **link, &ch)?;
             let auth = recv_control(&mut **link)?;
-            let (user, skey) = match hs.on_auth(&auth) {
+            let admitted = match hs.on_auth(&auth) {
+                Ok((_, k)) => sh.creds.admit(pending).map(|g| (g, k)),
+                Err(e) => Err(Refusal::Auth(e.to_string())),
+            };
+            let (grant, skey) = match admitted {
                 Ok(v) => v,
-                Err(e) => {
+                Err(Refusal::Auth(e)) => {
                     tracing::warn!("{}: authentication failed ({e}); closing", link.peer());
                     refuse(link, 1, "authentication failed".into());
                     return Ok(());
                 }
+                Err(Refusal::Limit(m)) => {
+                    tracing::warn!("{}: {m}; closing", link.peer());
+                    refuse(link, 4, m);
+                    return Ok(());
+                }
             };
+            let user = grant.shown.clone();
+            let mut one_shot = None;
+            if let Some(o) = sh.one_shot.get() {
+                if o.used.swap(true, Ordering::SeqCst) {
+                    tracing::warn!("{}: one-time credential used again; refused", link.peer());
+                    refuse(link, 1, "credential already used".into());
+                    return Ok(());
+                }
+                one_shot = Some(OneShotDone(o, Err("session ended early".into())));
+            }
             let (tx, rx) = unbounded();
             sh.registry
                 .lock()
@@ -285,15 +402,61 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 "{}: user {user} authenticated, session {session:x}",
                 link.peer()
             );
-            let (open, sync) = match recv_control(&mut **link) {
+            let mut first = recv_control(&mut **link);
+            if let Ok(Control::SealControl { cipher }) = &first {
+                // --encrypt: everything after this is sealed both ways
+                // (transport/sealed.rs); AuthOk above was the last clear
+                // frame.
+                let cipher = match crate::crypto::Cipher::from_id(*cipher) {
+                    Ok(c) if c != crate::crypto::Cipher::None => c,
+                    _ => {
+                        sh.registry.lock().unwrap().remove(&session);
+                        refuse(
+                            link,
+                            1,
+                            format!("cannot seal the control link with cipher {cipher}"),
+                        );
+                        return Ok(());
+                    }
+                };
+                let inner = std::mem::replace(link, Box::new(ClosedLink));
+                *link = Box::new(crate::transport::sealed::SealedLink::new(
+                    inner,
+                    cipher,
+                    &skey,
+                    crate::transport::sealed::End::Server,
+                    0,
+                )?);
+                first = recv_control(&mut **link);
+            }
+            let (open, sync) = match first {
                 Ok(Control::Open(o)) => (o, 0),
                 // Sync and resume (docs/SYNC.md): flags for a server source.
                 Ok(Control::SyncOpen { open, flags }) => (open, flags & crate::sync::flags::ALL),
                 Ok(Control::StatusQuery) => {
                     sh.registry.lock().unwrap().remove(&session);
-                    let json = serde_json::to_string(&sh.status())
+                    let json = serde_json::to_string(&sh.status_for(grant.account.as_deref()))
                         .map_err(|e| EngineError::local(format!("status: {e}")))?;
                     return send_control(&mut **link, &Control::StatusReport { json });
+                }
+                Ok(Control::TokenRequest { ttl_s }) => {
+                    sh.registry.lock().unwrap().remove(&session);
+                    return match sh.creds.mint(&grant, ttl_s) {
+                        Ok((name, raw, expires_s)) => {
+                            tracing::info!("{user}: minted one-time credential {name}");
+                            let key = seal_token_key(&skey, &name, &raw);
+                            let t = Control::Token {
+                                user: name,
+                                key,
+                                expires_s,
+                            };
+                            send_control(&mut **link, &t)
+                        }
+                        Err(m) => {
+                            refuse(link, 3, m);
+                            Ok(())
+                        }
+                    };
                 }
                 Ok(other) => {
                     sh.registry.lock().unwrap().remove(&session);
@@ -305,18 +468,37 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                     return Err(e);
                 }
             };
+            if grant.read_only && open.server_role == Role::Sink {
+                sh.registry.lock().unwrap().remove(&session);
+                refuse(
+                    link,
+                    3,
+                    format!("user {user} may only read from this daemon"),
+                );
+                return Ok(());
+            }
+            if let Some(o) = sh.one_shot.get().filter(|o| o.role != open.server_role) {
+                sh.registry.lock().unwrap().remove(&session);
+                refuse(
+                    link,
+                    2,
+                    format!("this session serves the {:?} role only", o.role),
+                );
+                return Ok(());
+            }
             sh.active.fetch_add(1, Ordering::Relaxed);
             let r = run_session(
                 sh,
                 link,
                 session,
-                &user,
+                &grant,
                 open,
                 sync,
                 ServerLinks {
                     rx,
                     timeout: Duration::from_secs(30),
                     session_key: Some(skey),
+                    control: link.try_clone_link().ok(),
                 },
             );
             sh.active.fetch_sub(1, Ordering::Relaxed);
@@ -325,6 +507,9 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
             match &r {
                 Ok(()) => tracing::info!("session {session:x} complete"),
                 Err(e) => tracing::warn!("session {session:x} failed: {e}"),
+            }
+            if let Some(d) = &mut one_shot {
+                d.1 = r.as_ref().map(|_| ()).map_err(|e| e.to_string());
             }
             r
         }
@@ -343,7 +528,7 @@ fn run_session(
     sh: &Arc<DaemonShared>,
     link: &mut Box<dyn Link>,
     session: u64,
-    user: &str,
+    grant: &Grant,
     open: ramsys_proto::control::Open,
     sync: u32,
     mut links: ServerLinks,
@@ -357,7 +542,9 @@ fn run_session(
     };
     let shown: Vec<String> = open.paths.iter().map(|p| show(p)).collect();
     sh.state
-        .open_session(session, user, &link.peer(), role, shown);
+        .open_session(session, &grant.shown, &link.peer(), role, shown);
+    // Every path resolves beneath the user's export root (daemon::users).
+    let ex = &*grant.root;
     let nic = netdev::nic_for(&link.local());
     let local_addr = link.local();
     // Every path is relative to the root; "" means the root itself.
@@ -392,13 +579,13 @@ fn run_session(
                 return Ok(());
             }
             let spec = SinkSpec {
-                root: sh.sink_root.clone(),
+                root: ex.sink.clone(),
                 dest: rels.pop().unwrap(),
                 session,
                 pending_auth: None,
             };
             let (dev, kind) =
-                netdev::device_of(&sh.root_path.join(std::ffi::OsStr::new(&show(&spec.dest))));
+                netdev::device_of(&ex.path.join(std::ffi::OsStr::new(&show(&spec.dest))));
             let task = sh
                 .state
                 .new_task(session, Dir::In, &dev, kind, &nic, stats.clone());
@@ -406,7 +593,7 @@ fn run_session(
                 sh,
                 &task,
                 true,
-                &sh.root_path.join(std::ffi::OsStr::new(&show(&spec.dest))),
+                &ex.path.join(std::ffi::OsStr::new(&show(&spec.dest))),
                 &local_addr,
                 &mut opts,
             );
@@ -419,9 +606,9 @@ fn run_session(
             for r in rels {
                 // Symlinks inside the export may be read through, but the
                 // top-level path must resolve inside the root.
-                let abs = sh.root_path.join(std::ffi::OsStr::new(&show(&r)));
+                let abs = ex.path.join(std::ffi::OsStr::new(&show(&r)));
                 if let Ok(c) = abs.canonicalize() {
-                    if !c.starts_with(&sh.root_path) {
+                    if !c.starts_with(&ex.path) {
                         let mut ctl = ctl;
                         refuse(
                             &mut ctl,
@@ -433,8 +620,8 @@ fn run_session(
                 }
                 let name = match r.iter().rposition(|&b| b == b'/') {
                     Some(i) => r[i + 1..].to_vec(),
-                    None if r.is_empty() => sh
-                        .root_path
+                    None if r.is_empty() => ex
+                        .path
                         .file_name()
                         .map(|n| n.as_encoded_bytes().to_vec())
                         .unwrap_or_else(|| b"root".to_vec()),
@@ -446,9 +633,9 @@ fn run_session(
             // readers inside the session still split by device
             // (request::tasks) and steal across devices.
             let first = tops.first().map(|t| show(&t.rel)).unwrap_or_default();
-            let (dev, kind) = netdev::device_of(&sh.root_path.join(std::ffi::OsStr::new(&first)));
+            let (dev, kind) = netdev::device_of(&ex.path.join(std::ffi::OsStr::new(&first)));
             let spec = SourceSpec {
-                root: sh.source_root.clone(),
+                root: ex.source.clone(),
                 tops,
                 pending_auth: None,
             };
@@ -459,7 +646,7 @@ fn run_session(
                 sh,
                 &task,
                 false,
-                &sh.root_path.join(std::ffi::OsStr::new(&first)),
+                &ex.path.join(std::ffi::OsStr::new(&first)),
                 &local_addr,
                 &mut opts,
             );
@@ -518,7 +705,7 @@ fn follow_plan(
 }
 
 /// Placeholder left behind when a link is handed elsewhere.
-struct ClosedLink;
+pub(crate) struct ClosedLink;
 
 impl std::io::Read for ClosedLink {
     fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {

@@ -22,9 +22,13 @@ pub fn random32() -> Bytes32 {
     b
 }
 
-/// The user name we authenticate as.
+/// The user name we authenticate as: `$RAMSYS_USER` (e.g. a one-time
+/// credential's `otp-…` name), else the login name.
 pub fn current_user() -> String {
-    std::env::var("USER")
+    std::env::var("RAMSYS_USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .map_or_else(|| std::env::var("USER"), Ok)
         .or_else(|_| std::env::var("LOGNAME"))
         .unwrap_or_else(|_| "unknown".into())
 }
@@ -97,11 +101,23 @@ pub fn client_connect_pipelined(
     key: &[u8],
     timeout: Duration,
 ) -> Result<ClientSession, EngineError> {
+    client_connect_pipelined_as(transport, addr, &current_user(), key, timeout)
+}
+
+/// [`client_connect_pipelined`] as `user` (a daemon with a users table
+/// picks the key by it; a one-time credential's name).
+pub fn client_connect_pipelined_as(
+    transport: &dyn Transport,
+    addr: &str,
+    user: &str,
+    key: &[u8],
+    timeout: Duration,
+) -> Result<ClientSession, EngineError> {
     let mut ctl = transport
         .connect(addr, timeout)
         .map_err(|e| connect_err(addr, e))?;
     ctl.set_read_timeout(Some(timeout))?;
-    let mut hs = ClientHandshake::new(key, &current_user(), random32());
+    let mut hs = ClientHandshake::new(key, user, random32());
     send_batch(&mut *ctl, &preamble(ramsys_proto::VERSION), &[&hs.hello()])?;
     read_preamble(&mut *ctl, addr)?;
     let reply = recv_control(&mut *ctl).map_err(|e| match e {
@@ -155,7 +171,18 @@ pub fn client_connect(
     key: &[u8],
     timeout: Duration,
 ) -> Result<ClientSession, EngineError> {
-    let mut s = client_connect_pipelined(transport, addr, key, timeout)?;
+    client_connect_as(transport, addr, &current_user(), key, timeout)
+}
+
+/// [`client_connect`] as `user`.
+pub fn client_connect_as(
+    transport: &dyn Transport,
+    addr: &str,
+    user: &str,
+    key: &[u8],
+    timeout: Duration,
+) -> Result<ClientSession, EngineError> {
+    let mut s = client_connect_pipelined_as(transport, addr, user, key, timeout)?;
     finish_auth(&mut *s.ctl, addr, s.session)?;
     s.auth_pending = false;
     Ok(s)
@@ -167,6 +194,28 @@ pub trait LinkProvider: Send {
     /// The session key the links joined with (data keys derive from it,
     /// crate::crypto); None if not known yet.
     fn session_key(&self) -> Option<Bytes32>;
+    /// How links lost mid-transfer are replaced (crate::relink); call
+    /// after [`Self::open`].
+    fn relinks(&mut self) -> crate::relink::Relinks {
+        crate::relink::Relinks::None
+    }
+}
+
+fn dialer(
+    transport: &Arc<dyn Transport>,
+    addr: &str,
+    session: u64,
+    key: Bytes32,
+    timeout: Duration,
+) -> crate::relink::Relinks {
+    crate::relink::Relinks::Dial(Arc::new(crate::relink::Dialer {
+        transport: transport.clone(),
+        addr: addr.to_string(),
+        session,
+        key,
+        timeout,
+        backoff: Default::default(),
+    }))
 }
 
 /// Client side: dial `streams` connections and join each to the session.
@@ -191,7 +240,7 @@ impl ClientLinks {
 
 /// Send preamble + Join in one segment and wait for JoinOk.
 fn join_link(
-    mut l: Box<dyn Link>,
+    l: Box<dyn Link>,
     addr: &str,
     session: u64,
     key: &Bytes32,
@@ -205,7 +254,17 @@ fn join_link(
         nonce,
         mac,
     };
-    send_batch(&mut *l, &preamble(ramsys_proto::VERSION), &[&join])?;
+    handshake_data_link(l, addr, &join)
+}
+
+/// Send preamble + `first` (Join or Rejoin) in one segment and wait for
+/// JoinOk.
+pub(crate) fn handshake_data_link(
+    mut l: Box<dyn Link>,
+    addr: &str,
+    first: &Control,
+) -> Result<Box<dyn Link>, EngineError> {
+    send_batch(&mut *l, &preamble(ramsys_proto::VERSION), &[first])?;
     read_preamble(&mut *l, addr)?;
     match recv_control(&mut *l)? {
         Control::JoinOk => Ok(l),
@@ -227,6 +286,11 @@ pub struct PreLinks {
     handles: Vec<std::thread::JoinHandle<Result<Box<dyn Link>, EngineError>>>,
     go: Vec<crossbeam_channel::Sender<(u64, Bytes32)>>,
     key: Option<Bytes32>,
+    /// For replacements (crate::relink).
+    transport: Arc<dyn Transport>,
+    addr: String,
+    timeout: Duration,
+    session: u64,
 }
 
 impl PreLinks {
@@ -234,6 +298,7 @@ impl PreLinks {
     pub fn start(transport: Arc<dyn Transport>, addr: &str, n: u16, timeout: Duration) -> PreLinks {
         let mut handles = Vec::new();
         let mut go = Vec::new();
+        let keep = (transport.clone(), addr.to_string());
         for i in 0..n {
             let (tx, rx) = crossbeam_channel::bounded::<(u64, Bytes32)>(1);
             let t = transport.clone();
@@ -257,12 +322,17 @@ impl PreLinks {
             handles,
             go,
             key: None,
+            transport: keep.0,
+            addr: keep.1,
+            timeout,
+            session: 0,
         }
     }
 
     /// The session is known: let every link join it.
     pub fn join(&mut self, session: u64, key: Bytes32) {
         self.key = Some(key);
+        self.session = session;
         for g in self.go.drain(..) {
             let _ = g.send((session, key));
         }
@@ -292,6 +362,12 @@ impl LinkProvider for PreLinks {
     fn session_key(&self) -> Option<Bytes32> {
         self.key
     }
+    fn relinks(&mut self) -> crate::relink::Relinks {
+        match self.key {
+            Some(k) => dialer(&self.transport, &self.addr, self.session, k, self.timeout),
+            None => crate::relink::Relinks::None,
+        }
+    }
 }
 
 impl LinkProvider for ClientLinks {
@@ -313,13 +389,28 @@ impl LinkProvider for ClientLinks {
     fn session_key(&self) -> Option<Bytes32> {
         Some(self.session_key)
     }
+    fn relinks(&mut self) -> crate::relink::Relinks {
+        dialer(
+            &self.transport,
+            &self.addr,
+            self.session,
+            self.session_key,
+            self.timeout,
+        )
+    }
 }
 
-/// Server side: links arrive through the daemon's dispatcher.
+/// Server side: links arrive through the daemon's dispatcher as (stream,
+/// epoch, link); epoch 0 is a first Join, higher ones replacements
+/// (Rejoin, crate::relink).
 pub struct ServerLinks {
-    pub rx: Receiver<(u16, Box<dyn Link>)>,
+    pub rx: Receiver<(u16, u16, Box<dyn Link>)>,
     pub timeout: Duration,
     pub session_key: Option<Bytes32>,
+    /// The session's control link, watched while waiting: a client that
+    /// died during setup must not hold the session's threads and buffers
+    /// for the whole timeout (its next run would wait for them).
+    pub control: Option<Box<dyn Link>>,
 }
 
 impl LinkProvider for ServerLinks {
@@ -329,11 +420,23 @@ impl LinkProvider for ServerLinks {
         let deadline = std::time::Instant::now() + self.timeout;
         while got < streams {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let (i, mut l) = self.rx.recv_timeout(left).map_err(|_| {
-                EngineError::local("peer did not open its data connections in time")
-            })?;
+            let next = self.rx.recv_timeout(left.min(Duration::from_millis(200)));
+            let (i, epoch, mut l) = match next {
+                Ok(v) => v,
+                Err(_) if self.control.as_ref().is_some_and(|c| c.peer_gone()) => {
+                    return Err(EngineError::local(
+                        "peer closed the control connection during setup",
+                    ))
+                }
+                Err(_) if left > Duration::from_millis(200) => continue,
+                Err(_) => {
+                    return Err(EngineError::local(
+                        "peer did not open its data connections in time",
+                    ))
+                }
+            };
             match slots.get_mut(i as usize) {
-                Some(s @ None) => {
+                Some(s @ None) if epoch == 0 => {
                     send_control(&mut *l, &Control::JoinOk)?;
                     *s = Some(l);
                     got += 1;
@@ -354,5 +457,8 @@ impl LinkProvider for ServerLinks {
     }
     fn session_key(&self) -> Option<Bytes32> {
         self.session_key
+    }
+    fn relinks(&mut self) -> crate::relink::Relinks {
+        crate::relink::Relinks::Accept(self.rx.clone())
     }
 }

@@ -3,7 +3,7 @@
 //! finalize files as they complete, and report (seed 000 Fig. 6-4).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, select, unbounded};
@@ -16,6 +16,7 @@ use crate::data::receiver::{run_receiver, ReceiverEvent};
 use crate::data::sinkfiles::{FileTable, WriteError};
 use crate::data::writer::{run_writer, CreditReturn, WriterEvent};
 use crate::fsops::Root;
+use crate::relink::{LinkEvent, Streams};
 use crate::resources::EngineResources;
 use crate::session::LinkProvider;
 use crate::stats::{process_cpu_seconds, FailedPath, Report, Stats};
@@ -45,12 +46,21 @@ struct Ctl {
 impl Ctl {
     fn send(&mut self, m: &Control) -> Result<(), EngineError> {
         self.machine.on_send(m)?;
-        send_control(&mut *self.link, m)
+        // A failed write here means the control link is gone: say so.
+        send_control(&mut *self.link, m).map_err(|e| match e {
+            EngineError::Io(e) => EngineError::local(format!("connection to the source lost: {e}")),
+            e => e,
+        })
     }
     fn recv(&mut self) -> Result<Control, EngineError> {
         let m = recv_control(&mut *self.link)?;
         if let Control::Abort { reason } = &m {
             return Err(EngineError::PeerAborted(reason.clone()));
+        }
+        // A daemon source refusing the request (path outside its root,
+        // not found) answers Error instead of Propose.
+        if let Control::Error { message, .. } = &m {
+            return Err(EngineError::Refused(message.clone()));
         }
         self.machine.on_recv(&m)?;
         Ok(m)
@@ -352,6 +362,7 @@ pub fn run_sink_with(
     }
     ctl.link.set_read_timeout(None)?;
     let session_key = links.session_key();
+    let relinks = links.relinks();
     if cipher != crate::crypto::Cipher::None && session_key.is_none() {
         res.return_buffers(pool);
         return Err(EngineError::local("encryption without a session key"));
@@ -362,12 +373,10 @@ pub fn run_sink_with(
     let mut credit_returns = Vec::new();
     let mut shutdown_handles = Vec::new();
     for l in &data_links {
-        credit_returns.push(CreditReturn {
-            link: Mutex::new(l.try_clone_link()?),
-            freed: AtomicU64::new(0),
-            granted: Arc::new(AtomicU64::new(0)),
-            batch: (credits_per_stream as u64 / 4).max(1),
-        });
+        credit_returns.push(CreditReturn::new(
+            l.try_clone_link()?,
+            (credits_per_stream as u64 / 4).max(1),
+        ));
         shutdown_handles.push(l.try_clone_link()?);
     }
     let credits = Arc::new(credit_returns);
@@ -388,23 +397,55 @@ pub fn run_sink_with(
     drop(recv_rx);
     drop(wev_tx);
     let mut receiver_jobs = Vec::new();
+    // A receiver job for stream i on link incarnation `epoch` (0 = first;
+    // replacements, crate::relink, take higher ones, which key the AEAD
+    // nonces). It reports how many blocks it accepted and how it ended.
+    let receiver_job = {
+        let (tx, p, ev, a, s, d) = (
+            recv_tx.clone(),
+            pool.clone(),
+            rev_tx.clone(),
+            abort.clone(),
+            stats.clone(),
+            rdone_tx.clone(),
+        );
+        let (bs, ck) = (block_size as usize, prop.checksum);
+        move |i: usize, epoch: u16, l: Box<dyn Link>, g: Arc<AtomicU64>| {
+            let (tx, p, ev, a, s, d) = (
+                tx.clone(),
+                p.clone(),
+                ev.clone(),
+                a.clone(),
+                s.clone(),
+                d.clone(),
+            );
+            let seal = session_key
+                .and_then(|k| crate::crypto::StreamSeal::new(cipher, &k, i as u16, epoch));
+            move || {
+                let mut n = 0u64;
+                let r = run_receiver(i as u16, l, bs, ck, p, tx, ev, g, a, s, seal, &mut n);
+                let _ = d.send((i, epoch, n, r));
+            }
+        }
+    };
+    let mut streams_st = Streams::new(
+        relinks,
+        shutdown_handles
+            .iter()
+            .map(|h| h.try_clone_link())
+            .collect::<Result<_, _>>()?,
+        ctl.link.peer(),
+        stats.clone(),
+        abort.clone(),
+    );
     for (i, l) in data_links.into_iter().enumerate() {
-        let tx = recv_tx.clone();
-        let p = pool.clone();
-        let ev = rev_tx.clone();
-        let g = credits[i].granted.clone();
-        let a = abort.clone();
-        let s = stats.clone();
-        let d = rdone_tx.clone();
-        let bs = block_size as usize;
-        let ck = prop.checksum;
-        let seal =
-            session_key.and_then(|k| crate::crypto::StreamSeal::new(cipher, &k, i as u16, 0));
-        receiver_jobs.push(receivers.spawn(move || {
-            let r = run_receiver(i as u16, l, bs, ck, p, tx, ev, g, a, s, seal);
-            let _ = d.send((i, r));
-        }));
+        receiver_jobs.push(receivers.spawn(receiver_job(i, 0, l, credits[i].granted())));
     }
+    // Blocks accepted per stream over all its links (credit rebase).
+    let mut accepted = vec![0u64; streams as usize];
+    let mut extra_jobs: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    let check_tick = crossbeam_channel::tick(Duration::from_millis(250));
+    let window = credits_per_stream as u64;
     drop(recv_tx);
     drop(rev_tx);
     drop(rdone_tx);
@@ -444,13 +485,41 @@ pub fn run_sink_with(
             break Ok(());
         }
         select! {
+            recv(check_tick) -> _ => if !eod && !settled {
+                if let Err(e) = streams_st.check() { break Err(e) }
+            },
+            recv(streams_st.events) -> ev => match ev {
+                Ok(LinkEvent::Up(j)) => {
+                    if let Some(j) = streams_st.arrived(j) {
+                        let i = j.stream as usize;
+                        let r = (|| {
+                            j.link.set_read_timeout(Some(opts.idle_timeout))?;
+                            let g = credits[i].rebase(j.link.try_clone_link()?, window, accepted[i])?;
+                            shutdown_handles.push(j.link.try_clone_link()?);
+                            streams_st.started(i, j.epoch, j.link.try_clone_link()?);
+                            let f = receiver_job(i, j.epoch, j.link, g);
+                            extra_jobs.push(std::thread::Builder::new().name(format!("receiver-r{i}")).spawn(f)?);
+                            Ok::<_, EngineError>(())
+                        })();
+                        if let Err(e) = r { break Err(e) }
+                        receivers_left += 1;
+                    }
+                }
+                Ok(LinkEvent::GaveUp { stream, attempts, reason }) => {
+                    streams_st.gave_up(stream, attempts, reason);
+                    if !eod && !settled {
+                        if let Err(e) = streams_st.check() { break Err(e) }
+                    }
+                }
+                Err(_) => {}
+            },
             // (After EndOfData it is too late: the source did not wait.)
             recv(settle_tick) -> _ => if !settled && !eod {
                 let p = stats.files.load(Ordering::Relaxed) + stats.failed.load(Ordering::Relaxed);
                 idle_ticks += 1;
                 if p != last_progress || idle_ticks >= 40 {
                     (last_progress, idle_ticks) = (p, 0);
-                    if table.unsettled() == 0 {
+                    if table.all_settled() {
                         settled = true;
                         if let Err(e) = ctl.send(&Control::Settled) { break Err(e); }
                     }
@@ -488,6 +557,15 @@ pub fn run_sink_with(
                             }
                         }
                         Control::EndOfData { .. } => eod = true,
+                        // The source's end broke first: close ours, so its
+                        // receiver ends and we can report what arrived.
+                        Control::LinkDown { stream, epoch } => {
+                            if streams_st.ran(stream, epoch) {
+                                streams_st.close(stream as usize, epoch);
+                            } else if let Err(e) = ctl.send(&Control::Lost { stream, epoch, received: 0 }) {
+                                break Err(e);
+                            }
+                        }
                         _ => {}
                     }
                 }
@@ -498,8 +576,32 @@ pub fn run_sink_with(
                 Err(_) => break Err(EngineError::local("control reader stopped")),
             },
             recv(rdone_rx) -> r => match r {
-                Ok((_, Ok(()))) => receivers_left -= 1,
-                Ok((i, Err(e))) => {
+                Ok((i, _, n, Ok(()))) => {
+                    accepted[i] += n;
+                    receivers_left -= 1;
+                    streams_st.ended(i);
+                }
+                Ok((i, epoch, n, Err(e))) if streams_st.enabled() && crate::relink::is_link_loss(&e) && !abort.load(Ordering::Acquire) => {
+                    accepted[i] += n;
+                    receivers_left -= 1;
+                    if eod || settled {
+                        // Nothing more is needed on any link.
+                        streams_st.ended(i);
+                        continue;
+                    }
+                    // The session goes on without this link (crate::relink):
+                    // tell the source what arrived, replace the link.
+                    let waiting = streams_st.lost(i, epoch, &e);
+                    if let Err(e) = ctl.send(&Control::Lost { stream: i as u16, epoch, received: n }) {
+                        break Err(e);
+                    }
+                    if let Some(j) = waiting {
+                        if let Err(e) = streams_st.requeue_arrival(j) { break Err(e) }
+                    }
+                    if let Err(e) = streams_st.check() { break Err(e) }
+                }
+                Ok((i, _, n, Err(e))) => {
+                    accepted[i] += n;
                     receivers_left -= 1;
                     if abort.load(Ordering::Acquire) {
                         // A writer stopped the session; its event says why.
@@ -554,6 +656,11 @@ pub fn run_sink_with(
     for j in receiver_jobs {
         let _ = j.join();
     }
+    for j in extra_jobs {
+        let _ = j.join();
+    }
+    drop(receiver_job);
+    drop(streams_st);
     for j in writer_jobs {
         let _ = j.join();
     }

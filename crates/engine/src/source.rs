@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{bounded, select, unbounded};
+use crossbeam_channel::{bounded, select, unbounded, Sender};
 use ramsys_proto::control::{entry_wire_size, Propose};
 use ramsys_proto::frame::MAX_CONTROL_BODY;
 use ramsys_proto::session::SourceMachine;
@@ -16,16 +16,18 @@ use ramsys_resources::Buf;
 use crate::config::SendPath;
 use crate::data::inline::InlineLinks;
 use crate::data::reader::{run_reader, ReaderCtx, ReaderEvent, SrcFileState};
-use crate::data::sender::{run_sender, StreamOut};
+use crate::data::sender::{run_sender, LinkDone, StreamOut};
 use crate::fsops::Root;
+use crate::relink::{Joined, LinkEvent, Requeue, Streams};
 use crate::request::tasks::{assign_homes, plan_source};
-use crate::request::walk::{walk, Top};
+use crate::request::walk::{walk_streamed, Top};
 use crate::resources::EngineResources;
 use crate::session::LinkProvider;
 use crate::stats::{FailedPath, Report, Stats};
 use crate::transport::Link;
 use crate::wire::{recv_control, send_control};
 use crate::{show, EngineError, TransferOptions};
+use ramsys_proto::relink::SentLog;
 
 /// What to send.
 pub struct SourceSpec {
@@ -44,7 +46,11 @@ struct Ctl {
 impl Ctl {
     fn send(&mut self, m: &Control) -> Result<(), EngineError> {
         self.machine.on_send(m)?;
-        send_control(&mut *self.link, m)
+        // A failed write here means the control link is gone: say so.
+        send_control(&mut *self.link, m).map_err(|e| match e {
+            EngineError::Io(e) => EngineError::local(format!("connection to the sink lost: {e}")),
+            e => e,
+        })
     }
     fn recv(&mut self) -> Result<Control, EngineError> {
         let m = recv_control(&mut *self.link)?;
@@ -62,11 +68,15 @@ fn check_abort(m: &Control) -> Result<(), EngineError> {
     }
 }
 
-fn send_metadata(ctl: &mut Ctl, w: &crate::request::walk::Walk) -> Result<(), EngineError> {
+/// Entries records, as many per CONTROL frame as fit in half of one.
+fn send_entries(
+    ctl: &mut Ctl,
+    entries: &[ramsys_proto::control::Entry],
+) -> Result<(), EngineError> {
     let mut batch = Vec::new();
     let mut batch_bytes = 0usize;
     let limit = MAX_CONTROL_BODY as usize / 2;
-    for e in &w.entries {
+    for e in entries {
         let sz = entry_wire_size(e);
         if batch_bytes + sz > limit && !batch.is_empty() {
             ctl.send(&Control::Entries(std::mem::take(&mut batch)))?;
@@ -78,6 +88,10 @@ fn send_metadata(ctl: &mut Ctl, w: &crate::request::walk::Walk) -> Result<(), En
     if !batch.is_empty() {
         ctl.send(&Control::Entries(batch))?;
     }
+    Ok(())
+}
+
+fn send_meta_end(ctl: &mut Ctl, w: &crate::request::walk::Walk) -> Result<(), EngineError> {
     ctl.send(&Control::MetaEnd {
         entries: w.entries.len() as u64,
         files: w.files.len() as u64,
@@ -163,21 +177,28 @@ pub fn run_source_with(
     }
     // Metadata in one round trip (Fig. 6-4b): stream every record right
     // behind Propose, then wait for Confirm and the single SyncDone.
-    let w = if opts.source_engine == crate::storage::DataEngine::Null && opts.null_size > 0 {
-        crate::storage::null::synthetic_walk(&spec.tops, opts.null_size)
+    // The scan streams its records as it goes (walk_streamed), so the
+    // sink checks what it holds while the source still scans.
+    let scanned = if opts.source_engine == crate::storage::DataEngine::Null && opts.null_size > 0 {
+        let w = crate::storage::null::synthetic_walk(&spec.tops, opts.null_size);
+        send_entries(&mut ctl, &w.entries).map(|_| w)
     } else {
-        walk(spec.root.path(), &spec.tops, opts.recursive)
+        walk_streamed(spec.root.path(), &spec.tops, opts.recursive, &mut |es| {
+            send_entries(&mut ctl, es)
+        })
+    };
+    let sent = scanned.and_then(|w| send_meta_end(&mut ctl, &w).map(|_| w));
+    let w = match sent {
+        Ok(w) => w,
+        // The peer may have refused and closed while we were still
+        // streaming: its reason is waiting on the link.
+        Err(e) => return Err(peer_reason(&mut ctl, spec.pending_auth.as_ref()).unwrap_or(e)),
     };
     stats.total_bytes.store(w.total_bytes, Ordering::Relaxed);
     stats
         .total_files
         .store(w.files.len() as u64, Ordering::Relaxed);
     let mut failures: Vec<FailedPath> = w.failures.clone();
-    if let Err(e) = send_metadata(&mut ctl, &w) {
-        // The peer may have refused and closed while we were still
-        // streaming: its reason is waiting on the link.
-        return Err(peer_reason(&mut ctl, spec.pending_auth.as_ref()).unwrap_or(e));
-    }
     // Negotiation answer: read only now, so the metadata above travelled
     // in the same flight as Propose (and Auth, on a pipelined connect).
     if let Some((addr, session)) = &spec.pending_auth {
@@ -211,6 +232,7 @@ pub fn run_source_with(
     }
     let data_links = links.open(confirm.streams)?;
     let session_key = links.session_key();
+    let relinks = links.relinks();
     if cipher != crate::crypto::Cipher::None && session_key.is_none() {
         return Err(EngineError::local("encryption without a session key"));
     }
@@ -265,23 +287,32 @@ pub fn run_source_with(
             })
             .collect(),
     );
-    let mut queues = plan_source(&spec.root, &files, opts, block_size as u64);
+    let skip = |i: usize| plan.as_ref().is_some_and(|p| p.skipped(i));
+    let mut queues = plan_source(&spec.root, &files, opts, block_size as u64, &skip);
     if let Some(p) = &plan {
         crate::sync::source::restrict(&mut queues, p);
     }
     let queues = Arc::new(queues);
     let (filled_tx, filled_rx) = bounded::<Buf>(pool.count());
     let (rev_tx, mut rev_rx) = unbounded::<ReaderEvent>();
+    // Re-read lost blocks report unreadable files here too (crate::relink).
+    let requeue_events = rev_tx.clone();
     let abort = Arc::new(AtomicBool::new(false));
     // Data links: shut down on error so no thread stays blocked on one.
-    let (sdone_tx, mut sdone_rx) = unbounded();
+    // Every sending end reports on `sdone` (data::sender::LinkDone).
+    let (sdone_tx, mut sdone_rx) = unbounded::<LinkDone>();
     let mut shutdown_handles = Vec::new();
     for l in &data_links {
         shutdown_handles.push(l.try_clone_link()?);
     }
     let window = confirm.credits_per_stream;
-    let seal_of = |i: usize| {
-        session_key.and_then(|k| crate::crypto::StreamSeal::new(cipher, &k, i as u16, 0))
+    // The sending end of stream i on link incarnation `epoch` (0 = first;
+    // replacements, crate::relink, take higher ones, which key the AEAD
+    // nonces).
+    let out_of = move |i: usize, epoch: u16, l: Box<dyn Link>| {
+        let seal =
+            session_key.and_then(|k| crate::crypto::StreamSeal::new(cipher, &k, i as u16, epoch));
+        StreamOut::new(i, epoch, l, window, seal)
     };
     // Inline send path (seed 002 sec. 7): readers own the links' sending
     // ends in turn and no sender thread runs (crate::data::inline).
@@ -295,7 +326,7 @@ pub fn run_source_with(
         let outs = data_links
             .drain(..)
             .enumerate()
-            .map(|(i, l)| StreamOut::new(i, l, window, seal_of(i)))
+            .map(|(i, l)| out_of(i, 0, l))
             .collect();
         Arc::new(InlineLinks::new(
             outs,
@@ -346,19 +377,82 @@ pub fn run_source_with(
     }
     drop(rdone_tx);
     drop(ctx);
+    // Queued path: a sender thread per link. Dropping a link's closer
+    // stops its sender even while the queue is idle (data::sender).
+    let mut closers: std::collections::HashMap<(usize, u16), Sender<()>> = Default::default();
+    let sender_job = {
+        let (rx, p, a, s, d) = (
+            filled_rx.clone(),
+            pool.clone(),
+            abort.clone(),
+            stats.clone(),
+            sdone_tx.clone(),
+        );
+        let inline = inline.clone();
+        move |i: usize, epoch: u16, l: Box<dyn Link>| -> Option<(Sender<()>, SenderJob)> {
+            let out = out_of(i, epoch, l);
+            if let Some(links) = &inline {
+                // Inline: a replacement joins the free set; no thread.
+                links.add(out);
+                return None;
+            }
+            let (rx, p, a, s, d) = (rx.clone(), p.clone(), a.clone(), s.clone(), d.clone());
+            let (close_tx, close_rx) = bounded::<()>(0);
+            let job: SenderJob = Box::new(move || {
+                let _ = d.send(run_sender(out, rx, close_rx, p, a, s));
+            });
+            Some((close_tx, job))
+        }
+    };
     for (i, l) in data_links.into_iter().enumerate() {
-        let rx = filled_rx.clone();
-        let p = pool.clone();
-        let a = abort.clone();
-        let s = stats.clone();
-        let d = sdone_tx.clone();
-        let seal = seal_of(i);
-        jobs.push(senders.spawn(move || {
-            let r = run_sender(l, window, rx, p, a, s, seal);
-            let _ = d.send((i, r));
-        }));
+        if let Some((c, job)) = sender_job(i, 0, l) {
+            closers.insert((i, 0), c);
+            jobs.push(senders.spawn(job));
+        }
     }
+    // Inline: re-sent blocks (Resend, and those lost links lost) still
+    // come through `filled`; one thread sends them, and ends the links
+    // once the queue closes, as the queued senders would.
+    let mut extra_jobs: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    if let Some(links) = &inline {
+        let (links, rx) = (links.clone(), filled_rx.clone());
+        extra_jobs.push(
+            std::thread::Builder::new()
+                .name("src-resend".into())
+                .spawn(move || {
+                    for b in rx.iter() {
+                        links.send(b);
+                    }
+                    links.end();
+                })?,
+        );
+    }
+    // Inline: links the sink saw break, until their reports arrive.
+    let mut evicting: std::collections::HashSet<(usize, u16)> = Default::default();
     drop(sdone_tx);
+    let mut streams_st = Streams::new(
+        relinks,
+        shutdown_handles
+            .iter()
+            .map(|h| h.try_clone_link())
+            .collect::<Result<_, _>>()?,
+        ctl.link.peer(),
+        stats.clone(),
+        abort.clone(),
+    );
+    let requeue = Arc::new(Requeue {
+        root: spec.root.clone(),
+        files: files.clone(),
+        pool: pool.clone(),
+        checksum,
+        null: opts.source_engine == crate::storage::DataEngine::Null,
+        abort: abort.clone(),
+    });
+    // Per lost link (stream, epoch): what its sender sent, and how many
+    // blocks the sink says it accepted; both are needed to re-queue.
+    let mut lost_logs: std::collections::HashMap<(usize, u16), SentLog> = Default::default();
+    let mut lost_counts: std::collections::HashMap<(usize, u16), u64> = Default::default();
+    let check_tick = crossbeam_channel::tick(Duration::from_millis(250));
     senders.release_unused();
     readers.release_unused();
 
@@ -391,9 +485,6 @@ pub fn run_source_with(
     let result: Result<Control, EngineError> = loop {
         if settled && readers_left == 0 && rev_rx.is_empty() {
             resend_tx = None;
-            if let Some(l) = &inline {
-                l.end();
-            }
         }
         // Flush digests whenever the event queue runs dry or grows big.
         if !done_batch.is_empty() && (rev_rx.is_empty() || done_batch.len() >= 4096) {
@@ -410,7 +501,67 @@ pub fn run_source_with(
                 break Err(e);
             }
         }
+        // Re-queue what a lost link lost, once both halves are known.
+        let ready: Vec<(usize, u16)> = lost_logs
+            .keys()
+            .filter(|k| lost_counts.contains_key(k))
+            .copied()
+            .collect();
+        let mut requeue_err = None;
+        for k in ready {
+            let (log, n) = (
+                lost_logs.remove(&k).unwrap(),
+                lost_counts.remove(&k).unwrap(),
+            );
+            if let Some(tx) = &resend_tx {
+                match log.unreceived(n) {
+                    Ok(blocks) => {
+                        tracing::info!(
+                            "stream {}: sending {} lost blocks again",
+                            k.0,
+                            blocks.len()
+                        );
+                        let blocks = blocks.into_iter().map(|b| b.to_vec()).collect();
+                        match requeue.spawn(blocks, tx.clone(), requeue_events.clone()) {
+                            Ok(h) => extra_jobs.push(h),
+                            Err(e) => requeue_err = Some(e.into()),
+                        }
+                    }
+                    Err(e) => requeue_err = Some(EngineError::from(e)),
+                }
+            }
+        }
+        if let Some(e) = requeue_err {
+            break Err(e);
+        }
+        if let Some(l) = &inline {
+            // A link put back just after the last sweep is caught here.
+            for &(i, epoch) in &evicting {
+                l.evict(i, epoch);
+            }
+        }
+        if resend_tx.is_none() {
+            // Settled: lost links need no replacement any more.
+            senders_left -= streams_st.settle();
+        }
         select! {
+            recv(check_tick) -> _ => if let Err(e) = streams_st.check() { break Err(e) },
+            recv(streams_st.events) -> ev => match ev {
+                Ok(LinkEvent::Up(j)) => {
+                    if let Some(j) = streams_st.arrived(j) {
+                        if let Err(e) = start_replacement(&mut streams_st, &mut shutdown_handles, &mut closers, &mut extra_jobs, &sender_job, j, opts.idle_timeout) {
+                            break Err(e);
+                        }
+                    }
+                }
+                Ok(LinkEvent::GaveUp { stream, attempts, reason }) => {
+                    if streams_st.gave_up(stream, attempts, reason) {
+                        senders_left -= 1;
+                    }
+                    if let Err(e) = streams_st.check() { break Err(e) }
+                }
+                Err(_) => {}
+            },
             recv(rev_rx) -> ev => match ev {
                 Ok(ReaderEvent::FileDone { id, digest }) => {
                     files_done += 1;
@@ -432,8 +583,32 @@ pub fn run_source_with(
                 Err(_) => rdone_rx = crossbeam_channel::never(),
             },
             recv(sdone_rx) -> r => match r {
-                Ok((_, Ok(link))) => { senders_left -= 1; kept_links.push(link); }
-                Ok((i, Err((link, e)))) => {
+                Ok((i, epoch, Ok(link), _)) => { evicting.remove(&(i, epoch)); senders_left -= 1; kept_links.push(link); streams_st.ended(i); }
+                Ok((i, epoch, Err((link, e)), log)) if streams_st.enabled() && crate::relink::is_link_loss(&e) && !abort.load(Ordering::Acquire) => {
+                    evicting.remove(&(i, epoch));
+                    closers.remove(&(i, epoch));
+                    kept_links.push(link);
+                    if resend_tx.is_none() {
+                        // Settled: nothing left to send on any link.
+                        senders_left -= 1;
+                        streams_st.ended(i);
+                        continue;
+                    }
+                    // The session goes on without this link (crate::relink):
+                    // ask the sink what arrived, replace the link.
+                    let waiting = streams_st.lost(i, epoch, &e);
+                    lost_logs.insert((i, epoch), log);
+                    if let Err(e) = ctl.send(&Control::LinkDown { stream: i as u16, epoch }) {
+                        break Err(e);
+                    }
+                    if let Some(j) = waiting {
+                        if let Err(e) = start_replacement(&mut streams_st, &mut shutdown_handles, &mut closers, &mut extra_jobs, &sender_job, j, opts.idle_timeout) {
+                            break Err(e);
+                        }
+                    }
+                    if let Err(e) = streams_st.check() { break Err(e) }
+                }
+                Ok((i, _, Err((link, e)), _)) => {
                     kept_links.push(link);
                     // The sink usually says why it dropped the stream
                     // (disk full, protocol error): prefer its reason.
@@ -450,6 +625,17 @@ pub fn run_source_with(
                     if let Err(e) = ctl.machine.on_recv(&m) { break Err(e.into()); }
                     if let Control::Deleted(v) = &m { deleted.extend(v.iter().map(|p| show(p))); }
                     if matches!(m, Control::Settled) { settled = true; }
+                    if let Control::Lost { stream, epoch, received } = m {
+                        // Our end may not have noticed yet: close it, so
+                        // its sender ends and hands over its log.
+                        streams_st.close(stream as usize, epoch);
+                        closers.remove(&(stream as usize, epoch));
+                        if let Some(l) = &inline {
+                            evicting.insert((stream as usize, epoch));
+                            l.evict(stream as usize, epoch);
+                        }
+                        lost_counts.insert((stream as usize, epoch), received);
+                    }
                     let mut send_err = None;
                     if let (Control::Resend(v), Some(tx)) = (&m, &resend_tx) {
                         for &(id, offset, len) in v {
@@ -457,14 +643,7 @@ pub fn run_source_with(
                             match resender.block(seg, &pool) {
                                 Ok(buf) => {
                                     stats.resends.fetch_add(1, Ordering::Relaxed);
-                                    match &inline {
-                                        // A failed link is reported on sdone.
-                                        Some(l) => { l.send(buf); }
-                                        None => {
-                                            stats.handoffs.fetch_add(1, Ordering::Relaxed);
-                                            let _ = tx.send(buf);
-                                        }
-                                    }
+                                    let _ = tx.send(buf);
                                 }
                                 Err(reason) => {
                                     tracing::warn!("cannot re-send file id {id}: {reason}");
@@ -533,6 +712,10 @@ pub fn run_source_with(
             for h in &shutdown_handles {
                 h.shutdown_both();
             }
+            if let Some(l) = &inline {
+                // Wake readers waiting for a link that will not come.
+                l.close();
+            }
             Err(e)
         }
     };
@@ -547,10 +730,22 @@ pub fn run_source_with(
             }
         }
     }
-    drop(filled_rx);
+    drop(sender_job);
     for j in jobs {
         let _ = j.join();
     }
+    for j in extra_jobs {
+        let _ = j.join();
+    }
+    // Blocks still queued when the senders stopped (a failed session) go
+    // back to the pool, or returning the share waits for them in vain.
+    while let Ok(b) = filled_rx.try_recv() {
+        pool.put(b);
+    }
+    drop(filled_rx);
+    drop(requeue);
+    drop(streams_st);
+    drop(closers);
     // The inline links hold a reference to the buffer share.
     drop(inline);
     ctl.link.shutdown_both();
@@ -558,6 +753,39 @@ pub fn run_source_with(
     res.return_buffers(pool);
     outcome
 }
+
+/// Start a sender on a replacement link (crate::relink). Replacements are
+/// rare, so they run on a thread of their own rather than a pooled one.
+fn start_replacement<F>(
+    st: &mut Streams,
+    handles: &mut Vec<Box<dyn Link>>,
+    closers: &mut std::collections::HashMap<(usize, u16), Sender<()>>,
+    jobs: &mut Vec<std::thread::JoinHandle<()>>,
+    job: &F,
+    j: Joined,
+    idle: Duration,
+) -> Result<(), EngineError>
+where
+    F: Fn(usize, u16, Box<dyn Link>) -> Option<(Sender<()>, SenderJob)>,
+{
+    j.link.set_read_timeout(Some(idle))?;
+    handles.push(j.link.try_clone_link()?);
+    st.started(j.stream as usize, j.epoch, j.link.try_clone_link()?);
+    let (stream, epoch) = (j.stream as usize, j.epoch);
+    // Inline: the link joined the free set and needs no thread.
+    if let Some((close, f)) = job(stream, epoch, j.link) {
+        closers.insert((stream, epoch), close);
+        jobs.push(
+            std::thread::Builder::new()
+                .name(format!("sender-r{stream}"))
+                .spawn(f)?,
+        );
+    }
+    Ok(())
+}
+
+/// A queued sender's thread body.
+type SenderJob = Box<dyn FnOnce() + Send + 'static>;
 
 /// Re-reads segments the sink asks for again (Control::Resend): a block
 /// that failed verification in flight is sent again with the same segment

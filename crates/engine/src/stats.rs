@@ -20,6 +20,12 @@ pub struct Stats {
     /// Segments of failed blocks sent again: requested (sink) or re-read
     /// and re-sent (source).
     pub resends: AtomicU64,
+    /// Data links that broke mid-transfer (crate::relink).
+    pub links_lost: AtomicU64,
+    /// Broken data links replaced by a new one.
+    pub links_replaced: AtomicU64,
+    /// Failed attempts to dial a replacement link.
+    pub link_retries: AtomicU64,
     /// Blocks handed from a reader to a sender thread through the filled
     /// queue (0 on the inline send path; crate::data::inline).
     pub handoffs: AtomicU64,

@@ -43,6 +43,10 @@ threads = 2
 [devices.eth1]
 purpose = "storage"
 capacity_gbps = 2.5
+[users.alice]
+key_file = "keys/alice"
+root = "/srv/alice"
+read_only = true
 "#,
         Path::new("/etc/ramsys"),
     )
@@ -57,6 +61,10 @@ capacity_gbps = 2.5
     assert_eq!(c.devices["sdb"].capacity_gbps, Some(6.0));
     assert_eq!(c.devices["eth1"].purpose, Some(Purpose::Storage));
     assert_eq!(c.capacities().get("eth1"), Some(&2.5));
+    assert_eq!(c.users.len(), 1);
+    assert_eq!(c.users[0].name, "alice");
+    assert_eq!(c.users[0].key_file, PathBuf::from("/etc/ramsys/keys/alice"));
+    assert!(c.users[0].read_only);
     assert_eq!(
         DaemonConfig::parse("numa = 1", Path::new("."))
             .unwrap()
@@ -86,6 +94,8 @@ fn invalid_files_name_the_key_in_one_line() {
         ),
         ("[devices.sda]\nspeed = 1", "`devices.sda.speed`"),
         ("devices = 3", "`devices`"),
+        ("[users.bob]\nroot = \"/r\"", "[users.bob]"),
+        ("users = 1", "`users`"),
     ] {
         let e = DaemonConfig::parse(text, Path::new(".")).unwrap_err();
         assert!(e.contains(key), "{text:?}: {e}");

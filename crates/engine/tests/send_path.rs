@@ -68,6 +68,7 @@ fn copy(
         addr,
         key,
         connect_timeout: Duration::from_secs(10),
+        user: None,
     };
     let root = Arc::new(Root::open(src.parent().unwrap(), Confinement::None).unwrap());
     let name = src.file_name().unwrap().as_encoded_bytes().to_vec();

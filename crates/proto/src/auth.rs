@@ -79,6 +79,59 @@ pub fn verify_join(
     )
 }
 
+/// Seal (or unseal: the operation is its own inverse) a one-time
+/// credential's key for the Token message: XOR with a pad derived from the
+/// session key and the credential's user name. Each minted name is fresh,
+/// so no pad is ever used twice, and only the two ends of the session
+/// (which hold the session key) can read the key.
+pub fn seal_token_key(session_key: &Bytes32, user: &str, key: &Bytes32) -> Bytes32 {
+    let pad = mac(session_key, &[b"ramsys-v1 token", user.as_bytes()]);
+    std::array::from_fn(|i| key[i] ^ pad[i])
+}
+
+fn rejoin_parts<'a>(
+    session: &'a [u8; 8],
+    stream: &'a [u8; 2],
+    epoch: &'a [u8; 2],
+    nonce: &'a Bytes32,
+) -> [&'a [u8]; 5] {
+    [b"ramsys-v1 rejoin", session, stream, epoch, nonce]
+}
+
+/// MAC a replacement data link presents (Control::Rejoin): as
+/// [`join_mac`], under its own label and over the epoch too.
+pub fn rejoin_mac(
+    session_key: &Bytes32,
+    session: u64,
+    stream: u16,
+    epoch: u16,
+    nonce: &Bytes32,
+) -> Bytes32 {
+    let (s, st, e) = (
+        session.to_le_bytes(),
+        stream.to_le_bytes(),
+        epoch.to_le_bytes(),
+    );
+    mac(session_key, &rejoin_parts(&s, &st, &e, nonce))
+}
+
+/// Check a Rejoin MAC in constant time.
+pub fn verify_rejoin(
+    session_key: &Bytes32,
+    session: u64,
+    stream: u16,
+    epoch: u16,
+    nonce: &Bytes32,
+    tag: &Bytes32,
+) -> bool {
+    let (s, st, e) = (
+        session.to_le_bytes(),
+        stream.to_le_bytes(),
+        epoch.to_le_bytes(),
+    );
+    verify(session_key, &rejoin_parts(&s, &st, &e, nonce), tag)
+}
+
 /// Client side of the handshake.
 pub struct ClientHandshake {
     key: Vec<u8>,
@@ -223,6 +276,19 @@ impl ServerHandshake {
 mod tests {
     use super::*;
 
+    #[test]
+    fn rejoin_mac_binds_stream_epoch_and_label() {
+        let k = [7u8; 32];
+        let n = [3u8; 32];
+        let m = rejoin_mac(&k, 5, 2, 1, &n);
+        assert!(verify_rejoin(&k, 5, 2, 1, &n, &m));
+        assert!(!verify_rejoin(&k, 5, 2, 2, &n, &m));
+        assert!(!verify_rejoin(&k, 5, 3, 1, &n, &m));
+        assert!(!verify_rejoin(&[8u8; 32], 5, 2, 1, &n, &m));
+        // A Join MAC is no Rejoin MAC (different label).
+        assert!(!verify_rejoin(&k, 5, 2, 0, &n, &join_mac(&k, 5, 2, &n)));
+    }
+
     fn run(ckey: &[u8], skey: &[u8]) -> Result<(Bytes32, Bytes32), ProtoError> {
         let mut c = ClientHandshake::new(ckey, "u", [1; 32]);
         let mut s = ServerHandshake::new(skey, [2; 32]);
@@ -259,6 +325,16 @@ mod tests {
             s.on_auth(&Control::Auth { proof: [0; 32] }),
             Err(ProtoError::AuthFailed)
         );
+    }
+
+    #[test]
+    fn token_seal_round_trips_and_depends_on_session_and_name() {
+        let k = [9u8; 32];
+        let sealed = seal_token_key(&[1; 32], "otp-a", &k);
+        assert_ne!(sealed, k);
+        assert_eq!(seal_token_key(&[1; 32], "otp-a", &sealed), k);
+        assert_ne!(seal_token_key(&[2; 32], "otp-a", &sealed), k);
+        assert_ne!(seal_token_key(&[1; 32], "otp-b", &sealed), k);
     }
 
     #[test]

@@ -226,6 +226,54 @@ pub enum Control {
     /// Sink to source during the payload: every file is in place or has
     /// failed, no Resend will follow; the source may end its data links.
     Settled,
+    /// Client to server, instead of Open: mint a one-time credential bound
+    /// to the authenticated user's export root, valid for `ttl_s` seconds
+    /// (0 = the daemon's default; docs/SECURITY.md).
+    TokenRequest {
+        ttl_s: u32,
+    },
+    /// Server to client: the credential. `key` is sealed under the session
+    /// key ([`crate::auth::seal_token_key`]); the usable key is the hex text
+    /// of the unsealed bytes. `expires_s`: seconds left to start the session.
+    Token {
+        user: String,
+        key: Bytes32,
+        expires_s: u32,
+    },
+    /// Client to server, right after Auth (`--encrypt`): from the next
+    /// byte on, both directions of this control link are AEAD records
+    /// under `cipher` (ids as in Propose; docs/SECURITY.md). The server's
+    /// AuthOk, sent before it read this, is the last clear frame.
+    SealControl {
+        cipher: u8,
+    },
+    /// Client to server, first message of a *replacement* data link
+    /// (docs/PROTOCOL.md, "Lost links"): take the place of `stream`, whose
+    /// link broke. `epoch` numbers the link's incarnations (the first link
+    /// is 0); each dial attempt takes a fresh, higher one, and it keys the
+    /// link's AEAD nonces, so no nonce repeats across incarnations.
+    Rejoin {
+        session: u64,
+        stream: u16,
+        epoch: u16,
+        nonce: Bytes32,
+        mac: Bytes32,
+    },
+    /// Sink to source during the payload: data link (`stream`, `epoch`)
+    /// ended without END; the sink accepted exactly `received` DATA blocks
+    /// on it. The source sends the rest of what it sent there again.
+    Lost {
+        stream: u16,
+        epoch: u16,
+        received: u64,
+    },
+    /// Source to sink during the payload: the source's end of (`stream`,
+    /// `epoch`) failed; the sink closes its end (if still open) and
+    /// answers Lost.
+    LinkDown {
+        stream: u16,
+        epoch: u16,
+    },
 }
 
 /// Bits of SyncOpen/SyncMode `flags` (docs/SYNC.md).
@@ -315,6 +363,12 @@ impl Control {
             Control::Deleted(_) => "Deleted",
             Control::Resend(_) => "Resend",
             Control::Settled => "Settled",
+            Control::TokenRequest { .. } => "TokenRequest",
+            Control::Token { .. } => "Token",
+            Control::SealControl { .. } => "SealControl",
+            Control::Rejoin { .. } => "Rejoin",
+            Control::Lost { .. } => "Lost",
+            Control::LinkDown { .. } => "LinkDown",
         }
     }
 
@@ -479,6 +533,29 @@ mod tests {
             Control::Deleted(vec![b"a/b".to_vec()]),
             Control::Resend(vec![(3, 1 << 20, 4096), (4, 0, 1 << 31 | 512)]),
             Control::Settled,
+            Control::TokenRequest { ttl_s: 60 },
+            Control::Token {
+                user: "otp-00ff".into(),
+                key: [7; 32],
+                expires_s: 60,
+            },
+            Control::SealControl { cipher: 2 },
+            Control::Rejoin {
+                session: 9,
+                stream: 3,
+                epoch: 2,
+                nonce: [1; 32],
+                mac: [2; 32],
+            },
+            Control::Lost {
+                stream: 3,
+                epoch: 1,
+                received: 77,
+            },
+            Control::LinkDown {
+                stream: 3,
+                epoch: 1,
+            },
         ];
         for m in msgs {
             let b = m.encode().unwrap();

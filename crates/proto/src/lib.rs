@@ -15,12 +15,14 @@
 //! - [`auth`]: challenge/response authentication with a shared key.
 //! - [`path`]: validation of relative paths received from a peer.
 //! - [`session`]: state machines for the source and sink ends of a session.
+//! - [`relink`]: lost data links: what to send again, credits, back-off.
 
 pub mod auth;
 pub mod control;
 pub mod data;
 pub mod frame;
 pub mod path;
+pub mod relink;
 pub mod session;
 
 pub use control::Control;

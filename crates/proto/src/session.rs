@@ -180,6 +180,7 @@ impl SourceMachine {
             }
             (Payload, Control::Reuse(_)) if self.sync => Payload,
             (Payload, Control::FilesDone(_) | Control::FileFailed { .. }) => Payload,
+            (Payload, Control::LinkDown { .. }) => Payload,
             (Payload, Control::EndOfData { .. }) => Completing,
             _ => return Err(self.unexpected(m)),
         };
@@ -206,6 +207,10 @@ impl SourceMachine {
             (Syncing, Control::Have(_)) if self.confirmed && self.sync => Syncing,
             (Syncing, Control::SyncDone { .. }) if self.confirmed => Payload,
             (Payload, Control::Resend(_) | Control::Settled) => Payload,
+            // A link may break at any time; a Lost sent before the sink
+            // saw EndOfData can arrive after we sent it.
+            (Payload, Control::Lost { .. }) => Payload,
+            (Completing, Control::Lost { .. }) => Completing,
             (Completing, Control::Deleted(_)) if self.sync => Completing,
             (Completing, Control::Complete(_)) => Done,
             _ => return Err(self.unexpected(m)),
@@ -277,7 +282,7 @@ impl SinkMachine {
             }
             (Syncing, Control::Have(_)) if self.sync.is_some() => Syncing,
             (Syncing, Control::SyncDone { .. }) => Payload,
-            (Payload, Control::Resend(_) | Control::Settled) => Payload,
+            (Payload, Control::Resend(_) | Control::Settled | Control::Lost { .. }) => Payload,
             (Completing, Control::Deleted(_)) if self.sync.is_some() => Completing,
             (Completing, Control::Complete(_)) => Done,
             _ => return Err(self.unexpected(m)),
@@ -352,6 +357,7 @@ impl SinkMachine {
                 }
                 Payload
             }
+            (Payload, Control::LinkDown { .. }) => Payload,
             (Payload, Control::EndOfData { .. }) => Completing,
             _ => return Err(self.unexpected(m)),
         };
@@ -435,6 +441,22 @@ mod tests {
         snk.on_send(&sd).unwrap();
         src.on_recv(&sd).unwrap();
         deliver_to_sink(Control::FilesDone(vec![(1, 42)]), &mut src, &mut snk);
+        // A broken link mid-payload: either end may notice first.
+        deliver_to_sink(
+            Control::LinkDown {
+                stream: 1,
+                epoch: 0,
+            },
+            &mut src,
+            &mut snk,
+        );
+        let lost = Control::Lost {
+            stream: 1,
+            epoch: 0,
+            received: 3,
+        };
+        snk.on_send(&lost).unwrap();
+        src.on_recv(&lost).unwrap();
         deliver_to_sink(
             Control::EndOfData {
                 files: 1,
@@ -443,6 +465,8 @@ mod tests {
             &mut src,
             &mut snk,
         );
+        // A Lost the sink sent before it read EndOfData.
+        src.on_recv(&lost).unwrap();
         let done = Control::Complete(Complete {
             files: 1,
             bytes: 10,
@@ -640,6 +664,37 @@ mod tests {
         assert!(s.on_recv(&confirm(1)).is_err(), "one Confirm only");
         s.on_recv(&Control::SyncDone { failures: vec![] }).unwrap();
         assert_eq!(s.phase(), Phase::Payload);
+    }
+
+    #[test]
+    fn link_messages_only_in_the_payload() {
+        let lost = Control::Lost {
+            stream: 0,
+            epoch: 0,
+            received: 0,
+        };
+        let down = Control::LinkDown {
+            stream: 0,
+            epoch: 0,
+        };
+        let mut src = SourceMachine::new();
+        assert!(src.on_recv(&lost).is_err());
+        let mut src = SourceMachine::new();
+        assert!(src.on_send(&down).is_err());
+        let mut snk = SinkMachine::new();
+        assert!(snk.on_recv(&down).is_err());
+        let mut snk = SinkMachine::new();
+        assert!(snk.on_send(&lost).is_err());
+        // Rejoin belongs on a data link, never on the control link.
+        let rejoin = Control::Rejoin {
+            session: 1,
+            stream: 0,
+            epoch: 1,
+            nonce: [0; 32],
+            mac: [0; 32],
+        };
+        let mut snk = SinkMachine::new();
+        assert!(snk.on_recv(&rejoin).is_err());
     }
 
     #[test]

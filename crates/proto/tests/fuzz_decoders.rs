@@ -89,6 +89,47 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// The one-time credential messages (tags 27, 28) followed by arbitrary
+    /// bytes decode or fail, never panic; valid ones round-trip.
+    #[test]
+    fn token_messages_decode_or_fail(
+        tag in 27u8..=28,
+        rest in proptest::collection::vec(any::<u8>(), 0..300),
+        user in ".{0,80}",
+        key in any::<[u8; 32]>(),
+        ttl in any::<u32>(),
+    ) {
+        let mut b = vec![tag];
+        b.extend_from_slice(&rest);
+        if let Ok(m) = Control::decode(&b) {
+            let ok = matches!(m, Control::Token { .. } | Control::TokenRequest { .. });
+            prop_assert!(ok, "tag {} decoded as {}", tag, m.name());
+            prop_assert_eq!(Control::decode(&m.encode().unwrap()).unwrap(), m);
+        }
+        for m in [
+            Control::TokenRequest { ttl_s: ttl },
+            Control::Token { user: user.clone(), key, expires_s: ttl },
+        ] {
+            prop_assert_eq!(Control::decode(&m.encode().unwrap()).unwrap(), m);
+        }
+    }
+
+    /// Sealing a credential key is its own inverse for any session key and
+    /// name, and a different session key never unseals it.
+    #[test]
+    fn token_seal_inverts(sk in any::<[u8; 32]>(), other in any::<[u8; 32]>(), user in ".{0,64}", key in any::<[u8; 32]>()) {
+        use ramsys_proto::auth::seal_token_key;
+        let s = seal_token_key(&sk, &user, &key);
+        prop_assert_eq!(seal_token_key(&sk, &user, &s), key);
+        if other != sk {
+            prop_assert_ne!(seal_token_key(&other, &user, &s), key);
+        }
+    }
+}
+
 /// A length prefix claiming a huge collection must not allocate it.
 #[test]
 fn huge_length_prefix_is_rejected_cheaply() {

@@ -55,6 +55,12 @@ pub struct CpArgs {
     pub json: bool,
     #[command(flatten)]
     pub key: KeyArgs,
+    /// Read the key from the first line of stdin instead of a file (keeps
+    /// it off command lines; used by third-party ssh copies).
+    #[arg(long, conflicts_with = "key_file")]
+    pub key_stdin: bool,
+    #[command(flatten)]
+    pub ssh: crate::ssh::SshArgs,
     /// Reader threads (source side of this agent; default: the
     /// scheduler's plan with --numa auto, else 4).
     #[arg(long)]
@@ -104,6 +110,20 @@ pub struct CpArgs {
     pub paths: Vec<String>,
 }
 
+impl CpArgs {
+    fn load_key(&self) -> anyhow::Result<Vec<u8>> {
+        if !self.key_stdin {
+            return self.key.load();
+        }
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::stdin().lock(), &mut line)
+            .context("reading the key from stdin")?;
+        let key = line.trim().as_bytes().to_vec();
+        anyhow::ensure!(key.len() >= 16, "--key-stdin: expected a key line on stdin");
+        Ok(key)
+    }
+}
+
 fn local_tops(paths: &[PathBuf]) -> anyhow::Result<Vec<Top>> {
     let mut tops = Vec::new();
     for p in paths {
@@ -127,7 +147,7 @@ fn local_tops(paths: &[PathBuf]) -> anyhow::Result<Vec<Top>> {
 }
 
 /// Root and destination for a local sink, as cp reads DST.
-fn local_sink(dst: &Path) -> anyhow::Result<(PathBuf, Vec<u8>)> {
+pub(crate) fn local_sink(dst: &Path) -> anyhow::Result<(PathBuf, Vec<u8>)> {
     if dst.is_dir() {
         let c = dst
             .canonicalize()
@@ -200,8 +220,8 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
 
 fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
     let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
-    let dst = parse_endpoint(dst)?;
-    let srcs: Vec<Endpoint> = srcs
+    let mut dst = parse_endpoint(dst)?;
+    let mut srcs: Vec<Endpoint> = srcs
         .iter()
         .map(|s| parse_endpoint(s))
         .collect::<Result<_, _>>()?;
@@ -232,6 +252,22 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
     };
     let connect_timeout = Duration::from_secs(a.connect_timeout.max(1));
     crate_raise_limits();
+    // HOST:PATH endpoints (issue 9): a third-party copy runs on the hosts;
+    // otherwise the ssh end becomes a one-session daemon (crate::ssh).
+    if let Some(code) = crate::ssh::third_party(a, sync, &srcs, &dst)? {
+        return Ok(code);
+    }
+    let ssh = crate::ssh::open(a, &mut srcs, &mut dst)?;
+    if let Some(u) = ssh.user() {
+        // A running daemon's one-time credential names the user to
+        // authenticate as; session::current_user reads it. Set before any
+        // engine thread starts.
+        std::env::set_var("RAMSYS_USER", u);
+    }
+    let load_key = || match ssh.key() {
+        Some(k) => Ok(k),
+        None => a.load_key(),
+    };
 
     let local_srcs: Vec<PathBuf> = srcs
         .iter()
@@ -263,7 +299,7 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
     });
     let result = match (&dst, remote_srcs.is_empty()) {
         (Endpoint::Daemon { addr, path }, true) => {
-            let key = a.key.load()?;
+            let key = load_key()?;
             let cfg = numa.configure(
                 "source",
                 Role::Source,
@@ -280,6 +316,7 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
                 addr: addr.clone(),
                 key,
                 connect_timeout,
+                user: None,
             };
             let root = open_root(Path::new("/"), Confinement::None)?;
             let progress = Progress::start(stats.clone(), a.json);
@@ -297,7 +334,7 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
             r
         }
         (Endpoint::Local(d), false) => {
-            let key = a.key.load()?;
+            let key = load_key()?;
             let cfg = numa.configure(
                 "sink",
                 Role::Sink,
@@ -315,6 +352,7 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
                 addr: remote_srcs[0].0.clone(),
                 key,
                 connect_timeout,
+                user: None,
             };
             let (root, dest) = local_sink(d)?;
             let root = open_root(&root, Confinement::Strict)?;
@@ -364,6 +402,7 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
                 addr,
                 key,
                 connect_timeout,
+                user: None,
             };
             let src_root = open_root(Path::new("/"), Confinement::None)?;
             let progress = Progress::start(stats.clone(), a.json);
@@ -384,9 +423,12 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
         (Endpoint::Daemon { .. }, false) => {
             bail!("third-party transfers (daemon to daemon) are not supported yet")
         }
+        // crate::ssh::open turned every ssh destination into a daemon.
+        (Endpoint::Ssh(e), _) => bail!("{}: ssh endpoint not resolved", e.display()),
     };
     let wall = t0.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu0;
+    ssh.finish();
     if let Ok(rep) = &result {
         numa.streams(rep);
     }
@@ -399,7 +441,14 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
                     "ramsys: {resent} segments failed verification in flight and were sent again"
                 );
             }
-            Ok(summarize(&rep, wall, cpu, a.json, sync, resent))
+            let faults = LinkFaults::of(&stats);
+            if faults.lost > 0 && !a.json {
+                eprintln!(
+                    "ramsys: {} data links lost, {} replaced ({} failed reconnect attempts)",
+                    faults.lost, faults.replaced, faults.retries
+                );
+            }
+            Ok(summarize(&rep, wall, cpu, a.json, sync, resent, faults))
         }
         Err(e) => {
             if a.json {
@@ -736,7 +785,33 @@ fn crate_raise_limits() {
     ramsys_engine::fsops::raise_nofile_limit();
 }
 
-fn summarize(rep: &Report, wall: f64, cpu: f64, json: bool, sync: u32, resent: u64) -> i32 {
+/// Data links lost and replaced during the transfer (engine::relink).
+struct LinkFaults {
+    lost: u64,
+    replaced: u64,
+    retries: u64,
+}
+
+impl LinkFaults {
+    fn of(s: &Stats) -> LinkFaults {
+        use std::sync::atomic::Ordering::Relaxed;
+        LinkFaults {
+            lost: s.links_lost.load(Relaxed),
+            replaced: s.links_replaced.load(Relaxed),
+            retries: s.link_retries.load(Relaxed),
+        }
+    }
+}
+
+fn summarize(
+    rep: &Report,
+    wall: f64,
+    cpu: f64,
+    json: bool,
+    sync: u32,
+    resent: u64,
+    faults: LinkFaults,
+) -> i32 {
     let mb_s = rep.bytes as f64 / 1e6 / wall.max(1e-9);
     let dry = sync & ramsys_engine::sync::flags::DRY_RUN != 0;
     if json {
@@ -754,6 +829,9 @@ fn summarize(rep: &Report, wall: f64, cpu: f64, json: bool, sync: u32, resent: u
             "block_size": rep.block_size,
             "failed": rep.failed,
             "resent": resent,
+            "links_lost": faults.lost,
+            "links_replaced": faults.replaced,
+            "link_retries": faults.retries,
             "send_path": rep.send_path,
             "handoffs": rep.handoffs,
         });

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use ramsys_engine::config::{daemon_placement, DaemonConfig, ServeInputs};
+use ramsys_engine::daemon::users::{load_users_file, Users};
 use ramsys_engine::resources::ResourceConfig;
 use ramsys_engine::server::Daemon;
 use ramsys_engine::{EngineResources, TransferOptions};
@@ -17,9 +18,22 @@ pub struct ServeArgs {
     /// Address to listen on (port 0 picks a free port, printed on stdout).
     #[arg(long, value_name = "ADDR:PORT")]
     pub listen: String,
-    /// Export root: every peer path resolves beneath it.
+    /// Export root: every peer path resolves beneath it. With a users
+    /// table each user has its own root; this one then only places the
+    /// pools (default: the first user's root).
     #[arg(long, value_name = "DIR")]
-    pub root: PathBuf,
+    pub root: Option<PathBuf>,
+    /// Users table (TOML, `[[user]]` name, key_file, root): each user
+    /// authenticates with its own key and lands in its own export root;
+    /// the shared key is not used (docs/DAEMON.md).
+    #[arg(long, value_name = "FILE")]
+    pub users: Option<PathBuf>,
+    /// Record the listen address in FILE (default
+    /// $XDG_RUNTIME_DIR/ramsys/daemon.addr, else
+    /// ~/.config/ramsys/daemon.addr), mode 0600, removed at exit; `ramsys
+    /// token` finds the daemon there.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "")]
+    pub addr_file: Option<PathBuf>,
     #[command(flatten)]
     pub key: KeyArgs,
     /// Daemon config (TOML): device purposes, capacities, thread counts,
@@ -63,7 +77,6 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
-    let key = a.key.load()?;
     anyhow::ensure!(
         a.max_block_size >= 4096,
         "--max-block-size must be at least 4K"
@@ -72,6 +85,37 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
         Some(p) => DaemonConfig::load(p)?,
         None => DaemonConfig::default(),
     };
+    // Users from --users and the config's [users] section (daemon::users).
+    let mut specs = cfg.users.clone();
+    if let Some(p) = &a.users {
+        specs.extend(load_users_file(p)?);
+    }
+    let users = if specs.is_empty() {
+        None
+    } else {
+        Some(Users::open(&specs)?)
+    };
+    let root = match (&a.root, specs.first()) {
+        (Some(r), _) => r.clone(),
+        (None, Some(u)) => u.root.clone(),
+        (None, None) => anyhow::bail!("give --root DIR, or a users table (--users FILE)"),
+    };
+    // With a users table the shared key is not used: do not create one.
+    let key = match users {
+        None => a.key.load()?,
+        Some(_) => ramsys_engine::session::random32().to_vec(),
+    };
+    // Blocked before any thread starts, so only the waiter below sees them.
+    let addr_file = a.addr_file.as_ref().map(|p| {
+        if p.as_os_str().is_empty() {
+            ramsys_resources::keys::default_addr_path()
+        } else {
+            p.clone()
+        }
+    });
+    if addr_file.is_some() {
+        block_exit_signals();
+    }
     let cli = ServeInputs {
         numa: a.numa,
         memory: a.memory,
@@ -83,9 +127,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     // The placement needs the hardware; without discovery (a container
     // hiding /sys) the daemon still serves with unpinned pools.
     let placement = match ramsys_topo::discover(Path::new("/")) {
-        Ok(topo) => Some(daemon_placement(
-            topo, true, &cfg, &cli, &a.root, &a.listen,
-        )?),
+        Ok(topo) => Some(daemon_placement(topo, true, &cfg, &cli, &root, &a.listen)?),
         Err(e) => {
             tracing::warn!("hardware discovery failed ({e}); pools left to the OS");
             None
@@ -120,23 +162,100 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
         send_path: a.storage.send_path.or(cfg.send_path).unwrap_or_default(),
         ..a.storage.options()
     };
-    let d = Daemon::bind(&a.listen, &a.root, key, opts, res)?;
+    let mut d = Daemon::bind(&a.listen, &root, key, opts, res)?;
+    if let Some(u) = users {
+        d.set_users(u);
+    }
     if let Some(p) = placement {
         d.set_placement(p);
+    }
+    // Before "listening on": whoever waits for that line finds the file.
+    if let Some(p) = &addr_file {
+        write_addr_file(p, d.local_addr())?;
+        let p = p.clone();
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || remove_at_exit(&p))?;
     }
     println!("listening on {}", d.local_addr());
     std::io::stdout().flush()?;
     if let Some(m) = &a.metrics {
-        let at = d
-            .serve_metrics(m)
-            .map_err(|e| anyhow::anyhow!("cannot serve metrics on {m}: {e}"))?;
+        let at = d.serve_metrics(m).map_err(|e| {
+            if let Some(p) = &addr_file {
+                let _ = std::fs::remove_file(p);
+            }
+            anyhow::anyhow!("cannot serve metrics on {m}: {e}")
+        })?;
         // After "listening on" (readers may stop after that line), and
         // never fatal if stdout is gone.
         let mut o = std::io::stdout();
         let _ = writeln!(o, "metrics on {at}").and_then(|_| o.flush());
         tracing::info!("metrics on http://{at}/metrics");
     }
-    tracing::info!("serving {} on {}", a.root.display(), d.local_addr());
+    tracing::info!("serving {} on {}", root.display(), d.local_addr());
     d.serve();
     Ok(0)
+}
+
+const EXIT_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+fn exit_sigset() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in EXIT_SIGNALS {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+/// Block SIGINT/SIGTERM/SIGHUP in this thread and every thread it starts
+/// afterwards, so they are delivered only to [`remove_at_exit`]'s sigwait.
+fn block_exit_signals() {
+    let set = exit_sigset();
+    // SAFETY: a valid set; only this thread's mask changes.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+}
+
+/// Wait for an exit signal, remove the address file, exit as the signal
+/// would have (128 + signal number).
+fn remove_at_exit(path: &Path) {
+    let set = exit_sigset();
+    let mut sig: libc::c_int = 0;
+    // SAFETY: valid set and out-pointer.
+    unsafe { libc::sigwait(&set, &mut sig) };
+    let _ = std::fs::remove_file(path);
+    tracing::info!("signal {sig}: removed {}, exiting", path.display());
+    std::process::exit(128 + sig);
+}
+
+/// `HOST:PORT\nPID\n`, mode 0600, replaced atomically; a wildcard listen
+/// address is recorded as loopback (the file is for local tools).
+fn write_addr_file(path: &Path, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut a = addr;
+    if a.ip().is_unspecified() {
+        a.set_ip(if a.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    let err = |e: std::io::Error| anyhow::anyhow!("address file {}: {e}", path.display());
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(err)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(err)?;
+    writeln!(f, "{a}\n{}", std::process::id()).map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)?;
+    Ok(())
 }

@@ -6,7 +6,10 @@ mod daemon;
 mod plan;
 mod progress;
 mod spec;
+mod ssh;
+mod ssh_serve;
 mod status;
+mod token;
 
 use std::path::PathBuf;
 
@@ -37,12 +40,19 @@ enum Cmd {
     Sync(agent::SyncArgs),
     /// Show a daemon's sessions, tasks, queues, pools and throughput.
     Status(status::StatusArgs),
+    /// Ask a running daemon for a one-time credential (one session, bound
+    /// to your export root), e.g. for an ssh session to relay.
+    Token(token::TokenArgs),
     /// Show the hardware model: NUMA nodes, NICs, block devices.
     Topo(ramsys_topo::TopoArgs),
     /// NUMA I/O bandwidth characterization, classes, prediction, calibration.
     Iomodel(ramsys_iomodel::IomodelArgs),
     /// Show the thread, buffer and stream plan for a transfer, without moving data.
     Plan(plan::PlanArgs),
+    /// The remote end of an ssh transfer, run by the agent through ssh
+    /// (one session; credential on stdin; docs/PROTOCOL.md).
+    #[command(hide = true)]
+    SshServe(ssh_serve::SshServeArgs),
 }
 
 /// Options shared by every command that authenticates.
@@ -88,9 +98,11 @@ fn main() {
         Cmd::Cp(a) => agent::run(a),
         Cmd::Sync(a) => agent::run_sync(a),
         Cmd::Status(a) => status::run(a),
+        Cmd::Token(a) => token::run(a),
         Cmd::Topo(a) => ramsys_topo::run(a).map(|_| 0),
         Cmd::Iomodel(a) => ramsys_iomodel::run(a).map(|_| 0),
         Cmd::Plan(a) => plan::run(a),
+        Cmd::SshServe(a) => ssh_serve::run(a),
     };
     match r {
         Ok(code) => std::process::exit(code),

@@ -56,6 +56,19 @@ fn device_of(topo: &ramsys_topo::Topology, e: &Endpoint, live: bool) -> anyhow::
             .or_else(|| topo.nics.first())
             .map(|n| n.name.clone())
             .ok_or_else(|| anyhow::anyhow!("no network interface found for {addr}")),
+        // The NIC towards the ssh host (any port will do for the lookup).
+        Endpoint::Ssh(s) => device_of(
+            topo,
+            &Endpoint::Daemon {
+                addr: if s.host.contains(':') {
+                    format!("[{}]:22", s.host)
+                } else {
+                    format!("{}:22", s.host)
+                },
+                path: Vec::new(),
+            },
+            live,
+        ),
     }
 }
 

@@ -9,6 +9,87 @@ pub enum Endpoint {
         addr: String,
         path: Vec<u8>,
     },
+    /// [USER@]HOST:PATH, reached through the system ssh (scp's syntax);
+    /// PATH is the remote's, relative to the login directory unless
+    /// absolute; empty means that directory.
+    Ssh(SshEndpoint),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshEndpoint {
+    pub user: Option<String>,
+    /// Without IPv6 brackets.
+    pub host: String,
+    pub path: String,
+}
+
+impl SshEndpoint {
+    /// How to show it in messages: as the user wrote it.
+    pub fn display(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        match &self.user {
+            Some(u) => format!("{u}@{host}:{}", self.path),
+            None => format!("{host}:{}", self.path),
+        }
+    }
+}
+
+/// scp's rule (OpenSSH misc.c colon()): a ':' before any '/' makes the
+/// argument remote; '[...]' brackets an IPv6 host; a leading ':' is local.
+fn ssh_split(s: &str) -> Option<(&str, &str)> {
+    let b = s.as_bytes();
+    if b.first() == Some(&b':') {
+        return None;
+    }
+    let mut bracket = b.first() == Some(&b'[');
+    for i in 0..b.len() {
+        if b[i] == b'@' && b.get(i + 1) == Some(&b'[') {
+            bracket = true;
+        }
+        if bracket && b[i] == b']' && b.get(i + 1) == Some(&b':') {
+            return Some((&s[..i + 1], &s[i + 2..]));
+        }
+        if !bracket && b[i] == b':' {
+            return Some((&s[..i], &s[i + 1..]));
+        }
+        if b[i] == b'/' {
+            return None;
+        }
+    }
+    None
+}
+
+fn parse_ssh(s: &str) -> anyhow::Result<Option<SshEndpoint>> {
+    let Some((left, path)) = ssh_split(s) else {
+        return Ok(None);
+    };
+    let (user, host) = match left.rfind('@') {
+        Some(i) => (Some(&left[..i]), &left[i + 1..]),
+        None => (None, left),
+    };
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    anyhow::ensure!(!host.is_empty(), "{s}: missing host before ':'");
+    // A leading '-' would reach ssh as an option (-oProxyCommand=...).
+    anyhow::ensure!(
+        !host.starts_with('-') && !user.is_some_and(|u| u.is_empty() || u.starts_with('-')),
+        "{s}: invalid user or host"
+    );
+    anyhow::ensure!(
+        !host.contains(|c: char| c.is_whitespace() || c == '@' || c == '/'),
+        "{s}: invalid host"
+    );
+    Ok(Some(SshEndpoint {
+        user: user.map(str::to_string),
+        host: host.to_string(),
+        path: path.to_string(),
+    }))
 }
 
 pub fn parse_endpoint(s: &str) -> anyhow::Result<Endpoint> {
@@ -40,6 +121,8 @@ pub fn parse_endpoint(s: &str) -> anyhow::Result<Endpoint> {
             addr,
             path: path.into_bytes(),
         })
+    } else if let Some(e) = parse_ssh(s)? {
+        Ok(Endpoint::Ssh(e))
     } else {
         anyhow::ensure!(!s.is_empty(), "empty path");
         Ok(Endpoint::Local(s.into()))
@@ -85,9 +168,43 @@ mod tests {
         );
         assert!(parse_endpoint("ramsys://h/a").is_err());
         assert!(parse_endpoint("ramsys://h:1/../x").is_err());
+        // scp's rule: a colon before any '/' is remote.
+        let ssh = |user: Option<&str>, host: &str, path: &str| {
+            Endpoint::Ssh(SshEndpoint {
+                user: user.map(Into::into),
+                host: host.into(),
+                path: path.into(),
+            })
+        };
+        assert_eq!(parse_endpoint("x:y").unwrap(), ssh(None, "x", "y"));
         assert_eq!(
-            parse_endpoint("x:y").unwrap(),
-            Endpoint::Local("x:y".into())
+            parse_endpoint("bob@h.example:/a/b:c").unwrap(),
+            ssh(Some("bob"), "h.example", "/a/b:c")
+        );
+        assert_eq!(parse_endpoint("h:").unwrap(), ssh(None, "h", ""));
+        assert_eq!(
+            parse_endpoint("[::1]:d/x").unwrap(),
+            ssh(None, "::1", "d/x")
+        );
+        assert_eq!(
+            parse_endpoint("u@[fe80::1]:/p").unwrap(),
+            ssh(Some("u"), "fe80::1", "/p")
+        );
+        for local in ["./x:y", "/a:b", "a/b:c", ":x", "plain", "dir/"] {
+            assert_eq!(
+                parse_endpoint(local).unwrap(),
+                Endpoint::Local(local.into()),
+                "{local}"
+            );
+        }
+        assert!(parse_endpoint("-oProxyCommand=x:y").is_err());
+        assert!(parse_endpoint("@h:y").is_err());
+        assert_eq!(
+            match parse_endpoint("u@[::1]:p").unwrap() {
+                Endpoint::Ssh(e) => e.display(),
+                _ => unreachable!(),
+            },
+            "u@[::1]:p"
         );
     }
 

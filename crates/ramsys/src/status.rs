@@ -32,7 +32,7 @@ pub struct StatusArgs {
 }
 
 /// Address from "ramsys://HOST:PORT[/]" or "HOST:PORT".
-fn daemon_addr(s: &str) -> anyhow::Result<String> {
+pub fn daemon_addr(s: &str) -> anyhow::Result<String> {
     let url = if s.starts_with("ramsys://") {
         s.to_string()
     } else {
@@ -40,7 +40,7 @@ fn daemon_addr(s: &str) -> anyhow::Result<String> {
     };
     match parse_endpoint(&url)? {
         Endpoint::Daemon { addr, .. } => Ok(addr),
-        Endpoint::Local(_) => anyhow::bail!("{s}: not a daemon address"),
+        Endpoint::Local(_) | Endpoint::Ssh(_) => anyhow::bail!("{s}: not a daemon address"),
     }
 }
 
@@ -117,6 +117,13 @@ pub fn human(st: &Status) -> String {
         t.steals,
         t.tasks_failed
     );
+    if !st.users.is_empty() {
+        let _ = writeln!(s, "\nUSER         SESSIONS  ROOT");
+        for u in &st.users {
+            let ro = if u.read_only { "  (read-only)" } else { "" };
+            let _ = writeln!(s, "{:<12} {:>8}  {}{ro}", u.name, u.sessions, u.root);
+        }
+    }
     let _ = writeln!(
         s,
         "\nSESSION           ROLE    USER        PEER                   AGE  PATHS"

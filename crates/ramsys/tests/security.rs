@@ -92,6 +92,57 @@ fn eavesdropper_sees_plaintext_only_without_encrypt() {
     }
 }
 
+/// Under --encrypt the control link is sealed too: file names, sizes and
+/// digests are on neither direction of any connection, push or pull.
+#[test]
+fn eavesdropper_sees_no_names_under_encrypt() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let name = "Quarterly-Report-CONFIDENTIAL-7431";
+    std::fs::write(src.join(format!("{name}.txt")), b"x".repeat(5000)).unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = TestDaemon::start(&root, &key);
+    for encrypt in [false, true] {
+        let sub = if encrypt { "e" } else { "p" };
+        // Push through the proxy, then pull the copy back through another.
+        let p = proxy::Proxy::start(&d.addr);
+        let mut args = vec!["cp", "-r", src.to_str().unwrap()];
+        let url = format!("ramsys://{}/{sub}", p.addr);
+        args.push(&url);
+        if encrypt {
+            args.insert(1, "--encrypt");
+        }
+        std::fs::create_dir(root.join(sub)).unwrap();
+        assert_ok(&ramsys(&key, &args));
+        let back = t.path().join(format!("back-{sub}"));
+        let q = proxy::Proxy::start(&d.addr);
+        let url = format!("ramsys://{}/{sub}/src", q.addr);
+        let mut args = vec!["cp", "-r", url.as_str(), back.to_str().unwrap()];
+        if encrypt {
+            args.insert(1, "--encrypt");
+        }
+        assert_ok(&ramsys(&key, &args));
+        assert_same_tree(&src, &back);
+        for (what, cap) in [
+            ("push, client to server", &p.captured),
+            ("push, server to client", &p.captured_back),
+            ("pull, client to server", &q.captured),
+            ("pull, server to client", &q.captured_back),
+        ] {
+            let cap = cap.lock().unwrap();
+            assert!(!cap.is_empty(), "{what}: nothing captured");
+            assert_eq!(
+                contains(&cap, b"CONFIDENTIAL"),
+                !encrypt && what != "push, server to client" && what != "pull, client to server",
+                "encrypt={encrypt}, {what}: file name visibility"
+            );
+        }
+    }
+}
+
 /// Flip one bit in every 7th block in flight (fault hook in the sender):
 /// each is caught (checksum, or authentication with --encrypt), asked for
 /// again and re-sent; the copy is byte-identical and the re-sends counted.

@@ -17,33 +17,52 @@ pub fn default_key_path() -> PathBuf {
     if let Some(p) = std::env::var_os("RAMSYS_KEY_FILE") {
         return PathBuf::from(p);
     }
-    let base = std::env::var_os("XDG_CONFIG_HOME")
+    config_dir().join("key")
+}
+
+fn config_dir() -> PathBuf {
+    std::env::var_os("XDG_CONFIG_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    base.join("ramsys").join("key")
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+        .join("ramsys")
+}
+
+/// Where a running `ramsys serve --addr-file` records its address, for
+/// local tools (`ramsys token`): `$XDG_RUNTIME_DIR/ramsys/daemon.addr`,
+/// else `~/.config/ramsys/daemon.addr`.
+pub fn default_addr_path() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("ramsys").join("daemon.addr");
+    }
+    config_dir().join("daemon.addr")
+}
+
+/// Read an existing key file (never created): refused if others can read
+/// it or if it holds fewer than 16 bytes.
+pub fn load_existing(path: &Path) -> anyhow::Result<Vec<u8>> {
+    let md =
+        fs::metadata(path).with_context(|| format!("cannot read key file {}", path.display()))?;
+    if md.permissions().mode() & 0o077 != 0 {
+        bail!(
+            "key file {} is accessible by other users (mode {:o}); run: chmod 600 {}",
+            path.display(),
+            md.permissions().mode() & 0o777,
+            path.display()
+        );
+    }
+    let raw = fs::read(path).with_context(|| format!("cannot read key file {}", path.display()))?;
+    let key: Vec<u8> = raw.trim_ascii().to_vec();
+    if key.len() < 16 {
+        bail!("key file {} holds fewer than 16 bytes", path.display());
+    }
+    Ok(key)
 }
 
 /// Read the key at `path`, creating it if it does not exist.
 pub fn load_or_create(path: &Path) -> anyhow::Result<Vec<u8>> {
     match fs::metadata(path) {
-        Ok(md) => {
-            if md.permissions().mode() & 0o077 != 0 {
-                bail!(
-                    "key file {} is accessible by other users (mode {:o}); run: chmod 600 {}",
-                    path.display(),
-                    md.permissions().mode() & 0o777,
-                    path.display()
-                );
-            }
-            let raw = fs::read(path)
-                .with_context(|| format!("cannot read key file {}", path.display()))?;
-            let key: Vec<u8> = raw.trim_ascii().to_vec();
-            if key.len() < 16 {
-                bail!("key file {} holds fewer than 16 bytes", path.display());
-            }
-            Ok(key)
-        }
+        Ok(_) => load_existing(path),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if let Some(dir) = path.parent() {
                 fs::create_dir_all(dir)

@@ -162,6 +162,9 @@ pub(super) struct Done {
     pub blocks: [u64; 2],
     pub checksum_errors: u64,
     pub failed_files: u64,
+    /// Data links lost mid-transfer and replaced (crate::relink).
+    pub links_lost: u64,
+    pub links_replaced: u64,
 }
 
 pub(super) struct Inner {
@@ -671,6 +674,8 @@ impl Drop for TaskGuard {
             g.done.files[i] += s.files.load(Relaxed);
             g.done.blocks[i] += s.blocks.load(Relaxed);
             g.done.checksum_errors += s.checksum_errors.load(Relaxed);
+            g.done.links_lost += s.links_lost.load(Relaxed);
+            g.done.links_replaced += s.links_replaced.load(Relaxed);
             g.done.failed_files += s.failed.load(Relaxed);
             g.nic_done.entry(t.info.nic.clone()).or_default()[i] += bytes;
             if let Some(l) = g.lanes.get_mut(&t.info.device) {

@@ -57,6 +57,20 @@ pub fn render(s: &Status) -> String {
         "User sessions in the session list.",
         s.sessions.len() as f64,
     );
+    if !s.users.is_empty() {
+        o.head(
+            "ramsys_user_sessions",
+            "gauge",
+            "Sessions per configured user (users table), labelled with its export root.",
+        );
+        for u in &s.users {
+            o.val(
+                "ramsys_user_sessions",
+                &[("user", &u.name), ("root", &u.root)],
+                u.sessions as f64,
+            );
+        }
+    }
     o.one(
         "ramsys_sessions_total",
         "counter",
@@ -110,6 +124,18 @@ pub fn render(s: &Status) -> String {
         "counter",
         "Blocks that failed their checksum.",
         t.checksum_errors as f64,
+    );
+    o.one(
+        "ramsys_links_lost_total",
+        "counter",
+        "Data links that broke mid-transfer.",
+        t.links_lost as f64,
+    );
+    o.one(
+        "ramsys_links_replaced_total",
+        "counter",
+        "Broken data links replaced by a new one.",
+        t.links_replaced as f64,
     );
     o.one(
         "ramsys_failed_files_total",
@@ -366,6 +392,7 @@ mod tests {
     fn empty() -> Status {
         Status {
             placement: vec![],
+            users: vec![],
             version: 1,
             listen: "x".into(),
             root: "/".into(),

@@ -9,11 +9,14 @@
 //! - [`status`]: a serializable snapshot of all of it.
 //! - [`metrics`]: the Prometheus text endpoint.
 //! - [`netdev`]: names of NICs and storage devices for labels.
+//! - [`users`]: the credential store: shared key or users table (per-user
+//!   keys and export roots) and one-time credentials.
 
 pub mod admit;
 pub mod metrics;
 pub mod netdev;
 pub mod status;
+pub mod users;
 
 use ramsys_resources::{BufferPool, Reservation};
 use std::time::Duration;

@@ -33,6 +33,18 @@ pub struct Status {
     /// per decision.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub placement: Vec<String>,
+    /// With a users table (daemon::users): each user's export root and
+    /// running sessions (a user asking sees only itself).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<UserStatus>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UserStatus {
+    pub name: String,
+    pub root: String,
+    pub sessions: u32,
+    pub read_only: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -128,6 +140,11 @@ pub struct Totals {
     pub blocks_out: u64,
     pub checksum_errors: u64,
     pub failed_files: u64,
+    /// Data links lost mid-transfer, and replaced (crate::relink).
+    #[serde(default)]
+    pub links_lost: u64,
+    #[serde(default)]
+    pub links_replaced: u64,
     pub retries: u64,
     pub suspensions: u64,
     pub steals: u64,
@@ -190,6 +207,8 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
         blocks_out: g.done.blocks[Dir::Out as usize],
         checksum_errors: g.done.checksum_errors,
         failed_files: g.done.failed_files,
+        links_lost: g.done.links_lost,
+        links_replaced: g.done.links_replaced,
         tasks_by_state: TaskState::ALL
             .iter()
             .map(|s| (s.name().to_string(), 0))
@@ -215,6 +234,8 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
             }
         }
         totals.checksum_errors += s.checksum_errors.load(Relaxed);
+        totals.links_lost += s.links_lost.load(Relaxed);
+        totals.links_replaced += s.links_replaced.load(Relaxed);
         totals.failed_files += s.failed.load(Relaxed);
         *totals.tasks_by_state.get_mut(t.state.name()).unwrap() += 1;
         let d = &mut dev_live.entry(t.info.device.as_str()).or_default()[i];
@@ -290,6 +311,7 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
         .collect();
     Status {
         placement: Vec::new(),
+        users: Vec::new(),
         version: STATUS_VERSION,
         listen: listen.into(),
         root: root.into(),

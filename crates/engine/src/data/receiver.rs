@@ -31,7 +31,9 @@ pub enum ReceiverEvent {
 /// Receiver thread body. `granted` counts credits the writers have handed
 /// out on this stream (incremented before the credit is sent). With
 /// `seal`, every block must be sealed; it is authenticated and decrypted in
-/// place in its buffer (crate::crypto).
+/// place in its buffer (crate::crypto). `accepted` counts the blocks
+/// handed on whole: what the sink reports if the link breaks
+/// (Control::Lost, crate::relink).
 #[allow(clippy::too_many_arguments)]
 pub fn run_receiver(
     stream: u16,
@@ -45,6 +47,7 @@ pub fn run_receiver(
     abort: Arc<AtomicBool>,
     stats: Arc<Stats>,
     mut seal: Option<StreamSeal>,
+    accepted: &mut u64,
 ) -> Result<(), EngineError> {
     let tag_len = if seal.is_some() { TAG_LEN } else { 0 };
     let max_body = (table_len(MAX_SEGMENTS) + block_size + tag_len) as u32;
@@ -167,5 +170,6 @@ pub fn run_receiver(
         if received.send(buf).is_err() {
             return Err(EngineError::local("writers stopped"));
         }
+        *accepted += 1;
     }
 }

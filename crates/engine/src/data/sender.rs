@@ -11,9 +11,10 @@ use std::io::{IoSlice, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{select, Receiver};
 use ramsys_proto::data::{decode_credit, encode_table, table_len, CreditWindow, MAX_SEGMENTS};
 use ramsys_proto::frame::{FrameHeader, FrameKind, HEADER_LEN};
+use ramsys_proto::relink::SentLog;
 use ramsys_proto::ProtoError;
 use ramsys_resources::{Buf, BufferPool};
 
@@ -41,6 +42,11 @@ static SENT: AtomicU64 = AtomicU64::new(0);
 /// the link and the error that broke it.
 pub type LinkOutcome = Result<Box<dyn Link>, (Box<dyn Link>, EngineError)>;
 
+/// What the sending end of one link incarnation reports when it stops:
+/// its stream, its epoch (crate::relink), how it ended, and the blocks it
+/// sent last (so those a broken link lost can be sent again).
+pub type LinkDone = (usize, u16, LinkOutcome, SentLog);
+
 /// The sending end of one data link: its credits, its frame-head scratch
 /// and its AEAD state. Owned by one thread at a time (a sender thread, or
 /// whichever reader holds it on the inline path), so nothing in it is
@@ -48,7 +54,14 @@ pub type LinkOutcome = Result<Box<dyn Link>, (Box<dyn Link>, EngineError)>;
 pub struct StreamOut {
     /// Stream number (index of the link in the session).
     pub stream: usize,
+    /// Link incarnation (0 = first; replacements take higher ones, which
+    /// key the AEAD nonces; crate::relink).
+    pub epoch: u16,
     link: Box<dyn Link>,
+    /// The last `window + 1` blocks taken for this link: a block is
+    /// recorded before its credit wait, so a block in hand when the link
+    /// breaks counts as lost here.
+    log: SentLog,
     credits: CreditWindow,
     /// Header and table in one buffer, allocated once per link: together
     /// they are the AEAD's associated data.
@@ -62,13 +75,16 @@ impl StreamOut {
     /// its tag (crate::crypto).
     pub fn new(
         stream: usize,
+        epoch: u16,
         link: Box<dyn Link>,
         window: u32,
         seal: Option<StreamSeal>,
     ) -> StreamOut {
         StreamOut {
             stream,
+            epoch,
             link,
+            log: SentLog::new(window + 1),
             credits: CreditWindow::new(window),
             head: vec![0u8; HEADER_LEN + table_len(MAX_SEGMENTS)],
             seal,
@@ -99,6 +115,7 @@ impl StreamOut {
     /// The buffer stays with the caller (its payload is ciphertext after a
     /// sealed send).
     pub fn send_block(&mut self, buf: &mut Buf, stats: &Stats) -> Result<(), EngineError> {
+        self.log.record(&buf.segs);
         self.await_credit()?;
         self.credits.consume()?;
         let tag_len = if self.seal.is_some() { TAG_LEN } else { 0 };
@@ -143,41 +160,46 @@ impl StreamOut {
         Ok(())
     }
 
-    /// Give the link back with the result of its last operation.
-    pub fn finish(self, r: Result<(), EngineError>) -> LinkOutcome {
-        match r {
+    /// Give the link back with the result of its last operation, and the
+    /// log of what it sent.
+    pub fn finish(self, r: Result<(), EngineError>) -> LinkDone {
+        let outcome = match r {
             Ok(()) => Ok(self.link),
             Err(e) => Err((self.link, e)),
-        }
+        };
+        (self.stream, self.epoch, outcome, self.log)
     }
 }
 
-/// Sender thread body (queued send path): returns the link (kept open
-/// until the session ends) or the error that broke it. With `seal`, every
-/// payload is encrypted in place and followed by its tag (crate::crypto).
+/// Sender thread body (queued send path): drains `filled` onto `out`'s
+/// link until the queue closes (then END), the link breaks, or the
+/// controller closes the link (`closed` disconnects: the sink saw it
+/// break first, crate::relink). Waiting on `closed` too matters when the
+/// queue is idle: a sender blocked on an empty queue would otherwise never
+/// notice its link is gone, and the blocks it lost would never be re-sent.
 pub fn run_sender(
-    link: Box<dyn Link>,
-    window: u32,
+    mut out: StreamOut,
     filled: Receiver<Buf>,
+    closed: Receiver<()>,
     pool: Arc<BufferPool>,
     abort: Arc<AtomicBool>,
     stats: Arc<Stats>,
-    seal: Option<StreamSeal>,
-) -> LinkOutcome {
-    // The stream number only names inline links in reports; a sender's
-    // caller knows its own.
-    let mut out = StreamOut::new(0, link, window, seal);
-    let r: Result<(), EngineError> = (|| {
-        while let Ok(mut buf) = filled.recv() {
-            if abort.load(Ordering::Relaxed) {
-                pool.put(buf);
-                return Err(EngineError::local("aborted"));
-            }
-            let r = out.send_block(&mut buf, &stats);
+) -> LinkDone {
+    let r: Result<(), EngineError> = (|| loop {
+        let mut buf = select! {
+            recv(filled) -> b => match b {
+                Ok(b) => b,
+                Err(_) => return out.end(),
+            },
+            recv(closed) -> _ => return Err(EngineError::PeerClosed),
+        };
+        if abort.load(Ordering::Relaxed) {
             pool.put(buf);
-            r?;
+            return Err(EngineError::local("aborted"));
         }
-        out.end()
+        let r = out.send_block(&mut buf, &stats);
+        pool.put(buf);
+        r?;
     })();
     out.finish(r)
 }

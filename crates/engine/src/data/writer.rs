@@ -12,36 +12,93 @@ use crate::transport::Link;
 use crate::wire::send_credit;
 
 /// Credit return path of one stream: writers batch freed buffers and send
-/// them back as one CREDIT frame.
+/// them back as one CREDIT frame. The link can be replaced mid-transfer
+/// (crate::relink): the current link and its grant counter sit under the
+/// lock, which is taken once per batch, never per block.
 pub struct CreditReturn {
-    pub link: Mutex<Box<dyn Link>>,
-    pub freed: AtomicU64,
-    /// Total credits granted on this stream (read by its receiver).
-    pub granted: Arc<AtomicU64>,
+    pub link: Mutex<CreditLink>,
+    /// Buffers of this stream freed so far (all of its links).
+    pub released: AtomicU64,
+    /// Of those, how many have been granted back (or written off when the
+    /// link was replaced).
+    pub cursor: AtomicU64,
     pub batch: u64,
 }
 
+/// The stream's current data link and the credits granted on it (read by
+/// its receiver).
+pub struct CreditLink {
+    pub link: Box<dyn Link>,
+    pub granted: Arc<AtomicU64>,
+}
+
 impl CreditReturn {
+    pub fn new(link: Box<dyn Link>, batch: u64) -> CreditReturn {
+        CreditReturn {
+            link: Mutex::new(CreditLink {
+                link,
+                granted: Arc::new(AtomicU64::new(0)),
+            }),
+            released: AtomicU64::new(0),
+            cursor: AtomicU64::new(0),
+            batch,
+        }
+    }
+
+    /// The grant counter of the current link.
+    pub fn granted(&self) -> Arc<AtomicU64> {
+        self.link.lock().unwrap().granted.clone()
+    }
+
     /// Grant `n` credits now (initial grant, or a batch).
     pub fn grant(&self, n: u64) -> std::io::Result<()> {
+        let mut l = self.link.lock().unwrap();
+        Self::grant_on(&mut l, n)
+    }
+
+    fn grant_on(l: &mut CreditLink, n: u64) -> std::io::Result<()> {
         // Count first: the block this credit allows may arrive before the
         // send call returns.
-        self.granted.fetch_add(n, Ordering::AcqRel);
-        let mut l = self.link.lock().unwrap();
-        send_credit(&mut **l, n as u32)
+        l.granted.fetch_add(n, Ordering::AcqRel);
+        send_credit(&mut *l.link, n as u32)
     }
 
     /// One buffer of this stream is free again.
     pub fn freed_one(&self) {
-        let n = self.freed.fetch_add(1, Ordering::AcqRel) + 1;
-        if n >= self.batch {
-            let n = self.freed.swap(0, Ordering::AcqRel);
+        let r = self.released.fetch_add(1, Ordering::AcqRel) + 1;
+        if r.saturating_sub(self.cursor.load(Ordering::Acquire)) >= self.batch {
+            let mut l = self.link.lock().unwrap();
+            let r = self.released.load(Ordering::Acquire);
+            let n = r.saturating_sub(self.cursor.load(Ordering::Acquire));
             if n > 0 {
+                self.cursor.store(r, Ordering::Release);
                 // A failure here means the link is gone; its receiver
                 // reports that.
-                let _ = self.grant(n);
+                let _ = Self::grant_on(&mut l, n);
             }
         }
+    }
+
+    /// The stream's link was replaced (crate::relink): grants go to `link`
+    /// from now on, starting with the window less the buffers still held
+    /// for blocks of the earlier links (`received` of them accepted in
+    /// all). Returns the new link's grant counter for its receiver.
+    pub fn rebase(
+        &self,
+        link: Box<dyn Link>,
+        window: u64,
+        received: u64,
+    ) -> std::io::Result<Arc<AtomicU64>> {
+        let mut l = self.link.lock().unwrap();
+        let r = self.released.load(Ordering::Acquire);
+        self.cursor.store(r, Ordering::Release);
+        l.link = link;
+        l.granted = Arc::new(AtomicU64::new(0));
+        let n = ramsys_proto::relink::rebase_grant(window, received, r);
+        if n > 0 {
+            Self::grant_on(&mut l, n)?;
+        }
+        Ok(l.granted.clone())
     }
 }
 

@@ -116,10 +116,23 @@ pub fn plan(
     kind_of: &dyn Fn(&SourceFile) -> DeviceKind,
     extents: Option<(&Root, &dyn ExtentSource)>,
 ) -> Vec<DeviceQueue> {
+    plan_some(files, po, kind_of, extents, &|_| false)
+}
+
+/// [`plan`] leaving out the files `skip` names (by index): a sync reads
+/// only changed files, and locating the others (FIEMAP: open, ioctl,
+/// close per file) would cost more than the whole unchanged run.
+pub fn plan_some(
+    files: &[SourceFile],
+    po: &PlanOptions,
+    kind_of: &dyn Fn(&SourceFile) -> DeviceKind,
+    extents: Option<(&Root, &dyn ExtentSource)>,
+    skip: &dyn Fn(usize) -> bool,
+) -> Vec<DeviceQueue> {
     // Group file indices by device, in scan order.
     let mut groups: Vec<(u64, Vec<u32>)> = Vec::new();
     for (i, f) in files.iter().enumerate() {
-        if f.size == 0 {
+        if f.size == 0 || skip(i) {
             continue;
         }
         match groups.iter_mut().find(|g| g.0 == f.dev) {
@@ -134,6 +147,14 @@ pub fn plan(
         if po.sort {
             sort_by_location(files, &mut idx, extents);
         }
+        tracing::debug!(
+            dev,
+            kind = kind.name(),
+            threads = q.threads,
+            files = idx.len(),
+            sorted = po.sort,
+            "read queue"
+        );
         let chunk = chunk_for(kind, po.block_size);
         for i in idx {
             let f = &files[i as usize];
@@ -187,12 +208,13 @@ fn sort_by_location(
 
 /// Queues for a source session: device types from sysfs/statfs, sorted
 /// by FIEMAP when `opts.sort`. A null source reads nothing: its files are
-/// taken as memory and not located.
+/// taken as memory and not located. Files `skip` names are left out.
 pub fn plan_source(
     root: &Root,
     files: &[SourceFile],
     opts: &crate::TransferOptions,
     block_size: u64,
+    skip: &dyn Fn(usize) -> bool,
 ) -> Vec<DeviceQueue> {
     let po = PlanOptions {
         block_size,
@@ -200,17 +222,18 @@ pub fn plan_source(
         threads: opts.device_threads,
     };
     if opts.source_engine == crate::storage::DataEngine::Null {
-        return plan(files, &po, &|_| DeviceKind::Memory, None);
+        return plan_some(files, &po, &|_| DeviceKind::Memory, None, skip);
     }
     let kind_of = |f: &SourceFile| {
         let p = root.path().join(std::ffi::OsStr::from_bytes(&f.rel));
         crate::storage::device::device_kind(f.dev, &p)
     };
-    plan(
+    plan_some(
         files,
         &po,
         &kind_of,
         Some((root, &crate::storage::extents::Fiemap)),
+        skip,
     )
 }
 

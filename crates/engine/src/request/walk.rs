@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use ramsys_proto::control::{Entry, EntryKind};
@@ -56,9 +56,13 @@ struct Pending {
 
 enum PendingKind {
     Dir,
-    File { size: u64, dev: u64, ino: u64 },
+    File {
+        size: u64,
+        dev: u64,
+        ino: u64,
+        nlink: u64,
+    },
     Symlink(Vec<u8>),
-    HardLink { first: usize },
 }
 
 fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
@@ -74,10 +78,44 @@ fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
 
 /// Scan `tops` under `base` (the root directory on disk).
 pub fn walk(base: &Path, tops: &[Top], recursive: bool) -> Walk {
+    let r: Result<Walk, std::convert::Infallible> =
+        walk_streamed(base, tops, recursive, &mut |_| Ok(()));
+    match r {
+        Ok(w) => w,
+        Err(e) => match e {},
+    }
+}
+
+/// Records per [`walk_streamed`] emission: small enough that the sink
+/// starts on the first batch while the scan goes on.
+pub const STREAM_BATCH: usize = 1024;
+
+/// A non-directory found by the directory pass, stat'ed by the second.
+enum Deferred {
+    /// Already stat'ed (a top-level file or symlink, or a name whose
+    /// directory entry gave no type).
+    Ready(Pending),
+    /// `name` in directory `dirs[dir]`.
+    Name { dir: usize, name: Vec<u8> },
+}
+
+/// [`walk`], handing records to `emit` as they are ready (seed 000 Fig.
+/// 6-4b: metadata streams while the scan runs): a first pass reads only
+/// directories (getdents; the entry type comes with the name) and emits
+/// every directory record, then a second pass stats the other entries,
+/// one directory descriptor at a time, and emits them in batches of
+/// [`STREAM_BATCH`]. Ids and order are those of a plain walk: directories
+/// first, then everything else in scan order. An `emit` error stops the
+/// scan and is returned.
+pub fn walk_streamed<E>(
+    base: &Path,
+    tops: &[Top],
+    recursive: bool,
+    emit: &mut dyn FnMut(&[Entry]) -> Result<(), E>,
+) -> Result<Walk, E> {
     let mut dirs: Vec<Pending> = Vec::new();
-    let mut others: Vec<Pending> = Vec::new();
+    let mut later: Vec<Deferred> = Vec::new();
     let mut failures = Vec::new();
-    let mut inodes: HashMap<(u64, u64), usize> = HashMap::new();
     for t in tops {
         let path = abs(base, &t.rel);
         match fs::symlink_metadata(&path) {
@@ -89,15 +127,14 @@ pub fn walk(base: &Path, tops: &[Top], recursive: bool) -> Walk {
                     });
                     continue;
                 }
-                visit(
+                scan(
                     base,
                     &t.rel,
                     &t.name,
                     md,
                     &mut dirs,
-                    &mut others,
+                    &mut later,
                     &mut failures,
-                    &mut inodes,
                 );
             }
             Err(e) => failures.push(FailedPath {
@@ -106,29 +143,91 @@ pub fn walk(base: &Path, tops: &[Top], recursive: bool) -> Walk {
             }),
         }
     }
-    // Number directories first, then everything else, each in DFS order.
     let mut w = Walk {
         failures,
         ..Default::default()
     };
-    let ndirs = dirs.len() as u64;
-    let mut first_id: HashMap<usize, u64> = HashMap::new();
-    for (i, d) in dirs.into_iter().enumerate() {
+    for (i, d) in dirs.iter().enumerate() {
         w.entries.push(Entry {
             id: i as u64,
-            path: d.wire,
+            path: d.wire.clone(),
             kind: EntryKind::Dir,
             mode: d.mode,
             mtime_s: d.mtime.0,
             mtime_ns: d.mtime.1,
         });
     }
-    for (j, o) in others.into_iter().enumerate() {
-        let id = ndirs + j as u64;
+    emit(&w.entries)?;
+    let mut emitted = w.entries.len();
+    let mut inodes: HashMap<(u64, u64), u64> = HashMap::new();
+    // The directory whose names are being stat'ed: (index, descriptor).
+    let mut open: Option<(usize, Option<fs::File>)> = None;
+    for d in later {
+        let p = match d {
+            Deferred::Ready(p) => Some(p),
+            Deferred::Name { dir, name } => {
+                if open.as_ref().is_none_or(|(i, _)| *i != dir) {
+                    // The directory itself, never a symlink put in its place
+                    // since the first pass.
+                    let f = fs::OpenOptions::new()
+                        .read(true)
+                        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+                        .open(abs(base, &dirs[dir].rel));
+                    open = Some((dir, f.ok()));
+                }
+                let dp = &dirs[dir];
+                let rel = join(&dp.rel, &name);
+                let wire = join(&dp.wire, &name);
+                let st = match &open {
+                    Some((_, Some(f))) => {
+                        crate::fsops::lstat_at(std::os::fd::AsFd::as_fd(f), &name)
+                    }
+                    _ => Err(std::io::Error::other("cannot open its directory")),
+                };
+                match st {
+                    Ok(Some(st)) => pending(base, rel, wire, &Meta::from(&st), &mut w.failures),
+                    // Removed since its directory was read: reported as before.
+                    Ok(None) => {
+                        w.failures.push(FailedPath {
+                            path: abs(base, &rel).display().to_string(),
+                            reason: std::io::Error::from(std::io::ErrorKind::NotFound).to_string(),
+                        });
+                        None
+                    }
+                    Err(e) => {
+                        w.failures.push(FailedPath {
+                            path: abs(base, &rel).display().to_string(),
+                            reason: e.to_string(),
+                        });
+                        None
+                    }
+                }
+            }
+        };
+        let Some(o) = p else { continue };
+        let id = w.entries.len() as u64;
         let kind = match o.kind {
             PendingKind::Dir => unreachable!("directories are numbered first"),
-            PendingKind::File { size, dev, ino } => {
-                first_id.insert(j, id);
+            PendingKind::File {
+                size,
+                dev,
+                ino,
+                nlink,
+            } => {
+                if nlink > 1 {
+                    if let Some(&first) = inodes.get(&(dev, ino)) {
+                        push_entry(
+                            &mut w,
+                            id,
+                            o.wire,
+                            EntryKind::HardLink { target_id: first },
+                            o.mode,
+                            o.mtime,
+                        );
+                        continue;
+                    }
+                    inodes.insert((dev, ino), id);
+                }
                 w.total_bytes += size;
                 w.files.push(SourceFile {
                     id,
@@ -141,20 +240,67 @@ pub fn walk(base: &Path, tops: &[Top], recursive: bool) -> Walk {
                 EntryKind::File { size }
             }
             PendingKind::Symlink(t) => EntryKind::Symlink { target: t },
-            PendingKind::HardLink { first } => EntryKind::HardLink {
-                target_id: first_id[&first],
-            },
         };
-        w.entries.push(Entry {
-            id,
-            path: o.wire,
-            kind,
-            mode: o.mode,
-            mtime_s: o.mtime.0,
-            mtime_ns: o.mtime.1,
-        });
+        push_entry(&mut w, id, o.wire, kind, o.mode, o.mtime);
+        if w.entries.len() - emitted >= STREAM_BATCH {
+            emit(&w.entries[emitted..])?;
+            emitted = w.entries.len();
+        }
     }
-    w
+    if w.entries.len() > emitted {
+        emit(&w.entries[emitted..])?;
+    }
+    Ok(w)
+}
+
+fn push_entry(w: &mut Walk, id: u64, path: Vec<u8>, kind: EntryKind, mode: u32, mtime: (i64, u32)) {
+    w.entries.push(Entry {
+        id,
+        path,
+        kind,
+        mode,
+        mtime_s: mtime.0,
+        mtime_ns: mtime.1,
+    });
+}
+
+/// The fields of a stat the scan uses.
+struct Meta {
+    fmt: u32,
+    mode: u32,
+    mtime: (i64, u32),
+    size: u64,
+    dev: u64,
+    ino: u64,
+    nlink: u64,
+}
+
+impl From<&libc::stat> for Meta {
+    fn from(st: &libc::stat) -> Self {
+        Meta {
+            fmt: st.st_mode & libc::S_IFMT,
+            mode: st.st_mode & 0o7777,
+            mtime: (st.st_mtime, st.st_mtime_nsec as u32),
+            size: st.st_size as u64,
+            dev: st.st_dev,
+            ino: st.st_ino,
+            nlink: st.st_nlink,
+        }
+    }
+}
+
+impl From<&fs::Metadata> for Meta {
+    fn from(md: &fs::Metadata) -> Self {
+        Meta {
+            fmt: md.mode() & libc::S_IFMT,
+            mode: md.mode() & 0o7777,
+            mtime: (md.mtime(), md.mtime_nsec() as u32),
+            size: md.len(),
+            dev: md.dev(),
+            ino: md.ino(),
+            nlink: md.nlink(),
+        }
+    }
 }
 
 fn abs(base: &Path, rel: &[u8]) -> PathBuf {
@@ -165,106 +311,139 @@ fn abs(base: &Path, rel: &[u8]) -> PathBuf {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn visit(
+/// First pass: directories (stat'ed, recursed into) and the names of
+/// everything else, in scan order.
+fn scan(
     base: &Path,
     rel: &[u8],
     wire: &[u8],
     md: fs::Metadata,
     dirs: &mut Vec<Pending>,
-    others: &mut Vec<Pending>,
+    later: &mut Vec<Deferred>,
     failures: &mut Vec<FailedPath>,
-    inodes: &mut HashMap<(u64, u64), usize>,
 ) {
-    let mode = md.mode() & 0o7777;
-    let mtime = (md.mtime(), md.mtime_nsec() as u32);
-    let ft = md.file_type();
-    if ft.is_dir() {
-        dirs.push(Pending {
-            wire: wire.to_vec(),
-            rel: rel.to_vec(),
-            kind: PendingKind::Dir,
-            mode,
-            mtime,
-        });
-        let path = abs(base, rel);
-        let rd = match fs::read_dir(&path) {
-            Ok(rd) => rd,
+    if !md.is_dir() {
+        if let Some(p) = pending(
+            base,
+            rel.to_vec(),
+            wire.to_vec(),
+            &Meta::from(&md),
+            failures,
+        ) {
+            later.push(Deferred::Ready(p));
+        }
+        return;
+    }
+    let me = dirs.len();
+    dirs.push(Pending {
+        wire: wire.to_vec(),
+        rel: rel.to_vec(),
+        kind: PendingKind::Dir,
+        mode: md.mode() & 0o7777,
+        mtime: (md.mtime(), md.mtime_nsec() as u32),
+    });
+    let path = abs(base, rel);
+    let rd = match fs::read_dir(&path) {
+        Ok(rd) => rd,
+        Err(e) => {
+            failures.push(FailedPath {
+                path: path.display().to_string(),
+                reason: format!("cannot read directory: {e}"),
+            });
+            return;
+        }
+    };
+    for de in rd {
+        let de = match de {
+            Ok(d) => d,
             Err(e) => {
                 failures.push(FailedPath {
                     path: path.display().to_string(),
                     reason: format!("cannot read directory: {e}"),
                 });
-                return;
+                break;
             }
         };
-        for de in rd {
-            let de = match de {
-                Ok(d) => d,
-                Err(e) => {
-                    failures.push(FailedPath {
-                        path: path.display().to_string(),
-                        reason: format!("cannot read directory: {e}"),
-                    });
-                    break;
-                }
-            };
-            let name = de.file_name();
-            let name = name.as_bytes();
-            let crel = join(rel, name);
-            let cwire = join(wire, name);
-            match de.metadata() {
-                Ok(cmd) => visit(base, &crel, &cwire, cmd, dirs, others, failures, inodes),
-                Err(e) => failures.push(FailedPath {
-                    path: abs(base, &crel).display().to_string(),
+        let name = de.file_name();
+        let name = name.as_bytes();
+        // The type comes with the name (d_type); where the file system
+        // gives none, std stats it here.
+        let is_dir = match de.file_type() {
+            Ok(ft) => ft.is_dir(),
+            Err(e) => {
+                failures.push(FailedPath {
+                    path: abs(base, &join(rel, name)).display().to_string(),
                     reason: e.to_string(),
-                }),
-            }
-        }
-    } else if ft.is_file() {
-        if md.nlink() > 1 {
-            if let Some(&first) = inodes.get(&(md.dev(), md.ino())) {
-                others.push(Pending {
-                    wire: wire.to_vec(),
-                    rel: rel.to_vec(),
-                    kind: PendingKind::HardLink { first },
-                    mode,
-                    mtime,
                 });
-                return;
+                continue;
             }
-            inodes.insert((md.dev(), md.ino()), others.len());
+        };
+        if !is_dir {
+            later.push(Deferred::Name {
+                dir: me,
+                name: name.to_vec(),
+            });
+            continue;
         }
-        others.push(Pending {
-            wire: wire.to_vec(),
-            rel: rel.to_vec(),
+        let crel = join(rel, name);
+        match de.metadata() {
+            Ok(cmd) => scan(base, &crel, &join(wire, name), cmd, dirs, later, failures),
+            Err(e) => failures.push(FailedPath {
+                path: abs(base, &crel).display().to_string(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+}
+
+/// Second pass: the record of a non-directory.
+fn pending(
+    base: &Path,
+    rel: Vec<u8>,
+    wire: Vec<u8>,
+    md: &Meta,
+    failures: &mut Vec<FailedPath>,
+) -> Option<Pending> {
+    let (mode, mtime) = (md.mode, md.mtime);
+    match md.fmt {
+        libc::S_IFREG => Some(Pending {
+            wire,
+            rel,
             kind: PendingKind::File {
-                size: md.len(),
-                dev: md.dev(),
-                ino: md.ino(),
+                size: md.size,
+                dev: md.dev,
+                ino: md.ino,
+                nlink: md.nlink,
             },
             mode,
             mtime,
-        });
-    } else if ft.is_symlink() {
-        match fs::read_link(abs(base, rel)) {
-            Ok(t) => others.push(Pending {
-                wire: wire.to_vec(),
-                rel: rel.to_vec(),
+        }),
+        libc::S_IFLNK => match fs::read_link(abs(base, &rel)) {
+            Ok(t) => Some(Pending {
+                wire,
+                rel,
                 kind: PendingKind::Symlink(t.as_os_str().as_bytes().to_vec()),
                 mode: 0o777,
                 mtime,
             }),
-            Err(e) => failures.push(FailedPath {
-                path: abs(base, rel).display().to_string(),
-                reason: format!("cannot read symlink: {e}"),
-            }),
+            Err(e) => {
+                failures.push(FailedPath {
+                    path: abs(base, &rel).display().to_string(),
+                    reason: format!("cannot read symlink: {e}"),
+                });
+                None
+            }
+        },
+        // A directory that appeared since its parent was read: skipped
+        // like any entry created during the scan.
+        libc::S_IFDIR => None,
+        _ => {
+            failures.push(FailedPath {
+                path: abs(base, &rel).display().to_string(),
+                reason: "special file (device, fifo or socket) skipped".into(),
+            });
+            None
         }
-    } else {
-        failures.push(FailedPath {
-            path: abs(base, rel).display().to_string(),
-            reason: "special file (device, fifo or socket) skipped".into(),
-        });
     }
 }
 
@@ -317,6 +496,48 @@ mod tests {
             == EntryKind::Symlink {
                 target: b"f".to_vec()
             }));
+    }
+
+    #[test]
+    fn streamed_batches_are_the_walk_in_order() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path().join("t");
+        for i in 0..5 {
+            fs::create_dir_all(r.join(format!("d{i}/e"))).unwrap();
+            for j in 0..700 {
+                fs::write(r.join(format!("d{i}/f{j}")), b"x").unwrap();
+            }
+        }
+        let tops = [Top {
+            rel: b"t".to_vec(),
+            name: b"t".to_vec(),
+        }];
+        let mut batches: Vec<Vec<Entry>> = Vec::new();
+        let w = walk_streamed(d.path(), &tops, true, &mut |es| {
+            batches.push(es.to_vec());
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        // Directories alone first, then batches of at most STREAM_BATCH.
+        assert_eq!(batches[0].len(), 11);
+        assert!(batches[0].iter().all(|e| e.kind == EntryKind::Dir));
+        assert!(batches[1..].iter().all(|b| b.len() <= STREAM_BATCH));
+        let all: Vec<Entry> = batches.concat();
+        assert_eq!(all, w.entries);
+        assert_eq!(w.files.len(), 3500);
+        assert_eq!(all, walk(d.path(), &tops, true).entries);
+        // An emit error stops the scan.
+        let mut n = 0;
+        let r = walk_streamed(d.path(), &tops, true, &mut |_| {
+            n += 1;
+            if n == 2 {
+                Err("peer gone")
+            } else {
+                Ok(())
+            }
+        });
+        assert_eq!(r.err(), Some("peer gone"));
+        assert_eq!(n, 2);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 use std::ffi::CString;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
 
 use crate::fsops::Root;
@@ -15,10 +15,10 @@ use crate::fsops::Root;
 /// Our own working files, never deleted: temp files and links of running
 /// or interrupted sessions, and the resume journal.
 pub fn is_ours(name: &[u8]) -> bool {
-    let s = String::from_utf8_lossy(name);
-    s.starts_with(super::journal::JOURNAL_NAME)
-        || (s.starts_with('.') && s.contains(".ramsys-") && s.ends_with(".part"))
-        || (s.starts_with(".ramsys-") && s.ends_with(".lnk"))
+    let has = |pat: &[u8]| name.windows(pat.len()).any(|w| w == pat);
+    name.starts_with(super::journal::JOURNAL_NAME.as_bytes())
+        || (name.starts_with(b".") && has(b".ramsys-") && name.ends_with(b".part"))
+        || (name.starts_with(b".ramsys-") && name.ends_with(b".lnk"))
 }
 
 fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
@@ -34,23 +34,24 @@ fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
 /// Entries of the sink directories `dirs` whose paths are not in `keep`.
 pub fn extraneous(root: &Root, dirs: &[Vec<u8>], keep: &HashSet<Vec<u8>>) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
+    let mut p = Vec::new();
     for d in dirs {
         let Ok(fd) = root.open_dir(d) else { continue };
         // Listing through the descriptor keeps the walk on the directory
         // openat2 confined.
-        let Ok(rd) = std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+        let Ok(mut names) = crate::fsops::list_dir(fd.as_fd()) else {
             continue;
         };
-        let mut names: Vec<Vec<u8>> = rd
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().as_bytes().to_vec())
-            .filter(|n| !is_ours(n))
-            .collect();
-        names.sort();
-        for n in names {
-            let p = join(d, &n);
-            if !keep.contains(&p) {
-                out.push(p);
+        names.sort_unstable();
+        for n in names.iter().filter(|n| !is_ours(n)) {
+            p.clear();
+            if !d.is_empty() {
+                p.extend_from_slice(d);
+                p.push(b'/');
+            }
+            p.extend_from_slice(n);
+            if !keep.contains(p.as_slice()) {
+                out.push(p.clone());
             }
         }
     }

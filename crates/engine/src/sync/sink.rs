@@ -41,6 +41,10 @@ pub struct SinkSync {
     dry_kept: HashSet<u64>,
     /// Resume: temp files taken as bases (paths under the root).
     used_parts: HashSet<Vec<u8>>,
+    /// The directory of the last file looked up: records arrive in walk
+    /// order, so one confined open per directory instead of per file
+    /// (None: it does not exist here).
+    dir: Option<(Vec<u8>, Option<std::os::fd::OwnedFd>)>,
 }
 
 fn is_reg(st: &libc::stat) -> bool {
@@ -60,7 +64,32 @@ impl SinkSync {
             dry_files: Vec::new(),
             dry_kept: HashSet::new(),
             used_parts: HashSet::new(),
+            dir: None,
         }
+    }
+
+    /// Record a path the source sent: needed only to find what it no
+    /// longer has (--delete) and stale temp files (resume).
+    fn remember(&mut self, target: &[u8]) {
+        if self.flags & (DELETE | RESUME) != 0 {
+            self.keep.insert(target.to_vec());
+        }
+    }
+
+    /// lstat of a destination path through the cached directory descriptor.
+    fn lstat(&mut self, rel: &[u8]) -> Option<libc::stat> {
+        let (parent, name) = split_parent(rel);
+        if name.is_empty() {
+            return self.root.lstat(rel).ok().flatten();
+        }
+        if self.dir.as_ref().is_none_or(|(p, _)| p != parent) {
+            let fd = self.root.open_dir(parent).ok();
+            self.dir = Some((parent.to_vec(), fd));
+        }
+        let fd = self.dir.as_ref()?.1.as_ref()?;
+        crate::fsops::lstat_at(std::os::fd::AsFd::as_fd(fd), name)
+            .ok()
+            .flatten()
     }
 
     pub fn dry(&self) -> bool {
@@ -73,12 +102,13 @@ impl SinkSync {
 
     /// A directory record (created by the caller unless dry run).
     pub fn on_dir(&mut self, target: &[u8]) {
-        self.keep.insert(target.to_vec());
+        self.dir = None;
+        self.remember(target);
         self.dirs.push(target.to_vec());
     }
 
     pub fn on_other(&mut self, target: &[u8]) {
-        self.keep.insert(target.to_vec());
+        self.remember(target);
     }
 
     /// A file record, already in `table` (unless dry run): unchanged,
@@ -92,7 +122,7 @@ impl SinkSync {
         mode: u32,
         mtime: (i64, u32),
     ) {
-        self.keep.insert(target.to_vec());
+        self.remember(target);
         if self.dry() {
             self.dry_files.push((id, target.to_vec()));
         }
@@ -125,7 +155,7 @@ impl SinkSync {
                 }
             }
         }
-        let Ok(Some(st)) = self.root.lstat(target) else {
+        let Some(st) = self.lstat(target) else {
             return;
         };
         if !is_reg(&st) {

@@ -3,6 +3,7 @@
 //! touching the data path.
 
 pub mod channels;
+pub mod sealed;
 pub mod tcp;
 
 use std::io::{self, Read, Write};
@@ -24,6 +25,11 @@ pub trait Link: Read + Write + Send {
     fn local(&self) -> String;
     /// Idle timeout for reads (None = block forever).
     fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()>;
+    /// Whether the peer has closed or reset the stream, checked without
+    /// consuming or waiting for input (false when unknown).
+    fn peer_gone(&self) -> bool {
+        false
+    }
 }
 
 /// Something that can open links to an address.

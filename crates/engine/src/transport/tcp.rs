@@ -26,6 +26,27 @@ impl Link for TcpStream {
     fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
         TcpStream::set_read_timeout(self, d)
     }
+    fn peer_gone(&self) -> bool {
+        let mut b = [0u8; 1];
+        // SAFETY: recv into a valid 1-byte buffer; MSG_PEEK | MSG_DONTWAIT
+        // neither consumes input nor changes the descriptor's flags.
+        let n = unsafe {
+            libc::recv(
+                self.as_raw_fd(),
+                b.as_mut_ptr() as *mut libc::c_void,
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n == 0 {
+            return true;
+        }
+        n < 0
+            && !matches!(
+                io::Error::last_os_error().kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            )
+    }
 }
 
 /// Tune a data or control socket: no Nagle delay for control messages, and

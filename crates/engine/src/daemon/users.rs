@@ -1,0 +1,781 @@
+//! Who may authenticate to a daemon and what each one gets (issue 9: "a
+//! long-running daemon serving several users maps each authenticated user
+//! to an export root").
+//!
+//! - Without a users table (the default) every connection proves the one
+//!   shared key, under any user name, and lands in the daemon's `--root`.
+//! - With one (`serve --users FILE`, or `[users]` in `serve --config`) the
+//!   Hello's user name selects that user's key; the session runs beneath
+//!   that user's export root, opened once at start and held. A name not in
+//!   the table is answered exactly like a wrong key (a Challenge under a
+//!   decoy key derived from a per-daemon secret, then "authentication
+//!   failed"), so names cannot be probed.
+//! - One-time credentials: an authenticated user asks for a token
+//!   (Control::TokenRequest); the daemon mints `otp-<32 hex>` with a random
+//!   key, bound to the minter's root and limits, usable for ONE session
+//!   started within its lifetime. It is consumed when that session's Auth
+//!   succeeds, so a replay fails (docs/SECURITY.md).
+//!
+//! Users file (TOML; relative paths resolve against the file's directory):
+//!
+//! ```toml
+//! [[user]]
+//! name = "alice"
+//! key_file = "keys/alice"   # like any key file: mode 0600, >= 16 bytes
+//! root = "/srv/export/alice"
+//! max_sessions = 4          # optional: sessions at once (default: no limit)
+//! read_only = false         # optional: true = may only read (daemon is source)
+//! ```
+//!
+//! In `serve --config` the same entries are tables under `[users]`:
+//! `[users.alice]` with `key_file`, `root`, `max_sessions`, `read_only`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use ramsys_proto::control::Bytes32;
+use sha2::Sha256;
+
+use crate::fsops::{Confinement, Root};
+use crate::session::random32;
+
+/// Prefix of minted credential names; no configured user may use it.
+pub const TOKEN_PREFIX: &str = "otp-";
+/// A token's lifetime when the request leaves it to the daemon.
+pub const DEFAULT_TOKEN_TTL_S: u32 = 60;
+/// Longest lifetime a token may ask for.
+pub const MAX_TOKEN_TTL_S: u32 = 3600;
+/// Unused tokens one user may hold at once (bounds the table).
+const MAX_TOKENS_PER_USER: usize = 64;
+
+/// An export root, opened once: the sink side resolves strictly (no
+/// symlinks), the source side may read through links that stay inside.
+pub struct ExportRoot {
+    /// Canonical path.
+    pub path: PathBuf,
+    pub sink: Arc<Root>,
+    pub source: Arc<Root>,
+}
+
+impl ExportRoot {
+    pub fn open(root: &Path) -> anyhow::Result<ExportRoot> {
+        let path = root
+            .canonicalize()
+            .map_err(|e| anyhow::anyhow!("root {}: {e}", root.display()))?;
+        anyhow::ensure!(path.is_dir(), "root {} is not a directory", path.display());
+        Ok(ExportRoot {
+            sink: Arc::new(Root::open(&path, Confinement::Strict)?),
+            source: Arc::new(Root::open(&path, Confinement::Beneath)?),
+            path,
+        })
+    }
+}
+
+/// One configured user, as parsed (paths not yet opened).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserSpec {
+    pub name: String,
+    pub key_file: PathBuf,
+    pub root: PathBuf,
+    pub max_sessions: Option<u32>,
+    pub read_only: bool,
+}
+
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 256 {
+        return Err(format!("user name {name:?}: must be 1 to 256 bytes"));
+    }
+    if name.starts_with(TOKEN_PREFIX) {
+        return Err(format!(
+            "user name {name:?}: names starting with {TOKEN_PREFIX:?} are reserved for one-time credentials"
+        ));
+    }
+    if name.chars().any(|c| c.is_control()) {
+        return Err(format!("user name {name:?}: control characters"));
+    }
+    Ok(())
+}
+
+/// Parse one user's table (`[[user]]` entry or `[users.NAME]`); `name` is
+/// given for the latter. Relative paths resolve against `base`.
+pub fn parse_user(
+    what: &str,
+    name: Option<&str>,
+    v: &toml::Value,
+    base: &Path,
+) -> Result<UserSpec, String> {
+    let t = v
+        .as_table()
+        .ok_or_else(|| format!("{what}: expected a table, got {v}"))?;
+    let mut name = name.map(str::to_string);
+    let (mut key_file, mut root, mut max_sessions, mut read_only) = (None, None, None, false);
+    let s = |k: &str, v: &toml::Value| -> Result<String, String> {
+        v.as_str()
+            .map(str::to_string)
+            .ok_or_else(|| format!("{what}: key `{k}`: expected a string, got {v}"))
+    };
+    for (k, v) in t {
+        match k.as_str() {
+            "name" if name.is_none() => name = Some(s(k, v)?),
+            "key_file" => key_file = Some(base.join(s(k, v)?)),
+            "root" => root = Some(base.join(s(k, v)?)),
+            "max_sessions" => match v.as_integer() {
+                Some(n) if n > 0 && n <= u32::MAX as i64 => max_sessions = Some(n as u32),
+                _ => {
+                    return Err(format!(
+                        "{what}: key `max_sessions`: expected a positive integer, got {v}"
+                    ))
+                }
+            },
+            "read_only" => {
+                read_only = v.as_bool().ok_or_else(|| {
+                    format!("{what}: key `read_only`: expected true or false, got {v}")
+                })?
+            }
+            _ => {
+                return Err(format!(
+                    "{what}: unknown key `{k}` (expected name, key_file, root, max_sessions or read_only)"
+                ))
+            }
+        }
+    }
+    let name = name.ok_or_else(|| format!("{what}: missing `name`"))?;
+    check_name(&name).map_err(|e| format!("{what}: {e}"))?;
+    Ok(UserSpec {
+        key_file: key_file.ok_or_else(|| format!("{what} ({name}): missing `key_file`"))?,
+        root: root.ok_or_else(|| format!("{what} ({name}): missing `root`"))?,
+        name,
+        max_sessions,
+        read_only,
+    })
+}
+
+/// Parse a users file: `[[user]]` entries (or `[users.NAME]` tables).
+pub fn parse_users_file(text: &str, base: &Path) -> Result<Vec<UserSpec>, String> {
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| crate::config::toml_error(text, &e))?;
+    let mut out = Vec::new();
+    for (k, v) in &table {
+        match k.as_str() {
+            "user" => {
+                let a = v
+                    .as_array()
+                    .ok_or_else(|| format!("`user`: expected [[user]] entries, got {v}"))?;
+                for (i, u) in a.iter().enumerate() {
+                    out.push(parse_user(&format!("[[user]] #{}", i + 1), None, u, base)?);
+                }
+            }
+            "users" => out.extend(parse_users_section(v, base)?),
+            _ => return Err(format!("unknown key `{k}` (expected [[user]] entries)")),
+        }
+    }
+    check_unique(&out)?;
+    Ok(out)
+}
+
+/// A `[users]` section: one table per user, keyed by name.
+pub fn parse_users_section(v: &toml::Value, base: &Path) -> Result<Vec<UserSpec>, String> {
+    let t = v
+        .as_table()
+        .ok_or_else(|| format!("key `users`: expected a table, got {v}"))?;
+    t.iter()
+        .map(|(n, u)| parse_user(&format!("[users.{n}]"), Some(n), u, base))
+        .collect()
+}
+
+fn check_unique(users: &[UserSpec]) -> Result<(), String> {
+    let mut seen = std::collections::HashSet::new();
+    for u in users {
+        if !seen.insert(&u.name) {
+            return Err(format!("user {:?} is defined twice", u.name));
+        }
+    }
+    Ok(())
+}
+
+/// Read and parse a users file; errors name the file.
+pub fn load_users_file(path: &Path) -> anyhow::Result<Vec<UserSpec>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("users file {}: {e}", path.display()))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    parse_users_file(&text, base).map_err(|e| anyhow::anyhow!("users file {}: {e}", path.display()))
+}
+
+struct User {
+    key: Vec<u8>,
+    root: Arc<ExportRoot>,
+    max_sessions: Option<u32>,
+    read_only: bool,
+}
+
+/// The loaded users table: keys read, roots opened (once, shared by users
+/// with the same root).
+pub struct Users {
+    users: HashMap<String, User>,
+}
+
+impl Users {
+    /// Read every key file and open every root; the first failure is an
+    /// error naming the user.
+    pub fn open(specs: &[UserSpec]) -> anyhow::Result<Users> {
+        anyhow::ensure!(!specs.is_empty(), "the users table names no user");
+        check_unique(specs).map_err(anyhow::Error::msg)?;
+        let mut roots: HashMap<PathBuf, Arc<ExportRoot>> = HashMap::new();
+        let mut users = HashMap::new();
+        for s in specs {
+            let key = ramsys_resources::keys::load_existing(&s.key_file)
+                .map_err(|e| anyhow::anyhow!("user {}: {e:#}", s.name))?;
+            let canon = s
+                .root
+                .canonicalize()
+                .map_err(|e| anyhow::anyhow!("user {}: root {}: {e}", s.name, s.root.display()))?;
+            let root = match roots.get(&canon) {
+                Some(r) => r.clone(),
+                None => {
+                    let r = Arc::new(
+                        ExportRoot::open(&canon)
+                            .map_err(|e| anyhow::anyhow!("user {}: {e}", s.name))?,
+                    );
+                    roots.insert(canon, r.clone());
+                    r
+                }
+            };
+            users.insert(
+                s.name.clone(),
+                User {
+                    key,
+                    root,
+                    max_sessions: s.max_sessions,
+                    read_only: s.read_only,
+                },
+            );
+        }
+        Ok(Users { users })
+    }
+
+    /// Distinct export roots (to register their devices).
+    pub fn roots(&self) -> Vec<Arc<ExportRoot>> {
+        let mut v: Vec<Arc<ExportRoot>> = Vec::new();
+        for u in self.users.values() {
+            if !v.iter().any(|r| Arc::ptr_eq(r, &u.root)) {
+                v.push(u.root.clone());
+            }
+        }
+        v
+    }
+}
+
+struct TokenRec {
+    key: Vec<u8>,
+    /// The minting user (None: the shared-key account).
+    account: Option<String>,
+    minter: String,
+    expires: Instant,
+}
+
+/// Whom a Hello names, as far as the daemon can tell before Auth.
+enum Claim {
+    Shared(String),
+    User(String),
+    Token(String),
+    Unknown,
+}
+
+/// The handshake key for a Hello and what the user gets if Auth succeeds.
+pub struct Pending {
+    pub key: Vec<u8>,
+    claim: Claim,
+}
+
+/// What an authenticated session may do.
+pub struct Grant {
+    /// Name in logs and `ramsys status` ("alice", or "alice/otp-…").
+    pub shown: String,
+    /// The configured user whose root and limits apply (None: shared key).
+    pub account: Option<String>,
+    pub root: Arc<ExportRoot>,
+    pub read_only: bool,
+    /// Authenticated with a one-time credential (which cannot mint more).
+    pub token: bool,
+    _slot: Option<SessionSlot>,
+}
+
+/// Counts a session against its user's `max_sessions` while it lives.
+struct SessionSlot(Arc<Mutex<HashMap<String, u32>>>, String);
+
+impl Drop for SessionSlot {
+    fn drop(&mut self) {
+        let mut m = self.0.lock().unwrap();
+        if let Some(n) = m.get_mut(&self.1) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+/// Why an Auth that verified is still refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Reported to the client exactly like a wrong key (unknown name, token
+    /// used or expired meanwhile); the reason is for the daemon's log.
+    Auth(String),
+    /// A limit: the message is for the user.
+    Limit(String),
+}
+
+/// The daemon's credential store: the shared key or the users table, and
+/// the outstanding one-time credentials.
+pub struct Credentials {
+    shared_key: Vec<u8>,
+    default_root: Arc<ExportRoot>,
+    users: Option<Users>,
+    tokens: Mutex<HashMap<String, TokenRec>>,
+    active: Arc<Mutex<HashMap<String, u32>>>,
+    decoy: Bytes32,
+}
+
+fn hex_key(raw: &Bytes32) -> Vec<u8> {
+    hex::encode(raw).into_bytes()
+}
+
+impl Credentials {
+    pub fn new(shared_key: Vec<u8>, default_root: Arc<ExportRoot>) -> Credentials {
+        Credentials {
+            shared_key,
+            default_root,
+            users: None,
+            tokens: Mutex::new(HashMap::new()),
+            active: Arc::new(Mutex::new(HashMap::new())),
+            decoy: random32(),
+        }
+    }
+
+    /// Serve this users table instead of the shared key.
+    pub fn set_users(&mut self, users: Users) {
+        self.users = Some(users);
+    }
+
+    pub fn users(&self) -> Option<&Users> {
+        self.users.as_ref()
+    }
+
+    /// A key no client holds, the same for the same name (so repeated
+    /// probes of one name look like a real user's), and shaped like a key
+    /// file's content (64 hex digits) so the handshake costs the same.
+    fn decoy_key(&self, name: &str) -> Vec<u8> {
+        let mut m = Hmac::<Sha256>::new_from_slice(&self.decoy).expect("any key length");
+        m.update(name.as_bytes());
+        hex_key(&m.finalize().into_bytes().into())
+    }
+
+    /// The key to run the handshake with for a Hello naming `name`.
+    pub fn lookup(&self, name: &str) -> Pending {
+        // Computed for every name, so a known and an unknown name cost the
+        // same before the Challenge goes out.
+        let decoy = self.users.as_ref().map(|_| self.decoy_key(name));
+        if name.starts_with(TOKEN_PREFIX) {
+            let t = self.tokens.lock().unwrap();
+            if let Some(r) = t.get(name).filter(|r| r.expires > Instant::now()) {
+                return Pending {
+                    key: r.key.clone(),
+                    claim: Claim::Token(name.to_string()),
+                };
+            }
+        }
+        match &self.users {
+            None => Pending {
+                key: self.shared_key.clone(),
+                claim: Claim::Shared(name.to_string()),
+            },
+            Some(u) => match u.users.get(name) {
+                Some(user) => Pending {
+                    key: user.key.clone(),
+                    claim: Claim::User(name.to_string()),
+                },
+                None => Pending {
+                    key: decoy.unwrap_or_default(),
+                    claim: Claim::Unknown,
+                },
+            },
+        }
+    }
+
+    /// After Auth verified under `p.key`: apply limits, consume a token.
+    pub fn admit(&self, p: Pending) -> Result<Grant, Refusal> {
+        let gone = |n: &str| Refusal::Auth(format!("one-time credential {n} used or expired"));
+        let (shown, account, token) = match p.claim {
+            Claim::Unknown => return Err(Refusal::Auth("unknown user".into())),
+            Claim::Shared(n) => (n, None, None),
+            Claim::User(n) => (n.clone(), Some(n), None),
+            Claim::Token(n) => {
+                let t = self.tokens.lock().unwrap();
+                let r = t
+                    .get(&n)
+                    .filter(|r| r.expires > Instant::now())
+                    .ok_or_else(|| gone(&n))?;
+                (format!("{}/{n}", r.minter), r.account.clone(), Some(n))
+            }
+        };
+        let user = account
+            .as_ref()
+            .and_then(|a| self.users.as_ref()?.users.get(a));
+        let (root, read_only) = match user {
+            Some(u) => (u.root.clone(), u.read_only),
+            None => (self.default_root.clone(), false),
+        };
+        // The limit first, so a session refused for it keeps its token.
+        let mut slot = None;
+        if let (Some(a), Some(max)) = (&account, user.and_then(|u| u.max_sessions)) {
+            let mut m = self.active.lock().unwrap();
+            let n = m.entry(a.clone()).or_insert(0);
+            if *n >= max {
+                return Err(Refusal::Limit(format!(
+                    "user {a} already has {n} sessions (max_sessions = {max})"
+                )));
+            }
+            *n += 1;
+            slot = Some(SessionSlot(self.active.clone(), a.clone()));
+        }
+        // One use: whoever removes it first wins (a loser's slot is
+        // released on return); a replay finds it gone.
+        if let Some(n) = &token {
+            let r = self
+                .tokens
+                .lock()
+                .unwrap()
+                .remove(n)
+                .ok_or_else(|| gone(n))?;
+            if r.expires <= Instant::now() {
+                return Err(gone(n));
+            }
+        }
+        Ok(Grant {
+            shown,
+            account,
+            root,
+            read_only,
+            token: token.is_some(),
+            _slot: slot,
+        })
+    }
+
+    /// Mint a one-time credential for the holder of `g`: (user name, raw
+    /// key, lifetime in seconds). The usable key is the hex text of the raw
+    /// bytes.
+    pub fn mint(&self, g: &Grant, ttl_s: u32) -> Result<(String, Bytes32, u32), String> {
+        if g.token {
+            return Err("a one-time credential cannot mint another".into());
+        }
+        let ttl = match ttl_s {
+            0 => DEFAULT_TOKEN_TTL_S,
+            t => t.min(MAX_TOKEN_TTL_S),
+        };
+        let now = Instant::now();
+        let mut t = self.tokens.lock().unwrap();
+        t.retain(|_, r| r.expires > now);
+        let mine = t.values().filter(|r| r.minter == g.shown).count();
+        if mine >= MAX_TOKENS_PER_USER {
+            return Err(format!(
+                "{} already holds {mine} unused one-time credentials",
+                g.shown
+            ));
+        }
+        let raw = random32();
+        let name = format!("{TOKEN_PREFIX}{}", hex::encode(&random32()[..16]));
+        t.insert(
+            name.clone(),
+            TokenRec {
+                key: hex_key(&raw),
+                account: g.account.clone(),
+                minter: g.shown.clone(),
+                expires: now + Duration::from_secs(ttl as u64),
+            },
+        );
+        Ok((name, raw, ttl))
+    }
+
+    /// Users with their roots and running sessions, for status and
+    /// metrics; `only`: just that user.
+    pub fn user_status(&self, only: Option<&str>) -> Vec<(String, String, u32, bool)> {
+        let Some(u) = &self.users else {
+            return Vec::new();
+        };
+        let active = self.active.lock().unwrap();
+        let mut v: Vec<_> = u
+            .users
+            .iter()
+            .filter(|(n, _)| only.is_none_or(|o| o == n.as_str()))
+            .map(|(n, x)| {
+                (
+                    n.clone(),
+                    x.root.path.display().to_string(),
+                    active.get(n).copied().unwrap_or(0),
+                    x.read_only,
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Outstanding (unused, unexpired) one-time credentials.
+    pub fn tokens_outstanding(&self) -> usize {
+        let now = Instant::now();
+        self.tokens
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|r| r.expires > now)
+            .count()
+    }
+
+    #[cfg(test)]
+    fn expire_all(&self) {
+        for r in self.tokens.lock().unwrap().values_mut() {
+            r.expires = Instant::now() - Duration::from_secs(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn key_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        p
+    }
+
+    #[test]
+    fn parses_users_file_and_config_section() {
+        let base = Path::new("/etc/ramsys");
+        let u = parse_users_file(
+            "[[user]]\nname = \"alice\"\nkey_file = \"k/alice\"\nroot = \"/srv/a\"\n\
+             max_sessions = 2\n\n[[user]]\nname = \"bob\"\nkey_file = \"/k/bob\"\n\
+             root = \"b\"\nread_only = true\n",
+            base,
+        )
+        .unwrap();
+        assert_eq!(
+            u,
+            vec![
+                UserSpec {
+                    name: "alice".into(),
+                    key_file: "/etc/ramsys/k/alice".into(),
+                    root: "/srv/a".into(),
+                    max_sessions: Some(2),
+                    read_only: false,
+                },
+                UserSpec {
+                    name: "bob".into(),
+                    key_file: "/k/bob".into(),
+                    root: "/etc/ramsys/b".into(),
+                    max_sessions: None,
+                    read_only: true,
+                },
+            ]
+        );
+        let t: toml::Table = "[users.carol]\nkey_file = \"c\"\nroot = \"/r\"\n"
+            .parse()
+            .unwrap();
+        let c = parse_users_section(&t["users"], base).unwrap();
+        assert_eq!(c[0].name, "carol");
+        assert_eq!(c[0].key_file, PathBuf::from("/etc/ramsys/c"));
+    }
+
+    #[test]
+    fn bad_users_files_say_what_is_wrong() {
+        let b = Path::new("/");
+        let cases = [
+            (
+                "[[user]]\nname = \"a\"\nroot = \"/r\"\n",
+                "missing `key_file`",
+            ),
+            (
+                "[[user]]\nname = \"a\"\nkey_file = \"k\"\n",
+                "missing `root`",
+            ),
+            (
+                "[[user]]\nkey_file = \"k\"\nroot = \"/r\"\n",
+                "missing `name`",
+            ),
+            (
+                "[[user]]\nname = \"a\"\nkey_file = \"k\"\nroot = \"/r\"\nkey = \"x\"\n",
+                "unknown key `key`",
+            ),
+            (
+                "[[user]]\nname = \"otp-1\"\nkey_file = \"k\"\nroot = \"/r\"\n",
+                "reserved",
+            ),
+            (
+                "[[user]]\nname = \"a\"\nkey_file = \"k\"\nroot = \"/r\"\nmax_sessions = 0\n",
+                "max_sessions",
+            ),
+            (
+                "[[user]]\nname = \"a\"\nkey_file = \"k\"\nroot = \"/r\"\n\
+                 [[user]]\nname = \"a\"\nkey_file = \"k\"\nroot = \"/s\"\n",
+                "defined twice",
+            ),
+            ("[[user]\nname = 1", "line 1"),
+            ("user = 3", "expected [[user]] entries"),
+            ("group = 3", "unknown key `group`"),
+        ];
+        for (text, want) in cases {
+            let e = parse_users_file(text, b).unwrap_err();
+            assert!(e.contains(want), "{text:?}: {e}");
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+
+    #[test]
+    fn open_reports_missing_key_and_root_by_user() {
+        let d = tempfile::tempdir().unwrap();
+        let spec = |k: &str, r: &str| UserSpec {
+            name: "alice".into(),
+            key_file: d.path().join(k),
+            root: d.path().join(r),
+            max_sessions: None,
+            read_only: false,
+        };
+        std::fs::create_dir(d.path().join("root")).unwrap();
+        let e = Users::open(&[spec("nokey", "root")]).err().unwrap();
+        assert!(format!("{e}").contains("user alice"), "{e}");
+        key_file(d.path(), "k", "0123456789abcdef0123");
+        let e = Users::open(&[spec("k", "noroot")]).err().unwrap();
+        assert!(format!("{e}").contains("user alice: root"), "{e}");
+        assert!(Users::open(&[]).is_err());
+        assert!(Users::open(&[spec("k", "root")]).is_ok());
+    }
+
+    fn store() -> (tempfile::TempDir, Credentials) {
+        let d = tempfile::tempdir().unwrap();
+        for n in ["a", "b", "shared"] {
+            std::fs::create_dir(d.path().join(n)).unwrap();
+        }
+        key_file(d.path(), "ka", "aaaaaaaaaaaaaaaaaaaa");
+        key_file(d.path(), "kb", "bbbbbbbbbbbbbbbbbbbb");
+        let specs = vec![
+            UserSpec {
+                name: "alice".into(),
+                key_file: d.path().join("ka"),
+                root: d.path().join("a"),
+                max_sessions: Some(1),
+                read_only: false,
+            },
+            UserSpec {
+                name: "bob".into(),
+                key_file: d.path().join("kb"),
+                root: d.path().join("b"),
+                max_sessions: None,
+                read_only: true,
+            },
+        ];
+        let def = Arc::new(ExportRoot::open(&d.path().join("shared")).unwrap());
+        let mut c = Credentials::new(b"shared-key-0123456".to_vec(), def);
+        c.set_users(Users::open(&specs).unwrap());
+        (d, c)
+    }
+
+    #[test]
+    fn users_get_their_key_root_and_limits() {
+        let (d, c) = store();
+        let p = c.lookup("alice");
+        assert_eq!(p.key, b"aaaaaaaaaaaaaaaaaaaa");
+        let g = c.admit(p).unwrap();
+        assert_eq!(g.root.path, d.path().join("a").canonicalize().unwrap());
+        assert!(!g.read_only);
+        // max_sessions = 1: a second session waits for the first to end.
+        assert!(matches!(c.admit(c.lookup("alice")), Err(Refusal::Limit(_))));
+        assert_eq!(c.user_status(Some("alice"))[0].2, 1);
+        drop(g);
+        assert!(c.admit(c.lookup("alice")).is_ok());
+        let b = c.admit(c.lookup("bob")).unwrap();
+        assert!(b.read_only);
+        assert!(b.root.path.ends_with("b"));
+        assert_eq!(c.user_status(None).len(), 2);
+    }
+
+    #[test]
+    fn unknown_names_get_a_stable_decoy_and_are_refused() {
+        let (_d, c) = store();
+        let p1 = c.lookup("mallory");
+        let p2 = c.lookup("mallory");
+        assert_eq!(p1.key, p2.key);
+        assert_eq!(p1.key.len(), 64);
+        assert_ne!(p1.key, c.lookup("eve").key);
+        assert_ne!(p1.key, c.shared_key);
+        assert!(matches!(c.admit(p1), Err(Refusal::Auth(_))));
+        // The shared key is not accepted in users mode, whatever the name.
+        assert_ne!(c.lookup("root").key, c.shared_key);
+    }
+
+    #[test]
+    fn tokens_are_single_use_bound_to_the_minter_and_expire() {
+        let (_d, c) = store();
+        let bob = c.admit(c.lookup("bob")).unwrap();
+        let (name, raw, ttl) = c.mint(&bob, 0).unwrap();
+        assert_eq!(ttl, DEFAULT_TOKEN_TTL_S);
+        assert!(name.starts_with("otp-") && name.len() == 4 + 32);
+        let p = c.lookup(&name);
+        assert_eq!(p.key, hex::encode(raw).into_bytes());
+        // A second Hello before the first Auth sees the same key, but only
+        // one of the two can be admitted.
+        let p2 = c.lookup(&name);
+        let g = c.admit(p).unwrap();
+        assert!(g.token && g.read_only);
+        assert_eq!(g.account.as_deref(), Some("bob"));
+        assert_eq!(g.shown, format!("bob/{name}"));
+        assert!(Arc::ptr_eq(&g.root, &bob.root));
+        assert!(matches!(c.admit(p2), Err(Refusal::Auth(_))));
+        // Used: the name is now unknown (decoy key).
+        assert_ne!(c.lookup(&name).key, hex::encode(raw).into_bytes());
+        // A token cannot mint another.
+        assert!(c.mint(&g, 10).is_err());
+        // A token of a user at its session limit is refused but not spent.
+        let alice = c.admit(c.lookup("alice")).unwrap();
+        let (na, _, _) = c.mint(&alice, 0).unwrap();
+        assert!(matches!(c.admit(c.lookup(&na)), Err(Refusal::Limit(_))));
+        drop(alice);
+        assert_eq!(c.admit(c.lookup(&na)).unwrap().shown, format!("alice/{na}"));
+        // Expired: refused, even if looked up in time.
+        let (n2, _, _) = c.mint(&bob, 5000).unwrap();
+        let p = c.lookup(&n2);
+        c.expire_all();
+        assert!(matches!(c.admit(p), Err(Refusal::Auth(_))));
+        assert_eq!(c.tokens_outstanding(), 0);
+    }
+
+    #[test]
+    fn shared_key_mode_accepts_any_name_and_mints_for_the_root() {
+        let d = tempfile::tempdir().unwrap();
+        let def = Arc::new(ExportRoot::open(d.path()).unwrap());
+        let c = Credentials::new(b"k".repeat(20), def.clone());
+        let p = c.lookup("whoever");
+        assert_eq!(p.key, b"k".repeat(20));
+        let g = c.admit(p).unwrap();
+        assert!(g.account.is_none());
+        let (n, raw, ttl) = c.mint(&g, 99_999).unwrap();
+        assert_eq!(ttl, MAX_TOKEN_TTL_S);
+        let t = c.admit(c.lookup(&n)).unwrap();
+        assert!(Arc::ptr_eq(&t.root, &def));
+        // Replayed: the name falls back to the shared key, which the
+        // token holder does not have.
+        assert_ne!(c.lookup(&n).key, hex::encode(raw).into_bytes());
+    }
+
+    #[test]
+    fn token_table_is_bounded_per_user() {
+        let (_d, c) = store();
+        let a = c.admit(c.lookup("bob")).unwrap();
+        for _ in 0..MAX_TOKENS_PER_USER {
+            c.mint(&a, 0).unwrap();
+        }
+        assert!(c.mint(&a, 0).unwrap_err().contains("unused"));
+    }
+}

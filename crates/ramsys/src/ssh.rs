@@ -1,0 +1,668 @@
+//! The agent's ssh front end (issue 9): `[USER@]HOST:PATH` endpoints.
+//!
+//! For each remote host the agent runs `ramsys ssh-serve` there through
+//! the system ssh (so every ssh setting, key and agent the user has
+//! applies), writes a fresh one-time credential to its stdin, reads back
+//! the address of a one-session daemon, and from then on treats the host
+//! as a `ramsys://` daemon keyed with that credential: data flows over
+//! direct TCP links, not through ssh (as bbcp and EScp do). The ssh
+//! process stays open for the session; closing it ends the remote side.
+//! Third-party copies (`HOST1:P HOST2:Q`) start a sink on HOST2, then run
+//! `ramsys cp --key-stdin` on HOST1 towards it, relaying its JSON output.
+
+use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Args;
+
+use crate::agent::CpArgs;
+use crate::spec::{Endpoint, SshEndpoint};
+use crate::ssh_serve::{Offer, ServeRole, READY_PREFIX};
+
+/// How to reach `HOST:PATH` endpoints (scp's options).
+#[derive(Args, Debug, Clone)]
+pub struct SshArgs {
+    /// Port of sshd on remote hosts (ssh -p).
+    #[arg(long, value_name = "PORT")]
+    pub ssh_port: Option<u16>,
+    /// Option for ssh, passed as `-o OPT` (repeatable), e.g.
+    /// --ssh-opt StrictHostKeyChecking=yes.
+    #[arg(long, value_name = "OPT")]
+    pub ssh_opt: Vec<String>,
+    /// Identity (private key) file for ssh (ssh -i).
+    #[arg(short = 'i', long = "identity", value_name = "FILE")]
+    pub identity: Option<PathBuf>,
+    /// The ssh program, with extra arguments if any (split on spaces).
+    #[arg(long, default_value = "ssh", value_name = "CMD")]
+    pub ssh_cmd: String,
+    /// Path of the ramsys binary on remote hosts, given to the remote
+    /// shell as is (like rsync's --rsync-path).
+    #[arg(long, default_value = "ramsys", value_name = "PATH")]
+    pub remote_ramsys: String,
+}
+
+/// Quote one word for the remote POSIX shell.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
+    {
+        return s.to_string();
+    }
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// A remote path as a shell word: quoted, except a leading `~/` (or a
+/// lone `~`), which the remote shell expands to the home directory as
+/// scp users expect.
+pub fn quote_path(p: &str) -> String {
+    if p == "~" {
+        return "~".into();
+    }
+    match p.strip_prefix("~/") {
+        Some("") => "~/".into(),
+        Some(rest) => format!("~/{}", shell_quote(rest)),
+        None => shell_quote(p),
+    }
+}
+
+/// One ssh process running a ramsys command on a host.
+pub struct SshProc {
+    pub host: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    pub stdout: BufReader<ChildStdout>,
+    /// ssh's stderr (and the remote command's), collected by a thread.
+    stderr: Arc<Mutex<Vec<String>>>,
+    stderr_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SshArgs {
+    /// `ssh ... HOST REMOTE_COMMAND`, scp's hardening options first-wins
+    /// after the user's -o options (ssh keeps the first value it sees).
+    fn command(&self, host: &SshEndpoint, remote: &str) -> anyhow::Result<Command> {
+        let mut words = self.ssh_cmd.split_whitespace();
+        let prog = words.next().context("--ssh-cmd is empty")?;
+        let mut c = Command::new(prog);
+        c.args(words);
+        if let Some(p) = self.ssh_port {
+            c.arg("-p").arg(p.to_string());
+        }
+        if let Some(i) = &self.identity {
+            c.arg("-i").arg(i);
+        }
+        for o in &self.ssh_opt {
+            c.arg("-o").arg(o);
+        }
+        // As scp runs ssh: no X11/agent/port forwarding, no tty, no local
+        // or configured remote command; the remote command is ours.
+        c.args(["-x", "-T", "-a"]);
+        for o in [
+            "ClearAllForwardings=yes",
+            "PermitLocalCommand=no",
+            "RequestTTY=no",
+            "RemoteCommand=none",
+        ] {
+            c.arg("-o").arg(o);
+        }
+        if let Some(u) = &host.user {
+            c.arg("-l").arg(u);
+        }
+        c.arg(&host.host).arg(remote);
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        Ok(c)
+    }
+
+    /// Start `REMOTE_RAMSYS ARGS...` on `host`, writing `secret` (one line)
+    /// to its stdin. `args` are shell-quoted here; paths must already be
+    /// words (see [`quote_path`]).
+    pub fn spawn(
+        &self,
+        host: &SshEndpoint,
+        args: &[String],
+        secret: &[u8],
+        as_user: Option<&str>,
+    ) -> anyhow::Result<SshProc> {
+        // A one-time credential's user name goes in the environment of
+        // the remote command (not secret; the key stays on stdin).
+        let env = as_user
+            .map(|u| format!("RAMSYS_USER={} ", shell_quote(u)))
+            .unwrap_or_default();
+        let remote = format!("{env}{} {}", self.remote_ramsys, args.join(" "));
+        tracing::debug!("ssh {}: {remote}", host.host);
+        let mut c = self.command(host, &remote)?;
+        let mut child = c
+            .spawn()
+            .with_context(|| format!("cannot run {:?}", self.ssh_cmd))?;
+        let mut stdin = child.stdin.take().expect("piped");
+        // The pipe holds it until ssh has a channel; a failure here shows
+        // up as ssh's exit status below.
+        let _ = stdin
+            .write_all(secret)
+            .and_then(|_| stdin.write_all(b"\n"))
+            .and_then(|_| stdin.flush());
+        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let err = child.stderr.take().expect("piped");
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let lines = stderr.clone();
+        let stderr_thread = std::thread::Builder::new()
+            .name("ssh-stderr".into())
+            .spawn(move || {
+                for l in BufReader::new(err).lines() {
+                    let Ok(l) = l else { break };
+                    lines.lock().unwrap().push(l);
+                }
+            })?;
+        Ok(SshProc {
+            host: host.display_host(),
+            child,
+            stdin: Some(stdin),
+            stdout,
+            stderr,
+            stderr_thread: Some(stderr_thread),
+        })
+    }
+}
+
+impl SshEndpoint {
+    fn display_host(&self) -> String {
+        match &self.user {
+            Some(u) => format!("{u}@{}", self.host),
+            None => self.host.clone(),
+        }
+    }
+}
+
+impl SshProc {
+    /// Wait for ssh to exit (up to `t`, then kill it); its exit code.
+    fn wait(&mut self, t: Duration) -> Option<i32> {
+        drop(self.stdin.take());
+        let end = Instant::now() + t;
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) => break Some(s),
+                Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(20)),
+                _ => {
+                    let _ = self.child.kill();
+                    break self.child.wait().ok();
+                }
+            }
+        };
+        if let Some(h) = self.stderr_thread.take() {
+            let _ = h.join();
+        }
+        status.and_then(|s| s.code())
+    }
+
+    /// ssh's stderr without its host-key notices, as one line.
+    fn stderr_text(&self) -> String {
+        let lines = self.stderr.lock().unwrap();
+        lines
+            .iter()
+            .map(|l| l.trim())
+            .filter(|l| !l.is_empty() && !l.starts_with("Warning: Permanently added"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// Why the remote command failed, in one line, from ssh's exit status
+    /// and stderr (callers add which endpoint it was).
+    fn failure(&mut self, remote_ramsys: &str) -> anyhow::Error {
+        let code = self.wait(Duration::from_secs(10));
+        let err = self.stderr_text();
+        let detail = if err.is_empty() {
+            String::new()
+        } else {
+            format!(": {err}")
+        };
+        // The remote ramsys's own one-line error, if it gave one.
+        let own = self
+            .stderr
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find_map(|l| l.strip_prefix("ramsys: error: ").map(str::to_string));
+        match (code, own) {
+            // ssh's own failures: connection, host key, authentication.
+            (Some(255), _) => anyhow::anyhow!("ssh failed{detail}"),
+            (Some(127), _) => anyhow::anyhow!(
+                "ramsys not found on the remote host as {remote_ramsys:?} (set --remote-ramsys){detail}"
+            ),
+            (Some(126), _) => anyhow::anyhow!(
+                "cannot run {remote_ramsys:?} on the remote host (set --remote-ramsys){detail}"
+            ),
+            (_, Some(m)) => anyhow::anyhow!("{m}"),
+            (c, None) => anyhow::anyhow!(
+                "remote ramsys exited with status {}{detail}",
+                c.map_or("unknown".to_string(), |c| c.to_string())
+            ),
+        }
+    }
+}
+
+impl Drop for SshProc {
+    fn drop(&mut self) {
+        // Closing stdin ends the remote side; give it a moment, then make
+        // sure no ssh outlives the agent.
+        if self.stderr_thread.is_some() {
+            self.wait(Duration::from_secs(5));
+        }
+    }
+}
+
+/// A session started over ssh: the daemon to talk to and how.
+pub struct SshSession {
+    pub ssh: SshProc,
+    pub addr: String,
+    pub key: Vec<u8>,
+    /// The name to authenticate as, when a running daemon minted the
+    /// credential (None: our own user name).
+    pub user: Option<String>,
+    pub offer: Offer,
+}
+
+impl SshSession {
+    /// End the session: close ssh's stdin and reap it.
+    pub fn finish(mut self) {
+        self.ssh.wait(Duration::from_secs(10));
+    }
+}
+
+fn fresh_credential() -> String {
+    hex::encode(ramsys_engine::session::random32())
+}
+
+/// Start `ssh-serve` on `host` for `role` and wait for its ready line.
+pub fn serve(
+    a: &CpArgs,
+    host: &SshEndpoint,
+    role: ServeRole,
+    paths: &[&str],
+) -> anyhow::Result<SshSession> {
+    let cred = fresh_credential();
+    let mut args = vec![
+        "ssh-serve".to_string(),
+        "--role".into(),
+        role.as_str().into(),
+        "--block-size".into(),
+        a.block_size.to_string(),
+        "--max-streams".into(),
+        a.streams.unwrap_or(16).max(16).to_string(),
+        "--window".into(),
+        a.window.to_string(),
+        "--accept-timeout".into(),
+        (a.connect_timeout.max(1) * 6).to_string(),
+    ];
+    args.extend(storage_args(a, role == ServeRole::Sink));
+    args.push("--".into());
+    args.extend(paths.iter().map(|p| quote_path(p)));
+    let mut p = a.ssh.spawn(host, &args, cred.as_bytes(), None)?;
+    let mut noise = Vec::new();
+    loop {
+        let mut line = String::new();
+        match p.stdout.read_line(&mut line) {
+            Ok(0) | Err(_) => {
+                let e = p.failure(&a.ssh.remote_ramsys);
+                return Err(if noise.is_empty() {
+                    e
+                } else {
+                    e.context(format!("remote output: {}", noise.join("; ")))
+                });
+            }
+            Ok(_) => {}
+        }
+        match Offer::parse(&line) {
+            Some(Ok(offer)) => {
+                let key = offer.key.clone().unwrap_or_else(|| cred.into_bytes());
+                return Ok(SshSession {
+                    ssh: p,
+                    addr: offer.listen.clone(),
+                    key,
+                    user: offer.user.clone(),
+                    offer,
+                });
+            }
+            Some(Err(e)) => bail!("{}: bad {READY_PREFIX} line: {e}", p.host),
+            None if noise.len() < 5 => noise.push(line.trim().to_string()),
+            None => {}
+        }
+    }
+}
+
+/// Storage options that shape the remote end, as ssh-serve/cp flags.
+fn storage_args(a: &CpArgs, remote_is_sink: bool) -> Vec<String> {
+    let s = &a.storage;
+    let mut v = Vec::new();
+    if a.fsync {
+        v.push("--fsync".into());
+    }
+    if s.no_direct {
+        v.push("--no-direct".into());
+    }
+    if s.no_sort {
+        v.push("--no-sort".into());
+    }
+    if let Some(e) = s.io_engine {
+        v.push(format!("--io-engine={}", format!("{e:?}").to_lowercase()));
+    }
+    if remote_is_sink {
+        v.push(format!(
+            "--sink-engine={}",
+            format!("{:?}", s.sink_engine).to_lowercase()
+        ));
+    } else {
+        v.push(format!(
+            "--source-engine={}",
+            format!("{:?}", s.source_engine).to_lowercase()
+        ));
+        v.push(format!("--null-size={}", s.null_size));
+    }
+    v
+}
+
+/// Sessions this agent opened over ssh, ended when the transfer is over.
+#[derive(Default)]
+pub struct Opened {
+    pub sessions: Vec<SshSession>,
+}
+
+impl Opened {
+    /// The credential of the ssh session, if the transfer uses one.
+    pub fn key(&self) -> Option<Vec<u8>> {
+        self.sessions.first().map(|s| s.key.clone())
+    }
+
+    /// The user name to authenticate as, if not ours (a running daemon's
+    /// one-time credential).
+    pub fn user(&self) -> Option<String> {
+        self.sessions.first().and_then(|s| s.user.clone())
+    }
+
+    pub fn finish(self) {
+        for s in self.sessions {
+            s.finish();
+        }
+    }
+}
+
+/// Turn ssh endpoints into daemon endpoints by starting their remote end:
+/// a sink for an ssh destination, a source for ssh sources (all on one
+/// host). Third-party copies are handled by [`third_party`] before this.
+pub fn open(a: &CpArgs, srcs: &mut [Endpoint], dst: &mut Endpoint) -> anyhow::Result<Opened> {
+    let mut opened = Opened::default();
+    let ssh_srcs: Vec<SshEndpoint> = srcs
+        .iter()
+        .filter_map(|s| match s {
+            Endpoint::Ssh(e) => Some(e.clone()),
+            _ => None,
+        })
+        .collect();
+    if let Endpoint::Ssh(d) = dst {
+        if srcs.iter().any(|s| matches!(s, Endpoint::Daemon { .. })) {
+            bail!("copying from a ramsys:// daemon to an ssh destination is not supported");
+        }
+        let s = serve(a, d, ServeRole::Sink, &[d.path.as_str()]).with_context(|| d.display())?;
+        *dst = Endpoint::Daemon {
+            addr: s.addr.clone(),
+            path: s.offer.dest.clone().unwrap_or_default(),
+        };
+        opened.sessions.push(s);
+    } else if !ssh_srcs.is_empty() {
+        if ssh_srcs.len() != srcs.len() {
+            bail!("sources must be all local, all on one daemon or all on one ssh host");
+        }
+        let h = &ssh_srcs[0];
+        if ssh_srcs
+            .iter()
+            .any(|e| e.host != h.host || e.user != h.user)
+        {
+            bail!("all remote sources must be on the same host");
+        }
+        let paths: Vec<&str> = ssh_srcs.iter().map(|e| e.path.as_str()).collect();
+        let s = serve(a, h, ServeRole::Source, &paths).with_context(|| h.display())?;
+        anyhow::ensure!(
+            s.offer.srcs.len() == srcs.len(),
+            "{}: ready line names {} sources, expected {}",
+            h.host,
+            s.offer.srcs.len(),
+            srcs.len()
+        );
+        for (e, p) in srcs.iter_mut().zip(&s.offer.srcs) {
+            *e = Endpoint::Daemon {
+                addr: s.addr.clone(),
+                path: p.clone(),
+            };
+        }
+        opened.sessions.push(s);
+    }
+    Ok(opened)
+}
+
+/// `HOST1:P... HOST2:Q`: if this is a third-party copy, run it and return
+/// the exit code; data moves HOST1 -> HOST2 directly.
+pub fn third_party(
+    a: &CpArgs,
+    sync: u32,
+    srcs: &[Endpoint],
+    dst: &Endpoint,
+) -> anyhow::Result<Option<i32>> {
+    let Endpoint::Ssh(d) = dst else {
+        return Ok(None);
+    };
+    let ssh_srcs: Vec<&SshEndpoint> = srcs
+        .iter()
+        .filter_map(|s| match s {
+            Endpoint::Ssh(e) => Some(e),
+            _ => None,
+        })
+        .collect();
+    if ssh_srcs.is_empty() {
+        return Ok(None);
+    }
+    if ssh_srcs.len() != srcs.len() {
+        bail!("sources must be all local or all on one ssh host");
+    }
+    let h = ssh_srcs[0];
+    if ssh_srcs
+        .iter()
+        .any(|e| e.host != h.host || e.user != h.user)
+    {
+        bail!("all remote sources must be on the same host");
+    }
+    let sink = serve(a, d, ServeRole::Sink, &[d.path.as_str()]).with_context(|| d.display())?;
+    let dest = String::from_utf8(sink.offer.dest.clone().unwrap_or_default())
+        .map_err(|_| anyhow::anyhow!("{}: destination name is not UTF-8", d.display()))?;
+    let url = format!("ramsys://{}/{}", sink.addr, dest);
+    let args = source_cp_args(a, sync, &ssh_srcs, &url);
+    let mut p = a.ssh.spawn(h, &args, &sink.key, sink.user.as_deref())?;
+    let code = relay(a, &mut p);
+    let code = match code {
+        Some(c) => {
+            p.wait(Duration::from_secs(10));
+            let err = p.stderr_text();
+            if !err.is_empty() && c != 0 {
+                eprintln!("ramsys: {}: {err}", p.host);
+            }
+            c
+        }
+        None => {
+            let e = p.failure(&a.ssh.remote_ramsys);
+            return Err(e.context(h.display()));
+        }
+    };
+    sink.finish();
+    Ok(Some(code))
+}
+
+/// HOST1's command line: `cp|sync --key-stdin --json OPTIONS -- SRC... URL`.
+fn source_cp_args(a: &CpArgs, sync: u32, srcs: &[&SshEndpoint], url: &str) -> Vec<String> {
+    use ramsys_engine::sync::flags::*;
+    let mut v: Vec<String> = vec![if sync & SYNC != 0 { "sync" } else { "cp" }.into()];
+    v.extend(["--key-stdin".into(), "--json".into()]);
+    for (flag, on) in [
+        ("--checksum", sync & SYNC != 0 && sync & CHECKSUM != 0),
+        ("--delete", sync & DELETE != 0),
+        ("--dry-run", sync & DRY_RUN != 0),
+        ("--resume", sync & RESUME != 0),
+        ("-r", a.recursive),
+        ("--no-checksum", a.no_checksum),
+    ] {
+        if on {
+            v.push(flag.into());
+        }
+    }
+    v.push(format!("--block-size={}", a.block_size));
+    if let Some(s) = a.streams {
+        v.push(format!("--streams={s}"));
+    }
+    if let Some(r) = a.readers {
+        v.push(format!("--readers={r}"));
+    }
+    v.push(format!("--memory={}", a.memory));
+    v.push(format!("--connect-timeout={}", a.connect_timeout));
+    v.push(format!("--numa={}", a.numa));
+    if let Some(c) = a.encrypt {
+        use ramsys_engine::crypto::Cipher;
+        v.push(
+            match c {
+                Cipher::None => "--encrypt=none",
+                Cipher::Aes256Gcm => "--encrypt=aes-256-gcm",
+                Cipher::ChaCha20Poly1305 => "--encrypt=chacha20-poly1305",
+            }
+            .into(),
+        );
+    }
+    if let Ok(serde_json::Value::String(c)) = serde_json::to_value(a.channels) {
+        v.push(format!("--channels={c}"));
+    }
+    v.extend(storage_args(a, false));
+    v.push("--".into());
+    v.extend(srcs.iter().map(|e| quote_path(&e.path)));
+    v.push(shell_quote(url));
+    v
+}
+
+/// Relay HOST1's `--json` output: progress and the summary line as they
+/// are with --json, else a bar on a terminal and cp's summary line.
+/// Returns cp's exit code, or None if it ended without a summary.
+fn relay(a: &CpArgs, p: &mut SshProc) -> Option<i32> {
+    let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        if let Ok(s) =
+            indicatif::ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {msg}")
+        {
+            b.set_style(s);
+        }
+        b
+    });
+    let mut summary = None;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match p.stdout.read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line.trim()) else {
+            continue;
+        };
+        if a.json {
+            let mut o = std::io::stdout().lock();
+            let _ = o.write_all(line.as_bytes());
+            let _ = o.flush();
+        }
+        match v["event"].as_str() {
+            Some("progress") => {
+                if let Some(b) = &bar {
+                    b.set_length(v["total_bytes"].as_u64().unwrap_or(0));
+                    b.set_position(v["bytes"].as_u64().unwrap_or(0));
+                    b.set_message(format!("{:.1} MB/s", v["mb_s"].as_f64().unwrap_or(0.0)));
+                }
+            }
+            Some("summary") => summary = Some(v),
+            _ => {}
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let v = summary?;
+    let ok = v["ok"].as_bool() == Some(true);
+    if !a.json {
+        print_summary(&v, &p.host);
+    }
+    Some(i32::from(!ok))
+}
+
+fn print_summary(v: &serde_json::Value, host: &str) {
+    if let Some(e) = v["error"].as_str() {
+        eprintln!("ramsys: error: {host}: {e}");
+        return;
+    }
+    for f in v["failed"].as_array().into_iter().flatten() {
+        eprintln!(
+            "ramsys: failed: {}: {}",
+            f["path"].as_str().unwrap_or("?"),
+            f["reason"].as_str().unwrap_or("?")
+        );
+    }
+    if v.get("unchanged").is_some() {
+        println!(
+            "{} files unchanged, {} entries deleted",
+            v["unchanged"].as_u64().unwrap_or(0),
+            v["deleted"].as_u64().unwrap_or(0)
+        );
+    }
+    println!(
+        "copied {} files, {:.1} MB in {:.2} s ({:.1} MB/s), from {host}",
+        v["files"].as_u64().unwrap_or(0),
+        v["bytes"].as_u64().unwrap_or(0) as f64 / 1e6,
+        v["wall_s"].as_f64().unwrap_or(0.0),
+        v["mb_s"].as_f64().unwrap_or(0.0),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(shell_quote("abc/d.e"), "abc/d.e");
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote("$(rm -rf /)"), "'$(rm -rf /)'");
+        assert_eq!(quote_path("~/a b"), "~/'a b'");
+        assert_eq!(quote_path("~"), "~");
+        assert_eq!(quote_path("~x"), "'~x'");
+        assert_eq!(quote_path("/abs;x"), "'/abs;x'");
+    }
+
+    /// The words reach a real shell as the strings they quote.
+    #[test]
+    fn quoting_through_sh() {
+        let words = [
+            "plain", "a b", "it's", "$HOME", "`x`", "\\", "", "ü ñ", "-x",
+        ];
+        let script = format!(
+            "printf '%s\\n' {}",
+            words
+                .iter()
+                .map(|w| shell_quote(w))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        let out = Command::new("sh").arg("-c").arg(&script).output().unwrap();
+        let got = String::from_utf8(out.stdout).unwrap();
+        let got: Vec<&str> = got.lines().collect();
+        assert_eq!(got, words);
+    }
+}
