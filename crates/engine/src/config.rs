@@ -12,7 +12,7 @@
 //! readers = 4                # storage threads when no device entry says
 //! writers = 4
 //! model = "model.json"       # relative to this file's directory
-//! send_path = "queued"       # inline | queued (seed 002 sec. 7)
+//! send_path = "auto"         # inline | queued | auto (seed 002 sec. 7)
 //!
 //! [devices.sda]
 //! capacity_gbps = 4.0        # what the device really sustains
@@ -56,15 +56,43 @@ pub struct DeviceConfig {
     pub threads: Option<usize>,
 }
 
-/// How a source hands blocks to the network (seed 002 sec. 7).
+/// How a source hands blocks to the network (seed 002 sec. 7;
+/// crate::data::inline). Chosen per session end, never negotiated: the
+/// sink cannot tell the two apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SendPath {
-    /// Reader -> bounded queue -> sender thread.
-    #[default]
+    /// Reader -> bounded queue -> sender thread per link.
     Queued,
     /// The reader waits for credit and writes the block itself.
     Inline,
+    /// Inline when readers == streams (each reader can hold a link of its
+    /// own), else queued. More readers than links contend for them, which
+    /// is when Tyche's inline mode loses to the queue (seed 002 sec. 7,
+    /// Figs. 14-15); fewer readers than links would serialize reading and
+    /// sending that the queue overlaps (one reader on a disk). docs/NUMA.md
+    /// sec. 8 has the measurement.
+    #[default]
+    Auto,
+}
+
+impl SendPath {
+    /// The path a session with `readers` reader threads and `streams`
+    /// data links takes.
+    pub fn resolve(self, readers: usize, streams: usize) -> SendPath {
+        match self {
+            SendPath::Auto if readers == streams => SendPath::Inline,
+            SendPath::Auto => SendPath::Queued,
+            p => p,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            SendPath::Queued => "queued",
+            SendPath::Inline => "inline",
+            SendPath::Auto => "auto",
+        }
+    }
 }
 
 impl std::str::FromStr for SendPath {
@@ -73,7 +101,8 @@ impl std::str::FromStr for SendPath {
         match s {
             "queued" => Ok(SendPath::Queued),
             "inline" => Ok(SendPath::Inline),
-            _ => Err(format!("expected inline or queued, got {s:?}")),
+            "auto" => Ok(SendPath::Auto),
+            _ => Err(format!("expected inline, queued or auto, got {s:?}")),
         }
     }
 }

@@ -45,6 +45,9 @@ pub struct TransferOptions {
     pub io_hook: crate::storage::Hook,
     /// Sync and resume bits (proto::control::sync; docs/SYNC.md), 0 = cp.
     pub sync: u32,
+    /// Where this end is the source: readers send their own blocks
+    /// (inline) or hand them to sender threads (queued); seed 002 sec. 7.
+    pub send_path: crate::config::SendPath,
 }
 
 impl Default for TransferOptions {
@@ -69,6 +72,7 @@ impl Default for TransferOptions {
             encrypt: crate::crypto::Cipher::None,
             io_hook: crate::storage::Hook::default(),
             sync: 0,
+            send_path: crate::config::SendPath::default(),
         }
     }
 }

@@ -810,6 +810,7 @@ pub fn run_sink_with(
         streams,
         block_size,
         links: link_desc,
+        ..Default::default()
     };
     ctl.send(&Control::Complete(Complete {
         files,

@@ -6,15 +6,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{bounded, select, unbounded};
+use crossbeam_channel::{bounded, select, unbounded, Sender};
 use ramsys_proto::control::{entry_wire_size, Propose};
 use ramsys_proto::frame::MAX_CONTROL_BODY;
 use ramsys_proto::session::SourceMachine;
 use ramsys_proto::Control;
 use ramsys_resources::Buf;
 
+use crate::config::SendPath;
+use crate::data::inline::InlineLinks;
 use crate::data::reader::{run_reader, ReaderCtx, ReaderEvent, SrcFileState};
-use crate::data::sender::run_sender;
+use crate::data::sender::{run_sender, LinkDone, StreamOut};
 use crate::fsops::Root;
 use crate::relink::{Joined, LinkEvent, Requeue, Streams};
 use crate::request::tasks::{assign_homes, plan_source};
@@ -296,6 +298,44 @@ pub fn run_source_with(
     // Re-read lost blocks report unreadable files here too (crate::relink).
     let requeue_events = rev_tx.clone();
     let abort = Arc::new(AtomicBool::new(false));
+    // Data links: shut down on error so no thread stays blocked on one.
+    // Every sending end reports on `sdone` (data::sender::LinkDone).
+    let (sdone_tx, mut sdone_rx) = unbounded::<LinkDone>();
+    let mut shutdown_handles = Vec::new();
+    for l in &data_links {
+        shutdown_handles.push(l.try_clone_link()?);
+    }
+    let window = confirm.credits_per_stream;
+    // The sending end of stream i on link incarnation `epoch` (0 = first;
+    // replacements, crate::relink, take higher ones, which key the AEAD
+    // nonces).
+    let out_of = move |i: usize, epoch: u16, l: Box<dyn Link>| {
+        let seal =
+            session_key.and_then(|k| crate::crypto::StreamSeal::new(cipher, &k, i as u16, epoch));
+        StreamOut::new(i, epoch, l, window, seal)
+    };
+    // Inline send path (seed 002 sec. 7): readers own the links' sending
+    // ends in turn and no sender thread runs (crate::data::inline).
+    let path = opts.send_path.resolve(nread, streams as usize);
+    tracing::info!(
+        "source: send path {} ({nread} readers, {streams} streams)",
+        path.name()
+    );
+    let mut data_links = data_links;
+    let inline = (path == SendPath::Inline).then(|| {
+        let outs = data_links
+            .drain(..)
+            .enumerate()
+            .map(|(i, l)| out_of(i, 0, l))
+            .collect();
+        Arc::new(InlineLinks::new(
+            outs,
+            sdone_tx.clone(),
+            pool.clone(),
+            abort.clone(),
+            stats.clone(),
+        ))
+    });
     // Nothing to read: empty files, and delta files with no differing
     // block (their digest is the sum over no segment).
     let nothing = |i: usize, f: &crate::request::walk::SourceFile| match &plan {
@@ -315,6 +355,7 @@ pub fn run_source_with(
         queues: queues.clone(),
         pool: pool.clone(),
         filled: filled_tx.clone(),
+        inline: inline.clone(),
         events: rev_tx,
         checksum,
         abort: abort.clone(),
@@ -336,11 +377,9 @@ pub fn run_source_with(
     }
     drop(rdone_tx);
     drop(ctx);
-    let (sdone_tx, mut sdone_rx) = unbounded();
-    let mut shutdown_handles = Vec::new();
-    // A sender job for stream i on link incarnation `epoch` (0 = first;
-    // replacements, crate::relink, take higher ones, which key the AEAD
-    // nonces). It reports its link, or the error and what it sent.
+    // Queued path: a sender thread per link. Dropping a link's closer
+    // stops its sender even while the queue is idle (data::sender).
+    let mut closers: std::collections::HashMap<(usize, u16), Sender<()>> = Default::default();
     let sender_job = {
         let (rx, p, a, s, d) = (
             filled_rx.clone(),
@@ -349,22 +388,47 @@ pub fn run_source_with(
             stats.clone(),
             sdone_tx.clone(),
         );
-        let window = confirm.credits_per_stream;
-        move |i: usize, epoch: u16, l: Box<dyn Link>| {
-            let (rx, p, a, s, d) = (rx.clone(), p.clone(), a.clone(), s.clone(), d.clone());
-            let seal = session_key
-                .and_then(|k| crate::crypto::StreamSeal::new(cipher, &k, i as u16, epoch));
-            move || {
-                let mut log = SentLog::new(window + 1);
-                let r = run_sender(l, window, rx, p, a, s, seal, &mut log);
-                let _ = d.send((i, epoch, r, log));
+        let inline = inline.clone();
+        move |i: usize, epoch: u16, l: Box<dyn Link>| -> Option<(Sender<()>, SenderJob)> {
+            let out = out_of(i, epoch, l);
+            if let Some(links) = &inline {
+                // Inline: a replacement joins the free set; no thread.
+                links.add(out);
+                return None;
             }
+            let (rx, p, a, s, d) = (rx.clone(), p.clone(), a.clone(), s.clone(), d.clone());
+            let (close_tx, close_rx) = bounded::<()>(0);
+            let job: SenderJob = Box::new(move || {
+                let _ = d.send(run_sender(out, rx, close_rx, p, a, s));
+            });
+            Some((close_tx, job))
         }
     };
     for (i, l) in data_links.into_iter().enumerate() {
-        shutdown_handles.push(l.try_clone_link()?);
-        jobs.push(senders.spawn(sender_job(i, 0, l)));
+        if let Some((c, job)) = sender_job(i, 0, l) {
+            closers.insert((i, 0), c);
+            jobs.push(senders.spawn(job));
+        }
     }
+    // Inline: re-sent blocks (Resend, and those lost links lost) still
+    // come through `filled`; one thread sends them, and ends the links
+    // once the queue closes, as the queued senders would.
+    let mut extra_jobs: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    if let Some(links) = &inline {
+        let (links, rx) = (links.clone(), filled_rx.clone());
+        extra_jobs.push(
+            std::thread::Builder::new()
+                .name("src-resend".into())
+                .spawn(move || {
+                    for b in rx.iter() {
+                        links.send(b);
+                    }
+                    links.end();
+                })?,
+        );
+    }
+    // Inline: links the sink saw break, until their reports arrive.
+    let mut evicting: std::collections::HashSet<(usize, u16)> = Default::default();
     drop(sdone_tx);
     let mut streams_st = Streams::new(
         relinks,
@@ -388,7 +452,6 @@ pub fn run_source_with(
     // blocks the sink says it accepted; both are needed to re-queue.
     let mut lost_logs: std::collections::HashMap<(usize, u16), SentLog> = Default::default();
     let mut lost_counts: std::collections::HashMap<(usize, u16), u64> = Default::default();
-    let mut extra_jobs: Vec<std::thread::JoinHandle<()>> = Vec::new();
     let check_tick = crossbeam_channel::tick(Duration::from_millis(250));
     senders.release_unused();
     readers.release_unused();
@@ -471,6 +534,12 @@ pub fn run_source_with(
         if let Some(e) = requeue_err {
             break Err(e);
         }
+        if let Some(l) = &inline {
+            // A link put back just after the last sweep is caught here.
+            for &(i, epoch) in &evicting {
+                l.evict(i, epoch);
+            }
+        }
         if resend_tx.is_none() {
             // Settled: lost links need no replacement any more.
             senders_left -= streams_st.settle();
@@ -480,7 +549,7 @@ pub fn run_source_with(
             recv(streams_st.events) -> ev => match ev {
                 Ok(LinkEvent::Up(j)) => {
                     if let Some(j) = streams_st.arrived(j) {
-                        if let Err(e) = start_replacement(&mut streams_st, &mut shutdown_handles, &mut extra_jobs, &sender_job, j, opts.idle_timeout) {
+                        if let Err(e) = start_replacement(&mut streams_st, &mut shutdown_handles, &mut closers, &mut extra_jobs, &sender_job, j, opts.idle_timeout) {
                             break Err(e);
                         }
                     }
@@ -514,8 +583,10 @@ pub fn run_source_with(
                 Err(_) => rdone_rx = crossbeam_channel::never(),
             },
             recv(sdone_rx) -> r => match r {
-                Ok((i, _, Ok(link), _)) => { senders_left -= 1; kept_links.push(link); streams_st.ended(i); }
+                Ok((i, epoch, Ok(link), _)) => { evicting.remove(&(i, epoch)); senders_left -= 1; kept_links.push(link); streams_st.ended(i); }
                 Ok((i, epoch, Err((link, e)), log)) if streams_st.enabled() && crate::relink::is_link_loss(&e) && !abort.load(Ordering::Acquire) => {
+                    evicting.remove(&(i, epoch));
+                    closers.remove(&(i, epoch));
                     kept_links.push(link);
                     if resend_tx.is_none() {
                         // Settled: nothing left to send on any link.
@@ -531,7 +602,7 @@ pub fn run_source_with(
                         break Err(e);
                     }
                     if let Some(j) = waiting {
-                        if let Err(e) = start_replacement(&mut streams_st, &mut shutdown_handles, &mut extra_jobs, &sender_job, j, opts.idle_timeout) {
+                        if let Err(e) = start_replacement(&mut streams_st, &mut shutdown_handles, &mut closers, &mut extra_jobs, &sender_job, j, opts.idle_timeout) {
                             break Err(e);
                         }
                     }
@@ -558,6 +629,11 @@ pub fn run_source_with(
                         // Our end may not have noticed yet: close it, so
                         // its sender ends and hands over its log.
                         streams_st.close(stream as usize, epoch);
+                        closers.remove(&(stream as usize, epoch));
+                        if let Some(l) = &inline {
+                            evicting.insert((stream as usize, epoch));
+                            l.evict(stream as usize, epoch);
+                        }
                         lost_counts.insert((stream as usize, epoch), received);
                     }
                     let mut send_err = None;
@@ -615,6 +691,8 @@ pub fn run_source_with(
                 streams,
                 block_size: block_size as u32,
                 links: link_desc,
+                send_path: Some(path),
+                handoffs: stats.handoffs.load(Ordering::Relaxed),
                 unchanged: plan.as_ref().map_or(0, |p| p.unchanged),
                 deleted,
                 planned: plan.as_ref().map_or(Vec::new(), |p| {
@@ -633,6 +711,10 @@ pub fn run_source_with(
             let _ = ctl.send(&Control::Abort { reason });
             for h in &shutdown_handles {
                 h.shutdown_both();
+            }
+            if let Some(l) = &inline {
+                // Wake readers waiting for a link that will not come.
+                l.close();
             }
             Err(e)
         }
@@ -663,6 +745,9 @@ pub fn run_source_with(
     drop(filled_rx);
     drop(requeue);
     drop(streams_st);
+    drop(closers);
+    // The inline links hold a reference to the buffer share.
+    drop(inline);
     ctl.link.shutdown_both();
     drop(kept_links);
     res.return_buffers(pool);
@@ -671,29 +756,36 @@ pub fn run_source_with(
 
 /// Start a sender on a replacement link (crate::relink). Replacements are
 /// rare, so they run on a thread of their own rather than a pooled one.
-fn start_replacement<F, J>(
+fn start_replacement<F>(
     st: &mut Streams,
     handles: &mut Vec<Box<dyn Link>>,
+    closers: &mut std::collections::HashMap<(usize, u16), Sender<()>>,
     jobs: &mut Vec<std::thread::JoinHandle<()>>,
     job: &F,
     j: Joined,
     idle: Duration,
 ) -> Result<(), EngineError>
 where
-    F: Fn(usize, u16, Box<dyn Link>) -> J,
-    J: FnOnce() + Send + 'static,
+    F: Fn(usize, u16, Box<dyn Link>) -> Option<(Sender<()>, SenderJob)>,
 {
     j.link.set_read_timeout(Some(idle))?;
     handles.push(j.link.try_clone_link()?);
     st.started(j.stream as usize, j.epoch, j.link.try_clone_link()?);
-    let f = job(j.stream as usize, j.epoch, j.link);
-    jobs.push(
-        std::thread::Builder::new()
-            .name(format!("sender-r{}", j.stream))
-            .spawn(f)?,
-    );
+    let (stream, epoch) = (j.stream as usize, j.epoch);
+    // Inline: the link joined the free set and needs no thread.
+    if let Some((close, f)) = job(stream, epoch, j.link) {
+        closers.insert((stream, epoch), close);
+        jobs.push(
+            std::thread::Builder::new()
+                .name(format!("sender-r{stream}"))
+                .spawn(f)?,
+        );
+    }
     Ok(())
 }
+
+/// A queued sender's thread body.
+type SenderJob = Box<dyn FnOnce() + Send + 'static>;
 
 /// Re-reads segments the sink asks for again (Control::Resend): a block
 /// that failed verification in flight is sent again with the same segment

@@ -26,6 +26,9 @@ pub struct Stats {
     pub links_replaced: AtomicU64,
     /// Failed attempts to dial a replacement link.
     pub link_retries: AtomicU64,
+    /// Blocks handed from a reader to a sender thread through the filled
+    /// queue (0 on the inline send path; crate::data::inline).
+    pub handoffs: AtomicU64,
 }
 
 impl Stats {
@@ -70,6 +73,10 @@ pub struct Report {
     pub deleted: Vec<String>,
     /// Dry run: files that would be sent.
     pub planned: Vec<String>,
+    /// Where this end was the source: the send path it took (seed 002
+    /// sec. 7) and the blocks it passed through the filled queue.
+    pub send_path: Option<crate::config::SendPath>,
+    pub handoffs: u64,
 }
 
 /// CPU seconds (user + system) of this process so far.

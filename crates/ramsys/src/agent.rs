@@ -739,6 +739,13 @@ impl Numa {
     }
 
     fn streams(&mut self, rep: &Report) {
+        if let Some(p) = rep.send_path {
+            self.lines.push(format!(
+                "send path: {} ({} blocks through the sender queue)",
+                p.name(),
+                rep.handoffs
+            ));
+        }
         for (i, (local, peer)) in rep.links.iter().enumerate() {
             let nic = self.topo.as_ref().and_then(|t| nic_for_addr(t, local));
             self.lines.push(format!(
@@ -825,6 +832,8 @@ fn summarize(
             "links_lost": faults.lost,
             "links_replaced": faults.replaced,
             "link_retries": faults.retries,
+            "send_path": rep.send_path,
+            "handoffs": rep.handoffs,
         });
         if sync != 0 {
             // bytes = file data sent, files = files whose data was sent,
@@ -913,6 +922,12 @@ pub struct StorageArgs {
     /// Storage threads per device: N for all, or e.g. hdd=1,ssd=4,nvme=8,mem=4.
     #[arg(long, value_name = "SPEC")]
     pub device_threads: Option<ramsys_engine::storage::DeviceThreads>,
+    /// Where this process is the source: readers send their own blocks
+    /// (inline), hand them to one sender thread per stream (queued), or
+    /// auto: inline when readers == streams (seed 002 sec. 7; docs/NUMA.md).
+    /// A pull's source is the daemon: its --send-path or config decides.
+    #[arg(long, value_name = "inline|queued|auto")]
+    pub send_path: Option<ramsys_engine::config::SendPath>,
 }
 
 impl StorageArgs {
@@ -927,6 +942,7 @@ impl StorageArgs {
             null_size: self.null_size,
             sort: !self.no_sort,
             device_threads: self.device_threads.unwrap_or(d.device_threads),
+            send_path: self.send_path.unwrap_or(d.send_path),
             ..d
         }
     }

@@ -158,6 +158,8 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
         writers: rcfg.writers,
         window: a.window.max(2),
         fsync: a.fsync,
+        // Where the daemon is the source (pulls): flag, else config.
+        send_path: a.storage.send_path.or(cfg.send_path).unwrap_or_default(),
         ..a.storage.options()
     };
     let mut d = Daemon::bind(&a.listen, &root, key, opts, res)?;

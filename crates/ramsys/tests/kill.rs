@@ -19,13 +19,15 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// A daemon on `root`, with extra environment (fault injection).
-fn daemon(root: &Path, key: &Path, env: &[(&str, String)]) -> TestDaemon {
+/// A daemon on `root`, with extra environment (fault injection) and
+/// arguments.
+fn daemon(root: &Path, key: &Path, env: &[(&str, String)], args: &[&str]) -> TestDaemon {
     let mut c = Command::new(bin());
     c.args(["serve", "--listen", "127.0.0.1:0", "--root"])
         .arg(root)
         .arg("--key-file")
         .arg(key)
+        .args(args)
         .env("RUST_LOG", "error")
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
@@ -92,6 +94,8 @@ fn run_seed(seed: u64) -> bool {
     let kill_agent = r.next().is_multiple_of(2);
     let delay = Duration::from_millis(r.next() % 800);
     let streams = (1 + r.next() % 4).to_string();
+    // Both send paths of the source (seed 002 sec. 7), push and pull each.
+    let send_path = ["queued", "inline"][(seed / 2 % 2) as usize];
     let t = tempfile::tempdir().unwrap();
     let key = key_file(t.path());
     let root = t.path().join("root");
@@ -118,7 +122,8 @@ fn run_seed(seed: u64) -> bool {
 
     // The sink writes slowly, so a kill lands mid-transfer more often.
     let slow = [("RAMSYS_FAULT_SLOW_WRITE_US", "3000".to_string())];
-    let mut d = daemon(&root, &key, if push { &slow } else { &[] });
+    let daemon_args = ["--send-path", send_path];
+    let mut d = daemon(&root, &key, if push { &slow } else { &[] }, &daemon_args);
     let args = |d: &TestDaemon| -> Vec<String> {
         let (from, to) = if push {
             (
@@ -139,6 +144,8 @@ fn run_seed(seed: u64) -> bool {
             &streams,
             "--block-size",
             "65536",
+            "--send-path",
+            send_path,
             &from,
             &to,
         ]
@@ -178,7 +185,7 @@ fn run_seed(seed: u64) -> bool {
         }
         let _ = agent.kill();
         let _ = agent.wait();
-        d = daemon(&root, &key, &[]);
+        d = daemon(&root, &key, &[], &daemon_args);
     }
 
     // Same arguments again (the daemon may have a new port).
@@ -194,7 +201,7 @@ fn run_seed(seed: u64) -> bool {
         );
     }
     let what = format!(
-        "seed {seed}: {} kill {} after {delay:?}, {streams} streams",
+        "seed {seed}: {} kill {} after {delay:?}, {streams} streams, {send_path} sends",
         if push { "push" } else { "pull" },
         if kill_agent { "agent" } else { "daemon" }
     );

@@ -1,6 +1,9 @@
 //! Lost data links (issue 9): a transfer survives data links cut through a
 //! proxy by replacing them, fails with one clear line when no link can be
 //! re-established, and a cut control link fails cleanly and resumes.
+//! The source's side of recovery differs between the send paths (seed 002
+//! sec. 7: sender threads, or readers sending inline), so the cut-link
+//! tests run on both.
 
 mod common;
 mod proxy;
@@ -60,13 +63,18 @@ struct Setup {
 }
 
 fn setup() -> Setup {
+    setup_with(&[])
+}
+
+/// With `daemon` arguments (a pull's source is the daemon).
+fn setup_with(daemon: &[&str]) -> Setup {
     let t = tempfile::tempdir().unwrap();
     let key = key_file(t.path());
     let src = t.path().join("src");
     make_src(&src);
     let root = t.path().join("root");
     std::fs::create_dir(&root).unwrap();
-    let d = TestDaemon::start(&root, &key);
+    let d = TestDaemon::start_with(&root, &key, daemon);
     Setup {
         t,
         key,
@@ -77,7 +85,16 @@ fn setup() -> Setup {
 }
 
 #[test]
-fn push_survives_one_cut_data_link() {
+fn push_survives_one_cut_data_link_queued() {
+    push_survives_one_cut_data_link("queued");
+}
+
+#[test]
+fn push_survives_one_cut_data_link_inline() {
+    push_survives_one_cut_data_link("inline");
+}
+
+fn push_survives_one_cut_data_link(path: &str) {
     let s = setup();
     let p = LinkProxy::start(&s.d.addr);
     p.rules
@@ -88,12 +105,13 @@ fn push_survives_one_cut_data_link() {
         &s.key,
         s.src.to_str().unwrap(),
         &format!("ramsys://{}/dst", p.addr),
-        &[],
+        &["--send-path", path],
     );
     assert_ok(&o);
     assert_eq!(p.seen.data_cuts.load(Ordering::Relaxed), 1);
     assert_same_tree(&s.src, &s.root.join("dst"));
     let j = summary(&o);
+    assert_eq!(j["send_path"], path, "{j}");
     assert_eq!(j["links_lost"], 1, "{j}");
     assert_eq!(j["links_replaced"], 1, "{j}");
     assert!(p.seen.rejoins.load(Ordering::Relaxed) >= 1);
@@ -109,8 +127,17 @@ fn push_survives_one_cut_data_link() {
 }
 
 #[test]
-fn pull_survives_one_cut_data_link() {
-    let s = setup();
+fn pull_survives_one_cut_data_link_queued() {
+    pull_survives_one_cut_data_link("queued");
+}
+
+#[test]
+fn pull_survives_one_cut_data_link_inline() {
+    pull_survives_one_cut_data_link("inline");
+}
+
+fn pull_survives_one_cut_data_link(path: &str) {
+    let s = setup_with(&["--send-path", path]);
     // The daemon serves the source tree; pull it through the proxy.
     std::fs::rename(&s.src, s.root.join("src")).unwrap();
     let p = LinkProxy::start(&s.d.addr);
@@ -134,7 +161,16 @@ fn pull_survives_one_cut_data_link() {
 }
 
 #[test]
-fn every_data_link_cut_again_and_again_still_completes() {
+fn every_data_link_cut_again_and_again_still_completes_queued() {
+    every_data_link_cut_again_and_again_still_completes("queued");
+}
+
+#[test]
+fn every_data_link_cut_again_and_again_still_completes_inline() {
+    every_data_link_cut_again_and_again_still_completes("inline");
+}
+
+fn every_data_link_cut_again_and_again_still_completes(path: &str) {
     let s = setup();
     let p = LinkProxy::start(&s.d.addr);
     // Every data link (replacements too) dies after 3 MB, 10 times over.
@@ -146,7 +182,7 @@ fn every_data_link_cut_again_and_again_still_completes() {
         &s.key,
         s.src.to_str().unwrap(),
         &format!("ramsys://{}/dst", p.addr),
-        &["--encrypt"],
+        &["--encrypt", "--send-path", path],
     );
     assert_ok(&o);
     let cuts = p.seen.data_cuts.load(Ordering::Relaxed);
@@ -158,7 +194,16 @@ fn every_data_link_cut_again_and_again_still_completes() {
 }
 
 #[test]
-fn no_reconnect_possible_fails_with_one_line_and_no_half_file() {
+fn no_reconnect_possible_fails_with_one_line_and_no_half_file_queued() {
+    no_reconnect_possible_fails_with_one_line_and_no_half_file("queued");
+}
+
+#[test]
+fn no_reconnect_possible_fails_with_one_line_and_no_half_file_inline() {
+    no_reconnect_possible_fails_with_one_line_and_no_half_file("inline");
+}
+
+fn no_reconnect_possible_fails_with_one_line_and_no_half_file(path: &str) {
     let s = setup();
     let p = LinkProxy::start(&s.d.addr);
     p.rules.cut_data_after.store(MB as u64, Ordering::Relaxed);
@@ -168,7 +213,7 @@ fn no_reconnect_possible_fails_with_one_line_and_no_half_file() {
         &s.key,
         s.src.to_str().unwrap(),
         &format!("ramsys://{}/dst", p.addr),
-        &[],
+        &["--send-path", path],
     );
     assert!(!o.status.success());
     let e = stderr(&o);
@@ -228,4 +273,62 @@ fn cut_control_link_fails_cleanly_then_resume_completes() {
     assert_ok(&o);
     assert_same_tree(&s.src, &dst);
     assert!(temp_files(&s.root).is_empty(), "{:?}", temp_files(&s.root));
+}
+
+/// The tail case: every block is already written when a link breaks, so
+/// the source has nothing more to send on it and only the sink notices.
+/// The source must still hand over what that link carried (the sink's
+/// Lost closes its idle end) and send it again, on either send path.
+#[test]
+fn a_link_cut_after_the_source_went_idle_is_recovered_queued() {
+    link_cut_after_the_source_went_idle("queued");
+}
+
+#[test]
+fn a_link_cut_after_the_source_went_idle_is_recovered_inline() {
+    link_cut_after_the_source_went_idle("inline");
+}
+
+fn link_cut_after_the_source_went_idle(path: &str) {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    // 2 MB over 2 streams in 256 KiB blocks: 4 blocks a stream, fewer than
+    // the credit window, so the source writes them all at once and waits.
+    std::fs::write(src.join("f"), Rng(0x7a11).bytes(2 * MB)).unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = TestDaemon::start(&root, &key);
+    let p = LinkProxy::start(&d.addr);
+    // Cut one link after 600 KB, having swallowed the rest of what the
+    // source wrote on it for a second first: the source is idle by then.
+    p.rules.cut_data_after.store(600_000, Ordering::Relaxed);
+    p.rules.cut_data_max.store(1, Ordering::Relaxed);
+    p.rules.hold_before_cut_ms.store(1000, Ordering::Relaxed);
+    let t0 = std::time::Instant::now();
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--json",
+            "--streams",
+            "2",
+            "--readers",
+            "2",
+            "--block-size",
+            "262144",
+            "--send-path",
+            path,
+            src.to_str().unwrap(),
+            &format!("ramsys://{}/dst", p.addr),
+        ],
+    );
+    assert_ok(&o);
+    assert!(t0.elapsed() < std::time::Duration::from_secs(30));
+    assert_eq!(p.seen.data_cuts.load(Ordering::Relaxed), 1);
+    assert_same_tree(&src, &root.join("dst"));
+    let j = summary(&o);
+    assert_eq!(j["links_lost"], 1, "{j}");
 }

@@ -57,6 +57,9 @@ pub struct ReaderCtx {
     pub queues: Arc<Vec<DeviceQueue>>,
     pub pool: Arc<BufferPool>,
     pub filled: Sender<Buf>,
+    /// Inline send path (crate::data::inline): readers send blocks
+    /// themselves and `filled` stays unused.
+    pub inline: Option<Arc<crate::data::inline::InlineLinks>>,
     pub events: Sender<ReaderEvent>,
     pub checksum: bool,
     pub abort: Arc<AtomicBool>,
@@ -228,12 +231,17 @@ impl ReaderCtx {
         true
     }
 
-    /// Hand a filled block to the senders (false if they are gone).
+    /// Hand a filled block to the senders, or send it from this thread
+    /// on the inline path (false if the links are gone).
     pub fn ship(&self, buf: Buf) -> bool {
         if buf.segs.is_empty() {
             self.pool.put(buf);
             return true;
         }
+        if let Some(links) = &self.inline {
+            return links.send(buf);
+        }
+        self.stats.handoffs.fetch_add(1, Ordering::Relaxed);
         self.filled.send(buf).is_ok()
     }
 

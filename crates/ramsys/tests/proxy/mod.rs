@@ -134,6 +134,10 @@ pub struct Rules {
     pub cut_control_after_data: AtomicU64,
     /// After the first cut, close every new connection at once.
     pub refuse_after_cut: AtomicBool,
+    /// Before a data cut, swallow what the sender writes for this many
+    /// milliseconds (forwarding nothing), so the sender has written all it
+    /// had and sits idle when the link dies: only the receiver notices.
+    pub hold_before_cut_ms: AtomicU64,
 }
 
 /// Counters of what [`LinkProxy`] saw and did.
@@ -300,6 +304,17 @@ fn serve_conn(
                         .is_ok()
                 {
                     seen.data_cuts.fetch_add(1, Ordering::Relaxed);
+                    let hold = rules.hold_before_cut_ms.load(Ordering::Relaxed);
+                    if hold > 0 {
+                        let until =
+                            std::time::Instant::now() + std::time::Duration::from_millis(hold);
+                        let _ = from.set_read_timeout(Some(std::time::Duration::from_millis(10)));
+                        while std::time::Instant::now() < until {
+                            if let Ok(0) = from.read(&mut buf) {
+                                break;
+                            }
+                        }
+                    }
                     cut(&handles);
                     break;
                 }
