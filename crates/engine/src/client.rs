@@ -35,12 +35,19 @@ pub struct Remote {
 
 /// Connect with the data links dialled in parallel with the control link
 /// (they join the session as soon as the Challenge names it).
-fn connect(remote: &Remote, streams: u16) -> Result<(ClientSession, PreLinks), EngineError> {
+/// `idle` bounds the wait for the data links' JoinOk (a suspended task,
+/// crate::session::PreLinks::start).
+fn connect(
+    remote: &Remote,
+    streams: u16,
+    idle: Duration,
+) -> Result<(ClientSession, PreLinks), EngineError> {
     let mut pre = PreLinks::start(
         remote.transport.clone(),
         &remote.addr,
         streams,
         remote.connect_timeout,
+        idle,
     );
     let user = remote.user.clone().unwrap_or_else(current_user);
     let s = client_connect_pipelined_as(
@@ -114,7 +121,7 @@ pub fn push(
     stats: Arc<Stats>,
 ) -> Result<Report, EngineError> {
     let streams = opts.streams.clamp(1, res.config.max_streams as u16);
-    let (mut s, mut links) = connect(remote, streams)?;
+    let (mut s, mut links) = connect(remote, streams, opts.idle_timeout)?;
     seal_control(&mut s, opts.encrypt)?;
     send_control(&mut *s.ctl, &open_msg(Role::Sink, vec![dest], opts))?;
     let spec = SourceSpec {
@@ -136,7 +143,7 @@ pub fn pull(
     stats: Arc<Stats>,
 ) -> Result<Report, EngineError> {
     let streams = opts.streams.clamp(1, res.config.max_streams as u16);
-    let (mut s, mut links) = connect(remote, streams)?;
+    let (mut s, mut links) = connect(remote, streams, opts.idle_timeout)?;
     seal_control(&mut s, opts.encrypt)?;
     send_control(&mut *s.ctl, &open_msg(Role::Source, paths, opts))?;
     let spec = SinkSpec {

@@ -238,6 +238,13 @@ impl ClientLinks {
     }
 }
 
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
 /// Send preamble + Join in one segment and wait for JoinOk.
 fn join_link(
     l: Box<dyn Link>,
@@ -294,8 +301,18 @@ pub struct PreLinks {
 }
 
 impl PreLinks {
-    /// Start connecting `n` links to `addr`.
-    pub fn start(transport: Arc<dyn Transport>, addr: &str, n: u16, timeout: Duration) -> PreLinks {
+    /// Start connecting `n` links to `addr`. Each waits up to `join_wait`
+    /// for its JoinOk: the server answers only once the session has its
+    /// threads, and a daemon may hold the task suspended until then
+    /// (docs/DAEMON.md), so this is the wait for Confirm (the idle
+    /// timeout), not the connect timeout.
+    pub fn start(
+        transport: Arc<dyn Transport>,
+        addr: &str,
+        n: u16,
+        timeout: Duration,
+        join_wait: Duration,
+    ) -> PreLinks {
         let mut handles = Vec::new();
         let mut go = Vec::new();
         let keep = (transport.clone(), addr.to_string());
@@ -309,11 +326,17 @@ impl PreLinks {
                     .name(format!("dial-{i}"))
                     .spawn(move || {
                         let l = t.connect(&a, timeout).map_err(|e| connect_err(&a, e))?;
-                        l.set_read_timeout(Some(timeout))?;
+                        l.set_read_timeout(Some(timeout.max(join_wait)))?;
                         let (session, key) = rx
                             .recv()
                             .map_err(|_| EngineError::local("session setup abandoned"))?;
-                        join_link(l, &a, session, &key, i)
+                        join_link(l, &a, session, &key, i).map_err(|e| match e {
+                            EngineError::Io(e) if is_timeout(&e) => EngineError::local(format!(
+                                "{a} did not accept data connection {i} within {} s",
+                                timeout.max(join_wait).as_secs()
+                            )),
+                            e => e,
+                        })
                     })
                     .expect("spawn dialer"),
             );

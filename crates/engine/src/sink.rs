@@ -498,7 +498,8 @@ pub fn run_sink_with(
                             shutdown_handles.push(j.link.try_clone_link()?);
                             streams_st.started(i, j.epoch, j.link.try_clone_link()?);
                             let f = receiver_job(i, j.epoch, j.link, g);
-                            extra_jobs.push(std::thread::Builder::new().name(format!("receiver-r{i}")).spawn(f)?);
+                            // Outside the pool (its threads may all be busy), on its CPUs.
+                            extra_jobs.push(receivers.pool().spawn_extra(format!("receiver-r{i}"), f)?);
                             Ok::<_, EngineError>(())
                         })();
                         if let Err(e) = r { break Err(e) }

@@ -453,6 +453,8 @@ pub fn run_source_with(
     let mut lost_logs: std::collections::HashMap<(usize, u16), SentLog> = Default::default();
     let mut lost_counts: std::collections::HashMap<(usize, u16), u64> = Default::default();
     let check_tick = crossbeam_channel::tick(Duration::from_millis(250));
+    // Replacement links' senders run outside the pool but on its CPUs.
+    let sender_pool = senders.pool().clone();
     senders.release_unused();
     readers.release_unused();
 
@@ -549,7 +551,7 @@ pub fn run_source_with(
             recv(streams_st.events) -> ev => match ev {
                 Ok(LinkEvent::Up(j)) => {
                     if let Some(j) = streams_st.arrived(j) {
-                        if let Err(e) = start_replacement(&mut streams_st, &mut shutdown_handles, &mut closers, &mut extra_jobs, &sender_job, j, opts.idle_timeout) {
+                        if let Err(e) = start_replacement(&mut streams_st, &mut shutdown_handles, &mut closers, (&sender_pool, &mut extra_jobs), &sender_job, j, opts.idle_timeout) {
                             break Err(e);
                         }
                     }
@@ -602,7 +604,7 @@ pub fn run_source_with(
                         break Err(e);
                     }
                     if let Some(j) = waiting {
-                        if let Err(e) = start_replacement(&mut streams_st, &mut shutdown_handles, &mut closers, &mut extra_jobs, &sender_job, j, opts.idle_timeout) {
+                        if let Err(e) = start_replacement(&mut streams_st, &mut shutdown_handles, &mut closers, (&sender_pool, &mut extra_jobs), &sender_job, j, opts.idle_timeout) {
                             break Err(e);
                         }
                     }
@@ -755,12 +757,17 @@ pub fn run_source_with(
 }
 
 /// Start a sender on a replacement link (crate::relink). Replacements are
-/// rare, so they run on a thread of their own rather than a pooled one.
+/// rare, so they run on a thread of their own rather than a pooled one
+/// (the session's pooled senders may all be busy), pinned to the sender
+/// pool's CPUs.
 fn start_replacement<F>(
     st: &mut Streams,
     handles: &mut Vec<Box<dyn Link>>,
     closers: &mut std::collections::HashMap<(usize, u16), Sender<()>>,
-    jobs: &mut Vec<std::thread::JoinHandle<()>>,
+    (pool, jobs): (
+        &ramsys_resources::ThreadPool,
+        &mut Vec<std::thread::JoinHandle<()>>,
+    ),
     job: &F,
     j: Joined,
     idle: Duration,
@@ -775,11 +782,7 @@ where
     // Inline: the link joined the free set and needs no thread.
     if let Some((close, f)) = job(stream, epoch, j.link) {
         closers.insert((stream, epoch), close);
-        jobs.push(
-            std::thread::Builder::new()
-                .name(format!("sender-r{stream}"))
-                .spawn(f)?,
-        );
+        jobs.push(pool.spawn_extra(format!("sender-r{stream}"), f)?);
     }
     Ok(())
 }

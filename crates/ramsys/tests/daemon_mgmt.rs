@@ -277,10 +277,15 @@ fn task_without_free_threads_is_suspended_then_completes() {
     });
     let small = t.path().join("small");
     tree(&small, 99, 4);
+    // A connect timeout far below the time it stays suspended: its data
+    // links wait for JoinOk as long as for Confirm (the idle timeout), not
+    // the connect timeout (they used to fail with a bare EAGAIN).
     let b = cp(
         &key,
         &[
             "-r",
+            "--connect-timeout",
+            "1",
             "--streams",
             "2",
             "--block-size",

@@ -114,6 +114,30 @@ impl ThreadPool {
             .collect()
     }
 
+    /// Run `job` on a new thread outside the pool, pinned like the pool's
+    /// threads and counted in its observed CPUs. For rare extra work of the
+    /// pool's role, such as the thread of a replacement data link (crate
+    /// ramsys-engine relink), which must not wait for a pooled thread that a
+    /// running session holds, but should still run next to its device.
+    pub fn spawn_extra(
+        &self,
+        name: String,
+        job: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let (cpus, shared) = (self.cpus.clone(), self.shared.clone());
+        std::thread::Builder::new().name(name).spawn(move || {
+            if let Err(e) = pin_current_thread(&cpus) {
+                tracing::warn!("cannot pin I/O thread to {cpus:?}: {e}");
+            }
+            job();
+            // SAFETY: sched_getcpu has no preconditions.
+            let cpu = unsafe { libc::sched_getcpu() };
+            if cpu >= 0 {
+                shared.observed.lock().unwrap().insert(cpu as usize);
+            }
+        })
+    }
+
     /// Threads idle right now.
     pub fn idle(&self) -> usize {
         self.shared.idle.lock().unwrap().len()
@@ -255,6 +279,21 @@ impl Drop for Reservation {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn extra_threads_run_pinned_like_the_pool() {
+        // Pinned to CPU 0, which every machine has; verified from inside.
+        let p = ThreadPool::new("x", 1, vec![0]).unwrap();
+        let h = p
+            .spawn_extra("x-extra".into(), || {
+                assert_eq!(current_affinity(), vec![0]);
+                assert_eq!(std::thread::current().name(), Some("x-extra"));
+            })
+            .unwrap();
+        h.join().unwrap();
+        assert_eq!(p.observed_cpus(), vec![0]);
+        assert_eq!(p.idle(), 1, "the pool's own thread is untouched");
+    }
 
     #[test]
     fn threads_are_reused_and_returned() {
