@@ -449,8 +449,11 @@ class Env:
         if self.wanem:
             stop_proc(self.wanem)
             self.wanem = None
+        # Only namespaces this run made: another run.py (e.g. a CI --smoke
+        # next to a long-RTT run) must keep its rsb-a/rsb-b.
         for ns in (WAN["ns_a"], WAN["ns_b"], LO_NS):
-            del_ns(ns)
+            if ns in _NAMESPACES:
+                del_ns(ns)
 
 
 # --------------------------------------------------------------------------
