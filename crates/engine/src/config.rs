@@ -67,21 +67,39 @@ pub enum SendPath {
     /// The reader waits for credit and writes the block itself.
     Inline,
     /// Inline when readers == streams (each reader can hold a link of its
-    /// own), else queued. More readers than links contend for them, which
-    /// is when Tyche's inline mode loses to the queue (seed 002 sec. 7,
-    /// Figs. 14-15); fewer readers than links would serialize reading and
-    /// sending that the queue overlaps (one reader on a disk). docs/NUMA.md
-    /// sec. 8 has the measurement.
+    /// own) on a short path (RTT up to [`INLINE_MAX_RTT`]), else queued.
+    /// More readers than links contend for them, which is when Tyche's
+    /// inline mode loses to the queue (seed 002 sec. 7, Figs. 14-15); fewer
+    /// readers than links would serialize reading and sending that the
+    /// queue overlaps (one reader on a disk); on a long path an inline
+    /// reader's write of a whole block waits through TCP slow start and it
+    /// reads nothing meanwhile. docs/NUMA.md sec. 8 has the measurements.
     #[default]
     Auto,
 }
 
+/// Longest round trip at which `auto` sends inline: a LAN or data-centre
+/// path, where a cold link takes a 4 MiB block within a few milliseconds.
+/// At 100 ms inline was 1.24x (480-file tree) and 1.59x (4 x 107 MB)
+/// slower than queued (docs/BENCHMARKS.md, "Long RTT after the event-loop
+/// fix"), each reader stalled for several slow-start round trips per block.
+pub const INLINE_MAX_RTT: std::time::Duration = std::time::Duration::from_millis(1);
+
 impl SendPath {
     /// The path a session with `readers` reader threads and `streams`
-    /// data links takes.
-    pub fn resolve(self, readers: usize, streams: usize) -> SendPath {
+    /// data links takes, on a path whose round trip is `rtt` (None:
+    /// unknown, e.g. a transport without an estimate: queued, the path
+    /// that never loses much).
+    pub fn resolve(
+        self,
+        readers: usize,
+        streams: usize,
+        rtt: Option<std::time::Duration>,
+    ) -> SendPath {
         match self {
-            SendPath::Auto if readers == streams => SendPath::Inline,
+            SendPath::Auto if readers == streams && rtt.is_some_and(|r| r <= INLINE_MAX_RTT) => {
+                SendPath::Inline
+            }
             SendPath::Auto => SendPath::Queued,
             p => p,
         }
@@ -610,5 +628,29 @@ pub fn task_counts(
     TaskCounts {
         storage: storage_n,
         network,
+    }
+}
+
+#[cfg(test)]
+mod send_path_tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn auto_sends_inline_only_with_a_link_per_reader_on_a_short_path() {
+        let us = |n| Some(Duration::from_micros(n));
+        let a = SendPath::Auto;
+        assert_eq!(a.resolve(4, 4, us(80)), SendPath::Inline);
+        assert_eq!(a.resolve(4, 4, us(1_000)), SendPath::Inline);
+        // A long path (the 100 ms measurement), an unknown one, or
+        // unmatched counts: queued.
+        assert_eq!(a.resolve(4, 4, us(1_001)), SendPath::Queued);
+        assert_eq!(a.resolve(4, 4, us(100_000)), SendPath::Queued);
+        assert_eq!(a.resolve(4, 4, None), SendPath::Queued);
+        assert_eq!(a.resolve(4, 2, us(80)), SendPath::Queued);
+        assert_eq!(a.resolve(1, 4, us(80)), SendPath::Queued);
+        // An explicit choice is kept whatever the path.
+        assert_eq!(SendPath::Inline.resolve(4, 2, None), SendPath::Inline);
+        assert_eq!(SendPath::Queued.resolve(4, 4, us(80)), SendPath::Queued);
     }
 }

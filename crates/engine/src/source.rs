@@ -318,10 +318,17 @@ pub fn run_source_with(
     };
     // Inline send path (seed 002 sec. 7): readers own the links' sending
     // ends in turn and no sender thread runs (crate::data::inline).
-    let path = opts.send_path.resolve(nread, streams as usize);
+    // The control link has seen several round trips by now, so the
+    // kernel's RTT estimate is a fair measure of the path.
+    let rtt = ctl.link.rtt();
+    let path = opts.send_path.resolve(nread, streams as usize, rtt);
     tracing::info!(
-        "source: send path {} ({nread} readers, {streams} streams)",
-        path.name()
+        "source: send path {} ({nread} readers, {streams} streams, rtt {})",
+        path.name(),
+        rtt.map_or("unknown".to_string(), |r| format!(
+            "{:.2} ms",
+            r.as_secs_f64() * 1e3
+        ))
     );
     let mut data_links = data_links;
     let inline = (path == SendPath::Inline).then(|| {

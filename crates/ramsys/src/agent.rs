@@ -924,7 +924,8 @@ pub struct StorageArgs {
     pub device_threads: Option<ramsys_engine::storage::DeviceThreads>,
     /// Where this process is the source: readers send their own blocks
     /// (inline), hand them to one sender thread per stream (queued), or
-    /// auto: inline when readers == streams (seed 002 sec. 7; docs/NUMA.md).
+    /// auto: inline when readers == streams on a path with an RTT up to
+    /// 1 ms, else queued (seed 002 sec. 7; docs/NUMA.md sec. 8).
     /// A pull's source is the daemon: its --send-path or config decides.
     #[arg(long, value_name = "inline|queued|auto")]
     pub send_path: Option<ramsys_engine::config::SendPath>,

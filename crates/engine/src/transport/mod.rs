@@ -30,6 +30,12 @@ pub trait Link: Read + Write + Send {
     fn peer_gone(&self) -> bool {
         false
     }
+    /// The transport's current round-trip estimate (TCP: the kernel's
+    /// smoothed RTT), None when it has none. Choices that depend on the
+    /// path's length (the send path, crate::config::SendPath) read it.
+    fn rtt(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// Something that can open links to an address.

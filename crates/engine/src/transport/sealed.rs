@@ -288,6 +288,12 @@ impl Link for SealedLink {
     fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
         self.inner.set_read_timeout(d)
     }
+    fn peer_gone(&self) -> bool {
+        self.inner.peer_gone()
+    }
+    fn rtt(&self) -> Option<Duration> {
+        self.inner.rtt()
+    }
 }
 
 /// Decode a whole record stream as the `end` side would receive it (no
