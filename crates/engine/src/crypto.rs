@@ -93,8 +93,8 @@ impl std::str::FromStr for Cipher {
     }
 }
 
-/// Direction of a data key: payload flows source to sink only today;
-/// the reverse label is reserved so the two directions never share a key.
+/// Direction of a data key: payload flows source to sink; the reverse key
+/// authenticates the sink's CREDIT frames ([`StreamSeal::credits`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Direction {
     SourceToSink,
@@ -180,6 +180,20 @@ impl StreamSeal {
     /// None when `cipher` is [`Cipher::None`].
     pub fn new(cipher: Cipher, session_key: &Bytes32, stream: u16, epoch: u16) -> Option<Self> {
         let key = data_key(session_key, cipher, Direction::SourceToSink);
+        let aead = Aead::new(cipher, &key)?;
+        Some(StreamSeal {
+            aead,
+            stream,
+            epoch,
+            counter: 0,
+        })
+    }
+
+    /// The AEAD state of the CREDIT frames of one data link (sink to
+    /// source): the reserved reverse-direction data key, so no key and
+    /// nonce pair is ever shared with the blocks. None for no cipher.
+    pub fn credits(cipher: Cipher, session_key: &Bytes32, stream: u16, epoch: u16) -> Option<Self> {
+        let key = data_key(session_key, cipher, Direction::SinkToSource);
         let aead = Aead::new(cipher, &key)?;
         Some(StreamSeal {
             aead,

@@ -372,10 +372,17 @@ pub fn run_sink_with(
     let abort = Arc::new(AtomicBool::new(false));
     let mut credit_returns = Vec::new();
     let mut shutdown_handles = Vec::new();
-    for l in &data_links {
+    // Credits on a sealed session carry a tag (keyed per stream and
+    // epoch, crypto::StreamSeal::credits) so no one on the path can forge,
+    // replay or alter them.
+    let credit_seal = move |i: usize, epoch: u16| {
+        session_key.and_then(|k| crate::crypto::StreamSeal::credits(cipher, &k, i as u16, epoch))
+    };
+    for (i, l) in data_links.iter().enumerate() {
         credit_returns.push(CreditReturn::new(
             l.try_clone_link()?,
             (credits_per_stream as u64 / 4).max(1),
+            credit_seal(i, 0),
         ));
         shutdown_handles.push(l.try_clone_link()?);
     }
@@ -494,7 +501,7 @@ pub fn run_sink_with(
                         let i = j.stream as usize;
                         let r = (|| {
                             j.link.set_read_timeout(Some(opts.idle_timeout))?;
-                            let g = credits[i].rebase(j.link.try_clone_link()?, window, accepted[i])?;
+                            let g = credits[i].rebase(j.link.try_clone_link()?, credit_seal(i, j.epoch), window, accepted[i])?;
                             shutdown_handles.push(j.link.try_clone_link()?);
                             streams_st.started(i, j.epoch, j.link.try_clone_link()?);
                             let f = receiver_job(i, j.epoch, j.link, g);

@@ -312,7 +312,9 @@ pub fn run_source_with(
     let out_of = move |i: usize, epoch: u16, l: Box<dyn Link>| {
         let seal =
             session_key.and_then(|k| crate::crypto::StreamSeal::new(cipher, &k, i as u16, epoch));
-        StreamOut::new(i, epoch, l, window, seal)
+        let credits = session_key
+            .and_then(|k| crate::crypto::StreamSeal::credits(cipher, &k, i as u16, epoch));
+        StreamOut::new(i, epoch, l, window, seal).with_credit_seal(credits)
     };
     // Inline send path (seed 002 sec. 7): readers own the links' sending
     // ends in turn and no sender thread runs (crate::data::inline).

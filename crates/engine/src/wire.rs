@@ -99,6 +99,28 @@ pub fn send_credit(link: &mut dyn Write, n: u32) -> io::Result<()> {
     link.write_all(&b)
 }
 
+/// Send a CREDIT frame, sealed when `seal` is given: flag 1, n in clear,
+/// then the AEAD tag over header + n (nothing is encrypted; the tag binds
+/// n to this link and position, docs/PROTOCOL.md "CREDIT and END").
+pub fn send_credit_sealed(
+    link: &mut dyn Write,
+    n: u32,
+    seal: Option<&mut crate::crypto::StreamSeal>,
+) -> io::Result<()> {
+    let Some(seal) = seal else {
+        return send_credit(link, n);
+    };
+    use ramsys_proto::frame::{CREDIT_SEALED_FLAG, CREDIT_SEALED_LEN};
+    let mut b = [0u8; HEADER_LEN + CREDIT_SEALED_LEN as usize];
+    let mut h = FrameHeader::new(FrameKind::Credit, 0, CREDIT_SEALED_LEN);
+    h.flags = CREDIT_SEALED_FLAG;
+    b[..HEADER_LEN].copy_from_slice(&h.encode());
+    b[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&n.to_le_bytes());
+    let tag = seal.seal(&b[..HEADER_LEN + 4], &mut []);
+    b[HEADER_LEN + 4..].copy_from_slice(&tag);
+    link.write_all(&b)
+}
+
 /// Send an END frame.
 pub fn send_end(link: &mut dyn Write) -> io::Result<()> {
     link.write_all(&FrameHeader::new(FrameKind::End, 0, 0).encode())

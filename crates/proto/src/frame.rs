@@ -84,7 +84,7 @@ impl FrameHeader {
         let limit = match kind {
             FrameKind::Control => MAX_CONTROL_BODY,
             FrameKind::Data => max_data.min(MAX_DATA_BODY),
-            FrameKind::Credit => 4,
+            FrameKind::Credit => CREDIT_SEALED_LEN,
             FrameKind::End => 0,
         };
         if h.len > limit {
@@ -93,11 +93,20 @@ impl FrameHeader {
                 limit: limit as u64,
             });
         }
-        if kind == FrameKind::Credit && h.len != 4 {
-            return Err(ProtoError::malformed(
-                "credit frame",
-                "body must be 4 bytes",
-            ));
+        // A credit is n (4 bytes), plus a 16-byte tag when the link is
+        // sealed (flag 1; docs/PROTOCOL.md "CREDIT and END").
+        if kind == FrameKind::Credit {
+            let want = match h.flags {
+                0 => 4,
+                CREDIT_SEALED_FLAG => CREDIT_SEALED_LEN,
+                _ => return Err(ProtoError::malformed("credit frame", "unknown flags")),
+            };
+            if h.len != want {
+                return Err(ProtoError::malformed(
+                    "credit frame",
+                    format!("body must be {want} bytes"),
+                ));
+            }
         }
         if kind != FrameKind::Data && h.aux != 0 {
             return Err(ProtoError::malformed("frame header", "aux must be 0"));
@@ -105,6 +114,12 @@ impl FrameHeader {
         Ok(h)
     }
 }
+
+/// Header flag of a sealed frame (a DATA payload or a CREDIT followed by
+/// its AEAD tag).
+pub const CREDIT_SEALED_FLAG: u8 = 1;
+/// Body of a sealed CREDIT: n (u32 LE) and a 16-byte tag over header + n.
+pub const CREDIT_SEALED_LEN: u32 = 4 + 16;
 
 /// Incremental frame splitter for byte streams that arrive in pieces
 /// (used by tests and fuzzing; the engine reads headers directly into
@@ -152,6 +167,21 @@ impl FrameDecoder {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn credit_frames_are_4_bytes_or_20_sealed() {
+        let enc = |flags: u8, len: u32| {
+            let mut h = FrameHeader::new(FrameKind::Credit, 0, len);
+            h.flags = flags;
+            FrameHeader::decode(&h.encode(), 1 << 20)
+        };
+        assert!(enc(0, 4).is_ok());
+        assert!(enc(CREDIT_SEALED_FLAG, CREDIT_SEALED_LEN).is_ok());
+        assert!(enc(0, CREDIT_SEALED_LEN).is_err());
+        assert!(enc(CREDIT_SEALED_FLAG, 4).is_err());
+        assert!(enc(2, 4).is_err());
+        assert!(enc(CREDIT_SEALED_FLAG, 21).is_err());
+    }
+
     use super::*;
 
     #[test]

@@ -189,8 +189,11 @@ fn every_data_link_cut_again_and_again_still_completes(path: &str) {
     assert!(cuts >= 4, "only {cuts} cuts");
     assert_same_tree(&s.src, &s.root.join("dst"));
     let j = summary(&o);
-    assert_eq!(j["links_lost"], cuts, "{j}");
-    assert!(j["links_replaced"].as_u64().unwrap() >= cuts - 3, "{j}");
+    // A cut that lands after the sink has settled (the data is all in)
+    // ends that link normally instead of losing it, so it is not counted.
+    let lost = j["links_lost"].as_u64().unwrap();
+    assert!(lost <= cuts && lost >= 4, "{cuts} cuts: {j}");
+    assert!(j["links_replaced"].as_u64().unwrap() + 3 >= lost, "{j}");
 }
 
 #[test]
@@ -331,4 +334,36 @@ fn link_cut_after_the_source_went_idle(path: &str) {
     assert_same_tree(&src, &root.join("dst"));
     let j = summary(&o);
     assert_eq!(j["links_lost"], 1, "{j}");
+}
+
+/// Under --encrypt every CREDIT carries a tag (docs/SECURITY.md): one bit
+/// changed on the path fails the session as a protocol violation, with one
+/// line, without re-dialling (a forger must not be able to make the
+/// session reconnect forever) and without a half-written file.
+#[test]
+fn an_altered_credit_fails_an_encrypted_session_cleanly() {
+    let s = setup();
+    let p = LinkProxy::start(&s.d.addr);
+    p.rules.flip_reverse_after.store(200, Ordering::Relaxed);
+    let o = cp(
+        &s.key,
+        s.src.to_str().unwrap(),
+        &format!("ramsys://{}/dst", p.addr),
+        &["--encrypt"],
+    );
+    assert!(!o.status.success(), "an altered credit went unnoticed");
+    let j = summary(&o);
+    let msg = j["error"].as_str().unwrap();
+    assert!(msg.contains("credit"), "{msg}");
+    assert!(!msg.contains('\n'));
+    assert_eq!(j["links_replaced"].as_u64().unwrap_or(0), 0, "{j}");
+    assert_eq!(p.seen.rejoins.load(Ordering::Relaxed), 0);
+    wait_no_temp(&s.root);
+    let dst = s.root.join("dst");
+    for e in std::fs::read_dir(&dst).into_iter().flatten().flatten() {
+        if e.file_type().unwrap().is_file() {
+            let a = s.src.join(e.file_name());
+            assert_eq!(std::fs::read(e.path()).unwrap(), std::fs::read(&a).unwrap());
+        }
+    }
 }

@@ -13,7 +13,9 @@ use std::sync::{Arc, OnceLock};
 
 use crossbeam_channel::{select, Receiver};
 use ramsys_proto::data::{decode_credit, encode_table, table_len, CreditWindow, MAX_SEGMENTS};
-use ramsys_proto::frame::{FrameHeader, FrameKind, HEADER_LEN};
+use ramsys_proto::frame::{
+    FrameHeader, FrameKind, CREDIT_SEALED_FLAG, CREDIT_SEALED_LEN, HEADER_LEN,
+};
 use ramsys_proto::relink::SentLog;
 use ramsys_proto::ProtoError;
 use ramsys_resources::{Buf, BufferPool};
@@ -67,6 +69,9 @@ pub struct StreamOut {
     /// they are the AEAD's associated data.
     head: Vec<u8>,
     seal: Option<StreamSeal>,
+    /// Sealed sessions: checks the tag of every CREDIT (a forged, replayed
+    /// or altered credit fails the session; crypto::StreamSeal::credits).
+    credit_open: Option<StreamSeal>,
     flip: u64,
 }
 
@@ -88,8 +93,15 @@ impl StreamOut {
             credits: CreditWindow::new(window),
             head: vec![0u8; HEADER_LEN + table_len(MAX_SEGMENTS)],
             seal,
+            credit_open: None,
             flip: flip_every(),
         }
+    }
+
+    /// Require sealed CREDIT frames checked with `open` (None: plain).
+    pub fn with_credit_seal(mut self, open: Option<StreamSeal>) -> StreamOut {
+        self.credit_open = open;
+        self
     }
 
     /// Block until the sink has granted at least one credit.
@@ -103,9 +115,29 @@ impl StreamOut {
                 }
                 .into());
             }
-            let mut b = [0u8; 4];
-            std::io::Read::read_exact(&mut *self.link, &mut b)?;
-            self.credits.grant(decode_credit(&b)?)?;
+            // Sealed and plain credits never mix on one link: a plain one
+            // on a sealed session would be the unauthenticated kind.
+            let sealed = h.flags == CREDIT_SEALED_FLAG;
+            if sealed != self.credit_open.is_some() {
+                return Err(ProtoError::Credit(if sealed {
+                    "sealed credit on a plain link".into()
+                } else {
+                    "unsealed credit on an encrypted link".into()
+                })
+                .into());
+            }
+            let mut b = [0u8; CREDIT_SEALED_LEN as usize];
+            let len = h.len as usize;
+            std::io::Read::read_exact(&mut *self.link, &mut b[..len])?;
+            if let Some(open) = self.credit_open.as_mut() {
+                let mut aad = [0u8; HEADER_LEN + 4];
+                aad[..HEADER_LEN].copy_from_slice(&h.encode());
+                aad[HEADER_LEN..].copy_from_slice(&b[..4]);
+                let tag: [u8; TAG_LEN] = b[4..len].try_into().expect("20-byte body");
+                open.open(&aad, &mut [], &tag)
+                    .map_err(|_| ProtoError::Credit("credit frame failed authentication".into()))?;
+            }
+            self.credits.grant(decode_credit(&b[..4])?)?;
         }
         Ok(())
     }
@@ -202,4 +234,105 @@ pub fn run_sender(
         r?;
     })();
     out.finish(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crypto::Cipher;
+    use crate::wire::{send_credit, send_credit_sealed};
+    use ramsys_proto::data::Segment;
+    use std::net::{TcpListener, TcpStream};
+
+    const KEY: [u8; 32] = [5u8; 32];
+
+    fn pair() -> (Box<dyn Link>, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (Box::new(c), s)
+    }
+
+    /// A sealed source end of (stream 2, epoch 1) with no credit yet.
+    fn sealed_out(l: Box<dyn Link>) -> StreamOut {
+        let c = Cipher::ChaCha20Poly1305;
+        StreamOut::new(2, 1, l, 8, StreamSeal::new(c, &KEY, 2, 1))
+            .with_credit_seal(StreamSeal::credits(c, &KEY, 2, 1))
+    }
+
+    fn credits_of(stream: u16, epoch: u16) -> StreamSeal {
+        StreamSeal::credits(Cipher::ChaCha20Poly1305, &KEY, stream, epoch).unwrap()
+    }
+
+    /// Try to send one block; the peer has written `credit` bytes first.
+    fn send_after(credit: &[u8]) -> Result<(), EngineError> {
+        let (l, mut peer) = pair();
+        peer.write_all(credit).unwrap();
+        let mut out = sealed_out(l);
+        let pool = BufferPool::allocate(1, 4096).unwrap();
+        let mut b = pool.get();
+        b.reset();
+        b.len = 10;
+        b.segs.push(Segment {
+            file_id: 1,
+            offset: 0,
+            len: 10,
+        });
+        let r = out.send_block(&mut b, &Stats::default());
+        pool.put(b);
+        r
+    }
+
+    fn sealed(n: u32, seal: &mut StreamSeal) -> Vec<u8> {
+        let mut v = Vec::new();
+        send_credit_sealed(&mut v, n, Some(seal)).unwrap();
+        v
+    }
+
+    #[test]
+    fn a_sealed_credit_of_this_link_is_accepted() {
+        assert!(send_after(&sealed(4, &mut credits_of(2, 1))).is_ok());
+    }
+
+    /// Every single-bit flip of a sealed credit (header, n or tag) fails,
+    /// as do a credit keyed for another stream or epoch, a replayed one
+    /// and a plain one: all as protocol violations, never link losses.
+    #[test]
+    fn forged_altered_replayed_or_plain_credits_fail() {
+        let good = sealed(4, &mut credits_of(2, 1));
+        for bit in 0..good.len() * 8 {
+            let mut f = good.clone();
+            f[bit / 8] ^= 1 << (bit % 8);
+            let e = send_after(&f).expect_err("a flipped credit was accepted");
+            assert!(!crate::relink::is_link_loss(&e), "bit {bit}: {e}");
+        }
+        for (s, e) in [(3, 1), (2, 0), (2, 2)] {
+            assert!(send_after(&sealed(4, &mut credits_of(s, e))).is_err());
+        }
+        // The second credit of a link, replayed as the first.
+        let mut seal = credits_of(2, 1);
+        let _first = sealed(4, &mut seal);
+        assert!(send_after(&sealed(4, &mut seal)).is_err());
+        let mut plain = Vec::new();
+        send_credit(&mut plain, 4).unwrap();
+        let e = send_after(&plain).unwrap_err();
+        assert!(e.to_string().contains("unsealed credit"), "{e}");
+    }
+
+    /// On a plain link a sealed-looking credit is refused too.
+    #[test]
+    fn a_plain_link_refuses_sealed_credits() {
+        let (l, mut peer) = pair();
+        peer.write_all(&sealed(4, &mut credits_of(0, 0))).unwrap();
+        let mut out = StreamOut::new(0, 0, l, 8, None);
+        let pool = BufferPool::allocate(1, 4096).unwrap();
+        let mut b = pool.get();
+        b.reset();
+        let e = out.send_block(&mut b, &Stats::default()).unwrap_err();
+        pool.put(b);
+        assert!(
+            e.to_string().contains("sealed credit on a plain link"),
+            "{e}"
+        );
+    }
 }

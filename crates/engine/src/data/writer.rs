@@ -9,7 +9,7 @@ use ramsys_resources::{Buf, BufferPool};
 
 use super::sinkfiles::{FileTable, WriteError};
 use crate::transport::Link;
-use crate::wire::send_credit;
+use crate::wire::send_credit_sealed;
 
 /// Credit return path of one stream: writers batch freed buffers and send
 /// them back as one CREDIT frame. The link can be replaced mid-transfer
@@ -30,14 +30,21 @@ pub struct CreditReturn {
 pub struct CreditLink {
     pub link: Box<dyn Link>,
     pub granted: Arc<AtomicU64>,
+    /// Sealed sessions: the link's credit AEAD (crypto::StreamSeal::credits).
+    pub seal: Option<crate::crypto::StreamSeal>,
 }
 
 impl CreditReturn {
-    pub fn new(link: Box<dyn Link>, batch: u64) -> CreditReturn {
+    pub fn new(
+        link: Box<dyn Link>,
+        batch: u64,
+        seal: Option<crate::crypto::StreamSeal>,
+    ) -> CreditReturn {
         CreditReturn {
             link: Mutex::new(CreditLink {
                 link,
                 granted: Arc::new(AtomicU64::new(0)),
+                seal,
             }),
             released: AtomicU64::new(0),
             cursor: AtomicU64::new(0),
@@ -60,7 +67,7 @@ impl CreditReturn {
         // Count first: the block this credit allows may arrive before the
         // send call returns.
         l.granted.fetch_add(n, Ordering::AcqRel);
-        send_credit(&mut *l.link, n as u32)
+        send_credit_sealed(&mut *l.link, n as u32, l.seal.as_mut())
     }
 
     /// One buffer of this stream is free again.
@@ -86,6 +93,7 @@ impl CreditReturn {
     pub fn rebase(
         &self,
         link: Box<dyn Link>,
+        seal: Option<crate::crypto::StreamSeal>,
         window: u64,
         received: u64,
     ) -> std::io::Result<Arc<AtomicU64>> {
@@ -93,6 +101,7 @@ impl CreditReturn {
         let r = self.released.load(Ordering::Acquire);
         self.cursor.store(r, Ordering::Release);
         l.link = link;
+        l.seal = seal;
         l.granted = Arc::new(AtomicU64::new(0));
         let n = ramsys_proto::relink::rebase_grant(window, received, r);
         if n > 0 {

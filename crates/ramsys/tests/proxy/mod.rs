@@ -138,6 +138,10 @@ pub struct Rules {
     /// milliseconds (forwarding nothing), so the sender has written all it
     /// had and sits idle when the link dies: only the receiver notices.
     pub hold_before_cut_ms: AtomicU64,
+    /// Once a data link has carried this many bytes from the server back
+    /// to the client (0 = never), flip the last byte of the next chunk in
+    /// that direction, once in all: on a push that is the tail of a CREDIT.
+    pub flip_reverse_after: AtomicU64,
 }
 
 /// Counters of what [`LinkProxy`] saw and did.
@@ -259,7 +263,7 @@ fn serve_conn(
     let data = matches!(kind, Kind::Join | Kind::Rejoin);
     let fwd = Arc::new(AtomicU64::new(0));
     let handles = Arc::new((c.try_clone().unwrap(), s.try_clone().unwrap()));
-    let mk = |from: TcpStream, to: TcpStream| {
+    let mk = |from: TcpStream, to: TcpStream, reverse: bool| {
         let (rules, seen, controls, fwd, handles) = (
             rules.clone(),
             seen.clone(),
@@ -274,11 +278,25 @@ fn serve_conn(
             };
             let (mut from, mut to) = (from, to);
             let mut buf = vec![0u8; 64 << 10];
+            let mut back = 0u64;
             loop {
                 let n = match from.read(&mut buf) {
                     Ok(0) | Err(_) => break,
                     Ok(n) => n,
                 };
+                if data && reverse {
+                    back += n as u64;
+                    let after = rules.flip_reverse_after.load(Ordering::Relaxed);
+                    if after > 0
+                        && back >= after
+                        && rules
+                            .flip_reverse_after
+                            .compare_exchange(after, 0, Ordering::Relaxed, Ordering::Relaxed)
+                            .is_ok()
+                    {
+                        buf[n - 1] ^= 0x01;
+                    }
+                }
                 if to.write_all(&buf[..n]).is_err() {
                     break;
                 }
@@ -323,8 +341,8 @@ fn serve_conn(
             let _ = to.shutdown(Shutdown::Both);
         })
     };
-    let a = mk(c.try_clone().unwrap(), s.try_clone().unwrap());
-    let b = mk(s, c);
+    let a = mk(c.try_clone().unwrap(), s.try_clone().unwrap(), false);
+    let b = mk(s, c, true);
     let _ = a.join();
     let _ = b.join();
 }
