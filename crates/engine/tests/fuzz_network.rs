@@ -343,3 +343,82 @@ fn network_decoders_survive_mutated_input() {
     }
     eprintln!("fuzz: {n} iterations, no failure");
 }
+
+/// An in-memory link: reads come from `input`, writes are dropped.
+struct MemLink(std::io::Cursor<Vec<u8>>);
+impl std::io::Read for MemLink {
+    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(b)
+    }
+}
+impl std::io::Write for MemLink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+impl ramsys_engine::transport::Link for MemLink {
+    fn try_clone_link(&self) -> std::io::Result<Box<dyn ramsys_engine::transport::Link>> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
+    fn shutdown_both(&self) {}
+    fn peer(&self) -> String {
+        "mem".into()
+    }
+    fn local(&self) -> String {
+        "mem".into()
+    }
+    fn set_read_timeout(&self, _: Option<Duration>) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Sealed CREDIT frames (docs/PROTOCOL.md "CREDIT and END") go through the
+/// source's real credit check (StreamOut::send_block on a sealed link):
+/// mutated input either fails, or its first credit frame is byte for byte
+/// the one that was sealed; a forged or altered credit never grants.
+#[test]
+fn mutated_sealed_credits_never_grant() {
+    use ramsys_engine::data::sender::StreamOut;
+    use ramsys_engine::wire::send_credit_sealed;
+    let secs: u64 = std::env::var("RAMSYS_FUZZ_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let key = [9u8; 32];
+    let c = Cipher::ChaCha20Poly1305;
+    let mut first = Vec::new();
+    let mut seal = StreamSeal::credits(c, &key, 1, 2).unwrap();
+    send_credit_sealed(&mut first, 3, Some(&mut seal)).unwrap();
+    let mut second = first.clone();
+    send_credit_sealed(&mut second, 5, Some(&mut seal)).unwrap();
+    let frame_len = first.len();
+    let pool_src = vec![first.clone(), second.clone()];
+    let pool = ramsys_resources::BufferPool::allocate(1, 4096).unwrap();
+    let stats = ramsys_engine::stats::Stats::default();
+    let mut rng = Rng(0x5eed_c4ed17 ^ secs);
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let (mut n, mut accepted) = (0u64, 0u64);
+    while Instant::now() < deadline {
+        n += 1;
+        let mut v = second.clone();
+        mutate(&mut rng, &mut v, &pool_src);
+        let link = Box::new(MemLink(std::io::Cursor::new(v.clone())));
+        let mut out = StreamOut::new(1, 2, link, 8, StreamSeal::new(c, &key, 1, 2))
+            .with_credit_seal(StreamSeal::credits(c, &key, 1, 2));
+        let mut b = pool.get();
+        b.reset();
+        let r = out.send_block(&mut b, &stats);
+        pool.put(b);
+        if r.is_ok() {
+            accepted += 1;
+            assert!(
+                v.len() >= frame_len && v[..frame_len] == first[..],
+                "a mutated credit granted: {v:02x?}"
+            );
+        }
+    }
+    eprintln!("credit fuzz: {n} iterations, {accepted} accepted unchanged frames");
+}
