@@ -549,7 +549,13 @@ fn run_session(
     let local_addr = link.local();
     // Every path is relative to the root; "" means the root itself.
     let mut rels = Vec::new();
+    // A source path ending in '/' names its contents (rsync's rule; the
+    // walk gives it an empty name, which the sink maps to DST itself).
+    let mut contents = Vec::new();
     for p in &open.paths {
+        let c = open.server_role == Role::Source && p.ends_with(b"/");
+        contents.push(c);
+        let p = if c { &p[..p.len() - 1] } else { &p[..] };
         if p.is_empty() {
             rels.push(Vec::new());
             continue;
@@ -558,7 +564,7 @@ fn run_session(
             refuse(link, 2, e.to_string());
             return Err(e.into());
         }
-        rels.push(p.clone());
+        rels.push(p.to_vec());
     }
     let ctl = std::mem::replace(link, Box::new(ClosedLink));
     let stats = Arc::new(Stats::default());
@@ -603,7 +609,7 @@ fn run_session(
         }
         Role::Source => {
             let mut tops = Vec::new();
-            for r in rels {
+            for (r, c) in rels.into_iter().zip(contents) {
                 // Symlinks inside the export may be read through, but the
                 // top-level path must resolve inside the root.
                 let abs = ex.path.join(std::ffi::OsStr::new(&show(&r)));
@@ -619,6 +625,7 @@ fn run_session(
                     }
                 }
                 let name = match r.iter().rposition(|&b| b == b'/') {
+                    _ if c => Vec::new(),
                     Some(i) => r[i + 1..].to_vec(),
                     None if r.is_empty() => ex
                         .path

@@ -20,6 +20,7 @@ use crate::relink::{LinkEvent, Streams};
 use crate::resources::EngineResources;
 use crate::session::LinkProvider;
 use crate::stats::{process_cpu_seconds, FailedPath, Report, Stats};
+use crate::sync::dest::DestMap;
 use crate::sync::flags as sync_flags;
 use crate::sync::sink::SinkSync;
 use crate::transport::Link;
@@ -67,34 +68,6 @@ impl Ctl {
     }
 }
 
-fn join_rel(a: &[u8], b: &[u8]) -> Vec<u8> {
-    match (a.is_empty(), b.is_empty()) {
-        (true, _) => b.to_vec(),
-        (_, true) => a.to_vec(),
-        _ => [a, b"/", b].concat(),
-    }
-}
-
-/// Maps wire paths ("top/sub/x") to paths under the root.
-struct DestMap {
-    dest: Vec<u8>,
-    /// DST names the copy of the single top-level entry itself.
-    replace_top: bool,
-}
-
-impl DestMap {
-    fn map(&self, wire: &[u8]) -> Vec<u8> {
-        if self.replace_top {
-            match wire.iter().position(|&b| b == b'/') {
-                Some(i) => join_rel(&self.dest, &wire[i + 1..]),
-                None => self.dest.clone(),
-            }
-        } else {
-            join_rel(&self.dest, wire)
-        }
-    }
-}
-
 /// Run the sink end on an authenticated control link.
 pub fn run_sink(
     ctl_link: Box<dyn Link>,
@@ -127,6 +100,7 @@ pub fn run_sink_with(
     adm: &dyn crate::daemon::Admission,
 ) -> Result<Report, EngineError> {
     let cpu0 = process_cpu_seconds();
+    let started = std::time::SystemTime::now();
     let mut ctl = Ctl {
         link: ctl_link,
         machine: SinkMachine::new(),
@@ -141,34 +115,12 @@ pub fn run_sink_with(
         Control::Propose(p) => p,
         _ => unreachable!("machine admits only Propose here"),
     };
-    // How DST is read, as cp does: an existing directory receives the
-    // sources inside it; otherwise a single source is copied *as* DST.
-    let dmap = match spec.root.lstat(&spec.dest) {
-        Ok(Some(st)) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => DestMap {
-            dest: spec.dest.clone(),
-            replace_top: false,
-        },
-        Ok(_) if prop.roots <= 1 => DestMap {
-            dest: spec.dest.clone(),
-            replace_top: true,
-        },
-        Ok(_) => {
-            let msg = format!(
-                "destination {} is not an existing directory (needed for {} sources)",
-                show(&spec.dest),
-                prop.roots
-            );
-            crate::wire::send_final(
-                &mut *ctl.link,
-                &Control::Error {
-                    code: 2,
-                    message: msg.clone(),
-                },
-            );
-            return Err(EngineError::Refused(msg));
-        }
-        Err(e) => {
-            let msg = format!("destination {}: {e}", show(&spec.dest));
+    // How DST is read (sync::dest): cp's rule, rsync's for sync, and
+    // where an interrupted copy went for a resumed one. Refused here,
+    // before any data moves, when it cannot be used.
+    let mut dmap = match DestMap::resolve(&spec.root, &spec.dest, prop.roots, opts.sync) {
+        Ok(m) => m,
+        Err(msg) => {
             crate::wire::send_final(
                 &mut *ctl.link,
                 &Control::Error {
@@ -179,6 +131,7 @@ pub fn run_sink_with(
             return Err(EngineError::Refused(msg));
         }
     };
+    let mut dest_open = true;
 
     // Capacity: what we can serve of what was proposed.
     // Threads and buffers come from `adm` (a daemon task may be queued
@@ -247,10 +200,26 @@ pub fn run_sink_with(
     let meta_result: Result<(), EngineError> = (|| loop {
         match ctl.recv()? {
             Control::SyncMode { flags } => {
-                table.resume = flags & sync_flags::RESUME != 0 && flags & sync_flags::DRY_RUN == 0;
+                let journal = sync_flags::RESUME | sync_flags::JOURNAL;
+                table.resume = flags & journal != 0 && flags & sync_flags::DRY_RUN == 0;
+                table.journal_min = match flags & sync_flags::RESUME {
+                    0 => crate::sync::journal_min(),
+                    _ => 0,
+                };
                 sync = Some(SinkSync::new(flags, spec.root.clone()));
             }
             Control::Entries(es) => {
+                if let (true, Some(e)) = (dest_open, es.first()) {
+                    dest_open = false;
+                    let first = crate::sync::dest::First {
+                        path: &e.path,
+                        dir: matches!(e.kind, EntryKind::Dir),
+                        mode: e.mode,
+                        mtime: (e.mtime_s, e.mtime_ns),
+                    };
+                    dmap.settle(&spec.root, &first)
+                        .map_err(EngineError::local)?;
+                }
                 for e in es {
                     let target = dmap.map(&e.path);
                     let mtime = (e.mtime_s, e.mtime_ns);
@@ -279,9 +248,16 @@ pub fn run_sink_with(
                             if let Some(s) = &mut sync {
                                 s.on_dir(&target);
                             }
-                            match spec.root.mkdir(&target, e.mode) {
+                            // "" is the sink's root itself (`SRC/` into the
+                            // root): it exists and keeps its attributes.
+                            let made = match target.is_empty() {
+                                true => Err(None),
+                                false => spec.root.mkdir(&target, e.mode).map_err(Some),
+                            };
+                            match made {
                                 Ok(()) => dirs.push((target, e.mode, mtime)),
-                                Err(err) => prep_failures.push(Failure {
+                                Err(None) => {}
+                                Err(Some(err)) => prep_failures.push(Failure {
                                     path: target,
                                     reason: err.to_string(),
                                 }),
@@ -700,7 +676,11 @@ pub fn run_sink_with(
             );
         }
     }
-    let file_failures = table.finish_keeping(table.resume);
+    // The default journal keeps what an interruption left (a lost peer),
+    // not what a local failure left (a full disk gets its space back).
+    let keep =
+        table.resume && (table.journal_min == 0 || !matches!(result, Err(EngineError::Local(_))));
+    let file_failures = table.finish_keeping(keep);
     if let Some(s) = &mut sync {
         s.close_journal(&table);
     }
@@ -766,13 +746,16 @@ pub fn run_sink_with(
     let mut deleted = Vec::new();
     let mut planned = Vec::new();
     let mut unchanged = table.kept();
-    if let Some(s) = &sync {
+    if let Some(s) = &mut sync {
         if failures.is_empty() {
             let (d, f) = s.delete();
             deleted = d;
             failures.extend(f.into_iter().map(|(p, r)| Failure { path: p, reason: r }));
         } else if s.flags & sync_flags::DELETE != 0 {
             tracing::warn!("session {}: errors, deletions skipped", spec.session);
+        }
+        if failures.is_empty() && !s.dry() {
+            s.clean_orphans(dmap.dest(), started);
         }
         if s.dry() {
             let (p, u) = s.planned();
@@ -793,9 +776,15 @@ pub fn run_sink_with(
             ctl.send(&Control::Deleted(batch))?;
         }
     }
+    if failures.is_empty() && !dry {
+        dmap.finished(&spec.root);
+    }
     // Sync counts files whose data moved (a delta with no differing
     // block moved none); a copy counts every file put in place.
-    let files = if sync.is_some() {
+    let files = if sync
+        .as_ref()
+        .is_some_and(|s| s.flags & crate::sync::COMPARE != 0)
+    {
         table.files_moved()
     } else {
         stats.files.load(Ordering::Relaxed)

@@ -259,7 +259,7 @@ pub fn run_source_with(
     }
     // Sync: compare what the sink holds, tell it what it can reuse.
     let dry = opts.sync & crate::sync::flags::DRY_RUN != 0;
-    let plan = (opts.sync != 0).then(|| {
+    let plan = (opts.sync & crate::sync::COMPARE != 0).then(|| {
         let max_run = crate::request::tasks::stripe_chunk(block_size as u64);
         crate::sync::source::plan(&spec.root, &w.files, haves, dry, max_run)
     });

@@ -288,7 +288,11 @@ pub mod sync {
     pub const DRY_RUN: u32 = 8;
     /// Keep interrupted temp files and a journal; reuse them next time.
     pub const RESUME: u32 = 16;
-    pub const ALL: u32 = 31;
+    /// Keep the temp files of interrupted large files and journal their
+    /// verified blocks, so a later `--resume` can reuse them (on by
+    /// default; issue 15). Without RESUME nothing at the sink is reused.
+    pub const JOURNAL: u32 = 32;
+    pub const ALL: u32 = 63;
 }
 
 /// What the sink holds of one announced file.

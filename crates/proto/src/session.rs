@@ -67,7 +67,11 @@ impl EntryChecker {
             ));
         }
         self.next_id += 1;
-        validate_relative(&e.path)?;
+        // An empty path is the destination itself: the directory record
+        // of a `SRC/` source, whose contents land in DST (rsync's rule).
+        if !(e.path.is_empty() && e.kind == EntryKind::Dir) {
+            validate_relative(&e.path)?;
+        }
         if e.mode & !0o7777 != 0 {
             return Err(ProtoError::malformed(
                 "entry",

@@ -102,15 +102,32 @@ pub struct CpArgs {
     pub storage: StorageArgs,
     /// Resume an interrupted transfer: run again with the same arguments;
     /// only what is missing or wrong moves (block checksums; the sink
-    /// keeps its temp files and a SQLite journal; docs/SYNC.md).
-    #[arg(long)]
+    /// keeps its temp files and a SQLite journal; docs/SYNC.md). Files of
+    /// 64 MiB and more are journalled by default, so a transfer that ran
+    /// without this flag can still be resumed with it.
+    #[arg(long, conflicts_with = "no_resume")]
     pub resume: bool,
+    /// Keep no temp files or journal when interrupted (the default keeps
+    /// those of files of 64 MiB and more for a later --resume).
+    #[arg(long)]
+    pub no_resume: bool,
     /// Sources, then the destination.
     #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
     pub paths: Vec<String>,
 }
 
 impl CpArgs {
+    /// `--resume` reuses what an interrupted run left; the journal that
+    /// makes that possible is on unless `--no-resume` (issue 15).
+    fn resume_flags(&self) -> u32 {
+        use ramsys_engine::sync::flags::{JOURNAL, RESUME};
+        match (self.resume, self.no_resume) {
+            (true, _) => RESUME | JOURNAL,
+            (false, false) => JOURNAL,
+            (false, true) => 0,
+        }
+    }
+
     fn load_key(&self) -> anyhow::Result<Vec<u8>> {
         if !self.key_stdin {
             return self.key.load();
@@ -124,11 +141,15 @@ impl CpArgs {
     }
 }
 
-fn local_tops(paths: &[PathBuf]) -> anyhow::Result<Vec<Top>> {
+/// Top-level sources as the walk names them. `contents[i]`: source i was
+/// written `DIR/` (or `.`) in a sync, so its contents land in DST itself
+/// (rsync's rule; an empty name is the destination, sync::dest).
+fn local_tops(paths: &[PathBuf], contents: &[bool]) -> anyhow::Result<Vec<Top>> {
     let mut tops = Vec::new();
-    for p in paths {
+    for (i, p) in paths.iter().enumerate() {
         let abs = std::path::absolute(p).with_context(|| format!("{}", p.display()))?;
         let name = match abs.file_name() {
+            _ if contents.get(i) == Some(&true) => Default::default(),
             Some(n) if n != "." && n != ".." => n.to_os_string(),
             _ => abs
                 .canonicalize()
@@ -146,25 +167,37 @@ fn local_tops(paths: &[PathBuf]) -> anyhow::Result<Vec<Top>> {
     Ok(tops)
 }
 
-/// Root and destination for a local sink, as cp reads DST.
+/// Root and destination for a local sink: DST's parent directory (as it
+/// resolves) and DST's name in it. The sink reads DST from there (cp's or
+/// rsync's rule, engine sync::dest), so the root, and with it the resume
+/// journal, is the same whether or not DST exists yet (issue 15).
 pub(crate) fn local_sink(dst: &Path) -> anyhow::Result<(PathBuf, Vec<u8>)> {
-    if dst.is_dir() {
-        let c = dst
-            .canonicalize()
-            .with_context(|| format!("{}", dst.display()))?;
-        return Ok((c, Vec::new()));
-    }
-    let parent = match dst.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
+    let full = match dst.canonicalize() {
+        Ok(c) => c,
+        Err(_) => {
+            let parent = match dst.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            let c = parent.canonicalize().with_context(|| {
+                format!("destination directory {} does not exist", parent.display())
+            })?;
+            anyhow::ensure!(
+                c.is_dir(),
+                "destination {}: not a directory",
+                parent.display()
+            );
+            let name = dst
+                .file_name()
+                .filter(|n| *n != "." && *n != "..")
+                .with_context(|| format!("invalid destination {}", dst.display()))?;
+            c.join(name)
+        }
     };
-    let c = parent
-        .canonicalize()
-        .with_context(|| format!("destination directory {} does not exist", parent.display()))?;
-    let name = dst
-        .file_name()
-        .with_context(|| format!("invalid destination {}", dst.display()))?;
-    Ok((c, name.as_bytes().to_vec()))
+    match (full.parent(), full.file_name()) {
+        (Some(p), Some(n)) => Ok((p.to_path_buf(), n.as_bytes().to_vec())),
+        _ => Ok((full, Vec::new())),
+    }
 }
 
 fn open_root(p: &Path, c: Confinement) -> anyhow::Result<Arc<Root>> {
@@ -203,23 +236,20 @@ pub fn run_sync(a: &SyncArgs) -> anyhow::Result<i32> {
     if a.dry_run {
         f |= DRY_RUN;
     }
-    if a.cp.resume {
-        f |= RESUME;
-    }
-    run_with(&a.cp, f)
+    run_with(&a.cp, f | a.cp.resume_flags())
 }
 
 pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
-    let f = if a.resume {
-        ramsys_engine::sync::flags::RESUME
-    } else {
-        0
-    };
-    run_with(a, f)
+    run_with(a, a.resume_flags())
 }
 
 fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
     let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
+    // rsync's rule for sync: `SRC/` sends SRC's contents into DST.
+    let contents: Vec<bool> = srcs
+        .iter()
+        .map(|s| sync & ramsys_engine::sync::flags::SYNC != 0 && crate::spec::names_contents(s))
+        .collect();
     let mut dst = parse_endpoint(dst)?;
     let mut srcs: Vec<Endpoint> = srcs
         .iter()
@@ -276,9 +306,14 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
             _ => None,
         })
         .collect();
+    // A daemon source names contents with a trailing '/' (docs/PROTOCOL.md).
     let remote_srcs: Vec<(String, Vec<u8>)> = srcs
         .iter()
-        .filter_map(|s| match s {
+        .zip(&contents)
+        .filter_map(|(s, &c)| match s {
+            Endpoint::Daemon { addr, path } if c => {
+                Some((addr.clone(), [path, &b"/"[..]].concat()))
+            }
             Endpoint::Daemon { addr, path } => Some((addr.clone(), path.clone())),
             _ => None,
         })
@@ -323,7 +358,7 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
             let r = push(
                 &remote,
                 root,
-                local_tops(&local_srcs)?,
+                local_tops(&local_srcs, &contents)?,
                 path.clone(),
                 &opts,
                 &res,
@@ -409,7 +444,7 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
             let r = push(
                 &remote,
                 src_root,
-                local_tops(&local_srcs)?,
+                local_tops(&local_srcs, &contents)?,
                 dest,
                 &opts,
                 &res,
@@ -835,7 +870,7 @@ fn summarize(
             "send_path": rep.send_path,
             "handoffs": rep.handoffs,
         });
-        if sync != 0 {
+        if sync & ramsys_engine::sync::COMPARE != 0 {
             // bytes = file data sent, files = files whose data was sent,
             // unchanged = files skipped (issue 10).
             line["unchanged"] = rep.unchanged.into();
@@ -867,7 +902,7 @@ fn summarize(
             );
             return i32::from(!rep.failed.is_empty());
         }
-        if sync != 0 {
+        if sync & ramsys_engine::sync::COMPARE != 0 {
             println!(
                 "{} files unchanged, {} entries deleted",
                 rep.unchanged,

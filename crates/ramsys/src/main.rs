@@ -33,10 +33,19 @@ struct Cli {
 enum Cmd {
     /// Run the daemon: serve transfers beneath --root.
     Serve(daemon::ServeArgs),
-    /// Copy files and directory trees (local paths or ramsys://HOST:PORT/PATH).
+    /// Copy files and directory trees (local paths, ramsys://HOST:PORT/PATH
+    /// or [USER@]HOST:PATH), as cp and scp do: an existing directory DST
+    /// receives the sources; a missing DST becomes the copy of one source.
     Cp(agent::CpArgs),
     /// Bring DST up to date with SRC: only changed files (and changed
     /// blocks of large files) move; --delete, --dry-run, --checksum.
+    ///
+    /// rsync's rule: SRC lands as DST/basename(SRC), SRC/ (trailing slash)
+    /// puts SRC's contents into DST; DST is created when missing, so the
+    /// same command run again updates the same copy.
+    #[command(
+        after_help = "Examples:\n  ramsys sync -r data /backup        # -> /backup/data/...\n  ramsys sync -r data/ /backup/data  # same place, by contents"
+    )]
     Sync(agent::SyncArgs),
     /// Show a daemon's sessions, tasks, queues, pools and throughput.
     Status(status::StatusArgs),

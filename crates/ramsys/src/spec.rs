@@ -129,6 +129,27 @@ pub fn parse_endpoint(s: &str) -> anyhow::Result<Endpoint> {
     }
 }
 
+/// Whether a source argument names a directory's *contents* under rsync's
+/// rule (`ramsys sync`): a trailing `/`, a last component `.`, or an ssh
+/// path that is empty (the login directory, like `.`). Without it the
+/// source lands as `DST/basename(SRC)`.
+pub fn names_contents(arg: &str) -> bool {
+    let path = if let Some(rest) = arg.strip_prefix("ramsys://") {
+        match rest.find('/') {
+            Some(i) => &rest[i..],
+            None => return false,
+        }
+    } else if let Some((_, p)) = ssh_split(arg) {
+        if p.is_empty() {
+            return true;
+        }
+        p
+    } else {
+        arg
+    };
+    path.ends_with('/') || path == "." || path.ends_with("/.")
+}
+
 /// "4M", "4MiB", "512k", "1G", "65536".
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -206,6 +227,27 @@ mod tests {
             },
             "u@[::1]:p"
         );
+    }
+
+    #[test]
+    fn contents_follow_rsyncs_trailing_slash() {
+        for (arg, want) in [
+            ("src", false),
+            ("src/", true),
+            ("a/b/.", true),
+            (".", true),
+            ("/", true),
+            ("ramsys://h:1/x", false),
+            ("ramsys://h:1/x/", true),
+            ("ramsys://h:1/", true),
+            ("ramsys://h:1", false),
+            ("host:dir", false),
+            ("host:dir/", true),
+            ("host:", true),
+            ("[::1]:/data/", true),
+        ] {
+            assert_eq!(names_contents(arg), want, "{arg}");
+        }
     }
 
     #[test]

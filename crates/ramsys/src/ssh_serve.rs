@@ -309,14 +309,6 @@ fn beneath(root: &Path, path: &Path) -> Option<Vec<u8>> {
     Some(rel.as_os_str().as_bytes().to_vec())
 }
 
-fn join_rel(dir: Vec<u8>, name: &[u8]) -> Vec<u8> {
-    match (dir.is_empty(), name.is_empty()) {
-        (true, _) => name.to_vec(),
-        (_, true) => dir,
-        _ => [dir.as_slice(), b"/", name].concat(),
-    }
-}
-
 fn try_running_daemon(
     role: ServeRole,
     paths: &[PathBuf],
@@ -381,10 +373,10 @@ fn try_running_daemon(
                 return Ok(None);
             }
             let (dir, name) = crate::agent::local_sink(&paths[0])?;
-            let Some(rel) = beneath(&root, &dir) else {
+            let Some(rel) = beneath(&root, &dir.join(std::ffi::OsStr::from_bytes(&name))) else {
                 return Ok(None);
             };
-            (Some(join_rel(rel, &name)), Vec::new())
+            (Some(rel), Vec::new())
         }
         ServeRole::Source => {
             let mut v = Vec::new();
@@ -625,8 +617,5 @@ mod tests {
         assert_eq!(beneath(r, r), Some(vec![]));
         assert_eq!(beneath(r, Path::new("/srv/export/alicex")), None);
         assert_eq!(beneath(r, Path::new("/etc")), None);
-        assert_eq!(join_rel(b"a".to_vec(), b"f"), b"a/f");
-        assert_eq!(join_rel(vec![], b"f"), b"f");
-        assert_eq!(join_rel(b"a".to_vec(), b""), b"a");
     }
 }

@@ -133,11 +133,14 @@ fn hostile_paths_abort_the_session_and_touch_nothing() {
     ];
     for p in bad {
         let mut e = open_push(&d.addr, b"");
-        send_control(
-            &mut *e.ctl,
-            &Control::Entries(vec![entry(0, p, EntryKind::Dir)]),
-        )
-        .unwrap();
+        // An empty path is refused for anything but a directory record,
+        // which stands for DST itself (`SRC/`, issue 15).
+        let kind = if p.is_empty() {
+            EntryKind::File { size: 0 }
+        } else {
+            EntryKind::Dir
+        };
+        send_control(&mut *e.ctl, &Control::Entries(vec![entry(0, p, kind)])).unwrap();
         let _ = send_control(
             &mut *e.ctl,
             &Control::MetaEnd {

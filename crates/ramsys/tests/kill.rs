@@ -4,7 +4,9 @@
 //! killed, run again with `--resume`, and check that the destination is
 //! byte-identical to the source (content, modes, mtimes, symlinks), that
 //! the source is unchanged, that nothing outside the destination was
-//! touched, and that no temp file or journal is left.
+//! touched, and that no temp file or journal is left. Every other pair of
+//! seeds copies to a destination that did not exist before (issue 15): the
+//! retry must continue the first run's copy, not nest a second one.
 //!
 //! 20 seeds by default; `RAMSYS_KILL_SEEDS=N` runs seeds 0..N and
 //! `RAMSYS_KILL_FIRST=K` starts at K (the long run, docs/FAULTS.md).
@@ -113,12 +115,18 @@ fn run_seed(seed: u64) -> bool {
     std::fs::create_dir(&sibling).unwrap();
     std::fs::write(sibling.join("keep"), b"not yours").unwrap();
     // An existing directory: both runs copy `src` into it (cp semantics),
-    // however far the first one got.
+    // however far the first one got. Or (issue 15) a destination that did
+    // not exist: the first run makes `dst` the copy of `src`, and the
+    // retry continues that copy instead of nesting a second one in it.
+    let fresh = (seed / 4) % 2 == 1;
     let dst = parent.join("dst");
-    std::fs::create_dir(&dst).unwrap();
+    if !fresh {
+        std::fs::create_dir(&dst).unwrap();
+    }
     let src_before = snapshot(&src);
     let sib_before = snapshot(&sibling);
-    let parent_before = names(&parent);
+    let mut parent_before = names(&parent);
+    parent_before.insert("dst".into());
 
     // The sink writes slowly, so a kill lands mid-transfer more often.
     let slow = [("RAMSYS_FAULT_SLOW_WRITE_US", "3000".to_string())];
@@ -201,13 +209,18 @@ fn run_seed(seed: u64) -> bool {
         );
     }
     let what = format!(
-        "seed {seed}: {} kill {} after {delay:?}, {streams} streams, {send_path} sends",
+        "seed {seed}: {} {}kill {} after {delay:?}, {streams} streams, {send_path} sends",
         if push { "push" } else { "pull" },
+        if fresh { "to a new destination, " } else { "" },
         if kill_agent { "agent" } else { "daemon" }
     );
     assert!(o.status.success(), "{what}: resume failed: {}", stderr(&o));
-    assert_same_tree(&src, &dst.join("src"));
-    assert_eq!(names(&dst), BTreeSet::from(["src".to_string()]), "{what}");
+    // Exactly one copy, where an uninterrupted run puts it (issue 15).
+    let copy = if fresh { dst.clone() } else { dst.join("src") };
+    if !fresh {
+        assert_eq!(names(&dst), BTreeSet::from(["src".to_string()]), "{what}");
+    }
+    assert_same_tree(&src, &copy);
     assert_eq!(snapshot(&src), src_before, "{what}: source changed");
     assert_eq!(snapshot(&sibling), sib_before, "{what}: sibling touched");
     let want = parent_before.clone();

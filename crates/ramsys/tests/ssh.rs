@@ -729,7 +729,9 @@ fn credential_refused_for_a_second_concurrent_session() {
     let t = tempfile::tempdir().unwrap();
     let cred = "c3".repeat(32);
     let mut sv = ssh_serve(t.path(), &cred, &["--", "."]);
-    assert_eq!(sv.dest, "-");
+    // The sink's root is DST's parent; DST is named in it (issue 15).
+    let name = t.path().file_name().unwrap().to_str().unwrap();
+    assert_eq!(sv.dest, hex(name));
     let tcp = Tcp {
         socket_buffer: None,
     };
@@ -877,4 +879,114 @@ fn ssh_serve_uses_a_running_daemon_for_the_user() {
     assert!(!line.contains(&d.addr), "{line}");
     drop(c.stdin.take());
     let _ = exit_within(&mut c, Duration::from_secs(30));
+}
+
+/// Issue 15 over ssh: `sync` into a destination that does not exist, with
+/// and without a trailing slash, pushed and pulled, three runs (one file
+/// changed before the third): exactly one copy, run 2 moves nothing.
+#[test]
+fn sync_over_ssh_converges_with_rsyncs_trailing_slash_rule() {
+    let Some(sshd) = Sshd::start() else { return };
+    for (pull, slash) in [(false, false), (false, true), (true, false), (true, true)] {
+        let t = tempfile::tempdir().unwrap();
+        let src = t.path().join("src");
+        make_varied_tree(&src, 4096);
+        let dst = t.path().join("x");
+        let copy = if slash { dst.clone() } else { dst.join("src") };
+        let slashed = |p: String| if slash { format!("{p}/") } else { p };
+        let (from, to) = if pull {
+            (slashed(remote(&src)), s(&dst))
+        } else {
+            (slashed(s(&src)), remote(&dst))
+        };
+        let what = format!("pull {pull}, slash {slash}");
+        let sync = || {
+            let o = run(
+                &sshd,
+                &["sync", "-r", "--json"],
+                &sshd.opts(),
+                &[&from, &to],
+            );
+            assert_ok(&o);
+            summary(&o)
+        };
+        sync();
+        let v = sync();
+        assert_eq!(v["bytes"], 0, "{what}: {v}");
+        assert_eq!(v["files"], 0, "{what}: {v}");
+        std::fs::write(src.join("changed"), b"third run").unwrap();
+        let v = sync();
+        assert_eq!(v["files"], 1, "{what}: {v}");
+        assert_same_tree(&src, &copy);
+        if !slash {
+            let names: Vec<_> = std::fs::read_dir(&dst).unwrap().collect();
+            assert_eq!(names.len(), 1, "{what}: one copy only");
+        }
+    }
+}
+
+/// Issue 15 over ssh: `cp -r --resume` to a destination that did not
+/// exist, the agent killed mid-transfer, then the same command: the copy
+/// lands once at DST, less than all is re-sent, no temp file is left.
+#[test]
+fn cp_resume_over_ssh_continues_in_place() {
+    let Some(sshd) = Sshd::start() else { return };
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let mut rng = Rng(3);
+    for i in 0..12 {
+        std::fs::write(src.join(format!("f{i}")), rng.bytes(1 << 20)).unwrap();
+    }
+    let total = 12u64 << 20;
+    // The remote sink writes slowly so the kill lands mid-transfer.
+    let wrapper = t.path().join("slow-ramsys");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nRAMSYS_FAULT_SLOW_WRITE_US=15000 exec {} \"$@\"\n",
+            bin()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dst = t.path().join("x");
+    let mut args: Vec<String> = ["cp", "-r", "--json", "--resume", "--block-size", "64K"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(sshd.opts_with(&sshd.key(), &s(&wrapper)));
+    args.extend([s(&src), remote(&dst)]);
+    let mut agent = Command::new(bin())
+        .args(&args)
+        .env("RAMSYS_KEY_FILE", sshd.dir.path().join("ramsys-key"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while temp_files(t.path()).len() < 2 && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    // The remote end notices its agent is gone and ends the session.
+    let t0 = Instant::now();
+    while find_process(&s(&dst), bin()).is_some() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut c = Command::new(bin());
+    c.args(&args)
+        .env("RAMSYS_KEY_FILE", sshd.dir.path().join("ramsys-key"));
+    let o = run_with_timeout(c, Duration::from_secs(120));
+    assert_ok(&o);
+    let sent = summary(&o)["bytes"].as_u64().unwrap();
+    assert!(sent < total, "retry sent {sent} of {total}");
+    assert_same_tree(&src, &dst);
+    assert!(
+        temp_files(t.path()).is_empty(),
+        "{:?}",
+        temp_files(t.path())
+    );
 }

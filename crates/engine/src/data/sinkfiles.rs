@@ -114,6 +114,10 @@ pub struct FileTable {
     pub storage: Arc<StorageCfg>,
     /// Resume: track written blocks for the journal (sync::journal).
     pub resume: bool,
+    /// Files smaller than this are not journalled nor kept when the
+    /// session fails (0 = all; the default journal keeps large files only,
+    /// sync::JOURNAL_MIN).
+    pub journal_min: u64,
     /// Files before this index are all settled (never unsettle again).
     settled_upto: std::sync::atomic::AtomicUsize,
 }
@@ -167,6 +171,7 @@ impl FileTable {
             stats,
             storage: Arc::new(StorageCfg::plain(false, crate::storage::IoEngine::Sync)),
             resume: false,
+            journal_min: 0,
             settled_upto: std::sync::atomic::AtomicUsize::new(0),
         }
     }
@@ -409,7 +414,7 @@ impl FileTable {
         }
         let span = seg.span();
         slow_write_fault();
-        if self.resume && !self.storage.null {
+        if self.resume && !self.storage.null && f.size >= self.journal_min {
             self.note_blocks(f, seg.offset, span);
         }
         let w = f.written.fetch_add(span, Ordering::AcqRel) + span;
@@ -489,7 +494,7 @@ impl FileTable {
             return Ok(());
         }
         f.reused.fetch_add(bytes, Ordering::AcqRel);
-        if self.resume {
+        if self.resume && f.size >= self.journal_min {
             // Reused blocks count as written for the journal too.
             let bs = crate::sync::delta_block(f.size) as u64;
             let mut g = f.jblocks.lock().unwrap();
@@ -536,7 +541,11 @@ impl FileTable {
         let mut out = Vec::new();
         for f in &self.files {
             let fl = f.flags.load(Ordering::Acquire);
-            if fl & TEMP == 0 || fl & FINAL != 0 || (!all && fl & DIRTY == 0) {
+            if fl & TEMP == 0
+                || fl & FINAL != 0
+                || (!all && fl & DIRTY == 0)
+                || f.size < self.journal_min
+            {
                 continue;
             }
             f.flags.fetch_and(!DIRTY, Ordering::AcqRel);
@@ -686,6 +695,9 @@ impl FileTable {
             if fl & FINAL != 0 {
                 continue;
             }
+            // The default journal keeps what the interruption cut short,
+            // not files that failed on their own (changed while read...).
+            let failed_alone = fl & FAILED != 0 && self.journal_min > 0;
             if fl & FAILED == 0 {
                 let w = f.written.load(Ordering::Acquire);
                 let why = if w < f.size {
@@ -696,7 +708,10 @@ impl FileTable {
                 self.fail(f, why);
             }
             f.fd.lock().unwrap().take();
-            let keep = keep_parts && f.written.load(Ordering::Acquire) > 0;
+            let keep = keep_parts
+                && !failed_alone
+                && f.written.load(Ordering::Acquire) > 0
+                && f.size >= self.journal_min;
             if f.flags.load(Ordering::Acquire) & TEMP != 0 && !keep {
                 let (parent, _) = split_parent(&f.rel);
                 let _ = self.root.unlink(parent, &self.tmp_name(f));

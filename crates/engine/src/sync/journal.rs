@@ -58,7 +58,8 @@ impl Journal {
              CREATE TABLE IF NOT EXISTS parts(
                dest BLOB PRIMARY KEY, size INTEGER NOT NULL, mtime_s INTEGER NOT NULL,
                mtime_ns INTEGER NOT NULL, part BLOB NOT NULL, block_size INTEGER NOT NULL,
-               written BLOB NOT NULL);",
+               written BLOB NOT NULL);
+             CREATE TABLE IF NOT EXISTS dests(dest BLOB PRIMARY KEY, top BLOB NOT NULL);",
         )
         .map_err(err)?;
         Ok(Journal { conn, path })
@@ -120,9 +121,98 @@ impl Journal {
         tx.commit().map_err(err)
     }
 
+    /// A copy made DST the copy of its one directory `top` and has not
+    /// finished (sync::dest): a retry must read DST the same way.
+    pub fn mark_dest(&mut self, dest: &[u8], top: &[u8]) -> std::io::Result<()> {
+        self.conn
+            .execute(
+                "INSERT OR REPLACE INTO dests VALUES (?1, ?2)",
+                params![dest, top],
+            )
+            .map(|_| ())
+            .map_err(err)
+    }
+
+    /// The top an unfinished copy made DST the copy of.
+    pub fn dest_top(&self, dest: &[u8]) -> std::io::Result<Option<Vec<u8>>> {
+        self.conn
+            .query_row(
+                "SELECT top FROM dests WHERE dest = ?1",
+                params![dest],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(err)
+    }
+
+    pub fn unmark_dest(&mut self, dest: &[u8]) -> std::io::Result<()> {
+        self.conn
+            .execute("DELETE FROM dests WHERE dest = ?1", params![dest])
+            .map(|_| ())
+            .map_err(err)
+    }
+
+    /// Whether any row names a path strictly under directory `dir`
+    /// ("" = anything): how a resumed copy finds where the interrupted run
+    /// put its files (sync::dest).
+    pub fn any_under(&self, dir: &[u8]) -> std::io::Result<bool> {
+        if dir.is_empty() {
+            return self.count().map(|n| n > 0);
+        }
+        // Paths under "d/" sort in ["d/", "d0"): '0' follows '/'.
+        let lo = [dir, b"/"].concat();
+        let hi = [dir, b"0"].concat();
+        self.conn
+            .query_row(
+                "SELECT EXISTS(SELECT 1 FROM parts WHERE dest >= ?1 AND dest < ?2)",
+                params![lo, hi],
+                |r| r.get::<_, bool>(0),
+            )
+            .map_err(err)
+    }
+
+    /// Every row under directory `dir` ("" = all), for orphan cleaning.
+    pub fn rows_under(&self, dir: &[u8]) -> std::io::Result<Vec<PartRec>> {
+        let lo = if dir.is_empty() {
+            Vec::new()
+        } else {
+            [dir, b"/"].concat()
+        };
+        let hi = if dir.is_empty() {
+            vec![0xff; 4097]
+        } else {
+            [dir, b"0"].concat()
+        };
+        let mut st = self
+            .conn
+            .prepare_cached(
+                "SELECT dest, size, mtime_s, mtime_ns, part, block_size, written FROM parts
+                 WHERE dest >= ?1 AND dest < ?2",
+            )
+            .map_err(err)?;
+        let rows = st
+            .query_map(params![lo, hi], |r| {
+                Ok(PartRec {
+                    dest: r.get(0)?,
+                    size: r.get::<_, i64>(1)? as u64,
+                    mtime: (r.get(2)?, r.get::<_, i64>(3)? as u32),
+                    part: r.get(4)?,
+                    block_size: r.get::<_, i64>(5)? as u32,
+                    written: r.get(6)?,
+                })
+            })
+            .map_err(err)?;
+        rows.collect::<Result<_, _>>().map_err(err)
+    }
+
+    /// Rows left: interrupted files and unfinished destinations.
     pub fn count(&self) -> std::io::Result<u64> {
         self.conn
-            .query_row("SELECT COUNT(*) FROM parts", [], |r| r.get::<_, i64>(0))
+            .query_row(
+                "SELECT (SELECT COUNT(*) FROM parts) + (SELECT COUNT(*) FROM dests)",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
             .map(|n| n as u64)
             .map_err(err)
     }

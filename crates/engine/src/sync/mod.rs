@@ -9,6 +9,7 @@
 //! in place.
 
 pub mod delete;
+pub mod dest;
 pub mod journal;
 pub mod sink;
 pub mod source;
@@ -21,6 +22,34 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use ramsys_proto::data::segment_hash;
 
 pub use ramsys_proto::control::sync as flags;
+
+/// The default journal (flags::JOURNAL without RESUME) keeps interrupted
+/// files of at least this size: re-sending less is not worth a journal
+/// row (issue 15; cost measured in docs/SYNC.md).
+pub const JOURNAL_MIN: u64 = 64 << 20;
+
+/// [`JOURNAL_MIN`], or `RAMSYS_JOURNAL_MIN` (bytes, or with a K/M/G
+/// suffix) where set: the tests' files are smaller than the default.
+pub fn journal_min() -> u64 {
+    static MIN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        let v = std::env::var("RAMSYS_JOURNAL_MIN").unwrap_or_default();
+        let v = v.trim();
+        let (num, shift) = match v.chars().last() {
+            Some('K' | 'k') => (&v[..v.len() - 1], 10),
+            Some('M' | 'm') => (&v[..v.len() - 1], 20),
+            Some('G' | 'g') => (&v[..v.len() - 1], 30),
+            _ => (v, 0),
+        };
+        num.parse::<u64>()
+            .map(|n| n << shift)
+            .unwrap_or(JOURNAL_MIN)
+    })
+}
+
+/// Flags that make a session compare with what the sink holds (all but
+/// the default journal, which only keeps what an interruption leaves).
+pub const COMPARE: u32 = flags::ALL & !flags::JOURNAL;
 
 /// Files below this size that changed in size are sent whole: their old
 /// version is not worth reading and hashing.

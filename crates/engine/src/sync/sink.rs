@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ramsys_proto::control::{Have, HaveState, Reuse, ReuseKind};
 
-use super::flags::{CHECKSUM, DELETE, DRY_RUN, RESUME, SYNC};
+use super::flags::{CHECKSUM, DELETE, DRY_RUN, JOURNAL, RESUME, SYNC};
 use super::journal::{Journal, PartRec};
 use crate::data::sinkfiles::{Base, FileTable, WriteError};
 use crate::fsops::{split_parent, Root};
@@ -45,6 +45,14 @@ pub struct SinkSync {
     /// order, so one confined open per directory instead of per file
     /// (None: it does not exist here).
     dir: Option<(Vec<u8>, Option<std::os::fd::OwnedFd>)>,
+}
+
+/// `.NAME.ramsys-SESSION.part`: the only names orphan cleaning removes.
+fn is_temp_name(n: &[u8]) -> bool {
+    n.starts_with(b".")
+        && n.ends_with(b".part")
+        && n.windows(8).any(|w| w == b".ramsys-")
+        && !n.contains(&b'/')
 }
 
 fn is_reg(st: &libc::stat) -> bool {
@@ -125,6 +133,10 @@ impl SinkSync {
         self.remember(target);
         if self.dry() {
             self.dry_files.push((id, target.to_vec()));
+        }
+        // The default journal alone compares nothing (a plain copy).
+        if self.flags & super::COMPARE == 0 {
+            return;
         }
         if self.resume() {
             if self.journal.is_none() {
@@ -305,7 +317,7 @@ impl SinkSync {
                     tracing::warn!("{e}");
                 }
             }
-        } else if self.resume() {
+        } else if self.flags & (RESUME | JOURNAL) != 0 && !self.dry() {
             if let Ok(mut j) = Journal::open(self.root.path()) {
                 let rows = table.journal_rows(all);
                 if !rows.is_empty() {
@@ -327,6 +339,58 @@ impl SinkSync {
             }
             j.close();
         }
+    }
+
+    /// Orphans (issue 15): once a transfer to `dest` has succeeded, journal
+    /// rows under it that this session did not leave (an older interrupted
+    /// run, files the source no longer has) go, with their temp files. Only
+    /// temp names (`.NAME.ramsys-*.part`) are ever removed, never a final
+    /// name, and only those untouched since this session started (another
+    /// session may be writing into the same tree).
+    pub fn clean_orphans(&mut self, dest: &[u8], since: std::time::SystemTime) {
+        if self.journal.is_none() && !self.root.path().join(super::journal::JOURNAL_NAME).exists() {
+            return;
+        }
+        let Ok(mut j) = Journal::open(self.root.path()) else {
+            return;
+        };
+        let rows = j.rows_under(dest).unwrap_or_default();
+        let mut gone: Vec<&[u8]> = Vec::new();
+        for r in &rows {
+            let (parent, _) = split_parent(&r.dest);
+            if !is_temp_name(&r.part) {
+                continue;
+            }
+            let p = if parent.is_empty() {
+                r.part.clone()
+            } else {
+                [parent, b"/", &r.part].concat()
+            };
+            let fresh = match self.root.lstat(&p) {
+                Ok(Some(st)) => {
+                    let m = std::time::UNIX_EPOCH
+                        + std::time::Duration::new(st.st_mtime as u64, st.st_mtime_nsec as u32);
+                    m >= since
+                }
+                _ => false,
+            };
+            if fresh {
+                continue;
+            }
+            let _ = self.root.unlink(parent, &r.part);
+            gone.push(&r.dest);
+        }
+        if !gone.is_empty() {
+            tracing::info!(
+                "removed {} interrupted temp files left by earlier runs",
+                gone.len()
+            );
+        }
+        if let Err(e) = j.remove(&gone) {
+            tracing::warn!("{e}");
+        }
+        self.journal = None;
+        j.close();
     }
 
     /// `--delete`, last of all: entries of the sent directories the source
