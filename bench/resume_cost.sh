@@ -39,8 +39,8 @@ median() { sort -n | awk '{a[NR]=$1} END {print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a
 
 declare -A WALL CPU
 for r in $(seq "$RUNS"); do
-    for w in bulk tree; do
-        for mode in --no-resume default --resume; do
+    for w in ${WORKLOADS:-bulk tree}; do
+        for mode in ${MODES:---no-resume default --resume}; do
             rm -rf "$SCRATCH/root/$w"; sync
             flag=(); [ "$mode" != default ] && flag=("$mode")
             s=$(/usr/bin/time -f '%e %U %S' "$BIN" cp -r --json "${flag[@]}" "$SCRATCH/$w" "ramsys://$ADDR/$w" 2>&1 >/dev/null | tail -1)
@@ -53,8 +53,8 @@ for r in $(seq "$RUNS"); do
     done
 done
 echo "machine: $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg), disk of $SCRATCH: $(df --output=source "$SCRATCH" | tail -1)"
-for w in bulk tree; do
-    for mode in --no-resume default --resume; do
+for w in ${WORKLOADS:-bulk tree}; do
+    for mode in ${MODES:---no-resume default --resume}; do
         wm=$(printf '%s\n' ${WALL[$w$mode]} | median); cm=$(printf '%s\n' ${CPU[$w$mode]} | median)
         printf '%-5s %-12s wall median %6.2f s (%s)  agent cpu median %5.2f s\n' "$w" "$mode" "$wm" "${WALL[$w$mode]}" "$cm"
     done

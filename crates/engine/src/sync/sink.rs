@@ -310,20 +310,27 @@ impl SinkSync {
 
     /// Resume: save the written blocks of temp files changed since last time.
     pub fn flush(&mut self, table: &FileTable, all: bool) {
-        if let Some(j) = &mut self.journal {
-            let rows = table.journal_rows(all);
-            if !rows.is_empty() {
-                if let Err(e) = j.put(&rows) {
+        if self.flags & (RESUME | JOURNAL) == 0 || self.dry() {
+            return;
+        }
+        // Nothing to save: no journal is created (the default journal
+        // costs nothing until a large file is in flight).
+        let rows = table.journal_rows(all);
+        if rows.is_empty() {
+            return;
+        }
+        if self.journal.is_none() {
+            match Journal::open(self.root.path()) {
+                Ok(j) => self.journal = Some(j),
+                Err(e) => {
                     tracing::warn!("{e}");
+                    return;
                 }
             }
-        } else if self.flags & (RESUME | JOURNAL) != 0 && !self.dry() {
-            if let Ok(mut j) = Journal::open(self.root.path()) {
-                let rows = table.journal_rows(all);
-                if !rows.is_empty() {
-                    let _ = j.put(&rows);
-                }
-                self.journal = Some(j);
+        }
+        if let Some(j) = &mut self.journal {
+            if let Err(e) = j.put(&rows) {
+                tracing::warn!("{e}");
             }
         }
     }
