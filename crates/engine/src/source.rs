@@ -230,7 +230,12 @@ pub fn run_source_with(
             opts.encrypt.name()
         )));
     }
-    let data_links = links.open(confirm.streams)?;
+    // A sink that refused the metadata (e.g. a directory onto a file)
+    // has ended the session: its reason is on the control link.
+    let data_links = match links.open(confirm.streams) {
+        Ok(l) => l,
+        Err(e) => return Err(peer_reason(&mut ctl, None).unwrap_or(e)),
+    };
     let session_key = links.session_key();
     let relinks = links.relinks();
     if cipher != crate::crypto::Cipher::None && session_key.is_none() {

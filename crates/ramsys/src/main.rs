@@ -83,9 +83,13 @@ impl KeyArgs {
     }
 }
 
-fn init_logging(verbose: u8) {
+/// `agent`: cp and sync, whose failures end in one `ramsys: error:` line;
+/// the engines they run in-process (a local copy's daemon) would repeat
+/// it as warnings, so those show only with -v.
+fn init_logging(verbose: u8, agent: bool) {
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
+        0 if agent => "error",
         0 => "warn",
         1 => "info",
         2 => "debug",
@@ -101,7 +105,7 @@ fn init_logging(verbose: u8) {
 
 fn main() {
     let cli = Cli::parse();
-    init_logging(cli.verbose);
+    init_logging(cli.verbose, matches!(cli.cmd, Cmd::Cp(_) | Cmd::Sync(_)));
     let r = match &cli.cmd {
         Cmd::Serve(a) => daemon::run(a),
         Cmd::Cp(a) => agent::run(a),

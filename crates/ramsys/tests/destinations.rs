@@ -394,3 +394,28 @@ fn cp_resume_continues_a_pull_to_a_new_destination() {
 fn cp_resume_continues_a_copy_that_ran_without_it() {
     resume_into_new_destination(false, false);
 }
+
+#[test]
+fn a_directory_onto_a_file_is_one_line_and_the_file_stays() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("a"), b"a").unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f"), b"keep").unwrap();
+    let d = TestDaemon::start(&root, &key);
+    let local = root.join("f");
+    for cmd in ["cp", "sync"] {
+        for dst in [d.url("f"), local.display().to_string()] {
+            let o = ramsys(&key, &[cmd, "-r", src.to_str().unwrap(), &dst]);
+            assert!(!o.status.success(), "{cmd} {dst}");
+            let e = stderr(&o);
+            let lines: Vec<&str> = e.lines().filter(|l| !l.trim().is_empty()).collect();
+            assert_eq!(lines.len(), 1, "{cmd} {dst}: {e}");
+            assert!(lines[0].contains("exists and is not a directory"), "{e}");
+            assert_eq!(std::fs::read(&local).unwrap(), b"keep");
+        }
+    }
+}

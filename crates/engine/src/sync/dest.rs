@@ -38,6 +38,9 @@ enum State {
     /// Copy, DST missing, one top, journal on: DST becomes the copy of the
     /// top; a directory top marks DST in the journal until done.
     CopyFirst,
+    /// DST is an existing non-directory, one top: a file replaces it, a
+    /// directory cannot (cp: "cannot overwrite non-directory").
+    OverFile,
     /// Copy into an existing directory DST, one top, journal on: the first
     /// run may have made DST the copy of the top (module docs).
     ResumeProbe,
@@ -89,7 +92,7 @@ impl DestMap {
                     State::Into
                 }
             }
-            Some(_) if roots <= 1 => State::AsTop,
+            Some(_) if roots <= 1 => State::OverFile,
             Some(_) => {
                 return Err(format!(
                     "destination {} is not a directory (needed for {roots} sources)",
@@ -151,6 +154,13 @@ impl DestMap {
                 self.state = State::Into;
             }
             State::SyncFirst => self.state = State::AsTop,
+            State::OverFile if first.dir => {
+                return Err(format!(
+                    "destination {} exists and is not a directory",
+                    show_dest(&self.dest)
+                ))
+            }
+            State::OverFile => self.state = State::AsTop,
             State::CopyFirst => {
                 self.state = State::AsTop;
                 if first.dir {
@@ -339,6 +349,20 @@ mod tests {
         let m = DestMap::resolve(&r, b"many", 3, SYNC).unwrap();
         assert!(d.path().join("many").is_dir());
         assert_eq!(m.map(b"a/b"), b"many/a/b");
+    }
+
+    #[test]
+    fn a_directory_never_replaces_a_file() {
+        let (d, r) = root();
+        std::fs::write(d.path().join("f"), b"x").unwrap();
+        for flags in [0, SYNC, JOURNAL] {
+            let mut m = DestMap::resolve(&r, b"f", 1, flags).unwrap();
+            let e = m.settle(&r, &dir(b"src")).unwrap_err();
+            assert_eq!(e, "destination f exists and is not a directory");
+            let mut m = DestMap::resolve(&r, b"f", 1, flags).unwrap();
+            m.settle(&r, &file(b"g")).unwrap();
+            assert_eq!(m.map(b"g"), b"f");
+        }
     }
 
     #[test]
