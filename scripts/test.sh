@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
+# No module imports another that imports it back (issue 16); fails fast.
+python3 scripts/module_cycles.py
 command -v cargo >/dev/null 2>&1 || export PATH="$HOME/.cargo/bin:$PATH"
 # Release profile: the integration tests move real data through real
 # daemons; the test build also produces target/release/ramsys for the

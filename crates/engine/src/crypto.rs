@@ -20,6 +20,13 @@ use sha2::Sha256;
 use ramsys_proto::control::Bytes32;
 use ramsys_proto::ProtoError;
 
+/// Fresh random bytes from the OS (nonces, keys, credentials).
+pub fn random32() -> Bytes32 {
+    let mut b = [0u8; 32];
+    getrandom::getrandom(&mut b).expect("OS randomness");
+    b
+}
+
 /// AEAD tag bytes after a sealed payload.
 pub const TAG_LEN: usize = 16;
 /// Frame-header flag: the DATA body ends with an AEAD tag.

@@ -26,6 +26,7 @@ use ramsys_proto::relink::Backoff;
 use ramsys_proto::Control;
 use ramsys_resources::{Buf, BufferPool};
 
+use crate::data::reread::Rereader;
 use crate::fsops::Root;
 use crate::stats::Stats;
 use crate::transport::{Link, Transport};
@@ -87,7 +88,7 @@ impl Dialer {
             .connect(&self.addr, self.timeout)
             .map_err(|e| EngineError::local(format!("cannot connect to {}: {e}", self.addr)))?;
         l.set_read_timeout(Some(self.timeout))?;
-        let nonce = crate::session::random32();
+        let nonce = crate::crypto::random32();
         let mac = rejoin_mac(&self.key, self.session, stream, epoch, &nonce);
         let m = Control::Rejoin {
             session: self.session,
@@ -96,7 +97,7 @@ impl Dialer {
             nonce,
             mac,
         };
-        crate::session::handshake_data_link(l, &self.addr, &m)
+        crate::wire::handshake_data_link(l, &self.addr, &m)
     }
 
     /// Dial `stream` in the background, epochs from `first_epoch` (one per
@@ -517,99 +518,37 @@ impl Requeue {
         std::thread::Builder::new()
             .name("requeue".into())
             .spawn(move || {
-                let by_id: std::collections::HashMap<u64, usize> = me
-                    .files
-                    .iter()
-                    .enumerate()
-                    .map(|(i, f)| (f.id, i))
-                    .collect();
+                let rr = Rereader::new(&me.root, &me.files, me.checksum, me.null);
                 for segs in blocks {
                     if me.abort.load(Ordering::Relaxed) {
                         return;
                     }
-                    match me.rebuild(&segs, &by_id) {
-                        Ok(buf) => {
+                    // Wait for a buffer, but not past an abort.
+                    let mut buf = loop {
+                        if me.abort.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        if let Some(b) = me.pool.get_timeout(Duration::from_millis(200)) {
+                            break b;
+                        }
+                    };
+                    match rr.fill(&mut buf, &segs) {
+                        Ok(()) => {
                             if filled.send(buf).is_err() {
                                 return;
                             }
                         }
                         Err((id, reason)) => {
-                            let path = by_id
-                                .get(&id)
-                                .map(|&i| crate::show(&me.files[i].rel))
-                                .unwrap_or_default();
+                            me.pool.put(buf);
                             let _ = failed.send(crate::data::reader::ReaderEvent::FileFailed {
                                 id,
-                                path,
+                                path: rr.path(id),
                                 reason,
                             });
                         }
                     }
                 }
             })
-    }
-
-    fn rebuild(
-        &self,
-        segs: &[Segment],
-        by_id: &std::collections::HashMap<u64, usize>,
-    ) -> Result<Buf, (u64, String)> {
-        use std::os::unix::fs::FileExt;
-        let first = segs.first().map_or(0, |s| s.file_id);
-        let mut buf = loop {
-            if self.abort.load(Ordering::Relaxed) {
-                return Err((first, "aborted".into()));
-            }
-            if let Some(b) = self.pool.get_timeout(Duration::from_millis(200)) {
-                break b;
-            }
-        };
-        buf.segs.clear();
-        buf.hashes.clear();
-        let mut p = 0usize;
-        for s in segs {
-            let r = (|| {
-                let f = by_id
-                    .get(&s.file_id)
-                    .map(|&i| &self.files[i])
-                    .ok_or("unknown file")?;
-                let len = s.payload_len();
-                if s.offset.saturating_add(s.span()) > f.size || p + len > buf.space().len() {
-                    return Err("range outside the file".to_string());
-                }
-                if len > 0 {
-                    if self.null {
-                        return Err("cannot re-send from the null source engine".into());
-                    }
-                    self.root
-                        .open_read(&f.rel, false)
-                        .and_then(|file| file.read_exact_at(&mut buf.space()[p..p + len], s.offset))
-                        .map_err(|e| format!("cannot re-read: {e}"))?;
-                }
-                Ok(len)
-            })();
-            match r {
-                Ok(len) => {
-                    p += len;
-                    buf.segs.push(*s);
-                    buf.hashes.push(0);
-                }
-                Err(e) => {
-                    buf.segs.clear();
-                    buf.hashes.clear();
-                    self.pool.put(buf);
-                    return Err((s.file_id, e));
-                }
-            }
-        }
-        buf.len = p;
-        buf.checksum = if self.checksum {
-            let (payload, segs, hashes) = buf.parts_mut();
-            ramsys_proto::data::hash_block(segs, payload, hashes)
-        } else {
-            0
-        };
-        Ok(buf)
     }
 }
 

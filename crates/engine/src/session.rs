@@ -11,16 +11,12 @@ use ramsys_proto::control::Bytes32;
 use ramsys_proto::{Control, ProtoError};
 
 use crate::transport::{Link, Transport};
+use crate::wire::{connect_err, handshake_data_link, read_preamble, send_batch};
 use crate::wire::{recv_control, send_control};
 use crate::EngineError;
 use ramsys_proto::preamble;
 
-/// Fresh random bytes from the OS.
-pub fn random32() -> Bytes32 {
-    let mut b = [0u8; 32];
-    getrandom::getrandom(&mut b).expect("OS randomness");
-    b
-}
+pub use crate::crypto::random32;
 
 /// The user name we authenticate as: `$RAMSYS_USER` (e.g. a one-time
 /// credential's `otp-…` name), else the login name.
@@ -44,51 +40,10 @@ pub struct ClientSession {
     pub auth_pending: bool,
 }
 
-fn connect_err(addr: &str, e: std::io::Error) -> EngineError {
-    EngineError::local(format!("cannot connect to {addr}: {e}"))
-}
-
 fn auth_refused(addr: &str) -> EngineError {
     EngineError::local(format!(
         "authentication failed: the daemon at {addr} refused our key (check --key-file)"
     ))
-}
-
-/// Send several control messages in one write (one segment on the wire).
-fn send_batch(link: &mut dyn Link, prefix: &[u8], msgs: &[&Control]) -> Result<(), EngineError> {
-    let mut buf = prefix.to_vec();
-    for m in msgs {
-        let body = m.encode()?;
-        buf.extend_from_slice(
-            &ramsys_proto::frame::FrameHeader::new(
-                ramsys_proto::frame::FrameKind::Control,
-                0,
-                body.len() as u32,
-            )
-            .encode(),
-        );
-        buf.extend_from_slice(&body);
-    }
-    link.write_all(&buf)?;
-    link.flush()?;
-    Ok(())
-}
-
-fn read_preamble(link: &mut dyn Link, addr: &str) -> Result<(), EngineError> {
-    let mut p = [0u8; ramsys_proto::PREAMBLE_LEN];
-    link.read_exact(&mut p).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => EngineError::Proto(ProtoError::BadMagic),
-        _ => connect_err(addr, e),
-    })?;
-    let theirs = ramsys_proto::parse_preamble(&p)?;
-    if theirs != ramsys_proto::VERSION {
-        return Err(ProtoError::VersionMismatch {
-            ours: ramsys_proto::VERSION,
-            theirs,
-        }
-        .into());
-    }
-    Ok(())
 }
 
 /// Connect, prove the key, and return as soon as our proof is sent: the
@@ -262,26 +217,6 @@ fn join_link(
         mac,
     };
     handshake_data_link(l, addr, &join)
-}
-
-/// Send preamble + `first` (Join or Rejoin) in one segment and wait for
-/// JoinOk.
-pub(crate) fn handshake_data_link(
-    mut l: Box<dyn Link>,
-    addr: &str,
-    first: &Control,
-) -> Result<Box<dyn Link>, EngineError> {
-    send_batch(&mut *l, &preamble(ramsys_proto::VERSION), &[first])?;
-    read_preamble(&mut *l, addr)?;
-    match recv_control(&mut *l)? {
-        Control::JoinOk => Ok(l),
-        Control::Error { message, .. } => Err(EngineError::Refused(message)),
-        other => Err(ProtoError::Unexpected {
-            got: other.name(),
-            state: "awaiting JoinOk",
-        }
-        .into()),
-    }
 }
 
 /// Data links dialled before the stream count is agreed: TCP connects start

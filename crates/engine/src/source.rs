@@ -8,14 +8,16 @@ use std::time::Duration;
 
 use crossbeam_channel::{bounded, select, unbounded, Sender};
 use ramsys_proto::control::{entry_wire_size, Propose};
+use ramsys_proto::data::Segment;
 use ramsys_proto::frame::MAX_CONTROL_BODY;
 use ramsys_proto::session::SourceMachine;
 use ramsys_proto::Control;
-use ramsys_resources::Buf;
+use ramsys_resources::{Buf, BufferPool};
 
 use crate::config::SendPath;
 use crate::data::inline::InlineLinks;
 use crate::data::reader::{run_reader, ReaderCtx, ReaderEvent, SrcFileState};
+use crate::data::reread::Rereader;
 use crate::data::sender::{run_sender, LinkDone, StreamOut};
 use crate::fsops::Root;
 use crate::relink::{Joined, LinkEvent, Requeue, Streams};
@@ -497,7 +499,12 @@ pub fn run_source_with(
     // only once the sink has Settled and this handle is dropped.
     let mut resend_tx = Some(filled_tx);
     let mut settled = false;
-    let mut resender = Resender::new(&spec.root, &files, checksum, opts);
+    let resender = Rereader::new(
+        &spec.root,
+        &files,
+        checksum,
+        opts.source_engine == crate::storage::DataEngine::Null,
+    );
     let result: Result<Control, EngineError> = loop {
         if settled && readers_left == 0 && rev_rx.is_empty() {
             resend_tx = None;
@@ -656,7 +663,7 @@ pub fn run_source_with(
                     if let (Control::Resend(v), Some(tx)) = (&m, &resend_tx) {
                         for &(id, offset, len) in v {
                             let seg = ramsys_proto::data::Segment { file_id: id, offset, len };
-                            match resender.block(seg, &pool) {
+                            match resend_block(&resender, seg, &pool) {
                                 Ok(buf) => {
                                     stats.resends.fetch_add(1, Ordering::Relaxed);
                                     let _ = tx.send(buf);
@@ -804,83 +811,18 @@ where
 /// A queued sender's thread body.
 type SenderJob = Box<dyn FnOnce() + Send + 'static>;
 
-/// Re-reads segments the sink asks for again (Control::Resend): a block
-/// that failed verification in flight is sent again with the same segment
-/// boundaries, so its hashes, and the file's digest, are the same.
-struct Resender<'a> {
-    root: &'a Root,
-    files: &'a [crate::request::walk::SourceFile],
-    by_id: std::collections::HashMap<u64, usize>,
-    checksum: bool,
-    null: bool,
-}
-
-impl<'a> Resender<'a> {
-    fn new(
-        root: &'a Root,
-        files: &'a [crate::request::walk::SourceFile],
-        checksum: bool,
-        opts: &TransferOptions,
-    ) -> Self {
-        Resender {
-            root,
-            files,
-            by_id: std::collections::HashMap::new(),
-            checksum,
-            null: opts.source_engine == crate::storage::DataEngine::Null,
+/// A block the sink asked for again (Control::Resend: it failed
+/// verification in flight), re-read by the one re-read path
+/// (data::reread) with the same segment boundaries.
+fn resend_block(rr: &Rereader, seg: Segment, pool: &BufferPool) -> Result<Buf, String> {
+    let mut buf = pool
+        .get_timeout(Duration::from_secs(30))
+        .ok_or("no free buffer to re-send a block")?;
+    match rr.fill(&mut buf, &[seg]) {
+        Ok(()) => Ok(buf),
+        Err((_, reason)) => {
+            pool.put(buf);
+            Err(reason)
         }
-    }
-
-    fn block(
-        &mut self,
-        seg: ramsys_proto::data::Segment,
-        pool: &ramsys_resources::BufferPool,
-    ) -> Result<Buf, String> {
-        use std::os::unix::fs::FileExt;
-        if self.by_id.is_empty() {
-            self.by_id = self
-                .files
-                .iter()
-                .enumerate()
-                .map(|(i, f)| (f.id, i))
-                .collect();
-        }
-        let f = self
-            .by_id
-            .get(&seg.file_id)
-            .map(|&i| &self.files[i])
-            .ok_or("the sink asked for an unknown file")?;
-        let len = seg.payload_len();
-        if seg.offset.saturating_add(seg.span()) > f.size || len > pool.buf_size() {
-            return Err("the sink asked for a range outside the file".into());
-        }
-        if self.null && len > 0 {
-            return Err("cannot re-send from the null source engine".into());
-        }
-        let mut buf = pool
-            .get_timeout(Duration::from_secs(30))
-            .ok_or("no free buffer to re-send a block")?;
-        if len > 0 {
-            let r = self
-                .root
-                .open_read(&f.rel, false)
-                .and_then(|file| file.read_exact_at(&mut buf.space()[..len], seg.offset));
-            if let Err(e) = r {
-                pool.put(buf);
-                return Err(format!("cannot re-read: {e}"));
-            }
-        }
-        buf.len = len;
-        buf.segs.clear();
-        buf.segs.push(seg);
-        buf.hashes.clear();
-        buf.hashes.push(0);
-        buf.checksum = if self.checksum {
-            let (payload, segs, hashes) = buf.parts_mut();
-            ramsys_proto::data::hash_block(segs, payload, hashes)
-        } else {
-            0
-        };
-        Ok(buf)
     }
 }

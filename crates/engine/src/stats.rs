@@ -75,7 +75,7 @@ pub struct Report {
     pub planned: Vec<String>,
     /// Where this end was the source: the send path it took (seed 002
     /// sec. 7) and the blocks it passed through the filled queue.
-    pub send_path: Option<crate::config::SendPath>,
+    pub send_path: Option<crate::config::sendpath::SendPath>,
     pub handoffs: u64,
 }
 

@@ -144,3 +144,73 @@ pub fn send_final(link: &mut dyn Link, m: &Control) {
         }
     }
 }
+
+// Handshake pieces shared by the control and data links (crate::session)
+// and by replacement links (crate::relink).
+
+/// The one-line error for a connection that could not be made or broke
+/// during the handshake.
+pub(crate) fn connect_err(addr: &str, e: std::io::Error) -> EngineError {
+    EngineError::local(format!("cannot connect to {addr}: {e}"))
+}
+
+/// Send several control messages in one write (one segment on the wire).
+pub(crate) fn send_batch(
+    link: &mut dyn Link,
+    prefix: &[u8],
+    msgs: &[&Control],
+) -> Result<(), EngineError> {
+    let mut buf = prefix.to_vec();
+    for m in msgs {
+        let body = m.encode()?;
+        buf.extend_from_slice(
+            &ramsys_proto::frame::FrameHeader::new(
+                ramsys_proto::frame::FrameKind::Control,
+                0,
+                body.len() as u32,
+            )
+            .encode(),
+        );
+        buf.extend_from_slice(&body);
+    }
+    link.write_all(&buf)?;
+    link.flush()?;
+    Ok(())
+}
+
+pub(crate) fn read_preamble(link: &mut dyn Link, addr: &str) -> Result<(), EngineError> {
+    let mut p = [0u8; ramsys_proto::PREAMBLE_LEN];
+    link.read_exact(&mut p).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => EngineError::Proto(ProtoError::BadMagic),
+        _ => connect_err(addr, e),
+    })?;
+    let theirs = ramsys_proto::parse_preamble(&p)?;
+    if theirs != ramsys_proto::VERSION {
+        return Err(ProtoError::VersionMismatch {
+            ours: ramsys_proto::VERSION,
+            theirs,
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// Send preamble + `first` (Join or Rejoin) in one segment and wait for
+/// JoinOk.
+pub(crate) fn handshake_data_link(
+    mut l: Box<dyn Link>,
+    addr: &str,
+    first: &Control,
+) -> Result<Box<dyn Link>, EngineError> {
+    send_batch(&mut *l, &preamble(ramsys_proto::VERSION), &[first])?;
+    read_preamble(&mut *l, addr)?;
+    match recv_control(&mut *l)? {
+        Control::JoinOk => Ok(l),
+        Control::Error { message, .. } => Err(EngineError::Refused(message)),
+        other => Err(ProtoError::Unexpected {
+            got: other.name(),
+            state: "awaiting JoinOk",
+        }
+        .into()),
+    }
+}

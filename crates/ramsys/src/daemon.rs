@@ -69,7 +69,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub fsync: bool,
     #[command(flatten)]
-    pub storage: crate::agent::StorageArgs,
+    pub storage: crate::args::StorageArgs,
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics (docs/DAEMON.md);
     /// the bound address is printed on the line after "listening on".
     #[arg(long, value_name = "ADDR:PORT")]

@@ -2,6 +2,7 @@
 //! hardware tools (`topo`, `iomodel`).
 
 mod agent;
+mod args;
 mod daemon;
 mod plan;
 mod progress;
@@ -36,7 +37,7 @@ enum Cmd {
     /// Copy files and directory trees (local paths, ramsys://HOST:PORT/PATH
     /// or [USER@]HOST:PATH), as cp and scp do: an existing directory DST
     /// receives the sources; a missing DST becomes the copy of one source.
-    Cp(agent::CpArgs),
+    Cp(args::CpArgs),
     /// Bring DST up to date with SRC: only changed files (and changed
     /// blocks of large files) move; --delete, --dry-run, --checksum.
     ///
@@ -46,7 +47,7 @@ enum Cmd {
     #[command(
         after_help = "Examples:\n  ramsys sync -r data /backup        # -> /backup/data/...\n  ramsys sync -r data/ /backup/data  # same place, by contents"
     )]
-    Sync(agent::SyncArgs),
+    Sync(args::SyncArgs),
     /// Show a daemon's sessions, tasks, queues, pools and throughput.
     Status(status::StatusArgs),
     /// Ask a running daemon for a one-time credential (one session, bound

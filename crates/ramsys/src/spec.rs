@@ -1,4 +1,10 @@
-//! Parsing of command-line values: endpoints and sizes.
+//! Parsing of command-line values: endpoints and sizes, and where a local
+//! destination resolves.
+
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
 
 /// A transfer endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,6 +132,39 @@ pub fn parse_endpoint(s: &str) -> anyhow::Result<Endpoint> {
     } else {
         anyhow::ensure!(!s.is_empty(), "empty path");
         Ok(Endpoint::Local(s.into()))
+    }
+}
+
+/// Root and destination for a local sink: DST's parent directory (as it
+/// resolves) and DST's name in it. The sink reads DST from there (cp's or
+/// rsync's rule, engine sync::dest), so the root, and with it the resume
+/// journal, is the same whether or not DST exists yet (issue 15).
+pub fn local_sink(dst: &Path) -> anyhow::Result<(PathBuf, Vec<u8>)> {
+    let full = match dst.canonicalize() {
+        Ok(c) => c,
+        Err(_) => {
+            let parent = match dst.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            let c = parent.canonicalize().with_context(|| {
+                format!("destination directory {} does not exist", parent.display())
+            })?;
+            anyhow::ensure!(
+                c.is_dir(),
+                "destination {}: not a directory",
+                parent.display()
+            );
+            let name = dst
+                .file_name()
+                .filter(|n| *n != "." && *n != "..")
+                .with_context(|| format!("invalid destination {}", dst.display()))?;
+            c.join(name)
+        }
+    };
+    match (full.parent(), full.file_name()) {
+        (Some(p), Some(n)) => Ok((p.to_path_buf(), n.as_bytes().to_vec())),
+        _ => Ok((full, Vec::new())),
     }
 }
 

@@ -11,39 +11,15 @@
 //! `ramsys cp --key-stdin` on HOST1 towards it, relaying its JSON output.
 
 use std::io::{BufRead, BufReader, IsTerminal, Write};
-use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use clap::Args;
 
-use crate::agent::CpArgs;
+use crate::args::{CpArgs, SshArgs};
 use crate::spec::{Endpoint, SshEndpoint};
 use crate::ssh_serve::{Offer, ServeRole, READY_PREFIX};
-
-/// How to reach `HOST:PATH` endpoints (scp's options).
-#[derive(Args, Debug, Clone)]
-pub struct SshArgs {
-    /// Port of sshd on remote hosts (ssh -p).
-    #[arg(long, value_name = "PORT")]
-    pub ssh_port: Option<u16>,
-    /// Option for ssh, passed as `-o OPT` (repeatable), e.g.
-    /// --ssh-opt StrictHostKeyChecking=yes.
-    #[arg(long, value_name = "OPT")]
-    pub ssh_opt: Vec<String>,
-    /// Identity (private key) file for ssh (ssh -i).
-    #[arg(short = 'i', long = "identity", value_name = "FILE")]
-    pub identity: Option<PathBuf>,
-    /// The ssh program, with extra arguments if any (split on spaces).
-    #[arg(long, default_value = "ssh", value_name = "CMD")]
-    pub ssh_cmd: String,
-    /// Path of the ramsys binary on remote hosts, given to the remote
-    /// shell as is (like rsync's --rsync-path).
-    #[arg(long, default_value = "ramsys", value_name = "PATH")]
-    pub remote_ramsys: String,
-}
 
 /// Quote one word for the remote POSIX shell.
 pub fn shell_quote(s: &str) -> String {

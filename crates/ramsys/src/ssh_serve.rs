@@ -75,7 +75,7 @@ pub struct SshServeArgs {
     #[arg(long)]
     pub fsync: bool,
     #[command(flatten)]
-    pub storage: crate::agent::StorageArgs,
+    pub storage: crate::args::StorageArgs,
     /// Seconds to wait for the agent to authenticate.
     #[arg(long, default_value_t = 60)]
     pub accept_timeout: u64,
@@ -372,7 +372,7 @@ fn try_running_daemon(
             if me["read_only"].as_bool() == Some(true) {
                 return Ok(None);
             }
-            let (dir, name) = crate::agent::local_sink(&paths[0])?;
+            let (dir, name) = crate::spec::local_sink(&paths[0])?;
             let Some(rel) = beneath(&root, &dir.join(std::ffi::OsStr::from_bytes(&name))) else {
                 return Ok(None);
             };
@@ -448,7 +448,7 @@ pub fn run(a: &SshServeArgs) -> anyhow::Result<i32> {
     );
     let (root, dest, srcs) = match a.role {
         ServeRole::Sink => {
-            let (root, dest) = crate::agent::local_sink(&paths[0])?;
+            let (root, dest) = crate::spec::local_sink(&paths[0])?;
             (root, Some(dest), Vec::new())
         }
         ServeRole::Source => (PathBuf::from("/"), None, source_paths(&paths)?),

@@ -8,9 +8,9 @@
 //! same global optimum without enumerating; the enumeration survives as the
 //! brute-force cross-check in the tests.
 
-use crate::model::{feasible, path_key, Assignment, Resolved};
-use microlp::{ComparisonOp, OptimizationDirection, Problem, Variable};
-use std::collections::HashMap;
+use crate::lp::build_lp;
+use crate::model::{feasible, Assignment, Resolved};
+use microlp::{ComparisonOp, Variable};
 use std::time::Duration;
 
 /// Per-thread penalty in the MILP objective, so that among equally fast
@@ -20,70 +20,6 @@ const THREAD_PENALTY: f64 = 1e-6;
 
 /// Budget for one exact solve; beyond it the instance is not "small".
 const TIME_LIMIT: Duration = Duration::from_secs(20);
-
-/// Variables of the continuous part: beta per (stage, node) and lambda.
-struct Lp {
-    p: Problem,
-    beta: Vec<Vec<Variable>>,
-    lambda: Variable,
-}
-
-/// Build the LP part shared by the exact solver and the evaluator: beta
-/// bounded by `ub(k, c)`, shared B^max per path and device ceilings,
-/// conservation (Eqs. 5.2/5.3 in rate form), objective lambda * sum(D).
-fn build_lp(r: &Resolved, ub: impl Fn(usize, usize) -> f64) -> Lp {
-    let mut p = Problem::new(OptimizationDirection::Maximize);
-    let wsum: f64 = r.weight.iter().sum();
-    let lambda = p.add_var(wsum, (0.0, f64::INFINITY));
-    let mut beta = Vec::with_capacity(r.stages.len());
-    let mut paths: HashMap<_, Vec<(Variable, f64)>> = HashMap::new();
-    let mut devs: HashMap<_, Vec<(Variable, f64)>> = HashMap::new();
-    for (k, st) in r.stages.iter().enumerate() {
-        let row: Vec<Variable> = (0..r.n)
-            .map(|c| p.add_var(0.0, (0.0, ub(k, c).min(st.bmax[c]).max(0.0))))
-            .collect();
-        for (c, &v) in row.iter().enumerate() {
-            if let Some(key) = path_key(st, c) {
-                paths.entry(key).or_default().push((v, 1.0));
-            }
-            devs.entry((st.device, st.dir)).or_default().push((v, 1.0));
-        }
-        // Eqs. 5.2/5.3: each stage carries the request's whole rate.
-        let mut flow: Vec<(Variable, f64)> = row.iter().map(|&v| (v, 1.0)).collect();
-        flow.push((lambda, -r.weight[k / 2]));
-        p.add_constraint(flow.as_slice(), ComparisonOp::Ge, 0.0);
-        beta.push(row);
-    }
-    for (key, vars) in &paths {
-        let (_, c, _) = *key;
-        let st = r
-            .stages
-            .iter()
-            .find(|s| path_key(s, c) == Some(*key))
-            .expect("path from a stage");
-        if vars.len() > 1 {
-            p.add_constraint(vars.as_slice(), ComparisonOp::Le, st.bmax[c]);
-        }
-    }
-    for (key, vars) in &devs {
-        let cap = r
-            .stages
-            .iter()
-            .find(|s| (s.device, s.dir) == *key)
-            .map(|s| s.cap)
-            .unwrap_or(0.0);
-        p.add_constraint(vars.as_slice(), ComparisonOp::Le, cap);
-    }
-    Lp { p, beta, lambda }
-}
-
-/// Objective for fixed thread counts (one LP of the divide-and-conquer
-/// scheme). `None` if the solver fails.
-pub(crate) fn lp_fixed(r: &Resolved, a: &Assignment) -> Option<f64> {
-    let lp = build_lp(r, |k, c| f64::from(a.stage(k)[c]) * r.stages[k].b0[c]);
-    let sol = lp.p.solve().ok()?.into_solution().ok()?;
-    Some(sol.var_value(lp.lambda) * r.weight.iter().sum::<f64>())
-}
 
 /// Solve the whole MILP. `None` if the solver gives no proven optimum within
 /// the time limit.
@@ -137,7 +73,7 @@ pub(crate) fn solve(r: &Resolved) -> Option<Assignment> {
 /// the objective does not drop (the MILP penalty already prefers this; the
 /// trim makes it exact despite solver tolerances).
 pub(crate) fn trim(r: &Resolved, a: &mut Assignment) {
-    let mut best = crate::model::evaluate_resolved(r, a);
+    let mut best = crate::eval::evaluate_resolved(r, a);
     loop {
         let mut improved = false;
         for k in 0..r.stages.len() {
@@ -146,7 +82,7 @@ pub(crate) fn trim(r: &Resolved, a: &mut Assignment) {
                     continue;
                 }
                 a.threads[k / 2][k % 2][c] -= 1;
-                let v = crate::model::evaluate_resolved(r, a);
+                let v = crate::eval::evaluate_resolved(r, a);
                 if v >= best - 1e-9 {
                     best = best.max(v);
                     improved = true;

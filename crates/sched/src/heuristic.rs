@@ -22,9 +22,8 @@
 //! Cost: O(threads * nodes * stages) with threads <= 2 * max_threads_per_stage
 //! per request; no LP is solved unless requests share a path or device.
 
-use crate::model::{
-    evaluate_resolved, path_key, shares_resources, Assignment, Dir, Resolved, Stage,
-};
+use crate::eval::evaluate_resolved;
+use crate::model::{path_key, shares_resources, Assignment, Dir, Resolved, Stage};
 use std::collections::HashMap;
 
 /// Paths whose single-thread bandwidth is within this fraction of the class

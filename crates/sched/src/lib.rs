@@ -11,14 +11,17 @@
 //!
 //! See docs/SCHEDULER.md for the design, the measured gap and re-planning.
 
+pub mod eval;
 pub mod exact;
 pub mod heuristic;
+mod lp;
 pub mod model;
 pub mod plan;
 
+pub use eval::evaluate;
 pub use model::{
-    evaluate, Assignment, Device, DeviceKind, Host, Instance, IoModel, Node, Params, Path, Request,
-    Role, SchedError,
+    Assignment, Device, DeviceKind, Host, Instance, IoModel, Node, Params, Path, Request, Role,
+    SchedError,
 };
 pub use plan::{render_text, BufferAlloc, Plan, Prediction, StreamAlloc, ThreadGroup};
 

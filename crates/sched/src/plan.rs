@@ -135,7 +135,7 @@ pub(crate) fn build(inst: &Instance, r: &Resolved, a: &Assignment) -> Plan {
             }
         }
     }
-    let gbps = crate::model::evaluate_resolved(r, a);
+    let gbps = crate::eval::evaluate_resolved(r, a);
     // Bottleneck: the slower stage of the slowest request.
     let bottleneck = (0..r.requests())
         .map(|q| {

@@ -1,7 +1,8 @@
 //! Tests of the model, the exact solver and the heuristic, on hand-computed
 //! cases, random instances and hosts shaped like the seed testbeds.
 
-use crate::model::{evaluate_resolved, Assignment};
+use crate::eval::evaluate_resolved;
+use crate::model::Assignment;
 use crate::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -18,6 +18,7 @@
 pub mod inline;
 pub mod reader;
 pub mod receiver;
+pub mod reread;
 pub mod sender;
 pub mod sinkfiles;
 pub mod writer;

@@ -1,6 +1,9 @@
 //! Writers: drain received buffers into files ("offload") and return the
 //! buffer's credit to the stream it came on.
 
+// The io_uring loop: a private part of the writer.
+mod uring;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -137,7 +140,7 @@ pub fn run_writer(
     };
     if table.storage.engine == crate::storage::IoEngine::Uring
         && !table.storage.null
-        && crate::storage::uring::run_writer_uring(&w, &received)
+        && uring::run_writer_uring(&w, &received)
     {
         return;
     }

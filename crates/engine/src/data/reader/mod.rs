@@ -9,6 +9,9 @@
 //! files at an unaligned length). Two engines share this file's helpers:
 //! the synchronous loop below and the io_uring loop (storage::uring).
 
+// The io_uring loop (Algorithm 2): a private part of the reader.
+mod uring;
+
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -282,7 +285,7 @@ impl ReaderCtx {
 /// from `ctx.homes`).
 pub fn run_reader(ctx: &ReaderCtx, i: usize) {
     let Some(home) = ctx.home_of(i) else { return };
-    if ctx.storage.engine == IoEngine::Uring && crate::storage::uring::run_reader_uring(ctx, home) {
+    if ctx.storage.engine == IoEngine::Uring && uring::run_reader_uring(ctx, home) {
         return;
     }
     run_reader_sync(ctx, home);

@@ -35,6 +35,12 @@ use ramsys_topo::{NumaMode, Role, Topology, TransferPlan};
 use crate::placement::{apply, plan_end, sched_instance_with, storage_for_path, Capacities};
 use crate::resources::ResourceConfig;
 
+pub mod sendpath;
+pub mod toml;
+pub use self::toml::parse_size;
+use self::toml::{positive, string, toml_error};
+pub use sendpath::{SendPath, INLINE_MAX_RTT};
+
 /// What a device is for. Detection sees a NIC but not whether it carries
 /// replication traffic or the storage traffic of a SAN/NFS mount.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -54,63 +60,6 @@ pub struct DeviceConfig {
     pub purpose: Option<Purpose>,
     pub capacity_gbps: Option<f64>,
     pub threads: Option<usize>,
-}
-
-/// How a source hands blocks to the network (seed 002 sec. 7;
-/// crate::data::inline). Chosen per session end, never negotiated: the
-/// sink cannot tell the two apart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SendPath {
-    /// Reader -> bounded queue -> sender thread per link.
-    Queued,
-    /// The reader waits for credit and writes the block itself.
-    Inline,
-    /// Inline when readers == streams (each reader can hold a link of its
-    /// own) on a short path (RTT up to [`INLINE_MAX_RTT`]), else queued.
-    /// More readers than links contend for them, which is when Tyche's
-    /// inline mode loses to the queue (seed 002 sec. 7, Figs. 14-15); fewer
-    /// readers than links would serialize reading and sending that the
-    /// queue overlaps (one reader on a disk); on a long path an inline
-    /// reader's write of a whole block waits through TCP slow start and it
-    /// reads nothing meanwhile. docs/NUMA.md sec. 8 has the measurements.
-    #[default]
-    Auto,
-}
-
-/// Longest round trip at which `auto` sends inline: a LAN or data-centre
-/// path, where a cold link takes a 4 MiB block within a few milliseconds.
-/// At 100 ms inline was 1.24x (480-file tree) and 1.59x (4 x 107 MB)
-/// slower than queued (docs/BENCHMARKS.md, "Long RTT after the event-loop
-/// fix"), each reader stalled for several slow-start round trips per block.
-pub const INLINE_MAX_RTT: std::time::Duration = std::time::Duration::from_millis(1);
-
-impl SendPath {
-    /// The path a session with `readers` reader threads and `streams`
-    /// data links takes, on a path whose round trip is `rtt` (None:
-    /// unknown, e.g. a transport without an estimate: queued, the path
-    /// that never loses much).
-    pub fn resolve(
-        self,
-        readers: usize,
-        streams: usize,
-        rtt: Option<std::time::Duration>,
-    ) -> SendPath {
-        match self {
-            SendPath::Auto if readers == streams && rtt.is_some_and(|r| r <= INLINE_MAX_RTT) => {
-                SendPath::Inline
-            }
-            SendPath::Auto => SendPath::Queued,
-            p => p,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            SendPath::Queued => "queued",
-            SendPath::Inline => "inline",
-            SendPath::Auto => "auto",
-        }
-    }
 }
 
 impl std::str::FromStr for SendPath {
@@ -142,76 +91,28 @@ pub struct DaemonConfig {
     pub users: Vec<crate::daemon::users::UserSpec>,
 }
 
-/// Parse a size: a number of bytes, or with a K/M/G/T suffix (binary).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mul) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m: u64 = match c.to_ascii_uppercase() {
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                'B' => 1,
-                _ => return Err(format!("unknown size suffix in {s:?}")),
-            };
-            (&s[..i], m)
-        }
-        _ => (s, 1),
-    };
-    num.trim()
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mul))
-        .ok_or_else(|| format!("expected a size like 512M, got {s:?}"))
-}
-
-fn positive(key: &str, v: &toml::Value) -> Result<usize, String> {
-    match v.as_integer() {
-        Some(n) if n > 0 => Ok(n as usize),
-        _ => Err(format!("key `{key}`: expected a positive integer, got {v}")),
-    }
-}
-
-fn string<'a>(key: &str, v: &'a toml::Value) -> Result<&'a str, String> {
-    v.as_str()
-        .ok_or_else(|| format!("key `{key}`: expected a string, got {v}"))
-}
-
-/// A TOML syntax error as one line with its line number.
-pub(crate) fn toml_error(text: &str, e: &toml::de::Error) -> String {
-    let line = e
-        .span()
-        .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
-    let msg = e.message().replace('\n', " ");
-    match line {
-        Some(l) => format!("TOML syntax error on line {l}: {msg}"),
-        None => format!("TOML syntax error: {msg}"),
-    }
-}
-
 impl DaemonConfig {
     /// Parse config text. Relative paths (the model file) resolve against
     /// `base` (the config file's directory). Errors are one line naming
     /// the offending key.
     pub fn parse(text: &str, base: &Path) -> Result<DaemonConfig, String> {
-        let table: toml::Table = text
+        let table: ::toml::Table = text
             .parse()
-            .map_err(|e: toml::de::Error| toml_error(text, &e))?;
+            .map_err(|e: ::toml::de::Error| toml_error(text, &e))?;
         let mut c = DaemonConfig::default();
         for (k, v) in &table {
             match k.as_str() {
                 "numa" => {
                     let s = match v {
-                        toml::Value::Integer(n) => n.to_string(),
+                        ::toml::Value::Integer(n) => n.to_string(),
                         _ => string(k, v)?.to_string(),
                     };
                     c.numa = Some(s.parse().map_err(|e| format!("key `numa`: {e}"))?);
                 }
                 "memory" => {
                     c.memory = Some(match v {
-                        toml::Value::Integer(n) if *n > 0 => *n as u64,
-                        toml::Value::String(s) => {
+                        ::toml::Value::Integer(n) if *n > 0 => *n as u64,
+                        ::toml::Value::String(s) => {
                             parse_size(s).map_err(|e| format!("key `memory`: {e}"))?
                         }
                         _ => return Err(format!("key `memory`: expected a size, got {v}")),
@@ -278,7 +179,7 @@ impl DaemonConfig {
     }
 }
 
-fn parse_device(key: &str, v: &toml::Value) -> Result<DeviceConfig, String> {
+fn parse_device(key: &str, v: &::toml::Value) -> Result<DeviceConfig, String> {
     let t = v
         .as_table()
         .ok_or_else(|| format!("key `{key}`: expected a table, got {v}"))?;

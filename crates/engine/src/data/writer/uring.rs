@@ -1,0 +1,332 @@
+//! The io_uring writer loop (seed 000 sec. 6.2.2; the ring itself and the
+//! engine choice: crate::storage::uring).
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crossbeam_channel::{Receiver, TryRecvError};
+use ramsys_proto::data::{Segment, MAX_SEGMENTS};
+use ramsys_resources::Buf;
+
+use super::WriterIo;
+use crate::data::sinkfiles::SinkFd;
+use crate::storage::direct::{direct_prefix, pwrite_all_fd};
+use crate::storage::uring::{Ring, Slab, FIXED_MIN_BYTES, MAX_INFLIGHT, RING_ENTRIES};
+use crate::storage::{is_direct_refusal, IoOp};
+
+/// A received buffer whose writes are in flight.
+struct WSlot {
+    buf: Buf,
+    pending: usize,
+}
+
+/// One segment being written (one or two SQEs).
+struct SegWrite {
+    slot: usize,
+    seg: Segment,
+    hash: u64,
+    fd: Arc<SinkFd>,
+    pending: usize,
+    error: Option<io::Error>,
+}
+
+/// One write SQE.
+struct WriteOp {
+    segw: usize,
+    p: usize,
+    len: usize,
+    off: u64,
+    direct: bool,
+}
+
+/// Writer body for the io_uring engine; false if no ring could be made.
+pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
+    // Make the ring (and register the buffer region) before data flows,
+    // so its set-up cost is not paid on the first block. Any buffer of the
+    // pool names the region: a free one goes straight back; if none is
+    // free, the first received block serves (and is then written).
+    let mut next = None;
+    let big = w.table.files().iter().map(|f| f.size).sum::<u64>() >= FIXED_MIN_BYTES;
+    let ring = match w.pool.try_get() {
+        Some(free) => {
+            let r = Ring::new(&free, big);
+            w.pool.put(free);
+            r
+        }
+        None => match rx.recv() {
+            Ok(b) => {
+                let r = Ring::new(&b, big);
+                next = Some(b);
+                r
+            }
+            Err(_) => return true, // no data at all
+        },
+    };
+    let mut ring = match ring {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!("io_uring ring: {e}; writer uses the sync engine");
+            if let Some(b) = next {
+                write_sync(w, b);
+            }
+            return false;
+        }
+    };
+    let mut slots: Slab<WSlot> = Slab::new();
+    let mut segs: Slab<SegWrite> = Slab::new();
+    let mut ops: Slab<WriteOp> = Slab::new();
+    let mut cqes = Vec::with_capacity(RING_ENTRIES as usize);
+    let mut closed = false;
+    loop {
+        // Take every block that is ready; block on the channel only when
+        // no write is in flight (the receivers are the bottleneck).
+        while ops.live + 2 * MAX_SEGMENTS <= MAX_INFLIGHT {
+            let buf = match next.take() {
+                Some(b) => b,
+                None if closed => break,
+                None if ops.live == 0 => match rx.recv() {
+                    Ok(b) => b,
+                    Err(_) => {
+                        closed = true;
+                        break;
+                    }
+                },
+                None => match rx.try_recv() {
+                    Ok(b) => b,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        closed = true;
+                        break;
+                    }
+                },
+            };
+            let s = slots.insert(WSlot { buf, pending: 0 });
+            queue_block(w, &mut ring, &mut slots, &mut segs, &mut ops, s);
+        }
+        if closed && ops.live == 0 && slots.live == 0 {
+            break;
+        }
+        let block =
+            ops.live > 0 && (closed || rx.is_empty() || ops.live + 2 * MAX_SEGMENTS > MAX_INFLIGHT);
+        if let Err(e) = ring.submit(block as usize) {
+            tracing::warn!("io_uring submit: {e}");
+            w.check(Err(crate::data::sinkfiles::WriteError::Fatal(format!(
+                "io_uring: {e}"
+            ))));
+            while ops.live > 0 && ring.submit(1).is_ok() {
+                cqes.clear();
+                ring.reap(&mut cqes);
+                for &(ud, res) in &cqes {
+                    write_done(w, &mut slots, &mut segs, &mut ops, ud as usize, res);
+                }
+            }
+            break;
+        }
+        cqes.clear();
+        ring.reap(&mut cqes);
+        for &(ud, res) in &cqes {
+            write_done(w, &mut slots, &mut segs, &mut ops, ud as usize, res);
+        }
+    }
+    // Drain (after an error): free what is left.
+    for i in 0..slots.items.len() {
+        if slots.items[i].is_some() {
+            let s = slots.remove(i);
+            w.release(s.buf);
+        }
+    }
+    while let Ok(b) = rx.recv() {
+        w.release(b);
+    }
+    true
+}
+
+/// Sync fallback for one block (ring creation failed after a recv).
+fn write_sync(w: &WriterIo<'_>, buf: Buf) {
+    let mut p = 0usize;
+    for (i, s) in buf.segs.iter().enumerate() {
+        let end = p + s.payload_len();
+        let h = buf.hashes.get(i).copied().unwrap_or(0);
+        if !w.check(w.table.write_segment(s, &buf.data()[p..end], h)) {
+            break;
+        }
+        p = end;
+    }
+    w.release(buf);
+}
+
+/// Queue the writes of block `s`; holes and skipped segments are
+/// accounted at once.
+fn queue_block(
+    w: &WriterIo<'_>,
+    ring: &mut Ring,
+    slots: &mut Slab<WSlot>,
+    segs: &mut Slab<SegWrite>,
+    ops: &mut Slab<WriteOp>,
+    s: usize,
+) {
+    let table = w.table;
+    let mut p = 0usize;
+    let nseg = slots.get_mut(s).buf.segs.len();
+    let aborted = w.abort.load(Ordering::Relaxed);
+    // Guard counts (slot and segment) keep both alive while queueing, even
+    // if a write completes (fails) synchronously below.
+    slots.get_mut(s).pending += 1;
+    for i in 0..nseg {
+        if aborted {
+            break;
+        }
+        let (seg, hash, base) = {
+            let b = &slots.get_mut(s).buf;
+            (
+                b.segs[i],
+                b.hashes.get(i).copied().unwrap_or(0),
+                b.data().as_ptr() as usize,
+            )
+        };
+        let start = p;
+        p += seg.payload_len();
+        let (f, fd) = match table.prepare(&seg) {
+            Ok(Some((f, Some(fd)))) => (f, fd),
+            Ok(Some((f, None))) => {
+                if !w.check(table.account(f, &seg, hash)) {
+                    break;
+                }
+                continue;
+            }
+            Ok(None) => continue,
+            Err(e) => {
+                w.check(Err(e));
+                break;
+            }
+        };
+        if seg.is_hole() {
+            if !w.check(table.account(f, &seg, hash)) {
+                break;
+            }
+            continue;
+        }
+        let len = seg.payload_len();
+        if let Err(e) = table
+            .storage
+            .hook
+            .check(IoOp::Write, &f.rel, seg.offset, len)
+        {
+            if !w.check(table.write_failed(f, e)) {
+                break;
+            }
+            continue;
+        }
+        let addr = base + start;
+        let pre = if fd.direct.is_some() {
+            direct_prefix(addr, seg.offset, len)
+        } else {
+            0
+        };
+        let parts: [(usize, usize, bool); 2] = [(0, pre, true), (pre, len - pre, false)];
+        let sw = segs.insert(SegWrite {
+            slot: s,
+            seg,
+            hash,
+            fd: fd.clone(),
+            pending: 1,
+            error: None,
+        });
+        slots.get_mut(s).pending += 1;
+        for (o, l, direct) in parts {
+            if l == 0 {
+                continue;
+            }
+            let rawfd = if direct {
+                fd.direct.as_ref().unwrap().as_raw_fd()
+            } else {
+                fd.buffered.as_raw_fd()
+            };
+            let op = ops.insert(WriteOp {
+                segw: sw,
+                p: addr + o,
+                len: l,
+                off: seg.offset + o as u64,
+                direct,
+            });
+            segs.get_mut(sw).pending += 1;
+            if !ring.write(
+                rawfd,
+                (addr + o) as *const u8,
+                l,
+                seg.offset + o as u64,
+                op as u64,
+            ) {
+                write_done(w, slots, segs, ops, op, -libc::EIO);
+            }
+        }
+        seg_step(w, slots, segs, sw);
+    }
+    slot_step(w, slots, s);
+}
+
+/// One of a segment's writes (or its queueing guard) is done.
+fn seg_step(w: &WriterIo<'_>, slots: &mut Slab<WSlot>, segs: &mut Slab<SegWrite>, sw: usize) {
+    let rec = segs.get_mut(sw);
+    rec.pending -= 1;
+    if rec.pending > 0 {
+        return;
+    }
+    let rec = segs.remove(sw);
+    if let Some(f) = w.table.get(rec.seg.file_id) {
+        let r = match rec.error {
+            Some(e) => w.table.write_failed(f, e),
+            None => w.table.account(f, &rec.seg, rec.hash),
+        };
+        w.check(r);
+    }
+    drop(rec.fd);
+    slot_step(w, slots, rec.slot);
+}
+
+/// One of a block's segments (or its queueing guard) is done.
+fn slot_step(w: &WriterIo<'_>, slots: &mut Slab<WSlot>, s: usize) {
+    let slot = slots.get_mut(s);
+    slot.pending -= 1;
+    if slot.pending == 0 {
+        let sl = slots.remove(s);
+        w.release(sl.buf);
+    }
+}
+
+fn write_done(
+    w: &WriterIo<'_>,
+    slots: &mut Slab<WSlot>,
+    segs: &mut Slab<SegWrite>,
+    ops: &mut Slab<WriteOp>,
+    op: usize,
+    res: i32,
+) {
+    let o = ops.remove(op);
+    let sw = segs.get_mut(o.segw);
+    // Short writes and refused O_DIRECT finish synchronously (buffered).
+    let r = if res < 0 {
+        let e = io::Error::from_raw_os_error(-res);
+        if o.direct && is_direct_refusal(&e) {
+            crate::storage::log_direct_fallback("sink write", &e);
+            // SAFETY: the block is alive until its slot is released below.
+            let data = unsafe { std::slice::from_raw_parts(o.p as *const u8, o.len) };
+            pwrite_all_fd(sw.fd.buffered.as_raw_fd(), data, o.off)
+        } else {
+            Err(e)
+        }
+    } else if (res as usize) < o.len {
+        let n = res as usize;
+        // SAFETY: as above.
+        let data = unsafe { std::slice::from_raw_parts((o.p + n) as *const u8, o.len - n) };
+        pwrite_all_fd(sw.fd.buffered.as_raw_fd(), data, o.off + n as u64)
+    } else {
+        Ok(())
+    };
+    if let Err(e) = r {
+        sw.error.get_or_insert(e);
+    }
+    seg_step(w, slots, segs, o.segw);
+}

@@ -1,0 +1,219 @@
+//! The arguments of the transfer commands (`cp`, `sync`, and the storage
+//! and ssh options they share with `serve` and `ssh-serve`), in a module of
+//! their own so that every command can use them without depending on the
+//! others (issue 16).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use ramsys_engine::TransferOptions;
+
+use crate::spec::parse_size;
+use crate::KeyArgs;
+
+#[derive(Args, Debug)]
+pub struct CpArgs {
+    /// Copy directories recursively.
+    #[arg(short = 'r', long = "recursive")]
+    pub recursive: bool,
+    /// Parallel data streams (default: the scheduler's plan with --numa
+    /// auto, at least 4; otherwise 4).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub streams: Option<u16>,
+    /// Block size: unit of disk access and network transfer.
+    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    pub block_size: u64,
+    /// Turn off per-block checksums and whole-file digests.
+    #[arg(long)]
+    pub no_checksum: bool,
+    /// Encrypt and authenticate every data block (AEAD keyed per session;
+    /// docs/SECURITY.md). Bare `--encrypt` picks AES-256-GCM with CPU
+    /// support, else ChaCha20-Poly1305.
+    #[arg(long, value_name = "auto|aes-256-gcm|chacha20-poly1305", num_args = 0..=1,
+          default_missing_value = "auto", require_equals = true)]
+    pub encrypt: Option<ramsys_engine::crypto::Cipher>,
+    /// One JSON object per line: progress events and a final summary.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// Read the key from the first line of stdin instead of a file (keeps
+    /// it off command lines; used by third-party ssh copies).
+    #[arg(long, conflicts_with = "key_file")]
+    pub key_stdin: bool,
+    #[command(flatten)]
+    pub ssh: SshArgs,
+    /// Reader threads (source side of this agent; default: the
+    /// scheduler's plan with --numa auto, else 4).
+    #[arg(long)]
+    pub readers: Option<usize>,
+    /// Writer threads (sink side of this agent; default: the scheduler's
+    /// plan with --numa auto, else 4).
+    #[arg(long)]
+    pub writers: Option<usize>,
+    /// Credits (blocks in flight) per stream when this agent is the sink.
+    #[arg(long, default_value_t = 8)]
+    pub window: u32,
+    /// Buffer memory of this agent.
+    #[arg(long, default_value = "192M", value_parser = parse_size)]
+    pub memory: u64,
+    /// Seconds to wait for a daemon to answer.
+    #[arg(long, default_value_t = 10)]
+    pub connect_timeout: u64,
+    /// fsync every file before renaming it into place.
+    #[arg(long)]
+    pub fsync: bool,
+    /// NUMA placement: off (leave to the OS), auto (follow the devices,
+    /// seed 000 sec. 6.1.5) or a node number (everything there).
+    #[arg(long, default_value = "auto", value_name = "off|auto|NODE")]
+    pub numa: ramsys_topo::NumaMode,
+    /// Print where threads ran, where buffers live and which NIC each
+    /// stream used, and the scheduler's plan.
+    #[arg(long)]
+    pub explain: bool,
+    /// With several NICs reaching the daemon: how streams are spread over
+    /// them (seed 002 sec. 6.3); each link's source address is bound to
+    /// its NIC.
+    #[arg(
+        long,
+        default_value = "affinity-aware",
+        value_name = "round-robin|affinity-aware|dynamic"
+    )]
+    pub channels: ramsys_topo::ChannelPolicy,
+    #[command(flatten)]
+    pub storage: StorageArgs,
+    /// Resume an interrupted transfer: run again with the same arguments;
+    /// only what is missing or wrong moves (block checksums; the sink
+    /// keeps its temp files and a SQLite journal; docs/SYNC.md). Files of
+    /// 64 MiB and more are journalled by default, so a transfer that ran
+    /// without this flag can still be resumed with it.
+    #[arg(long, conflicts_with = "no_resume")]
+    pub resume: bool,
+    /// Keep no temp files or journal when interrupted (the default keeps
+    /// those of files of 64 MiB and more for a later --resume).
+    #[arg(long)]
+    pub no_resume: bool,
+    /// Sources, then the destination.
+    #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
+    pub paths: Vec<String>,
+}
+
+impl CpArgs {
+    /// `--resume` reuses what an interrupted run left; the journal that
+    /// makes that possible is on unless `--no-resume` (issue 15).
+    pub fn resume_flags(&self) -> u32 {
+        use ramsys_engine::sync::flags::{JOURNAL, RESUME};
+        match (self.resume, self.no_resume) {
+            (true, _) => RESUME | JOURNAL,
+            (false, false) => JOURNAL,
+            (false, true) => 0,
+        }
+    }
+
+    pub fn load_key(&self) -> anyhow::Result<Vec<u8>> {
+        if !self.key_stdin {
+            return self.key.load();
+        }
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::stdin().lock(), &mut line)
+            .context("reading the key from stdin")?;
+        let key = line.trim().as_bytes().to_vec();
+        anyhow::ensure!(key.len() >= 16, "--key-stdin: expected a key line on stdin");
+        Ok(key)
+    }
+}
+
+/// `ramsys sync`: cp's options and endpoints, plus change detection.
+#[derive(Args, Debug)]
+pub struct SyncArgs {
+    /// Compare whole-file content digests (computed in parallel by the side
+    /// holding each file) instead of size and mtime.
+    #[arg(long)]
+    pub checksum: bool,
+    /// Remove destination entries the source no longer has (after the new
+    /// data is in place, only inside the destination).
+    #[arg(long)]
+    pub delete: bool,
+    /// List what would be sent and deleted; change nothing.
+    #[arg(long, short = 'n')]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub cp: CpArgs,
+}
+
+/// Storage-engine flags (issue 4), shared by `cp` and `serve`.
+#[derive(Args, Debug, Clone)]
+pub struct StorageArgs {
+    /// Turn off O_DIRECT (kernel-bypass) reads and writes of large files.
+    #[arg(long)]
+    pub no_direct: bool,
+    /// Storage I/O engine: sync (pread/pwrite) or uring (batched io_uring;
+    /// falls back to sync where the kernel has none).
+    #[arg(long, value_name = "sync|uring")]
+    pub io_engine: Option<ramsys_engine::storage::IoEngine>,
+    /// Source data engine: file, or null (blocks produced without reading).
+    #[arg(long, default_value = "file", value_name = "file|null")]
+    pub source_engine: ramsys_engine::storage::DataEngine,
+    /// Sink data engine: file, or null (blocks verified and discarded).
+    #[arg(long, default_value = "file", value_name = "file|null")]
+    pub sink_engine: ramsys_engine::storage::DataEngine,
+    /// With --source-engine null: send one synthetic file of this size
+    /// instead of scanning the sources.
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    pub null_size: u64,
+    /// Keep scan order instead of sorting each device queue by physical
+    /// location (FIEMAP).
+    #[arg(long)]
+    pub no_sort: bool,
+    /// Storage threads per device: N for all, or e.g. hdd=1,ssd=4,nvme=8,mem=4.
+    #[arg(long, value_name = "SPEC")]
+    pub device_threads: Option<ramsys_engine::storage::DeviceThreads>,
+    /// Where this process is the source: readers send their own blocks
+    /// (inline), hand them to one sender thread per stream (queued), or
+    /// auto: inline when readers == streams on a path with an RTT up to
+    /// 1 ms, else queued (seed 002 sec. 7; docs/NUMA.md sec. 8).
+    /// A pull's source is the daemon: its --send-path or config decides.
+    #[arg(long, value_name = "inline|queued|auto")]
+    pub send_path: Option<ramsys_engine::config::SendPath>,
+}
+
+impl StorageArgs {
+    /// Default options with these storage settings applied.
+    pub fn options(&self) -> TransferOptions {
+        let d = TransferOptions::default();
+        TransferOptions {
+            direct: !self.no_direct,
+            io_engine: self.io_engine.unwrap_or(d.io_engine),
+            source_engine: self.source_engine,
+            sink_engine: self.sink_engine,
+            null_size: self.null_size,
+            sort: !self.no_sort,
+            device_threads: self.device_threads.unwrap_or(d.device_threads),
+            send_path: self.send_path.unwrap_or(d.send_path),
+            ..d
+        }
+    }
+}
+
+/// How to reach `HOST:PATH` endpoints (scp's options).
+#[derive(Args, Debug, Clone)]
+pub struct SshArgs {
+    /// Port of sshd on remote hosts (ssh -p).
+    #[arg(long, value_name = "PORT")]
+    pub ssh_port: Option<u16>,
+    /// Option for ssh, passed as `-o OPT` (repeatable), e.g.
+    /// --ssh-opt StrictHostKeyChecking=yes.
+    #[arg(long, value_name = "OPT")]
+    pub ssh_opt: Vec<String>,
+    /// Identity (private key) file for ssh (ssh -i).
+    #[arg(short = 'i', long = "identity", value_name = "FILE")]
+    pub identity: Option<PathBuf>,
+    /// The ssh program, with extra arguments if any (split on spaces).
+    #[arg(long, default_value = "ssh", value_name = "CMD")]
+    pub ssh_cmd: String,
+    /// Path of the ramsys binary on remote hosts, given to the remote
+    /// shell as is (like rsync's --rsync-path).
+    #[arg(long, default_value = "ramsys", value_name = "PATH")]
+    pub remote_ramsys: String,
+}
