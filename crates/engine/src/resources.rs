@@ -123,3 +123,33 @@ impl EngineResources {
         }
     }
 }
+
+/// A session's share of the engine's buffer pool, given back on every
+/// exit (issue 16: one guard instead of a hand-written return per early
+/// return). Every clone of [`ShareGuard::pool`] must be gone by then
+/// (threads joined), or the share is leaked with a warning.
+pub struct ShareGuard<'a> {
+    res: &'a EngineResources,
+    pool: Option<Arc<BufferPool>>,
+}
+
+impl<'a> ShareGuard<'a> {
+    pub fn new(res: &'a EngineResources, share: BufferPool) -> Self {
+        ShareGuard {
+            res,
+            pool: Some(Arc::new(share)),
+        }
+    }
+
+    pub fn pool(&self) -> &Arc<BufferPool> {
+        self.pool.as_ref().expect("share held until drop")
+    }
+}
+
+impl Drop for ShareGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.pool.take() {
+            self.res.return_buffers(p);
+        }
+    }
+}

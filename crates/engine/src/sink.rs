@@ -156,27 +156,25 @@ pub fn run_sink_with(
     let streams = receivers.len() as u16;
     let block_size = prop.block_size.min(res.buffers.buf_size() as u32);
     let credits_per_stream = (share.count() / streams as usize) as u32;
-    let pool = Arc::new(share);
+    // Returned to the engine on every exit (ShareGuard's Drop).
+    let share = crate::resources::ShareGuard::new(res, share);
+    let pool = share.pool().clone();
     // Encryption is on if either end asks for it; the source's choice wins.
     let cipher = match crate::crypto::Cipher::from_id(prop.cipher) {
         Ok(crate::crypto::Cipher::None) => opts.encrypt,
         Ok(c) => c,
         Err(e) => {
-            res.return_buffers(pool);
             return Err(e.into());
         }
     };
-    if let Err(e) = ctl.send(&Control::Confirm(Confirm {
+    ctl.send(&Control::Confirm(Confirm {
         streams,
         block_size,
         credits_per_stream,
         capacity_mbps: 0,
         checksum: prop.checksum,
         cipher: cipher.id(),
-    })) {
-        res.return_buffers(pool);
-        return Err(e);
-    }
+    }))?;
     adm.transferring(streams);
 
     // Metadata: build the tree as records arrive.
@@ -299,7 +297,6 @@ pub fn run_sink_with(
                 reason: e.to_string(),
             },
         );
-        res.return_buffers(pool);
         return Err(e);
     }
     stats.total_bytes.store(total_bytes, Ordering::Relaxed);
@@ -327,7 +324,6 @@ pub fn run_sink_with(
     let data_links = match opened {
         Ok(l) => l,
         Err(e) => {
-            res.return_buffers(pool);
             return Err(e);
         }
     };
@@ -340,7 +336,6 @@ pub fn run_sink_with(
     let session_key = links.session_key();
     let relinks = links.relinks();
     if cipher != crate::crypto::Cipher::None && session_key.is_none() {
-        res.return_buffers(pool);
         return Err(EngineError::local("encryption without a session key"));
     }
 
@@ -685,7 +680,9 @@ pub fn run_sink_with(
         s.close_journal(&table);
     }
     drop(credits);
-    res.return_buffers(pool);
+    // Every thread holding a clone is joined: the share goes back now.
+    drop(pool);
+    drop(share);
     if let Err(e) = result {
         ctl.link.shutdown_both();
         return Err(e);

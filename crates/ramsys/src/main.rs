@@ -4,6 +4,7 @@
 mod agent;
 mod args;
 mod daemon;
+mod numa;
 mod plan;
 mod progress;
 mod spec;
