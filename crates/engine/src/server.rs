@@ -250,6 +250,16 @@ fn handle(sh: Arc<DaemonShared>, mut link: Box<dyn Link>) {
     }
 }
 
+/// A session's registration (data links find their session by id in the
+/// registry): removed on every exit of the control handler (issue 16).
+struct Registered<'a>(&'a DaemonShared, u64);
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.0.registry.lock().unwrap().remove(&self.1);
+    }
+}
+
 /// Drops a session id from the announced set when the handshake ends,
 /// whatever the outcome, and wakes joins waiting for it.
 struct Unannounce(Arc<DaemonShared>, u64);
@@ -396,6 +406,8 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 .lock()
                 .unwrap()
                 .insert(session, Slot { key: skey, tx });
+            // Removed again on every exit from here on.
+            let registered = Registered(sh, session);
             sh.registry_cv.notify_all();
             send_control(&mut **link, &Control::AuthOk { session })?;
             tracing::info!(
@@ -410,7 +422,6 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 let cipher = match crate::crypto::Cipher::from_id(*cipher) {
                     Ok(c) if c != crate::crypto::Cipher::None => c,
                     _ => {
-                        sh.registry.lock().unwrap().remove(&session);
                         refuse(
                             link,
                             1,
@@ -434,13 +445,11 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 // Sync and resume (docs/SYNC.md): flags for a server source.
                 Ok(Control::SyncOpen { open, flags }) => (open, flags & crate::sync::flags::ALL),
                 Ok(Control::StatusQuery) => {
-                    sh.registry.lock().unwrap().remove(&session);
                     let json = serde_json::to_string(&sh.status_for(grant.account.as_deref()))
                         .map_err(|e| EngineError::local(format!("status: {e}")))?;
                     return send_control(&mut **link, &Control::StatusReport { json });
                 }
                 Ok(Control::TokenRequest { ttl_s }) => {
-                    sh.registry.lock().unwrap().remove(&session);
                     return match sh.creds.mint(&grant, ttl_s) {
                         Ok((name, raw, expires_s)) => {
                             tracing::info!("{user}: minted one-time credential {name}");
@@ -459,17 +468,14 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                     };
                 }
                 Ok(other) => {
-                    sh.registry.lock().unwrap().remove(&session);
                     refuse(link, 1, format!("expected Open, got {}", other.name()));
                     return Ok(());
                 }
                 Err(e) => {
-                    sh.registry.lock().unwrap().remove(&session);
                     return Err(e);
                 }
             };
             if grant.read_only && open.server_role == Role::Sink {
-                sh.registry.lock().unwrap().remove(&session);
                 refuse(
                     link,
                     3,
@@ -478,7 +484,6 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 return Ok(());
             }
             if let Some(o) = sh.one_shot.get().filter(|o| o.role != open.server_role) {
-                sh.registry.lock().unwrap().remove(&session);
                 refuse(
                     link,
                     2,
@@ -502,7 +507,7 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 },
             );
             sh.active.fetch_sub(1, Ordering::Relaxed);
-            sh.registry.lock().unwrap().remove(&session);
+            drop(registered);
             sh.state.close_session(session);
             match &r {
                 Ok(()) => tracing::info!("session {session:x} complete"),
