@@ -26,6 +26,9 @@ pub struct TransferOptions {
     /// O_DIRECT reads and writes of large files where the file system
     /// allows it (seed 000 sec. 6.2.2; see storage::direct).
     pub direct: bool,
+    /// With `direct`: O_DIRECT reads only for large files mostly not in
+    /// the page cache (auto), or for all large files (always); issue 17.
+    pub direct_mode: crate::storage::cache::DirectMode,
     /// Storage I/O engine (falls back to sync without io_uring).
     pub io_engine: crate::storage::IoEngine,
     /// Source data engine: real files, or null (blocks without reading).
@@ -63,6 +66,7 @@ impl Default for TransferOptions {
             idle_timeout: Duration::from_secs(60),
             fsync: false,
             direct: true,
+            direct_mode: crate::storage::cache::DirectMode::Auto,
             io_engine: crate::storage::uring::DEFAULT_ENGINE,
             source_engine: crate::storage::DataEngine::File,
             sink_engine: crate::storage::DataEngine::File,

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
+use ramsys_engine::storage::cache::DirectMode;
 use ramsys_engine::TransferOptions;
 
 use crate::spec::parse_size;
@@ -145,9 +146,14 @@ pub struct SyncArgs {
 /// Storage-engine flags (issue 4), shared by `cp` and `serve`.
 #[derive(Args, Debug, Clone)]
 pub struct StorageArgs {
-    /// Turn off O_DIRECT (kernel-bypass) reads and writes of large files.
+    /// Turn off O_DIRECT (kernel-bypass) reads and writes of large files
+    /// (the same as --direct never).
     #[arg(long)]
     pub no_direct: bool,
+    /// O_DIRECT for large files: auto (reads bypass the page cache only for
+    /// files mostly not in it), always, or never (docs/STORAGE.md).
+    #[arg(long, value_name = "auto|always|never", default_value = "auto")]
+    pub direct: ramsys_engine::storage::cache::DirectMode,
     /// Storage I/O engine: sync (pread/pwrite) or uring (batched io_uring;
     /// falls back to sync where the kernel has none).
     #[arg(long, value_name = "sync|uring")]
@@ -183,7 +189,8 @@ impl StorageArgs {
     pub fn options(&self) -> TransferOptions {
         let d = TransferOptions::default();
         TransferOptions {
-            direct: !self.no_direct,
+            direct: !self.no_direct && self.direct != DirectMode::Never,
+            direct_mode: self.direct,
             io_engine: self.io_engine.unwrap_or(d.io_engine),
             source_engine: self.source_engine,
             sink_engine: self.sink_engine,

@@ -14,6 +14,7 @@
 //! - [`null`]: null source and sink engines, to measure the network alone
 //!   (seed 004 Fig. 4, /dev/zero to /dev/null).
 
+pub mod cache;
 pub mod device;
 pub mod direct;
 pub mod extents;
@@ -227,6 +228,8 @@ pub struct StorageCfg {
     /// O_DIRECT for large files (turned off when the block size is not a
     /// multiple of the alignment: reads must stay aligned).
     pub direct: bool,
+    /// When a large file is read with O_DIRECT (cache::read_direct).
+    pub direct_mode: cache::DirectMode,
     pub engine: IoEngine,
     pub null: bool,
     pub hook: Hook,
@@ -245,6 +248,7 @@ impl StorageCfg {
     fn new(opts: &crate::TransferOptions, block_size: usize, data: DataEngine) -> StorageCfg {
         StorageCfg {
             direct: opts.direct && block_size.is_multiple_of(direct::ALIGN),
+            direct_mode: opts.direct_mode,
             engine: uring::effective(opts.io_engine),
             null: data == DataEngine::Null,
             hook: opts.io_hook.clone(),
@@ -255,6 +259,7 @@ impl StorageCfg {
     pub fn plain(direct: bool, engine: IoEngine) -> StorageCfg {
         StorageCfg {
             direct,
+            direct_mode: cache::DirectMode::Auto,
             engine: uring::effective(engine),
             null: false,
             hook: Hook::default(),
