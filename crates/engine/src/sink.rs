@@ -804,6 +804,7 @@ pub fn run_sink_with(
         streams,
         block_size,
         links: link_desc,
+        storage: table.storage.usage(true),
         ..Default::default()
     };
     ctl.send(&Control::Complete(Complete {

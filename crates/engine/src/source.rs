@@ -392,6 +392,7 @@ pub fn run_source_with(
         }));
     }
     drop(rdone_tx);
+    let read_storage = ctx.storage.clone();
     drop(ctx);
     // Queued path: a sender thread per link. Dropping a link's closer
     // stops its sender even while the queue is idle (data::sender).
@@ -716,6 +717,7 @@ pub fn run_source_with(
                 links: link_desc,
                 send_path: Some(path),
                 handoffs: stats.handoffs.load(Ordering::Relaxed),
+                storage: read_storage.usage(false),
                 unchanged: plan.as_ref().map_or(0, |p| p.unchanged),
                 deleted,
                 planned: plan.as_ref().map_or(Vec::new(), |p| {

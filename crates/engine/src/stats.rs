@@ -77,6 +77,8 @@ pub struct Report {
     /// sec. 7) and the blocks it passed through the filled queue.
     pub send_path: Option<crate::config::sendpath::SendPath>,
     pub handoffs: u64,
+    /// This end's O_DIRECT policy at work (storage::cache, issue 17).
+    pub storage: Option<crate::storage::StorageUse>,
 }
 
 /// CPU seconds (user + system) of this process so far.

@@ -37,6 +37,7 @@ readers = 3
 writers = 5
 model = "m.json"
 send_path = "inline"
+direct = "never"
 [devices.sdb]
 capacity_gbps = 6
 threads = 2
@@ -57,6 +58,10 @@ read_only = true
     assert_eq!((c.readers, c.writers), (Some(3), Some(5)));
     assert_eq!(c.model, Some(PathBuf::from("/etc/ramsys/m.json")));
     assert_eq!(c.send_path, Some(SendPath::Inline));
+    assert_eq!(
+        c.direct,
+        Some(ramsys_engine::storage::cache::DirectMode::Never)
+    );
     assert_eq!(c.devices["sdb"].threads, Some(2));
     assert_eq!(c.devices["sdb"].capacity_gbps, Some(6.0));
     assert_eq!(c.devices["eth1"].purpose, Some(Purpose::Storage));
@@ -85,6 +90,7 @@ fn invalid_files_name_the_key_in_one_line() {
         ("numa = \"sideways\"", "`numa`"),
         ("memory = \"12Q\"", "`memory`"),
         ("send_path = \"fast\"", "`send_path`"),
+        ("direct = \"maybe\"", "`direct`"),
         ("bogus = 1", "`bogus`"),
         ("[devices.sda]\nthreads = -2", "`devices.sda.threads`"),
         ("[devices.sda]\npurpose = \"fun\"", "`devices.sda.purpose`"),

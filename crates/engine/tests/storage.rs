@@ -19,6 +19,8 @@ use ramsys_engine::storage::{DataEngine, Hook, IoEngine, IoHook, IoOp, DIRECT_MI
 use ramsys_engine::transport::tcp::Tcp;
 use ramsys_engine::{EngineError, EngineResources, Report, Stats, TransferOptions};
 
+use ramsys_engine::storage::cache::DirectMode;
+
 const BS: usize = 256 << 10;
 
 fn opts(engine: IoEngine, direct: bool) -> TransferOptions {
@@ -28,6 +30,9 @@ fn opts(engine: IoEngine, direct: bool) -> TransferOptions {
         streams: 2,
         io_engine: engine,
         direct,
+        // Tests of the direct path take it for every large file, cached
+        // or not (auto would read these just-written files buffered).
+        direct_mode: DirectMode::Always,
         ..Default::default()
     }
 }
@@ -455,4 +460,43 @@ fn null_engines_move_bytes_without_storage() {
     assert!(rep.failed.is_empty(), "{:?}", rep.failed);
     assert_eq!(rep.files, 313);
     assert!(!dst.join("src/f1").exists());
+}
+
+/// Issue 17: under --direct auto the source reads a file the page cache
+/// holds through the cache, and one it does not hold with O_DIRECT;
+/// --direct always bypasses the cache either way. The report says which.
+#[test]
+fn auto_reads_cached_files_through_the_cache_and_cold_ones_direct() {
+    use std::os::fd::AsRawFd;
+    let t = tmp();
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let size = 8u64 << 20;
+    let f = src.join("big");
+    std::fs::write(&f, Rng(5).bytes(size as usize)).unwrap();
+    let drop_cache = || {
+        let h = std::fs::File::open(&f).unwrap();
+        h.sync_all().unwrap();
+        // SAFETY: valid descriptor.
+        unsafe { libc::posix_fadvise(h.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    };
+    let run = |name: &str, mode: DirectMode| {
+        let dst = t.path().join(name);
+        std::fs::create_dir(&dst).unwrap();
+        let o = TransferOptions {
+            direct_mode: mode,
+            ..opts(IoEngine::Sync, true)
+        };
+        let rep = copy(&src, &dst, &o, &o).unwrap();
+        assert!(rep.failed.is_empty(), "{:?}", rep.failed);
+        same_tree(&src, &dst.join("src"));
+        let u = rep.storage.expect("a file source reports its reads");
+        assert_eq!(u.side, "read");
+        (u.direct_bytes, u.cached_bytes)
+    };
+    // Just written: resident.
+    assert_eq!(run("warm-auto", DirectMode::Auto), (0, size));
+    assert_eq!(run("warm-always", DirectMode::Always), (size, 0));
+    drop_cache();
+    assert_eq!(run("cold-auto", DirectMode::Auto), (size, 0));
 }

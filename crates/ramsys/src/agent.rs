@@ -392,6 +392,7 @@ fn summarize(
             "link_retries": faults.retries,
             "send_path": rep.send_path,
             "handoffs": rep.handoffs,
+            "storage": rep.storage,
         });
         if sync & ramsys_engine::sync::COMPARE != 0 {
             // bytes = file data sent, files = files whose data was sent,

@@ -152,8 +152,9 @@ pub struct StorageArgs {
     pub no_direct: bool,
     /// O_DIRECT for large files: auto (reads bypass the page cache only for
     /// files mostly not in it), always, or never (docs/STORAGE.md).
-    #[arg(long, value_name = "auto|always|never", default_value = "auto")]
-    pub direct: ramsys_engine::storage::cache::DirectMode,
+    /// Default auto (serve: the config's `direct`, else auto).
+    #[arg(long, value_name = "auto|always|never")]
+    pub direct: Option<DirectMode>,
     /// Storage I/O engine: sync (pread/pwrite) or uring (batched io_uring;
     /// falls back to sync where the kernel has none).
     #[arg(long, value_name = "sync|uring")]
@@ -189,8 +190,8 @@ impl StorageArgs {
     pub fn options(&self) -> TransferOptions {
         let d = TransferOptions::default();
         TransferOptions {
-            direct: !self.no_direct && self.direct != DirectMode::Never,
-            direct_mode: self.direct,
+            direct: !self.no_direct && self.direct != Some(DirectMode::Never),
+            direct_mode: self.direct.unwrap_or_default(),
             io_engine: self.io_engine.unwrap_or(d.io_engine),
             source_engine: self.source_engine,
             sink_engine: self.sink_engine,

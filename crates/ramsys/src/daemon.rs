@@ -162,6 +162,15 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
         send_path: a.storage.send_path.or(cfg.send_path).unwrap_or_default(),
         ..a.storage.options()
     };
+    // O_DIRECT policy: flag, else config (docs/STORAGE.md, issue 17).
+    let opts = match (a.storage.direct, a.storage.no_direct, cfg.direct) {
+        (None, false, Some(m)) => TransferOptions {
+            direct: m != ramsys_engine::storage::cache::DirectMode::Never,
+            direct_mode: m,
+            ..opts
+        },
+        _ => opts,
+    };
     let mut d = Daemon::bind(&a.listen, &root, key, opts, res)?;
     if let Some(u) = users {
         d.set_users(u);

@@ -297,6 +297,17 @@ impl Numa {
                 rep.handoffs
             ));
         }
+        if let Some(u) = &rep.storage {
+            let mb = |b: u64| b as f64 / 1e6;
+            self.lines.push(format!(
+                "storage ({}s here, --direct {}): large files {:.1} MB with O_DIRECT, \
+                 {:.1} MB through the page cache",
+                u.side,
+                format!("{:?}", u.mode).to_lowercase(),
+                mb(u.direct_bytes),
+                mb(u.cached_bytes)
+            ));
+        }
         for (i, (local, peer)) in rep.links.iter().enumerate() {
             let nic = self.topo.as_ref().and_then(|t| nic_for_addr(t, local));
             self.lines.push(format!(

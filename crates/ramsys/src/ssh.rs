@@ -322,11 +322,8 @@ fn storage_args(a: &CpArgs, remote_is_sink: bool) -> Vec<String> {
     if s.no_direct {
         v.push("--no-direct".into());
     }
-    if s.direct != ramsys_engine::storage::cache::DirectMode::Auto {
-        v.push(format!(
-            "--direct={}",
-            format!("{:?}", s.direct).to_lowercase()
-        ));
+    if let Some(d) = s.direct {
+        v.push(format!("--direct={}", format!("{d:?}").to_lowercase()));
     }
     if s.no_sort {
         v.push("--no-sort".into());

@@ -13,6 +13,7 @@
 //! writers = 4
 //! model = "model.json"       # relative to this file's directory
 //! send_path = "auto"         # inline | queued | auto (seed 002 sec. 7)
+//! direct = "auto"            # O_DIRECT for large files: auto | always | never
 //!
 //! [devices.sda]
 //! capacity_gbps = 4.0        # what the device really sustains
@@ -85,6 +86,8 @@ pub struct DaemonConfig {
     pub writers: Option<usize>,
     pub model: Option<PathBuf>,
     pub send_path: Option<SendPath>,
+    /// `direct`: the O_DIRECT policy (storage::cache), under `--direct`.
+    pub direct: Option<crate::storage::cache::DirectMode>,
     pub devices: BTreeMap<String, DeviceConfig>,
     /// `[users.NAME]` tables (crate::daemon::users): per-user keys and
     /// export roots.
@@ -129,6 +132,13 @@ impl DaemonConfig {
                             .map_err(|e| format!("key `send_path`: {e}"))?,
                     )
                 }
+                "direct" => {
+                    c.direct = Some(
+                        string(k, v)?
+                            .parse()
+                            .map_err(|e| format!("key `direct`: {e}"))?,
+                    )
+                }
                 "devices" => {
                     let t = v
                         .as_table()
@@ -142,7 +152,7 @@ impl DaemonConfig {
                 _ => {
                     return Err(format!(
                         "unknown key `{k}` (expected numa, memory, max_streams, readers, \
-                         writers, model, send_path, [devices.NAME] or [users.NAME])"
+                         writers, model, send_path, direct, [devices.NAME] or [users.NAME])"
                     ))
                 }
             }

@@ -88,6 +88,18 @@ pub type Prepared<'a> = Option<(&'a SinkFile, Option<Arc<SinkFd>>)>;
 pub struct SinkFd {
     pub buffered: File,
     pub direct: Option<File>,
+    /// A large file written through the page cache: start writeback behind
+    /// each write (storage::cache::start_writeback).
+    pub writeback: bool,
+}
+
+impl SinkFd {
+    /// `len` bytes at `off` were written through the buffered descriptor.
+    pub fn written(&self, off: u64, len: usize) {
+        if self.writeback && len > 0 {
+            crate::storage::cache::start_writeback(self.buffered.as_raw_fd(), off, len);
+        }
+    }
 }
 
 /// Outcome of writing one segment.
@@ -331,7 +343,7 @@ impl FileTable {
             }
             buffered.set_len(f.size)?;
             let mut direct = None;
-            if self.storage.direct && f.size >= DIRECT_MIN {
+            if self.storage.write_direct(f.size) {
                 let dev = buffered.metadata()?.dev();
                 if !self.storage.refusals.refused(dev) {
                     let mut rel = parent.to_vec();
@@ -362,7 +374,14 @@ impl FileTable {
             Ok(direct)
         })();
         match made {
-            Ok(direct) => Ok(SinkFd { buffered, direct }),
+            Ok(direct) => {
+                self.storage.count(f.size, f.size, direct.is_some());
+                Ok(SinkFd {
+                    writeback: direct.is_none() && self.storage.writeback && f.size >= DIRECT_MIN,
+                    buffered,
+                    direct,
+                })
+            }
             Err(e) => {
                 let _ = self.root.unlink(parent, &tmp);
                 Err(e)
@@ -395,7 +414,9 @@ impl FileTable {
                 }
             }
         }
-        pwrite_all_fd(fd.buffered.as_raw_fd(), &data[done..], off + done as u64)
+        pwrite_all_fd(fd.buffered.as_raw_fd(), &data[done..], off + done as u64)?;
+        fd.written(off, data.len());
+        Ok(())
     }
 
     /// A write failed: fatal errors stop the session, others fail the file.

@@ -222,6 +222,17 @@ pub fn is_direct_refusal(e: &io::Error) -> bool {
     )
 }
 
+/// How one side moved its large files (issue 17), for `--explain` and the
+/// JSON summary.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct StorageUse {
+    /// "read" (source) or "write" (sink).
+    pub side: &'static str,
+    pub mode: cache::DirectMode,
+    pub direct_bytes: u64,
+    pub cached_bytes: u64,
+}
+
 /// Storage settings of one side of a session, derived from the options.
 #[derive(Debug)]
 pub struct StorageCfg {
@@ -234,6 +245,22 @@ pub struct StorageCfg {
     pub null: bool,
     pub hook: Hook,
     pub refusals: DirectRefusals,
+    /// Sink, `--direct auto`: bytes of large files this session may still
+    /// write through the page cache (cache::write_absorb); files that do
+    /// not fit go O_DIRECT.
+    pub buffered_left: std::sync::atomic::AtomicU64,
+    /// Start writeback behind the write front of buffered large files
+    /// (cache::start_writeback). Off: measured 1.5-2.5x slower on 4 x 1 GiB
+    /// here (the writer threads then do the file system's block allocation
+    /// and wait for the disk queue, work the kernel's flusher otherwise
+    /// does behind the transfer; docs/STORAGE.md). `RAMSYS_WRITEBACK=1`
+    /// turns it on to repeat that measurement.
+    pub writeback: bool,
+    /// Bytes of large files (>= DIRECT_MIN) this side moved with O_DIRECT
+    /// and through the page cache: what `--explain` and the JSON summary
+    /// report of the policy.
+    pub direct_bytes: std::sync::atomic::AtomicU64,
+    pub cached_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl StorageCfg {
@@ -243,7 +270,58 @@ impl StorageCfg {
     }
     /// Sink side.
     pub fn sink(opts: &crate::TransferOptions) -> StorageCfg {
-        Self::new(opts, direct::ALIGN, opts.sink_engine)
+        let cfg = Self::new(opts, direct::ALIGN, opts.sink_engine);
+        if cfg.direct && cfg.direct_mode == cache::DirectMode::Auto {
+            cfg.buffered_left.store(
+                cache::host_write_absorb(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+        cfg
+    }
+    /// Count `len` bytes of a file of `size` bytes moved direct or not.
+    pub fn count(&self, size: u64, len: u64, direct: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if size >= DIRECT_MIN {
+            let c = if direct {
+                &self.direct_bytes
+            } else {
+                &self.cached_bytes
+            };
+            c.fetch_add(len, Relaxed);
+        }
+    }
+    /// What this side did, for the report (None for a null engine).
+    pub fn usage(&self, write: bool) -> Option<StorageUse> {
+        use std::sync::atomic::Ordering::Relaxed;
+        (!self.null).then(|| StorageUse {
+            side: if write { "write" } else { "read" },
+            mode: if self.direct {
+                self.direct_mode
+            } else {
+                cache::DirectMode::Never
+            },
+            direct_bytes: self.direct_bytes.load(Relaxed),
+            cached_bytes: self.cached_bytes.load(Relaxed),
+        })
+    }
+    /// Sink: write a large file of `size` bytes with O_DIRECT? Under auto
+    /// the file takes its size out of the buffered budget when it fits.
+    pub fn write_direct(&self, size: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        if !self.direct || size < DIRECT_MIN {
+            return false;
+        }
+        match self.direct_mode {
+            cache::DirectMode::Never => false,
+            cache::DirectMode::Always => true,
+            cache::DirectMode::Auto => self
+                .buffered_left
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+                    left.checked_sub(size)
+                })
+                .is_err(),
+        }
     }
     fn new(opts: &crate::TransferOptions, block_size: usize, data: DataEngine) -> StorageCfg {
         StorageCfg {
@@ -253,6 +331,10 @@ impl StorageCfg {
             null: data == DataEngine::Null,
             hook: opts.io_hook.clone(),
             refusals: DirectRefusals::default(),
+            buffered_left: Default::default(),
+            writeback: std::env::var("RAMSYS_WRITEBACK").is_ok_and(|v| v == "1"),
+            direct_bytes: Default::default(),
+            cached_bytes: Default::default(),
         }
     }
     /// Plain settings (tests, tools).
@@ -264,6 +346,10 @@ impl StorageCfg {
             null: false,
             hook: Hook::default(),
             refusals: DirectRefusals::default(),
+            buffered_left: Default::default(),
+            writeback: false,
+            direct_bytes: Default::default(),
+            cached_bytes: Default::default(),
         }
     }
 }
@@ -285,5 +371,24 @@ mod tests {
         assert!("hdd=0".parse::<DeviceThreads>().is_err());
         assert!("tape=1".parse::<DeviceThreads>().is_err());
         assert_eq!(DeviceThreads::default().for_kind(DeviceKind::Rotational), 1);
+    }
+
+    #[test]
+    fn auto_writes_through_the_cache_until_the_budget_is_spent() {
+        use std::sync::atomic::Ordering;
+        let cfg = StorageCfg::plain(true, IoEngine::Sync);
+        cfg.buffered_left.store(3 << 20, Ordering::Relaxed);
+        assert!(!cfg.write_direct(1000), "small files are never direct");
+        assert!(!cfg.write_direct(2 << 20), "fits: buffered");
+        assert!(cfg.write_direct(2 << 20), "1 MiB left: direct");
+        assert!(!cfg.write_direct(1 << 20), "the last MiB still fits");
+        assert!(cfg.write_direct(1 << 20), "spent");
+        let mut always = StorageCfg::plain(true, IoEngine::Sync);
+        always.direct_mode = cache::DirectMode::Always;
+        always.buffered_left.store(u64::MAX, Ordering::Relaxed);
+        assert!(always.write_direct(2 << 20));
+        let off = StorageCfg::plain(false, IoEngine::Sync);
+        off.buffered_left.store(0, Ordering::Relaxed);
+        assert!(!off.write_direct(2 << 20), "--direct never");
     }
 }

@@ -187,6 +187,10 @@ impl ReaderCtx {
         out: &mut Vec<Piece>,
     ) -> Result<(), String> {
         out.clear();
+        if let Some(o) = open {
+            let size = self.files[u.file as usize].size;
+            self.storage.count(size, u.len, o.direct.is_some());
+        }
         match open {
             Some(o) if o.sparse => map_range(&o.file, u.offset, u.offset + u.len, out)
                 .map_err(|e| format!("cannot map holes at offset {}: {e}", u.offset)),

@@ -278,7 +278,10 @@ fn seg_step(w: &WriterIo<'_>, slots: &mut Slab<WSlot>, segs: &mut Slab<SegWrite>
     if let Some(f) = w.table.get(rec.seg.file_id) {
         let r = match rec.error {
             Some(e) => w.table.write_failed(f, e),
-            None => w.table.account(f, &rec.seg, rec.hash),
+            None => {
+                rec.fd.written(rec.seg.offset, rec.seg.payload_len());
+                w.table.account(f, &rec.seg, rec.hash)
+            }
         };
         w.check(r);
     }
