@@ -46,6 +46,9 @@ pub struct TransferOptions {
     pub encrypt: crate::crypto::Cipher,
     /// Fault injection for tests (none in production).
     pub io_hook: crate::storage::Hook,
+    /// Source and sink in this process (a local copy): large files are
+    /// copied by the sink with copy_file_range (storage::local, issue 17).
+    pub local_copy: Option<std::sync::Arc<crate::storage::local::LocalBridge>>,
     /// Sync and resume bits (proto::control::sync; docs/SYNC.md), 0 = cp.
     pub sync: u32,
     /// Where this end is the source: readers send their own blocks
@@ -75,6 +78,7 @@ impl Default for TransferOptions {
             device_threads: crate::storage::DeviceThreads::default(),
             encrypt: crate::crypto::Cipher::None,
             io_hook: crate::storage::Hook::default(),
+            local_copy: None,
             sync: 0,
             send_path: crate::config::SendPath::default(),
         }

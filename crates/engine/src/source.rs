@@ -282,6 +282,16 @@ pub fn run_source_with(
         .take_buffers(2, streams as usize * 2 + nread + 2, Duration::from_secs(30))
         .ok_or_else(|| EngineError::local("no buffers free"))?;
     let pool = Arc::new(share);
+    if let Some(bridge) = &opts.local_copy {
+        // A local copy: the in-process sink opens large files by entry id.
+        let mut rels = vec![Vec::new(); w.entries.len()];
+        for f in &w.files {
+            if let Some(r) = rels.get_mut(f.id as usize) {
+                r.clone_from(&f.rel);
+            }
+        }
+        bridge.publish(spec.root.clone(), rels);
+    }
     let files = Arc::new(w.files);
     let state: Arc<Vec<SrcFileState>> = Arc::new(
         files

@@ -500,3 +500,61 @@ fn auto_reads_cached_files_through_the_cache_and_cold_ones_direct() {
     drop_cache();
     assert_eq!(run("cold-auto", DirectMode::Auto), (size, 0));
 }
+
+/// Local copies (storage::local, issue 17): the sink copies large files
+/// from the source in the kernel; the same tree arrives, a write error
+/// fails only its file, and a full disk stops the session with nothing
+/// left under a final name, on both writer engines.
+#[test]
+fn local_copies_keep_every_promise_of_the_byte_path() {
+    use ramsys_engine::storage::local::LocalBridge;
+    let t = tmp();
+    let src = t.path().join("src");
+    sizes_tree(&src);
+    let local = |o: TransferOptions| TransferOptions {
+        local_copy: Some(Arc::new(LocalBridge::default())),
+        ..o
+    };
+    for engine in [IoEngine::Sync, IoEngine::Uring] {
+        // One bridge shared by both ends, as `ramsys cp` does.
+        let o = local(opts(engine, true));
+        let dst = t.path().join(format!("ok-{engine:?}"));
+        std::fs::create_dir(&dst).unwrap();
+        let rep = copy(&src, &dst, &o, &o).unwrap();
+        assert!(rep.failed.is_empty(), "{:?}", rep.failed);
+        assert_eq!(rep.files, 313);
+        same_tree(&src, &dst.join("src"));
+        let u = rep.storage.unwrap();
+        assert!(u.copied_bytes >= 1 << 20, "{u:?}");
+
+        let o = local(opts(engine, true));
+        let sink = TransferOptions {
+            io_hook: hook(IoOp::Write, "f1052673", libc::EIO),
+            ..o.clone()
+        };
+        let dst = t.path().join(format!("eio-{engine:?}"));
+        std::fs::create_dir(&dst).unwrap();
+        let rep = copy(&src, &dst, &o, &sink).unwrap();
+        assert_eq!(rep.failed.len(), 1, "{:?}", rep.failed);
+        assert!(rep.failed[0].path.ends_with("f1052673"));
+        assert_eq!(rep.files, 312);
+        assert!(leftovers(&dst).is_empty());
+    }
+    let Some(fs) = SmallFs::mount("2m") else {
+        return;
+    };
+    let big = t.path().join("big");
+    std::fs::create_dir(&big).unwrap();
+    std::fs::write(big.join("big"), Rng(12).bytes(6 << 20)).unwrap();
+    for engine in [IoEngine::Sync, IoEngine::Uring] {
+        let o = local(opts(engine, true));
+        let dst = fs.0.path().join(format!("{engine:?}"));
+        std::fs::create_dir(&dst).unwrap();
+        let e = copy(&big, &dst, &o, &o).unwrap_err().to_string();
+        assert!(
+            e.contains("disk full") || e.contains("data stream"),
+            "{engine:?}: {e}"
+        );
+        assert!(!dst.join("big/big").exists());
+    }
+}

@@ -39,8 +39,17 @@ pub struct Segment {
 /// payload; the sink leaves it unwritten. Appended to the format: a block
 /// with no hole segment is encoded exactly as before.
 pub const HOLE_FLAG: u32 = 1 << 31;
-/// Longest hole one segment can describe (larger holes take several).
-pub const MAX_HOLE: u32 = HOLE_FLAG - 1;
+/// With [`HOLE_FLAG`]: the segment is a *local copy* of `len & !MARKS`
+/// bytes and carries no payload either; the sink copies the range from the
+/// source file itself (copy_file_range(2)). Only a sink in the same process
+/// as its source (a local `ramsys cp`) accepts it; any other sink rejects
+/// the block as a protocol error (issue 17).
+pub const COPY_FLAG: u32 = 1 << 30;
+/// Both marker bits.
+pub const MARKS: u32 = HOLE_FLAG | COPY_FLAG;
+/// Longest hole or local copy one segment can describe (larger ones take
+/// several). Builds before the local copy took 2^31 - 1 for holes.
+pub const MAX_HOLE: u32 = COPY_FLAG - 1;
 
 impl Segment {
     /// A hole segment of `len` (≤ [`MAX_HOLE`]) bytes at `offset`.
@@ -52,12 +61,30 @@ impl Segment {
             len: len | HOLE_FLAG,
         }
     }
+    /// A local-copy segment of `len` (≤ [`MAX_HOLE`]) bytes at `offset`.
+    pub fn copy(file_id: u64, offset: u64, len: u32) -> Segment {
+        debug_assert!(len <= MAX_HOLE);
+        Segment {
+            file_id,
+            offset,
+            len: len | MARKS,
+        }
+    }
+    /// No payload: a hole or a local copy.
     pub fn is_hole(&self) -> bool {
         self.len & HOLE_FLAG != 0
     }
-    /// File bytes covered (data or hole).
+    /// A local copy (see [`COPY_FLAG`]).
+    pub fn is_copy(&self) -> bool {
+        self.len & MARKS == MARKS
+    }
+    /// File bytes covered (data, hole or copy).
     pub fn span(&self) -> u64 {
-        (self.len & !HOLE_FLAG) as u64
+        if self.is_hole() {
+            (self.len & !MARKS) as u64
+        } else {
+            self.len as u64
+        }
     }
     /// Payload bytes carried in the block (0 for a hole).
     pub fn payload_len(&self) -> usize {
@@ -74,6 +101,23 @@ impl Segment {
 #[inline]
 pub fn hole_hash(file_id: u64, offset: u64, len: u64) -> u64 {
     segment_hash(file_id, offset, &len.to_le_bytes()) ^ 0x686f_6c65_686f_6c65
+}
+
+/// Hash of a local copy, bound to its position and length (its bytes never
+/// pass through the engine; the kernel copies them).
+#[inline]
+pub fn copy_hash(file_id: u64, offset: u64, len: u64) -> u64 {
+    segment_hash(file_id, offset, &len.to_le_bytes()) ^ 0x636f_7079_636f_7079
+}
+
+/// Hash of a payload-free segment (hole or local copy).
+#[inline]
+pub fn marker_hash(s: &Segment) -> u64 {
+    if s.is_copy() {
+        copy_hash(s.file_id, s.offset, s.span())
+    } else {
+        hole_hash(s.file_id, s.offset, s.span())
+    }
 }
 
 /// Hash of one segment's bytes, bound to its position.
@@ -171,7 +215,7 @@ pub fn hash_block(segs: &[Segment], payload: &[u8], hashes: &mut [u64]) -> u64 {
     for (i, s) in segs.iter().enumerate() {
         let end = p + s.payload_len();
         let h = if s.is_hole() {
-            hole_hash(s.file_id, s.offset, s.span())
+            marker_hash(s)
         } else {
             segment_hash(s.file_id, s.offset, &payload[p..end])
         };

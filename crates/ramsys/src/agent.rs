@@ -247,6 +247,11 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
             );
             let sink_res = EngineResources::new(&sink_cfg)?;
             numa.buffers("sink", &sink_res);
+            if !a.no_copy_range {
+                // Large files' data goes from file to file in the kernel
+                // (engine storage::local); the bridge is this process's own.
+                opts.local_copy = Some(Default::default());
+            }
             let mut sink_opts = opts.clone();
             numa.follow("sink", Role::Sink, &mut sink_opts, a);
             let daemon = Daemon::bind("127.0.0.1:0", &root, key.clone(), sink_opts, sink_res)?;

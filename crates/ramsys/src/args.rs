@@ -28,6 +28,10 @@ pub struct CpArgs {
     /// Turn off per-block checksums and whole-file digests.
     #[arg(long)]
     pub no_checksum: bool,
+    /// Local copies: move large files' data through the engine's blocks
+    /// (hashed end to end) instead of copy_file_range in the kernel.
+    #[arg(long)]
+    pub no_copy_range: bool,
     /// Encrypt and authenticate every data block (AEAD keyed per session;
     /// docs/SECURITY.md). Bare `--encrypt` picks AES-256-GCM with CPU
     /// support, else ChaCha20-Poly1305.

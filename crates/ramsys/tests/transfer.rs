@@ -200,3 +200,66 @@ fn overwrites_existing_file_atomically() {
 }
 
 fn _unused(_: &Path) {}
+
+/// Issue 17: a local copy moves large files with copy_file_range (the
+/// sink copies from the source file; no bytes through loopback TCP), keeps
+/// holes, small files and everything else as before, and says so in the
+/// JSON summary; --no-copy-range sends the bytes through the engine.
+#[test]
+fn local_copies_move_large_files_in_the_kernel() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    make_varied_tree(&src, 1 << 20);
+    // A sparse large file: data, a 6 MiB hole, data.
+    let sparse = std::fs::File::create(src.join("sparse")).unwrap();
+    use std::os::unix::fs::FileExt;
+    sparse.write_all_at(&[1u8; 1 << 20], 0).unwrap();
+    sparse.write_all_at(&[2u8; 1 << 20], 7 << 20).unwrap();
+    drop(sparse);
+    let large: u64 = walk_files(&src)
+        .iter()
+        .map(|p| std::fs::symlink_metadata(p).unwrap())
+        .filter(|m| m.is_file() && m.len() >= 1 << 20)
+        .map(|m| m.len())
+        .sum();
+    let run = |dst: &Path, extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["cp", "-r", "--json"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&[src.to_str().unwrap(), dst.to_str().unwrap()]);
+        let o = ramsys(&key, &args);
+        assert_ok(&o);
+        let out = String::from_utf8(o.stdout).unwrap();
+        serde_json::from_str(out.lines().last().unwrap()).unwrap()
+    };
+    let dst = t.path().join("dst");
+    let s = run(&dst, &[]);
+    assert_same_tree(&src, &dst);
+    // Every byte of the large files was copied in the kernel, except the
+    // sparse file's hole, which stays a hole.
+    let copied = s["storage"]["copied_bytes"].as_u64().unwrap();
+    assert_eq!(copied, large - (6 << 20), "{s}");
+    use std::os::unix::fs::MetadataExt;
+    let blocks = std::fs::metadata(dst.join("sparse")).unwrap().blocks();
+    assert!(blocks * 512 < 4 << 20, "hole filled: {blocks} blocks");
+    // Again: dst exists now, so (cp) the copy lands inside it.
+    run(&dst, &[]);
+    assert_same_tree(&src, &dst.join("src"));
+    let plain = t.path().join("plain");
+    let s = run(&plain, &["--no-copy-range"]);
+    assert_same_tree(&src, &plain);
+    assert_eq!(s["storage"]["copied_bytes"], 0, "{s}");
+}
+
+fn walk_files(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(root).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk_files(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
+}

@@ -88,6 +88,9 @@ pub type Prepared<'a> = Option<(&'a SinkFile, Option<Arc<SinkFd>>)>;
 pub struct SinkFd {
     pub buffered: File,
     pub direct: Option<File>,
+    /// Local copies: the source file, opened at the first local-copy
+    /// segment (storage::local).
+    pub source: std::sync::OnceLock<File>,
     /// A large file written through the page cache: start writeback behind
     /// each write (storage::cache::start_writeback).
     pub writeback: bool,
@@ -263,13 +266,51 @@ impl FileTable {
             return Ok(());
         };
         if let Some(fd) = fd {
-            if !seg.is_hole() {
-                if let Err(e) = self.write_data(f, &fd, data, seg.offset) {
-                    return self.write_failed(f, e);
-                }
+            let r = if seg.is_copy() {
+                self.copy_local(f, &fd, seg, &mut Vec::new())
+            } else if !seg.is_hole() {
+                self.write_data(f, &fd, data, seg.offset)
+            } else {
+                Ok(())
+            };
+            if let Err(e) = r {
+                return self.write_failed(f, e);
             }
         }
         self.account(f, seg, hash)
+    }
+
+    /// A local-copy segment: copy its range from the source file in the
+    /// kernel (storage::local). Only a sink with a local bridge (the source
+    /// runs in this process) takes one; from anyone else it is refused.
+    pub fn copy_local(
+        &self,
+        f: &SinkFile,
+        fd: &SinkFd,
+        seg: &Segment,
+        scratch: &mut Vec<u8>,
+    ) -> std::io::Result<()> {
+        let len = seg.span();
+        self.storage
+            .hook
+            .check(IoOp::Write, &f.rel, seg.offset, len as usize)?;
+        let Some(bridge) = &self.storage.local else {
+            return Err(std::io::Error::other(
+                "local-copy segment from a peer in another process",
+            ));
+        };
+        let src = match fd.source.get() {
+            Some(s) => s,
+            None => {
+                let s = bridge.open(seg.file_id)?;
+                fd.source.get_or_init(|| s)
+            }
+        };
+        crate::storage::local::copy_range(src, &fd.buffered, seg.offset, len, scratch)?;
+        self.storage
+            .copied_bytes
+            .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// Check a segment and find where it goes: None if there is nothing to
@@ -279,6 +320,11 @@ impl FileTable {
         let f = self.get(seg.file_id).ok_or_else(|| {
             WriteError::Protocol(format!("data for unknown file id {}", seg.file_id))
         })?;
+        if seg.is_copy() && self.storage.local.is_none() {
+            return Err(WriteError::Protocol(
+                "local-copy segment from a peer in another process".into(),
+            ));
+        }
         let end = seg.offset + seg.span();
         if end > f.size {
             return Err(WriteError::Protocol(format!(
@@ -377,6 +423,7 @@ impl FileTable {
             Ok(direct) => {
                 self.storage.count(f.size, f.size, direct.is_some());
                 Ok(SinkFd {
+                    source: std::sync::OnceLock::new(),
                     writeback: direct.is_none() && self.storage.writeback && f.size >= DIRECT_MIN,
                     buffered,
                     direct,
@@ -765,5 +812,38 @@ mod tests {
         t.keep(1, false);
         assert!(t.all_settled());
         assert_eq!(t.unsettled(), 0);
+    }
+
+    /// Local-copy segments make the sink read a file of its own choosing:
+    /// only a sink whose source runs in the same process takes them.
+    #[test]
+    fn local_copy_segments_only_from_an_in_process_source() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("s"), vec![9u8; 3 << 20]).unwrap();
+        let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
+        let seg = Segment::copy(0, 0, 3 << 20);
+        let hash = ramsys_proto::data::marker_hash(&seg);
+        let table = |local| {
+            let mut t = FileTable::new(root.clone(), 1, true, false, Arc::new(Stats::default()));
+            let mut cfg = StorageCfg::plain(false, crate::storage::IoEngine::Sync);
+            cfg.local = local;
+            t = t.with_storage(cfg);
+            t.push_entry(0, Some((b"d".to_vec(), 3 << 20, 0o644, (0, 0))));
+            t
+        };
+        let network = table(None);
+        assert!(matches!(
+            network.write_segment(&seg, &[], hash),
+            Err(WriteError::Protocol(_))
+        ));
+        let bridge = Arc::new(crate::storage::local::LocalBridge::default());
+        bridge.publish(root.clone(), vec![b"s".to_vec()]);
+        let local = table(Some(bridge));
+        local.write_segment(&seg, &[], hash).unwrap();
+        local.digest_known(0, hash).unwrap();
+        assert_eq!(
+            std::fs::read(d.path().join("d")).unwrap(),
+            vec![9u8; 3 << 20]
+        );
     }
 }

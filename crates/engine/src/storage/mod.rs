@@ -18,6 +18,7 @@ pub mod cache;
 pub mod device;
 pub mod direct;
 pub mod extents;
+pub mod local;
 pub mod null;
 pub mod sparse;
 pub mod uring;
@@ -231,6 +232,8 @@ pub struct StorageUse {
     pub mode: cache::DirectMode,
     pub direct_bytes: u64,
     pub cached_bytes: u64,
+    /// Local copies: bytes the kernel copied (copy_file_range).
+    pub copied_bytes: u64,
 }
 
 /// Storage settings of one side of a session, derived from the options.
@@ -261,6 +264,11 @@ pub struct StorageCfg {
     /// report of the policy.
     pub direct_bytes: std::sync::atomic::AtomicU64,
     pub cached_bytes: std::sync::atomic::AtomicU64,
+    /// A local copy (local::LocalBridge): the source sends large files as
+    /// local-copy segments, the sink copies them from the source file.
+    pub local: Option<std::sync::Arc<local::LocalBridge>>,
+    /// Bytes the sink copied in the kernel (local copies).
+    pub copied_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl StorageCfg {
@@ -303,6 +311,7 @@ impl StorageCfg {
             },
             direct_bytes: self.direct_bytes.load(Relaxed),
             cached_bytes: self.cached_bytes.load(Relaxed),
+            copied_bytes: self.copied_bytes.load(Relaxed),
         })
     }
     /// Sink: write a large file of `size` bytes with O_DIRECT? Under auto
@@ -335,6 +344,10 @@ impl StorageCfg {
             writeback: std::env::var("RAMSYS_WRITEBACK").is_ok_and(|v| v == "1"),
             direct_bytes: Default::default(),
             cached_bytes: Default::default(),
+            local: (data == DataEngine::File)
+                .then(|| opts.local_copy.clone())
+                .flatten(),
+            copied_bytes: Default::default(),
         }
     }
     /// Plain settings (tests, tools).
@@ -350,6 +363,8 @@ impl StorageCfg {
             writeback: false,
             direct_bytes: Default::default(),
             cached_bytes: Default::default(),
+            local: None,
+            copied_bytes: Default::default(),
         }
     }
 }

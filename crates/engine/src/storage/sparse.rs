@@ -14,8 +14,19 @@ use std::os::fd::AsRawFd;
 /// A run of a file: data to read, or a hole that reads as zeros.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Piece {
-    Data { off: u64, len: u64 },
-    Hole { off: u64, len: u64 },
+    Data {
+        off: u64,
+        len: u64,
+    },
+    Hole {
+        off: u64,
+        len: u64,
+    },
+    /// Data the in-process sink copies itself (storage::local).
+    Copy {
+        off: u64,
+        len: u64,
+    },
 }
 
 /// Whether a file may have holes: fewer blocks allocated than its size
@@ -114,7 +125,7 @@ mod tests {
         let total: u64 = v
             .iter()
             .map(|p| match p {
-                Piece::Data { len, .. } | Piece::Hole { len, .. } => *len,
+                Piece::Data { len, .. } | Piece::Hole { len, .. } | Piece::Copy { len, .. } => *len,
             })
             .sum();
         assert_eq!(total, 10 << 20);

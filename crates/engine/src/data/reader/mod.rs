@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crossbeam_channel::Sender;
-use ramsys_proto::data::{hole_hash, segment_hash, Segment, MAX_HOLE, MAX_SEGMENTS};
+use ramsys_proto::data::{marker_hash, segment_hash, Segment, MAX_HOLE, MAX_SEGMENTS};
 use ramsys_resources::{Buf, BufferPool};
 
 use crate::fsops::{pread_full, Root};
@@ -26,6 +26,7 @@ use crate::request::walk::SourceFile;
 use crate::stats::Stats;
 use crate::storage::cache::{read_direct, resident_fraction, DirectMode};
 use crate::storage::direct::{is_aligned, pread_direct, round_up, ALIGN};
+use crate::storage::local::LOCAL_COPY_MIN;
 use crate::storage::sparse::{map_range, may_be_sparse, Piece};
 use crate::storage::{is_direct_refusal, IoEngine, IoOp, StorageCfg, DIRECT_MIN};
 
@@ -146,7 +147,10 @@ impl ReaderCtx {
         // Large files past the page cache, unless it holds most of them
         // (storage::cache: reading cached pages from the disk again is
         // what made warm bulk copies slow).
+        // Local copies of large files are not read here at all.
+        let copied = self.storage.local.is_some() && f.size >= LOCAL_COPY_MIN;
         let cached = (self.storage.direct
+            && !copied
             && self.storage.direct_mode == DirectMode::Auto
             && f.size >= DIRECT_MIN)
             .then(|| resident_fraction(&file, f.size))
@@ -156,7 +160,10 @@ impl ReaderCtx {
         } else {
             DirectMode::Never
         };
-        if read_direct(mode, f.size, DIRECT_MIN, cached) && !self.storage.refusals.refused(f.dev) {
+        if !copied
+            && read_direct(mode, f.size, DIRECT_MIN, cached)
+            && !self.storage.refusals.refused(f.dev)
+        {
             let r = self
                 .storage
                 .hook
@@ -187,8 +194,10 @@ impl ReaderCtx {
         out: &mut Vec<Piece>,
     ) -> Result<(), String> {
         out.clear();
-        if let Some(o) = open {
-            let size = self.files[u.file as usize].size;
+        let size = self.files[u.file as usize].size;
+        // A local copy: the sink copies large files' data itself.
+        let copy = self.storage.local.is_some() && open.is_some() && size >= LOCAL_COPY_MIN;
+        if let Some(o) = open.filter(|_| !copy) {
             self.storage.count(size, u.len, o.direct.is_some());
         }
         match open {
@@ -201,7 +210,16 @@ impl ReaderCtx {
                 });
                 Ok(())
             }
+        }?;
+        if copy {
+            for p in out.iter_mut() {
+                if let Piece::Data { off, len } = *p {
+                    *p = Piece::Copy { off, len };
+                    self.storage.copied_bytes.fetch_add(len, Ordering::Relaxed);
+                }
+            }
         }
+        Ok(())
     }
 
     /// Record one segment already in `buf` at payload offset `start`.
@@ -226,9 +244,17 @@ impl ReaderCtx {
         self.state[idx].digest.fetch_add(h, Ordering::AcqRel);
     }
 
-    /// Append hole segments for `[off, off+len)`; blocks that fill up are
-    /// shipped. Returns false if the senders are gone.
-    pub fn push_hole(&self, cur: &mut Option<Buf>, idx: usize, mut off: u64, len: u64) -> bool {
+    /// Append hole (or, with `copy`, local-copy) segments for
+    /// `[off, off+len)`; blocks that fill up are shipped. Returns false if
+    /// the senders are gone.
+    pub fn push_hole(
+        &self,
+        cur: &mut Option<Buf>,
+        idx: usize,
+        mut off: u64,
+        len: u64,
+        copy: bool,
+    ) -> bool {
         let end = off + len;
         let id = self.files[idx].id;
         while off < end {
@@ -240,9 +266,13 @@ impl ReaderCtx {
                 continue;
             }
             let n = (end - off).min(MAX_HOLE as u64) as u32;
-            let seg = Segment::hole(id, off, n);
+            let seg = if copy {
+                Segment::copy(id, off, n)
+            } else {
+                Segment::hole(id, off, n)
+            };
             if self.checksum {
-                self.add_hash(&mut buf, idx, hole_hash(id, off, n as u64));
+                self.add_hash(&mut buf, idx, marker_hash(&seg));
             }
             buf.segs.push(seg);
             self.stats.add_bytes(n as u64);
@@ -338,8 +368,9 @@ pub fn run_reader_sync(ctx: &ReaderCtx, home: usize) {
         }
         for p in &pieces {
             match *p {
-                Piece::Hole { off, len } => {
-                    if !ctx.push_hole(&mut cur, idx, off, len) {
+                Piece::Hole { off, len } | Piece::Copy { off, len } => {
+                    let copy = matches!(p, Piece::Copy { .. });
+                    if !ctx.push_hole(&mut cur, idx, off, len, copy) {
                         return;
                     }
                 }

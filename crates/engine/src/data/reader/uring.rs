@@ -7,7 +7,7 @@ use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
-use ramsys_proto::data::{hole_hash, segment_hash, Segment, MAX_HOLE, MAX_SEGMENTS};
+use ramsys_proto::data::{marker_hash, segment_hash, Segment, MAX_HOLE, MAX_SEGMENTS};
 use ramsys_resources::Buf;
 
 use super::{ReaderCtx, SrcOpen};
@@ -276,7 +276,8 @@ impl UringReader<'_> {
             };
             let idx = self.units.get_mut(u).unit.file as usize;
             match piece {
-                Piece::Hole { off, len } => {
+                Piece::Hole { off, len } | Piece::Copy { off, len } => {
+                    let copy = matches!(piece, Piece::Copy { .. });
                     let slot = self.slots.get_mut(s);
                     if slot.buf.segs.len() == MAX_SEGMENTS {
                         self.push_front(piece);
@@ -285,18 +286,25 @@ impl UringReader<'_> {
                     }
                     let n = len.min(MAX_HOLE as u64);
                     let id = self.ctx.files[idx].id;
-                    slot.buf.segs.push(Segment::hole(id, off, n as u32));
+                    let seg = if copy {
+                        Segment::copy(id, off, n as u32)
+                    } else {
+                        Segment::hole(id, off, n as u32)
+                    };
+                    slot.buf.segs.push(seg);
                     if self.ctx.checksum {
-                        let h = hole_hash(id, off, n);
+                        let h = marker_hash(&seg);
                         slot.buf.hashes.push(h);
                         slot.buf.checksum = slot.buf.checksum.wrapping_add(h);
                         self.ctx.state[idx].digest.fetch_add(h, Ordering::AcqRel);
                     }
                     self.ctx.stats.add_bytes(n);
                     if n < len {
-                        self.push_front(Piece::Hole {
-                            off: off + n,
-                            len: len - n,
+                        let (off, len) = (off + n, len - n);
+                        self.push_front(if copy {
+                            Piece::Copy { off, len }
+                        } else {
+                            Piece::Hole { off, len }
                         });
                     }
                 }

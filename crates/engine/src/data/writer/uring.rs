@@ -202,6 +202,17 @@ fn queue_block(
                 break;
             }
         };
+        if seg.is_copy() {
+            // Local copy: done in the kernel, synchronously (storage::local).
+            let r = match table.copy_local(f, &fd, &seg, &mut Vec::new()) {
+                Ok(()) => table.account(f, &seg, hash),
+                Err(e) => table.write_failed(f, e),
+            };
+            if !w.check(r) {
+                break;
+            }
+            continue;
+        }
         if seg.is_hole() {
             if !w.check(table.account(f, &seg, hash)) {
                 break;

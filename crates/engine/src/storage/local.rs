@@ -1,0 +1,163 @@
+//! Local copies without the network (issue 17): when source and sink run
+//! in one process (`ramsys cp SRC DST` with both local), large files do
+//! not travel through buffers and loopback TCP. The source still plans,
+//! packs and ships blocks, but for a large file each block carries only
+//! *local-copy* segments (ramsys_proto::data::COPY_FLAG: position and
+//! length, no bytes), and the sink's writer copies that range from the
+//! source file itself with copy_file_range(2), which the kernel does
+//! without a user-space copy (and as a reflink where the file system
+//! shares extents, e.g. XFS or Btrfs). Walk, metadata round trip, temp
+//! name + rename, resume journal, failure handling and reports are the
+//! ones every transfer uses; only the bytes take the short way.
+//!
+//! The [`LocalBridge`] is how the sink finds the source file of an entry
+//! id: the source publishes its file list once the scan is done (before
+//! any block is sent). A sink without a bridge (every daemon that serves
+//! the network) rejects local-copy segments.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, OnceLock};
+
+use crate::fsops::Root;
+
+/// Files at least this large are copied in the kernel; smaller ones are
+/// packed into blocks as usual (a block of many small files costs fewer
+/// system calls than a copy_file_range per file).
+pub const LOCAL_COPY_MIN: u64 = 1 << 20;
+
+/// The source's files, by entry id, shared with the in-process sink.
+#[derive(Default)]
+pub struct LocalBridge {
+    files: OnceLock<(Arc<Root>, Vec<Vec<u8>>)>,
+}
+
+impl std::fmt::Debug for LocalBridge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LocalBridge")
+    }
+}
+
+impl LocalBridge {
+    /// The source: `rels[id]` is entry `id`'s path under `root` (empty for
+    /// entries that are not regular files). Set once per session.
+    pub fn publish(&self, root: Arc<Root>, rels: Vec<Vec<u8>>) {
+        let _ = self.files.set((root, rels));
+    }
+
+    /// The sink: open entry `id`'s source file for reading.
+    pub fn open(&self, id: u64) -> io::Result<File> {
+        let (root, rels) = self
+            .files
+            .get()
+            .ok_or_else(|| io::Error::other("local copy before the source's file list"))?;
+        match rels.get(id as usize) {
+            Some(rel) if !rel.is_empty() => root.open_read(rel, false),
+            _ => Err(io::Error::other(format!(
+                "local copy of unknown entry {id}"
+            ))),
+        }
+    }
+}
+
+/// Copy `len` bytes at `off` from `src` to the same offset of `dst`:
+/// copy_file_range(2), or read and write through `scratch` where the
+/// kernel cannot (another file system type, an old kernel).
+pub fn copy_range(
+    src: &File,
+    dst: &File,
+    off: u64,
+    len: u64,
+    scratch: &mut Vec<u8>,
+) -> io::Result<()> {
+    let (mut o_in, mut o_out) = (off as i64, off as i64);
+    let end = off + len;
+    while (o_out as u64) < end {
+        let want = (end - o_out as u64).min(1 << 30) as usize;
+        // SAFETY: two open descriptors and offsets owned by this frame.
+        let n = unsafe {
+            libc::copy_file_range(
+                src.as_raw_fd(),
+                &mut o_in,
+                dst.as_raw_fd(),
+                &mut o_out,
+                want,
+                0,
+            )
+        };
+        if n > 0 {
+            continue;
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "source file shorter than announced",
+            ));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EXDEV | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => {
+                return copy_by_hand(src, dst, o_out as u64, end, scratch)
+            }
+            _ => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn copy_by_hand(
+    src: &File,
+    dst: &File,
+    mut off: u64,
+    end: u64,
+    scratch: &mut Vec<u8>,
+) -> io::Result<()> {
+    if scratch.is_empty() {
+        // Once per writer thread, only where the kernel cannot copy.
+        scratch.resize(1 << 20, 0);
+    }
+    while off < end {
+        let n = (end - off).min(scratch.len() as u64) as usize;
+        src.read_exact_at(&mut scratch[..n], off)?;
+        dst.write_all_at(&scratch[..n], off)?;
+        off += n as u64;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fsops::Confinement;
+
+    #[test]
+    fn copies_ranges_in_place_and_finds_files_by_entry_id() {
+        let d = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(d.path().join("src"), &data).unwrap();
+        let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
+        let bridge = LocalBridge::default();
+        assert!(bridge.open(1).is_err(), "nothing published yet");
+        bridge.publish(root, vec![Vec::new(), b"src".to_vec()]);
+        assert!(bridge.open(0).is_err(), "entry 0 is not a file");
+        assert!(bridge.open(9).is_err(), "no such entry");
+        let src = bridge.open(1).unwrap();
+        let dst = File::create(d.path().join("dst")).unwrap();
+        dst.set_len(data.len() as u64).unwrap();
+        let mut scratch = Vec::new();
+        // Out of order, as blocks arrive on several streams.
+        copy_range(&src, &dst, 2_000_000, 1_000_000, &mut scratch).unwrap();
+        copy_range(&src, &dst, 0, 2_000_000, &mut scratch).unwrap();
+        assert_eq!(std::fs::read(d.path().join("dst")).unwrap(), data);
+        // The hand-made path gives the same bytes.
+        let dst2 = File::create(d.path().join("dst2")).unwrap();
+        copy_by_hand(&src, &dst2, 0, data.len() as u64, &mut scratch).unwrap();
+        assert_eq!(std::fs::read(d.path().join("dst2")).unwrap(), data);
+        // A source shorter than announced is an error, not a hang.
+        let e = copy_range(&src, &dst, 2_999_000, 5_000, &mut scratch).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+}
