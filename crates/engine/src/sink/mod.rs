@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, select, unbounded};
-use ramsys_proto::control::{Complete, Confirm, EntryKind, Failure};
+use ramsys_proto::control::{Complete, Confirm, Failure};
 use ramsys_proto::session::SinkMachine;
 use ramsys_proto::Control;
 use ramsys_resources::Buf;
 
 use crate::data::receiver::{run_receiver, ReceiverEvent};
-use crate::data::sinkfiles::{FileTable, WriteError};
+use crate::data::sinkfiles::FileTable;
 use crate::data::writer::{run_writer, CreditReturn, WriterEvent};
 use crate::fsops::Root;
 use crate::relink::{LinkEvent, Streams};
@@ -21,11 +21,15 @@ use crate::resources::EngineResources;
 use crate::session::LinkProvider;
 use crate::stats::{process_cpu_seconds, FailedPath, Report, Stats};
 use crate::sync::dest::DestMap;
-use crate::sync::flags as sync_flags;
-use crate::sync::sink::SinkSync;
 use crate::transport::Link;
 use crate::wire::{recv_control, send_control};
 use crate::{show, EngineError, TransferOptions};
+
+// The payload phase's event handlers and settle decision.
+mod payload;
+// The metadata phase's tree and the epilogue that places links.
+mod tree;
+use tree::Tree;
 
 /// Where to write.
 pub struct SinkSpec {
@@ -118,7 +122,7 @@ pub fn run_sink_with(
     // How DST is read (sync::dest): cp's rule, rsync's for sync, and
     // where an interrupted copy went for a resumed one. Refused here,
     // before any data moves, when it cannot be used.
-    let mut dmap = match DestMap::resolve(&spec.root, &spec.dest, prop.roots, opts.sync) {
+    let dmap = match DestMap::resolve(&spec.root, &spec.dest, prop.roots, opts.sync) {
         Ok(m) => m,
         Err(msg) => {
             crate::wire::send_final(
@@ -131,7 +135,6 @@ pub fn run_sink_with(
             return Err(EngineError::Refused(msg));
         }
     };
-    let mut dest_open = true;
 
     // Capacity: what we can serve of what was proposed.
     // Threads and buffers come from `adm` (a daemon task may be queued
@@ -177,8 +180,8 @@ pub fn run_sink_with(
     }))?;
     adm.transferring(streams);
 
-    // Metadata: build the tree as records arrive.
-    let mut table = FileTable::new(
+    // Metadata: build the tree as records arrive (tree.rs).
+    let table = FileTable::new(
         spec.root.clone(),
         spec.session,
         prop.checksum,
@@ -186,109 +189,8 @@ pub fn run_sink_with(
         stats.clone(),
     )
     .with_storage(crate::storage::StorageCfg::sink(opts));
-    let mut prep_failures: Vec<Failure> = Vec::new();
-    let mut dirs: Vec<(Vec<u8>, u32, (i64, u32))> = Vec::new();
-    // (path, link target, mtime)
-    type SymlinkRec = (Vec<u8>, Vec<u8>, (i64, u32));
-    let mut symlinks: Vec<SymlinkRec> = Vec::new();
-    let mut hardlinks: Vec<(Vec<u8>, u64)> = Vec::new();
-    let mut total_bytes = 0u64;
-    // Sync (docs/SYNC.md): set by a SyncMode right behind Propose.
-    let mut sync: Option<SinkSync> = None;
-    let meta_result: Result<(), EngineError> = (|| loop {
-        match ctl.recv()? {
-            Control::SyncMode { flags } => {
-                let journal = sync_flags::RESUME | sync_flags::JOURNAL;
-                table.resume = flags & journal != 0 && flags & sync_flags::DRY_RUN == 0;
-                table.journal_min = match flags & sync_flags::RESUME {
-                    0 => crate::sync::journal_min(),
-                    _ => 0,
-                };
-                sync = Some(SinkSync::new(flags, spec.root.clone()));
-            }
-            Control::Entries(es) => {
-                if let (true, Some(e)) = (dest_open, es.first()) {
-                    dest_open = false;
-                    let first = crate::sync::dest::First {
-                        path: &e.path,
-                        dir: matches!(e.kind, EntryKind::Dir),
-                        mode: e.mode,
-                        mtime: (e.mtime_s, e.mtime_ns),
-                    };
-                    dmap.settle(&spec.root, &first)
-                        .map_err(EngineError::local)?;
-                }
-                for e in es {
-                    let target = dmap.map(&e.path);
-                    let mtime = (e.mtime_s, e.mtime_ns);
-                    let dry = sync.as_ref().is_some_and(|s| s.dry());
-                    match e.kind {
-                        EntryKind::Dir if dry => {
-                            table.push_entry(e.id, None);
-                            if let Some(s) = &mut sync {
-                                s.on_dir(&target);
-                            }
-                        }
-                        EntryKind::File { size } if dry => {
-                            table.push_entry(e.id, None);
-                            if let Some(s) = &mut sync {
-                                s.on_file(&table, e.id, &target, size, e.mode, mtime);
-                            }
-                        }
-                        _ if dry => {
-                            table.push_entry(e.id, None);
-                            if let Some(s) = &mut sync {
-                                s.on_other(&target);
-                            }
-                        }
-                        EntryKind::Dir => {
-                            table.push_entry(e.id, None);
-                            if let Some(s) = &mut sync {
-                                s.on_dir(&target);
-                            }
-                            // "" is the sink's root itself (`SRC/` into the
-                            // root): it exists and keeps its attributes.
-                            let made = match target.is_empty() {
-                                true => Err(None),
-                                false => spec.root.mkdir(&target, e.mode).map_err(Some),
-                            };
-                            match made {
-                                Ok(()) => dirs.push((target, e.mode, mtime)),
-                                Err(None) => {}
-                                Err(Some(err)) => prep_failures.push(Failure {
-                                    path: target,
-                                    reason: err.to_string(),
-                                }),
-                            }
-                        }
-                        EntryKind::File { size } => {
-                            total_bytes += size;
-                            table.push_entry(e.id, Some((target.clone(), size, e.mode, mtime)));
-                            if let Some(s) = &mut sync {
-                                s.on_file(&table, e.id, &target, size, e.mode, mtime);
-                            }
-                        }
-                        EntryKind::Symlink { target: t } => {
-                            table.push_entry(e.id, None);
-                            if let Some(s) = &mut sync {
-                                s.on_other(&target);
-                            }
-                            symlinks.push((target, t, mtime));
-                        }
-                        EntryKind::HardLink { target_id } => {
-                            table.push_entry(e.id, None);
-                            if let Some(s) = &mut sync {
-                                s.on_other(&target);
-                            }
-                            hardlinks.push((target, target_id));
-                        }
-                    }
-                }
-            }
-            Control::MetaEnd { .. } => return Ok(()),
-            _ => unreachable!("machine admits only metadata here"),
-        }
-    })();
+    let mut tree = Tree::new(table, dmap);
+    let meta_result = tree.receive(&mut ctl, &spec.root);
     if let Err(e) = meta_result {
         tracing::warn!("session {}: {e}", spec.session);
         let _ = send_control(
@@ -299,6 +201,15 @@ pub fn run_sink_with(
         );
         return Err(e);
     }
+    let Tree {
+        table,
+        deferred,
+        prep_failures,
+        total_bytes,
+        mut sync,
+        dest: mut dmap,
+        ..
+    } = tree;
     stats.total_bytes.store(total_bytes, Ordering::Relaxed);
     stats
         .total_files
@@ -457,13 +368,13 @@ pub fn run_sink_with(
     // no Resend can follow and the source may end its links. Files finish
     // on writer threads, so look often, and scan only after progress.
     let settle_tick = crossbeam_channel::tick(Duration::from_millis(5));
-    let (mut settled, mut last_progress, mut idle_ticks) = (false, u64::MAX, 0u32);
+    let mut settle = payload::SettleWatch::new();
     let result: Result<(), EngineError> = loop {
         if eod && receivers_left == 0 {
             break Ok(());
         }
         select! {
-            recv(check_tick) -> _ => if !eod && !settled {
+            recv(check_tick) -> _ => if !eod && !settle.settled {
                 if let Err(e) = streams_st.check() { break Err(e) }
             },
             recv(streams_st.events) -> ev => match ev {
@@ -486,68 +397,21 @@ pub fn run_sink_with(
                 }
                 Ok(LinkEvent::GaveUp { stream, attempts, reason }) => {
                     streams_st.gave_up(stream, attempts, reason);
-                    if !eod && !settled {
+                    if !eod && !settle.settled {
                         if let Err(e) = streams_st.check() { break Err(e) }
                     }
                 }
                 Err(_) => {}
             },
             // (After EndOfData it is too late: the source did not wait.)
-            recv(settle_tick) -> _ => if !settled && !eod {
-                let p = stats.files.load(Ordering::Relaxed) + stats.failed.load(Ordering::Relaxed);
-                idle_ticks += 1;
-                if p != last_progress || idle_ticks >= 40 {
-                    (last_progress, idle_ticks) = (p, 0);
-                    if table.all_settled() {
-                        settled = true;
-                        if let Err(e) = ctl.send(&Control::Settled) { break Err(e); }
-                    }
-                }
+            recv(settle_tick) -> _ => if !eod && settle.look(payload::progress(&stats), || table.all_settled()) {
+                if let Err(e) = ctl.send(&Control::Settled) { break Err(e); }
             },
             recv(tick) -> _ => if let Some(s) = &mut sync { s.flush(&table, false) },
             recv(cev_rx) -> m => match m {
-                Ok(Ok(m)) => {
-                    if let Control::Abort { reason } = &m {
-                        break Err(EngineError::PeerAborted(reason.clone()));
-                    }
-                    if let Err(e) = ctl.machine.on_recv(&m) { break Err(e.into()); }
-                    match m {
-                        Control::FilesDone(v) => {
-                            let mut bad = None;
-                            for (id, d) in v {
-                                match table.digest_known(id, d) {
-                                    Ok(()) => {}
-                                    Err(WriteError::Fatal(s)) => { bad = Some(EngineError::local(s)); break; }
-                                    Err(WriteError::Protocol(s)) => { bad = Some(EngineError::local(format!("protocol error: {s}"))); break; }
-                                }
-                            }
-                            if let Some(e) = bad { break Err(e); }
-                        }
-                        Control::FileFailed { id, reason } => table.fail_id(id, format!("source: {reason}")),
-                        Control::Reuse(v) => {
-                            let r = match &mut sync {
-                                Some(s) => s.on_reuse(&table, v),
-                                None => Ok(()),
-                            };
-                            match r {
-                                Ok(()) => {}
-                                Err(WriteError::Fatal(s)) => break Err(EngineError::local(s)),
-                                Err(WriteError::Protocol(s)) => break Err(EngineError::local(format!("protocol error: {s}"))),
-                            }
-                        }
-                        Control::EndOfData { .. } => eod = true,
-                        // The source's end broke first: close ours, so its
-                        // receiver ends and we can report what arrived.
-                        Control::LinkDown { stream, epoch } => {
-                            if streams_st.ran(stream, epoch) {
-                                streams_st.close(stream as usize, epoch);
-                            } else if let Err(e) = ctl.send(&Control::Lost { stream, epoch, received: 0 }) {
-                                break Err(e);
-                            }
-                        }
-                        _ => {}
-                    }
-                }
+                Ok(Ok(m)) => if let Err(e) = payload::on_control(m, &mut ctl, &table, &mut sync, &mut streams_st, &mut eod) {
+                    break Err(e);
+                },
                 Ok(Err(EngineError::PeerClosed)) | Ok(Err(EngineError::Io(_))) => {
                     break Err(EngineError::local("connection to the source lost mid-transfer"));
                 }
@@ -563,7 +427,7 @@ pub fn run_sink_with(
                 Ok((i, epoch, n, Err(e))) if streams_st.enabled() && crate::relink::is_link_loss(&e) && !abort.load(Ordering::Acquire) => {
                     accepted[i] += n;
                     receivers_left -= 1;
-                    if eod || settled {
+                    if eod || settle.settled {
                         // Nothing more is needed on any link.
                         streams_st.ended(i);
                         continue;
@@ -598,21 +462,7 @@ pub fn run_sink_with(
                 Err(_) => wev_rx = crossbeam_channel::never(),
             },
             recv(rev_rx) -> ev => if let Ok(ReceiverEvent::Corrupt { stream, segs }) = ev {
-                // Ask for the block's segments again, if its table names
-                // real ranges; a table too damaged to say what was lost
-                // leaves no way to complete the files.
-                let plausible = segs.iter().all(|s| {
-                    table.get(s.file_id).is_some_and(|f| s.offset.saturating_add(s.span()) <= f.size)
-                });
-                if !plausible {
-                    break Err(EngineError::local(format!(
-                        "corrupt block on stream {stream} with an unusable segment table"
-                    )));
-                }
-                tracing::warn!("block on stream {stream} failed verification; asking for {} segments again", segs.len());
-                stats.resends.fetch_add(segs.len() as u64, Ordering::Relaxed);
-                let v = segs.iter().map(|s| (s.file_id, s.offset, s.len)).collect();
-                if let Err(e) = ctl.send(&Control::Resend(v)) { break Err(e); }
+                if let Err(e) = payload::on_corrupt(stream, &segs, &mut ctl, &table, &stats) { break Err(e); }
             } else {
                 rev_rx = crossbeam_channel::never();
             },
@@ -697,82 +547,28 @@ pub fn run_sink_with(
     );
     let tmp = |i: usize| format!(".ramsys-{:016x}-{i}.lnk", spec.session).into_bytes();
     let dry = sync.as_ref().is_some_and(|s| s.dry());
-    let (hardlinks, symlinks, dirs) = if dry {
-        (Vec::new(), Vec::new(), Vec::new())
-    } else {
-        (hardlinks, symlinks, dirs)
+    failures.extend(deferred.place(&spec.root, &table, tmp));
+    let mut outcome = tree::SyncOutcome {
+        deleted: Vec::new(),
+        planned: Vec::new(),
+        unchanged: table.kept(),
     };
-    for (i, (target, id)) in hardlinks.iter().enumerate() {
-        match table.get(*id) {
-            Some(f) if table.is_final(f) => {
-                if let Err(e) = spec.root.hardlink(&f.rel, target, &tmp(i)) {
-                    failures.push(Failure {
-                        path: target.clone(),
-                        reason: format!("hard link: {e}"),
-                    });
-                }
-            }
-            _ => failures.push(Failure {
-                path: target.clone(),
-                reason: "hard link target was not copied".into(),
-            }),
-        }
-    }
-    for (i, (path, t, mtime)) in symlinks.iter().enumerate() {
-        if let Err(e) = spec
-            .root
-            .symlink(path, t, &tmp(hardlinks.len() + i), *mtime)
-        {
-            failures.push(Failure {
-                path: path.clone(),
-                reason: format!("symlink: {e}"),
-            });
-        }
-    }
-    for (path, mode, mtime) in dirs.iter().rev() {
-        if let Err(e) = spec.root.set_dir_attrs(path, *mode, *mtime) {
-            failures.push(Failure {
-                path: path.clone(),
-                reason: format!("directory attributes: {e}"),
-            });
-        }
-    }
-    // --delete: only now that every new file, link and attribute is in
-    // place, and only after a session without failures (a file that could
-    // not be written must not cost the copy the sink still has).
-    let mut deleted = Vec::new();
-    let mut planned = Vec::new();
-    let mut unchanged = table.kept();
     if let Some(s) = &mut sync {
-        if failures.is_empty() {
-            let (d, f) = s.delete();
-            deleted = d;
-            failures.extend(f.into_iter().map(|(p, r)| Failure { path: p, reason: r }));
-        } else if s.flags & sync_flags::DELETE != 0 {
-            tracing::warn!("session {}: errors, deletions skipped", spec.session);
-        }
-        if failures.is_empty() && !s.dry() {
-            s.clean_orphans(dmap.dest(), started);
-        }
-        if s.dry() {
-            let (p, u) = s.planned();
-            planned = p;
-            unchanged = u;
-        }
-        let mut batch = Vec::new();
-        let mut size = 0;
-        for p in &deleted {
-            size += p.len() + 4;
-            batch.push(p.clone());
-            if size > (ramsys_proto::frame::MAX_CONTROL_BODY as usize) / 2 {
-                ctl.send(&Control::Deleted(std::mem::take(&mut batch)))?;
-                size = 0;
-            }
-        }
-        if !batch.is_empty() {
-            ctl.send(&Control::Deleted(batch))?;
-        }
+        outcome = tree::sync_epilogue(
+            s,
+            &mut ctl,
+            &mut failures,
+            dmap.dest(),
+            started,
+            outcome.unchanged,
+            spec.session,
+        )?;
     }
+    let tree::SyncOutcome {
+        deleted,
+        planned,
+        unchanged,
+    } = outcome;
     if failures.is_empty() && !dry {
         dmap.finished(&spec.root);
     }
