@@ -8,11 +8,10 @@ use std::time::Duration;
 
 use crossbeam_channel::{bounded, select, unbounded, Sender};
 use ramsys_proto::control::{entry_wire_size, Propose};
-use ramsys_proto::data::Segment;
 use ramsys_proto::frame::MAX_CONTROL_BODY;
 use ramsys_proto::session::SourceMachine;
 use ramsys_proto::Control;
-use ramsys_resources::{Buf, BufferPool};
+use ramsys_resources::Buf;
 
 use crate::config::SendPath;
 use crate::data::inline::InlineLinks;
@@ -29,6 +28,10 @@ use crate::stats::{FailedPath, Report, Stats};
 use crate::transport::Link;
 use crate::wire::{recv_control, send_control};
 use crate::{show, EngineError, TransferOptions};
+
+// Decisions of the payload phase and the Resend handler.
+mod pipeline;
+use pipeline::{LostLinks, Pipeline};
 use ramsys_proto::relink::SentLog;
 
 /// What to send.
@@ -477,8 +480,7 @@ pub fn run_source_with(
     });
     // Per lost link (stream, epoch): what its sender sent, and how many
     // blocks the sink says it accepted; both are needed to re-queue.
-    let mut lost_logs: std::collections::HashMap<(usize, u16), SentLog> = Default::default();
-    let mut lost_counts: std::collections::HashMap<(usize, u16), u64> = Default::default();
+    let mut lost: LostLinks<SentLog> = LostLinks::new();
     let check_tick = crossbeam_channel::tick(Duration::from_millis(250));
     // Replacement links' senders run outside the pool but on its CPUs.
     let sender_pool = senders.pool().clone();
@@ -498,18 +500,13 @@ pub fn run_source_with(
             }
         })?;
 
-    let mut readers_left = nread;
-    let mut senders_left = streams as usize;
+    let mut pl = Pipeline::new(nread, streams as usize);
     let mut kept_links = Vec::new();
-    let mut done_batch: Vec<(u64, u64)> = Vec::new();
     let mut local_failed: Vec<FailedPath> = Vec::new();
-    let mut eod_sent = false;
-    let mut files_done = 0u64;
     let mut deleted: Vec<String> = Vec::new();
     // Re-sent blocks (Resend) go through the same queue; the senders end
     // only once the sink has Settled and this handle is dropped.
     let mut resend_tx = Some(filled_tx);
-    let mut settled = false;
     let resender = Rereader::new(
         &spec.root,
         &files,
@@ -517,56 +514,27 @@ pub fn run_source_with(
         opts.source_engine == crate::storage::DataEngine::Null,
     );
     let result: Result<Control, EngineError> = loop {
-        if settled && readers_left == 0 && rev_rx.is_empty() {
+        if pl.resends_over(rev_rx.is_empty()) {
             resend_tx = None;
         }
         // Flush digests whenever the event queue runs dry or grows big.
-        if !done_batch.is_empty() && (rev_rx.is_empty() || done_batch.len() >= 4096) {
-            if let Err(e) = ctl.send(&Control::FilesDone(std::mem::take(&mut done_batch))) {
+        if pl.flush_due(rev_rx.is_empty()) {
+            if let Err(e) = ctl.send(&Control::FilesDone(std::mem::take(&mut pl.done_batch))) {
                 break Err(e);
             }
         }
-        if readers_left == 0 && senders_left == 0 && rev_rx.is_empty() && !eod_sent {
-            eod_sent = true;
-            if let Err(e) = ctl.send(&Control::EndOfData {
-                files: files_done,
-                bytes: stats.bytes.load(Ordering::Relaxed),
-            }) {
+        if pl.eod_due(rev_rx.is_empty()) {
+            let (files, bytes) = (pl.files_done, stats.bytes.load(Ordering::Relaxed));
+            if let Err(e) = ctl.send(&Control::EndOfData { files, bytes }) {
                 break Err(e);
             }
         }
         // Re-queue what a lost link lost, once both halves are known.
-        let ready: Vec<(usize, u16)> = lost_logs
-            .keys()
-            .filter(|k| lost_counts.contains_key(k))
-            .copied()
-            .collect();
-        let mut requeue_err = None;
-        for k in ready {
-            let (log, n) = (
-                lost_logs.remove(&k).unwrap(),
-                lost_counts.remove(&k).unwrap(),
-            );
-            if let Some(tx) = &resend_tx {
-                match log.unreceived(n) {
-                    Ok(blocks) => {
-                        tracing::info!(
-                            "stream {}: sending {} lost blocks again",
-                            k.0,
-                            blocks.len()
-                        );
-                        let blocks = blocks.into_iter().map(|b| b.to_vec()).collect();
-                        match requeue.spawn(blocks, tx.clone(), requeue_events.clone()) {
-                            Ok(h) => extra_jobs.push(h),
-                            Err(e) => requeue_err = Some(e.into()),
-                        }
-                    }
-                    Err(e) => requeue_err = Some(EngineError::from(e)),
-                }
+        if let Some(tx) = &resend_tx {
+            let r = requeue_ready(&mut lost, &requeue, tx, &requeue_events, &mut extra_jobs);
+            if let Err(e) = r {
+                break Err(e);
             }
-        }
-        if let Some(e) = requeue_err {
-            break Err(e);
         }
         if let Some(l) = &inline {
             // A link put back just after the last sweep is caught here.
@@ -576,7 +544,7 @@ pub fn run_source_with(
         }
         if resend_tx.is_none() {
             // Settled: lost links need no replacement any more.
-            senders_left -= streams_st.settle();
+            pl.senders_left -= streams_st.settle();
         }
         select! {
             recv(check_tick) -> _ => if let Err(e) = streams_st.check() { break Err(e) },
@@ -590,17 +558,14 @@ pub fn run_source_with(
                 }
                 Ok(LinkEvent::GaveUp { stream, attempts, reason }) => {
                     if streams_st.gave_up(stream, attempts, reason) {
-                        senders_left -= 1;
+                        pl.senders_left -= 1;
                     }
                     if let Err(e) = streams_st.check() { break Err(e) }
                 }
                 Err(_) => {}
             },
             recv(rev_rx) -> ev => match ev {
-                Ok(ReaderEvent::FileDone { id, digest }) => {
-                    files_done += 1;
-                    done_batch.push((id, digest));
-                }
+                Ok(ReaderEvent::FileDone { id, digest }) => pl.file_done(id, digest),
                 Ok(ReaderEvent::FileFailed { id, path, reason }) => {
                     tracing::warn!("{path}: {reason}");
                     local_failed.push(FailedPath { path: spec.root.path().join(std::ffi::OsStr::new(&path)).display().to_string(), reason: reason.clone() });
@@ -613,25 +578,25 @@ pub fn run_source_with(
                 Err(_) => rev_rx = crossbeam_channel::never(),
             },
             recv(rdone_rx) -> r => match r {
-                Ok(()) => readers_left -= 1,
+                Ok(()) => pl.readers_left -= 1,
                 Err(_) => rdone_rx = crossbeam_channel::never(),
             },
             recv(sdone_rx) -> r => match r {
-                Ok((i, epoch, Ok(link), _)) => { evicting.remove(&(i, epoch)); senders_left -= 1; kept_links.push(link); streams_st.ended(i); }
+                Ok((i, epoch, Ok(link), _)) => { evicting.remove(&(i, epoch)); pl.senders_left -= 1; kept_links.push(link); streams_st.ended(i); }
                 Ok((i, epoch, Err((link, e)), log)) if streams_st.enabled() && crate::relink::is_link_loss(&e) && !abort.load(Ordering::Acquire) => {
                     evicting.remove(&(i, epoch));
                     closers.remove(&(i, epoch));
                     kept_links.push(link);
                     if resend_tx.is_none() {
                         // Settled: nothing left to send on any link.
-                        senders_left -= 1;
+                        pl.senders_left -= 1;
                         streams_st.ended(i);
                         continue;
                     }
                     // The session goes on without this link (crate::relink):
                     // ask the sink what arrived, replace the link.
                     let waiting = streams_st.lost(i, epoch, &e);
-                    lost_logs.insert((i, epoch), log);
+                    lost.log((i, epoch), log);
                     if let Err(e) = ctl.send(&Control::LinkDown { stream: i as u16, epoch }) {
                         break Err(e);
                     }
@@ -658,7 +623,7 @@ pub fn run_source_with(
                     if let Err(e) = check_abort(&m) { break Err(e); }
                     if let Err(e) = ctl.machine.on_recv(&m) { break Err(e.into()); }
                     if let Control::Deleted(v) = &m { deleted.extend(v.iter().map(|p| show(p))); }
-                    if matches!(m, Control::Settled) { settled = true; }
+                    if matches!(m, Control::Settled) { pl.settled = true; }
                     if let Control::Lost { stream, epoch, received } = m {
                         // Our end may not have noticed yet: close it, so
                         // its sender ends and hands over its log.
@@ -668,28 +633,11 @@ pub fn run_source_with(
                             evicting.insert((stream as usize, epoch));
                             l.evict(stream as usize, epoch);
                         }
-                        lost_counts.insert((stream as usize, epoch), received);
+                        lost.received((stream as usize, epoch), received);
                     }
-                    let mut send_err = None;
                     if let (Control::Resend(v), Some(tx)) = (&m, &resend_tx) {
-                        for &(id, offset, len) in v {
-                            let seg = ramsys_proto::data::Segment { file_id: id, offset, len };
-                            match resend_block(&resender, seg, &pool) {
-                                Ok(buf) => {
-                                    stats.resends.fetch_add(1, Ordering::Relaxed);
-                                    let _ = tx.send(buf);
-                                }
-                                Err(reason) => {
-                                    tracing::warn!("cannot re-send file id {id}: {reason}");
-                                    if let Err(e) = ctl.send(&Control::FileFailed { id, reason }) {
-                                        send_err = Some(e);
-                                        break;
-                                    }
-                                }
-                            }
-                        }
+                        if let Err(e) = pipeline::on_resend(v, tx, &resender, &pool, &stats, &mut ctl) { break Err(e); }
                     }
-                    if let Some(e) = send_err { break Err(e); }
                     if matches!(m, Control::Complete(_)) { break Ok(m); }
                 }
                 Ok(Err(EngineError::PeerClosed)) | Ok(Err(EngineError::Io(_))) => {
@@ -756,12 +704,12 @@ pub fn run_source_with(
     };
     // Drain so no reader stays blocked on a full queue, then join all.
     if outcome.is_err() {
-        while readers_left > 0 {
+        while pl.readers_left > 0 {
             while let Ok(b) = filled_rx.try_recv() {
                 pool.put(b);
             }
             if rdone_rx.recv_timeout(Duration::from_millis(20)).is_ok() {
-                readers_left -= 1;
+                pl.readers_left -= 1;
             }
         }
     }
@@ -823,18 +771,23 @@ where
 /// A queued sender's thread body.
 type SenderJob = Box<dyn FnOnce() + Send + 'static>;
 
-/// A block the sink asked for again (Control::Resend: it failed
-/// verification in flight), re-read by the one re-read path
-/// (data::reread) with the same segment boundaries.
-fn resend_block(rr: &Rereader, seg: Segment, pool: &BufferPool) -> Result<Buf, String> {
-    let mut buf = pool
-        .get_timeout(Duration::from_secs(30))
-        .ok_or("no free buffer to re-send a block")?;
-    match rr.fill(&mut buf, &[seg]) {
-        Ok(()) => Ok(buf),
-        Err((_, reason)) => {
-            pool.put(buf);
-            Err(reason)
-        }
+/// Re-queue the blocks each lost link sent that the sink did not accept,
+/// for the links whose log and count are both known (crate::relink).
+fn requeue_ready(
+    lost: &mut LostLinks<SentLog>,
+    requeue: &Arc<crate::relink::Requeue>,
+    tx: &Sender<Buf>,
+    events: &Sender<ReaderEvent>,
+    jobs: &mut Vec<std::thread::JoinHandle<()>>,
+) -> Result<(), EngineError> {
+    for ((stream, _), log, n) in lost.ready() {
+        let blocks = log.unreceived(n)?;
+        tracing::info!(
+            "stream {stream}: sending {} lost blocks again",
+            blocks.len()
+        );
+        let blocks = blocks.into_iter().map(|b| b.to_vec()).collect();
+        jobs.push(requeue.spawn(blocks, tx.clone(), events.clone())?);
     }
+    Ok(())
 }
