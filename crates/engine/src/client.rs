@@ -88,6 +88,14 @@ fn seal_control(s: &mut ClientSession, cipher: Cipher) -> Result<(), EngineError
 
 fn open_msg(role: Role, paths: Vec<Vec<u8>>, opts: &TransferOptions) -> Control {
     let open = open_struct(role, paths, opts);
+    // A selection the server's scan applies (request::filter).
+    if role == Role::Source && !opts.select.is_empty() {
+        return Control::SelectOpen {
+            open,
+            flags: opts.sync,
+            select: opts.select.clone(),
+        };
+    }
     // Sync and resume ask through SyncOpen (docs/SYNC.md); cp stays Open.
     if opts.sync != 0 {
         return Control::SyncOpen {

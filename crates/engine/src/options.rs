@@ -49,6 +49,10 @@ pub struct TransferOptions {
     /// Source and sink in this process (a local copy): large files are
     /// copied by the sink with copy_file_range (storage::local, issue 17).
     pub local_copy: Option<std::sync::Arc<crate::storage::local::LocalBridge>>,
+    /// What the source sends of its tree (`--exclude`, `--include`,
+    /// `--min-size`, `--max-size`; request::filter). A daemon source gets
+    /// it in SelectOpen.
+    pub select: ramsys_proto::control::Selection,
     /// Sync and resume bits (proto::control::sync; docs/SYNC.md), 0 = cp.
     pub sync: u32,
     /// Where this end is the source: readers send their own blocks
@@ -79,6 +83,7 @@ impl Default for TransferOptions {
             encrypt: crate::crypto::Cipher::None,
             io_hook: crate::storage::Hook::default(),
             local_copy: None,
+            select: Default::default(),
             sync: 0,
             send_path: crate::config::SendPath::default(),
         }

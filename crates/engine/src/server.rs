@@ -440,10 +440,18 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 )?);
                 first = recv_control(&mut **link);
             }
-            let (open, sync) = match first {
-                Ok(Control::Open(o)) => (o, 0),
+            let (open, sync, select) = match first {
+                Ok(Control::Open(o)) => (o, 0, Default::default()),
                 // Sync and resume (docs/SYNC.md): flags for a server source.
-                Ok(Control::SyncOpen { open, flags }) => (open, flags & crate::sync::flags::ALL),
+                Ok(Control::SyncOpen { open, flags }) => {
+                    (open, flags & crate::sync::flags::ALL, Default::default())
+                }
+                // A selection for a server source (request::filter).
+                Ok(Control::SelectOpen {
+                    open,
+                    flags,
+                    select,
+                }) => (open, flags & crate::sync::flags::ALL, select),
                 Ok(Control::StatusQuery) => {
                     let json = serde_json::to_string(&sh.status_for(grant.account.as_deref()))
                         .map_err(|e| EngineError::local(format!("status: {e}")))?;
@@ -497,8 +505,7 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 link,
                 session,
                 &grant,
-                open,
-                sync,
+                Request { open, sync, select },
                 ServerLinks {
                     rx,
                     timeout: Duration::from_secs(30),
@@ -529,15 +536,24 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
     }
 }
 
+/// What the client asked for in its first message.
+struct Request {
+    open: ramsys_proto::control::Open,
+    /// SyncOpen's flags (docs/SYNC.md), 0 for a copy.
+    sync: u32,
+    /// SelectOpen's selection, for a server source.
+    select: ramsys_proto::control::Selection,
+}
+
 fn run_session(
     sh: &Arc<DaemonShared>,
     link: &mut Box<dyn Link>,
     session: u64,
     grant: &Grant,
-    open: ramsys_proto::control::Open,
-    sync: u32,
+    req: Request,
     mut links: ServerLinks,
 ) -> Result<(), EngineError> {
+    let Request { open, sync, select } = req;
     // The request poller's step (seed 000 sec. 6.2.1): a session element
     // in the session list, then a task on the queue of the storage device
     // the request touches (Fig. 6-3).
@@ -582,6 +598,21 @@ fn run_session(
         .clamp(4096, sh.res.buffers.buf_size() as u32);
     opts.checksum = open.checksum;
     opts.sync = sync;
+    if !select.is_empty() {
+        // A bad pattern is refused here, in one line, before any scan.
+        let bad = match open.server_role {
+            Role::Sink => Some("a selection applies to a source only".to_string()),
+            Role::Source => crate::request::filter::Filter::new(&select)
+                .err()
+                .map(|e| format!("--exclude/--include: {e}")),
+        };
+        if let Some(reason) = bad {
+            let mut ctl = ctl;
+            refuse(&mut ctl, 2, reason);
+            return Ok(());
+        }
+        opts.select = select;
+    }
     match open.server_role {
         Role::Sink => {
             if rels.len() != 1 {

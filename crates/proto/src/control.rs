@@ -274,6 +274,34 @@ pub enum Control {
         stream: u16,
         epoch: u16,
     },
+    /// Client to server, instead of Open or SyncOpen, when the server is
+    /// the source and the user selected what to send (`--exclude`,
+    /// `--include`, `--min-size`, `--max-size`; rsync's rules): the
+    /// server's scan applies `select`. `flags` as in SyncOpen (0 = copy).
+    SelectOpen {
+        open: Open,
+        flags: u32,
+        select: Selection,
+    },
+}
+
+/// What a source sends of its tree (rsync's filter rules, engine
+/// `request::filter`): `rules` in command-line order, first match wins;
+/// regular files outside [`min_size`, `max_size`] are skipped
+/// (`max_size` 0 = no upper limit).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Selection {
+    /// (include?, pattern)
+    pub rules: Vec<(bool, Vec<u8>)>,
+    pub min_size: u64,
+    pub max_size: u64,
+}
+
+impl Selection {
+    /// Selects everything.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty() && self.min_size == 0 && self.max_size == 0
+    }
 }
 
 /// Bits of SyncOpen/SyncMode `flags` (docs/SYNC.md).
@@ -373,6 +401,7 @@ impl Control {
             Control::Rejoin { .. } => "Rejoin",
             Control::Lost { .. } => "Lost",
             Control::LinkDown { .. } => "LinkDown",
+            Control::SelectOpen { .. } => "SelectOpen",
         }
     }
 
@@ -559,6 +588,22 @@ mod tests {
             Control::LinkDown {
                 stream: 3,
                 epoch: 1,
+            },
+            Control::SelectOpen {
+                open: Open {
+                    server_role: Role::Source,
+                    paths: vec![b"data".to_vec()],
+                    recursive: true,
+                    streams: 4,
+                    block_size: 1 << 22,
+                    checksum: true,
+                },
+                flags: 1,
+                select: Selection {
+                    rules: vec![(true, b"*.c".to_vec()), (false, b"/build/".to_vec())],
+                    min_size: 1,
+                    max_size: 1 << 30,
+                },
             },
         ];
         for m in msgs {

@@ -105,8 +105,16 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
         fsync: a.fsync,
         sync,
         encrypt: a.encrypt.unwrap_or_default(),
+        select: a.select.selection()?,
         ..a.storage.options()
     };
+    // rsync keeps excluded files at the destination from --delete; the
+    // sink does not know the rules yet, so refuse rather than delete them.
+    anyhow::ensure!(
+        opts.select.is_empty() || sync & ramsys_engine::sync::flags::DELETE == 0,
+        "--delete with --exclude/--include/--min-size/--max-size is not supported yet \
+         (it would delete the excluded files at the destination)"
+    );
     let res_cfg = ResourceConfig {
         memory: a.memory as usize,
         buffer_size: a.block_size as usize,

@@ -88,6 +88,8 @@ pub struct CpArgs {
     pub channels: ramsys_topo::ChannelPolicy,
     #[command(flatten)]
     pub storage: StorageArgs,
+    #[command(flatten)]
+    pub select: SelectArgs,
     /// Resume an interrupted transfer: run again with the same arguments;
     /// only what is missing or wrong moves (block checksums; the sink
     /// keeps its temp files and a SQLite journal; docs/SYNC.md). Files of
@@ -126,6 +128,90 @@ impl CpArgs {
         let key = line.trim().as_bytes().to_vec();
         anyhow::ensure!(key.len() >= 16, "--key-stdin: expected a key line on stdin");
         Ok(key)
+    }
+}
+
+/// What to send (issue 20): rsync's include/exclude rules, applied by the
+/// source's scan (locally, or by a daemon or ssh source), and size limits.
+#[derive(Args, Debug, Clone, Default)]
+pub struct SelectArgs {
+    /// Leave out what matches PATTERN (rsync's rules: `*` stops at `/`,
+    /// `**` does not; a leading `/` anchors at the transfer root; a
+    /// trailing `/` matches directories only; first matching rule wins,
+    /// in command-line order with --include). Repeatable.
+    #[arg(long, value_name = "PATTERN")]
+    pub exclude: Vec<String>,
+    /// Keep what matches PATTERN even if a later --exclude matches it.
+    #[arg(long, value_name = "PATTERN")]
+    pub include: Vec<String>,
+    /// Read exclude patterns from FILE, one per line (`+ PAT` includes,
+    /// `- PAT` excludes, `#` comments).
+    #[arg(long, value_name = "FILE")]
+    pub exclude_from: Vec<PathBuf>,
+    /// Skip regular files smaller than SIZE (e.g. 1K, 4M).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub min_size: Option<u64>,
+    /// Skip regular files larger than SIZE.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_size: Option<u64>,
+}
+
+impl SelectArgs {
+    /// The rules in command-line order (first match wins, so the order of
+    /// --include and --exclude matters, as in rsync).
+    pub fn selection(&self) -> anyhow::Result<ramsys_proto::control::Selection> {
+        self.selection_from(std::env::args())
+    }
+
+    fn selection_from(
+        &self,
+        argv: impl Iterator<Item = String>,
+    ) -> anyhow::Result<ramsys_proto::control::Selection> {
+        use ramsys_engine::request::filter::{rules_from_text, Filter};
+        let mut rules = Vec::new();
+        let mut argv = argv.skip(1);
+        while let Some(a) = argv.next() {
+            if a == "--" {
+                break;
+            }
+            let (flag, inline) = match a.split_once('=') {
+                Some((f, v)) => (f.to_string(), Some(v.to_string())),
+                None => (a, None),
+            };
+            if !matches!(flag.as_str(), "--exclude" | "--include" | "--exclude-from") {
+                continue;
+            }
+            let Some(v) = inline.or_else(|| argv.next()) else {
+                break;
+            };
+            match flag.as_str() {
+                "--exclude" => rules.push((false, v.into_bytes())),
+                "--include" => rules.push((true, v.into_bytes())),
+                _ => {
+                    let text = std::fs::read_to_string(&v)
+                        .with_context(|| format!("--exclude-from {v}"))?;
+                    rules.extend(rules_from_text(&text));
+                }
+            }
+        }
+        // Every rule clap parsed must have been found in order.
+        let wanted = self.exclude.len() + self.include.len();
+        let found = rules.len();
+        anyhow::ensure!(
+            self.exclude_from.is_empty() && found == wanted || found >= wanted,
+            "cannot tell the order of --include and --exclude"
+        );
+        let sel = ramsys_proto::control::Selection {
+            rules,
+            min_size: self.min_size.unwrap_or(0),
+            max_size: self.max_size.unwrap_or(0),
+        };
+        anyhow::ensure!(
+            self.max_size.is_none_or(|m| m > 0),
+            "--max-size must be more than 0"
+        );
+        Filter::new(&sel).map_err(|e| anyhow::anyhow!("--exclude/--include: {e}"))?;
+        Ok(sel)
     }
 }
 

@@ -499,6 +499,19 @@ fn source_cp_args(a: &CpArgs, sync: u32, srcs: &[&SshEndpoint], url: &str) -> Ve
         }
     }
     v.push(format!("--block-size={}", a.block_size));
+    // The selection, rules in order (HOST1's scan applies it).
+    if let Ok(sel) = a.select.selection() {
+        for (include, p) in &sel.rules {
+            let flag = if *include { "include" } else { "exclude" };
+            v.push(format!("--{flag}={}", String::from_utf8_lossy(p)));
+        }
+        if sel.min_size > 0 {
+            v.push(format!("--min-size={}", sel.min_size));
+        }
+        if sel.max_size > 0 {
+            v.push(format!("--max-size={}", sel.max_size));
+        }
+    }
     if let Some(s) = a.streams {
         v.push(format!("--streams={s}"));
     }

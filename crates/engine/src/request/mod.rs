@@ -3,5 +3,6 @@
 //! into per-storage-device queues of read units ([`tasks`]), so each device
 //! is served by its own readers (Fig. 6-3).
 
+pub mod filter;
 pub mod tasks;
 pub mod walk;

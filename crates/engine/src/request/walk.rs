@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use ramsys_proto::control::{Entry, EntryKind};
 
+use super::filter::Filter;
 use crate::stats::FailedPath;
 
 /// A regular file to read.
@@ -79,7 +80,7 @@ fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
 /// Scan `tops` under `base` (the root directory on disk).
 pub fn walk(base: &Path, tops: &[Top], recursive: bool) -> Walk {
     let r: Result<Walk, std::convert::Infallible> =
-        walk_streamed(base, tops, recursive, &mut |_| Ok(()));
+        walk_streamed(base, tops, recursive, &Filter::all(), &mut |_| Ok(()));
     match r {
         Ok(w) => w,
         Err(e) => match e {},
@@ -106,11 +107,13 @@ enum Deferred {
 /// one directory descriptor at a time, and emits them in batches of
 /// [`STREAM_BATCH`]. Ids and order are those of a plain walk: directories
 /// first, then everything else in scan order. An `emit` error stops the
-/// scan and is returned.
+/// scan and is returned. What `filter` leaves out is not sent (and an
+/// excluded directory is not descended).
 pub fn walk_streamed<E>(
     base: &Path,
     tops: &[Top],
     recursive: bool,
+    filter: &Filter,
     emit: &mut dyn FnMut(&[Entry]) -> Result<(), E>,
 ) -> Result<Walk, E> {
     let mut dirs: Vec<Pending> = Vec::new();
@@ -119,6 +122,7 @@ pub fn walk_streamed<E>(
     for t in tops {
         let path = abs(base, &t.rel);
         match fs::symlink_metadata(&path) {
+            Ok(md) if filter.excluded(&t.name, md.is_dir()) => {}
             Ok(md) => {
                 if md.is_dir() && !recursive {
                     failures.push(FailedPath {
@@ -127,15 +131,12 @@ pub fn walk_streamed<E>(
                     });
                     continue;
                 }
-                scan(
-                    base,
-                    &t.rel,
-                    &t.name,
-                    md,
-                    &mut dirs,
-                    &mut later,
-                    &mut failures,
-                );
+                let mut to = Found {
+                    dirs: &mut dirs,
+                    later: &mut later,
+                    failures: &mut failures,
+                };
+                scan(base, &t.rel, &t.name, md, filter, &mut to);
             }
             Err(e) => failures.push(FailedPath {
                 path: path.display().to_string(),
@@ -214,6 +215,9 @@ pub fn walk_streamed<E>(
                 ino,
                 nlink,
             } => {
+                if filter.size_excluded(size) {
+                    continue;
+                }
                 if nlink > 1 {
                     if let Some(&first) = inodes.get(&(dev, ino)) {
                         push_entry(
@@ -311,31 +315,30 @@ fn abs(base: &Path, rel: &[u8]) -> PathBuf {
     }
 }
 
+/// Where the first pass puts what it finds.
+struct Found<'a> {
+    dirs: &'a mut Vec<Pending>,
+    later: &'a mut Vec<Deferred>,
+    failures: &'a mut Vec<FailedPath>,
+}
+
 /// First pass: directories (stat'ed, recursed into) and the names of
 /// everything else, in scan order.
-fn scan(
-    base: &Path,
-    rel: &[u8],
-    wire: &[u8],
-    md: fs::Metadata,
-    dirs: &mut Vec<Pending>,
-    later: &mut Vec<Deferred>,
-    failures: &mut Vec<FailedPath>,
-) {
+fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter, to: &mut Found) {
     if !md.is_dir() {
         if let Some(p) = pending(
             base,
             rel.to_vec(),
             wire.to_vec(),
             &Meta::from(&md),
-            failures,
+            to.failures,
         ) {
-            later.push(Deferred::Ready(p));
+            to.later.push(Deferred::Ready(p));
         }
         return;
     }
-    let me = dirs.len();
-    dirs.push(Pending {
+    let me = to.dirs.len();
+    to.dirs.push(Pending {
         wire: wire.to_vec(),
         rel: rel.to_vec(),
         kind: PendingKind::Dir,
@@ -346,7 +349,7 @@ fn scan(
     let rd = match fs::read_dir(&path) {
         Ok(rd) => rd,
         Err(e) => {
-            failures.push(FailedPath {
+            to.failures.push(FailedPath {
                 path: path.display().to_string(),
                 reason: format!("cannot read directory: {e}"),
             });
@@ -357,7 +360,7 @@ fn scan(
         let de = match de {
             Ok(d) => d,
             Err(e) => {
-                failures.push(FailedPath {
+                to.failures.push(FailedPath {
                     path: path.display().to_string(),
                     reason: format!("cannot read directory: {e}"),
                 });
@@ -371,15 +374,18 @@ fn scan(
         let is_dir = match de.file_type() {
             Ok(ft) => ft.is_dir(),
             Err(e) => {
-                failures.push(FailedPath {
+                to.failures.push(FailedPath {
                     path: abs(base, &join(rel, name)).display().to_string(),
                     reason: e.to_string(),
                 });
                 continue;
             }
         };
+        if filter.excluded(&join(wire, name), is_dir) {
+            continue;
+        }
         if !is_dir {
-            later.push(Deferred::Name {
+            to.later.push(Deferred::Name {
                 dir: me,
                 name: name.to_vec(),
             });
@@ -387,8 +393,8 @@ fn scan(
         }
         let crel = join(rel, name);
         match de.metadata() {
-            Ok(cmd) => scan(base, &crel, &join(wire, name), cmd, dirs, later, failures),
-            Err(e) => failures.push(FailedPath {
+            Ok(cmd) => scan(base, &crel, &join(wire, name), cmd, filter, to),
+            Err(e) => to.failures.push(FailedPath {
                 path: abs(base, &crel).display().to_string(),
                 reason: e.to_string(),
             }),
@@ -513,7 +519,7 @@ mod tests {
             name: b"t".to_vec(),
         }];
         let mut batches: Vec<Vec<Entry>> = Vec::new();
-        let w = walk_streamed(d.path(), &tops, true, &mut |es| {
+        let w = walk_streamed(d.path(), &tops, true, &Filter::all(), &mut |es| {
             batches.push(es.to_vec());
             Ok::<(), ()>(())
         })
@@ -528,7 +534,7 @@ mod tests {
         assert_eq!(all, walk(d.path(), &tops, true).entries);
         // An emit error stops the scan.
         let mut n = 0;
-        let r = walk_streamed(d.path(), &tops, true, &mut |_| {
+        let r = walk_streamed(d.path(), &tops, true, &Filter::all(), &mut |_| {
             n += 1;
             if n == 2 {
                 Err("peer gone")

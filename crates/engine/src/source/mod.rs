@@ -188,7 +188,11 @@ pub fn run_source_with(
         let w = crate::storage::null::synthetic_walk(&spec.tops, opts.null_size);
         send_entries(&mut ctl, &w.entries).map(|_| w)
     } else {
-        walk_streamed(spec.root.path(), &spec.tops, opts.recursive, &mut |es| {
+        // What the user selected (request::filter); checked before the
+        // session started, so an error here is the peer's malformed rule.
+        let filter = crate::request::filter::Filter::new(&opts.select)
+            .map_err(|e| EngineError::local(format!("--exclude/--include: {e}")))?;
+        walk_streamed(spec.root.path(), &spec.tops, opts.recursive, &filter, &mut |es| {
             send_entries(&mut ctl, es)
         })
     };
