@@ -114,7 +114,7 @@ pub enum Error {
     VersionExhausted,
     /// Requester side only: the home is down or unreachable. Soft state:
     /// the data is gone with its home until someone publishes it again.
-    #[error("home {0} unreachable")]
+    #[error("home unreachable: {0}")]
     HomeUnreachable(String),
     #[error("protocol error: {0}")]
     Protocol(String),
