@@ -321,3 +321,98 @@ fn lock_holder_death_lease_and_fencing() {
     assert!(matches!(e, Error::HomeUnreachable(_)), "{e:?}");
     assert!(e.to_string().starts_with("home unreachable"), "{e}");
 }
+
+/// Busy fraction `pct` on a fake proc/, advanced by a thread until `stop`.
+fn burn(
+    root: &Path,
+    pct: u64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    let root = root.to_path_buf();
+    fake_proc(&root, 0, 0);
+    std::thread::spawn(move || {
+        let (mut busy, mut idle) = (0u64, 0u64);
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            busy += pct;
+            idle += 100 - pct;
+            fake_proc(&root, busy, idle);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    })
+}
+
+#[test]
+fn transfer_goes_to_the_least_loaded_daemon() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    make_varied_tree(&src, 64 << 10);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut ds = vec![];
+    let mut burners = vec![];
+    for (i, pct) in [90u64, 20, 60].into_iter().enumerate() {
+        let root = t.path().join(format!("root{i}"));
+        std::fs::create_dir(&root).unwrap();
+        let fake = t.path().join(format!("proc{i}"));
+        burners.push(burn(&fake, pct, stop.clone()));
+        let mut args = vec![
+            "--site-interval".to_string(),
+            "20".into(),
+            "--site-sys-root".into(),
+        ];
+        args.push(fake.to_str().unwrap().into());
+        for d in &ds {
+            let d: &TestDaemon = d;
+            args.push("--peer".into());
+            args.push(d.addr.clone());
+        }
+        let a: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        ds.push(TestDaemon::start_with(&root, &key, &a));
+    }
+    let addrs: Vec<String> = ds.iter().map(|d| d.addr.clone()).collect();
+    // Wait until the first daemon sees every load.
+    wait_for(&key, &addrs[0], Duration::from_secs(10), "all loads", |v| {
+        addrs.iter().all(|a| {
+            member(v, a)
+                .and_then(|m| m["cpu_load"].as_f64())
+                .unwrap_or(0.0)
+                > 0.1
+                && age(v, a) < 500
+        })
+    });
+    let list = addrs.join(",");
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            src.to_str().unwrap(),
+            &format!("ramsys://{list}/"),
+        ],
+    );
+    assert_ok(&o);
+    // The 20 % daemon got it; the others did not.
+    assert_same_tree(&src, &ds[1].root.join("src"));
+    assert!(!ds[0].root.join("src").exists());
+    assert!(!ds[2].root.join("src").exists());
+    // A list whose daemons are all gone: one clear line, non-zero exit.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            src.to_str().unwrap(),
+            &format!("ramsys://{gone},{gone}/x"),
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("none of the daemons"), "{}", stderr(&o));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for b in burners {
+        b.join().unwrap();
+    }
+}

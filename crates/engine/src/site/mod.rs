@@ -273,7 +273,8 @@ impl Site {
                 let l = &v.load;
                 SiteMember {
                     addr: m.clone(),
-                    cpu_load: l.cpu_load as f64,
+                    // f32 on the wire; shown with its 1 % rounding.
+                    cpu_load: (l.cpu_load as f64 * 100.0).round() / 100.0,
                     run_queue: l.run_queue,
                     intr_per_s: l.intr_per_s,
                     softirq_per_s: l.softirq_per_s,
