@@ -40,6 +40,8 @@ pub const POOL_BYTES: usize = 1 << 20;
 /// How long a dialer waits to connect, and for each reply.
 const DIAL_TIMEOUT: Duration = Duration::from_millis(500);
 const REPLY_TIMEOUT: Duration = Duration::from_secs(1);
+/// A site link with no request for this long is closed by its home.
+const PEER_IDLE: Duration = Duration::from_secs(60);
 
 /// `serve --peer`, `--site-interval` and the config's `[site]` table.
 #[derive(Debug, Clone)]
@@ -335,7 +337,10 @@ impl Site {
         if !addr.is_empty() && addr.len() <= 256 {
             self.node.add_member(addr);
         }
-        link.set_read_timeout(None)?;
+        // A member pulls at least every second (its back-off's cap), so a
+        // link silent this long belongs to a peer that died without
+        // closing it: end the responder thread.
+        link.set_read_timeout(Some(PEER_IDLE))?;
         tracing::info!("{}: site link from {addr}", link.peer());
         self.node.serve_peer(link)?;
         Ok(())
