@@ -416,3 +416,75 @@ fn transfer_goes_to_the_least_loaded_daemon() {
         b.join().unwrap();
     }
 }
+
+/// With a users table the site links authenticate as `[site] user`
+/// ("site" by default) with that user's key; a daemon whose table lacks
+/// it cannot join, and says so in its view.
+#[test]
+fn site_links_use_the_users_table() {
+    let t = tempfile::tempdir().unwrap();
+    let p = t.path();
+    std::fs::create_dir_all(p.join("keys")).unwrap();
+    std::fs::create_dir_all(p.join("root")).unwrap();
+    let wk = |name: &str, k: &str| {
+        let f = p.join("keys").join(name);
+        std::fs::write(&f, format!("{k}\n")).unwrap();
+        std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        f
+    };
+    let alice = wk("alice", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    wk("site", "ssssssssssssssssssssssssssssssss");
+    let with_site = p.join("users.toml");
+    std::fs::write(
+        &with_site,
+        "[[user]]\nname = \"alice\"\nkey_file = \"keys/alice\"\nroot = \"root\"\n\n\
+         [[user]]\nname = \"site\"\nkey_file = \"keys/site\"\nroot = \"root\"\nread_only = true\n",
+    )
+    .unwrap();
+    let without = p.join("alice-only.toml");
+    std::fs::write(
+        &without,
+        "[[user]]\nname = \"alice\"\nkey_file = \"keys/alice\"\nroot = \"root\"\n",
+    )
+    .unwrap();
+    let shared = key_file(p);
+    let (ws, wo) = (with_site.to_str().unwrap(), without.to_str().unwrap());
+    let root = p.join("root");
+    let a = TestDaemon::start_with(&root, &shared, &["--users", ws, "--site-interval", "50"]);
+    let b = TestDaemon::start_with(&root, &shared, &["--users", ws, "--peer", &a.addr]);
+    let c = TestDaemon::start_with(&root, &shared, &["--users", wo, "--peer", &a.addr]);
+    let as_alice = |addr: &str| {
+        let mut cmd = std::process::Command::new(bin());
+        cmd.args(["status", "--site", "--json", addr])
+            .env("RAMSYS_KEY_FILE", &alice)
+            .env("RAMSYS_USER", "alice");
+        let o = run_with_timeout(cmd, Duration::from_secs(30));
+        assert_ok(&o);
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let start = Instant::now();
+    loop {
+        let v = as_alice(&b.addr);
+        if age(&v, &a.addr) < 500 && age(&v, &b.addr) < 500 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "B never saw A: {v:#}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // C's table has no "site" user: A refuses it, C's view of A stays stale.
+    std::thread::sleep(Duration::from_millis(1500));
+    let o = {
+        let mut cmd = std::process::Command::new(bin());
+        cmd.args(["status", "--site", &c.addr])
+            .env("RAMSYS_KEY_FILE", &alice)
+            .env("RAMSYS_USER", "alice");
+        run_with_timeout(cmd, Duration::from_secs(30))
+    };
+    assert_ok(&o);
+    let human = String::from_utf8_lossy(&o.stdout);
+    let line = human.lines().find(|l| l.starts_with(&a.addr)).unwrap();
+    assert!(line.contains("authentication failed"), "{human}");
+}
