@@ -177,6 +177,11 @@ fn three_daemons_monitor_each_other() {
     let o = ramsys(&key, &["status", "--site", &lone.addr]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("not part of a site"), "{}", stderr(&o));
+    // ... and refuses a SiteHello (after checking nothing: Error 3).
+    let e = ramsys_engine::site::dial(&lone.addr, "x", "site", &key_bytes(&key))
+        .err()
+        .expect("a daemon outside a site refuses site links");
+    assert!(e.to_string().contains("not part of a site"), "{e}");
 }
 
 fn key_bytes(key: &Path) -> Vec<u8> {
