@@ -153,6 +153,10 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
         ..Default::default()
     };
     let connect_timeout = Duration::from_secs(a.connect_timeout.max(1));
+    // ramsys://A,B,C/PATH: the least-loaded daemon of the list (pick.rs).
+    for e in srcs.iter_mut().chain(std::iter::once(&mut dst)) {
+        crate::pick::resolve(e, &|| a.key.load(), connect_timeout)?;
+    }
     crate_raise_limits();
     // HOST:PATH endpoints (issue 9): a third-party copy runs on the hosts;
     // otherwise the ssh end becomes a one-session daemon (crate::ssh).
