@@ -252,6 +252,8 @@ impl SinkSession<'_> {
         )
         .with_storage(crate::storage::StorageCfg::sink(opts));
         let mut tree = Tree::new(table, dest);
+        // Checked before the session started (server.rs, the agent).
+        tree.protect = crate::request::filter::Filter::new(&opts.select).ok();
         if let Err(e) = tree.receive(&mut self.ctl, &spec.root) {
             tracing::warn!("session {}: {e}", spec.session);
             let _ = send_control(
