@@ -14,7 +14,7 @@ use crossbeam_channel::{bounded, never, select, unbounded, Receiver, RecvError, 
 use ramsys_proto::control::{Bytes32, Complete, Entry};
 use ramsys_proto::relink::SentLog;
 use ramsys_proto::Control;
-use ramsys_resources::{Buf, BufferPool, JobHandle, ThreadPool};
+use ramsys_resources::{Buf, BufferPool, JobHandle, Reservation, ThreadPool};
 
 use super::pipeline::{self, LostLinks, Pipeline};
 use super::{Confirmed, Ctl, Opened, SourceSession, Threads};
@@ -150,7 +150,12 @@ impl StreamKeys {
 }
 
 impl<'s> Payload<'s> {
-    /// Start readers and senders on the opened links.
+    /// Start readers and senders on the opened links. Longer than the
+    /// rest (~170 lines, half of it the struct it returns) because the
+    /// order is the contract: the buffer share before any thread, readers
+    /// before senders, the sending ends' report channel closed on our side
+    /// before the link supervisor starts, the control reader last; split
+    /// further, each piece would take and return most of the others.
     pub(super) fn start(
         s: &'s mut SourceSession<'_>,
         threads: Threads,
@@ -193,21 +198,7 @@ impl<'s> Payload<'s> {
             cipher: c.cipher,
             window: c.window,
         };
-        // Inline send path (seed 002 sec. 7): readers own the links' sending
-        // ends in turn and no sender thread runs (crate::data::inline).
-        // The control link has seen several round trips by now, so the
-        // kernel's RTT estimate is a fair measure of the path.
-        let rtt = s.ctl.link.rtt();
-        let path = opts.send_path.resolve(nread, c.streams as usize, rtt);
-        tracing::info!(
-            "source: send path {} ({nread} readers, {} streams, rtt {})",
-            path.name(),
-            c.streams,
-            rtt.map_or("unknown".to_string(), |r| format!(
-                "{:.2} ms",
-                r.as_secs_f64() * 1e3
-            ))
-        );
+        let path = send_path(s, nread, c.streams);
         let mut data_links = o.links;
         let inline = (path == SendPath::Inline).then(|| {
             let outs = data_links
@@ -231,7 +222,7 @@ impl<'s> Payload<'s> {
                 digest: 0,
             });
         }
-        let ctx = Arc::new(ReaderCtx {
+        let ctx = ReaderCtx {
             root: root.clone(),
             files: files.clone(),
             state: file_states(&files, plan.as_ref()),
@@ -246,19 +237,9 @@ impl<'s> Payload<'s> {
             stats: stats.clone(),
             block_size: c.block_size,
             storage: Arc::new(StorageCfg::source(opts, c.block_size)),
-        });
-        let (rdone_tx, rdone_rx) = unbounded::<()>();
-        let mut jobs = Vec::new();
-        for i in 0..nread {
-            let (c, d) = (ctx.clone(), rdone_tx.clone());
-            jobs.push(readers.spawn(move || {
-                run_reader(&c, i);
-                drop(c);
-                let _ = d.send(());
-            }));
-        }
+        };
         let read_storage = ctx.storage.clone();
-        drop(ctx);
+        let (mut jobs, rdone_rx) = spawn_readers(&mut readers, ctx);
         let make = sender_factory(keys, &filled_rx, &pool, &abort, &stats, &sdone_tx, &inline);
         let mut closers = HashMap::new();
         for (i, l) in data_links.into_iter().enumerate() {
@@ -791,6 +772,40 @@ fn spawn_inline_resender(
             }
             links.end();
         })
+}
+
+/// The send path (seed 002 sec. 7): on the inline path readers own the
+/// links' sending ends in turn and no sender thread runs
+/// (crate::data::inline). The control link has seen several round trips
+/// by now, so the kernel's RTT estimate is a fair measure of the path.
+fn send_path(s: &SourceSession<'_>, nread: usize, streams: u16) -> SendPath {
+    let rtt = s.ctl.link.rtt();
+    let path = s.opts.send_path.resolve(nread, streams as usize, rtt);
+    tracing::info!(
+        "source: send path {} ({nread} readers, {streams} streams, rtt {})",
+        path.name(),
+        rtt.map_or("unknown".to_string(), |r| format!(
+            "{:.2} ms",
+            r.as_secs_f64() * 1e3
+        ))
+    );
+    path
+}
+
+/// One reader thread per reserved reader; each says when it ends.
+fn spawn_readers(readers: &mut Reservation, ctx: ReaderCtx) -> (Vec<JobHandle>, Receiver<()>) {
+    let ctx = Arc::new(ctx);
+    let (rdone_tx, rdone_rx) = unbounded::<()>();
+    let mut jobs = Vec::new();
+    for i in 0..readers.len() {
+        let (c, d) = (ctx.clone(), rdone_tx.clone());
+        jobs.push(readers.spawn(move || {
+            run_reader(&c, i);
+            drop(c);
+            let _ = d.send(());
+        }));
+    }
+    (jobs, rdone_rx)
 }
 
 /// A local copy's file paths by entry id (storage::local).
