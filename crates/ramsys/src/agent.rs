@@ -239,6 +239,9 @@ struct Run<'a> {
     numa: Numa,
     stats: Arc<Stats>,
     key: &'a dyn Fn() -> anyhow::Result<Vec<u8>>,
+    /// How to reach an ssh end (direct, or through ssh: crate::tunnel);
+    /// None: plain TCP through the NUMA layer's channels.
+    via_ssh: Option<Arc<dyn Transport>>,
 }
 
 fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
@@ -271,6 +274,7 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
         numa: Numa::new(a.numa, a.explain),
         stats: Arc::new(Stats::default()),
         key: &load_key,
+        via_ssh: ssh.transport(a),
     };
     let t0 = Instant::now();
     let cpu0 = process_cpu_seconds();
@@ -305,7 +309,10 @@ impl Run<'_> {
         numa.follow("source", Role::Source, &mut opts, &plan.fixed);
         let res = EngineResources::new(&cfg)?;
         numa.buffers("source", &res);
-        let transport = numa.channels(addr, plan.channels, cfg.buffer_node, tcp());
+        let transport = match &self.via_ssh {
+            Some(t) => t.clone(),
+            None => numa.channels(addr, plan.channels, cfg.buffer_node, tcp()),
+        };
         let remote = Remote {
             transport,
             addr: addr.to_string(),
@@ -340,7 +347,10 @@ impl Run<'_> {
         numa.follow("sink", Role::Sink, &mut opts, &plan.fixed);
         let res = EngineResources::new(&cfg)?;
         numa.buffers("sink", &res);
-        let transport = numa.channels(&addr, plan.channels, cfg.buffer_node, tcp());
+        let transport = match &self.via_ssh {
+            Some(t) => t.clone(),
+            None => numa.channels(&addr, plan.channels, cfg.buffer_node, tcp()),
+        };
         let remote_end = Remote {
             transport,
             addr,

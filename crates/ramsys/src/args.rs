@@ -345,4 +345,10 @@ pub struct SshArgs {
     /// shell as is (like rsync's --rsync-path).
     #[arg(long, default_value = "ramsys", value_name = "PATH")]
     pub remote_ramsys: String,
+    /// Carry the data through the ssh connection instead of direct TCP
+    /// streams (hosts that accept only ssh). Without it this happens by
+    /// itself, with one line saying so, when the direct connection to the
+    /// remote end cannot be made.
+    #[arg(long)]
+    pub ssh_tunnel: bool,
 }

@@ -13,6 +13,7 @@ mod ssh;
 mod ssh_serve;
 mod status;
 mod token;
+mod tunnel;
 
 use std::path::PathBuf;
 

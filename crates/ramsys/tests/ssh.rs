@@ -409,6 +409,58 @@ fn selection_rules_apply_over_ssh_push_pull_and_third_party() {
 }
 
 #[test]
+fn data_goes_through_ssh_when_asked_or_when_the_port_is_unreachable() {
+    // Issue 20: hosts that accept only ssh. --ssh-tunnel carries every
+    // link over the ssh connection; without it, an offered port that
+    // cannot be reached (here ssh-serve advertises 127.0.0.1:1, where
+    // nothing listens, as a firewall would make it) falls back to that
+    // with one line, and the copy is the same.
+    let Some(sshd) = Sshd::start() else { return };
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    make_varied_tree(&src, 65536);
+    let wrapper = t.path().join("ramsys-firewalled");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\ncmd=$1; shift\nexec {} \"$cmd\" --advertise 127.0.0.1:1 \"$@\"\n",
+            bin()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let firewalled = sshd.opts_with(&sshd.key(), wrapper.to_str().unwrap());
+    let cases: [(&str, &[&str], &[String], bool); 3] = [
+        ("push, --ssh-tunnel", &["--ssh-tunnel"], &sshd.opts(), false),
+        ("push, firewalled", &[], &firewalled, true),
+        ("pull, firewalled", &[], &firewalled, true),
+    ];
+    for (i, (what, extra, opts, says)) in cases.into_iter().enumerate() {
+        let dst = t.path().join(format!("d{i}"));
+        let (from, to) = if what.starts_with("pull") {
+            (remote(&src), s(&dst))
+        } else {
+            (s(&src), remote(&dst))
+        };
+        for run_no in 0..2 {
+            let mut pre = vec!["sync", "-r", "--json", "--connect-timeout", "3"];
+            pre.extend_from_slice(extra);
+            let o = run(&sshd, &pre, opts, &[&from, &to]);
+            assert_ok(&o);
+            let err = stderr(&o);
+            let said = err.contains("carrying the data through ssh");
+            assert_eq!(said, says, "{what}, run {run_no}: {err}");
+            assert_eq!(err.lines().count(), usize::from(says), "{what}: {err}");
+        }
+        assert_same_tree(&src, &dst.join("src"));
+    }
+}
+
+#[test]
 fn remote_failures_are_one_line_and_nonzero() {
     let Some(sshd) = Sshd::start() else { return };
     let t = tempfile::tempdir().unwrap();
@@ -888,8 +940,9 @@ fn ssh_serve_uses_a_running_daemon_for_the_user() {
         (c, line)
     };
     let (mut c, line) = serve(&root.join("in"));
-    // The daemon's address and a credential it minted, then ssh-serve is
-    // done.
+    // The daemon's address and a credential it minted; ssh-serve then
+    // only relays links through ssh (crate::tunnel) until the agent
+    // closes its stdin.
     let f: Vec<&str> = line.split_whitespace().collect();
     let field = |k: &str| {
         f.iter()
@@ -907,6 +960,7 @@ fn ssh_serve_uses_a_running_daemon_for_the_user() {
             .collect(),
     )
     .unwrap();
+    drop(c.stdin.take());
     assert!(exit_within(&mut c, Duration::from_secs(30)).success());
     let mut cp = Command::new(bin())
         .args(["cp", "-r", "--key-stdin"])
