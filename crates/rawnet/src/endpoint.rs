@@ -332,6 +332,11 @@ impl Endpoint {
             && self.snd_nxt.wrapping_sub(self.snd_una) < self.n
     }
 
+    /// Whether writing is still allowed (no close_write yet).
+    pub fn write_open(&self) -> bool {
+        self.fin == Fin::No
+    }
+
     /// Whether everything written (and the FIN, if any) is acknowledged.
     pub fn all_acked(&self) -> bool {
         self.fill == 0 && self.snd_una == self.snd_nxt && self.fin != Fin::Wanted
@@ -499,8 +504,10 @@ impl Endpoint {
             while s != ack {
                 let i = self.idx(s);
                 let t = &mut self.tx[i];
-                // Karn: only frames sent once give an RTT sample.
-                if t.tries == 1 {
+                // Karn: only frames sent once give an RTT sample, and
+                // not those selectively acked before (their cumulative ack
+                // waited for a hole to be filled).
+                if t.tries == 1 && !t.sacked {
                     sample = Some(now.saturating_sub(t.sent_at));
                 }
                 t.tries = 0;
@@ -523,6 +530,7 @@ impl Endpoint {
             self.peer_limit = limit;
         }
         let mut highest = None;
+        let mut newly_sacked = None;
         let mut bits = h.sack;
         while bits != 0 {
             let b = bits.trailing_zeros();
@@ -532,8 +540,15 @@ impl Endpoint {
                 break;
             }
             let i = self.idx(s);
-            self.tx[i].sacked = true;
+            let t = &mut self.tx[i];
+            if !t.sacked && t.tries == 1 {
+                newly_sacked = Some(now.saturating_sub(t.sent_at));
+            }
+            t.sacked = true;
             highest = Some(s);
+        }
+        if let Some(r) = newly_sacked {
+            self.rtt_sample(r);
         }
         if h.kind == Kind::Nack && h.flags & FLAG_NO_CREDIT == 0 {
             // Resend the holes below the highest frame the peer has, each
@@ -646,6 +661,9 @@ impl Endpoint {
             self.failed = Some(Failure::TimedOut);
             return;
         }
+        // Every slot has its timer, but only the oldest one's expiry backs
+        // off (as TCP's single timer would): the later slots of the same
+        // burst expire one by one and must not double the RTO each time.
         let mut expired = false;
         let mut s = self.snd_una;
         while s != self.snd_sent {
@@ -653,7 +671,7 @@ impl Endpoint {
             let t = &mut self.tx[i];
             if !t.sacked && !t.rtx && now.saturating_sub(t.sent_at) >= self.rto {
                 t.rtx = true;
-                expired = true;
+                expired |= s == self.snd_una;
             }
             s = s.wrapping_add(1);
         }

@@ -144,6 +144,12 @@ fn run(
             next.min(now + 1_000_000)
         };
     }
+    eprintln!(
+        "virtual time {:.3} s, rto {} us srtt {:?}",
+        now as f64 / 1e6,
+        sides[0].ep.rto_us(),
+        sides[0].ep.srtt_us()
+    );
     let [a, b] = sides;
     assert!(a.eof && b.eof, "streams did not finish");
     assert!(a.got == stream(b_len, seed + 1), "B->A stream differs");
