@@ -407,3 +407,19 @@ fn io_loop(inner: &Inner, mut faults: Option<Faults>, frame_size: usize) {
         }
     }
 }
+
+impl io::Read for Channel {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        Channel::read(self, buf)
+    }
+}
+
+impl io::Write for Channel {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        Channel::write(self, buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Channel::flush(self);
+        Ok(())
+    }
+}
