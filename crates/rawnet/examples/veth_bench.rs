@@ -77,7 +77,10 @@ fn main() {
     }
     let bytes = mib << 20;
     let pid = std::process::id();
-    for mtu in [9000usize, 1500] {
+    let mtus: Vec<usize> = std::env::var("MTUS")
+        .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or(vec![9000, 1500]);
+    for mtu in mtus {
         let a = Netns::create(&format!("rbench-a-{pid}")).unwrap();
         let b = Netns::create(&format!("rbench-b-{pid}")).unwrap();
         netns::veth(&a, "ba", &b, "bb", mtu).unwrap();
@@ -93,6 +96,10 @@ fn main() {
                 let mut cb = Config::new(1, 2, 0, sb.info.mac, sa.info.mac);
                 ca.mtu = mtu;
                 cb.mtu = mtu;
+                if let Some(n) = std::env::var("SLOTS").ok().and_then(|v| v.parse().ok()) {
+                    ca.slots = n;
+                    cb.slots = n;
+                }
                 let f = (faults > 0.0).then_some((FaultRates::all(faults), rep as u64));
                 let ca = Channel::start(sa, ca, f).unwrap();
                 let cb = Channel::start(sb, cb, f).unwrap();
