@@ -11,7 +11,6 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::endpoint::{Config, Endpoint, Failure, ReadOutcome, Stats};
@@ -57,7 +56,6 @@ impl Inner {
 /// A handle to one raw channel; clones share it.
 pub struct Channel {
     inner: Arc<Inner>,
-    thread: Option<Arc<Mutex<Option<JoinHandle<()>>>>>,
 }
 
 fn failure_error(f: Failure) -> io::Error {
@@ -117,13 +115,12 @@ impl Channel {
         });
         let faults = faults.map(|(r, seed)| Faults::new(r, seed, frame_size));
         let i2 = inner.clone();
-        let t = std::thread::Builder::new()
+        // Detached: it ends by itself once the channel failed, or once the
+        // last handle is gone and its data is acknowledged (LINGER).
+        std::thread::Builder::new()
             .name(name)
             .spawn(move || io_loop(&i2, faults, frame_size))?;
-        Ok(Channel {
-            inner,
-            thread: Some(Arc::new(Mutex::new(Some(t)))),
-        })
+        Ok(Channel { inner })
     }
 
     pub fn stats(&self) -> Stats {
@@ -149,7 +146,6 @@ impl Channel {
         self.inner.handles.fetch_add(1, Ordering::SeqCst);
         Channel {
             inner: self.inner.clone(),
-            thread: self.thread.clone(),
         }
     }
 
