@@ -253,9 +253,11 @@ impl Channel {
         self.inner.kick();
     }
 
-    /// Whether the peer reset the channel or stopped answering.
+    /// Whether the peer reset the channel, stopped answering, or closed
+    /// its side and everything it sent was read.
     pub fn peer_gone(&self) -> bool {
-        self.inner.lock().failure().is_some()
+        let ep = self.inner.lock();
+        ep.failure().is_some() || ep.peer_finished()
     }
 
     pub fn describe_peer(&self) -> String {

@@ -417,6 +417,12 @@ impl Endpoint {
         ReadOutcome::WouldBlock
     }
 
+    /// Whether the peer closed its write side and every byte before it was
+    /// read (what a TCP peek returning 0 means).
+    pub fn peer_finished(&self) -> bool {
+        self.rcv_read != self.rcv_nxt && self.rx[self.idx(self.rcv_read)].fin
+    }
+
     /// Whether a frame is due now (the I/O loop should call poll_transmit
     /// without waiting), e.g. after a read freed credits.
     pub fn transmit_due(&self, now: u64) -> bool {

@@ -152,6 +152,7 @@ fn run(
     );
     let [a, b] = sides;
     assert!(a.eof && b.eof, "streams did not finish");
+    assert!(a.ep.peer_finished() && b.ep.peer_finished());
     assert!(a.got == stream(b_len, seed + 1), "B->A stream differs");
     assert!(b.got == stream(a_len, seed), "A->B stream differs");
     (a.ep, b.ep)

@@ -103,8 +103,10 @@ mod tests {
         assert!(sc.rtt().is_some());
 
         // Half-close: the peer reads a clean end of stream.
+        assert!(!ss.peer_gone());
         sc.shutdown_write();
         assert!(read_header(&mut ss, 0).unwrap().is_none());
+        assert!(ss.peer_gone(), "end of stream read: the peer is gone");
         // The other direction is still open; an abort there fails the
         // peer's pending read, and so does every later write.
         send_control(&mut ss, &Control::JoinOk).unwrap();
