@@ -21,7 +21,7 @@
 //! Loss: a frame that opens a gap makes the receiver NACK at once, and the
 //! sender resends the holes below the highest selectively acked frame
 //! (fast retransmit, guarded by one smoothed RTT so reordering does not
-//! cause storms); anything else is resent when its slot's timer (RTO, RFC
+//! cause storms: a hole reported sooner is resent when its RTT is up); anything else is resent when its slot's timer (RTO, RFC
 //! 6298 estimate, doubled per expiry) runs out. Duplicates and frames of
 //! other sessions, channels or senders are dropped and counted.
 
@@ -153,6 +153,9 @@ struct TxSlot {
     tries: u32,
     sacked: bool,
     rtx: bool,
+    /// Reported missing by a NACK that came too soon after sending it:
+    /// resent one smoothed RTT after it was sent, not after a full RTO.
+    nacked: bool,
 }
 
 struct RxSlot {
@@ -232,6 +235,7 @@ impl Endpoint {
                 tries: 0,
                 sacked: false,
                 rtx: false,
+                nacked: false,
             })
             .collect();
         let rx = (0..n)
@@ -357,6 +361,7 @@ impl Endpoint {
         s.tries = 0;
         s.sacked = false;
         s.rtx = false;
+        s.nacked = false;
         self.fill = 0;
         self.snd_nxt = self.snd_nxt.wrapping_add(1);
     }
@@ -519,6 +524,7 @@ impl Endpoint {
                 t.tries = 0;
                 t.sacked = false;
                 t.rtx = false;
+                t.nacked = false;
                 s = s.wrapping_add(1);
             }
             self.snd_una = ack;
@@ -559,14 +565,18 @@ impl Endpoint {
         if h.kind == Kind::Nack && h.flags & FLAG_NO_CREDIT == 0 {
             // Resend the holes below the highest frame the peer has, each
             // at most once per smoothed RTT (a reordered frame is not lost).
-            let guard = self.srtt.unwrap_or(self.cfg.rto_min_us / 2);
+            let guard = self.nack_guard();
             let top = highest.unwrap_or(ack.wrapping_add(1));
             let mut s = ack;
             while lt(s, top) && lt(s, self.snd_sent) {
                 let i = self.idx(s);
                 let t = &mut self.tx[i];
-                if !t.sacked && t.tries > 0 && now.saturating_sub(t.sent_at) >= guard {
-                    t.rtx = true;
+                if !t.sacked && t.tries > 0 {
+                    if now.saturating_sub(t.sent_at) >= guard {
+                        t.rtx = true;
+                    } else {
+                        t.nacked = true;
+                    }
                 }
                 s = s.wrapping_add(1);
             }
@@ -671,13 +681,18 @@ impl Endpoint {
         // off (as TCP's single timer would): the later slots of the same
         // burst expire one by one and must not double the RTO each time.
         let mut expired = false;
+        let guard = self.nack_guard();
         let mut s = self.snd_una;
         while s != self.snd_sent {
             let i = self.idx(s);
             let t = &mut self.tx[i];
-            if !t.sacked && !t.rtx && now.saturating_sub(t.sent_at) >= self.rto {
+            let age = now.saturating_sub(t.sent_at);
+            if !t.sacked && !t.rtx && age >= self.rto {
                 t.rtx = true;
                 expired |= s == self.snd_una;
+            } else if !t.sacked && t.nacked && age >= guard {
+                t.rtx = true;
+                t.nacked = false;
             }
             s = s.wrapping_add(1);
         }
@@ -685,6 +700,12 @@ impl Endpoint {
             self.stats.timeouts += 1;
             self.rto = (self.rto * 2).min(self.cfg.rto_max_us);
         }
+    }
+
+    /// How long after sending a frame a NACK for it means loss rather than
+    /// reordering: one smoothed RTT.
+    fn nack_guard(&self) -> u64 {
+        self.srtt.unwrap_or(self.cfg.rto_min_us / 2)
     }
 
     /// When the caller must call `poll_transmit` again at the latest (µs),
@@ -702,7 +723,13 @@ impl Endpoint {
         while s != self.snd_sent {
             let t = &self.tx[self.idx(s)];
             if !t.sacked {
-                at(if t.rtx { 0 } else { t.sent_at + self.rto });
+                at(if t.rtx {
+                    0
+                } else if t.nacked {
+                    t.sent_at + self.nack_guard()
+                } else {
+                    t.sent_at + self.rto
+                });
             }
             s = s.wrapping_add(1);
         }
@@ -758,6 +785,7 @@ impl Endpoint {
         t.tries += 1;
         t.sent_at = now;
         t.rtx = false;
+        t.nacked = false;
         self.stats.sent += 1;
         frame::encode(&h, out)
     }
