@@ -331,3 +331,43 @@ fn credits_stall_and_resume() {
     assert!(b.stats().no_credit > 0, "{:?}", b.stats());
     assert!(a.stats().nacks_received > 0);
 }
+
+/// One frame lost in the middle of a burst: the receiver's NACK comes
+/// back before the RTT guard, the hole is remembered and resent at the
+/// guard, long before the RTO; no timeout, one resend.
+#[test]
+fn early_nack_resends_at_the_guard_not_the_rto() {
+    let mut a = Endpoint::new(Config::new(1, 2, 0, A, B), 0);
+    let mut b = Endpoint::new(Config::new(1, 2, 0, B, A), 0);
+    let data = stream(20 * 8952, 3);
+    assert_eq!(a.write(&data), data.len());
+    let mut buf = vec![0u8; 9014];
+    let mut n = 0;
+    while let Some(len) = a.poll_transmit(0, &mut buf) {
+        if n != 5 {
+            b.handle_frame(&buf[..len], LATENCY);
+        }
+        n += 1;
+    }
+    let mut now = LATENCY;
+    let mut got = Vec::new();
+    let mut rbuf = vec![0u8; 1 << 20];
+    while got.len() < data.len() {
+        while let Some(len) = b.poll_transmit(now, &mut buf) {
+            a.handle_frame(&buf[..len], now + LATENCY);
+        }
+        now += LATENCY;
+        while let Some(len) = a.poll_transmit(now, &mut buf) {
+            b.handle_frame(&buf[..len], now + LATENCY);
+        }
+        if let ReadOutcome::Data(k) = b.read(&mut rbuf) {
+            got.extend_from_slice(&rbuf[..k]);
+        }
+        now = a.next_deadline().unwrap_or(now + LATENCY).max(now + 1);
+        assert!(now < 50_000, "not recovered before the RTO");
+    }
+    assert_eq!(got, data);
+    let s = a.stats();
+    assert_eq!((s.timeouts, s.retransmitted), (0, 1), "{s:?}");
+    assert!(s.nacks_received >= 1);
+}
