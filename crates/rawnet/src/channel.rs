@@ -138,6 +138,10 @@ impl Channel {
     pub fn local_mac(&self) -> Mac {
         self.inner.sock.info.mac
     }
+    /// The channel's MTU (agreed at setup).
+    pub fn mtu(&self) -> usize {
+        self.inner.lock().config().mtu
+    }
     pub fn srtt(&self) -> Option<Duration> {
         self.inner.lock().srtt_us().map(Duration::from_micros)
     }

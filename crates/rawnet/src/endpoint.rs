@@ -136,6 +136,8 @@ pub struct Stats {
     pub no_credit: u64,
     /// Acks outside the sent range (late or forged), ignored.
     pub stale_acks: u64,
+    /// Ignored: channel setup frames (open.rs) seen by this channel's socket.
+    pub handshakes: u64,
 }
 
 impl Stats {
@@ -455,6 +457,12 @@ impl Endpoint {
                 return;
             }
         };
+        if matches!(h.kind, Kind::Open | Kind::OpenOk) {
+            // Setup of another channel on this interface (open.rs): every
+            // socket of the interface sees it; not ours, not forged.
+            self.stats.handshakes += 1;
+            return;
+        }
         if h.dst != self.cfg.local_mac {
             self.stats.misdirected += 1;
             return;
@@ -882,7 +890,7 @@ mod tests {
         #[test]
         fn hostile_peer_never_panics(
             frames in proptest::collection::vec(
-                (1u8..5, any::<u16>(), any::<u16>(), any::<u32>(), any::<u32>(),
+                (1u8..6, any::<u16>(), any::<u16>(), any::<u32>(), any::<u32>(),
                  any::<u16>(), any::<u64>(), 0usize..200), 1..60),
             seq_base in any::<u32>())
         {
@@ -893,7 +901,7 @@ mod tests {
             let mut out = vec![0u8; 1514];
             let mut rb = [0u8; 3000];
             for (t, (kind, flags, slot, seq, ack, credits, sack, len)) in frames.into_iter().enumerate() {
-                let kind = match kind { 1 => Kind::Data, 2 => Kind::Ack, 3 => Kind::Nack, _ => Kind::Reset };
+                let kind = match kind { 1 => Kind::Data, 2 => Kind::Ack, 3 => Kind::Nack, 4 => Kind::Reset, _ => Kind::Open };
                 // Near the endpoint's own sequence numbers half the time.
                 let (seq, ack) = if flags & 1 == 0 {
                     (seq_base.wrapping_add(seq % 80), seq_base.wrapping_add(ack % 80))

@@ -9,7 +9,7 @@
 //!   0 check   u32  xxh3-64 (seeded by session ^ token) of bytes 4.. of the
 //!                  header and the payload, low 32 bits
 //!   4 version u8   1
-//!   5 kind    u8   1 data, 2 ack, 3 nack, 4 reset
+//!   5 kind    u8   1 data, 2 ack, 3 nack, 4 reset, 5 open, 6 open-ok
 //!   6 flags   u16  bit 0 FIN (data: end of stream), bit 1 NO_CREDIT (nack)
 //!   8 session u64  the session this channel belongs to
 //!  16 token   u64  per-channel random token (from the control link)
@@ -50,6 +50,9 @@ pub enum Kind {
     Ack = 2,
     Nack = 3,
     Reset = 4,
+    /// Channel setup (open.rs): payload = MTU u16, slots u16.
+    Open = 5,
+    OpenOk = 6,
 }
 
 impl Kind {
@@ -59,6 +62,8 @@ impl Kind {
             2 => Kind::Ack,
             3 => Kind::Nack,
             4 => Kind::Reset,
+            5 => Kind::Open,
+            6 => Kind::OpenOk,
             _ => return None,
         })
     }
@@ -263,7 +268,7 @@ mod tests {
         #[test]
         fn decode_never_panics_on_plausible_headers(
             mut data in proptest::collection::vec(any::<u8>(), OVERHEAD..OVERHEAD + 300),
-            kind in 0u8..6, len in any::<u16>())
+            kind in 0u8..8, len in any::<u16>())
         {
             data[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
             data[ETH_HDR + 4] = VERSION;

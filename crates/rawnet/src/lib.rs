@@ -6,6 +6,7 @@
 //! - [`fault`]: the fault hook (loss, duplication, reordering, corruption);
 //! - [`socket`]: AF_PACKET sockets (recvmmsg/sendmmsg batches);
 //! - [`channel`]: a channel as a blocking byte stream with its I/O thread;
+//! - [`open`]: channel setup (OPEN / OPEN-OK) between two MACs;
 //! - [`netns`]: network namespaces and veth pairs for tests and benches.
 
 pub mod channel;
@@ -13,6 +14,7 @@ pub mod endpoint;
 pub mod fault;
 pub mod frame;
 pub mod netns;
+pub mod open;
 pub mod socket;
 
 pub use channel::Channel;

@@ -180,6 +180,35 @@ impl PacketSocket {
     pub fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
+
+    /// Another socket on the same interface, in this socket's network
+    /// namespace even when the calling thread is in another one (a
+    /// listener opened inside a test namespace, accepting from any
+    /// thread): SIOCGSKNS gives the namespace, a short-lived thread enters
+    /// it and opens the socket.
+    pub fn open_sibling(&self) -> io::Result<PacketSocket> {
+        const SIOCGSKNS: libc::c_ulong = 0x894C;
+        // SAFETY: SIOCGSKNS takes no argument and returns a new fd.
+        let ns = unsafe { libc::ioctl(self.fd(), SIOCGSKNS as _) };
+        if ns < 0 {
+            return PacketSocket::open(&self.info.name);
+        }
+        // SAFETY: fresh descriptor we own.
+        let ns = unsafe { OwnedFd::from_raw_fd(ns) };
+        let name = self.info.name.clone();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // SAFETY: setns with a namespace fd; affects only this
+                // scoped thread.
+                if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                PacketSocket::open(&name)
+            })
+            .join()
+            .map_err(|_| io::Error::other("socket thread panicked"))?
+        })
+    }
 }
 
 fn setopt(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: libc::c_int) -> bool {

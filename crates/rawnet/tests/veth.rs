@@ -244,3 +244,83 @@ fn forged_frames_from_a_third_namespace_are_dropped() {
         s.forged_mac + s.forged_session + s.forged_token + s.misdirected
     );
 }
+
+/// Channel setup by MAC only (open.rs): a listener in B admits session 42;
+/// A dials two channels at once over the same interfaces (the smaller MTU
+/// wins on one), both carry their streams intact with 1 % faults; a
+/// refused session and a MAC nobody has give one clear error each.
+#[test]
+fn dial_and_accept_two_channels_on_one_interface() {
+    use ramsys_rawnet::open::{dial, Listener};
+    if skip() {
+        return;
+    }
+    let (na, nb) = two_namespaces("o", 9000).unwrap();
+    let mut l = nb.run(|| Listener::open("vB")).unwrap().unwrap();
+    let bmac = l.mac();
+    let f = Some((FaultRates::all(0.01), 5));
+    let (server, client) = std::thread::scope(|s| {
+        let acc = s.spawn(|| {
+            let mut v = Vec::new();
+            while v.len() < 2 {
+                let c = l
+                    .accept(Duration::from_secs(10), |o| o.session == 42, f)
+                    .unwrap()
+                    .expect("an OPEN within 10 s");
+                v.push(c);
+            }
+            v
+        });
+        let mut v = Vec::new();
+        for (ch, mtu) in [(0u16, 9000usize), (1, 1500)] {
+            let sock = open_in(&na, "vA");
+            v.push(dial(sock, bmac, 42, ch, mtu, Duration::from_secs(5), f).unwrap());
+        }
+        (acc.join().unwrap(), v)
+    });
+    assert_eq!(client[0].mtu(), 9000);
+    assert_eq!(client[1].mtu(), 1500);
+    assert_eq!(server[1].mtu(), 1500);
+    std::thread::scope(|s| {
+        s.spawn(|| transfer(&client[0], &server[0], 16 << 20));
+        transfer(&client[1], &server[1], 4 << 20);
+    });
+    // Each channel's socket also sees the other channel's frames: dropped
+    // by token, the streams are intact.
+    assert!(server[0].stats().forged_token > 0);
+
+    let (refused, accepted) = std::thread::scope(|s| {
+        let h = s.spawn(|| l.accept(Duration::from_secs(1), |o| o.session == 42, None));
+        let sock = open_in(&na, "vA");
+        let e = dial(sock, bmac, 43, 0, 9000, Duration::from_secs(5), None);
+        (
+            e.err().expect("session 43 refused"),
+            h.join().unwrap().unwrap(),
+        )
+    });
+    assert!(accepted.is_none());
+    assert_eq!(refused.kind(), io::ErrorKind::PermissionDenied);
+    assert!(
+        refused
+            .to_string()
+            .contains("refused channel 0 of session 43"),
+        "{refused}"
+    );
+    let nobody = [2, 0, 0, 0x12, 0x34, 0x56];
+    let e = dial(
+        open_in(&na, "vA"),
+        nobody,
+        42,
+        0,
+        9000,
+        Duration::from_millis(300),
+        None,
+    )
+    .err()
+    .expect("nobody answers");
+    assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+    assert!(
+        e.to_string().contains("no answer from 02:00:00:12:34:56"),
+        "{e}"
+    );
+}
