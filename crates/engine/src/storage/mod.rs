@@ -22,6 +22,7 @@ pub mod local;
 pub mod null;
 pub mod sparse;
 pub mod uring;
+pub mod volume;
 
 use std::fmt;
 use std::io;
