@@ -12,82 +12,12 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::loopdev::Loop;
 use common::*;
-
-/// A loop device over an image file, detached on drop (also when a test
-/// fails).
-struct Loop {
-    dev: PathBuf,
-}
-
-impl Loop {
-    fn attach(img: &Path) -> Option<Loop> {
-        if !Path::new("/dev/loop-control").exists() {
-            eprintln!("skipped: /dev/loop-control is absent (no loop devices)");
-            return None;
-        }
-        let o = Command::new("losetup")
-            .args(["-f", "--show"])
-            .arg(img)
-            .output();
-        match o {
-            Ok(o) if o.status.success() => {
-                let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
-                Some(Loop {
-                    dev: PathBuf::from(dev),
-                })
-            }
-            Ok(o) => {
-                eprintln!("skipped: losetup failed: {}", stderr(&o).trim());
-                None
-            }
-            Err(e) => {
-                eprintln!("skipped: cannot run losetup: {e}");
-                None
-            }
-        }
-    }
-
-    fn path(&self) -> &str {
-        self.dev.to_str().unwrap()
-    }
-
-    fn read(&self) -> Vec<u8> {
-        std::fs::read(&self.dev).unwrap()
-    }
-
-    /// A device node for this device inside `dir` (a daemon's export).
-    fn node_in(&self, dir: &Path, name: &str) -> PathBuf {
-        let rdev = std::fs::metadata(&self.dev).unwrap().rdev();
-        let p = dir.join(name);
-        let (maj, min) = (libc_major(rdev), libc_minor(rdev));
-        let o = Command::new("mknod")
-            .arg(&p)
-            .args(["b", &maj.to_string(), &min.to_string()])
-            .output()
-            .unwrap();
-        assert_ok(&o);
-        p
-    }
-}
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
-    }
-}
-
-fn libc_major(dev: u64) -> u64 {
-    ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0x0fff)
-}
-
-fn libc_minor(dev: u64) -> u64 {
-    ((dev >> 12) & 0xffff_ff00) | (dev & 0xff)
-}
 
 /// An image of `size` bytes: random data in every third MiB, the rest holes.
 fn sparse_image(p: &Path, size: u64, seed: u64) -> Vec<u8> {
