@@ -110,6 +110,71 @@ fn image_to_device_and_device_to_image() {
     );
 }
 
+/// A device that does not read back what was written (a byte flipped
+/// behind the sink's back, RAMSYS_FAULT_VOLUME_CORRUPT) fails the run: one
+/// line naming the verification, non-zero exit.
+#[test]
+fn verification_after_writing_catches_a_lost_write() {
+    let t = tempfile::tempdir_in("/var/tmp").unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src.img");
+    dense_image(&src, 8 << 20, 17);
+    let dimg = t.path().join("dev.img");
+    blank_image(&dimg, 8 << 20, 0);
+    let Some(dev) = Loop::attach(&dimg) else {
+        return;
+    };
+    let mut c = Command::new(bin());
+    c.args([
+        "cp",
+        "--write-devices",
+        "--json",
+        src.to_str().unwrap(),
+        dev.path(),
+    ])
+    .env("RAMSYS_KEY_FILE", &key)
+    .env("RAMSYS_FAULT_VOLUME_CORRUPT", "5000");
+    let o = run_with_timeout(c, Duration::from_secs(120));
+    assert!(!o.status.success(), "a lost write must fail the run");
+    let s = summary(&o);
+    assert_eq!(s["ok"], false, "{s}");
+    assert!(
+        s["failed"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("verification after writing"),
+        "{s}"
+    );
+
+    // The same through a daemon (data segments, not local copies).
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    dev.node_in(&root, "vol");
+    let (mut d, addr) = daemon_env(&root, &key, &[("RAMSYS_FAULT_VOLUME_CORRUPT", "5000")]);
+    let url = format!("ramsys://{addr}/vol");
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "--write-devices",
+            "--json",
+            src.to_str().unwrap(),
+            &url,
+        ],
+    );
+    let _ = d.kill();
+    let _ = d.wait();
+    assert!(!o.status.success(), "a lost write must fail the run");
+    let s = summary(&o);
+    assert!(
+        s["failed"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("verification after writing failed"),
+        "{s}"
+    );
+}
+
 /// Without --write-devices, or into a smaller device: one line, non-zero
 /// exit, the device untouched.
 #[test]
@@ -227,13 +292,24 @@ fn device_to_device_through_a_daemon_and_sync_moves_changed_blocks() {
 }
 
 fn slow_daemon(root: &Path, key: &Path) -> (std::process::Child, String) {
+    daemon_env(
+        root,
+        key,
+        &[
+            ("RAMSYS_FAULT_SLOW_WRITE_US", "15000"),
+            ("RAMSYS_JOURNAL_MIN", "1M"),
+        ],
+    )
+}
+
+/// A daemon with fault-injection variables set.
+fn daemon_env(root: &Path, key: &Path, env: &[(&str, &str)]) -> (std::process::Child, String) {
     let mut child = Command::new(bin())
         .args(["serve", "--listen", "127.0.0.1:0", "--root"])
         .arg(root)
         .arg("--key-file")
         .arg(key)
-        .env("RAMSYS_FAULT_SLOW_WRITE_US", "15000")
-        .env("RAMSYS_JOURNAL_MIN", "1M")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

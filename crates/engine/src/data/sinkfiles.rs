@@ -802,6 +802,7 @@ impl FileTable {
     /// their segment hashes with the source's digest (without checksums
     /// there is no digest to compare: fsync only).
     fn verify_device(&self, f: &SinkFile, log: &VolumeLog) -> Result<(), String> {
+        crate::storage::volume::corrupt_fault(&self.root, &f.rel);
         let dev = self
             .root
             .open_read(&f.rel, false)

@@ -178,6 +178,27 @@ pub fn accept_target(root: &crate::fsops::Root, rel: &[u8], size: u64) -> Result
     }
 }
 
+/// Fault injection for the verification test: `RAMSYS_FAULT_VOLUME_CORRUPT=OFF`
+/// makes the sink flip the byte at OFF of a device it wrote, behind its own
+/// back, just before reading it back (a device that lost a write).
+pub fn corrupt_fault(root: &crate::fsops::Root, rel: &[u8]) {
+    static OFF: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| {
+        std::env::var("RAMSYS_FAULT_VOLUME_CORRUPT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
+    let Some(off) = off else { return };
+    if let Ok(fd) = root.openat(rel, libc::O_RDWR | libc::O_NOFOLLOW, 0) {
+        let f = File::from(fd);
+        let mut b = [0u8];
+        if crate::fsops::pread_full(&f, &mut b, off).is_ok() {
+            let _ = crate::fsops::pwrite_all(&f, &[!b[0]], off);
+            let _ = f.sync_all();
+        }
+    }
+}
+
 /// What the sink wrote into a device in this session, to verify it by
 /// reading it back: the segments (data, hole or local copy), in arrival
 /// order.
