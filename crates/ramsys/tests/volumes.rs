@@ -406,3 +406,56 @@ fn killed_device_write_resumes_and_verifies() {
     assert!(b.read() == want, "device identical after resume");
     assert!(!journal.exists(), "journal gone once complete");
 }
+
+/// Sync of an image file where a data block of the source became a hole
+/// (discarded, punched): the replica, built from its old copy, must read
+/// zeros there, not keep the old bytes (hole segments zero their range in
+/// a file built from a base). No loop device needed.
+#[test]
+fn sync_of_an_image_whose_block_became_a_hole() {
+    let t = tempfile::tempdir_in("/var/tmp").unwrap();
+    let key = key_file(t.path());
+    let size = 8usize << 20;
+    let src = t.path().join("src.img");
+    let mut want = dense_image(&src, size, 23);
+    let dst = t.path().join("dst.img");
+    let o = ramsys(
+        &key,
+        &[
+            "sync",
+            "--json",
+            src.to_str().unwrap(),
+            dst.to_str().unwrap(),
+        ],
+    );
+    assert_ok(&o);
+    assert!(std::fs::read(&dst).unwrap() == want);
+    // Punch 1 MiB out of the source's middle.
+    let f = std::fs::OpenOptions::new().write(true).open(&src).unwrap();
+    let (off, len) = (3usize << 20, 1usize << 20);
+    let out = Command::new("fallocate")
+        .args(["-p", "-o", &off.to_string(), "-l", &len.to_string()])
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    drop(f);
+    want[off..off + len].fill(0);
+    assert!(std::fs::read(&src).unwrap() == want);
+    let o = ramsys(
+        &key,
+        &[
+            "sync",
+            "--json",
+            src.to_str().unwrap(),
+            dst.to_str().unwrap(),
+        ],
+    );
+    assert_ok(&o);
+    let sent = summary(&o)["bytes"].as_u64().unwrap();
+    assert!(sent <= 2 * len as u64, "delta only: {sent}");
+    assert!(
+        std::fs::read(&dst).unwrap() == want,
+        "the punched range reads as zeros at the replica"
+    );
+}
