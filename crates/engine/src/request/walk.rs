@@ -4,6 +4,9 @@
 //! first, then files, symlinks and hard links, so the sink can build the
 //! whole tree before any payload arrives. Symlinks are never followed;
 //! a second name of an inode already seen becomes a hard-link record.
+//! A block device named as a top-level source is a volume (issue 18,
+//! storage::volume): a file record of the device's size; met inside a
+//! tree, a device node is a special file as before.
 
 use std::collections::HashMap;
 use std::fs;
