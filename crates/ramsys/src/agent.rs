@@ -5,6 +5,7 @@
 
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,6 +44,14 @@ fn local_tops(paths: &[PathBuf], contents: &[bool]) -> anyhow::Result<Vec<Top>> 
                 .ok()
                 .and_then(|c| c.file_name().map(|n| n.to_os_string()))
                 .unwrap_or_else(|| "root".into()),
+        };
+        // A symlink to a block device (/dev/vg/snap) names the device: it
+        // is read under its own path, sent under the link's name.
+        let abs = match std::fs::metadata(&abs) {
+            Ok(md) if md.file_type().is_block_device() && abs.is_symlink() => {
+                abs.canonicalize().unwrap_or(abs)
+            }
+            _ => abs,
         };
         let rel = abs.as_os_str().as_bytes();
         let rel = rel.strip_prefix(b"/").unwrap_or(rel).to_vec();

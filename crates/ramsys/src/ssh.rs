@@ -537,6 +537,7 @@ fn source_cp_args(a: &CpArgs, sync: u32, srcs: &[&SshEndpoint], url: &str) -> Ve
         ("--dry-run", sync & DRY_RUN != 0),
         ("--resume", sync & RESUME != 0),
         ("--no-resume", sync & JOURNAL == 0),
+        ("--write-devices", sync & WRITE_DEVICES != 0),
         ("-r", a.recursive),
         ("--no-checksum", a.no_checksum),
     ] {

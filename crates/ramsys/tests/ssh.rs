@@ -1094,3 +1094,62 @@ fn cp_resume_over_ssh_continues_in_place() {
         temp_files(t.path())
     );
 }
+
+/// Volumes over ssh (issue 18): an image into a remote block device (with
+/// --write-devices; refused without), then a sync of a changed local device
+/// into it moves only the changed blocks, and a pull reads the remote
+/// device back.
+#[test]
+fn volumes_over_ssh() {
+    use common::loopdev::Loop;
+    let Some(sshd) = Sshd::start() else { return };
+    let t = tempfile::tempdir_in("/var/tmp").unwrap();
+    let size = 16usize << 20;
+    let img = t.path().join("src.img");
+    let mut want = Rng(21).bytes(size);
+    std::fs::write(&img, &want).unwrap();
+    let dimg = t.path().join("dst.img");
+    std::fs::write(&dimg, vec![0u8; size]).unwrap();
+    let (Some(dst), Some(src)) = (Loop::attach(&dimg), Loop::attach(&img)) else {
+        return;
+    };
+    let rdev = format!("127.0.0.1:{}", dst.path());
+    let o = run(&sshd, &["cp", "--json"], &sshd.opts(), &[&s(&img), &rdev]);
+    assert!(one_error_line(&o).contains("--write-devices"));
+    assert!(dst.read().iter().all(|&b| b == 0), "device untouched");
+    let o = run(
+        &sshd,
+        &["cp", "--write-devices", "--json"],
+        &sshd.opts(),
+        &[&s(&img), &rdev],
+    );
+    assert_ok(&o);
+    assert!(dst.read() == want);
+
+    // Change two 256 KiB blocks of the local device, sync it over.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(src.path())
+        .unwrap();
+    for off in [1usize << 20, 9 << 20] {
+        want[off..off + 512].fill(0xAB);
+        std::os::unix::fs::FileExt::write_all_at(&f, &[0xAB; 512], off as u64).unwrap();
+    }
+    f.sync_all().unwrap();
+    let o = run(
+        &sshd,
+        &["sync", "--write-devices", "--json"],
+        &sshd.opts(),
+        &[src.path(), &rdev],
+    );
+    assert_ok(&o);
+    let v = summary(&o);
+    assert_eq!(v["bytes"], 2 * (256 << 10), "{v}");
+    assert!(dst.read() == want);
+
+    // Pull the remote device into an image file.
+    let back = t.path().join("back.img");
+    let o = run(&sshd, &["cp", "--json"], &sshd.opts(), &[&rdev, &s(&back)]);
+    assert_ok(&o);
+    assert!(std::fs::read(&back).unwrap() == want);
+}
