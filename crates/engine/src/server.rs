@@ -440,6 +440,7 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 )?);
                 first = recv_control(&mut **link);
             }
+            let mut preserve = 0;
             let (open, sync, select) = match first {
                 Ok(Control::Open(o)) => (o, 0, Default::default()),
                 // Sync and resume (docs/SYNC.md): flags for a server source.
@@ -452,6 +453,16 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                     flags,
                     select,
                 }) => (open, flags & crate::sync::flags::ALL, select),
+                // An archive copy from a server source (crate::archive).
+                Ok(Control::ArchiveOpen {
+                    open,
+                    flags,
+                    select,
+                    preserve: p,
+                }) => {
+                    preserve = p & ramsys_proto::attrs::preserve::ALL;
+                    (open, flags & crate::sync::flags::ALL, select)
+                }
                 Ok(Control::StatusQuery) => {
                     let json = serde_json::to_string(&sh.status_for(grant.account.as_deref()))
                         .map_err(|e| EngineError::local(format!("status: {e}")))?;
@@ -505,7 +516,12 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 link,
                 session,
                 &grant,
-                Request { open, sync, select },
+                Request {
+                    open,
+                    sync,
+                    select,
+                    preserve,
+                },
                 ServerLinks {
                     rx,
                     timeout: Duration::from_secs(30),
@@ -543,6 +559,8 @@ struct Request {
     sync: u32,
     /// SelectOpen's selection, for a server source.
     select: ramsys_proto::control::Selection,
+    /// ArchiveOpen's bits, for a server source (crate::archive).
+    preserve: u32,
 }
 
 fn run_session(
@@ -553,7 +571,12 @@ fn run_session(
     req: Request,
     mut links: ServerLinks,
 ) -> Result<(), EngineError> {
-    let Request { open, sync, select } = req;
+    let Request {
+        open,
+        sync,
+        select,
+        preserve,
+    } = req;
     // The request poller's step (seed 000 sec. 6.2.1): a session element
     // in the session list, then a task on the queue of the storage device
     // the request touches (Fig. 6-3).
@@ -598,6 +621,12 @@ fn run_session(
         .clamp(4096, sh.res.buffers.buf_size() as u32);
     opts.checksum = open.checksum;
     opts.sync = sync;
+    opts.preserve = preserve;
+    // A user of a multi-user daemon never creates files owned by another
+    // user, device nodes, or privileged xattrs (docs/SECURITY.md).
+    if grant.account.is_some() {
+        opts.archive_policy = crate::archive::Policy::confined();
+    }
     if !select.is_empty() {
         // A bad pattern is refused here, in one line, before any scan.
         let bad = match open.server_role {

@@ -98,7 +98,8 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
         streams: a.streams.unwrap_or(4),
         block_size: a.block_size as u32,
         checksum: !a.no_checksum,
-        recursive: a.recursive,
+        // -a implies -r (rsync's rule).
+        recursive: a.recursive || a.archive.archive,
         readers: a.readers.unwrap_or(4).max(1),
         writers: a.writers.unwrap_or(4).max(1),
         window: a.window.max(2),
@@ -106,6 +107,7 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
         sync,
         encrypt: a.encrypt.unwrap_or_default(),
         select: a.select.selection()?,
+        preserve: a.archive.preserve(),
         ..a.storage.options()
     };
     // rsync keeps excluded files at the destination from --delete; the

@@ -491,7 +491,7 @@ fn source_cp_args(a: &CpArgs, sync: u32, srcs: &[&SshEndpoint], url: &str) -> Ve
         ("--dry-run", sync & DRY_RUN != 0),
         ("--resume", sync & RESUME != 0),
         ("--no-resume", sync & JOURNAL == 0),
-        ("-r", a.recursive),
+        ("-r", a.recursive || a.archive.archive),
         ("--no-checksum", a.no_checksum),
     ] {
         if on {
@@ -499,6 +499,7 @@ fn source_cp_args(a: &CpArgs, sync: u32, srcs: &[&SshEndpoint], url: &str) -> Ve
         }
     }
     v.push(format!("--block-size={}", a.block_size));
+    v.extend(a.archive.to_args());
     // The selection, rules in order (HOST1's scan applies it).
     if let Ok(sel) = a.select.selection() {
         for (include, p) in &sel.rules {

@@ -21,7 +21,7 @@ use crate::data::sender::{run_sender, LinkDone, StreamOut};
 use crate::fsops::Root;
 use crate::relink::{Joined, LinkEvent, Requeue, Streams};
 use crate::request::tasks::{assign_homes, plan_source};
-use crate::request::walk::{walk_streamed, Top};
+use crate::request::walk::{walk_archive, Top};
 use crate::resources::EngineResources;
 use crate::session::LinkProvider;
 use crate::stats::{FailedPath, Report, Stats};
@@ -180,6 +180,12 @@ pub fn run_source_with(
         // Sync (docs/SYNC.md): the sink answers with what it holds.
         ctl.send(&Control::SyncMode { flags: opts.sync })?;
     }
+    if opts.preserve != 0 {
+        // An archive copy (crate::archive): Attrs follow the records.
+        ctl.send(&Control::Preserve {
+            flags: opts.preserve,
+        })?;
+    }
     // Metadata in one round trip (Fig. 6-4b): stream every record right
     // behind Propose, then wait for Confirm and the single SyncDone.
     // The scan streams its records as it goes (walk_streamed), so the
@@ -192,9 +198,18 @@ pub fn run_source_with(
         // session started, so an error here is the peer's malformed rule.
         let filter = crate::request::filter::Filter::new(&opts.select)
             .map_err(|e| EngineError::local(format!("--exclude/--include: {e}")))?;
-        walk_streamed(spec.root.path(), &spec.tops, opts.recursive, &filter, &mut |es| {
-            send_entries(&mut ctl, es)
-        })
+        let (root, tops) = (spec.root.path(), &spec.tops);
+        walk_archive(
+            root,
+            tops,
+            opts.recursive,
+            &filter,
+            opts.preserve,
+            &mut |es, attrs| {
+                send_entries(&mut ctl, es)?;
+                crate::archive::collect::send_attrs(attrs, &mut |m| ctl.send(&m))
+            },
+        )
     };
     let sent = scanned.and_then(|w| send_meta_end(&mut ctl, &w).map(|_| w));
     let w = match sent {
