@@ -243,10 +243,16 @@ impl ArchiveSink {
         let (parent, name) = split_parent(&s.path);
         let dir = root.open_dir(parent)?;
         let n = cstr(name)?;
-        let same = lstat_at(dir.as_fd(), name)?.is_some_and(|st| {
-            st.st_mode & libc::S_IFMT == fmt && (!device || st.st_rdev == s.rdev)
-        });
-        if !same {
+        let old = lstat_at(dir.as_fd(), name)?
+            .filter(|st| st.st_mode & libc::S_IFMT == fmt && (!device || st.st_rdev == s.rdev));
+        // The same node with the same mode and mtime: nothing to do.
+        if let Some(st) = &old {
+            let mtime = (st.st_mtime, st.st_mtime_nsec as u32);
+            if st.st_mode & 0o7777 == s.mode && mtime == s.mtime {
+                return Ok(());
+            }
+        }
+        if old.is_none() {
             let t = cstr(tmp)?;
             // SAFETY: valid dirfd and C string.
             let r = unsafe {
