@@ -50,6 +50,9 @@ pub(super) struct Tree {
     dest_open: bool,
     /// What this sink may apply of an archive copy (crate::archive).
     pub archive_policy: crate::archive::Policy,
+    /// The user's selection, handed to sync: `--delete` leaves what it
+    /// excludes.
+    pub protect: Option<crate::request::filter::Filter>,
 }
 
 impl Tree {
@@ -63,6 +66,7 @@ impl Tree {
             dest,
             dest_open: true,
             archive_policy: Default::default(),
+            protect: None,
         }
     }
 
@@ -105,7 +109,11 @@ impl Tree {
             0 => crate::sync::journal_min(),
             _ => 0,
         };
-        self.sync = Some(SinkSync::new(flags, root.clone()));
+        let mut s = SinkSync::new(flags, root.clone());
+        if let Some(f) = self.protect.take() {
+            s.protect(f);
+        }
+        self.sync = Some(s);
     }
 
     fn entries(
@@ -144,7 +152,7 @@ impl Tree {
         self.table.push_entry(e.id, file);
         if let Some(s) = &mut self.sync {
             match e.kind {
-                EntryKind::Dir => s.on_dir(&target),
+                EntryKind::Dir => s.on_dir(&target, &e.path),
                 EntryKind::File { size } => {
                     s.on_file(&self.table, e.id, &target, size, e.mode, mtime)
                 }
