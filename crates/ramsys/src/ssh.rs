@@ -248,6 +248,13 @@ impl SshSession {
     /// End the session: close ssh's stdin and reap it.
     pub fn finish(mut self) {
         self.ssh.wait(Duration::from_secs(10));
+        // The remote end's one-line notes (e.g. what an archive copy could
+        // not keep there, engine archive::apply) reach the user.
+        for l in self.ssh.stderr.lock().unwrap().iter() {
+            if l.starts_with("ramsys: note: ") {
+                eprintln!("{}: {}", self.ssh.host, &l["ramsys: ".len()..]);
+            }
+        }
     }
 }
 
