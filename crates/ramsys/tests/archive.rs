@@ -230,6 +230,34 @@ fn local_copy_and_sync_like_rsync() {
     assert_ok(&ramsys(&key, &args));
     assert_like_rsync(&refd2, &mirror, "sync after attribute changes");
 
+    // -U: access times too (one after the mtime and recent, so reading
+    // the file under relatime leaves it alone).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let f = src.join("d/owned");
+    let c = std::ffi::CString::new(f.to_str().unwrap()).unwrap();
+    let ts = [
+        libc::timespec {
+            tv_sec: now - 3600,
+            tv_nsec: 5000,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+    ];
+    // SAFETY: valid C string and two timespecs.
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) },
+        0
+    );
+    let at = t.path().join("atimes");
+    assert_ok(&ramsys(&key, &["cp", "-aU", &s(&src), &s(&at)]));
+    let md = std::fs::metadata(at.join("d/owned")).unwrap();
+    assert_eq!((md.atime(), md.atime_nsec()), (now - 3600, 5000));
+
     // Without --specials the FIFO is a failure, as before, with a hint.
     let plain = t.path().join("plain");
     let o = ramsys(&key, &["cp", "-r", &s(&src), &s(&plain)]);
@@ -533,6 +561,14 @@ fn ssh_push_pull_and_sync_like_rsync() {
     let pulled = t.path().join("pulled");
     assert_ok(&over_ssh(&d, &with(&["cp"], [remote(&src), s(&pulled)])));
     assert_like_rsync(&refd, &pulled, "ssh pull");
+    // Third party (HOST1's ramsys gets the archive flags on its command
+    // line): 127.0.0.1:src -> 127.0.0.1:third.
+    let third = t.path().join("third");
+    assert_ok(&over_ssh(
+        &d,
+        &with(&["cp"], [remote(&src), remote(&third)]),
+    ));
+    assert_like_rsync(&refd, &third, "ssh third party");
     let mirror = t.path().join("mirror");
     let args = with(&["sync"], [format!("{}/", src.display()), remote(&mirror)]);
     assert_ok(&over_ssh(&d, &args));
