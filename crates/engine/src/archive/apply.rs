@@ -128,6 +128,19 @@ impl ArchiveSink {
         }
     }
 
+    /// The mode a file is renamed into place with: without its
+    /// set-user-ID and set-group-ID bits when owners follow, so the file
+    /// never carries them under the sink user's ownership (rsync chowns
+    /// its temp file before the rename; here the chown comes after it).
+    /// [`ArchiveSink::place`] puts them back after the chown.
+    pub fn placed_mode(&self, mode: u32) -> u32 {
+        if self.flags & (preserve::OWNER | preserve::GROUP) != 0 {
+            mode & !0o6000
+        } else {
+            mode
+        }
+    }
+
     /// A record as it arrives, its path mapped to `target` under the
     /// sink's root. The root itself ("") keeps its attributes.
     pub fn entry(&mut self, e: &Entry, target: &[u8]) {
@@ -302,7 +315,19 @@ impl ArchiveSink {
         }
         let numeric = self.flags & preserve::NUMERIC_IDS != 0;
         let n = cstr(if name.is_empty() { b"." } else { name })?;
-        self.owners(&dir, &n, r, a, &st, numeric)?;
+        let chowned = self.owners(&dir, &n, a, &st, numeric)?;
+        // chown clears set-user-ID and set-group-ID bits of a file, and
+        // files were placed without them (placed_mode): put them back
+        // (directories get their mode in the directory pass).
+        let suid = r.mode & 0o6000 != 0 && matches!(r.kind, Kind::File | Kind::Special);
+        if suid && (chowned || st.st_mode & 0o7777 != r.mode) {
+            // SAFETY: valid dirfd and C string; the entry is not a symlink.
+            if unsafe { libc::fchmodat(dir.as_raw_fd(), n.as_ptr(), r.mode as libc::mode_t, 0) }
+                != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+        }
         if r.kind != Kind::Symlink {
             if self.flags & preserve::XATTRS != 0 {
                 self.xattrs(&dir, name, a)?;
@@ -317,26 +342,26 @@ impl ArchiveSink {
         Ok(())
     }
 
+    /// Owner and group as asked and allowed; whether a chown happened.
     fn owners(
         &mut self,
         dir: &OwnedFd,
         n: &CString,
-        r: &Rec,
         a: &Attrs,
         st: &libc::stat,
         numeric: bool,
-    ) -> io::Result<()> {
+    ) -> io::Result<bool> {
         let uid = a.owner.as_ref().map(|p| self.names.uid(p, numeric));
         let gid = a.group.as_ref().map(|p| self.names.gid(p, numeric));
         let mut uid = uid.filter(|&u| u != st.st_uid);
         let gid = gid.filter(|&g| g != st.st_gid);
         if uid.is_none() && gid.is_none() {
-            return Ok(());
+            return Ok(false);
         }
         if !self.policy.owners {
             self.not_kept.owners += uid.is_some() as u64;
             self.not_kept.groups += gid.is_some() as u64;
-            return Ok(());
+            return Ok(false);
         }
         if !self.root_user {
             // Another owner needs root; a group the user belongs to can
@@ -345,7 +370,7 @@ impl ArchiveSink {
                 self.not_kept.owners += 1;
             }
             if gid.is_none() {
-                return Ok(());
+                return Ok(false);
             }
         }
         let (u, g) = (uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX));
@@ -357,21 +382,11 @@ impl ArchiveSink {
             if denied(&e) {
                 self.not_kept.owners += uid.is_some() as u64;
                 self.not_kept.groups += gid.is_some() as u64;
-                return Ok(());
+                return Ok(false);
             }
             return Err(e);
         }
-        // chown clears set-user-ID and set-group-ID bits of a file: put
-        // the mode back (directories get theirs in the directory pass).
-        if matches!(r.kind, Kind::File | Kind::Special) && r.mode & 0o6000 != 0 {
-            // SAFETY: as above; the entry is not a symlink.
-            if unsafe { libc::fchmodat(dir.as_raw_fd(), n.as_ptr(), r.mode as libc::mode_t, 0) }
-                != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-        }
-        Ok(())
+        Ok(true)
     }
 
     fn xattrs(&mut self, dir: &OwnedFd, name: &[u8], a: &Attrs) -> io::Result<()> {
@@ -597,6 +612,12 @@ mod tests {
         std::fs::write(d.path().join("f"), b"x").unwrap();
         let root = Root::open(d.path(), Confinement::Strict).unwrap();
         let mut s = ArchiveSink::new(preserve::ALL, Policy::confined());
+        // Files are placed without set-ID bits while owners are pending.
+        assert_eq!(s.placed_mode(0o6755), 0o755);
+        assert_eq!(
+            ArchiveSink::new(preserve::XATTRS, Policy::default()).placed_mode(0o4755),
+            0o4755
+        );
         s.entry(
             &entry(
                 0,

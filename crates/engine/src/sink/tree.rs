@@ -145,7 +145,13 @@ impl Tree {
         let file = match e.kind {
             EntryKind::File { size } if !dry => {
                 self.total_bytes += size;
-                Some((target.clone(), size, e.mode, mtime))
+                // An archive copy chowns after the rename: until then no
+                // set-user/group-ID bit under the sink user's ownership.
+                let mode = match &self.deferred.archive {
+                    Some(a) => a.placed_mode(e.mode),
+                    None => e.mode,
+                };
+                Some((target.clone(), size, mode, mtime))
             }
             _ => None,
         };
