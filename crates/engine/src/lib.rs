@@ -19,6 +19,7 @@
 pub mod archive;
 pub mod client;
 pub mod config;
+pub mod control;
 pub mod crypto;
 pub mod daemon;
 pub mod data;
