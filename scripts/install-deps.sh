@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# System packages the build, the tests and the demo need (Debian/Ubuntu).
+# System packages the build, the tests and the demo need (Debian/Ubuntu;
+# acl and attr: setfacl/setfattr for the archive tests, crates/ramsys/tests/archive.rs).
 set -euo pipefail
 need=()
-for p in build-essential pkg-config rsync iproute2 python3 openssh-client openssh-server; do
+for p in build-essential pkg-config rsync iproute2 python3 openssh-client openssh-server acl attr; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -119,6 +119,16 @@ fn seal_control(s: &mut ClientSession, cipher: Cipher) -> Result<(), EngineError
 
 fn open_msg(role: Role, paths: Vec<Vec<u8>>, opts: &TransferOptions) -> Control {
     let open = open_struct(role, paths, opts);
+    // An archive copy from a server source: what its scan collects
+    // (crate::archive); the selection and sync bits ride along.
+    if role == Role::Source && opts.preserve != 0 {
+        return Control::ArchiveOpen {
+            open,
+            flags: opts.sync,
+            select: opts.select.clone(),
+            preserve: opts.preserve,
+        };
+    }
     // A selection the server's scan applies (request::filter), or that a
     // server sink keeps from --delete.
     let delete = opts.sync & crate::sync::flags::DELETE != 0;

@@ -417,6 +417,13 @@ impl Root {
         let (lp, ln) = split_parent(link);
         let tdir = self.open_dir(tp)?;
         let ldir = self.open_dir(lp)?;
+        // Already one inode (a sync over an existing link): linking again
+        // would only touch its ctime.
+        if let (Some(a), Some(b)) = (lstat_at(tdir.as_fd(), tn)?, lstat_at(ldir.as_fd(), ln)?) {
+            if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) {
+                return Ok(());
+            }
+        }
         let tn = cstr(tn)?;
         let tm = cstr(tmp)?;
         let ln = cstr(ln)?;

@@ -10,11 +10,13 @@
 //!   queues of read units (tasks grouped by storage, Fig. 6-3).
 //! - [`data`]: readers fill buffers, senders drain them; receivers fill,
 //!   writers drain; bounded queues and credits between every pair.
+//! - [`archive`]: owners, xattrs, ACLs and special files of `-a` copies.
 //! - [`daemon`]: the daemon's session list, per-device task queues, task
 //!   states, reservation rules, status and metrics.
 //! - [`source`] and [`sink`]: one session end each, as a controller thread
 //!   with an event loop over control messages and data-thread events.
 
+pub mod archive;
 pub mod client;
 pub mod config;
 pub mod control;

@@ -58,6 +58,11 @@ pub struct TransferOptions {
     pub select: ramsys_proto::control::Selection,
     /// Sync and resume bits (proto::control::sync; docs/SYNC.md), 0 = cp.
     pub sync: u32,
+    /// Archive bits (proto::attrs::preserve: `-a`, `-X`, `-A`, ...) the
+    /// source collects and sends; a daemon source gets them in ArchiveOpen.
+    pub preserve: u32,
+    /// What a sink may apply of them (crate::archive::Policy).
+    pub archive_policy: crate::archive::Policy,
     /// Where this end is the source: readers send their own blocks
     /// (inline) or hand them to sender threads (queued); seed 002 sec. 7.
     pub send_path: crate::config::SendPath,
@@ -89,6 +94,8 @@ impl Default for TransferOptions {
             local_copy: None,
             select: Default::default(),
             sync: 0,
+            preserve: 0,
+            archive_policy: crate::archive::Policy::default(),
             send_path: crate::config::SendPath::default(),
         }
     }

@@ -592,12 +592,14 @@ fn serve_request(
             open,
             sync: 0,
             select: Default::default(),
+            preserve: 0,
         },
         // Sync and resume (docs/SYNC.md): flags for a server source.
         Control::SyncOpen { open, flags } => Request {
             open,
             sync: flags & crate::sync::flags::ALL,
             select: Default::default(),
+            preserve: 0,
         },
         // A selection for a server source (request::filter).
         Control::SelectOpen {
@@ -608,6 +610,19 @@ fn serve_request(
             open,
             sync: flags & crate::sync::flags::ALL,
             select,
+            preserve: 0,
+        },
+        // An archive copy from a server source (crate::archive).
+        Control::ArchiveOpen {
+            open,
+            flags,
+            select,
+            preserve,
+        } => Request {
+            open,
+            sync: flags & crate::sync::flags::ALL,
+            select,
+            preserve: preserve & ramsys_proto::attrs::preserve::ALL,
         },
         Control::StatusQuery => {
             let json = serde_json::to_string(&sh.status_for(a.grant.account.as_deref()))
@@ -680,6 +695,8 @@ struct Request {
     sync: u32,
     /// SelectOpen's selection, for a server source.
     select: ramsys_proto::control::Selection,
+    /// ArchiveOpen's bits, for a server source (crate::archive).
+    preserve: u32,
 }
 
 /// Run an authorized transfer: the request poller's step (seed 000 sec.
@@ -693,7 +710,12 @@ fn run_session(
     req: Request,
     mut links: ServerLinks,
 ) -> Result<(), EngineError> {
-    let Request { open, sync, select } = req;
+    let Request {
+        open,
+        sync,
+        select,
+        preserve,
+    } = req;
     let role = match open.server_role {
         Role::Sink => "sink",
         Role::Source => "source",
@@ -714,7 +736,9 @@ fn run_session(
         stats: Arc::new(Stats::default()),
     };
     let mut ctl = std::mem::replace(link, Box::new(ClosedLink));
-    let opts = match session_options(sh, &open, sync, select) {
+    let opts = match session_options(sh, &open, sync, select)
+        .map(|o| archive_options(o, preserve, grant))
+    {
         Ok(o) => o,
         Err(reason) => {
             refuse(&mut ctl, 2, reason);
@@ -761,6 +785,18 @@ fn request_paths(
         rels.push(p.to_vec());
     }
     Ok((rels, contents))
+}
+
+/// An archive copy's bits (ArchiveOpen, for a source) and what a sink may
+/// apply: a user of a multi-user daemon never creates files owned by
+/// another user, device nodes, or privileged xattrs (crate::archive,
+/// docs/SECURITY.md).
+fn archive_options(mut opts: TransferOptions, preserve: u32, grant: &Grant) -> TransferOptions {
+    opts.preserve = preserve;
+    if grant.account.is_some() {
+        opts.archive_policy = crate::archive::Policy::confined();
+    }
+    opts
 }
 
 /// The client's wishes, within what this daemon serves. Err: the reason

@@ -85,6 +85,13 @@ pub enum EntryKind {
     HardLink {
         target_id: u64,
     },
+    /// A FIFO, socket or device node (`--specials`, `--devices`): `kind`
+    /// from [`crate::attrs::special`], `rdev` the device number of a
+    /// device (0 otherwise). Sent only when the client asked for it.
+    Special {
+        kind: u8,
+        rdev: u64,
+    },
 }
 
 /// One metadata record (seed 000 Fig. 6-4b). `path` is relative, '/'
@@ -293,6 +300,24 @@ pub enum Control {
         user: String,
         addr: String,
     },
+    /// Client to server, instead of the opens above, when the client asks
+    /// for an archive copy from a server source (`-a`, `-X`, `-A`, ...):
+    /// `preserve` bits ([`crate::attrs::preserve`]) say what the server's
+    /// scan collects; `flags` and `select` as in SelectOpen.
+    ArchiveOpen {
+        open: Open,
+        flags: u32,
+        select: Selection,
+        preserve: u32,
+    },
+    /// Source to sink, right behind Propose (and SyncMode), before any
+    /// Entries: the records are followed by Attrs for what `flags`
+    /// ([`crate::attrs::preserve`]) names, and the sink applies it.
+    Preserve {
+        flags: u32,
+    },
+    /// Source to sink, after the Entries batch holding these ids.
+    Attrs(Vec<crate::attrs::Attrs>),
 }
 
 /// What a source sends of its tree (rsync's filter rules, engine
@@ -422,6 +447,9 @@ impl Control {
             Control::LinkDown { .. } => "LinkDown",
             Control::SelectOpen { .. } => "SelectOpen",
             Control::SiteHello { .. } => "SiteHello",
+            Control::ArchiveOpen { .. } => "ArchiveOpen",
+            Control::Preserve { .. } => "Preserve",
+            Control::Attrs(_) => "Attrs",
         }
     }
 
@@ -632,6 +660,50 @@ mod tests {
                 user: "site".into(),
                 addr: "127.0.0.1:4000".into(),
             },
+            Control::Entries(vec![Entry {
+                id: 3,
+                path: b"p".to_vec(),
+                kind: EntryKind::Special {
+                    kind: crate::attrs::special::CHAR,
+                    rdev: 0x0103,
+                },
+                mode: 0o666,
+                mtime_s: 1,
+                mtime_ns: 2,
+            }]),
+            Control::ArchiveOpen {
+                open: Open {
+                    server_role: Role::Source,
+                    paths: vec![b"data".to_vec()],
+                    recursive: true,
+                    streams: 4,
+                    block_size: 1 << 22,
+                    checksum: true,
+                },
+                flags: 0,
+                select: Selection::default(),
+                preserve: crate::attrs::preserve::ALL,
+            },
+            Control::Preserve { flags: 3 },
+            Control::Attrs(vec![crate::attrs::Attrs {
+                id: 4,
+                owner: Some(crate::attrs::Principal {
+                    id: 65534,
+                    name: b"nobody".to_vec(),
+                }),
+                group: None,
+                xattrs: vec![(b"user.k".to_vec(), vec![0, 1, 2])],
+                acl: vec![crate::attrs::AclEntry {
+                    tag: crate::attrs::acl_tag::USER,
+                    perm: 6,
+                    who: crate::attrs::Principal {
+                        id: 1000,
+                        name: b"alice".to_vec(),
+                    },
+                }],
+                default_acl: vec![],
+                atime: Some((5, 6)),
+            }]),
         ];
         for m in msgs {
             let b = m.encode().unwrap();

@@ -11,12 +11,14 @@
 //! - [`frame`]: the 8-byte frame header shared by every connection.
 //! - [`control`]: control messages (handshake, negotiation, metadata,
 //!   completion), encoded with postcard.
+//! - [`attrs`]: archive attributes (owners, xattrs, ACLs, specials).
 //! - [`data`]: payload blocks (segment table + checksum) and credits.
 //! - [`auth`]: challenge/response authentication with a shared key.
 //! - [`path`]: validation of relative paths received from a peer.
 //! - [`session`]: state machines for the source and sink ends of a session.
 //! - [`relink`]: lost data links: what to send again, credits, back-off.
 
+pub mod attrs;
 pub mod auth;
 pub mod control;
 pub mod data;

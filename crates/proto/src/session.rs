@@ -110,9 +110,48 @@ impl EntryChecker {
                     ));
                 }
             }
+            EntryKind::Special { kind, rdev } => {
+                self.seen_nondir = true;
+                use crate::attrs::special::*;
+                let ok = match *kind {
+                    CHAR | BLOCK => true,
+                    FIFO | SOCKET => *rdev == 0,
+                    _ => false,
+                };
+                if !ok {
+                    return Err(ProtoError::malformed("entry", "unknown special file kind"));
+                }
+            }
         }
         Ok(())
     }
+}
+
+/// Attrs name only entries already received, and every ACL entry has a
+/// known tag and rwx bits only.
+fn check_attrs(v: &[crate::attrs::Attrs], next_id: u64) -> Result<(), ProtoError> {
+    use crate::attrs::acl_tag::*;
+    for a in v {
+        if a.id >= next_id {
+            return Err(ProtoError::malformed("attrs", "unknown entry id"));
+        }
+        if a.atime.is_some_and(|(_, ns)| ns >= 1_000_000_000) {
+            return Err(ProtoError::malformed("attrs", "atime_ns out of range"));
+        }
+        for e in a.acl.iter().chain(&a.default_acl) {
+            let known = matches!(e.tag, USER_OBJ | USER | GROUP_OBJ | GROUP | MASK | OTHER);
+            if !known || e.perm & !7 != 0 {
+                return Err(ProtoError::malformed("attrs", "bad ACL entry"));
+            }
+        }
+        if a.xattrs.iter().any(|(n, _)| n.is_empty() || n.contains(&0)) {
+            return Err(ProtoError::malformed(
+                "attrs",
+                "bad extended attribute name",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The source end of a session. The source may stream its metadata right
@@ -126,6 +165,8 @@ pub struct SourceMachine {
     /// SyncMode sent (docs/SYNC.md): Have, Reuse and Deleted allowed.
     sync: bool,
     sent_entries: bool,
+    /// Preserve sent (crate::attrs): Attrs allowed.
+    preserve: bool,
 }
 
 impl Default for SourceMachine {
@@ -142,6 +183,7 @@ impl SourceMachine {
             confirmed: false,
             sync: false,
             sent_entries: false,
+            preserve: false,
         }
     }
 
@@ -174,10 +216,20 @@ impl SourceMachine {
                 self.sync = true;
                 Negotiate
             }
+            (Negotiate, Control::Preserve { flags })
+                if self.proposed && !self.preserve && !self.sent_entries =>
+            {
+                if flags & !crate::attrs::preserve::ALL != 0 {
+                    return Err(ProtoError::malformed("preserve", "unknown flags"));
+                }
+                self.preserve = true;
+                Negotiate
+            }
             (Negotiate | Metadata, Control::Entries(_)) if self.proposed => {
                 self.sent_entries = true;
                 Metadata
             }
+            (Metadata, Control::Attrs(_)) if self.preserve => Metadata,
             (Negotiate | Metadata, Control::MetaEnd { .. }) if self.proposed => {
                 self.sent_entries = true;
                 Syncing
@@ -231,6 +283,8 @@ pub struct SinkMachine {
     proposed: Option<crate::control::Propose>,
     /// Flags of a SyncMode received (docs/SYNC.md), None for a plain copy.
     sync: Option<u32>,
+    /// Flags of a Preserve received (crate::attrs), None without.
+    preserve: Option<u32>,
 }
 
 impl Default for SinkMachine {
@@ -246,7 +300,13 @@ impl SinkMachine {
             entries: EntryChecker::default(),
             proposed: None,
             sync: None,
+            preserve: None,
         }
+    }
+
+    /// Flags of the Preserve received, if any.
+    pub fn preserve_flags(&self) -> Option<u32> {
+        self.preserve
     }
 
     /// Flags of the SyncMode received, if any.
@@ -318,10 +378,25 @@ impl SinkMachine {
                 self.sync = Some(*flags);
                 self.phase
             }
+            (Negotiate | Metadata, Control::Preserve { flags })
+                if self.proposed.is_some()
+                    && self.preserve.is_none()
+                    && self.entries.next_id == 0 =>
+            {
+                if flags & !crate::attrs::preserve::ALL != 0 {
+                    return Err(ProtoError::malformed("preserve", "unknown flags"));
+                }
+                self.preserve = Some(*flags);
+                self.phase
+            }
             (Metadata, Control::Entries(es)) => {
                 for e in es {
                     self.entries.check(e)?;
                 }
+                Metadata
+            }
+            (Metadata, Control::Attrs(v)) if self.preserve.is_some() => {
+                check_attrs(v, self.entries.next_id)?;
                 Metadata
             }
             (
@@ -481,6 +556,77 @@ mod tests {
         src.on_recv(&done).unwrap();
         assert_eq!(src.phase(), Phase::Done);
         assert_eq!(snk.phase(), Phase::Done);
+    }
+
+    /// Archive attributes: Preserve right behind Propose, Attrs only
+    /// behind the records they name; neither in a plain copy.
+    #[test]
+    fn preserve_and_attrs_in_order_only() {
+        use crate::attrs::{preserve, special, AclEntry, Attrs, Principal};
+        let mut src = SourceMachine::new();
+        let mut snk = SinkMachine::new();
+        src.on_send(&propose()).unwrap();
+        snk.on_recv(&propose()).unwrap();
+        // Attrs without Preserve: refused at both ends.
+        let a = |id| {
+            Control::Attrs(vec![Attrs {
+                id,
+                ..Default::default()
+            }])
+        };
+        let mut plain = SinkMachine::new();
+        plain.on_recv(&propose()).unwrap();
+        plain.on_send(&confirm(2)).unwrap();
+        plain
+            .on_recv(&Control::Entries(vec![entry(0, "d", EntryKind::Dir)]))
+            .unwrap();
+        assert!(plain.on_recv(&a(0)).is_err());
+        assert!(src
+            .on_send(&Control::Preserve {
+                flags: preserve::ALL + 1
+            })
+            .is_err());
+        let p = Control::Preserve {
+            flags: preserve::OWNER | preserve::SPECIALS,
+        };
+        src.on_send(&p).unwrap();
+        snk.on_recv(&p).unwrap();
+        assert_eq!(snk.preserve_flags(), Some(3 - 2 + 32));
+        snk.on_send(&confirm(2)).unwrap();
+        let es = Control::Entries(vec![
+            entry(0, "d", EntryKind::Dir),
+            entry(
+                1,
+                "d/p",
+                EntryKind::Special {
+                    kind: special::FIFO,
+                    rdev: 0,
+                },
+            ),
+        ]);
+        src.on_send(&es).unwrap();
+        snk.on_recv(&es).unwrap();
+        // A second Preserve, after records, is refused.
+        assert!(snk.on_recv(&p).is_err());
+        src.on_send(&a(1)).unwrap();
+        snk.on_recv(&a(1)).unwrap();
+        // An id not yet announced, a bad ACL tag, a bad special kind.
+        assert!(snk.on_recv(&a(2)).is_err());
+        let bad_acl = Control::Attrs(vec![Attrs {
+            id: 0,
+            acl: vec![AclEntry {
+                tag: 3,
+                perm: 7,
+                who: Principal::default(),
+            }],
+            ..Default::default()
+        }]);
+        assert!(snk.on_recv(&bad_acl).is_err());
+        let mut snk2 = SinkMachine::new();
+        snk2.on_recv(&propose()).unwrap();
+        snk2.on_send(&confirm(2)).unwrap();
+        let bad = Control::Entries(vec![entry(0, "p", EntryKind::Special { kind: 9, rdev: 0 })]);
+        assert!(snk2.on_recv(&bad).is_err());
     }
 
     /// A sync session: SyncMode behind Propose, Have before SyncDone,

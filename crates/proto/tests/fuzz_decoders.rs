@@ -130,6 +130,116 @@ proptest! {
     }
 }
 
+fn principal() -> impl Strategy<Value = ramsys_proto::attrs::Principal> {
+    (any::<u32>(), proptest::collection::vec(any::<u8>(), 0..12))
+        .prop_map(|(id, name)| ramsys_proto::attrs::Principal { id, name })
+}
+
+fn acl() -> impl Strategy<Value = Vec<ramsys_proto::attrs::AclEntry>> {
+    proptest::collection::vec(
+        (any::<u16>(), any::<u16>(), principal())
+            .prop_map(|(tag, perm, who)| ramsys_proto::attrs::AclEntry { tag, perm, who }),
+        0..4,
+    )
+}
+
+fn attrs() -> impl Strategy<Value = ramsys_proto::attrs::Attrs> {
+    use ramsys_proto::attrs::Attrs;
+    (
+        any::<u64>(),
+        proptest::option::of(principal()),
+        proptest::option::of(principal()),
+        proptest::collection::vec(
+            (
+                proptest::collection::vec(any::<u8>(), 0..10),
+                proptest::collection::vec(any::<u8>(), 0..20),
+            ),
+            0..3,
+        ),
+        acl(),
+        acl(),
+        proptest::option::of((any::<i64>(), any::<u32>())),
+    )
+        .prop_map(
+            |(id, owner, group, xattrs, acl, default_acl, atime)| Attrs {
+                id,
+                owner,
+                group,
+                xattrs,
+                acl,
+                default_acl,
+                atime,
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// The archive messages (tags 35..=37: ArchiveOpen, Preserve, Attrs)
+    /// followed by arbitrary bytes decode or fail, never panic, and a
+    /// decoded one re-encodes to itself.
+    #[test]
+    fn archive_messages_decode_or_fail(
+        tag in 35u8..=37,
+        rest in proptest::collection::vec(any::<u8>(), 0..400),
+    ) {
+        let mut b = vec![tag];
+        b.extend_from_slice(&rest);
+        if let Ok(m) = Control::decode(&b) {
+            let ok = matches!(
+                m,
+                Control::ArchiveOpen { .. } | Control::Preserve { .. } | Control::Attrs(_)
+            );
+            prop_assert!(ok, "tag {} decoded as {}", tag, m.name());
+            prop_assert_eq!(Control::decode(&m.encode().unwrap()).unwrap(), m);
+        }
+    }
+
+    /// Arbitrary Attrs and Special records round-trip, and a sink machine
+    /// that got Preserve takes or refuses them without panicking; what it
+    /// takes names only announced ids and well-formed ACL entries.
+    #[test]
+    fn attrs_roundtrip_and_sink_checks(
+        a in proptest::collection::vec(attrs(), 0..4),
+        kind in any::<u8>(),
+        rdev in any::<u64>(),
+        flags in any::<u32>(),
+    ) {
+        use ramsys_proto::control::{Confirm, Entry, EntryKind, Propose};
+        let m = Control::Attrs(a.clone());
+        prop_assert_eq!(Control::decode(&m.encode().unwrap()).unwrap(), m.clone());
+        let mut s = SinkMachine::new();
+        s.on_recv(&Control::Propose(Propose {
+            roots: 1, streams: 1, block_size: 4096, capacity_mbps: 0, checksum: true, cipher: 0,
+        })).unwrap();
+        let preserve_ok = s.on_recv(&Control::Preserve { flags }).is_ok();
+        prop_assert_eq!(preserve_ok, flags & !ramsys_proto::attrs::preserve::ALL == 0);
+        s.on_send(&Control::Confirm(Confirm {
+            streams: 1, block_size: 4096, credits_per_stream: 2, capacity_mbps: 0, checksum: true, cipher: 0,
+        })).unwrap();
+        let es = Control::Entries(vec![Entry {
+            id: 0,
+            path: b"p".to_vec(),
+            kind: EntryKind::Special { kind, rdev },
+            mode: 0o644,
+            mtime_s: 0,
+            mtime_ns: 0,
+        }]);
+        prop_assert_eq!(Control::decode(&es.encode().unwrap()).unwrap(), es.clone());
+        if s.on_recv(&es).is_ok() {
+            prop_assert!(kind <= 3);
+            if s.on_recv(&m).is_ok() {
+                prop_assert!(preserve_ok);
+                for x in &a {
+                    prop_assert_eq!(x.id, 0);
+                    prop_assert!(x.acl.iter().all(|e| e.perm <= 7));
+                }
+            }
+        }
+    }
+}
+
 /// A length prefix claiming a huge collection must not allocate it.
 #[test]
 fn huge_length_prefix_is_rejected_cheaply() {

@@ -154,14 +154,16 @@ impl Plan {
             checksum: !a.no_checksum,
             // --files-from walks the source directory to reach the listed
             // paths; -r only decides what below a listed directory goes.
-            recursive: a.recursive || files_from,
+            // -a implies -r (rsync's rule).
+            recursive: a.recursive || a.archive.archive || files_from,
             readers: a.readers.unwrap_or(4).max(1),
             writers: a.writers.unwrap_or(4).max(1),
             window: a.window.max(2),
             fsync: a.fsync,
             sync,
             encrypt: a.encrypt.unwrap_or_default(),
-            select: a.select.selection(a.recursive)?,
+            select: a.select.selection(a.recursive || a.archive.archive)?,
+            preserve: a.archive.preserve(),
             ..a.storage.options()
         };
         // --delete leaves files the rules exclude (the sink gets the rules),

@@ -91,6 +91,8 @@ pub struct CpArgs {
     pub storage: StorageArgs,
     #[command(flatten)]
     pub select: SelectArgs,
+    #[command(flatten)]
+    pub archive: ArchiveArgs,
     /// Resume an interrupted transfer: run again with the same arguments;
     /// only what is missing or wrong moves (block checksums; the sink
     /// keeps its temp files and a SQLite journal; docs/SYNC.md). Files of
@@ -137,6 +139,97 @@ impl CpArgs {
         let key = line.trim().as_bytes().to_vec();
         anyhow::ensure!(key.len() >= 16, "--key-stdin: expected a key line on stdin");
         Ok(key)
+    }
+}
+
+/// Faithful copies (issue 20; engine `archive`): rsync's `-a` and the
+/// attributes it and `-X`/`-A` keep. Modes, mtimes, symlinks (as links)
+/// and hard links within the tree are kept by every copy.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ArchiveArgs {
+    /// Archive: -r, -o, -g, --devices and --specials (rsync's -rlptgoD;
+    /// links, permissions, times and hard links are always kept).
+    #[arg(short = 'a', long)]
+    pub archive: bool,
+    /// Keep owners (by name, mapped through the destination's passwd;
+    /// needs root at the destination).
+    #[arg(short = 'o', long)]
+    pub owner: bool,
+    /// Keep groups (by name, mapped through the destination's group file).
+    #[arg(short = 'g', long)]
+    pub group: bool,
+    /// Map owners and groups by number instead of by name.
+    #[arg(long)]
+    pub numeric_ids: bool,
+    /// Keep extended attributes (user.*; also trusted.* and security.*
+    /// when both ends run as root).
+    #[arg(short = 'X', long)]
+    pub xattrs: bool,
+    /// Keep POSIX ACLs (named users and groups mapped by name).
+    #[arg(short = 'A', long)]
+    pub acls: bool,
+    /// Copy FIFOs and sockets.
+    #[arg(long)]
+    pub specials: bool,
+    /// Copy character and block devices (needs root at the destination).
+    #[arg(long)]
+    pub devices: bool,
+    /// --devices and --specials.
+    #[arg(short = 'D')]
+    pub devices_specials: bool,
+    /// Keep access times.
+    #[arg(short = 'U', long)]
+    pub atimes: bool,
+    /// Accepted for rsync's -H: hard links within the tree are always kept.
+    #[arg(short = 'H', long)]
+    pub hard_links: bool,
+}
+
+impl ArchiveArgs {
+    /// The engine's bits (proto::attrs::preserve).
+    pub fn preserve(&self) -> u32 {
+        use ramsys_proto::attrs::preserve::*;
+        let a = self.archive;
+        let d = self.devices_specials;
+        let mut f = 0;
+        for (bit, on) in [
+            (OWNER, a || self.owner),
+            (GROUP, a || self.group),
+            (SPECIALS, a || d || self.specials),
+            (DEVICES, a || d || self.devices),
+            (XATTRS, self.xattrs),
+            (ACLS, self.acls),
+            (ATIMES, self.atimes),
+        ] {
+            if on {
+                f |= bit;
+            }
+        }
+        // Ids alone mean nothing without owners or groups, ACLs aside.
+        if self.numeric_ids && f != 0 {
+            f |= NUMERIC_IDS;
+        }
+        f
+    }
+
+    /// The same flags on a command line (a third-party copy's HOST1).
+    pub fn to_args(&self) -> Vec<String> {
+        use ramsys_proto::attrs::preserve::*;
+        let f = self.preserve();
+        [
+            (OWNER, "--owner"),
+            (GROUP, "--group"),
+            (NUMERIC_IDS, "--numeric-ids"),
+            (XATTRS, "--xattrs"),
+            (ACLS, "--acls"),
+            (SPECIALS, "--specials"),
+            (DEVICES, "--devices"),
+            (ATIMES, "--atimes"),
+        ]
+        .into_iter()
+        .filter(|(b, _)| f & b != 0)
+        .map(|(_, s)| s.to_string())
+        .collect()
     }
 }
 

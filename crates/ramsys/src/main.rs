@@ -156,3 +156,15 @@ fn main() {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// clap checks its definitions (duplicate short flags such as the
+    /// archive flags -a/-o/-g/-X/-A/-D/-U/-H, conflicts) only in debug
+    /// builds at run time; this runs the same checks in any build.
+    #[test]
+    fn cli_definitions_are_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}

@@ -272,6 +272,13 @@ impl SshSession {
     pub fn finish(mut self) {
         self.tunnel.close();
         self.ssh.wait(Duration::from_secs(10));
+        // The remote end's one-line notes (e.g. what an archive copy could
+        // not keep there, engine archive::apply) reach the user.
+        for l in self.ssh.stderr.lock().unwrap().iter() {
+            if l.starts_with("ramsys: note: ") {
+                eprintln!("{}: {}", self.ssh.host, &l["ramsys: ".len()..]);
+            }
+        }
     }
 }
 
@@ -538,7 +545,7 @@ fn source_cp_args(a: &CpArgs, sync: u32, srcs: &[&SshEndpoint], url: &str) -> Ve
         ("--resume", sync & RESUME != 0),
         ("--no-resume", sync & JOURNAL == 0),
         ("--write-devices", sync & WRITE_DEVICES != 0),
-        ("-r", a.recursive),
+        ("-r", a.recursive || a.archive.archive),
         ("--no-checksum", a.no_checksum),
     ] {
         if on {
@@ -546,6 +553,7 @@ fn source_cp_args(a: &CpArgs, sync: u32, srcs: &[&SshEndpoint], url: &str) -> Ve
         }
     }
     v.push(format!("--block-size={}", a.block_size));
+    v.extend(a.archive.to_args());
     // The selection, rules in order (HOST1's scan applies it).
     for (include, p) in &a.select.rules {
         let flag = if *include { "include" } else { "exclude" };

@@ -14,9 +14,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use ramsys_proto::attrs::Attrs;
 use ramsys_proto::control::{Entry, EntryKind};
 
 use super::filter::Filter;
+use crate::archive::collect::{Collector, Owners};
 use crate::stats::FailedPath;
 
 /// A regular file to read.
@@ -43,6 +45,9 @@ pub struct Walk {
     pub files: Vec<SourceFile>,
     pub failures: Vec<FailedPath>,
     pub total_bytes: u64,
+    /// Archive attributes (crate::archive), in entry order; empty unless
+    /// asked for.
+    pub attrs: Vec<Attrs>,
 }
 
 /// A top-level source: path relative to the root, and the name its tree
@@ -59,6 +64,7 @@ struct Pending {
     kind: PendingKind,
     mode: u32,
     mtime: (i64, u32),
+    owners: Owners,
 }
 
 enum PendingKind {
@@ -71,6 +77,8 @@ enum PendingKind {
         volume: bool,
     },
     Symlink(Vec<u8>),
+    /// A FIFO, socket or device the user asked for (crate::archive).
+    Special(EntryKind),
 }
 
 fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
@@ -123,6 +131,25 @@ pub fn walk_streamed<E>(
     filter: &Filter,
     emit: &mut dyn FnMut(&[Entry]) -> Result<(), E>,
 ) -> Result<Walk, E> {
+    walk_archive(base, tops, recursive, filter, 0, &mut |es, _| emit(es))
+}
+
+/// Where [`walk_archive`] hands each batch of records and their Attrs.
+pub type ArchiveEmit<'a, E> = dyn FnMut(&[Entry], &[Attrs]) -> Result<(), E> + 'a;
+
+/// [`walk_streamed`] for an archive copy: `preserve` bits
+/// (proto::attrs::preserve) say which special files become records and
+/// what each entry's Attrs record holds; each batch of records is handed
+/// to `emit` with the Attrs of its entries (crate::archive::collect).
+pub fn walk_archive<E>(
+    base: &Path,
+    tops: &[Top],
+    recursive: bool,
+    filter: &Filter,
+    preserve: u32,
+    emit: &mut ArchiveEmit<E>,
+) -> Result<Walk, E> {
+    let mut col = Collector::new(preserve);
     let mut dirs: Vec<Pending> = Vec::new();
     let mut later: Vec<Deferred> = Vec::new();
     let mut failures = Vec::new();
@@ -153,6 +180,7 @@ pub fn walk_streamed<E>(
                     dirs: &mut dirs,
                     later: &mut later,
                     failures: &mut failures,
+                    col: &col,
                 };
                 scan(base, &t.rel, &t.name, md, filter, &mut to);
             }
@@ -175,9 +203,14 @@ pub fn walk_streamed<E>(
             mtime_s: d.mtime.0,
             mtime_ns: d.mtime.1,
         });
+        if col.wanted() {
+            let a = col.attrs(i as u64, &abs(base, &d.rel), &d.owners, false, true);
+            w.attrs.push(a);
+        }
     }
-    emit(&w.entries)?;
+    emit(&w.entries, &w.attrs)?;
     let mut emitted = w.entries.len();
+    let mut attrs_emitted = w.attrs.len();
     let mut inodes: HashMap<(u64, u64), u64> = HashMap::new();
     // The directory whose names are being stat'ed: (index, descriptor).
     let mut open: Option<(usize, Option<fs::File>)> = None;
@@ -204,7 +237,9 @@ pub fn walk_streamed<E>(
                     _ => Err(std::io::Error::other("cannot open its directory")),
                 };
                 match st {
-                    Ok(Some(st)) => pending(base, rel, wire, &Meta::from(&st), &mut w.failures),
+                    Ok(Some(st)) => {
+                        pending(base, rel, wire, &Meta::from(&st), &col, &mut w.failures)
+                    }
                     // Removed since its directory was read: reported as before.
                     Ok(None) => {
                         w.failures.push(FailedPath {
@@ -225,6 +260,8 @@ pub fn walk_streamed<E>(
         };
         let Some(o) = p else { continue };
         let id = w.entries.len() as u64;
+        let symlink = matches!(o.kind, PendingKind::Symlink(_));
+        let attrs_of = col.wanted().then(|| (abs(base, &o.rel), o.owners));
         let kind = match o.kind {
             PendingKind::Dir => unreachable!("directories are numbered first"),
             PendingKind::File {
@@ -264,15 +301,21 @@ pub fn walk_streamed<E>(
                 EntryKind::File { size }
             }
             PendingKind::Symlink(t) => EntryKind::Symlink { target: t },
+            PendingKind::Special(k) => k,
         };
         push_entry(&mut w, id, o.wire, kind, o.mode, o.mtime);
+        if let Some((path, owners)) = attrs_of {
+            let a = col.attrs(id, &path, &owners, symlink, false);
+            w.attrs.push(a);
+        }
         if w.entries.len() - emitted >= STREAM_BATCH {
-            emit(&w.entries[emitted..])?;
+            emit(&w.entries[emitted..], &w.attrs[attrs_emitted..])?;
             emitted = w.entries.len();
+            attrs_emitted = w.attrs.len();
         }
     }
     if w.entries.len() > emitted {
-        emit(&w.entries[emitted..])?;
+        emit(&w.entries[emitted..], &w.attrs[attrs_emitted..])?;
     }
     Ok(w)
 }
@@ -304,6 +347,7 @@ fn volume_top(path: &Path, rel: &[u8], wire: &[u8], md: &fs::Metadata) -> std::i
         },
         mode: md.mode() & 0o7777,
         mtime: (md.mtime(), md.mtime_nsec() as u32),
+        owners: owners_of(md),
     })
 }
 
@@ -316,6 +360,8 @@ struct Meta {
     dev: u64,
     ino: u64,
     nlink: u64,
+    owners: Owners,
+    rdev: u64,
 }
 
 impl From<&libc::stat> for Meta {
@@ -328,6 +374,12 @@ impl From<&libc::stat> for Meta {
             dev: st.st_dev,
             ino: st.st_ino,
             nlink: st.st_nlink,
+            owners: Owners {
+                uid: st.st_uid,
+                gid: st.st_gid,
+                atime: (st.st_atime, st.st_atime_nsec as u32),
+            },
+            rdev: st.st_rdev,
         }
     }
 }
@@ -342,7 +394,17 @@ impl From<&fs::Metadata> for Meta {
             dev: md.dev(),
             ino: md.ino(),
             nlink: md.nlink(),
+            owners: owners_of(md),
+            rdev: md.rdev(),
         }
+    }
+}
+
+fn owners_of(md: &fs::Metadata) -> Owners {
+    Owners {
+        uid: md.uid(),
+        gid: md.gid(),
+        atime: (md.atime(), md.atime_nsec() as u32),
     }
 }
 
@@ -359,6 +421,7 @@ struct Found<'a> {
     dirs: &'a mut Vec<Pending>,
     later: &'a mut Vec<Deferred>,
     failures: &'a mut Vec<FailedPath>,
+    col: &'a Collector,
 }
 
 /// First pass: directories (stat'ed, recursed into) and the names of
@@ -370,6 +433,7 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
             rel.to_vec(),
             wire.to_vec(),
             &Meta::from(&md),
+            to.col,
             to.failures,
         ) {
             to.later.push(Deferred::Ready(p));
@@ -383,6 +447,7 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
         kind: PendingKind::Dir,
         mode: md.mode() & 0o7777,
         mtime: (md.mtime(), md.mtime_nsec() as u32),
+        owners: owners_of(&md),
     });
     let path = abs(base, rel);
     let rd = match fs::read_dir(&path) {
@@ -447,9 +512,10 @@ fn pending(
     rel: Vec<u8>,
     wire: Vec<u8>,
     md: &Meta,
+    col: &Collector,
     failures: &mut Vec<FailedPath>,
 ) -> Option<Pending> {
-    let (mode, mtime) = (md.mode, md.mtime);
+    let (mode, mtime, owners) = (md.mode, md.mtime, md.owners);
     match md.fmt {
         libc::S_IFREG => Some(Pending {
             wire,
@@ -463,6 +529,7 @@ fn pending(
             },
             mode,
             mtime,
+            owners,
         }),
         libc::S_IFLNK => match fs::read_link(abs(base, &rel)) {
             Ok(t) => Some(Pending {
@@ -471,6 +538,7 @@ fn pending(
                 kind: PendingKind::Symlink(t.as_os_str().as_bytes().to_vec()),
                 mode: 0o777,
                 mtime,
+                owners,
             }),
             Err(e) => {
                 failures.push(FailedPath {
@@ -483,13 +551,27 @@ fn pending(
         // A directory that appeared since its parent was read: skipped
         // like any entry created during the scan.
         libc::S_IFDIR => None,
-        _ => {
-            failures.push(FailedPath {
-                path: abs(base, &rel).display().to_string(),
-                reason: "special file (device, fifo or socket) skipped".into(),
-            });
-            None
-        }
+        fmt => match col.special(fmt, md.rdev) {
+            Some(k) => Some(Pending {
+                wire,
+                rel,
+                kind: PendingKind::Special(k),
+                mode,
+                mtime,
+                owners,
+            }),
+            None => {
+                let what = match fmt {
+                    libc::S_IFIFO | libc::S_IFSOCK => "fifo or socket (use --specials or -a)",
+                    _ => "device (use --devices or -a)",
+                };
+                failures.push(FailedPath {
+                    path: abs(base, &rel).display().to_string(),
+                    reason: format!("special file skipped: {what}"),
+                });
+                None
+            }
+        },
     }
 }
 

@@ -252,6 +252,7 @@ impl SinkSession<'_> {
         )
         .with_storage(crate::storage::StorageCfg::sink(opts));
         let mut tree = Tree::new(table, dest);
+        tree.archive_policy = opts.archive_policy;
         // Checked before the session started (server.rs, the agent).
         tree.protect = crate::request::filter::Filter::new(&opts.select).ok();
         if let Err(e) = tree.receive(&mut self.ctl, &spec.root) {

@@ -11,6 +11,7 @@ use ramsys_proto::control::{EntryKind, Failure};
 use ramsys_proto::Control;
 
 use super::Ctl;
+use crate::archive::apply::ArchiveSink;
 use crate::data::sinkfiles::FileTable;
 use crate::fsops::Root;
 use crate::sync::dest::DestMap;
@@ -31,6 +32,8 @@ pub(super) struct Deferred {
     symlinks: Vec<SymlinkRec>,
     /// (path, entry id of the file it links to)
     hardlinks: Vec<(Vec<u8>, u64)>,
+    /// An archive copy's special files and attributes (crate::archive).
+    archive: Option<ArchiveSink>,
 }
 
 /// The tree as the metadata phase builds it.
@@ -45,6 +48,8 @@ pub(super) struct Tree {
     /// How DST is read (sync::dest), settled by the first record.
     pub dest: DestMap,
     dest_open: bool,
+    /// What this sink may apply of an archive copy (crate::archive).
+    pub archive_policy: crate::archive::Policy,
     /// The user's selection, handed to sync: `--delete` leaves what it
     /// excludes.
     pub protect: Option<crate::request::filter::Filter>,
@@ -60,6 +65,7 @@ impl Tree {
             sync: None,
             dest,
             dest_open: true,
+            archive_policy: Default::default(),
             protect: None,
         }
     }
@@ -74,6 +80,16 @@ impl Tree {
             match ctl.recv()? {
                 Control::SyncMode { flags } => self.sync_mode(flags, root),
                 Control::Entries(es) => self.entries(es, root)?,
+                // An archive copy (crate::archive): what the records carry.
+                Control::Preserve { flags } => {
+                    self.deferred.archive = Some(ArchiveSink::new(flags, self.archive_policy))
+                }
+                Control::Attrs(v) => {
+                    let dry = self.dry();
+                    if let (Some(a), false) = (&mut self.deferred.archive, dry) {
+                        a.attrs(v)
+                    }
+                }
                 Control::MetaEnd { .. } => return Ok(()),
                 // SinkMachine admits only these three in this phase.
                 m => {
@@ -139,7 +155,13 @@ impl Tree {
         let file = match e.kind {
             EntryKind::File { size } if !dry => {
                 self.total_bytes += size;
-                Some((target.clone(), size, e.mode, mtime))
+                // An archive copy chowns after the rename: until then no
+                // set-user/group-ID bit under the sink user's ownership.
+                let mode = match &self.deferred.archive {
+                    Some(a) => a.placed_mode(e.mode),
+                    None => e.mode,
+                };
+                Some((target.clone(), size, mode, mtime))
             }
             _ => None,
         };
@@ -157,6 +179,9 @@ impl Tree {
             return;
         }
         let d = &mut self.deferred;
+        if let Some(a) = &mut d.archive {
+            a.entry(&e, &target);
+        }
         match e.kind {
             // "" is the sink's root itself (`SRC/` into the root): it
             // exists and keeps its attributes.
@@ -168,7 +193,8 @@ impl Tree {
                     reason: err.to_string(),
                 }),
             },
-            EntryKind::File { .. } => {}
+            // Made by the archive pass (crate::archive::apply).
+            EntryKind::File { .. } | EntryKind::Special { .. } => {}
             EntryKind::Symlink { target: t } => d.symlinks.push((target, t, mtime)),
             EntryKind::HardLink { target_id } => d.hardlinks.push((target, target_id)),
         }
@@ -176,10 +202,11 @@ impl Tree {
 }
 
 impl Deferred {
-    /// Hard links, symlinks (through temp names `tmp(i)`), then directory
-    /// attributes deepest first; what failed.
+    /// Hard links, symlinks (through temp names `tmp(i)`), an archive
+    /// copy's special files and attributes, then directory attributes
+    /// deepest first; what failed.
     pub fn place(
-        self,
+        mut self,
         root: &Root,
         table: &FileTable,
         tmp: impl Fn(usize) -> Vec<u8>,
@@ -207,10 +234,23 @@ impl Deferred {
                 fail(path, format!("symlink: {e}"));
             }
         }
+        let m = self.symlinks.len();
+        let mut archive = self.archive.take();
+        if let Some(a) = &mut archive {
+            let mut fs = Vec::new();
+            a.place(root, |i| tmp(n + m + i), &mut fs);
+            for f in fs {
+                fail(&f.path, f.reason);
+            }
+        }
         for (path, mode, mtime) in self.dirs.iter().rev() {
             if let Err(e) = root.set_dir_attrs(path, *mode, *mtime) {
                 fail(path, format!("directory attributes: {e}"));
             }
+        }
+        if let Some(a) = archive {
+            a.dir_atimes(root);
+            a.note();
         }
         failures
     }

@@ -18,7 +18,7 @@ use crate::crypto::Cipher;
 use crate::daemon::Admission;
 use crate::fsops::Root;
 use crate::relink::Relinks;
-use crate::request::walk::{walk_streamed, Top, Walk};
+use crate::request::walk::{walk_archive, Top, Walk};
 use crate::resources::EngineResources;
 use crate::session::LinkProvider;
 use crate::stats::{FailedPath, Report, Stats};
@@ -160,6 +160,12 @@ impl SourceSession<'_> {
             // Sync (docs/SYNC.md): the sink answers with what it holds.
             self.ctl.send(&Control::SyncMode { flags: opts.sync })?;
         }
+        if opts.preserve != 0 {
+            // An archive copy (crate::archive): Attrs follow the records.
+            self.ctl.send(&Control::Preserve {
+                flags: opts.preserve,
+            })?;
+        }
         Ok(Threads { senders, readers })
     }
 
@@ -178,12 +184,17 @@ impl SourceSession<'_> {
                 // session started, so an error here is the peer's malformed rule.
                 let filter = crate::request::filter::Filter::new(&opts.select)
                     .map_err(|e| EngineError::local(format!("--exclude/--include: {e}")))?;
-                walk_streamed(
-                    spec.root.path(),
-                    &spec.tops,
+                let (root, tops) = (spec.root.path(), &spec.tops);
+                walk_archive(
+                    root,
+                    tops,
                     opts.recursive,
                     &filter,
-                    &mut |es| send_entries(ctl, es),
+                    opts.preserve,
+                    &mut |es, attrs| {
+                        send_entries(ctl, es)?;
+                        crate::archive::collect::send_attrs(attrs, &mut |m| ctl.send(&m))
+                    },
                 )
             };
         let sent = scanned.and_then(|w| send_meta_end(ctl, &w).map(|_| w));

@@ -43,6 +43,7 @@ pub fn synthetic_walk(tops: &[Top], size: u64) -> Walk {
         }],
         failures: Vec::new(),
         total_bytes: size,
+        attrs: Vec::new(),
     }
 }
 
