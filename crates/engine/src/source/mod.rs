@@ -192,9 +192,13 @@ pub fn run_source_with(
         // session started, so an error here is the peer's malformed rule.
         let filter = crate::request::filter::Filter::new(&opts.select)
             .map_err(|e| EngineError::local(format!("--exclude/--include: {e}")))?;
-        walk_streamed(spec.root.path(), &spec.tops, opts.recursive, &filter, &mut |es| {
-            send_entries(&mut ctl, es)
-        })
+        walk_streamed(
+            spec.root.path(),
+            &spec.tops,
+            opts.recursive,
+            &filter,
+            &mut |es| send_entries(&mut ctl, es),
+        )
     };
     let sent = scanned.and_then(|w| send_meta_end(&mut ctl, &w).map(|_| w));
     let w = match sent {
