@@ -41,6 +41,9 @@ cleanup() {
     if [ -n "$daemon" ]; then kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; fi
     rm -rf /srv/ramsys/pkgtest
     DEBIAN_FRONTEND=noninteractive dpkg --purge ramsys >/dev/null 2>&1
+    if getent passwd ramsys >/dev/null; then
+        echo "test-package: the ramsys user is still here (a process of it left?): $(pgrep -u ramsys -a)" >&2
+    fi
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -87,12 +90,24 @@ say "ExecStart as $user: $argv"
 # The sandbox, as far as it matters for what the daemon may touch:
 # ProtectSystem=strict (everything read-only) but ReadWritePaths= and the
 # StateDirectory=, PrivateTmp=, NoNewPrivileges=, no capabilities.
-sandbox="mount --make-rprivate /"
-for p in $rw_paths "$state"; do sandbox+=" && mount --bind $p $p"; done
-sandbox+=" && mount -o remount,bind,ro / && mount -t tmpfs -o mode=1777 tmpfs /tmp"
-sandbox+=" && exec setpriv --reuid=$user --regid=$group --init-groups --no-new-privs --bounding-set=-all --inh-caps=-all -- $argv"
+sandboxed() {
+    local s="mount --make-rprivate /"
+    for p in $rw_paths "$state"; do s+=" && mount --bind $p $p"; done
+    s+=" && mount -o remount,bind,ro / && mount -t tmpfs -o mode=1777 tmpfs /tmp"
+    s+=" && exec setpriv --reuid=$user --regid=$group --init-groups --no-new-privs --bounding-set=-all --inh-caps=-all -- $1"
+    # exec: run in ( ) or &, the daemon's pid is the one $! gives.
+    exec unshare --mount sh -c "$s"
+}
 if unshare --mount true 2>/dev/null; then
-    unshare --mount sh -c "$sandbox" >"$work/daemon.out" 2>"$work/daemon.err" &
+    # The emulation holds: /var/tmp is writable by anyone but not in there,
+    # the export root is.
+    if (sandboxed "touch /var/tmp/ramsys-pkgtest") 2>/dev/null; then
+        rm -f /var/tmp/ramsys-pkgtest
+        fail "the sandbox emulation lets the service write /var/tmp"
+    fi
+    (sandboxed "touch /srv/ramsys/probe") || fail "the sandbox emulation keeps the service from its root"
+    rm -f /srv/ramsys/probe
+    sandboxed "$argv" >"$work/daemon.out" 2>"$work/daemon.err" &
 else
     say "no mount namespace here: running without the ProtectSystem/PrivateTmp emulation"
     # shellcheck disable=SC2086
@@ -127,10 +142,9 @@ k=(--key-file "$state/key")
 /usr/bin/ramsys cp -r "${k[@]}" "ramsys://$addr/pkgtest" "$work/back" >"$work/pull.log" 2>&1 \
     || { cat "$work/pull.log" "$work/daemon.err"; fail "pull from the installed daemon"; }
 diff -r --no-dereference "$src" "$work/back" || fail "the tree came back different"
-# The sandbox holds: the daemon cannot write outside its export root.
-/usr/bin/ramsys status "${k[@]}" "ramsys://$addr" --json | grep -q '"bytes_in": *[1-9]' \
-    || /usr/bin/ramsys status "${k[@]}" "ramsys://$addr" --json | grep -q '"bytes_in":[1-9]' \
-    || fail "status shows no bytes in"
+/usr/bin/ramsys status "${k[@]}" "ramsys://$addr" --json >"$work/status.json" || fail "ramsys status"
+python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['totals']; sys.exit(0 if t['bytes_in'] > 0 and t['bytes_out'] > 0 else 1)" \
+    "$work/status.json" || fail "status shows no bytes in or out: $(cat "$work/status.json")"
 curl_metrics=$(python3 -c "import urllib.request,sys; print(urllib.request.urlopen('http://$metrics/metrics').read().decode())")
 grep -q '^ramsys_bytes_total{direction="in"} [1-9]' <<<"$curl_metrics" || fail "metrics show no bytes in"
 
