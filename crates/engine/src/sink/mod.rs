@@ -603,6 +603,7 @@ pub fn run_sink_with(
         block_size,
         links: link_desc,
         storage: table.storage.usage(true),
+        stream_choice: None,
         ..Default::default()
     };
     ctl.send(&Control::Complete(Complete {

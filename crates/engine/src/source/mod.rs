@@ -684,6 +684,7 @@ pub fn run_source_with(
                 send_path: Some(path),
                 handoffs: stats.handoffs.load(Ordering::Relaxed),
                 storage: read_storage.usage(false),
+                stream_choice: None,
                 unchanged: plan.as_ref().map_or(0, |p| p.unchanged),
                 deleted,
                 planned: plan.as_ref().map_or(Vec::new(), |p| {
