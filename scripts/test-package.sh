@@ -89,11 +89,16 @@ say "ExecStart as $user: $argv"
 
 # The sandbox, as far as it matters for what the daemon may touch:
 # ProtectSystem=strict (everything read-only) but ReadWritePaths= and the
-# StateDirectory=, PrivateTmp=, NoNewPrivileges=, no capabilities.
+# StateDirectory=, PrivateTmp=, NoNewPrivileges=, no capabilities, and
+# the unit's LimitNOFILE= and LimitMEMLOCK=.
+memlock=$(key LimitMEMLOCK | sed s/infinity/unlimited/)
 sandboxed() {
     local s="mount --make-rprivate /"
     for p in $rw_paths "$state"; do s+=" && mount --bind $p $p"; done
     s+=" && mount -o remount,bind,ro / && mount -t tmpfs -o mode=1777 tmpfs /tmp"
+    # (Best effort: raising a hard limit needs CAP_SYS_RESOURCE, which
+    # systemd has and some containers do not.)
+    s+=" && { { ulimit -n $(key LimitNOFILE); ulimit -l $memlock; } 2>/dev/null || true; }"
     s+=" && exec setpriv --reuid=$user --regid=$group --init-groups --no-new-privs --bounding-set=-all --inh-caps=-all -- $1"
     # exec: run in ( ) or &, the daemon's pid is the one $! gives.
     exec unshare --mount sh -c "$s"
@@ -123,6 +128,11 @@ addr=$(sed -n 's/^listening on //p' "$work/daemon.out")
 metrics=$(sed -n 's/^metrics on //p' "$work/daemon.out")
 [ -n "$addr" ] && [ -n "$metrics" ] || { cat "$work/daemon.err"; fail "the daemon did not start"; }
 [ "$(stat -c %U "/proc/$daemon")" = "$user" ] || fail "the daemon does not run as $user"
+if sh -c "ulimit -l $memlock" 2>/dev/null; then
+    grep -q '^Max locked memory *unlimited' "/proc/$daemon/limits" || fail "LimitMEMLOCK= not applied"
+else
+    say "cannot raise RLIMIT_MEMLOCK here (no CAP_SYS_RESOURCE): LimitMEMLOCK= not emulated"
+fi
 say "daemon (pid $daemon) listening on $addr"
 
 # Key generation on first start: the daemon made it, 0600, its own.
