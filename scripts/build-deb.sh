@@ -64,6 +64,7 @@ if "$bin" completions bash >/dev/null 2>&1; then
 else
     echo "build-deb: this ramsys has no \`completions\` command; package without shell completions" >&2
 fi
+mkdir -p "$stage/man"
 if "$bin" man "$stage/man" >/dev/null 2>&1 && ls "$stage/man"/*.1 >/dev/null 2>&1; then
     install -d "$root/usr/share/man/man1"
     for m in "$stage/man"/*.1; do
