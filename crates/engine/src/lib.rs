@@ -17,6 +17,7 @@
 
 pub mod client;
 pub mod config;
+pub mod control;
 pub mod crypto;
 pub mod daemon;
 pub mod data;
