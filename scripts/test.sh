@@ -12,6 +12,12 @@ command -v cargo >/dev/null 2>&1 || export PATH="$HOME/.cargo/bin:$PATH"
 # benchmark smoke run below.
 cargo test --workspace --release -- --test-threads 2
 cargo build --release -p ramsys
+# The Debian package: build, dpkg -i, systemd-analyze verify, the daemon
+# started as its unit starts it, a transfer, dpkg --purge (~20 s).
+bash scripts/test-package.sh --no-build
+# The Grafana dashboard against Debian's Prometheus scraping a daemon
+# during transfers: every queried metric exists, throughput moves (~20 s).
+python3 scripts/test-dashboard.py
 # bench/hddemu's seek-cost model (pure Python; no FUSE needed).
 if [ -d bench/hddemu ]; then
     python3 -m unittest discover -s bench/hddemu

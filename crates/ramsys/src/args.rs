@@ -443,7 +443,9 @@ pub struct SshArgs {
     #[arg(long, default_value = "ssh", value_name = "CMD")]
     pub ssh_cmd: String,
     /// Path of the ramsys binary on remote hosts, given to the remote
-    /// shell as is (like rsync's --rsync-path).
+    /// shell as is (like rsync's --rsync-path). `auto`: a ramsys of this
+    /// exact version on the remote PATH, else this binary copied over ssh
+    /// into ~/.cache/ramsys/bin/ there (a static build runs anywhere).
     #[arg(long, default_value = "ramsys", value_name = "PATH")]
     pub remote_ramsys: String,
     /// Carry the data through the ssh connection instead of direct TCP

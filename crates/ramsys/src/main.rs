@@ -103,6 +103,8 @@ fn init_logging(verbose: u8, agent: bool) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // No colour codes when stderr is the journal or a file (a service).
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
 }

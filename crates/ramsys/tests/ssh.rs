@@ -70,7 +70,7 @@ impl Sshd {
                      AuthorizedKeysFile {ak}\nStrictModes no\nUsePAM no\n\
                      PermitRootLogin yes\nPasswordAuthentication no\n\
                      KbdInteractiveAuthentication no\nPidFile none\n\
-                     MaxStartups 100\nLogLevel VERBOSE\n{v6}",
+                     MaxStartups 100\nLogLevel VERBOSE\nAcceptEnv XDG_CACHE_HOME\n{v6}",
                     hk = d.join("host_key").display(),
                     ak = d.join("authorized_keys").display(),
                     v6 = if ipv6() { "ListenAddress ::1\n" } else { "" },
@@ -257,6 +257,62 @@ fn push_pull_and_rename_over_ssh() {
         );
     } else {
         eprintln!("no IPv6 loopback: IPv6 endpoint not tested");
+    }
+}
+
+/// `--remote-ramsys auto` (issue 20): with no ramsys of ours on the remote
+/// PATH, the agent copies its own binary into the remote user's cache
+/// (`$XDG_CACHE_HOME/ramsys/bin/`, set per test through ssh's SetEnv),
+/// runs it from there, and finds it there the next time.
+#[test]
+fn remote_ramsys_auto_copies_this_binary_into_the_users_cache() {
+    let Some(sshd) = Sshd::start() else { return };
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    make_varied_tree(&src, 65536);
+    let cache = t.path().join("cache");
+    let mut opts = sshd.opts_with(&sshd.key(), "auto");
+    opts.extend([
+        "--ssh-opt".into(),
+        format!("SetEnv=XDG_CACHE_HOME={}", cache.display()),
+    ]);
+    let version = format!("ramsys {}", env!("CARGO_PKG_VERSION"));
+    // sshd's PATH for root (Debian): a ramsys of our version there is used
+    // as it is, and nothing is copied.
+    let on_path = Command::new("sh")
+        .arg("-c")
+        .arg("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin ramsys --version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == version)
+        .unwrap_or(false);
+    let cached = cache.join("ramsys/bin").join(format!(
+        "ramsys-{}-{}",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::ARCH
+    ));
+    for (round, dst) in ["first", "second"].iter().enumerate() {
+        let dst = t.path().join(dst);
+        let o = run(&sshd, &["cp", "-r"], &opts, &[&s(&src), &remote(&dst)]);
+        assert_ok(&o);
+        assert_same_tree(&src, &dst);
+        let copied = stderr(&o).contains("copying this one to");
+        if on_path {
+            eprintln!("a ramsys {version} is on the remote PATH: nothing to copy");
+            assert!(!copied && !cached.exists());
+            continue;
+        }
+        // Copied the first time only; the same bytes, private to the user.
+        assert_eq!(copied, round == 0, "{}", stderr(&o));
+        assert_eq!(
+            std::fs::read(&cached).unwrap(),
+            std::fs::read(bin()).unwrap()
+        );
+        let mode = std::fs::metadata(&cached).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        assert_eq!(
+            std::fs::read_dir(cached.parent().unwrap()).unwrap().count(),
+            1
+        );
     }
 }
 

@@ -427,11 +427,13 @@ impl Credentials {
             None => (self.default_root.clone(), false),
         };
         // The limit first, so a session refused for it keeps its token.
+        // Every user's sessions are counted (status and
+        // ramsys_user_sessions show them), limited or not.
         let mut slot = None;
-        if let (Some(a), Some(max)) = (&account, user.and_then(|u| u.max_sessions)) {
+        if let (Some(a), Some(u)) = (&account, user) {
             let mut m = self.active.lock().unwrap();
             let n = m.entry(a.clone()).or_insert(0);
-            if *n >= max {
+            if let Some(max) = u.max_sessions.filter(|max| *n >= *max) {
                 return Err(Refusal::Limit(format!(
                     "user {a} already has {n} sessions (max_sessions = {max})"
                 )));
@@ -699,6 +701,10 @@ mod tests {
         assert!(b.read_only);
         assert!(b.root.path.ends_with("b"));
         assert_eq!(c.user_status(None).len(), 2);
+        // Sessions of a user without max_sessions are counted too.
+        assert_eq!(c.user_status(Some("bob"))[0].2, 1);
+        drop(b);
+        assert_eq!(c.user_status(Some("bob"))[0].2, 0);
     }
 
     #[test]
