@@ -153,6 +153,11 @@ pub fn pull(
     let streams = opts.streams.clamp(1, res.config.max_streams as u16);
     let (mut s, mut links) = connect(remote, streams, opts.idle_timeout)?;
     seal_control(&mut s, opts.encrypt)?;
+    // The server is the source: its senders apply our --bwlimit.
+    let bps = opts.rate.session_rate();
+    if bps > 0 {
+        send_control(&mut *s.ctl, &Control::BwLimit { bytes_per_s: bps })?;
+    }
     send_control(&mut *s.ctl, &open_msg(Role::Source, paths, opts))?;
     let spec = SinkSpec {
         root,

@@ -58,6 +58,9 @@ pub struct TransferOptions {
     /// Where this end is the source: readers send their own blocks
     /// (inline) or hand them to sender threads (queued); seed 002 sec. 7.
     pub send_path: crate::config::SendPath,
+    /// Where this end is the source: the rate limits its senders draw
+    /// from (`--bwlimit`, a daemon's and a user's `max_rate`; data::rate).
+    pub rate: crate::data::rate::Limits,
 }
 
 impl Default for TransferOptions {
@@ -86,6 +89,7 @@ impl Default for TransferOptions {
             select: Default::default(),
             sync: 0,
             send_path: crate::config::SendPath::default(),
+            rate: Default::default(),
         }
     }
 }

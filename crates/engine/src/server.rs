@@ -60,6 +60,10 @@ pub struct DaemonShared {
     pub placement: std::sync::OnceLock<Arc<crate::config::DaemonPlacement>>,
     /// Set for a daemon started over ssh for one session (`ssh-serve`).
     one_shot: std::sync::OnceLock<OneShot>,
+    /// Rate limits: the daemon's, sessions' (daemon::rates).
+    pub rates: crate::daemon::rates::DaemonRates,
+    /// Drain state and running sessions (daemon::lifecycle).
+    pub life: crate::daemon::lifecycle::Lifecycle,
 }
 
 /// A daemon that serves one session only (`ramsys ssh-serve`,
@@ -109,9 +113,20 @@ impl DaemonShared {
                 read_only,
             })
             .collect();
-        if let (Some(u), Some(_)) = (user, self.creds.users()) {
+        let users = self.creds.users();
+        s.rates = self
+            .rates
+            .status(&users.as_ref().map(|u| u.rates()).unwrap_or_default());
+        s.draining = self.life.draining();
+        if let (Some(u), Some(_)) = (user, users) {
             let mine = |x: &str| x == u || x.starts_with(&format!("{u}/"));
             s.sessions.retain(|x| mine(&x.user));
+            let ids: Vec<&str> = s.sessions.iter().map(|x| x.id.as_str()).collect();
+            s.rates.retain(|r| match r.scope.as_str() {
+                "user" => r.name == u,
+                "session" => ids.contains(&r.name.as_str()),
+                _ => true,
+            });
             s.root = s.users.first().map(|x| x.root.clone()).unwrap_or_default();
         }
         s
@@ -163,6 +178,8 @@ impl Daemon {
                 listen,
                 placement: std::sync::OnceLock::new(),
                 one_shot: std::sync::OnceLock::new(),
+                rates: Default::default(),
+                life: Default::default(),
             }),
         })
     }
@@ -360,6 +377,10 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
             Ok(())
         }
         hello @ Control::Hello { .. } => {
+            if sh.life.draining() {
+                refuse(link, 5, crate::daemon::lifecycle::DRAINING.into());
+                return Ok(());
+            }
             // The Hello's name selects the key (daemon::users); unknown
             // names get a decoy key and fail at Auth like a wrong key.
             let pending = match &hello {
@@ -440,6 +461,12 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 )?);
                 first = recv_control(&mut **link);
             }
+            // `--bwlimit` of a client pulling from this daemon.
+            let mut bwlimit = 0;
+            if let Ok(Control::BwLimit { bytes_per_s }) = &first {
+                bwlimit = *bytes_per_s;
+                first = recv_control(&mut **link);
+            }
             let (open, sync, select) = match first {
                 Ok(Control::Open(o)) => (o, 0, Default::default()),
                 // Sync and resume (docs/SYNC.md): flags for a server source.
@@ -505,7 +532,12 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 link,
                 session,
                 &grant,
-                Request { open, sync, select },
+                Request {
+                    open,
+                    sync,
+                    select,
+                    bwlimit,
+                },
                 ServerLinks {
                     rx,
                     timeout: Duration::from_secs(30),
@@ -543,6 +575,8 @@ struct Request {
     sync: u32,
     /// SelectOpen's selection, for a server source.
     select: ramsys_proto::control::Selection,
+    /// BwLimit's rate, bytes/s (0: none).
+    bwlimit: u64,
 }
 
 fn run_session(
@@ -553,7 +587,12 @@ fn run_session(
     req: Request,
     mut links: ServerLinks,
 ) -> Result<(), EngineError> {
-    let Request { open, sync, select } = req;
+    let Request {
+        open,
+        sync,
+        select,
+        bwlimit,
+    } = req;
     // The request poller's step (seed 000 sec. 6.2.1): a session element
     // in the session list, then a task on the queue of the storage device
     // the request touches (Fig. 6-3).
@@ -613,6 +652,11 @@ fn run_session(
         }
         opts.select = select;
     }
+    let source = open.server_role == Role::Source;
+    let _rate = sh
+        .rates
+        .for_session(session, bwlimit, grant.rate.clone(), source, &mut opts);
+    let _live = sh.life.track(session, &*ctl);
     match open.server_role {
         Role::Sink => {
             if rels.len() != 1 {

@@ -283,6 +283,14 @@ pub enum Control {
         flags: u32,
         select: Selection,
     },
+    /// Client to server, right before its Open/SyncOpen/SelectOpen when
+    /// the server is the source and the user limited the transfer's rate
+    /// (`--bwlimit`): the server's senders send at most `bytes_per_s` for
+    /// this session, across all its streams, on top of the daemon's and
+    /// the user's own `max_rate` (docs/DAEMON.md). No answer.
+    BwLimit {
+        bytes_per_s: u64,
+    },
 }
 
 /// What a source sends of its tree (rsync's filter rules, engine
@@ -402,6 +410,7 @@ impl Control {
             Control::Lost { .. } => "Lost",
             Control::LinkDown { .. } => "LinkDown",
             Control::SelectOpen { .. } => "SelectOpen",
+            Control::BwLimit { .. } => "BwLimit",
         }
     }
 
@@ -604,6 +613,9 @@ mod tests {
                     min_size: 1,
                     max_size: 1 << 30,
                 },
+            },
+            Control::BwLimit {
+                bytes_per_s: 20 << 20,
             },
         ];
         for m in msgs {

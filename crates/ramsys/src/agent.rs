@@ -108,6 +108,14 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
         select: a.select.selection()?,
         ..a.storage.options()
     };
+    // --bwlimit: one bucket for all this transfer's streams (data::rate);
+    // a daemon or ssh source gets it in Control::BwLimit.
+    if let Some(bw) = a.bwlimit.filter(|&b| b > 0) {
+        opts.rate = ramsys_engine::data::rate::Limits::session("agent", bw);
+        if let Some(cap) = opts.rate.block_cap() {
+            opts.block_size = opts.block_size.min(cap);
+        }
+    }
     // rsync keeps excluded files at the destination from --delete; the
     // sink does not know the rules yet, so refuse rather than delete them.
     anyhow::ensure!(
@@ -255,7 +263,8 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
             );
             let sink_res = EngineResources::new(&sink_cfg)?;
             numa.buffers("sink", &sink_res);
-            if !a.no_copy_range {
+            // A rate limit counts blocks' payload: no kernel-side copies.
+            if !a.no_copy_range && opts.rate.is_empty() {
                 // Large files' data goes from file to file in the kernel
                 // (engine storage::local); the bridge is this process's own.
                 opts.local_copy = Some(Default::default());

@@ -37,6 +37,13 @@ pub struct Status {
     /// running sessions (a user asking sees only itself).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<UserStatus>,
+    /// Rate limits in force (daemon::rates): the daemon's and users'
+    /// `max_rate`, sessions' `--bwlimit`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rates: Vec<super::rates::RateStatus>,
+    /// A drain is under way (SIGTERM): new sessions are refused.
+    #[serde(default)]
+    pub draining: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -312,6 +319,8 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
     Status {
         placement: Vec::new(),
         users: Vec::new(),
+        rates: Vec::new(),
+        draining: false,
         version: STATUS_VERSION,
         listen: listen.into(),
         root: root.into(),

@@ -192,9 +192,13 @@ pub fn run_source_with(
         // session started, so an error here is the peer's malformed rule.
         let filter = crate::request::filter::Filter::new(&opts.select)
             .map_err(|e| EngineError::local(format!("--exclude/--include: {e}")))?;
-        walk_streamed(spec.root.path(), &spec.tops, opts.recursive, &filter, &mut |es| {
-            send_entries(&mut ctl, es)
-        })
+        walk_streamed(
+            spec.root.path(),
+            &spec.tops,
+            opts.recursive,
+            &filter,
+            &mut |es| send_entries(&mut ctl, es),
+        )
     };
     let sent = scanned.and_then(|w| send_meta_end(&mut ctl, &w).map(|_| w));
     let w = match sent {
@@ -333,12 +337,15 @@ pub fn run_source_with(
     // The sending end of stream i on link incarnation `epoch` (0 = first;
     // replacements, crate::relink, take higher ones, which key the AEAD
     // nonces).
+    let rate = opts.rate.clone();
     let out_of = move |i: usize, epoch: u16, l: Box<dyn Link>| {
         let seal =
             session_key.and_then(|k| crate::crypto::StreamSeal::new(cipher, &k, i as u16, epoch));
         let credits = session_key
             .and_then(|k| crate::crypto::StreamSeal::credits(cipher, &k, i as u16, epoch));
-        StreamOut::new(i, epoch, l, window, seal).with_credit_seal(credits)
+        StreamOut::new(i, epoch, l, window, seal)
+            .with_credit_seal(credits)
+            .with_rate(rate.clone())
     };
     // Inline send path (seed 002 sec. 7): readers own the links' sending
     // ends in turn and no sender thread runs (crate::data::inline).
