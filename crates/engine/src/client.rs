@@ -88,8 +88,10 @@ fn seal_control(s: &mut ClientSession, cipher: Cipher) -> Result<(), EngineError
 
 fn open_msg(role: Role, paths: Vec<Vec<u8>>, opts: &TransferOptions) -> Control {
     let open = open_struct(role, paths, opts);
-    // A selection the server's scan applies (request::filter).
-    if role == Role::Source && !opts.select.is_empty() {
+    // A selection the server's scan applies (request::filter), or that a
+    // server sink keeps from --delete.
+    let delete = opts.sync & crate::sync::flags::DELETE != 0;
+    if !opts.select.is_empty() && (role == Role::Source || delete) {
         return Control::SelectOpen {
             open,
             flags: opts.sync,

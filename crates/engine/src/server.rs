@@ -638,13 +638,11 @@ fn run_session(
     opts.checksum = open.checksum;
     opts.sync = sync;
     if !select.is_empty() {
-        // A bad pattern is refused here, in one line, before any scan.
-        let bad = match open.server_role {
-            Role::Sink => Some("a selection applies to a source only".to_string()),
-            Role::Source => crate::request::filter::Filter::new(&select)
-                .err()
-                .map(|e| format!("--exclude/--include: {e}")),
-        };
+        // A bad pattern is refused here, in one line, before any scan. A
+        // source applies the selection to its scan, a sink to --delete.
+        let bad = crate::request::filter::Filter::new(&select)
+            .err()
+            .map(|e| format!("--exclude/--include: {e}"));
         if let Some(reason) = bad {
             let mut ctl = ctl;
             refuse(&mut ctl, 2, reason);

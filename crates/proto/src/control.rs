@@ -296,19 +296,25 @@ pub enum Control {
 /// What a source sends of its tree (rsync's filter rules, engine
 /// `request::filter`): `rules` in command-line order, first match wins;
 /// regular files outside [`min_size`, `max_size`] are skipped
-/// (`max_size` 0 = no upper limit).
+/// (`max_size` 0 = no upper limit); with `files` (`--files-from`) only
+/// those paths (relative to each source top) and the directories leading
+/// to them are sent, and what lies below a listed directory only when
+/// `files_recursive`. A sink given a Selection (sync `--delete`) never
+/// deletes what the rules exclude, as rsync does.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Selection {
     /// (include?, pattern)
     pub rules: Vec<(bool, Vec<u8>)>,
     pub min_size: u64,
     pub max_size: u64,
+    pub files: Vec<Vec<u8>>,
+    pub files_recursive: bool,
 }
 
 impl Selection {
     /// Selects everything.
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty() && self.min_size == 0 && self.max_size == 0
+        self.rules.is_empty() && self.min_size == 0 && self.max_size == 0 && self.files.is_empty()
     }
 }
 
@@ -612,6 +618,8 @@ mod tests {
                     rules: vec![(true, b"*.c".to_vec()), (false, b"/build/".to_vec())],
                     min_size: 1,
                     max_size: 1 << 30,
+                    files: vec![b"a/b".to_vec()],
+                    files_recursive: true,
                 },
             },
             Control::BwLimit {

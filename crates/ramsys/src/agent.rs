@@ -80,10 +80,15 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
 
 fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
     let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
-    // rsync's rule for sync: `SRC/` sends SRC's contents into DST.
+    // rsync's rule for sync: `SRC/` sends SRC's contents into DST; with
+    // --files-from every source is sent as its contents (rsync's too).
+    let files_from = a.select.files_from.is_some();
     let contents: Vec<bool> = srcs
         .iter()
-        .map(|s| sync & ramsys_engine::sync::flags::SYNC != 0 && crate::spec::names_contents(s))
+        .map(|s| {
+            files_from
+                || sync & ramsys_engine::sync::flags::SYNC != 0 && crate::spec::names_contents(s)
+        })
         .collect();
     let mut dst = parse_endpoint(dst)?;
     let mut srcs: Vec<Endpoint> = srcs
@@ -98,14 +103,16 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
         streams: a.streams.unwrap_or(4),
         block_size: a.block_size as u32,
         checksum: !a.no_checksum,
-        recursive: a.recursive,
+        // --files-from walks the source directory to reach the listed
+        // paths; -r only decides what below a listed directory goes.
+        recursive: a.recursive || files_from,
         readers: a.readers.unwrap_or(4).max(1),
         writers: a.writers.unwrap_or(4).max(1),
         window: a.window.max(2),
         fsync: a.fsync,
         sync,
         encrypt: a.encrypt.unwrap_or_default(),
-        select: a.select.selection()?,
+        select: a.select.selection(a.recursive)?,
         ..a.storage.options()
     };
     // --bwlimit: one bucket for all this transfer's streams (data::rate);
@@ -116,12 +123,14 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
             opts.block_size = opts.block_size.min(cap);
         }
     }
-    // rsync keeps excluded files at the destination from --delete; the
-    // sink does not know the rules yet, so refuse rather than delete them.
+    // --delete leaves files the rules exclude (the sink gets the rules),
+    // but a file skipped for its size at the source cannot be told from
+    // one the source no longer has: refuse rather than delete it.
     anyhow::ensure!(
-        opts.select.is_empty() || sync & ramsys_engine::sync::flags::DELETE == 0,
-        "--delete with --exclude/--include/--min-size/--max-size is not supported yet \
-         (it would delete the excluded files at the destination)"
+        (opts.select.min_size == 0 && opts.select.max_size == 0)
+            || sync & ramsys_engine::sync::flags::DELETE == 0,
+        "--delete cannot be combined with --min-size/--max-size \
+         (it would delete the destination's copies of the skipped files)"
     );
     let res_cfg = ResourceConfig {
         memory: a.memory as usize,

@@ -144,78 +144,108 @@ pub struct SelectArgs {
     /// Leave out what matches PATTERN (rsync's rules: `*` stops at `/`,
     /// `**` does not; a leading `/` anchors at the transfer root; a
     /// trailing `/` matches directories only; first matching rule wins,
-    /// in command-line order with --include). Repeatable.
+    /// in command-line order with --include). Repeatable. `sync --delete`
+    /// leaves excluded destination files alone, as rsync does.
     #[arg(long, value_name = "PATTERN")]
     pub exclude: Vec<String>,
     /// Keep what matches PATTERN even if a later --exclude matches it.
     #[arg(long, value_name = "PATTERN")]
     pub include: Vec<String>,
-    /// Read exclude patterns from FILE, one per line (`+ PAT` includes,
-    /// `- PAT` excludes, `#` comments).
+    /// Read patterns from FILE, one per line (`+ PAT` includes, `- PAT`
+    /// excludes, anything else excludes; `#` and `;` start comments).
     #[arg(long, value_name = "FILE")]
     pub exclude_from: Vec<PathBuf>,
+    /// Send only the paths listed in FILE (one per line, relative to the
+    /// source directory; `-` reads stdin) and the directories leading to
+    /// them; the contents of a listed directory only with -r. As in rsync,
+    /// the listed paths land directly under DST.
+    #[arg(long, value_name = "FILE")]
+    pub files_from: Option<PathBuf>,
     /// Skip regular files smaller than SIZE (e.g. 1K, 4M).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub min_size: Option<u64>,
     /// Skip regular files larger than SIZE.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_size: Option<u64>,
+    /// The rules in command-line order ([`SelectArgs::order`]).
+    #[arg(skip)]
+    pub rules: Vec<(bool, Vec<u8>)>,
 }
 
 impl SelectArgs {
-    /// The rules in command-line order (first match wins, so the order of
-    /// --include and --exclude matters, as in rsync).
-    pub fn selection(&self) -> anyhow::Result<ramsys_proto::control::Selection> {
-        self.selection_from(std::env::args())
-    }
-
-    fn selection_from(
-        &self,
-        argv: impl Iterator<Item = String>,
-    ) -> anyhow::Result<ramsys_proto::control::Selection> {
-        use ramsys_engine::request::filter::{rules_from_text, Filter};
-        let mut rules = Vec::new();
-        let mut argv = argv.skip(1);
-        while let Some(a) = argv.next() {
-            if a == "--" {
-                break;
-            }
-            let (flag, inline) = match a.split_once('=') {
-                Some((f, v)) => (f.to_string(), Some(v.to_string())),
-                None => (a, None),
+    /// Put --include, --exclude and --exclude-from rules in command-line
+    /// order (first match wins, so their order matters, as in rsync); clap
+    /// keeps each flag's values apart, its indices tell the order.
+    pub fn order(&mut self, m: &clap::ArgMatches) -> anyhow::Result<()> {
+        use ramsys_engine::request::filter::rules_from_text;
+        let mut at: Vec<(usize, bool, Option<String>, Option<&PathBuf>)> = Vec::new();
+        for (id, include) in [("exclude", false), ("include", true)] {
+            let vals = if include {
+                &self.include
+            } else {
+                &self.exclude
             };
-            if !matches!(flag.as_str(), "--exclude" | "--include" | "--exclude-from") {
-                continue;
-            }
-            let Some(v) = inline.or_else(|| argv.next()) else {
-                break;
-            };
-            match flag.as_str() {
-                "--exclude" => rules.push((false, v.into_bytes())),
-                "--include" => rules.push((true, v.into_bytes())),
-                _ => {
-                    let text = std::fs::read_to_string(&v)
-                        .with_context(|| format!("--exclude-from {v}"))?;
-                    rules.extend(rules_from_text(&text));
+            let idx = m.indices_of(id).into_iter().flatten();
+            at.extend(
+                idx.zip(vals)
+                    .map(|(i, v)| (i, include, Some(v.clone()), None)),
+            );
+        }
+        let idx = m.indices_of("exclude_from").into_iter().flatten();
+        at.extend(
+            idx.zip(&self.exclude_from)
+                .map(|(i, f)| (i, false, None, Some(f))),
+        );
+        at.sort_by_key(|a| a.0);
+        self.rules.clear();
+        for (_, include, pat, file) in at {
+            match (pat, file) {
+                (Some(p), _) => self.rules.push((include, p.into_bytes())),
+                (None, Some(f)) => {
+                    let text = std::fs::read_to_string(f)
+                        .with_context(|| format!("--exclude-from {}", f.display()))?;
+                    self.rules.extend(rules_from_text(&text));
                 }
+                (None, None) => {}
             }
         }
-        // Every rule clap parsed must have been found in order.
-        let wanted = self.exclude.len() + self.include.len();
-        let found = rules.len();
-        anyhow::ensure!(
-            self.exclude_from.is_empty() && found == wanted || found >= wanted,
-            "cannot tell the order of --include and --exclude"
-        );
-        let sel = ramsys_proto::control::Selection {
-            rules,
-            min_size: self.min_size.unwrap_or(0),
-            max_size: self.max_size.unwrap_or(0),
-        };
+        Ok(())
+    }
+
+    /// The selection to send; `recursive` is -r (what lies below a
+    /// --files-from directory).
+    pub fn selection(&self, recursive: bool) -> anyhow::Result<ramsys_proto::control::Selection> {
+        use ramsys_engine::request::filter::Filter;
         anyhow::ensure!(
             self.max_size.is_none_or(|m| m > 0),
             "--max-size must be more than 0"
         );
+        let files = match &self.files_from {
+            None => Vec::new(),
+            Some(f) => {
+                let text = if f.as_os_str() == "-" {
+                    std::io::read_to_string(std::io::stdin()).context("--files-from -")?
+                } else {
+                    std::fs::read_to_string(f)
+                        .with_context(|| format!("--files-from {}", f.display()))?
+                };
+                let v: Vec<Vec<u8>> = text
+                    .lines()
+                    .map(|l| l.trim_end_matches('\r'))
+                    .filter(|l| !l.is_empty())
+                    .map(|l| l.as_bytes().to_vec())
+                    .collect();
+                anyhow::ensure!(!v.is_empty(), "--files-from {}: no paths", f.display());
+                v
+            }
+        };
+        let sel = ramsys_proto::control::Selection {
+            rules: self.rules.clone(),
+            min_size: self.min_size.unwrap_or(0),
+            max_size: self.max_size.unwrap_or(0),
+            files,
+            files_recursive: recursive,
+        };
         Filter::new(&sel).map_err(|e| anyhow::anyhow!("--exclude/--include: {e}"))?;
         Ok(sel)
     }

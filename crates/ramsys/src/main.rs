@@ -113,8 +113,26 @@ fn init_logging(verbose: u8, agent: bool) {
         .try_init();
 }
 
+/// Parse the command line; cp's and sync's --include/--exclude rules are
+/// put in command-line order from clap's indices (args::SelectArgs).
+fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let m = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&m).unwrap_or_else(|e| e.exit());
+    let ordered = match (&mut cli.cmd, m.subcommand()) {
+        (Cmd::Cp(a), Some((_, sm))) => a.select.order(sm),
+        (Cmd::Sync(a), Some((_, sm))) => a.cp.select.order(sm),
+        _ => Ok(()),
+    };
+    if let Err(e) = ordered {
+        eprintln!("ramsys: {e:#}");
+        std::process::exit(2);
+    }
+    cli
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let cli = parse();
     init_logging(cli.verbose, matches!(cli.cmd, Cmd::Cp(_) | Cmd::Sync(_)));
     let r = match &cli.cmd {
         Cmd::Serve(a) => daemon::run(a),

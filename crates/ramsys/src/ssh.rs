@@ -455,6 +455,10 @@ pub fn third_party(
     {
         bail!("all remote sources must be on the same host");
     }
+    anyhow::ensure!(
+        a.select.files_from.is_none(),
+        "--files-from is not supported for a copy between two ssh hosts (the list is here)"
+    );
     let sink = serve(a, d, ServeRole::Sink, &[d.path.as_str()]).with_context(|| d.display())?;
     let dest = String::from_utf8(sink.offer.dest.clone().unwrap_or_default())
         .map_err(|_| anyhow::anyhow!("{}: destination name is not UTF-8", d.display()))?;
@@ -500,17 +504,15 @@ fn source_cp_args(a: &CpArgs, sync: u32, srcs: &[&SshEndpoint], url: &str) -> Ve
     }
     v.push(format!("--block-size={}", a.block_size));
     // The selection, rules in order (HOST1's scan applies it).
-    if let Ok(sel) = a.select.selection() {
-        for (include, p) in &sel.rules {
-            let flag = if *include { "include" } else { "exclude" };
-            v.push(format!("--{flag}={}", String::from_utf8_lossy(p)));
-        }
-        if sel.min_size > 0 {
-            v.push(format!("--min-size={}", sel.min_size));
-        }
-        if sel.max_size > 0 {
-            v.push(format!("--max-size={}", sel.max_size));
-        }
+    for (include, p) in &a.select.rules {
+        let flag = if *include { "include" } else { "exclude" };
+        v.push(format!("--{flag}={}", String::from_utf8_lossy(p)));
+    }
+    if let Some(n) = a.select.min_size {
+        v.push(format!("--min-size={n}"));
+    }
+    if let Some(n) = a.select.max_size {
+        v.push(format!("--max-size={n}"));
     }
     if let Some(s) = a.streams {
         v.push(format!("--streams={s}"));

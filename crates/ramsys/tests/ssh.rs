@@ -358,6 +358,56 @@ fn sync_over_ssh_sends_only_changes() {
     assert_eq!(v["bytes"], 0, "{v}");
 }
 
+/// Relative paths of the regular files under `d`.
+fn files_under(d: &Path) -> Vec<String> {
+    let mut v: Vec<String> = snapshot(d)
+        .into_keys()
+        .filter(|p| d.join(p).symlink_metadata().unwrap().is_file())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn selection_rules_apply_over_ssh_push_pull_and_third_party() {
+    // Issue 20: the rules travel to whichever end scans (the remote
+    // source's ssh-serve, or HOST1's ramsys in a third-party copy), and a
+    // remote sink keeps excluded files from --delete.
+    let Some(sshd) = Sshd::start() else { return };
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    make_varied_tree(&src, 4096);
+    std::fs::write(src.join("skip.o"), b"o").unwrap();
+    std::fs::write(src.join("sub/keep.c"), b"c").unwrap();
+    let rules = ["--include", "*/", "--include", "*.c", "--exclude", "*"];
+    let want = vec!["sub/keep.c".to_string()];
+    let from = format!("{}/", s(&src));
+    let rfrom = format!("{}/", remote(&src));
+    let (push, pull, third) = (t.path().join("p"), t.path().join("l"), t.path().join("3"));
+    for (a, b, dst) in [
+        (from.clone(), remote(&push), &push),
+        (rfrom.clone(), s(&pull), &pull),
+        (rfrom.clone(), remote(&third), &third),
+    ] {
+        let mut pre = vec!["sync", "-r", "--json"];
+        pre.extend_from_slice(&rules);
+        for _ in 0..2 {
+            let o = run(&sshd, &pre, &sshd.opts(), &[&a, &b]);
+            assert_ok(&o);
+        }
+        assert_eq!(files_under(dst), want, "{a} -> {b}");
+    }
+    // --delete through a remote sink leaves what the rules exclude.
+    std::fs::write(push.join("mine.o"), b"keep").unwrap();
+    std::fs::write(push.join("sub/stale.c"), b"go").unwrap();
+    let mut pre = vec!["sync", "-r", "--json", "--delete"];
+    pre.extend_from_slice(&rules);
+    let o = run(&sshd, &pre, &sshd.opts(), &[&from, &remote(&push)]);
+    assert_ok(&o);
+    assert_eq!(summary(&o)["deleted"], 1);
+    assert!(push.join("mine.o").exists() && !push.join("sub/stale.c").exists());
+}
+
 #[test]
 fn remote_failures_are_one_line_and_nonzero() {
     let Some(sshd) = Sshd::start() else { return };

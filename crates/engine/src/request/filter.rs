@@ -12,6 +12,16 @@
 //! boundary; `*` and `?` stop at `/`, `**` crosses it. Patterns are
 //! compiled with the maintained `globset` crate (ripgrep's), with literal
 //! separators, which is that `*`/`**` distinction.
+//!
+//! `--files-from` (rsync's): only the listed paths, relative to the
+//! source directory, and the directories leading to them; below a listed
+//! directory only with `-r`. The agent sends such sources as contents
+//! (`SRC/`), so listed paths are paths from the transfer root.
+//!
+//! The same filter protects excluded destination entries from sync's
+//! `--delete` (sync::delete), as rsync's receiver does.
+
+use std::collections::HashSet;
 
 use globset::{GlobBuilder, GlobMatcher};
 use ramsys_proto::control::Selection;
@@ -22,6 +32,61 @@ pub struct Filter {
     rules: Vec<Rule>,
     min_size: u64,
     max_size: u64,
+    /// `--files-from`: the listed paths, and the directories above them.
+    files: Option<FilesFrom>,
+}
+
+#[derive(Debug)]
+struct FilesFrom {
+    listed: HashSet<Vec<u8>>,
+    parents: HashSet<Vec<u8>>,
+    recursive: bool,
+}
+
+impl FilesFrom {
+    fn new(files: &[Vec<u8>], recursive: bool) -> FilesFrom {
+        let mut listed = HashSet::new();
+        let mut parents = HashSet::new();
+        for f in files {
+            let p = normalize(f);
+            if p.is_empty() {
+                continue;
+            }
+            for (i, &b) in p.iter().enumerate() {
+                if b == b'/' {
+                    parents.insert(p[..i].to_vec());
+                }
+            }
+            listed.insert(p);
+        }
+        FilesFrom {
+            listed,
+            parents,
+            recursive,
+        }
+    }
+
+    fn selects(&self, path: &[u8]) -> bool {
+        if self.listed.contains(path) || self.parents.contains(path) {
+            return true;
+        }
+        // Below a listed directory: only with -r.
+        self.recursive
+            && path
+                .iter()
+                .enumerate()
+                .any(|(i, &b)| b == b'/' && self.listed.contains(&path[..i]))
+    }
+}
+
+/// A `--files-from` line as a path from the transfer root: no leading
+/// `/` or `./`, no trailing `/`, no empty or `.` components.
+fn normalize(p: &[u8]) -> Vec<u8> {
+    let parts: Vec<&[u8]> = p
+        .split(|&b| b == b'/')
+        .filter(|c| !c.is_empty() && *c != b".")
+        .collect();
+    parts.join(&b'/')
 }
 
 #[derive(Debug)]
@@ -49,20 +114,37 @@ impl Filter {
                 .map_err(|_| format!("pattern {:?} is not UTF-8", String::from_utf8_lossy(pat)))?;
             rules.push(Rule::new(*include, p)?);
         }
+        if let Some(bad) = sel
+            .files
+            .iter()
+            .find(|f| f.split(|&b| b == b'/').any(|c| c == b".."))
+        {
+            return Err(format!(
+                "--files-from: {:?} leaves the source directory",
+                String::from_utf8_lossy(bad)
+            ));
+        }
         Ok(Filter {
             rules,
             min_size: sel.min_size,
             max_size: sel.max_size,
+            files: (!sel.files.is_empty()).then(|| FilesFrom::new(&sel.files, sel.files_recursive)),
         })
     }
 
     pub fn is_all(&self) -> bool {
-        self.rules.is_empty() && self.min_size == 0 && self.max_size == 0
+        self.rules.is_empty() && self.min_size == 0 && self.max_size == 0 && self.files.is_none()
     }
 
     /// Is `path` (relative to the transfer root, `/`-separated) left out?
     pub fn excluded(&self, path: &[u8], is_dir: bool) -> bool {
-        if self.rules.is_empty() || path.is_empty() {
+        if path.is_empty() {
+            return false;
+        }
+        if self.files.as_ref().is_some_and(|f| !f.selects(path)) {
+            return true;
+        }
+        if self.rules.is_empty() {
             return false;
         }
         let Ok(path) = std::str::from_utf8(path) else {
@@ -226,6 +308,33 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.contains("a["), "{e}");
+    }
+
+    #[test]
+    fn files_from_selects_listed_paths_their_parents_and_with_r_their_contents() {
+        let sel = |recursive| Selection {
+            files: vec![b"./a/b/c.txt".to_vec(), b"/d/".to_vec(), b"".to_vec()],
+            files_recursive: recursive,
+            ..Default::default()
+        };
+        let x = Filter::new(&sel(false)).unwrap();
+        assert!(!x.excluded(b"a", true) && !x.excluded(b"a/b", true));
+        assert!(!out(&x, "a/b/c.txt") && out(&x, "a/b/other") && out(&x, "a/x"));
+        assert!(!x.excluded(b"d", true) && out(&x, "d/inside") && out(&x, "e"));
+        let x = Filter::new(&sel(true)).unwrap();
+        assert!(!out(&x, "d/inside") && !out(&x, "d/sub/deeper") && out(&x, "dd/x"));
+        // Rules still apply to what the list selects.
+        let mut s = sel(true);
+        s.rules = vec![(false, b"*.tmp".to_vec())];
+        let x = Filter::new(&s).unwrap();
+        assert!(out(&x, "d/x.tmp") && !out(&x, "d/x.dat"));
+        // A path that climbs out is refused.
+        let e = Filter::new(&Selection {
+            files: vec![b"a/../../etc/passwd".to_vec()],
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.contains("leaves the source"), "{e}");
     }
 
     #[test]

@@ -190,6 +190,8 @@ pub fn run_sink_with(
     )
     .with_storage(crate::storage::StorageCfg::sink(opts));
     let mut tree = Tree::new(table, dmap);
+    // Checked before the session started (server.rs, the agent).
+    tree.protect = crate::request::filter::Filter::new(&opts.select).ok();
     let meta_result = tree.receive(&mut ctl, &spec.root);
     if let Err(e) = meta_result {
         tracing::warn!("session {}: {e}", spec.session);

@@ -45,6 +45,9 @@ pub(super) struct Tree {
     /// How DST is read (sync::dest), settled by the first record.
     pub dest: DestMap,
     dest_open: bool,
+    /// The user's selection, handed to sync: `--delete` leaves what it
+    /// excludes.
+    pub protect: Option<crate::request::filter::Filter>,
 }
 
 impl Tree {
@@ -57,6 +60,7 @@ impl Tree {
             sync: None,
             dest,
             dest_open: true,
+            protect: None,
         }
     }
 
@@ -89,7 +93,11 @@ impl Tree {
             0 => crate::sync::journal_min(),
             _ => 0,
         };
-        self.sync = Some(SinkSync::new(flags, root.clone()));
+        let mut s = SinkSync::new(flags, root.clone());
+        if let Some(f) = self.protect.take() {
+            s.protect(f);
+        }
+        self.sync = Some(s);
     }
 
     fn entries(
@@ -128,7 +136,7 @@ impl Tree {
         self.table.push_entry(e.id, file);
         if let Some(s) = &mut self.sync {
             match e.kind {
-                EntryKind::Dir => s.on_dir(&target),
+                EntryKind::Dir => s.on_dir(&target, &e.path),
                 EntryKind::File { size } => {
                     s.on_file(&self.table, e.id, &target, size, e.mode, mtime)
                 }

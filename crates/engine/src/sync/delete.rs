@@ -31,11 +31,21 @@ fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
     v
 }
 
-/// Entries of the sink directories `dirs` whose paths are not in `keep`.
-pub fn extraneous(root: &Root, dirs: &[Vec<u8>], keep: &HashSet<Vec<u8>>) -> Vec<Vec<u8>> {
+/// `protected(i, name, is_dir)`: entry `name` of `dirs[i]` is excluded
+/// by the user's selection, so `--delete` leaves it (rsync's rule).
+pub type Protected<'a> = &'a dyn Fn(usize, &[u8], bool) -> bool;
+
+/// Entries of the sink directories `dirs` whose paths are not in `keep`
+/// and that `protected` does not cover.
+pub fn extraneous(
+    root: &Root,
+    dirs: &[Vec<u8>],
+    keep: &HashSet<Vec<u8>>,
+    protected: Option<Protected>,
+) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     let mut p = Vec::new();
-    for d in dirs {
+    for (i, d) in dirs.iter().enumerate() {
         let Ok(fd) = root.open_dir(d) else { continue };
         // Listing through the descriptor keeps the walk on the directory
         // openat2 confined.
@@ -50,9 +60,21 @@ pub fn extraneous(root: &Root, dirs: &[Vec<u8>], keep: &HashSet<Vec<u8>>) -> Vec
                 p.push(b'/');
             }
             p.extend_from_slice(n);
-            if !keep.contains(p.as_slice()) {
-                out.push(p.clone());
+            if keep.contains(p.as_slice()) {
+                continue;
             }
+            if let Some(prot) = protected {
+                // lstat only the few entries that would go: a dir-only
+                // pattern needs to know.
+                let is_dir = crate::fsops::lstat_at(fd.as_fd(), n)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+                if prot(i, n, is_dir) {
+                    continue;
+                }
+            }
+            out.push(p.clone());
         }
     }
     out
@@ -112,7 +134,12 @@ mod tests {
         std::os::unix::fs::symlink(outside.path(), t.join("link")).unwrap();
         let root = Root::open(d.path(), Confinement::Strict).unwrap();
         let keep: HashSet<Vec<u8>> = [b"t".to_vec(), b"t/a".to_vec()].into_iter().collect();
-        let x = extraneous(&root, &[b"t".to_vec()], &keep);
+        // A protected entry (the user's --exclude) stays; dirs by is_dir.
+        let prot =
+            |i: usize, n: &[u8], is_dir: bool| i == 0 && (n == b"gone" || (n == b"old" && is_dir));
+        let x = extraneous(&root, &[b"t".to_vec()], &keep, Some(&prot));
+        assert_eq!(x, vec![b"t/link".to_vec()]);
+        let x = extraneous(&root, &[b"t".to_vec()], &keep, None);
         assert_eq!(
             x,
             vec![b"t/gone".to_vec(), b"t/link".to_vec(), b"t/old".to_vec()]

@@ -149,6 +149,16 @@ impl DestMap {
             None => first.path,
         };
         match self.state {
+            // A contents top (`SRC/` in a sync, or any source with
+            // --files-from): its records carry no top name, so DST is the
+            // directory that receives them, made when it is missing.
+            State::SyncFirst | State::CopyFirst | State::AsTop
+                if first.dir && first.path.is_empty() =>
+            {
+                mkdir(root, &self.dest)?;
+                self.state = State::Into;
+            }
+            State::ResumeProbe if first.path.is_empty() => self.state = State::Into,
             State::SyncFirst if first.dir => {
                 mkdir(root, &self.dest)?;
                 self.state = State::Into;
@@ -325,6 +335,23 @@ mod tests {
         m.settle(&r, &file(b"f0")).unwrap();
         assert_eq!(m.map(b"f0"), b"f");
         assert!(!d.path().join(JOURNAL_NAME).exists());
+    }
+
+    #[test]
+    fn a_contents_top_fills_dst_in_a_copy_too() {
+        // cp --files-from sends its source as contents (an empty top):
+        // DST receives them whether it exists or not, on every run.
+        let (d, r) = root();
+        for flags in [0, JOURNAL, RESUME] {
+            for _ in 0..2 {
+                let mut m = DestMap::resolve(&r, b"c", 1, flags).unwrap();
+                m.settle(&r, &dir(b"")).unwrap();
+                assert_eq!(m.map(b""), b"c");
+                assert_eq!(m.map(b"a/b"), b"c/a/b");
+                assert!(d.path().join("c").is_dir());
+            }
+            std::fs::remove_dir(d.path().join("c")).unwrap();
+        }
     }
 
     #[test]

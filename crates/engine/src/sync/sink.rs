@@ -35,6 +35,10 @@ pub struct SinkSync {
     keep: HashSet<Vec<u8>>,
     /// Destination directories the source sent that exist here.
     dirs: Vec<Vec<u8>>,
+    /// Their wire paths (same order), what `protect` matches.
+    wires: Vec<Vec<u8>>,
+    /// The user's selection: what it excludes is never deleted.
+    protect: Option<crate::request::filter::Filter>,
     /// Dry run: files that would be sent, by id.
     dry_files: Vec<(u64, Vec<u8>)>,
     /// Dry run: ids the sink or source found unchanged.
@@ -69,6 +73,8 @@ impl SinkSync {
             haves: Vec::new(),
             keep: HashSet::new(),
             dirs: Vec::new(),
+            wires: Vec::new(),
+            protect: None,
             dry_files: Vec::new(),
             dry_kept: HashSet::new(),
             used_parts: HashSet::new(),
@@ -108,11 +114,18 @@ impl SinkSync {
         self.flags & RESUME != 0 && !self.dry()
     }
 
-    /// A directory record (created by the caller unless dry run).
-    pub fn on_dir(&mut self, target: &[u8]) {
+    /// `--delete` leaves what this selection excludes (rsync's rule).
+    pub fn protect(&mut self, f: crate::request::filter::Filter) {
+        self.protect = (!f.is_all()).then_some(f);
+    }
+
+    /// A directory record (created by the caller unless dry run); `wire`
+    /// is its path as the source sent it.
+    pub fn on_dir(&mut self, target: &[u8], wire: &[u8]) {
         self.dir = None;
         self.remember(target);
         self.dirs.push(target.to_vec());
+        self.wires.push(wire.to_vec());
     }
 
     pub fn on_other(&mut self, target: &[u8]) {
@@ -406,7 +419,21 @@ impl SinkSync {
         if self.flags & DELETE == 0 {
             return (Vec::new(), Vec::new());
         }
-        let gone = super::delete::extraneous(&self.root, &self.dirs, &self.keep);
+        let gone = match &self.protect {
+            None => super::delete::extraneous(&self.root, &self.dirs, &self.keep, None),
+            Some(f) => {
+                let protected = |i: usize, name: &[u8], is_dir: bool| {
+                    let w = &self.wires[i];
+                    let wire = if w.is_empty() {
+                        name.to_vec()
+                    } else {
+                        [w.as_slice(), b"/", name].concat()
+                    };
+                    f.excluded(&wire, is_dir)
+                };
+                super::delete::extraneous(&self.root, &self.dirs, &self.keep, Some(&protected))
+            }
+        };
         if self.dry() {
             return (gone, Vec::new());
         }
