@@ -299,7 +299,17 @@ fn site() -> Site {
 #[test]
 fn sighup_reloads_users_under_a_running_transfer() {
     let s = site();
-    let d = Serve::start(s.t.path(), &["--users", s.users.to_str().unwrap()]);
+    let cfg = s.t.path().join("serve.toml");
+    std::fs::write(&cfg, "max_rate = \"1G\"\n").unwrap();
+    let d = Serve::start(
+        s.t.path(),
+        &[
+            "--users",
+            s.users.to_str().unwrap(),
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+    );
     let src = s.t.path().join("src");
     data_file(&src, 24);
     // 24 MiB at 8 MiB/s: about 3 s, long enough to reload under it.
@@ -325,7 +335,8 @@ fn sighup_reloads_users_under_a_running_transfer() {
         "{}",
         stderr(&o)
     );
-    std::fs::write(&s.users, format!("{ALICE}\n{BOB}")).unwrap();
+    std::fs::write(&s.users, format!("{ALICE}\n{BOB}max_rate = \"3M\"\n")).unwrap();
+    std::fs::write(&cfg, "max_rate = \"2G\"\n").unwrap();
     d.signal(libc::SIGHUP);
     // ...and accepted after it, while alice's transfer still runs.
     let start = Instant::now();
@@ -338,6 +349,28 @@ fn sighup_reloads_users_under_a_running_transfer() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(std::fs::read(s.b.join("x")).unwrap(), b"bob's");
+    // The new limits show: the daemon's from the config, bob's own.
+    let o = as_user("bob", &s.kb, &["status", "--json", &d.addr]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rates: Vec<(String, String, u64)> = j["rates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["scope"].as_str().unwrap().to_string(),
+                r["name"].as_str().unwrap().to_string(),
+                r["bytes_per_s"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rates,
+        vec![
+            ("daemon".into(), "".into(), 2 << 30),
+            ("user".into(), "bob".into(), 3 << 20)
+        ]
+    );
     let o = wait_output(agent, Duration::from_secs(60));
     assert_ok(&o);
     assert!(std::fs::read(s.a.join("big")).unwrap() == std::fs::read(&src).unwrap());
