@@ -377,10 +377,6 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
             Ok(())
         }
         hello @ Control::Hello { .. } => {
-            if sh.life.draining() {
-                refuse(link, 5, crate::daemon::lifecycle::DRAINING.into());
-                return Ok(());
-            }
             // The Hello's name selects the key (daemon::users); unknown
             // names get a decoy key and fail at Auth like a wrong key.
             let pending = match &hello {
@@ -524,6 +520,11 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                     2,
                     format!("this session serves the {:?} role only", o.role),
                 );
+                return Ok(());
+            }
+            // Draining (SIGTERM): no new session; status still answers.
+            if sh.life.draining() {
+                refuse(link, 5, crate::daemon::lifecycle::DRAINING.into());
                 return Ok(());
             }
             sh.active.fetch_add(1, Ordering::Relaxed);

@@ -434,6 +434,10 @@ fn sigterm_drains_running_sessions_and_refuses_new_ones() {
     assert!(!o.status.success());
     let e = stderr(&o);
     assert!(e.contains("shutting down") && e.lines().count() == 1, "{e}");
+    // Status still answers, and says so.
+    let o = as_user("alice", &s.ka, &["status", "--json", &d.addr]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["draining"], true, "{j}");
     let o = wait_output(agent, Duration::from_secs(60));
     assert_ok(&o);
     assert!(std::fs::read(s.a.join("big")).unwrap() == std::fs::read(&src).unwrap());
