@@ -460,7 +460,7 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
             // `--bwlimit` of a client pulling from this daemon.
             let mut bwlimit = 0;
             if let Ok(Control::BwLimit { bytes_per_s }) = &first {
-                bwlimit = *bytes_per_s;
+                bwlimit = (*bytes_per_s).max(crate::data::rate::MIN_RATE);
                 first = recv_control(&mut **link);
             }
             let (open, sync, select) = match first {

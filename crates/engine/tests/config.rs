@@ -97,6 +97,7 @@ fn invalid_files_name_the_key_in_one_line() {
         ("direct = \"maybe\"", "`direct`"),
         ("max_rate = \"fast\"", "`max_rate`"),
         ("max_rate = -1", "`max_rate`"),
+        ("max_rate = 100", "`max_rate`"),
         ("bogus = 1", "`bogus`"),
         ("[devices.sda]\nthreads = -2", "`devices.sda.threads`"),
         ("[devices.sda]\npurpose = \"fun\"", "`devices.sda.purpose`"),

@@ -94,7 +94,9 @@ pub struct UserSpec {
 /// units ("20M"; data::rate::parse_rate).
 pub fn parse_rate_value(what: &str, v: &toml::Value) -> Result<u64, String> {
     match v {
-        toml::Value::Integer(n) if *n >= 0 => Ok(*n as u64),
+        toml::Value::Integer(n) if *n >= 0 => {
+            crate::data::rate::check_rate(*n as u64).map_err(|e| format!("{what}: {e}"))
+        }
         toml::Value::String(s) => {
             crate::data::rate::parse_rate(s).map_err(|e| format!("{what}: {e}"))
         }
@@ -631,7 +633,7 @@ mod tests {
         let u = parse_users_file(
             "[[user]]\nname = \"alice\"\nkey_file = \"k/alice\"\nroot = \"/srv/a\"\n\
              max_sessions = 2\nmax_rate = \"20M\"\n\n[[user]]\nname = \"bob\"\nkey_file = \"/k/bob\"\n\
-             root = \"b\"\nread_only = true\nmax_rate = 1000\n",
+             root = \"b\"\nread_only = true\nmax_rate = 4096\n",
             base,
         )
         .unwrap();
@@ -652,7 +654,7 @@ mod tests {
                     root: "/etc/ramsys/b".into(),
                     max_sessions: None,
                     read_only: true,
-                    max_rate: Some(1000),
+                    max_rate: Some(4096),
                 },
             ]
         );

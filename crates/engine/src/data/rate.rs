@@ -27,8 +27,13 @@ pub const BURST: Duration = Duration::from_millis(50);
 /// blocks are made small enough (see [`Limits::block_cap`]) that a stream
 /// sends at least every so often, far inside any idle timeout.
 const MAX_BLOCK_TIME: Duration = Duration::from_millis(250);
-/// Blocks are never made smaller than this for a rate limit.
-const MIN_LIMITED_BLOCK: u64 = 64 << 10;
+/// Blocks are never made smaller than this for a rate limit (the
+/// smallest block size there is).
+const MIN_LIMITED_BLOCK: u64 = 4 << 10;
+/// The lowest limit accepted, bytes/s: below it a smallest block would
+/// keep a stream silent for seconds (and a sleeping sender from noticing
+/// an abort).
+pub const MIN_RATE: u64 = 1 << 10;
 
 /// Parse a rate as rsync's `--bwlimit` does: bytes per second.
 pub fn parse_rate(s: &str) -> Result<u64, String> {
@@ -62,7 +67,15 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
     if !v.is_finite() || v >= u64::MAX as f64 {
         return Err(format!("rate {s:?} too large"));
     }
-    Ok(v as u64)
+    check_rate(v as u64).map_err(|e| format!("rate {s:?}: {e}"))
+}
+
+/// 0 (no limit) or at least [`MIN_RATE`].
+pub fn check_rate(v: u64) -> Result<u64, String> {
+    if v > 0 && v < MIN_RATE {
+        return Err(format!("below the lowest limit, {MIN_RATE} bytes/s (1K)"));
+    }
+    Ok(v)
 }
 
 /// A rate for people: "20.0 MiB/s".
@@ -279,9 +292,9 @@ mod tests {
         assert_eq!(parse_rate("100").unwrap(), 100 << 10);
         assert_eq!(parse_rate("512K").unwrap(), 512 << 10);
         assert_eq!(parse_rate("1.5G").unwrap(), 3 << 29);
-        assert_eq!(parse_rate("1000b").unwrap(), 1000);
+        assert_eq!(parse_rate("1024b").unwrap(), 1024);
         assert_eq!(parse_rate("0").unwrap(), 0);
-        for bad in ["", "M", "20X", "-1", "1e99G", "2..5M"] {
+        for bad in ["", "M", "20X", "-1", "1e99G", "2..5M", "1000b", "0.5"] {
             assert!(parse_rate(bad).is_err(), "{bad}");
         }
     }
@@ -400,6 +413,7 @@ mod tests {
     fn block_cap_keeps_blocks_short_at_low_rates() {
         assert_eq!(Limits::none().block_cap(), None);
         assert_eq!(Limits::session("s", 20 << 20).block_cap(), Some(5 << 20));
-        assert_eq!(Limits::session("s", 100 << 10).block_cap(), Some(64 << 10));
+        assert_eq!(Limits::session("s", 100 << 10).block_cap(), Some(24 << 10));
+        assert_eq!(Limits::session("s", 1 << 10).block_cap(), Some(4 << 10));
     }
 }
