@@ -17,6 +17,7 @@
 
 pub mod client;
 pub mod config;
+pub mod control;
 pub mod crypto;
 pub mod daemon;
 pub mod data;
@@ -29,6 +30,7 @@ pub mod resources;
 pub mod server;
 pub mod session;
 pub mod sink;
+pub mod site;
 pub mod source;
 pub mod stats;
 pub mod storage;

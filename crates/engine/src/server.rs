@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crossbeam_channel::{unbounded, Sender};
+use crossbeam_channel::{unbounded, Receiver, Sender};
 use ramsys_proto::auth::{seal_token_key, verify_join, ServerHandshake};
 use ramsys_proto::control::{Bytes32, Role};
 use ramsys_proto::path::validate_relative;
@@ -31,10 +31,13 @@ use crate::transport::Link;
 use crate::wire::{exchange_preamble, recv_control, send_control};
 use crate::{show, EngineError, TransferOptions};
 
+/// A data link for a session: (stream, epoch, link), epoch 0 from Join,
+/// higher from Rejoin.
+type Arrival = (u16, u16, Box<dyn Link>);
+
 struct Slot {
     key: Bytes32,
-    /// (stream, epoch, link): epoch 0 from Join, higher from Rejoin.
-    tx: Sender<(u16, u16, Box<dyn Link>)>,
+    tx: Sender<Arrival>,
 }
 
 /// State shared by all connections of one daemon.
@@ -60,6 +63,8 @@ pub struct DaemonShared {
     pub placement: std::sync::OnceLock<Arc<crate::config::DaemonPlacement>>,
     /// Set for a daemon started over ssh for one session (`ssh-serve`).
     one_shot: std::sync::OnceLock<OneShot>,
+    /// Site membership (`serve --peer`, crate::site, issue 19).
+    pub site: std::sync::OnceLock<Arc<crate::site::Site>>,
     /// Rate limits: the daemon's, sessions' (daemon::rates).
     pub rates: crate::daemon::rates::DaemonRates,
     /// Drain state and running sessions (daemon::lifecycle).
@@ -113,6 +118,9 @@ impl DaemonShared {
                 read_only,
             })
             .collect();
+        if let Some(site) = self.site.get() {
+            s.site = site.members();
+        }
         let users = self.creds.users();
         s.rates = self
             .rates
@@ -178,6 +186,7 @@ impl Daemon {
                 listen,
                 placement: std::sync::OnceLock::new(),
                 one_shot: std::sync::OnceLock::new(),
+                site: std::sync::OnceLock::new(),
                 rates: Default::default(),
                 life: Default::default(),
             }),
@@ -227,6 +236,30 @@ impl Daemon {
     pub fn serve_metrics(&self, addr: &str) -> std::io::Result<SocketAddr> {
         let sh = self.shared.clone();
         crate::daemon::metrics::serve(addr, move || sh.status())
+    }
+
+    /// Join a site (`serve --peer`, crate::site): publish this daemon's
+    /// load and pull its peers'. Call once, before serving.
+    pub fn start_site(&self, opts: crate::site::SiteOptions) {
+        let key = self.shared.creds.lookup(&opts.user).key;
+        let sh = Arc::downgrade(&self.shared);
+        let local = move || {
+            let Some(sh) = sh.upgrade() else {
+                return crate::site::LocalLoad::default();
+            };
+            let st = snapshot(&sh.state, &sh.res, "", "");
+            crate::site::LocalLoad {
+                sessions: st.sessions.len() as u32,
+                active_tasks: st.tasks.len() as u32,
+                queued_tasks: st.queues.iter().map(|q| q.waiting.len() as u32).sum(),
+                free_buffer_bytes: (sh.res.buffers.free() * sh.res.buffers.buf_size()) as u64,
+            }
+        };
+        let me = self.local_addr().to_string();
+        let _ = self
+            .shared
+            .site
+            .set(crate::site::Site::start(&me, opts, key, Box::new(local)));
     }
 
     /// Accept connections forever.
@@ -293,56 +326,23 @@ fn refuse(link: &mut Box<dyn Link>, code: u16, message: String) {
     crate::wire::send_final(&mut **link, &Control::Error { code, message });
 }
 
+/// Dispatch on a connection's first message (seed 000 sec. 6.2.1): a
+/// data link joining its session, a replacement link rejoining one, a
+/// control connection's Hello, or a site peer's SiteHello.
 fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), EngineError> {
     link.set_read_timeout(Some(Duration::from_secs(30)))?;
     exchange_preamble(&mut **link)?;
     let first = recv_control(&mut **link)?;
-    match first {
+    match &first {
         Control::Join {
             session,
             stream,
             nonce,
             mac,
         } => {
-            // The client joins as soon as it knows the session id (from
-            // the Challenge), possibly before its Auth has been checked:
-            // wait a little for the session to be registered.
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            let mut reg = sh.registry.lock().unwrap();
-            while !reg.contains_key(&session)
-                && sh.announced.lock().unwrap().contains(&session)
-                && std::time::Instant::now() < deadline
-            {
-                reg = sh
-                    .registry_cv
-                    .wait_timeout(
-                        reg,
-                        deadline.saturating_duration_since(std::time::Instant::now()),
-                    )
-                    .unwrap()
-                    .0;
-            }
-            let ok = reg
-                .get(&session)
-                .filter(|s| verify_join(&s.key, session, stream, &nonce, &mac));
-            match ok {
-                Some(slot) => {
-                    let tx = slot.tx.clone();
-                    drop(reg);
-                    let l = std::mem::replace(link, Box::new(ClosedLink));
-                    let _ = tx.send((stream, 0, l));
-                    Ok(())
-                }
-                None => {
-                    drop(reg);
-                    tracing::warn!("{}: data link with bad credentials refused", link.peer());
-                    refuse(link, 1, "unknown session or bad credentials".into());
-                    Ok(())
-                }
-            }
+            join(sh, link, *session, *stream, nonce, mac);
+            Ok(())
         }
-        // A replacement for a data link that broke (crate::relink): only
-        // for a session already running; its controller answers.
         Control::Rejoin {
             session,
             stream,
@@ -350,223 +350,361 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
             nonce,
             mac,
         } => {
-            let reg = sh.registry.lock().unwrap();
-            let tx = reg
-                .get(&session)
-                .filter(|s| {
-                    epoch > 0
-                        && ramsys_proto::auth::verify_rejoin(
-                            &s.key, session, stream, epoch, &nonce, &mac,
-                        )
-                })
-                .map(|s| s.tx.clone());
-            drop(reg);
-            match tx {
-                Some(tx) => {
-                    let l = std::mem::replace(link, Box::new(ClosedLink));
-                    let _ = tx.send((stream, epoch, l));
-                }
-                None => {
-                    tracing::warn!(
-                        "{}: replacement link with bad credentials refused",
-                        link.peer()
-                    );
-                    refuse(link, 1, "unknown session or bad credentials".into());
-                }
-            }
+            rejoin(sh, link, (*session, *stream, *epoch), nonce, mac);
             Ok(())
         }
-        hello @ Control::Hello { .. } => {
-            // The Hello's name selects the key (daemon::users); unknown
-            // names get a decoy key and fail at Auth like a wrong key.
-            let pending = match &hello {
-                Control::Hello { user, .. } => sh.creds.lookup(user),
-                _ => unreachable!(),
-            };
-            let mut hs = ServerHandshake::new(&pending.key, random32());
-            let session = sh.next_session.fetch_add(1, Ordering::Relaxed);
-            let ch = hs.on_hello(&hello, session)?;
-            // Announced but not yet authenticated: early joins may wait.
-            sh.announced.lock().unwrap().insert(session);
-            let _unannounce = Unannounce(sh.clone(), session);
-            send_control(&mut **link, &ch)?;
-            let auth = recv_control(&mut **link)?;
-            let admitted = match hs.on_auth(&auth) {
-                Ok((_, k)) => sh.creds.admit(pending).map(|g| (g, k)),
-                Err(e) => Err(Refusal::Auth(e.to_string())),
-            };
-            let (grant, skey) = match admitted {
-                Ok(v) => v,
-                Err(Refusal::Auth(e)) => {
-                    tracing::warn!("{}: authentication failed ({e}); closing", link.peer());
-                    refuse(link, 1, "authentication failed".into());
-                    return Ok(());
-                }
-                Err(Refusal::Limit(m)) => {
-                    tracing::warn!("{}: {m}; closing", link.peer());
-                    refuse(link, 4, m);
-                    return Ok(());
-                }
-            };
-            let user = grant.shown.clone();
-            let mut one_shot = None;
-            if let Some(o) = sh.one_shot.get() {
-                if o.used.swap(true, Ordering::SeqCst) {
-                    tracing::warn!("{}: one-time credential used again; refused", link.peer());
-                    refuse(link, 1, "credential already used".into());
-                    return Ok(());
-                }
-                one_shot = Some(OneShotDone(o, Err("session ended early".into())));
+        Control::Hello { user, .. } => serve_control(sh, link, &first, user),
+        // A site peer (crate::site, docs/SITE.md): its own handler.
+        Control::SiteHello { .. } => match sh.site.get() {
+            Some(site) => site.serve_peer(&sh.creds, link, &first),
+            None => {
+                refuse(link, 3, "this daemon is not part of a site".into());
+                Ok(())
             }
-            let (tx, rx) = unbounded();
-            sh.registry
-                .lock()
-                .unwrap()
-                .insert(session, Slot { key: skey, tx });
-            // Removed again on every exit from here on.
-            let registered = Registered(sh, session);
-            sh.registry_cv.notify_all();
-            send_control(&mut **link, &Control::AuthOk { session })?;
-            tracing::info!(
-                "{}: user {user} authenticated, session {session:x}",
-                link.peer()
-            );
-            let mut first = recv_control(&mut **link);
-            if let Ok(Control::SealControl { cipher }) = &first {
-                // --encrypt: everything after this is sealed both ways
-                // (transport/sealed.rs); AuthOk above was the last clear
-                // frame.
-                let cipher = match crate::crypto::Cipher::from_id(*cipher) {
-                    Ok(c) if c != crate::crypto::Cipher::None => c,
-                    _ => {
-                        refuse(
-                            link,
-                            1,
-                            format!("cannot seal the control link with cipher {cipher}"),
-                        );
-                        return Ok(());
-                    }
-                };
-                let inner = std::mem::replace(link, Box::new(ClosedLink));
-                *link = Box::new(crate::transport::sealed::SealedLink::new(
-                    inner,
-                    cipher,
-                    &skey,
-                    crate::transport::sealed::End::Server,
-                    0,
-                )?);
-                first = recv_control(&mut **link);
-            }
-            // `--bwlimit` of a client pulling from this daemon.
-            let mut bwlimit = 0;
-            if let Ok(Control::BwLimit { bytes_per_s }) = &first {
-                bwlimit = (*bytes_per_s).max(crate::data::rate::MIN_RATE);
-                first = recv_control(&mut **link);
-            }
-            let (open, sync, select) = match first {
-                Ok(Control::Open(o)) => (o, 0, Default::default()),
-                // Sync and resume (docs/SYNC.md): flags for a server source.
-                Ok(Control::SyncOpen { open, flags }) => {
-                    (open, flags & crate::sync::flags::ALL, Default::default())
-                }
-                // A selection for a server source (request::filter).
-                Ok(Control::SelectOpen {
-                    open,
-                    flags,
-                    select,
-                }) => (open, flags & crate::sync::flags::ALL, select),
-                Ok(Control::StatusQuery) => {
-                    let json = serde_json::to_string(&sh.status_for(grant.account.as_deref()))
-                        .map_err(|e| EngineError::local(format!("status: {e}")))?;
-                    return send_control(&mut **link, &Control::StatusReport { json });
-                }
-                Ok(Control::TokenRequest { ttl_s }) => {
-                    return match sh.creds.mint(&grant, ttl_s) {
-                        Ok((name, raw, expires_s)) => {
-                            tracing::info!("{user}: minted one-time credential {name}");
-                            let key = seal_token_key(&skey, &name, &raw);
-                            let t = Control::Token {
-                                user: name,
-                                key,
-                                expires_s,
-                            };
-                            send_control(&mut **link, &t)
-                        }
-                        Err(m) => {
-                            refuse(link, 3, m);
-                            Ok(())
-                        }
-                    };
-                }
-                Ok(other) => {
-                    refuse(link, 1, format!("expected Open, got {}", other.name()));
-                    return Ok(());
-                }
-                Err(e) => {
-                    return Err(e);
-                }
-            };
-            if grant.read_only && open.server_role == Role::Sink {
-                refuse(
-                    link,
-                    3,
-                    format!("user {user} may only read from this daemon"),
-                );
-                return Ok(());
-            }
-            if let Some(o) = sh.one_shot.get().filter(|o| o.role != open.server_role) {
-                refuse(
-                    link,
-                    2,
-                    format!("this session serves the {:?} role only", o.role),
-                );
-                return Ok(());
-            }
-            // Draining (SIGTERM): no new session; status still answers.
-            if sh.life.draining() {
-                refuse(link, 5, crate::daemon::lifecycle::DRAINING.into());
-                return Ok(());
-            }
-            sh.active.fetch_add(1, Ordering::Relaxed);
-            let r = run_session(
-                sh,
-                link,
-                session,
-                &grant,
-                Request {
-                    open,
-                    sync,
-                    select,
-                    bwlimit,
-                },
-                ServerLinks {
-                    rx,
-                    timeout: Duration::from_secs(30),
-                    session_key: Some(skey),
-                    control: link.try_clone_link().ok(),
-                },
-            );
-            sh.active.fetch_sub(1, Ordering::Relaxed);
-            drop(registered);
-            sh.state.close_session(session);
-            match &r {
-                Ok(()) => tracing::info!("session {session:x} complete"),
-                Err(e) => tracing::warn!("session {session:x} failed: {e}"),
-            }
-            if let Some(d) = &mut one_shot {
-                d.1 = r.as_ref().map(|_| ()).map_err(|e| e.to_string());
-            }
-            r
-        }
+        },
         other => {
-            refuse(
-                link,
-                1,
-                format!("unexpected first message {}", other.name()),
-            );
+            let m = format!("unexpected first message {}", other.name());
+            refuse(link, 1, m);
             Ok(())
         }
     }
+}
+
+/// A data link joins its session, found by id in the registry.
+fn join(
+    sh: &DaemonShared,
+    link: &mut Box<dyn Link>,
+    session: u64,
+    stream: u16,
+    nonce: &Bytes32,
+    mac: &Bytes32,
+) {
+    // The client joins as soon as it knows the session id (from the
+    // Challenge), possibly before its Auth has been checked: wait a
+    // little for the session to be registered.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut reg = sh.registry.lock().unwrap();
+    while !reg.contains_key(&session)
+        && sh.announced.lock().unwrap().contains(&session)
+        && std::time::Instant::now() < deadline
+    {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        reg = sh.registry_cv.wait_timeout(reg, left).unwrap().0;
+    }
+    let tx = reg
+        .get(&session)
+        .filter(|s| verify_join(&s.key, session, stream, nonce, mac))
+        .map(|s| s.tx.clone());
+    drop(reg);
+    match tx {
+        Some(tx) => {
+            let l = std::mem::replace(link, Box::new(ClosedLink));
+            let _ = tx.send((stream, 0, l));
+        }
+        None => {
+            tracing::warn!("{}: data link with bad credentials refused", link.peer());
+            refuse(link, 1, "unknown session or bad credentials".into());
+        }
+    }
+}
+
+/// A replacement for a data link that broke (crate::relink): only for a
+/// session already running; its controller answers.
+fn rejoin(
+    sh: &DaemonShared,
+    link: &mut Box<dyn Link>,
+    (session, stream, epoch): (u64, u16, u16),
+    nonce: &Bytes32,
+    mac: &Bytes32,
+) {
+    let reg = sh.registry.lock().unwrap();
+    let tx = reg
+        .get(&session)
+        .filter(|s| {
+            epoch > 0
+                && ramsys_proto::auth::verify_rejoin(&s.key, session, stream, epoch, nonce, mac)
+        })
+        .map(|s| s.tx.clone());
+    drop(reg);
+    match tx {
+        Some(tx) => {
+            let l = std::mem::replace(link, Box::new(ClosedLink));
+            let _ = tx.send((stream, epoch, l));
+        }
+        None => {
+            tracing::warn!(
+                "{}: replacement link with bad credentials refused",
+                link.peer()
+            );
+            refuse(link, 1, "unknown session or bad credentials".into());
+        }
+    }
+}
+
+/// A control connection: authenticate -> register -> seal -> serve the
+/// request -> authorize, then run the session. A refusal has been
+/// answered on the link and ends the connection quietly.
+fn serve_control(
+    sh: &Arc<DaemonShared>,
+    link: &mut Box<dyn Link>,
+    hello: &Control,
+    user: &str,
+) -> Result<(), EngineError> {
+    let Some(mut auth) = authenticate(sh, link, hello, user)? else {
+        return Ok(());
+    };
+    let (session, skey) = (auth.session, auth.key);
+    // Removed again on every exit from here on.
+    let (registered, rx) = register(sh, link, &auth)?;
+    let Some(first) = seal(link, &skey)? else {
+        return Ok(());
+    };
+    // `--bwlimit` of a client pulling from this daemon (daemon::rates).
+    let (bwlimit, first) = match first {
+        Control::BwLimit { bytes_per_s } => (
+            bytes_per_s.max(crate::data::rate::MIN_RATE),
+            recv_control(&mut **link)?,
+        ),
+        first => (0, first),
+    };
+    let Some(mut req) = serve_request(sh, link, &auth, first)? else {
+        return Ok(());
+    };
+    req.bwlimit = bwlimit;
+    if !authorize(sh, link, &auth.grant, &req.open) {
+        return Ok(());
+    }
+    // Draining (SIGTERM): no new session; status still answers.
+    if sh.life.draining() {
+        refuse(link, 5, crate::daemon::lifecycle::DRAINING.into());
+        return Ok(());
+    }
+    sh.active.fetch_add(1, Ordering::Relaxed);
+    let links = ServerLinks {
+        rx,
+        timeout: Duration::from_secs(30),
+        session_key: Some(skey),
+        control: link.try_clone_link().ok(),
+    };
+    let r = run_session(sh, link, session, &auth.grant, req, links);
+    sh.active.fetch_sub(1, Ordering::Relaxed);
+    drop(registered);
+    sh.state.close_session(session);
+    match &r {
+        Ok(()) => tracing::info!("session {session:x} complete"),
+        Err(e) => tracing::warn!("session {session:x} failed: {e}"),
+    }
+    if let Some(d) = &mut auth.one_shot {
+        d.1 = r.as_ref().map(|_| ()).map_err(|e| e.to_string());
+    }
+    r
+}
+
+/// An authenticated control connection.
+struct Authenticated<'a> {
+    session: u64,
+    key: Bytes32,
+    /// A one-shot daemon's one session: reports its outcome when dropped.
+    one_shot: Option<OneShotDone<'a>>,
+    grant: Grant,
+    /// The session id stays announced (early joins may wait for it)
+    /// until the connection ends.
+    _announced: Unannounce,
+}
+
+/// Challenge and Auth (seed 000 sec. 6.2.1). The Hello's name selects the
+/// key (daemon::users); unknown names get a decoy key and fail at Auth
+/// like a wrong key. A one-shot daemon's credential is consumed here.
+fn authenticate<'a>(
+    sh: &'a Arc<DaemonShared>,
+    link: &mut Box<dyn Link>,
+    hello: &Control,
+    user: &str,
+) -> Result<Option<Authenticated<'a>>, EngineError> {
+    let pending = sh.creds.lookup(user);
+    let mut hs = ServerHandshake::new(&pending.key, random32());
+    let session = sh.next_session.fetch_add(1, Ordering::Relaxed);
+    let ch = hs.on_hello(hello, session)?;
+    // Announced but not yet authenticated: early joins may wait.
+    sh.announced.lock().unwrap().insert(session);
+    let announced = Unannounce(sh.clone(), session);
+    send_control(&mut **link, &ch)?;
+    let auth = recv_control(&mut **link)?;
+    let admitted = match hs.on_auth(&auth) {
+        Ok((_, k)) => sh.creds.admit(pending).map(|g| (g, k)),
+        Err(e) => Err(Refusal::Auth(e.to_string())),
+    };
+    let (grant, key) = match admitted {
+        Ok(v) => v,
+        Err(Refusal::Auth(e)) => {
+            tracing::warn!("{}: authentication failed ({e}); closing", link.peer());
+            refuse(link, 1, "authentication failed".into());
+            return Ok(None);
+        }
+        Err(Refusal::Limit(m)) => {
+            tracing::warn!("{}: {m}; closing", link.peer());
+            refuse(link, 4, m);
+            return Ok(None);
+        }
+    };
+    let mut one_shot = None;
+    if let Some(o) = sh.one_shot.get() {
+        if o.used.swap(true, Ordering::SeqCst) {
+            tracing::warn!("{}: one-time credential used again; refused", link.peer());
+            refuse(link, 1, "credential already used".into());
+            return Ok(None);
+        }
+        one_shot = Some(OneShotDone(o, Err("session ended early".into())));
+    }
+    Ok(Some(Authenticated {
+        session,
+        key,
+        grant,
+        one_shot,
+        _announced: announced,
+    }))
+}
+
+/// Register the session, so its data links find it, and say AuthOk.
+fn register<'a>(
+    sh: &'a DaemonShared,
+    link: &mut Box<dyn Link>,
+    a: &Authenticated,
+) -> Result<(Registered<'a>, Receiver<Arrival>), EngineError> {
+    let (tx, rx) = unbounded();
+    let session = a.session;
+    let slot = Slot { key: a.key, tx };
+    sh.registry.lock().unwrap().insert(session, slot);
+    let registered = Registered(sh, session);
+    sh.registry_cv.notify_all();
+    send_control(&mut **link, &Control::AuthOk { session })?;
+    tracing::info!(
+        "{}: user {} authenticated, session {session:x}",
+        link.peer(),
+        a.grant.shown
+    );
+    Ok((registered, rx))
+}
+
+/// The request, behind SealControl if the client asked for one (--encrypt:
+/// everything after it is sealed both ways, transport/sealed.rs; AuthOk
+/// was the last clear frame). None: refused.
+fn seal(link: &mut Box<dyn Link>, key: &Bytes32) -> Result<Option<Control>, EngineError> {
+    let first = recv_control(&mut **link)?;
+    let Control::SealControl { cipher } = first else {
+        return Ok(Some(first));
+    };
+    let cipher = match crate::crypto::Cipher::from_id(cipher) {
+        Ok(c) if c != crate::crypto::Cipher::None => c,
+        _ => {
+            let m = format!("cannot seal the control link with cipher {cipher}");
+            refuse(link, 1, m);
+            return Ok(None);
+        }
+    };
+    let inner = std::mem::replace(link, Box::new(ClosedLink));
+    let end = crate::transport::sealed::End::Server;
+    *link = Box::new(crate::transport::sealed::SealedLink::new(
+        inner, cipher, key, end, 0,
+    )?);
+    recv_control(&mut **link).map(Some)
+}
+
+/// Serve a status query or a token request at once; a transfer request
+/// is returned to be run. None: served or refused.
+fn serve_request(
+    sh: &DaemonShared,
+    link: &mut Box<dyn Link>,
+    a: &Authenticated,
+    first: Control,
+) -> Result<Option<Request>, EngineError> {
+    let req = match first {
+        Control::Open(open) => Request {
+            open,
+            sync: 0,
+            select: Default::default(),
+            bwlimit: 0,
+        },
+        // Sync and resume (docs/SYNC.md): flags for a server source.
+        Control::SyncOpen { open, flags } => Request {
+            open,
+            sync: flags & crate::sync::flags::ALL,
+            select: Default::default(),
+            bwlimit: 0,
+        },
+        // A selection for a server source (request::filter).
+        Control::SelectOpen {
+            open,
+            flags,
+            select,
+        } => Request {
+            open,
+            sync: flags & crate::sync::flags::ALL,
+            select,
+            bwlimit: 0,
+        },
+        Control::StatusQuery => {
+            let json = serde_json::to_string(&sh.status_for(a.grant.account.as_deref()))
+                .map_err(|e| EngineError::local(format!("status: {e}")))?;
+            send_control(&mut **link, &Control::StatusReport { json })?;
+            return Ok(None);
+        }
+        Control::TokenRequest { ttl_s } => {
+            mint(sh, link, a, ttl_s)?;
+            return Ok(None);
+        }
+        other => {
+            refuse(link, 1, format!("expected Open, got {}", other.name()));
+            return Ok(None);
+        }
+    };
+    Ok(Some(req))
+}
+
+/// A one-time credential for the authenticated user (docs/SECURITY.md).
+fn mint(
+    sh: &DaemonShared,
+    link: &mut Box<dyn Link>,
+    a: &Authenticated,
+    ttl_s: u32,
+) -> Result<(), EngineError> {
+    match sh.creds.mint(&a.grant, ttl_s) {
+        Ok((name, raw, expires_s)) => {
+            tracing::info!("{}: minted one-time credential {name}", a.grant.shown);
+            let key = seal_token_key(&a.key, &name, &raw);
+            let t = Control::Token {
+                user: name,
+                key,
+                expires_s,
+            };
+            send_control(&mut **link, &t)
+        }
+        Err(m) => {
+            refuse(link, 3, m);
+            Ok(())
+        }
+    }
+}
+
+/// May this user run this transfer here: a read-only user never writes,
+/// a one-shot daemon serves its one role. False: refused.
+fn authorize(
+    sh: &DaemonShared,
+    link: &mut Box<dyn Link>,
+    grant: &Grant,
+    open: &ramsys_proto::control::Open,
+) -> bool {
+    if grant.read_only && open.server_role == Role::Sink {
+        let m = format!("user {} may only read from this daemon", grant.shown);
+        refuse(link, 3, m);
+        return false;
+    }
+    if let Some(o) = sh.one_shot.get().filter(|o| o.role != open.server_role) {
+        let m = format!("this session serves the {:?} role only", o.role);
+        refuse(link, 2, m);
+        return false;
+    }
+    true
 }
 
 /// What the client asked for in its first message.
@@ -580,6 +718,9 @@ struct Request {
     bwlimit: u64,
 }
 
+/// Run an authorized transfer: the request poller's step (seed 000 sec.
+/// 6.2.1), a session element in the session list, then a task on the
+/// queue of the storage device the request touches (Fig. 6-3).
 fn run_session(
     sh: &Arc<DaemonShared>,
     link: &mut Box<dyn Link>,
@@ -594,9 +735,6 @@ fn run_session(
         select,
         bwlimit,
     } = req;
-    // The request poller's step (seed 000 sec. 6.2.1): a session element
-    // in the session list, then a task on the queue of the storage device
-    // the request touches (Fig. 6-3).
     let role = match open.server_role {
         Role::Sink => "sink",
         Role::Source => "source",
@@ -604,34 +742,83 @@ fn run_session(
     let shown: Vec<String> = open.paths.iter().map(|p| show(p)).collect();
     sh.state
         .open_session(session, &grant.shown, &link.peer(), role, shown);
+    let (rels, contents) = match request_paths(&open) {
+        Ok(v) => v,
+        Err(e) => {
+            refuse(link, 2, e.to_string());
+            return Err(e.into());
+        }
+    };
+    let at = Place {
+        nic: netdev::nic_for(&link.local()),
+        local_addr: link.local(),
+        stats: Arc::new(Stats::default()),
+    };
+    let mut ctl = std::mem::replace(link, Box::new(ClosedLink));
+    let mut opts = match session_options(sh, &open, sync, select) {
+        Ok(o) => o,
+        Err(reason) => {
+            refuse(&mut ctl, 2, reason);
+            return Ok(());
+        }
+    };
+    let source = open.server_role == Role::Source;
+    let _rate = sh
+        .rates
+        .for_session(session, bwlimit, grant.rate.clone(), source, &mut opts);
+    let _live = sh.life.track(session, &*ctl);
     // Every path resolves beneath the user's export root (daemon::users).
     let ex = &*grant.root;
-    let nic = netdev::nic_for(&link.local());
-    let local_addr = link.local();
-    // Every path is relative to the root; "" means the root itself.
+    match open.server_role {
+        Role::Sink => serve_sink(sh, ctl, &mut links, session, ex, rels, opts, at),
+        Role::Source => match source_tops(ex, rels, contents) {
+            Ok(tops) => serve_source(sh, ctl, &mut links, session, ex, tops, opts, at),
+            Err(reason) => {
+                refuse(&mut ctl, 2, reason);
+                Ok(())
+            }
+        },
+    }
+}
+
+/// Where a session's task runs: its NIC and local address, its counters.
+struct Place {
+    nic: String,
+    local_addr: String,
+    stats: Arc<Stats>,
+}
+
+/// The request's paths, each relative to the export root ("" = the root
+/// itself), and whether each names its contents: a source path ending in
+/// '/' does (rsync's rule; the walk gives it an empty name, which the
+/// sink maps to DST itself).
+fn request_paths(
+    open: &ramsys_proto::control::Open,
+) -> Result<(Vec<Vec<u8>>, Vec<bool>), ramsys_proto::ProtoError> {
     let mut rels = Vec::new();
-    // A source path ending in '/' names its contents (rsync's rule; the
-    // walk gives it an empty name, which the sink maps to DST itself).
     let mut contents = Vec::new();
     for p in &open.paths {
         let c = open.server_role == Role::Source && p.ends_with(b"/");
         contents.push(c);
         let p = if c { &p[..p.len() - 1] } else { &p[..] };
-        if p.is_empty() {
-            rels.push(Vec::new());
-            continue;
-        }
-        if let Err(e) = validate_relative(p) {
-            refuse(link, 2, e.to_string());
-            return Err(e.into());
+        if !p.is_empty() {
+            validate_relative(p)?;
         }
         rels.push(p.to_vec());
     }
-    let ctl = std::mem::replace(link, Box::new(ClosedLink));
-    let stats = Arc::new(Stats::default());
+    Ok((rels, contents))
+}
+
+/// The client's wishes, within what this daemon serves. Err: the reason
+/// to refuse, in one line, before any scan.
+fn session_options(
+    sh: &DaemonShared,
+    open: &ramsys_proto::control::Open,
+    sync: u32,
+    select: ramsys_proto::control::Selection,
+) -> Result<TransferOptions, String> {
     let mut opts = sh.opts.clone();
     opts.recursive = open.recursive;
-    // The client's wishes, within what this daemon serves.
     opts.streams = open.streams.clamp(1, sh.res.config.max_streams as u16);
     opts.block_size = open
         .block_size
@@ -639,109 +826,110 @@ fn run_session(
     opts.checksum = open.checksum;
     opts.sync = sync;
     if !select.is_empty() {
-        // A bad pattern is refused here, in one line, before any scan. A
-        // source applies the selection to its scan, a sink to --delete.
-        let bad = crate::request::filter::Filter::new(&select)
-            .err()
-            .map(|e| format!("--exclude/--include: {e}"));
-        if let Some(reason) = bad {
-            let mut ctl = ctl;
-            refuse(&mut ctl, 2, reason);
-            return Ok(());
+        // A source applies the selection to its scan, a sink to --delete.
+        if let Err(e) = crate::request::filter::Filter::new(&select) {
+            return Err(format!("--exclude/--include: {e}"));
         }
         opts.select = select;
     }
-    let source = open.server_role == Role::Source;
-    let _rate = sh
-        .rates
-        .for_session(session, bwlimit, grant.rate.clone(), source, &mut opts);
-    let _live = sh.life.track(session, &*ctl);
-    match open.server_role {
-        Role::Sink => {
-            if rels.len() != 1 {
-                let mut ctl = ctl;
-                refuse(&mut ctl, 2, "a sink takes exactly one destination".into());
-                return Ok(());
-            }
-            let spec = SinkSpec {
-                root: ex.sink.clone(),
-                dest: rels.pop().unwrap(),
-                session,
-                pending_auth: None,
-            };
-            let (dev, kind) =
-                netdev::device_of(&ex.path.join(std::ffi::OsStr::new(&show(&spec.dest))));
-            let task = sh
-                .state
-                .new_task(session, Dir::In, &dev, kind, &nic, stats.clone());
-            follow_plan(
-                sh,
-                &task,
-                true,
-                &ex.path.join(std::ffi::OsStr::new(&show(&spec.dest))),
-                &local_addr,
-                &mut opts,
-            );
-            let r = run_sink_with(ctl, &mut links, spec, &opts, &sh.res, stats, &task).map(|_| ());
-            task.finish(&r);
-            r
-        }
-        Role::Source => {
-            let mut tops = Vec::new();
-            for (r, c) in rels.into_iter().zip(contents) {
-                // Symlinks inside the export may be read through, but the
-                // top-level path must resolve inside the root.
-                let abs = ex.path.join(std::ffi::OsStr::new(&show(&r)));
-                if let Ok(c) = abs.canonicalize() {
-                    if !c.starts_with(&ex.path) {
-                        let mut ctl = ctl;
-                        refuse(
-                            &mut ctl,
-                            2,
-                            format!("{} resolves outside the daemon root", show(&r)),
-                        );
-                        return Ok(());
-                    }
-                }
-                let name = match r.iter().rposition(|&b| b == b'/') {
-                    _ if c => Vec::new(),
-                    Some(i) => r[i + 1..].to_vec(),
-                    None if r.is_empty() => ex
-                        .path
-                        .file_name()
-                        .map(|n| n.as_encoded_bytes().to_vec())
-                        .unwrap_or_else(|| b"root".to_vec()),
-                    None => r.clone(),
-                };
-                tops.push(Top { rel: r, name });
-            }
-            // The task's queue is the device of the first source path;
-            // readers inside the session still split by device
-            // (request::tasks) and steal across devices.
-            let first = tops.first().map(|t| show(&t.rel)).unwrap_or_default();
-            let (dev, kind) = netdev::device_of(&ex.path.join(std::ffi::OsStr::new(&first)));
-            let spec = SourceSpec {
-                root: ex.source.clone(),
-                tops,
-                pending_auth: None,
-            };
-            let task = sh
-                .state
-                .new_task(session, Dir::Out, &dev, kind, &nic, stats.clone());
-            follow_plan(
-                sh,
-                &task,
-                false,
-                &ex.path.join(std::ffi::OsStr::new(&first)),
-                &local_addr,
-                &mut opts,
-            );
-            let r =
-                run_source_with(ctl, &mut links, spec, &opts, &sh.res, stats, &task).map(|_| ());
-            task.finish(&r);
-            r
-        }
+    Ok(opts)
+}
+
+/// The daemon as the sink: one destination.
+#[allow(clippy::too_many_arguments)]
+fn serve_sink(
+    sh: &Arc<DaemonShared>,
+    mut ctl: Box<dyn Link>,
+    links: &mut ServerLinks,
+    session: u64,
+    ex: &ExportRoot,
+    mut rels: Vec<Vec<u8>>,
+    mut opts: TransferOptions,
+    at: Place,
+) -> Result<(), EngineError> {
+    if rels.len() != 1 {
+        refuse(&mut ctl, 2, "a sink takes exactly one destination".into());
+        return Ok(());
     }
+    let spec = SinkSpec {
+        root: ex.sink.clone(),
+        dest: rels.pop().unwrap(),
+        session,
+        pending_auth: None,
+    };
+    let dest = ex.path.join(std::ffi::OsStr::new(&show(&spec.dest)));
+    let (dev, kind) = netdev::device_of(&dest);
+    let task = sh
+        .state
+        .new_task(session, Dir::In, &dev, kind, &at.nic, at.stats.clone());
+    follow_plan(sh, &task, true, &dest, &at.local_addr, &mut opts);
+    let r = run_sink_with(ctl, links, spec, &opts, &sh.res, at.stats, &task).map(|_| ());
+    task.finish(&r);
+    r
+}
+
+/// The source's top-level paths and the names their trees get on the
+/// wire. Err: a path resolves outside the export root.
+fn source_tops(
+    ex: &ExportRoot,
+    rels: Vec<Vec<u8>>,
+    contents: Vec<bool>,
+) -> Result<Vec<Top>, String> {
+    let mut tops = Vec::new();
+    for (r, c) in rels.into_iter().zip(contents) {
+        // Symlinks inside the export may be read through, but the
+        // top-level path must resolve inside the root.
+        let abs = ex.path.join(std::ffi::OsStr::new(&show(&r)));
+        if let Ok(c) = abs.canonicalize() {
+            if !c.starts_with(&ex.path) {
+                return Err(format!("{} resolves outside the daemon root", show(&r)));
+            }
+        }
+        let name = match r.iter().rposition(|&b| b == b'/') {
+            _ if c => Vec::new(),
+            Some(i) => r[i + 1..].to_vec(),
+            None if r.is_empty() => ex
+                .path
+                .file_name()
+                .map(|n| n.as_encoded_bytes().to_vec())
+                .unwrap_or_else(|| b"root".to_vec()),
+            None => r.clone(),
+        };
+        tops.push(Top { rel: r, name });
+    }
+    Ok(tops)
+}
+
+/// The daemon as the source.
+#[allow(clippy::too_many_arguments)]
+fn serve_source(
+    sh: &Arc<DaemonShared>,
+    ctl: Box<dyn Link>,
+    links: &mut ServerLinks,
+    session: u64,
+    ex: &ExportRoot,
+    tops: Vec<Top>,
+    mut opts: TransferOptions,
+    at: Place,
+) -> Result<(), EngineError> {
+    // The task's queue is the device of the first source path; readers
+    // inside the session still split by device (request::tasks) and steal
+    // across devices.
+    let first = tops.first().map(|t| show(&t.rel)).unwrap_or_default();
+    let first = ex.path.join(std::ffi::OsStr::new(&first));
+    let (dev, kind) = netdev::device_of(&first);
+    let spec = SourceSpec {
+        root: ex.source.clone(),
+        tops,
+        pending_auth: None,
+    };
+    let task = sh
+        .state
+        .new_task(session, Dir::Out, &dev, kind, &at.nic, at.stats.clone());
+    follow_plan(sh, &task, false, &first, &at.local_addr, &mut opts);
+    let r = run_source_with(ctl, links, spec, &opts, &sh.res, at.stats, &task).map(|_| ());
+    task.finish(&r);
+    r
 }
 
 /// Issue 7: when a task starts, plan it (MSMRAP heuristic over the

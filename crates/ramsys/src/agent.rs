@@ -16,6 +16,7 @@ use ramsys_engine::request::walk::Top;
 use ramsys_engine::resources::ResourceConfig;
 use ramsys_engine::server::Daemon;
 use ramsys_engine::stats::process_cpu_seconds;
+use ramsys_engine::transport::path;
 use ramsys_engine::transport::tcp::Tcp;
 use ramsys_engine::transport::Transport;
 use ramsys_engine::{EngineResources, Report, Stats, TransferOptions};
@@ -23,7 +24,7 @@ use ramsys_engine::{EngineResources, Report, Stats, TransferOptions};
 use ramsys_topo::Role;
 
 use crate::args::{CpArgs, SyncArgs};
-use crate::numa::Numa;
+use crate::numa::{Fixed, Numa};
 use crate::progress::Progress;
 use crate::spec::{local_sink, parse_endpoint, Endpoint};
 
@@ -78,249 +79,214 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
     run_with(a, a.resume_flags())
 }
 
-fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
-    let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
-    // rsync's rule for sync: `SRC/` sends SRC's contents into DST; with
-    // --files-from every source is sent as its contents (rsync's too).
-    let files_from = a.select.files_from.is_some();
-    let contents: Vec<bool> = srcs
-        .iter()
-        .map(|s| {
-            files_from
-                || sync & ramsys_engine::sync::flags::SYNC != 0 && crate::spec::names_contents(s)
-        })
-        .collect();
-    let mut dst = parse_endpoint(dst)?;
-    let mut srcs: Vec<Endpoint> = srcs
-        .iter()
-        .map(|s| parse_endpoint(s))
-        .collect::<Result<_, _>>()?;
-    anyhow::ensure!(
-        a.block_size >= 4096 && a.block_size <= 64 << 20,
-        "--block-size must be between 4K and 64M"
-    );
-    let mut opts = TransferOptions {
-        streams: a.streams.unwrap_or(4),
-        block_size: a.block_size as u32,
-        checksum: !a.no_checksum,
-        // --files-from walks the source directory to reach the listed
-        // paths; -r only decides what below a listed directory goes.
-        recursive: a.recursive || files_from,
-        readers: a.readers.unwrap_or(4).max(1),
-        writers: a.writers.unwrap_or(4).max(1),
-        window: a.window.max(2),
-        fsync: a.fsync,
-        sync,
-        encrypt: a.encrypt.unwrap_or_default(),
-        select: a.select.selection(a.recursive)?,
-        ..a.storage.options()
-    };
-    // --bwlimit: one bucket for all this transfer's streams (data::rate);
-    // a daemon or ssh source gets it in Control::BwLimit.
-    if let Some(bw) = a.bwlimit.filter(|&b| b > 0) {
-        opts.rate = ramsys_engine::data::rate::Limits::session("agent", bw);
-        if let Some(cap) = opts.rate.block_cap() {
-            opts.block_size = opts.block_size.min(cap);
+/// A transfer resolved once from cp's or sync's arguments (issue 16): the
+/// endpoints, the options every end starts from, the resources an engine
+/// of this process gets, and what the NUMA planner may not override. It is
+/// handed down whole to the function that runs the transfer.
+struct Plan {
+    srcs: Vec<Endpoint>,
+    dst: Endpoint,
+    /// Per source: its contents go into DST (rsync's `SRC/` rule, sync).
+    contents: Vec<bool>,
+    opts: TransferOptions,
+    res_cfg: ResourceConfig,
+    fixed: Fixed,
+    channels: ramsys_topo::ChannelPolicy,
+    connect_timeout: Duration,
+    /// The local copy's source engine takes this share of --memory.
+    memory: usize,
+    block_size: usize,
+    /// A local copy moves large files with copy_file_range.
+    copy_range: bool,
+    json: bool,
+}
+
+/// The most streams the agent sizes a long path to without --streams
+/// (transport::path): 100 ms at 10 Gb/s wants 45; the buffer pool's own
+/// bound (21 with the default 192 MiB) usually comes first.
+const AUTO_MAX_STREAMS: usize = 32;
+
+/// Where the sources are, once ssh endpoints became daemons.
+struct Sources {
+    local: Vec<PathBuf>,
+    /// (daemon address, path); a daemon source names contents with a
+    /// trailing '/' (docs/PROTOCOL.md).
+    remote: Vec<(String, Vec<u8>)>,
+}
+
+impl Plan {
+    fn resolve(a: &CpArgs, sync: u32) -> anyhow::Result<Plan> {
+        let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
+        // rsync's rule for sync: `SRC/` sends SRC's contents into DST; with
+        // --files-from every source is sent as its contents (rsync's too).
+        let files_from = a.select.files_from.is_some();
+        let sync_on = sync & ramsys_engine::sync::flags::SYNC != 0;
+        let contents = srcs
+            .iter()
+            .map(|s| files_from || sync_on && crate::spec::names_contents(s))
+            .collect();
+        let dst = parse_endpoint(dst)?;
+        let srcs: Vec<Endpoint> = srcs
+            .iter()
+            .map(|s| parse_endpoint(s))
+            .collect::<Result<_, _>>()?;
+        anyhow::ensure!(
+            a.block_size >= 4096 && a.block_size <= 64 << 20,
+            "--block-size must be between 4K and 64M"
+        );
+        let local_copy = matches!(dst, Endpoint::Local(_))
+            && srcs.iter().all(|s| matches!(s, Endpoint::Local(_)));
+        let mut opts = TransferOptions {
+            streams: a.streams.unwrap_or(4),
+            // No --streams: sized from the path when connecting (issue
+            // 21); a local copy's path is this host's memory.
+            auto_streams: a.streams.is_none() && !local_copy,
+            block_size: a.block_size as u32,
+            checksum: !a.no_checksum,
+            // --files-from walks the source directory to reach the listed
+            // paths; -r only decides what below a listed directory goes.
+            recursive: a.recursive || files_from,
+            readers: a.readers.unwrap_or(4).max(1),
+            writers: a.writers.unwrap_or(4).max(1),
+            window: a.window.max(2),
+            fsync: a.fsync,
+            sync,
+            encrypt: a.encrypt.unwrap_or_default(),
+            select: a.select.selection(a.recursive)?,
+            ..a.storage.options()
+        };
+        // --bwlimit: one bucket for all this transfer's streams (data::rate);
+        // a daemon or ssh source gets it in Control::BwLimit.
+        if let Some(bw) = a.bwlimit.filter(|&b| b > 0) {
+            opts.rate = ramsys_engine::data::rate::Limits::session("agent", bw);
+            if let Some(cap) = opts.rate.block_cap() {
+                opts.block_size = opts.block_size.min(cap);
+            }
         }
+        // --delete leaves files the rules exclude (the sink gets the rules),
+        // but a file skipped for its size at the source cannot be told from
+        // one the source no longer has: refuse rather than delete it.
+        anyhow::ensure!(
+            (opts.select.min_size == 0 && opts.select.max_size == 0)
+                || sync & ramsys_engine::sync::flags::DELETE == 0,
+            "--delete cannot be combined with --min-size/--max-size \
+             (it would delete the destination's copies of the skipped files)"
+        );
+        let res_cfg = ResourceConfig {
+            memory: a.memory as usize,
+            buffer_size: a.block_size as usize,
+            readers: opts.readers,
+            writers: opts.writers,
+            // Threads for as many streams as a long path may get and the
+            // buffer pool can feed (transport::path); created parked.
+            max_streams: if opts.auto_streams {
+                let buffers = a.memory as usize / (a.block_size as usize).max(1);
+                let src = path::pool_max_streams(buffers, opts.readers, 0, true);
+                let snk = path::pool_max_streams(buffers, 0, opts.window as usize, false);
+                (src.max(snk) as usize).clamp(opts.streams as usize, AUTO_MAX_STREAMS)
+            } else {
+                opts.streams as usize
+            },
+            ..Default::default()
+        };
+        Ok(Plan {
+            srcs,
+            dst,
+            contents,
+            opts,
+            res_cfg,
+            fixed: Fixed {
+                streams: a.streams,
+                readers: a.readers,
+                writers: a.writers,
+            },
+            channels: a.channels,
+            connect_timeout: Duration::from_secs(a.connect_timeout.max(1)),
+            memory: a.memory as usize,
+            block_size: a.block_size as usize,
+            // A rate limit counts blocks' payload: no kernel-side copies.
+            copy_range: !a.no_copy_range && a.bwlimit.is_none_or(|b| b == 0),
+            json: a.json,
+        })
     }
-    // --delete leaves files the rules exclude (the sink gets the rules),
-    // but a file skipped for its size at the source cannot be told from
-    // one the source no longer has: refuse rather than delete it.
-    anyhow::ensure!(
-        (opts.select.min_size == 0 && opts.select.max_size == 0)
-            || sync & ramsys_engine::sync::flags::DELETE == 0,
-        "--delete cannot be combined with --min-size/--max-size \
-         (it would delete the destination's copies of the skipped files)"
-    );
-    let res_cfg = ResourceConfig {
-        memory: a.memory as usize,
-        buffer_size: a.block_size as usize,
-        readers: opts.readers,
-        writers: opts.writers,
-        max_streams: opts.streams as usize,
-        ..Default::default()
-    };
-    let connect_timeout = Duration::from_secs(a.connect_timeout.max(1));
+
+    /// Local and remote sources: all local, or all on one daemon.
+    fn sources(&self) -> anyhow::Result<Sources> {
+        let local: Vec<PathBuf> = self
+            .srcs
+            .iter()
+            .filter_map(|s| match s {
+                Endpoint::Local(p) => Some(p.clone()),
+                _ => None,
+            })
+            .collect();
+        let remote: Vec<(String, Vec<u8>)> = self
+            .srcs
+            .iter()
+            .zip(&self.contents)
+            .filter_map(|(s, &c)| match s {
+                Endpoint::Daemon { addr, path } if c => {
+                    Some((addr.clone(), [path, &b"/"[..]].concat()))
+                }
+                Endpoint::Daemon { addr, path } => Some((addr.clone(), path.clone())),
+                _ => None,
+            })
+            .collect();
+        if !local.is_empty() && !remote.is_empty() {
+            bail!("sources must be all local or all on one daemon");
+        }
+        if remote.iter().any(|(a, _)| *a != remote[0].0) {
+            bail!("all remote sources must be on the same daemon");
+        }
+        Ok(Sources { local, remote })
+    }
+}
+
+/// What every way of running a transfer shares.
+struct Run<'a> {
+    plan: &'a Plan,
+    numa: Numa,
+    stats: Arc<Stats>,
+    key: &'a dyn Fn() -> anyhow::Result<Vec<u8>>,
+}
+
+fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
+    let mut plan = Plan::resolve(a, sync)?;
+    // ramsys://A,B,C/PATH: the least-loaded daemon of the list (pick.rs).
+    for e in plan.srcs.iter_mut().chain(std::iter::once(&mut plan.dst)) {
+        crate::pick::resolve(e, &|| a.key.load(), plan.connect_timeout)?;
+    }
     crate_raise_limits();
     // HOST:PATH endpoints (issue 9): a third-party copy runs on the hosts;
     // otherwise the ssh end becomes a one-session daemon (crate::ssh).
-    if let Some(code) = crate::ssh::third_party(a, sync, &srcs, &dst)? {
+    if let Some(code) = crate::ssh::third_party(a, sync, &plan.srcs, &plan.dst)? {
         return Ok(code);
     }
-    let ssh = crate::ssh::open(a, &mut srcs, &mut dst)?;
+    let ssh = crate::ssh::open(a, &mut plan.srcs, &mut plan.dst)?;
     if let Some(u) = ssh.user() {
         // A running daemon's one-time credential names the user to
         // authenticate as; session::current_user reads it. Set before any
         // engine thread starts.
         std::env::set_var("RAMSYS_USER", u);
     }
-    let load_key = || match ssh.key() {
+    let ssh_key = ssh.key();
+    let load_key = || match ssh_key.clone() {
         Some(k) => Ok(k),
         None => a.load_key(),
     };
-
-    let local_srcs: Vec<PathBuf> = srcs
-        .iter()
-        .filter_map(|s| match s {
-            Endpoint::Local(p) => Some(p.clone()),
-            _ => None,
-        })
-        .collect();
-    // A daemon source names contents with a trailing '/' (docs/PROTOCOL.md).
-    let remote_srcs: Vec<(String, Vec<u8>)> = srcs
-        .iter()
-        .zip(&contents)
-        .filter_map(|(s, &c)| match s {
-            Endpoint::Daemon { addr, path } if c => {
-                Some((addr.clone(), [path, &b"/"[..]].concat()))
-            }
-            Endpoint::Daemon { addr, path } => Some((addr.clone(), path.clone())),
-            _ => None,
-        })
-        .collect();
-    if !local_srcs.is_empty() && !remote_srcs.is_empty() {
-        bail!("sources must be all local or all on one daemon");
-    }
-    if remote_srcs.iter().any(|(a, _)| *a != remote_srcs[0].0) {
-        bail!("all remote sources must be on the same daemon");
-    }
-
-    let mut numa = Numa::new(a.numa, a.explain);
-    let stats = Arc::new(Stats::default());
+    let srcs = plan.sources()?;
+    let mut run = Run {
+        plan: &plan,
+        numa: Numa::new(a.numa, a.explain),
+        stats: Arc::new(Stats::default()),
+        key: &load_key,
+    };
     let t0 = Instant::now();
     let cpu0 = process_cpu_seconds();
-    let transport: Arc<dyn Transport> = Arc::new(Tcp {
-        socket_buffer: None,
-    });
-    let result = match (&dst, remote_srcs.is_empty()) {
-        (Endpoint::Daemon { addr, path }, true) => {
-            let key = load_key()?;
-            let cfg = numa.configure(
-                "source",
-                Role::Source,
-                local_srcs.first().map(|p| p.as_path()),
-                Some(addr),
-                &res_cfg,
-            );
-            numa.follow("source", Role::Source, &mut opts, a);
-            let res = EngineResources::new(&cfg)?;
-            numa.buffers("source", &res);
-            let transport = numa.channels(addr, a.channels, cfg.buffer_node, transport);
-            let remote = Remote {
-                transport,
-                addr: addr.clone(),
-                key,
-                connect_timeout,
-                user: None,
-            };
-            let root = open_root(Path::new("/"), Confinement::None)?;
-            let progress = Progress::start(stats.clone(), a.json);
-            let r = push(
-                &remote,
-                root,
-                local_tops(&local_srcs, &contents)?,
-                path.clone(),
-                &opts,
-                &res,
-                stats.clone(),
-            );
-            progress.finish();
-            numa.threads("source", &res);
-            r
-        }
-        (Endpoint::Local(d), false) => {
-            let key = load_key()?;
-            let cfg = numa.configure(
-                "sink",
-                Role::Sink,
-                Some(d.as_path()),
-                Some(&remote_srcs[0].0),
-                &res_cfg,
-            );
-            numa.follow("sink", Role::Sink, &mut opts, a);
-            let res = EngineResources::new(&cfg)?;
-            numa.buffers("sink", &res);
-            let transport =
-                numa.channels(&remote_srcs[0].0, a.channels, cfg.buffer_node, transport);
-            let remote = Remote {
-                transport,
-                addr: remote_srcs[0].0.clone(),
-                key,
-                connect_timeout,
-                user: None,
-            };
-            let (root, dest) = local_sink(d)?;
-            let root = open_root(&root, Confinement::Strict)?;
-            let progress = Progress::start(stats.clone(), a.json);
-            let paths = remote_srcs.into_iter().map(|(_, p)| p).collect();
-            let r = pull(&remote, paths, root, dest, &opts, &res, stats.clone());
-            progress.finish();
-            numa.threads("sink", &res);
-            r
-        }
-        (Endpoint::Local(d), true) => {
-            // Local copy: an in-process daemon on loopback is the sink.
-            let (root, dest) = local_sink(d)?;
-            let mut key = vec![0u8; 32];
-            getrandom_fill(&mut key);
-            let sink_cfg = numa.configure(
-                "sink",
-                Role::Sink,
-                Some(d.as_path()),
-                Some("127.0.0.1:1"),
-                &res_cfg,
-            );
-            let sink_res = EngineResources::new(&sink_cfg)?;
-            numa.buffers("sink", &sink_res);
-            // A rate limit counts blocks' payload: no kernel-side copies.
-            if !a.no_copy_range && opts.rate.is_empty() {
-                // Large files' data goes from file to file in the kernel
-                // (engine storage::local); the bridge is this process's own.
-                opts.local_copy = Some(Default::default());
-            }
-            let mut sink_opts = opts.clone();
-            numa.follow("sink", Role::Sink, &mut sink_opts, a);
-            let daemon = Daemon::bind("127.0.0.1:0", &root, key.clone(), sink_opts, sink_res)?;
-            let addr = daemon.local_addr().to_string();
-            let sink_shared = daemon.shared();
-            daemon.spawn();
-            let src_cfg = ResourceConfig {
-                memory: (a.memory as usize / 3).max(a.block_size as usize * 8),
-                ..res_cfg.clone()
-            };
-            let src_cfg = numa.configure(
-                "source",
-                Role::Source,
-                local_srcs.first().map(|p| p.as_path()),
-                Some(&addr),
-                &src_cfg,
-            );
-            numa.follow("source", Role::Source, &mut opts, a);
-            let res = EngineResources::new(&src_cfg)?;
-            numa.buffers("source", &res);
-            let remote = Remote {
-                transport,
-                addr,
-                key,
-                connect_timeout,
-                user: None,
-            };
-            let src_root = open_root(Path::new("/"), Confinement::None)?;
-            let progress = Progress::start(stats.clone(), a.json);
-            let r = push(
-                &remote,
-                src_root,
-                local_tops(&local_srcs, &contents)?,
-                dest,
-                &opts,
-                &res,
-                stats.clone(),
-            );
-            progress.finish();
-            numa.threads("source", &res);
-            numa.threads("sink", &sink_shared.res);
-            r
-        }
+    let result = match (&plan.dst, srcs.remote.is_empty()) {
+        (Endpoint::Daemon { addr, path }, true) => run.push_to(addr, path, &srcs.local)?,
+        (Endpoint::Local(d), false) => run.pull_from(d, srcs.remote)?,
+        (Endpoint::Local(d), true) => run.copy_locally(d, &srcs.local)?,
         (Endpoint::Daemon { .. }, false) => {
             bail!("third-party transfers (daemon to daemon) are not supported yet")
         }
@@ -331,28 +297,181 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
     let cpu = process_cpu_seconds() - cpu0;
     ssh.finish();
     if let Ok(rep) = &result {
-        numa.streams(rep);
+        run.numa.streams(rep);
     }
-    numa.print();
+    run.numa.print();
+    report(result, &run.stats, wall, cpu, plan.json, sync)
+}
+
+impl Run<'_> {
+    /// Local sources to a daemon (or an ssh end turned daemon).
+    fn push_to(&mut self, addr: &str, path: &[u8], local: &[PathBuf]) -> Attempt {
+        let (plan, numa) = (self.plan, &mut self.numa);
+        let key = (self.key)()?;
+        let src = local.first().map(|p| p.as_path());
+        let cfg = numa.configure("source", Role::Source, src, Some(addr), &plan.res_cfg);
+        let mut opts = plan.opts.clone();
+        numa.follow("source", Role::Source, &mut opts, &plan.fixed);
+        let res = EngineResources::new(&cfg)?;
+        numa.buffers("source", &res);
+        let transport = numa.channels(addr, plan.channels, cfg.buffer_node, tcp());
+        let remote = Remote {
+            transport,
+            addr: addr.to_string(),
+            key,
+            connect_timeout: plan.connect_timeout,
+            user: None,
+        };
+        let root = open_root(Path::new("/"), Confinement::None)?;
+        let tops = local_tops(local, &plan.contents)?;
+        let progress = Progress::start(self.stats.clone(), plan.json);
+        let r = push(
+            &remote,
+            root,
+            tops,
+            path.to_vec(),
+            &opts,
+            &res,
+            self.stats.clone(),
+        );
+        progress.finish();
+        numa.threads("source", &res);
+        Ok(r)
+    }
+
+    /// Sources on a daemon to a local destination.
+    fn pull_from(&mut self, d: &Path, remote: Vec<(String, Vec<u8>)>) -> Attempt {
+        let (plan, numa) = (self.plan, &mut self.numa);
+        let key = (self.key)()?;
+        let addr = remote[0].0.clone();
+        let cfg = numa.configure("sink", Role::Sink, Some(d), Some(&addr), &plan.res_cfg);
+        let mut opts = plan.opts.clone();
+        numa.follow("sink", Role::Sink, &mut opts, &plan.fixed);
+        let res = EngineResources::new(&cfg)?;
+        numa.buffers("sink", &res);
+        let transport = numa.channels(&addr, plan.channels, cfg.buffer_node, tcp());
+        let remote_end = Remote {
+            transport,
+            addr,
+            key,
+            connect_timeout: plan.connect_timeout,
+            user: None,
+        };
+        let (root, dest) = local_sink(d)?;
+        let root = open_root(&root, Confinement::Strict)?;
+        let progress = Progress::start(self.stats.clone(), plan.json);
+        let paths = remote.into_iter().map(|(_, p)| p).collect();
+        let r = pull(
+            &remote_end,
+            paths,
+            root,
+            dest,
+            &opts,
+            &res,
+            self.stats.clone(),
+        );
+        progress.finish();
+        numa.threads("sink", &res);
+        Ok(r)
+    }
+
+    /// Local copy: an in-process daemon on loopback is the sink.
+    fn copy_locally(&mut self, d: &Path, local: &[PathBuf]) -> Attempt {
+        let (plan, numa) = (self.plan, &mut self.numa);
+        let (root, dest) = local_sink(d)?;
+        let mut key = vec![0u8; 32];
+        getrandom_fill(&mut key);
+        let lo = Some("127.0.0.1:1");
+        let sink_cfg = numa.configure("sink", Role::Sink, Some(d), lo, &plan.res_cfg);
+        let sink_res = EngineResources::new(&sink_cfg)?;
+        numa.buffers("sink", &sink_res);
+        let mut opts = plan.opts.clone();
+        if plan.copy_range {
+            // Large files' data goes from file to file in the kernel
+            // (engine storage::local); the bridge is this process's own.
+            opts.local_copy = Some(Default::default());
+        }
+        let mut sink_opts = opts.clone();
+        numa.follow("sink", Role::Sink, &mut sink_opts, &plan.fixed);
+        let daemon = Daemon::bind("127.0.0.1:0", &root, key.clone(), sink_opts, sink_res)?;
+        let addr = daemon.local_addr().to_string();
+        let sink_shared = daemon.shared();
+        daemon.spawn();
+        let src_cfg = ResourceConfig {
+            memory: (plan.memory / 3).max(plan.block_size * 8),
+            ..plan.res_cfg.clone()
+        };
+        let src = local.first().map(|p| p.as_path());
+        let src_cfg = numa.configure("source", Role::Source, src, Some(&addr), &src_cfg);
+        numa.follow("source", Role::Source, &mut opts, &plan.fixed);
+        let res = EngineResources::new(&src_cfg)?;
+        numa.buffers("source", &res);
+        let remote = Remote {
+            transport: tcp(),
+            addr,
+            key,
+            connect_timeout: plan.connect_timeout,
+            user: None,
+        };
+        let src_root = open_root(Path::new("/"), Confinement::None)?;
+        let tops = local_tops(local, &plan.contents)?;
+        let progress = Progress::start(self.stats.clone(), plan.json);
+        let r = push(
+            &remote,
+            src_root,
+            tops,
+            dest,
+            &opts,
+            &res,
+            self.stats.clone(),
+        );
+        progress.finish();
+        numa.threads("source", &res);
+        numa.threads("sink", &sink_shared.res);
+        Ok(r)
+    }
+}
+
+/// A transfer's outcome: setting it up may fail (the outer error, a
+/// plain message), and so may the session (the engine's error, which the
+/// summary reports).
+type Attempt = anyhow::Result<Result<Report, ramsys_engine::EngineError>>;
+
+/// Plain TCP; the NUMA layer may replace it with per-NIC channels.
+fn tcp() -> Arc<dyn Transport> {
+    Arc::new(Tcp {
+        socket_buffer: None,
+    })
+}
+
+/// The summary (or the JSON line), and the exit code.
+fn report(
+    result: Result<Report, ramsys_engine::EngineError>,
+    stats: &Stats,
+    wall: f64,
+    cpu: f64,
+    json: bool,
+    sync: u32,
+) -> anyhow::Result<i32> {
     match result {
         Ok(rep) => {
             let resent = stats.resends.load(std::sync::atomic::Ordering::Relaxed);
-            if resent > 0 && !a.json {
+            if resent > 0 && !json {
                 eprintln!(
                     "ramsys: {resent} segments failed verification in flight and were sent again"
                 );
             }
-            let faults = LinkFaults::of(&stats);
-            if faults.lost > 0 && !a.json {
+            let faults = LinkFaults::of(stats);
+            if faults.lost > 0 && !json {
                 eprintln!(
                     "ramsys: {} data links lost, {} replaced ({} failed reconnect attempts)",
                     faults.lost, faults.replaced, faults.retries
                 );
             }
-            Ok(summarize(&rep, wall, cpu, a.json, sync, resent, faults))
+            Ok(summarize(&rep, wall, cpu, json, sync, resent, faults))
         }
         Err(e) => {
-            if a.json {
+            if json {
                 let line = serde_json::json!({
                     "event": "summary", "ok": false, "error": e.to_string(),
                     "files": stats.files.load(std::sync::atomic::Ordering::Relaxed),
@@ -415,6 +534,7 @@ fn summarize(
             "cpu_s": cpu,
             "peer_cpu_s": rep.peer_cpu_s,
             "streams": rep.streams,
+            "stream_choice": rep.stream_choice,
             "block_size": rep.block_size,
             "failed": rep.failed,
             "resent": resent,

@@ -6,6 +6,7 @@ mod args;
 mod daemon;
 mod docgen;
 mod numa;
+mod pick;
 mod plan;
 mod progress;
 mod signals;

@@ -13,7 +13,14 @@ use ramsys_engine::transport::Transport;
 use ramsys_engine::{EngineResources, Report, TransferOptions};
 use ramsys_topo::Role;
 
-use crate::args::CpArgs;
+/// The thread and stream counts the user set on the command line: the
+/// plan does not override them (`Numa::follow`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Fixed {
+    pub streams: Option<u16>,
+    pub readers: Option<usize>,
+    pub writers: Option<usize>,
+}
 
 /// NUMA placement of this agent's engines, and the --explain report.
 pub struct Numa {
@@ -153,7 +160,7 @@ impl Numa {
     /// keep a floor of 4: the plan counts CPU and device bandwidth, while
     /// parallel streams also work around TCP's per-flow window on long
     /// paths (seed 000 sec. 5.2.1), which the plan does not model.
-    pub fn follow(&mut self, label: &str, role: Role, opts: &mut TransferOptions, a: &CpArgs) {
+    pub fn follow(&mut self, label: &str, role: Role, opts: &mut TransferOptions, a: &Fixed) {
         if self.mode != ramsys_topo::NumaMode::Auto {
             return;
         }
@@ -290,6 +297,12 @@ impl Numa {
     }
 
     pub fn streams(&mut self, rep: &Report) {
+        if let Some(c) = &rep.stream_choice {
+            self.lines.push(format!(
+                "streams: {} chosen from the path ({}); the peer confirmed {}",
+                c.streams, c.why, rep.streams
+            ));
+        }
         if let Some(p) = rep.send_path {
             self.lines.push(format!(
                 "send path: {} ({} blocks through the sender queue)",

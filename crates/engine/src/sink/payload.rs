@@ -1,7 +1,7 @@
 //! The sink's payload phase, taken out of its event loop: what each event
 //! does (a control message, a receiver that ended, a corrupt block) and
 //! when the sink is settled, as functions and a plain struct the loop in
-//! `run_sink_with` calls one line per event.
+//! (pipeline.rs, SinkPipeline) calls one line per event.
 
 use std::sync::atomic::Ordering;
 

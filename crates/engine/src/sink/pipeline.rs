@@ -1,0 +1,561 @@
+//! The sink's data pipeline (seed 000 Fig. 6-4c): a receiver per data
+//! link verifies blocks and queues them to the writers, which write them
+//! and return credits per stream; one event loop on the session's thread
+//! answers the source's control messages, the receivers' ends and the
+//! writers' failures, each with a handler of its own; one teardown joins
+//! every thread and finalizes the files.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, never, select, unbounded, Receiver, RecvError, Sender};
+use ramsys_proto::control::Bytes32;
+use ramsys_proto::Control;
+use ramsys_resources::{Buf, BufferPool, JobHandle};
+
+use super::{payload, Ctl, Drained, Grant, Opened, SinkSession};
+use crate::control::ControlEvent;
+use crate::crypto::{Cipher, StreamSeal};
+use crate::data::receiver::{run_receiver, ReceiverEvent};
+use crate::data::sinkfiles::FileTable;
+use crate::data::writer::{run_writer, CreditReturn, WriterEvent};
+use crate::relink::{Joined, LinkEvent, Streams};
+use crate::resources::ShareGuard;
+use crate::stats::Stats;
+use crate::sync::sink::SinkSync;
+use crate::transport::Link;
+use crate::EngineError;
+
+/// How a receiver thread ended: (stream, epoch, blocks accepted, result).
+type ReceiverDone = (usize, u16, u64, Result<(), EngineError>);
+
+/// A receiver thread's body for stream i on link incarnation `epoch`
+/// (0 = first; replacements, crate::relink, take higher ones, which key
+/// the AEAD nonces), given the credit count it may be granted.
+type ReceiverFactory =
+    Box<dyn Fn(usize, u16, Box<dyn Link>, Arc<AtomicU64>) -> Box<dyn FnOnce() + Send>>;
+
+/// What one event did: go on, or an error that ends the session.
+type Step = Result<(), EngineError>;
+
+/// The data pipeline of one sink session, from its first block to its
+/// teardown.
+pub(super) struct SinkPipeline<'s> {
+    ctl: &'s mut Ctl,
+    table: Arc<FileTable>,
+    sync: Option<SinkSync>,
+    stats: Arc<Stats>,
+    abort: Arc<AtomicBool>,
+    /// Returned to the engine once every thread is joined (teardown).
+    share: ShareGuard<'s>,
+    pool: Arc<BufferPool>,
+    events: Events,
+    streams: Streams,
+    receivers: ReceiverSet,
+    credits: Credits,
+    progress: Progress,
+    writer_jobs: Vec<JobHandle>,
+    _writers: ramsys_resources::Reservation,
+    session: u64,
+    facts: (u16, u32, Vec<(String, String)>),
+}
+
+/// What the loop waits on, besides the links' own events.
+struct Events {
+    check_tick: Receiver<Instant>,
+    /// Settled (docs/PROTOCOL.md): files finish on writer threads, so
+    /// look often, and scan only after progress (payload::SettleWatch).
+    settle_tick: Receiver<Instant>,
+    /// Resume: the journal follows the written blocks (sync::journal).
+    journal_tick: Receiver<Instant>,
+    control: Receiver<ControlEvent>,
+    receivers_done: Receiver<ReceiverDone>,
+    writers: Receiver<WriterEvent>,
+    corrupt: Receiver<ReceiverEvent>,
+}
+
+/// The data links' receiving ends.
+struct ReceiverSet {
+    make: ReceiverFactory,
+    reservation: ramsys_resources::Reservation,
+    jobs: Vec<JobHandle>,
+    /// Replacement links' receivers, outside the pool on its CPUs.
+    extra: Vec<std::thread::JoinHandle<()>>,
+    /// Shut down on error so no thread stays blocked on a link.
+    shutdown: Vec<Box<dyn Link>>,
+    idle: Duration,
+}
+
+/// Credits returned per stream, and what a replacement link rebases on.
+struct Credits {
+    returns: Arc<Vec<CreditReturn>>,
+    keys: StreamKeys,
+    window: u64,
+    /// Blocks accepted per stream over all its links (credit rebase).
+    accepted: Vec<u64>,
+}
+
+/// Progress of the payload phase as the sink's loop sees it.
+struct Progress {
+    receivers_left: usize,
+    /// The source sent EndOfData.
+    eod: bool,
+    settle: payload::SettleWatch,
+}
+
+/// The per-stream keys: open blocks, seal credits.
+#[derive(Clone, Copy)]
+struct StreamKeys {
+    key: Option<Bytes32>,
+    cipher: Cipher,
+}
+
+impl StreamKeys {
+    fn blocks(&self, i: usize, epoch: u16) -> Option<StreamSeal> {
+        let c = self.cipher;
+        self.key
+            .and_then(|k| StreamSeal::new(c, &k, i as u16, epoch))
+    }
+    /// Credits on a sealed session carry a tag (keyed per stream and
+    /// epoch, crypto::StreamSeal::credits) so no one on the path can
+    /// forge, replay or alter them.
+    fn credits(&self, i: usize, epoch: u16) -> Option<StreamSeal> {
+        let c = self.cipher;
+        self.key
+            .and_then(|k| StreamSeal::credits(c, &k, i as u16, epoch))
+    }
+}
+
+impl<'s> SinkPipeline<'s> {
+    /// Start writers and receivers on the opened links, grant the first
+    /// credits, start the control reader. (~120 lines, a third of it the
+    /// struct it returns: the order is the contract, writers before
+    /// receivers, credits granted only once every receiver runs.)
+    pub(super) fn start(
+        s: &'s mut SinkSession<'_>,
+        g: Grant<'s>,
+        table: Arc<FileTable>,
+        sync: Option<SinkSync>,
+        o: Opened,
+    ) -> Result<Self, EngineError> {
+        if g.cipher != Cipher::None && o.key.is_none() {
+            return Err(EngineError::local("encryption without a session key"));
+        }
+        let (stats, idle) = (s.stats.clone(), s.opts.idle_timeout);
+        let Grant {
+            mut receivers,
+            mut writers,
+            share,
+            streams,
+            block_size,
+            credits_per_stream,
+            checksum,
+            cipher,
+        } = g;
+        let pool = share.pool().clone();
+        let keys = StreamKeys { key: o.key, cipher };
+        let abort = Arc::new(AtomicBool::new(false));
+        let mut returns = Vec::new();
+        let mut shutdown = Vec::new();
+        for (i, l) in o.links.iter().enumerate() {
+            let batch = (credits_per_stream as u64 / 4).max(1);
+            let link = l.try_clone_link()?;
+            returns.push(CreditReturn::new(link, batch, keys.credits(i, 0)));
+            shutdown.push(l.try_clone_link()?);
+        }
+        let returns = Arc::new(returns);
+        let (recv_tx, recv_rx) = bounded::<Buf>(pool.count());
+        let (wev_tx, wev_rx) = unbounded::<WriterEvent>();
+        let (rev_tx, rev_rx) = unbounded::<ReceiverEvent>();
+        let (rdone_tx, rdone_rx) = unbounded::<ReceiverDone>();
+        let mut writer_jobs = Vec::new();
+        for _ in 0..writers.len() {
+            let (t, rx, p) = (table.clone(), recv_rx.clone(), pool.clone());
+            let (c, ev, a) = (returns.clone(), wev_tx.clone(), abort.clone());
+            writer_jobs.push(writers.spawn(move || run_writer(&t, rx, p, c, ev, a)));
+        }
+        drop(recv_rx);
+        drop(wev_tx);
+        let make = receiver_factory(
+            (block_size as usize, checksum, keys),
+            recv_tx,
+            &pool,
+            rev_tx,
+            &abort,
+            &stats,
+            rdone_tx,
+        );
+        let handles = shutdown
+            .iter()
+            .map(|h| h.try_clone_link())
+            .collect::<Result<_, _>>()?;
+        let (peer, ab) = (s.ctl.link.peer(), abort.clone());
+        let streams_st = Streams::new(o.relinks, handles, peer, stats.clone(), ab);
+        let mut jobs = Vec::new();
+        for (i, l) in o.links.into_iter().enumerate() {
+            jobs.push(receivers.spawn(make(i, 0, l, returns[i].granted())));
+        }
+        receivers.release_unused();
+        writers.release_unused();
+        for c in returns.iter() {
+            c.grant(credits_per_stream as u64)?;
+        }
+        let control = s.ctl.spawn_reader("sink-ctl")?;
+        let journal_tick = if table.resume {
+            crossbeam_channel::tick(Duration::from_millis(200))
+        } else {
+            never()
+        };
+        Ok(SinkPipeline {
+            ctl: &mut s.ctl,
+            table,
+            sync,
+            stats,
+            abort,
+            share,
+            pool,
+            events: Events {
+                check_tick: crossbeam_channel::tick(Duration::from_millis(250)),
+                settle_tick: crossbeam_channel::tick(Duration::from_millis(5)),
+                journal_tick,
+                control,
+                receivers_done: rdone_rx,
+                writers: wev_rx,
+                corrupt: rev_rx,
+            },
+            streams: streams_st,
+            receivers: ReceiverSet {
+                make,
+                reservation: receivers,
+                jobs,
+                extra: Vec::new(),
+                shutdown,
+                idle,
+            },
+            credits: Credits {
+                returns,
+                keys,
+                window: credits_per_stream as u64,
+                accepted: vec![0u64; streams as usize],
+            },
+            progress: Progress {
+                receivers_left: streams as usize,
+                eod: false,
+                settle: payload::SettleWatch::new(),
+            },
+            writer_jobs,
+            _writers: writers,
+            session: s.spec.session,
+            facts: (streams, block_size, o.desc),
+        })
+    }
+
+    /// The event loop: until EndOfData came and every receiver ended, or
+    /// the first error.
+    pub(super) fn run(&mut self) -> Result<(), EngineError> {
+        while !(self.progress.eod && self.progress.receivers_left == 0) {
+            select! {
+                recv(self.events.check_tick) -> _ => self.on_check(),
+                recv(self.streams.events) -> ev => self.on_link_event(ev),
+                // (After EndOfData it is too late: the source did not wait.)
+                recv(self.events.settle_tick) -> _ => self.on_settle_tick(),
+                recv(self.events.journal_tick) -> _ => self.on_journal_tick(),
+                recv(self.events.control) -> m => self.on_control(m),
+                recv(self.events.receivers_done) -> r => self.on_receiver_done(r),
+                recv(self.events.writers) -> ev => self.on_writer_event(ev),
+                recv(self.events.corrupt) -> ev => self.on_corrupt(ev),
+            }?;
+        }
+        Ok(())
+    }
+
+    /// Payload still flowing: are the links' replacements on time?
+    fn on_check(&mut self) -> Step {
+        if self.progress.eod || self.progress.settle.settled {
+            return Ok(());
+        }
+        self.streams.check()
+    }
+
+    /// A replacement link arrived, or one stream gave up on replacing.
+    fn on_link_event(&mut self, ev: Result<LinkEvent, RecvError>) -> Step {
+        match ev {
+            Ok(LinkEvent::Up(j)) => {
+                if let Some(j) = self.streams.arrived(j) {
+                    self.start_replacement(j)?;
+                    self.progress.receivers_left += 1;
+                }
+                Ok(())
+            }
+            Ok(LinkEvent::GaveUp {
+                stream,
+                attempts,
+                reason,
+            }) => {
+                self.streams.gave_up(stream, attempts, reason);
+                self.on_check()
+            }
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// A receiver on a replacement link, its credits rebased on what the
+    /// stream accepted so far.
+    fn start_replacement(&mut self, j: Joined) -> Step {
+        let (r, c) = (&mut self.receivers, &self.credits);
+        let i = j.stream as usize;
+        j.link.set_read_timeout(Some(r.idle))?;
+        let seal = c.keys.credits(i, j.epoch);
+        let link = j.link.try_clone_link()?;
+        let g = c.returns[i].rebase(link, seal, c.window, c.accepted[i])?;
+        r.shutdown.push(j.link.try_clone_link()?);
+        self.streams.started(i, j.epoch, j.link.try_clone_link()?);
+        let f = (r.make)(i, j.epoch, j.link, g);
+        // Outside the pool (its threads may all be busy), on its CPUs.
+        let pool = r.reservation.pool();
+        r.extra.push(pool.spawn_extra(format!("receiver-r{i}"), f)?);
+        Ok(())
+    }
+
+    /// Tell the source once every file is in place or failed.
+    fn on_settle_tick(&mut self) -> Step {
+        let progress = payload::progress(&self.stats);
+        let table = &self.table;
+        if !self.progress.eod && self.progress.settle.look(progress, || table.all_settled()) {
+            self.ctl.send(&Control::Settled)?;
+        }
+        Ok(())
+    }
+
+    /// Resume: bring the journal up to the written blocks.
+    fn on_journal_tick(&mut self) -> Step {
+        if let Some(s) = &mut self.sync {
+            s.flush(&self.table, false)
+        }
+        Ok(())
+    }
+
+    /// What the control reader delivered: a message, or why it stopped.
+    fn on_control(&mut self, m: Result<ControlEvent, RecvError>) -> Step {
+        match m {
+            Ok(Ok(m)) => payload::on_control(
+                m,
+                self.ctl,
+                &self.table,
+                &mut self.sync,
+                &mut self.streams,
+                &mut self.progress.eod,
+            ),
+            Ok(Err(EngineError::PeerClosed)) | Ok(Err(EngineError::Io(_))) => Err(
+                EngineError::local("connection to the source lost mid-transfer"),
+            ),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(EngineError::local("control reader stopped")),
+        }
+    }
+
+    /// A receiver ended: done, its link lost, or failed.
+    fn on_receiver_done(&mut self, r: Result<ReceiverDone, RecvError>) -> Step {
+        let Ok((i, epoch, n, result)) = r else {
+            // Every receiver has ended: a disconnected channel is always
+            // ready, so stop selecting on it (else this loop spins).
+            self.events.receivers_done = never();
+            return Ok(());
+        };
+        self.credits.accepted[i] += n;
+        self.progress.receivers_left -= 1;
+        match result {
+            Ok(()) => {
+                self.streams.ended(i);
+                Ok(())
+            }
+            Err(e)
+                if self.streams.enabled()
+                    && crate::relink::is_link_loss(&e)
+                    && !self.abort.load(Ordering::Acquire) =>
+            {
+                self.on_link_lost(i, epoch, n, e)
+            }
+            // A writer stopped the session; its event says why.
+            Err(_) if self.abort.load(Ordering::Acquire) => Ok(()),
+            Err(e) => Err(EngineError::local(format!("data stream {i} failed: {e}"))),
+        }
+    }
+
+    /// The session goes on without a lost link (crate::relink): tell the
+    /// source what arrived, replace the link.
+    fn on_link_lost(&mut self, i: usize, epoch: u16, n: u64, e: EngineError) -> Step {
+        if self.progress.eod || self.progress.settle.settled {
+            // Nothing more is needed on any link.
+            self.streams.ended(i);
+            return Ok(());
+        }
+        let waiting = self.streams.lost(i, epoch, &e);
+        self.ctl.send(&Control::Lost {
+            stream: i as u16,
+            epoch,
+            received: n,
+        })?;
+        if let Some(j) = waiting {
+            self.streams.requeue_arrival(j)?;
+        }
+        self.streams.check()
+    }
+
+    /// A writer failed: the session fails with its reason.
+    fn on_writer_event(&mut self, ev: Result<WriterEvent, RecvError>) -> Step {
+        match ev {
+            Ok(ev) => Err(writer_error(ev)),
+            Err(_) => {
+                self.events.writers = never();
+                Ok(())
+            }
+        }
+    }
+
+    /// A block failed verification: ask for it again (payload::on_corrupt).
+    fn on_corrupt(&mut self, ev: Result<ReceiverEvent, RecvError>) -> Step {
+        match ev {
+            Ok(ReceiverEvent::Corrupt { stream, segs }) => {
+                payload::on_corrupt(stream, &segs, self.ctl, &self.table, &self.stats)
+            }
+            Err(_) => {
+                self.events.corrupt = never();
+                Ok(())
+            }
+        }
+    }
+
+    /// Every thread joined, the files finalized, the buffer share
+    /// returned, in this order; on an error first the Abort that stops
+    /// both ends. What is left is the verdict's (SinkSession::verdict).
+    pub(super) fn teardown(self, result: Result<(), EngineError>) -> Result<Drained, EngineError> {
+        let SinkPipeline {
+            ctl,
+            table,
+            mut sync,
+            abort,
+            share,
+            pool,
+            events,
+            streams,
+            receivers,
+            credits,
+            writer_jobs,
+            session,
+            facts,
+            ..
+        } = self;
+        if let Err(e) = &result {
+            abort.store(true, Ordering::Release);
+            tracing::warn!("session {session}: {e}");
+            let reason = e.to_string();
+            let _ = crate::wire::send_control(&mut *ctl.link, &Control::Abort { reason });
+            for h in &receivers.shutdown {
+                h.shutdown_both();
+            }
+        }
+        let ReceiverSet {
+            make, jobs, extra, ..
+        } = receivers;
+        for j in jobs {
+            let _ = j.join();
+        }
+        for j in extra {
+            let _ = j.join();
+        }
+        drop(make);
+        drop(streams);
+        for j in writer_jobs {
+            let _ = j.join();
+        }
+        // A writer may have failed after the last block arrived (disk full on
+        // the final write): that fails the session, with its reason.
+        let mut result = result;
+        if result.is_ok() {
+            if let Ok(ev) = events.writers.try_recv() {
+                let e = writer_error(ev);
+                tracing::warn!("session {session}: {e}");
+                let reason = e.to_string();
+                let _ = crate::wire::send_control(&mut *ctl.link, &Control::Abort { reason });
+                result = Err(e);
+            }
+        }
+        // Late corrupt-block reports.
+        while let Ok(ReceiverEvent::Corrupt { stream, segs }) = events.corrupt.try_recv() {
+            for s in segs {
+                let reason = format!("block checksum mismatch on stream {stream}");
+                table.fail_id(s.file_id, reason);
+            }
+        }
+        // The default journal keeps what an interruption left (a lost peer),
+        // not what a local failure left (a full disk gets its space back).
+        let local = matches!(result, Err(EngineError::Local(_)));
+        let keep = table.resume && (table.journal_min == 0 || !local);
+        let file_failures = table.finish_keeping(keep);
+        if let Some(s) = &mut sync {
+            s.close_journal(&table);
+        }
+        drop(credits);
+        // Every thread holding a clone is joined: the share goes back now.
+        drop(pool);
+        drop(share);
+        if let Err(e) = result {
+            ctl.link.shutdown_both();
+            return Err(e);
+        }
+        let (streams, block_size, links) = facts;
+        Ok(Drained {
+            table,
+            sync,
+            file_failures,
+            streams,
+            block_size,
+            links,
+            control: events.control,
+        })
+    }
+}
+
+/// A writer's failure as the session's error.
+fn writer_error(ev: WriterEvent) -> EngineError {
+    match ev {
+        WriterEvent::Fatal(m) => EngineError::local(m),
+        WriterEvent::Protocol(m) => EngineError::local(format!("protocol error: {m}")),
+    }
+}
+
+/// Receiver threads' bodies (see [`ReceiverFactory`]); each reports how
+/// many blocks it accepted and how it ended on `done`.
+fn receiver_factory(
+    (block_size, checksum, keys): (usize, bool, StreamKeys),
+    received: Sender<Buf>,
+    pool: &Arc<BufferPool>,
+    events: Sender<ReceiverEvent>,
+    abort: &Arc<AtomicBool>,
+    stats: &Arc<Stats>,
+    done: Sender<ReceiverDone>,
+) -> ReceiverFactory {
+    let (p, a, s) = (pool.clone(), abort.clone(), stats.clone());
+    Box::new(
+        move |i: usize, epoch: u16, l: Box<dyn Link>, g: Arc<AtomicU64>| {
+            let (tx, p, ev, a, s, d) = (
+                received.clone(),
+                p.clone(),
+                events.clone(),
+                a.clone(),
+                s.clone(),
+                done.clone(),
+            );
+            let seal = keys.blocks(i, epoch);
+            Box::new(move || {
+                let mut n = 0u64;
+                let r = run_receiver(
+                    i as u16, l, block_size, checksum, p, tx, ev, g, a, s, seal, &mut n,
+                );
+                let _ = d.send((i, epoch, n, r));
+            })
+        },
+    )
+}
