@@ -344,7 +344,10 @@ pub mod sync {
     /// verified blocks, so a later `--resume` can reuse them (on by
     /// default; issue 15). Without RESUME nothing at the sink is reused.
     pub const JOURNAL: u32 = 32;
-    pub const ALL: u32 = 63;
+    /// A block device DST may be written, in place (`--write-devices`;
+    /// docs/STORAGE.md "Volumes"). Without it the sink refuses a device.
+    pub const WRITE_DEVICES: u32 = 64;
+    pub const ALL: u32 = 127;
 }
 
 /// What the sink holds of one announced file.

@@ -5,6 +5,7 @@
 
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,6 +44,14 @@ fn local_tops(paths: &[PathBuf], contents: &[bool]) -> anyhow::Result<Vec<Top>> 
                 .ok()
                 .and_then(|c| c.file_name().map(|n| n.to_os_string()))
                 .unwrap_or_else(|| "root".into()),
+        };
+        // A symlink to a block device (/dev/vg/snap) names the device: it
+        // is read under its own path, sent under the link's name.
+        let abs = match std::fs::metadata(&abs) {
+            Ok(md) if md.file_type().is_block_device() && abs.is_symlink() => {
+                abs.canonicalize().unwrap_or(abs)
+            }
+            _ => abs,
         };
         let rel = abs.as_os_str().as_bytes();
         let rel = rel.strip_prefix(b"/").unwrap_or(rel).to_vec();
@@ -248,6 +257,9 @@ struct Run<'a> {
     numa: Numa,
     stats: Arc<Stats>,
     key: &'a dyn Fn() -> anyhow::Result<Vec<u8>>,
+    /// How to reach an ssh end (direct, or through ssh: crate::tunnel);
+    /// None: plain TCP through the NUMA layer's channels.
+    via_ssh: Option<Arc<dyn Transport>>,
 }
 
 fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
@@ -280,6 +292,7 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
         numa: Numa::new(a.numa, a.explain),
         stats: Arc::new(Stats::default()),
         key: &load_key,
+        via_ssh: ssh.transport(a),
     };
     let t0 = Instant::now();
     let cpu0 = process_cpu_seconds();
@@ -314,7 +327,10 @@ impl Run<'_> {
         numa.follow("source", Role::Source, &mut opts, &plan.fixed);
         let res = EngineResources::new(&cfg)?;
         numa.buffers("source", &res);
-        let transport = numa.channels(addr, plan.channels, cfg.buffer_node, tcp());
+        let transport = match &self.via_ssh {
+            Some(t) => t.clone(),
+            None => numa.channels(addr, plan.channels, cfg.buffer_node, tcp()),
+        };
         let remote = Remote {
             transport,
             addr: addr.to_string(),
@@ -349,7 +365,10 @@ impl Run<'_> {
         numa.follow("sink", Role::Sink, &mut opts, &plan.fixed);
         let res = EngineResources::new(&cfg)?;
         numa.buffers("sink", &res);
-        let transport = numa.channels(&addr, plan.channels, cfg.buffer_node, tcp());
+        let transport = match &self.via_ssh {
+            Some(t) => t.clone(),
+            None => numa.channels(&addr, plan.channels, cfg.buffer_node, tcp()),
+        };
         let remote_end = Remote {
             transport,
             addr,

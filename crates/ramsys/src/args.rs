@@ -108,6 +108,12 @@ pub struct CpArgs {
     /// those of files of 64 MiB and more for a later --resume).
     #[arg(long)]
     pub no_resume: bool,
+    /// Write into an existing block device named as DST, in place (rsync's
+    /// --write-devices): it must be at least as large as the source, is
+    /// never truncated, and is read back and verified after writing. Without
+    /// it a device DST is refused (docs/STORAGE.md "Volumes").
+    #[arg(long)]
+    pub write_devices: bool,
     /// Sources, then the destination.
     #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
     pub paths: Vec<String>,
@@ -117,12 +123,14 @@ impl CpArgs {
     /// `--resume` reuses what an interrupted run left; the journal that
     /// makes that possible is on unless `--no-resume` (issue 15).
     pub fn resume_flags(&self) -> u32 {
-        use ramsys_engine::sync::flags::{JOURNAL, RESUME};
-        match (self.resume, self.no_resume) {
-            (true, _) => RESUME | JOURNAL,
-            (false, false) => JOURNAL,
-            (false, true) => 0,
-        }
+        use ramsys_engine::sync::flags::{JOURNAL, RESUME, WRITE_DEVICES};
+        let devices = if self.write_devices { WRITE_DEVICES } else { 0 };
+        devices
+            | match (self.resume, self.no_resume) {
+                (true, _) => RESUME | JOURNAL,
+                (false, false) => JOURNAL,
+                (false, true) => 0,
+            }
     }
 
     pub fn load_key(&self) -> anyhow::Result<Vec<u8>> {
@@ -351,4 +359,10 @@ pub struct SshArgs {
     /// shell as is (like rsync's --rsync-path).
     #[arg(long, default_value = "ramsys", value_name = "PATH")]
     pub remote_ramsys: String,
+    /// Carry the data through the ssh connection instead of direct TCP
+    /// streams (hosts that accept only ssh). Without it this happens by
+    /// itself, with one line saying so, when the direct connection to the
+    /// remote end cannot be made.
+    #[arg(long)]
+    pub ssh_tunnel: bool,
 }

@@ -15,6 +15,7 @@ mod ssh;
 mod ssh_serve;
 mod status;
 mod token;
+mod tunnel;
 
 use std::path::PathBuf;
 

@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+use ramsys_engine::transport::Transport;
+
 use crate::args::{CpArgs, SshArgs};
 use crate::spec::{Endpoint, SshEndpoint};
 use crate::ssh_serve::{Offer, ServeRole, READY_PREFIX};
@@ -157,6 +159,25 @@ impl SshEndpoint {
 
 impl SshProc {
     /// Wait for ssh to exit (up to `t`, then kill it); its exit code.
+    /// A tunnel over this ssh's pipes (crate::tunnel): duplicates of its
+    /// stdin and stdout, taken once the ready line is read (nothing else
+    /// arrives on stdout until the agent opens a link).
+    fn tunnel(&self) -> anyhow::Result<Arc<crate::tunnel::Tunnel>> {
+        use std::os::fd::AsFd;
+        anyhow::ensure!(
+            self.stdout.buffer().is_empty(),
+            "{}: output after the ready line",
+            self.host
+        );
+        let input = self.stdout.get_ref().as_fd().try_clone_to_owned()?;
+        let stdin = self.stdin.as_ref().context("ssh's stdin is closed")?;
+        let output = stdin.as_fd().try_clone_to_owned()?;
+        Ok(crate::tunnel::Tunnel::start(
+            Box::new(std::fs::File::from(input)),
+            Box::new(std::fs::File::from(output)),
+        ))
+    }
+
     fn wait(&mut self, t: Duration) -> Option<i32> {
         drop(self.stdin.take());
         let end = Instant::now() + t;
@@ -242,11 +263,14 @@ pub struct SshSession {
     /// credential (None: our own user name).
     pub user: Option<String>,
     pub offer: Offer,
+    /// Links through this ssh connection (crate::tunnel), if needed.
+    pub tunnel: Arc<crate::tunnel::Tunnel>,
 }
 
 impl SshSession {
     /// End the session: close ssh's stdin and reap it.
     pub fn finish(mut self) {
+        self.tunnel.close();
         self.ssh.wait(Duration::from_secs(10));
     }
 }
@@ -297,7 +321,9 @@ pub fn serve(
         match Offer::parse(&line) {
             Some(Ok(offer)) => {
                 let key = offer.key.clone().unwrap_or_else(|| cred.into_bytes());
+                let tunnel = p.tunnel()?;
                 return Ok(SshSession {
+                    tunnel,
                     ssh: p,
                     addr: offer.listen.clone(),
                     key,
@@ -368,6 +394,22 @@ impl Opened {
         for s in self.sessions {
             s.finish();
         }
+    }
+
+    /// How to reach the remote end: direct TCP, falling back to links
+    /// through the ssh connection (at once with --ssh-tunnel); None when
+    /// no ssh end is in the transfer.
+    pub fn transport(&self, a: &CpArgs) -> Option<Arc<dyn Transport>> {
+        let s = self.sessions.first()?;
+        let direct: Arc<dyn Transport> = Arc::new(ramsys_engine::transport::tcp::Tcp {
+            socket_buffer: None,
+        });
+        Some(Arc::new(crate::tunnel::Fallback::new(
+            direct,
+            s.tunnel.clone(),
+            &s.ssh.host,
+            a.ssh.ssh_tunnel,
+        )))
     }
 }
 
@@ -495,6 +537,7 @@ fn source_cp_args(a: &CpArgs, sync: u32, srcs: &[&SshEndpoint], url: &str) -> Ve
         ("--dry-run", sync & DRY_RUN != 0),
         ("--resume", sync & RESUME != 0),
         ("--no-resume", sync & JOURNAL == 0),
+        ("--write-devices", sync & WRITE_DEVICES != 0),
         ("-r", a.recursive),
         ("--no-checksum", a.no_checksum),
     ] {

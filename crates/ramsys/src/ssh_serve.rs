@@ -83,6 +83,10 @@ pub struct SshServeArgs {
     /// user.
     #[arg(long)]
     pub own_daemon: bool,
+    /// Print ADDR in the ready line instead of the address bound (tests
+    /// use an unreachable one to exercise the agent's ssh fallback).
+    #[arg(long, hide = true, value_name = "ADDR")]
+    pub advertise: Option<String>,
     /// The destination (sink) or the sources (source), relative to the
     /// working directory (ssh: the home directory) unless absolute.
     #[arg(required = true, num_args = 1..)]
@@ -436,9 +440,16 @@ pub fn run(a: &SshServeArgs) -> anyhow::Result<i32> {
             .ok()
             .map(|s| s.ip());
         if let Some(offer) = running_daemon_offer(a.role, &paths, ip) {
-            let mut o = std::io::stdout().lock();
-            writeln!(o, "{}", offer.line())?;
-            o.flush()?;
+            {
+                let mut o = std::io::stdout().lock();
+                writeln!(o, "{}", offer.line())?;
+                o.flush()?;
+            }
+            // Stay for the agent's links through ssh, if it needs them
+            // (crate::tunnel), until it closes our stdin.
+            if let Ok(target) = offer.listen.parse() {
+                crate::tunnel::relay(std::io::stdin(), Box::new(std::io::stdout()), target);
+            }
             return Ok(0);
         }
     }
@@ -488,8 +499,9 @@ pub fn run(a: &SshServeArgs) -> anyhow::Result<i32> {
         ServeRole::Source => Role::Source,
     });
     let shared = d.shared();
+    let target = d.local_addr();
     let offer = Offer {
-        listen: d.local_addr().to_string(),
+        listen: a.advertise.clone().unwrap_or_else(|| target.to_string()),
         user: None,
         key: None,
         dest,
@@ -502,12 +514,11 @@ pub fn run(a: &SshServeArgs) -> anyhow::Result<i32> {
         o.flush()?;
     }
     // The agent keeps our stdin open for the whole session: EOF means it
-    // (or its ssh) is gone, and nothing must outlive it.
+    // (or its ssh) is gone, and nothing must outlive it. Until then stdin
+    // carries the links the agent could not open directly (crate::tunnel).
     let (eof_tx, eof) = crossbeam_channel::bounded::<()>(1);
     std::thread::spawn(move || {
-        let mut sink = [0u8; 256];
-        let mut input = std::io::stdin().lock();
-        while matches!(input.read(&mut sink), Ok(n) if n > 0) {}
+        crate::tunnel::relay(std::io::stdin(), Box::new(std::io::stdout()), target);
         let _ = eof_tx.send(());
     });
     let deadline = Instant::now() + Duration::from_secs(a.accept_timeout.max(1));

@@ -409,6 +409,58 @@ fn selection_rules_apply_over_ssh_push_pull_and_third_party() {
 }
 
 #[test]
+fn data_goes_through_ssh_when_asked_or_when_the_port_is_unreachable() {
+    // Issue 20: hosts that accept only ssh. --ssh-tunnel carries every
+    // link over the ssh connection; without it, an offered port that
+    // cannot be reached (here ssh-serve advertises 127.0.0.1:1, where
+    // nothing listens, as a firewall would make it) falls back to that
+    // with one line, and the copy is the same.
+    let Some(sshd) = Sshd::start() else { return };
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    make_varied_tree(&src, 65536);
+    let wrapper = t.path().join("ramsys-firewalled");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\ncmd=$1; shift\nexec {} \"$cmd\" --advertise 127.0.0.1:1 \"$@\"\n",
+            bin()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let firewalled = sshd.opts_with(&sshd.key(), wrapper.to_str().unwrap());
+    let cases: [(&str, &[&str], &[String], bool); 3] = [
+        ("push, --ssh-tunnel", &["--ssh-tunnel"], &sshd.opts(), false),
+        ("push, firewalled", &[], &firewalled, true),
+        ("pull, firewalled", &[], &firewalled, true),
+    ];
+    for (i, (what, extra, opts, says)) in cases.into_iter().enumerate() {
+        let dst = t.path().join(format!("d{i}"));
+        let (from, to) = if what.starts_with("pull") {
+            (remote(&src), s(&dst))
+        } else {
+            (s(&src), remote(&dst))
+        };
+        for run_no in 0..2 {
+            let mut pre = vec!["sync", "-r", "--json", "--connect-timeout", "3"];
+            pre.extend_from_slice(extra);
+            let o = run(&sshd, &pre, opts, &[&from, &to]);
+            assert_ok(&o);
+            let err = stderr(&o);
+            let said = err.contains("carrying the data through ssh");
+            assert_eq!(said, says, "{what}, run {run_no}: {err}");
+            assert_eq!(err.lines().count(), usize::from(says), "{what}: {err}");
+        }
+        assert_same_tree(&src, &dst.join("src"));
+    }
+}
+
+#[test]
 fn remote_failures_are_one_line_and_nonzero() {
     let Some(sshd) = Sshd::start() else { return };
     let t = tempfile::tempdir().unwrap();
@@ -888,8 +940,9 @@ fn ssh_serve_uses_a_running_daemon_for_the_user() {
         (c, line)
     };
     let (mut c, line) = serve(&root.join("in"));
-    // The daemon's address and a credential it minted, then ssh-serve is
-    // done.
+    // The daemon's address and a credential it minted; ssh-serve then
+    // only relays links through ssh (crate::tunnel) until the agent
+    // closes its stdin.
     let f: Vec<&str> = line.split_whitespace().collect();
     let field = |k: &str| {
         f.iter()
@@ -907,6 +960,7 @@ fn ssh_serve_uses_a_running_daemon_for_the_user() {
             .collect(),
     )
     .unwrap();
+    drop(c.stdin.take());
     assert!(exit_within(&mut c, Duration::from_secs(30)).success());
     let mut cp = Command::new(bin())
         .args(["cp", "-r", "--key-stdin"])
@@ -1039,4 +1093,63 @@ fn cp_resume_over_ssh_continues_in_place() {
         "{:?}",
         temp_files(t.path())
     );
+}
+
+/// Volumes over ssh (issue 18): an image into a remote block device (with
+/// --write-devices; refused without), then a sync of a changed local device
+/// into it moves only the changed blocks, and a pull reads the remote
+/// device back.
+#[test]
+fn volumes_over_ssh() {
+    use common::loopdev::Loop;
+    let Some(sshd) = Sshd::start() else { return };
+    let t = tempfile::tempdir_in("/var/tmp").unwrap();
+    let size = 16usize << 20;
+    let img = t.path().join("src.img");
+    let mut want = Rng(21).bytes(size);
+    std::fs::write(&img, &want).unwrap();
+    let dimg = t.path().join("dst.img");
+    std::fs::write(&dimg, vec![0u8; size]).unwrap();
+    let (Some(dst), Some(src)) = (Loop::attach(&dimg), Loop::attach(&img)) else {
+        return;
+    };
+    let rdev = format!("127.0.0.1:{}", dst.path());
+    let o = run(&sshd, &["cp", "--json"], &sshd.opts(), &[&s(&img), &rdev]);
+    assert!(one_error_line(&o).contains("--write-devices"));
+    assert!(dst.read().iter().all(|&b| b == 0), "device untouched");
+    let o = run(
+        &sshd,
+        &["cp", "--write-devices", "--json"],
+        &sshd.opts(),
+        &[&s(&img), &rdev],
+    );
+    assert_ok(&o);
+    assert!(dst.read() == want);
+
+    // Change two 256 KiB blocks of the local device, sync it over.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(src.path())
+        .unwrap();
+    for off in [1usize << 20, 9 << 20] {
+        want[off..off + 512].fill(0xAB);
+        std::os::unix::fs::FileExt::write_all_at(&f, &[0xAB; 512], off as u64).unwrap();
+    }
+    f.sync_all().unwrap();
+    let o = run(
+        &sshd,
+        &["sync", "--write-devices", "--json"],
+        &sshd.opts(),
+        &[src.path(), &rdev],
+    );
+    assert_ok(&o);
+    let v = summary(&o);
+    assert_eq!(v["bytes"], 2 * (256 << 10), "{v}");
+    assert!(dst.read() == want);
+
+    // Pull the remote device into an image file.
+    let back = t.path().join("back.img");
+    let o = run(&sshd, &["cp", "--json"], &sshd.opts(), &[&rdev, &s(&back)]);
+    assert_ok(&o);
+    assert!(std::fs::read(&back).unwrap() == want);
 }

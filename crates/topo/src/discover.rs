@@ -288,6 +288,7 @@ fn read_nics(fs: &Root) -> Vec<Nic> {
             operstate: read_str(&d.join("operstate")),
             driver: info.driver,
             pci_slot: info.pci_slot,
+            link_type: read_num(&d.join("type")),
         });
     }
     nics

@@ -9,6 +9,7 @@
 //! - [`placement`]: thread pinning and node-bound, verified buffers;
 //! - [`plan`]: placement decisions for a transfer;
 //! - [`channel`]: the multi-NIC channel scheduler;
+//! - [`rawnic`]: which NICs can carry raw-Ethernet channels;
 //! - [`TopoArgs`]/[`run`]: the `ramsys topo` subcommand.
 
 pub mod channel;
@@ -16,6 +17,7 @@ mod discover;
 pub mod model;
 pub mod placement;
 pub mod plan;
+pub mod rawnic;
 mod render;
 
 pub use channel::{Channel, ChannelPolicy, ChannelScheduler};

@@ -55,6 +55,9 @@ pub struct Nic {
     pub operstate: Option<String>,
     pub driver: Option<String>,
     pub pci_slot: Option<String>,
+    /// ARPHRD link type from sysfs `type` (1 = Ethernet, 772 = loopback).
+    #[serde(default)]
+    pub link_type: Option<u32>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]

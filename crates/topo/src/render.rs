@@ -104,6 +104,7 @@ pub fn render_text(t: &Topology) -> String {
             node_str(n.numa_node),
             addrs.join(" "),
         );
+        let _ = writeln!(s, "      {}", crate::rawnic::describe(n));
     }
     let _ = writeln!(s, "Block devices: {}", t.block_devices.len());
     for d in t.block_devices.iter().chain(t.pseudo_devices.iter()) {

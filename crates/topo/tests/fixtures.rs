@@ -431,6 +431,20 @@ fn text_rendering_mentions_everything() {
     assert!(s.contains("NUMA nodes: 8"), "{s}");
     assert!(s.contains("node 7: cpus 28-31"), "{s}");
     assert!(s.contains("eth2: node 7  40000 Mb/s"), "{s}");
+    // Raw channels (seed 002): eth2 is jumbo Ethernet with native XDP,
+    // loopback is not Ethernet.
+    assert!(
+        s.contains("raw channels: yes  mac 00:02:c9:00:07:02  mtu 9000 (jumbo)  xdp native"),
+        "{s}"
+    );
+    assert!(
+        s.contains("raw channels: yes  mac 78:e7:d1:00:00:01  mtu 1500  xdp generic"),
+        "{s}"
+    );
+    assert!(
+        s.contains("raw channels: no (not Ethernet (link type 772))"),
+        "{s}"
+    );
     assert!(s.contains("sda: hdd (rotational)  node unknown"), "{s}");
     assert!(s.contains("sdb1 /ssd1 (xfs)"), "{s}");
     let s = render_text(&load("no-numa"));

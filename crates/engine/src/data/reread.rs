@@ -114,6 +114,7 @@ mod tests {
             dev: 0,
             ino: 0,
             mtime: (0, 0),
+            volume: false,
         }
     }
 

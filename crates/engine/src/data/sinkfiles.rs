@@ -28,6 +28,7 @@ use ramsys_proto::data::Segment;
 use crate::fsops::{split_parent, Root};
 use crate::stats::Stats;
 use crate::storage::direct::{direct_prefix, pwrite_all_fd};
+use crate::storage::volume::VolumeLog;
 use crate::storage::{is_direct_refusal, IoOp, StorageCfg, DIRECT_MIN};
 
 const DATA_DONE: u8 = 1;
@@ -72,6 +73,16 @@ pub struct SinkFile {
     reused: AtomicU64,
     /// Resume: bytes written per journal block (sync::delta_block).
     jblocks: Mutex<Vec<u32>>,
+    /// A block device written in place (storage::volume): what this
+    /// session wrote, re-read to verify it before the file counts as done.
+    volume: std::sync::OnceLock<VolumeLog>,
+}
+
+impl SinkFile {
+    /// Written in place into a block device (storage::volume).
+    pub fn is_device(&self) -> bool {
+        self.volume.get().is_some()
+    }
 }
 
 /// A regular file announced in the metadata: (path, size, mode, mtime).
@@ -218,6 +229,7 @@ impl FileTable {
                     base: Mutex::new(None),
                     reused: AtomicU64::new(0),
                     jblocks: Mutex::new(Vec::new()),
+                    volume: std::sync::OnceLock::new(),
                 });
             }
             None => self.by_id.push(u32::MAX),
@@ -235,6 +247,10 @@ impl FileTable {
 
     fn tmp_name(&self, f: &SinkFile) -> Vec<u8> {
         let (_, name) = split_parent(&f.rel);
+        if f.is_device() {
+            // Written in place: the journal names the device itself.
+            return name.to_vec();
+        }
         // Keep the temp name within NAME_MAX.
         let keep = name.len().min(255 - 1 - self.tmp_suffix.len());
         let mut t = Vec::with_capacity(keep + 1 + self.tmp_suffix.len());
@@ -271,7 +287,7 @@ impl FileTable {
             } else if !seg.is_hole() {
                 self.write_data(f, &fd, data, seg.offset)
             } else {
-                Ok(())
+                self.write_hole(f, &fd, seg)
             };
             if let Err(e) = r {
                 return self.write_failed(f, e);
@@ -311,6 +327,27 @@ impl FileTable {
             .copied_bytes
             .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// A hole segment: nothing to do in a fresh temp file (created at its
+    /// size, all holes); a device or a file built from a base holds old
+    /// bytes there, which must read as zeros (storage::volume).
+    pub fn write_hole(&self, f: &SinkFile, fd: &SinkFd, seg: &Segment) -> std::io::Result<()> {
+        if !f.is_device() && f.base.lock().unwrap().is_none() {
+            return Ok(());
+        }
+        self.storage
+            .hook
+            .check(IoOp::Write, &f.rel, seg.offset, seg.span() as usize)?;
+        crate::storage::volume::zero_range(&fd.buffered, seg.offset, seg.span())
+    }
+
+    /// Entry `id` goes into the block device at its path, in place
+    /// (checked by the caller: `--write-devices`, large enough).
+    pub fn set_device(&self, id: u64) {
+        if let Some(f) = self.get(id) {
+            let _ = f.volume.set(VolumeLog::default());
+        }
     }
 
     /// Check a segment and find where it goes: None if there is nothing to
@@ -364,6 +401,9 @@ impl FileTable {
     /// Create the temp file at its final size, with an O_DIRECT descriptor
     /// for large files where the file system takes one.
     fn create(&self, f: &SinkFile) -> std::io::Result<SinkFd> {
+        if f.is_device() {
+            return self.open_device(f);
+        }
         let (parent, _) = split_parent(&f.rel);
         let tmp = self.tmp_name(f);
         let base = f.base.lock().unwrap().clone();
@@ -436,6 +476,28 @@ impl FileTable {
         }
     }
 
+    /// A device destination: opened in place for writing (never created,
+    /// never truncated), with an O_DIRECT descriptor for the aligned part.
+    fn open_device(&self, f: &SinkFile) -> std::io::Result<SinkFd> {
+        let fl = libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        let buffered = File::from(self.root.openat(&f.rel, fl, 0)?);
+        let direct = if self.storage.write_direct(f.size) {
+            self.root
+                .openat(&f.rel, fl | libc::O_DIRECT, 0)
+                .ok()
+                .map(File::from)
+        } else {
+            None
+        };
+        self.storage.count(f.size, f.size, direct.is_some());
+        Ok(SinkFd {
+            source: std::sync::OnceLock::new(),
+            writeback: false,
+            buffered,
+            direct,
+        })
+    }
+
     /// Write a data segment: aligned prefix direct, tail buffered.
     pub fn write_data(
         &self,
@@ -481,6 +543,9 @@ impl FileTable {
             f.digest.fetch_add(hash, Ordering::AcqRel);
         }
         let span = seg.span();
+        if let Some(log) = f.volume.get() {
+            log.note(seg);
+        }
         slow_write_fault();
         if self.resume && !self.storage.null && f.size >= self.journal_min {
             self.note_blocks(f, seg.offset, span);
@@ -672,7 +737,9 @@ impl FileTable {
             .get(id)
             .ok_or_else(|| WriteError::Protocol(format!("digest for unknown file id {id}")))?;
         f.expected.store(digest, Ordering::Release);
-        if f.size == 0 && !self.storage.null {
+        if f.size == 0 && !self.storage.null && f.is_device() {
+            f.flags.fetch_or(TEMP | DATA_DONE, Ordering::AcqRel);
+        } else if f.size == 0 && !self.storage.null {
             // No payload will come: create the empty file now.
             let (parent, _) = split_parent(&f.rel);
             match self.root.create_temp(parent, &self.tmp_name(f)) {
@@ -707,6 +774,17 @@ impl FileTable {
             self.stats.files.fetch_add(1, Ordering::Relaxed);
             return;
         }
+        if let Some(log) = f.volume.get() {
+            // In place: nothing to rename; read back what was written.
+            match self.verify_device(f, log) {
+                Ok(()) => {
+                    f.flags.fetch_or(FINAL, Ordering::AcqRel);
+                    self.stats.files.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => self.fail(f, e),
+            }
+            return;
+        }
         let (parent, name) = split_parent(&f.rel);
         match self
             .root
@@ -718,6 +796,33 @@ impl FileTable {
             }
             Err(e) => self.fail(f, format!("cannot rename into place: {e}")),
         }
+    }
+
+    /// Re-read the ranges this session wrote into a device and compare
+    /// their segment hashes with the source's digest (without checksums
+    /// there is no digest to compare: fsync only).
+    fn verify_device(&self, f: &SinkFile, log: &VolumeLog) -> Result<(), String> {
+        crate::storage::volume::corrupt_fault(&self.root, &f.rel);
+        let dev = self
+            .root
+            .open_read(&f.rel, false)
+            .map_err(|e| format!("cannot reopen device to verify: {e}"))?;
+        if !self.checksum {
+            return dev.sync_all().map_err(|e| format!("fsync: {e}"));
+        }
+        // Local copies are compared with the file they were copied from.
+        let source = self.storage.local.as_ref().and_then(|b| b.open(f.id).ok());
+        let got = log
+            .reread_digest(&dev, f.id, source.as_ref())
+            .map_err(|e| format!("verification after writing: {e}"))?;
+        if got != f.expected.load(Ordering::Acquire) {
+            return Err(
+                "verification after writing failed: the device does not read back \
+                        what was written"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 
     /// Files neither in place nor failed yet (the sink tells the source
@@ -780,7 +885,7 @@ impl FileTable {
                 && !failed_alone
                 && f.written.load(Ordering::Acquire) > 0
                 && f.size >= self.journal_min;
-            if f.flags.load(Ordering::Acquire) & TEMP != 0 && !keep {
+            if f.flags.load(Ordering::Acquire) & TEMP != 0 && !keep && !f.is_device() {
                 let (parent, _) = split_parent(&f.rel);
                 let _ = self.root.unlink(parent, &self.tmp_name(f));
             }

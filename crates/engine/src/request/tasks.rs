@@ -272,6 +272,7 @@ mod tests {
             dev,
             ino: 0,
             mtime: (0, 0),
+            volume: false,
         }
     }
 
@@ -338,6 +339,7 @@ mod tests {
             dev: 1,
             ino,
             mtime: (0, 0),
+            volume: false,
         };
         let files = vec![
             mk("a", 50),

@@ -4,6 +4,9 @@
 //! first, then files, symlinks and hard links, so the sink can build the
 //! whole tree before any payload arrives. Symlinks are never followed;
 //! a second name of an inode already seen becomes a hard-link record.
+//! A block device named as a top-level source is a volume (issue 18,
+//! storage::volume): a file record of the device's size; met inside a
+//! tree, a device node is a special file as before.
 
 use std::collections::HashMap;
 use std::fs;
@@ -26,6 +29,9 @@ pub struct SourceFile {
     pub dev: u64,
     pub ino: u64,
     pub mtime: (i64, u32),
+    /// A block device named as a top-level source (storage::volume): read
+    /// as a file of the device's size; `dev` is the device itself.
+    pub volume: bool,
 }
 
 /// Result of the scan.
@@ -62,6 +68,7 @@ enum PendingKind {
         dev: u64,
         ino: u64,
         nlink: u64,
+        volume: bool,
     },
     Symlink(Vec<u8>),
 }
@@ -123,6 +130,17 @@ pub fn walk_streamed<E>(
         let path = abs(base, &t.rel);
         match fs::symlink_metadata(&path) {
             Ok(md) if filter.excluded(&t.name, md.is_dir()) => {}
+            // A device named as a source means its contents (issue 18);
+            // inside a tree, devices stay special files.
+            Ok(md) if crate::storage::volume::is_block(&md) => {
+                match volume_top(&path, &t.rel, &t.name, &md) {
+                    Ok(p) => later.push(Deferred::Ready(p)),
+                    Err(e) => failures.push(FailedPath {
+                        path: path.display().to_string(),
+                        reason: format!("cannot read block device size: {e}"),
+                    }),
+                }
+            }
             Ok(md) => {
                 if md.is_dir() && !recursive {
                     failures.push(FailedPath {
@@ -214,6 +232,7 @@ pub fn walk_streamed<E>(
                 dev,
                 ino,
                 nlink,
+                volume,
             } => {
                 if filter.size_excluded(size) {
                     continue;
@@ -240,6 +259,7 @@ pub fn walk_streamed<E>(
                     dev,
                     ino,
                     mtime: o.mtime,
+                    volume,
                 });
                 EntryKind::File { size }
             }
@@ -266,6 +286,25 @@ fn push_entry(w: &mut Walk, id: u64, path: Vec<u8>, kind: EntryKind, mode: u32, 
         mtime_s: mtime.0,
         mtime_ns: mtime.1,
     });
+}
+
+/// The record of a block device named as a top-level source: a regular
+/// file of the device's size (BLKGETSIZE64), on the device's own queue.
+fn volume_top(path: &Path, rel: &[u8], wire: &[u8], md: &fs::Metadata) -> std::io::Result<Pending> {
+    let size = crate::storage::volume::device_size_at(path)?;
+    Ok(Pending {
+        wire: wire.to_vec(),
+        rel: rel.to_vec(),
+        kind: PendingKind::File {
+            size,
+            dev: md.rdev(),
+            ino: md.ino(),
+            nlink: 1,
+            volume: true,
+        },
+        mode: md.mode() & 0o7777,
+        mtime: (md.mtime(), md.mtime_nsec() as u32),
+    })
 }
 
 /// The fields of a stat the scan uses.
@@ -420,6 +459,7 @@ fn pending(
                 dev: md.dev,
                 ino: md.ino,
                 nlink: md.nlink,
+                volume: false,
             },
             mode,
             mtime,

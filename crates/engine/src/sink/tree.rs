@@ -117,6 +117,16 @@ impl Tree {
         }
         for e in es {
             let target = self.dest.map(&e.path);
+            if let EntryKind::File { size } = e.kind {
+                if self.dest.is_device(&target) {
+                    crate::storage::volume::accept_target(root, &target, size)
+                        .map_err(EngineError::Refused)?;
+                    let id = e.id;
+                    self.entry(e, target, root);
+                    self.table.set_device(id);
+                    continue;
+                }
+            }
             self.entry(e, target, root);
         }
         Ok(())

@@ -111,6 +111,7 @@ mod tests {
             dev: 0,
             ino: 0,
             mtime: (0, 0),
+            volume: false,
         };
         assert_eq!(
             Fiemap.first_physical(&root, &sf),

@@ -11,6 +11,8 @@
 //!   sort device queues (sec. 6.2.2, "file sorting").
 //! - [`sparse`]: data/hole maps (SEEK_DATA/SEEK_HOLE), so holes are sent as
 //!   hole segments and stay holes on the sink.
+//! - [`volume`]: block devices as SRC and DST (size, zero runs as holes,
+//!   in-place writes verified by reading back; issue 18).
 //! - [`null`]: null source and sink engines, to measure the network alone
 //!   (seed 004 Fig. 4, /dev/zero to /dev/null).
 
@@ -22,6 +24,7 @@ pub mod local;
 pub mod null;
 pub mod sparse;
 pub mod uring;
+pub mod volume;
 
 use std::fmt;
 use std::io;

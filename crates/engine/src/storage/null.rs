@@ -39,6 +39,7 @@ pub fn synthetic_walk(tops: &[Top], size: u64) -> Walk {
             dev: 0,
             ino: 0,
             mtime: (now, 0),
+            volume: false,
         }],
         failures: Vec::new(),
         total_bytes: size,

@@ -23,7 +23,7 @@
 use crate::fsops::{split_parent, Root};
 use crate::show;
 
-use super::flags::{JOURNAL, RESUME, SYNC};
+use super::flags::{JOURNAL, RESUME, SYNC, WRITE_DEVICES};
 use super::journal::{Journal, JOURNAL_NAME};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +62,8 @@ pub struct DestMap {
     flags: u32,
     /// DST is marked in the journal (unmark once the copy is done).
     marked: bool,
+    /// DST is a block device (written in place; storage::volume).
+    device: bool,
 }
 
 fn is_dir(st: &libc::stat) -> bool {
@@ -84,6 +86,14 @@ impl DestMap {
         let st = root
             .lstat(dest)
             .map_err(|e| format!("destination {}: {e}", show_dest(dest)))?;
+        let device = st
+            .as_ref()
+            .is_some_and(crate::storage::volume::is_block_stat);
+        if device && flags & WRITE_DEVICES == 0 {
+            let name = crate::storage::volume::shown(root, dest);
+            let msg = crate::storage::volume::refusal(&name, false, 0, 0);
+            return Err(msg.unwrap_or_default());
+        }
         let state = match st {
             Some(st) if is_dir(&st) => {
                 if flags & (RESUME | JOURNAL) != 0 && roots <= 1 && !sync {
@@ -139,7 +149,13 @@ impl DestMap {
             state,
             flags,
             marked: false,
+            device,
         })
+    }
+
+    /// Whether `target` (a mapped path) is DST and DST a block device.
+    pub fn is_device(&self, target: &[u8]) -> bool {
+        self.device && target == self.dest.as_slice()
     }
 
     /// Settle an open decision on the first metadata record.

@@ -49,7 +49,7 @@ pub fn journal_min() -> u64 {
 
 /// Flags that make a session compare with what the sink holds (all but
 /// the default journal, which only keeps what an interruption leaves).
-pub const COMPARE: u32 = flags::ALL & !flags::JOURNAL;
+pub const COMPARE: u32 = flags::ALL & !(flags::JOURNAL | flags::WRITE_DEVICES);
 
 /// Files below this size that changed in size are sent whole: their old
 /// version is not worth reading and hashing.
@@ -72,6 +72,11 @@ pub fn block_hash(id: u64, off: u64, data: &[u8]) -> u64 {
     segment_hash(id, off, data).max(1)
 }
 
+/// Files from this size on are hashed by several threads, each over a
+/// contiguous share of the blocks (a volume or a large image is one file:
+/// one thread per side made its hashing the whole cost of a small delta).
+pub const PAR_HASH_MIN: u64 = 1 << 30;
+
 /// Hashes of the blocks of `f` (its first `size` bytes), block `i` hashed
 /// only where `want(i)`; 0 elsewhere.
 pub fn block_sums(
@@ -79,14 +84,49 @@ pub fn block_sums(
     id: u64,
     size: u64,
     bs: u32,
-    want: &dyn Fn(usize) -> bool,
+    want: &(dyn Fn(usize) -> bool + Sync),
 ) -> std::io::Result<Vec<u64>> {
     let n = size.div_ceil(bs as u64) as usize;
     let mut out = vec![0u64; n];
+    let threads = if size >= PAR_HASH_MIN {
+        hash_threads()
+    } else {
+        1
+    };
+    if threads <= 1 {
+        sums_into(f, id, size, bs, want, 0, &mut out)?;
+        return Ok(out);
+    }
+    let per = n.div_ceil(threads);
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = out
+            .chunks_mut(per)
+            .enumerate()
+            .map(|(k, chunk)| s.spawn(move || sums_into(f, id, size, bs, want, k * per, chunk)))
+            .collect();
+        jobs.into_iter().try_for_each(|j| {
+            j.join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("hash thread panicked")))
+        })
+    })?;
+    Ok(out)
+}
+
+/// [`block_sums`] of blocks `first..first + out.len()`.
+fn sums_into(
+    f: &File,
+    id: u64,
+    size: u64,
+    bs: u32,
+    want: &(dyn Fn(usize) -> bool + Sync),
+    first: usize,
+    out: &mut [u64],
+) -> std::io::Result<()> {
     // Sized to the file: small files are the common case, and zeroing a
     // full block per file would cost more than hashing it.
     let mut buf = vec![0u8; (bs as u64).min(size) as usize];
-    for (i, slot) in out.iter_mut().enumerate() {
+    for (j, slot) in out.iter_mut().enumerate() {
+        let i = first + j;
         if !want(i) {
             continue;
         }
@@ -95,7 +135,7 @@ pub fn block_sums(
         f.read_exact_at(&mut buf[..len], off)?;
         *slot = block_hash(id, off, &buf[..len]);
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Fill a new temp file with the first `size` bytes of the old version:
@@ -241,6 +281,28 @@ mod tests {
         let (r, reused) = diff_ranges(&[7, 7, 7], &[0, 0, 0], 10, 30, 30, 20);
         assert_eq!(r, vec![(0, 20), (20, 10)]);
         assert_eq!(reused, 0);
+    }
+
+    #[test]
+    fn parallel_block_sums_equal_serial() {
+        let d = tempfile::tempdir_in("/var/tmp").unwrap();
+        let p = d.path().join("f");
+        let f = File::create(&p).unwrap();
+        // Sparse: cheap to make at PAR_HASH_MIN, a few data blocks.
+        f.set_len(PAR_HASH_MIN + 12345).unwrap();
+        for off in [0u64, 7 << 20, PAR_HASH_MIN / 2 + 1, PAR_HASH_MIN + 12000] {
+            f.write_all_at(&[off as u8 | 1; 300], off).unwrap();
+        }
+        let f = File::open(&p).unwrap();
+        let size = f.metadata().unwrap().len();
+        let bs = delta_block(size);
+        let want = |i: usize| i % 3 != 1;
+        let par = block_sums(&f, 5, size, bs, &want).unwrap();
+        let mut ser = vec![0u64; par.len()];
+        sums_into(&f, 5, size, bs, &want, 0, &mut ser).unwrap();
+        assert_eq!(par, ser);
+        assert_eq!(par[1], 0);
+        assert_ne!(par[0], 0);
     }
 
     #[test]

@@ -169,7 +169,10 @@ impl SinkSync {
                     p.push(b'/');
                 }
                 p.extend_from_slice(&r.part);
-                if matches!(self.root.lstat(&p), Ok(Some(st)) if is_reg(&st)) {
+                // A device's row names the device itself (written in place).
+                if matches!(self.root.lstat(&p), Ok(Some(st))
+                    if is_reg(&st) || crate::storage::volume::is_block_stat(&st))
+                {
                     self.used_parts.insert(p.clone());
                     let check = Check::Blocks {
                         base_size: size,
@@ -183,6 +186,19 @@ impl SinkSync {
         let Some(st) = self.lstat(target) else {
             return;
         };
+        if crate::storage::volume::is_block_stat(&st) {
+            // A device DST (accepted: --write-devices, large enough): its
+            // first `size` bytes are the base, block by block; its mtime
+            // says nothing about its contents.
+            if self.flags & SYNC != 0 && !self.dry() && size > 0 {
+                let check = Check::Blocks {
+                    base_size: size,
+                    part: None,
+                };
+                self.checks.push((id, target.to_vec(), size, check));
+            }
+            return;
+        }
         if !is_reg(&st) {
             return;
         }

@@ -4,6 +4,7 @@
 
 pub mod channels;
 pub mod path;
+pub mod raw;
 pub mod sealed;
 pub mod tcp;
 

@@ -2,6 +2,8 @@
 //! trees, and a tree comparator that checks bytes and metadata.
 #![allow(dead_code)]
 
+pub mod loopdev;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -28,6 +28,7 @@ use crate::storage::cache::{read_direct, resident_fraction, DirectMode};
 use crate::storage::direct::{is_aligned, pread_direct, round_up, ALIGN};
 use crate::storage::local::LOCAL_COPY_MIN;
 use crate::storage::sparse::{map_range, may_be_sparse, Piece};
+use crate::storage::volume::{max_runs, zero_runs, ZERO_GRAIN};
 use crate::storage::{is_direct_refusal, IoEngine, IoOp, StorageCfg, DIRECT_MIN};
 
 /// Progress of one source file across readers.
@@ -148,7 +149,9 @@ impl ReaderCtx {
         // (storage::cache: reading cached pages from the disk again is
         // what made warm bulk copies slow).
         // Local copies of large files are not read here at all.
-        let copied = self.storage.local.is_some() && f.size >= LOCAL_COPY_MIN;
+        // A volume is read here: its zero runs become holes (a copy in the
+        // kernel would write every byte).
+        let copied = self.storage.local.is_some() && f.size >= LOCAL_COPY_MIN && !f.volume;
         let cached = (self.storage.direct
             && !copied
             && self.storage.direct_mode == DirectMode::Auto
@@ -196,7 +199,10 @@ impl ReaderCtx {
         out.clear();
         let size = self.files[u.file as usize].size;
         // A local copy: the sink copies large files' data itself.
-        let copy = self.storage.local.is_some() && open.is_some() && size >= LOCAL_COPY_MIN;
+        let copy = self.storage.local.is_some()
+            && open.is_some()
+            && size >= LOCAL_COPY_MIN
+            && !self.files[u.file as usize].volume;
         if let Some(o) = open.filter(|_| !copy) {
             self.storage.count(size, u.len, o.direct.is_some());
         }
@@ -236,6 +242,49 @@ impl ReaderCtx {
         });
         buf.len = buf.len.max(start + n);
         self.stats.add_bytes(n as u64);
+    }
+
+    /// Record `n` bytes of a volume read at payload offset `start`: zero
+    /// runs become hole segments (a device has no hole map), data runs are
+    /// moved down over them so the payload stays contiguous.
+    pub fn push_volume_data(&self, buf: &mut Buf, idx: usize, off: u64, start: usize, n: usize) {
+        let id = self.files[idx].id;
+        let mut runs: [(usize, usize, bool); 64] = [(0, 0, false); 64];
+        let mut k = 0;
+        // At most max_runs(off, n) runs; a block larger than 64 granules
+        // is recorded in several passes.
+        let mut p = 0;
+        while p < n {
+            let chunk = (n - p).min(63 * ZERO_GRAIN);
+            let base = off + p as u64;
+            zero_runs(
+                &buf.space()[start + p..start + p + chunk],
+                base,
+                |s, len, z| {
+                    runs[k] = (p + s, len, z);
+                    k += 1;
+                },
+            );
+            p += chunk;
+            let mut w = buf.len.max(start);
+            for &(s, len, zero) in &runs[..k] {
+                if zero {
+                    let seg = Segment::hole(id, off + s as u64, len as u32);
+                    if self.checksum {
+                        self.add_hash(buf, idx, marker_hash(&seg));
+                    }
+                    buf.segs.push(seg);
+                    self.stats.add_bytes(len as u64);
+                } else {
+                    if w != start + s {
+                        buf.space().copy_within(start + s..start + s + len, w);
+                    }
+                    self.push_data(buf, idx, off + s as u64, w, len);
+                    w += len;
+                }
+            }
+            k = 0;
+        }
     }
 
     fn add_hash(&self, buf: &mut Buf, idx: usize, h: u64) {
@@ -305,7 +354,24 @@ impl ReaderCtx {
         if st.remaining.fetch_sub(u.len, Ordering::AcqRel) != u.len {
             return;
         }
-        if let Some(fd) = file {
+        if let (Some(fd), true) = (file, f.volume) {
+            // A device's node keeps its mtime while its blocks change: only
+            // its size can be checked (consistency is the snapshot's).
+            match crate::storage::volume::device_size(fd) {
+                Ok(n) if n == f.size => {}
+                Ok(n) => {
+                    self.fail(
+                        idx,
+                        format!("device size changed while being read ({n} bytes)"),
+                    );
+                    return;
+                }
+                Err(e) => {
+                    self.fail(idx, format!("cannot read device size: {e}"));
+                    return;
+                }
+            }
+        } else if let Some(fd) = file {
             match fd.metadata() {
                 Ok(md) => {
                     use std::os::unix::fs::MetadataExt;
@@ -333,7 +399,10 @@ impl ReaderCtx {
 /// from `ctx.homes`).
 pub fn run_reader(ctx: &ReaderCtx, i: usize) {
     let Some(home) = ctx.home_of(i) else { return };
-    if ctx.storage.engine == IoEngine::Uring && uring::run_reader_uring(ctx, home) {
+    // Volumes are read by the synchronous loop: it finds the zero runs
+    // of each read before the block is packed (storage::volume).
+    let volumes = ctx.files.iter().any(|f| f.volume);
+    if ctx.storage.engine == IoEngine::Uring && !volumes && uring::run_reader_uring(ctx, home) {
         return;
     }
     run_reader_sync(ctx, home);
@@ -406,14 +475,16 @@ fn read_data(
     while off < end {
         let mut buf = cur.take().unwrap_or_else(|| ctx.pool.get());
         let room = ctx.block_size - buf.len;
-        if room == 0 || buf.segs.len() == MAX_SEGMENTS {
+        let want = room.min((end - off) as usize);
+        // A volume's read may become one segment per zero granule.
+        let segs = if f.volume { max_runs(off, want) } else { 1 };
+        if room == 0 || buf.segs.len() + segs > MAX_SEGMENTS {
             if !ctx.ship(buf) {
                 return Ok(false);
             }
             continue;
         }
         let start = buf.len;
-        let want = room.min((end - off) as usize);
         let use_direct = open.as_ref().is_some_and(|o| o.direct.is_some()) && is_aligned(off);
         if use_direct && !start.is_multiple_of(ALIGN) {
             // Keep the large read aligned: send the packed block first.
@@ -462,7 +533,11 @@ fn read_data(
                 off + n as u64
             ));
         }
-        ctx.push_data(&mut buf, idx, off, start, n);
+        if f.volume && open.is_some() {
+            ctx.push_volume_data(&mut buf, idx, off, start, n);
+        } else {
+            ctx.push_data(&mut buf, idx, off, start, n);
+        }
         off += n as u64;
         if buf.len == ctx.block_size || buf.segs.len() == MAX_SEGMENTS {
             if !ctx.ship(buf) {

@@ -214,7 +214,11 @@ fn queue_block(
             continue;
         }
         if seg.is_hole() {
-            if !w.check(table.account(f, &seg, hash)) {
+            let r = match table.write_hole(f, &fd, &seg) {
+                Ok(()) => table.account(f, &seg, hash),
+                Err(e) => table.write_failed(f, e),
+            };
+            if !w.check(r) {
                 break;
             }
             continue;
