@@ -199,6 +199,11 @@ pub fn pull(
     let (mut s, mut links, opts, choice) = connect(remote, opts, res, false)?;
     let opts = &opts;
     seal_control(&mut s, opts.encrypt)?;
+    // The server is the source: its senders apply our --bwlimit.
+    let bps = opts.rate.session_rate();
+    if bps > 0 {
+        send_control(&mut *s.ctl, &Control::BwLimit { bytes_per_s: bps })?;
+    }
     send_control(&mut *s.ctl, &open_msg(Role::Source, paths, opts))?;
     let spec = SinkSpec {
         root,

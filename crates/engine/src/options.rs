@@ -66,6 +66,9 @@ pub struct TransferOptions {
     /// Where this end is the source: readers send their own blocks
     /// (inline) or hand them to sender threads (queued); seed 002 sec. 7.
     pub send_path: crate::config::SendPath,
+    /// Where this end is the source: the rate limits its senders draw
+    /// from (`--bwlimit`, a daemon's and a user's `max_rate`; data::rate).
+    pub rate: crate::data::rate::Limits,
 }
 
 impl Default for TransferOptions {
@@ -97,6 +100,7 @@ impl Default for TransferOptions {
             preserve: 0,
             archive_policy: crate::archive::Policy::default(),
             send_path: crate::config::SendPath::default(),
+            rate: Default::default(),
         }
     }
 }

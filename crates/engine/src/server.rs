@@ -65,6 +65,10 @@ pub struct DaemonShared {
     one_shot: std::sync::OnceLock<OneShot>,
     /// Site membership (`serve --peer`, crate::site, issue 19).
     pub site: std::sync::OnceLock<Arc<crate::site::Site>>,
+    /// Rate limits: the daemon's, sessions' (daemon::rates).
+    pub rates: crate::daemon::rates::DaemonRates,
+    /// Drain state and running sessions (daemon::lifecycle).
+    pub life: crate::daemon::lifecycle::Lifecycle,
 }
 
 /// A daemon that serves one session only (`ramsys ssh-serve`,
@@ -117,9 +121,20 @@ impl DaemonShared {
         if let Some(site) = self.site.get() {
             s.site = site.members();
         }
-        if let (Some(u), Some(_)) = (user, self.creds.users()) {
+        let users = self.creds.users();
+        s.rates = self
+            .rates
+            .status(&users.as_ref().map(|u| u.rates()).unwrap_or_default());
+        s.draining = self.life.draining();
+        if let (Some(u), Some(_)) = (user, users) {
             let mine = |x: &str| x == u || x.starts_with(&format!("{u}/"));
             s.sessions.retain(|x| mine(&x.user));
+            let ids: Vec<&str> = s.sessions.iter().map(|x| x.id.as_str()).collect();
+            s.rates.retain(|r| match r.scope.as_str() {
+                "user" => r.name == u,
+                "session" => ids.contains(&r.name.as_str()),
+                _ => true,
+            });
             s.root = s.users.first().map(|x| x.root.clone()).unwrap_or_default();
         }
         s
@@ -172,6 +187,8 @@ impl Daemon {
                 placement: std::sync::OnceLock::new(),
                 one_shot: std::sync::OnceLock::new(),
                 site: std::sync::OnceLock::new(),
+                rates: Default::default(),
+                life: Default::default(),
             }),
         })
     }
@@ -442,10 +459,24 @@ fn serve_control(
     let Some(first) = seal(link, &skey)? else {
         return Ok(());
     };
-    let Some(req) = serve_request(sh, link, &auth, first)? else {
+    // `--bwlimit` of a client pulling from this daemon (daemon::rates).
+    let (bwlimit, first) = match first {
+        Control::BwLimit { bytes_per_s } => (
+            bytes_per_s.max(crate::data::rate::MIN_RATE),
+            recv_control(&mut **link)?,
+        ),
+        first => (0, first),
+    };
+    let Some(mut req) = serve_request(sh, link, &auth, first)? else {
         return Ok(());
     };
+    req.bwlimit = bwlimit;
     if !authorize(sh, link, &auth.grant, &req.open) {
+        return Ok(());
+    }
+    // Draining (SIGTERM): no new session; status still answers.
+    if sh.life.draining() {
+        refuse(link, 5, crate::daemon::lifecycle::DRAINING.into());
         return Ok(());
     }
     sh.active.fetch_add(1, Ordering::Relaxed);
@@ -593,6 +624,7 @@ fn serve_request(
             sync: 0,
             select: Default::default(),
             preserve: 0,
+            bwlimit: 0,
         },
         // Sync and resume (docs/SYNC.md): flags for a server source.
         Control::SyncOpen { open, flags } => Request {
@@ -600,6 +632,7 @@ fn serve_request(
             sync: flags & crate::sync::flags::ALL,
             select: Default::default(),
             preserve: 0,
+            bwlimit: 0,
         },
         // A selection for a server source (request::filter).
         Control::SelectOpen {
@@ -611,6 +644,7 @@ fn serve_request(
             sync: flags & crate::sync::flags::ALL,
             select,
             preserve: 0,
+            bwlimit: 0,
         },
         // An archive copy from a server source (crate::archive).
         Control::ArchiveOpen {
@@ -623,6 +657,7 @@ fn serve_request(
             sync: flags & crate::sync::flags::ALL,
             select,
             preserve: preserve & ramsys_proto::attrs::preserve::ALL,
+            bwlimit: 0,
         },
         Control::StatusQuery => {
             let json = serde_json::to_string(&sh.status_for(a.grant.account.as_deref()))
@@ -697,6 +732,8 @@ struct Request {
     select: ramsys_proto::control::Selection,
     /// ArchiveOpen's bits, for a server source (crate::archive).
     preserve: u32,
+    /// BwLimit's rate, bytes/s (0: none).
+    bwlimit: u64,
 }
 
 /// Run an authorized transfer: the request poller's step (seed 000 sec.
@@ -715,6 +752,7 @@ fn run_session(
         sync,
         select,
         preserve,
+        bwlimit,
     } = req;
     let role = match open.server_role {
         Role::Sink => "sink",
@@ -736,7 +774,7 @@ fn run_session(
         stats: Arc::new(Stats::default()),
     };
     let mut ctl = std::mem::replace(link, Box::new(ClosedLink));
-    let opts = match session_options(sh, &open, sync, select)
+    let mut opts = match session_options(sh, &open, sync, select)
         .map(|o| archive_options(o, preserve, grant))
     {
         Ok(o) => o,
@@ -745,6 +783,11 @@ fn run_session(
             return Ok(());
         }
     };
+    let source = open.server_role == Role::Source;
+    let _rate = sh
+        .rates
+        .for_session(session, bwlimit, grant.rate.clone(), source, &mut opts);
+    let _live = sh.life.track(session, &*ctl);
     // Every path resolves beneath the user's export root (daemon::users).
     let ex = &*grant.root;
     match open.server_role {

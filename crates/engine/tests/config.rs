@@ -38,6 +38,7 @@ writers = 5
 model = "m.json"
 send_path = "inline"
 direct = "never"
+max_rate = "200M"
 [devices.sdb]
 capacity_gbps = 6
 threads = 2
@@ -48,6 +49,7 @@ capacity_gbps = 2.5
 key_file = "keys/alice"
 root = "/srv/alice"
 read_only = true
+max_rate = 1048576
 "#,
         Path::new("/etc/ramsys"),
     )
@@ -70,6 +72,8 @@ read_only = true
     assert_eq!(c.users[0].name, "alice");
     assert_eq!(c.users[0].key_file, PathBuf::from("/etc/ramsys/keys/alice"));
     assert!(c.users[0].read_only);
+    assert_eq!(c.max_rate, Some(200 << 20));
+    assert_eq!(c.users[0].max_rate, Some(1 << 20));
     assert_eq!(
         DaemonConfig::parse("numa = 1", Path::new("."))
             .unwrap()
@@ -91,6 +95,9 @@ fn invalid_files_name_the_key_in_one_line() {
         ("memory = \"12Q\"", "`memory`"),
         ("send_path = \"fast\"", "`send_path`"),
         ("direct = \"maybe\"", "`direct`"),
+        ("max_rate = \"fast\"", "`max_rate`"),
+        ("max_rate = -1", "`max_rate`"),
+        ("max_rate = 100", "`max_rate`"),
         ("bogus = 1", "`bogus`"),
         ("[devices.sda]\nthreads = -2", "`devices.sda.threads`"),
         ("[devices.sda]\npurpose = \"fun\"", "`devices.sda.purpose`"),

@@ -318,6 +318,14 @@ pub enum Control {
     },
     /// Source to sink, after the Entries batch holding these ids.
     Attrs(Vec<crate::attrs::Attrs>),
+    /// Client to server, right before its Open/SyncOpen/SelectOpen/ArchiveOpen when
+    /// the server is the source and the user limited the transfer's rate
+    /// (`--bwlimit`): the server's senders send at most `bytes_per_s` for
+    /// this session, across all its streams, on top of the daemon's and
+    /// the user's own `max_rate` (docs/DAEMON.md). No answer.
+    BwLimit {
+        bytes_per_s: u64,
+    },
 }
 
 /// What a source sends of its tree (rsync's filter rules, engine
@@ -450,6 +458,7 @@ impl Control {
             Control::ArchiveOpen { .. } => "ArchiveOpen",
             Control::Preserve { .. } => "Preserve",
             Control::Attrs(_) => "Attrs",
+            Control::BwLimit { .. } => "BwLimit",
         }
     }
 
@@ -704,6 +713,9 @@ mod tests {
                 default_acl: vec![],
                 atime: Some((5, 6)),
             }]),
+            Control::BwLimit {
+                bytes_per_s: 20 << 20,
+            },
         ];
         for m in msgs {
             let b = m.encode().unwrap();

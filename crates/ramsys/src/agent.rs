@@ -145,7 +145,7 @@ impl Plan {
         );
         let local_copy = matches!(dst, Endpoint::Local(_))
             && srcs.iter().all(|s| matches!(s, Endpoint::Local(_)));
-        let opts = TransferOptions {
+        let mut opts = TransferOptions {
             streams: a.streams.unwrap_or(4),
             // No --streams: sized from the path when connecting (issue
             // 21); a local copy's path is this host's memory.
@@ -166,6 +166,14 @@ impl Plan {
             preserve: a.archive.preserve(),
             ..a.storage.options()
         };
+        // --bwlimit: one bucket for all this transfer's streams (data::rate);
+        // a daemon or ssh source gets it in Control::BwLimit.
+        if let Some(bw) = a.bwlimit.filter(|&b| b > 0) {
+            opts.rate = ramsys_engine::data::rate::Limits::session("agent", bw);
+            if let Some(cap) = opts.rate.block_cap() {
+                opts.block_size = opts.block_size.min(cap);
+            }
+        }
         // --delete leaves files the rules exclude (the sink gets the rules),
         // but a file skipped for its size at the source cannot be told from
         // one the source no longer has: refuse rather than delete it.
@@ -207,7 +215,8 @@ impl Plan {
             connect_timeout: Duration::from_secs(a.connect_timeout.max(1)),
             memory: a.memory as usize,
             block_size: a.block_size as usize,
-            copy_range: !a.no_copy_range,
+            // A rate limit counts blocks' payload: no kernel-side copies.
+            copy_range: !a.no_copy_range && a.bwlimit.is_none_or(|b| b == 0),
             json: a.json,
         })
     }

@@ -26,6 +26,12 @@ pub struct CpArgs {
     /// Block size: unit of disk access and network transfer.
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     pub block_size: u64,
+    /// Send at most RATE bytes per second, all streams together (rsync's
+    /// units: a bare number is KiB/s; K, M, G are powers of 1024, KB, MB,
+    /// GB of 1000; e.g. 20M). Applied by the source: this agent, or the
+    /// daemon or ssh end it pulls from.
+    #[arg(long, value_name = "RATE", value_parser = ramsys_engine::data::rate::parse_rate)]
+    pub bwlimit: Option<u64>,
     /// Turn off per-block checksums and whole-file digests.
     #[arg(long)]
     pub no_checksum: bool,

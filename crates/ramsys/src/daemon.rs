@@ -2,10 +2,11 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::Args;
-use ramsys_engine::config::{daemon_placement, DaemonConfig, ServeInputs};
-use ramsys_engine::daemon::users::{load_users_file, Users};
+use ramsys_engine::config::{daemon_placement, ServeInputs};
+use ramsys_engine::daemon::users::load_users_file;
 use ramsys_engine::resources::ResourceConfig;
 use ramsys_engine::server::Daemon;
 use ramsys_engine::{EngineResources, TransferOptions};
@@ -86,6 +87,16 @@ pub struct ServeArgs {
     /// inject a fake /proc).
     #[arg(long, value_name = "DIR", hide = true, default_value = "/")]
     pub site_sys_root: PathBuf,
+    /// What the daemon sends, all sessions together, at most (bytes per
+    /// second, rsync's units as in `cp --bwlimit`; default: the config's
+    /// `max_rate`, else no limit). Users' `max_rate` and clients'
+    /// --bwlimit apply on top.
+    #[arg(long, value_name = "RATE", value_parser = ramsys_engine::data::rate::parse_rate)]
+    pub max_rate: Option<u64>,
+    /// On SIGTERM/SIGINT: seconds running sessions get to finish before
+    /// they are stopped (resumably); new sessions are refused meanwhile.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    pub drain_timeout: u64,
 }
 
 fn parse_interval(s: &str) -> Result<u64, String> {
@@ -98,23 +109,16 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
         a.max_block_size >= 4096,
         "--max-block-size must be at least 4K"
     );
-    let cfg = match &a.config {
-        Some(p) => DaemonConfig::load(p)?,
-        None => DaemonConfig::default(),
+    // Users from --users and the config's [users] section (daemon::users);
+    // read the same way again on SIGHUP (crate::signals).
+    let (cfg, users) = crate::signals::load(a.config.as_deref(), a.users.as_deref())?;
+    let first_root = match &a.users {
+        Some(p) if cfg.users.is_empty() => load_users_file(p)?.first().map(|u| u.root.clone()),
+        _ => cfg.users.first().map(|u| u.root.clone()),
     };
-    // Users from --users and the config's [users] section (daemon::users).
-    let mut specs = cfg.users.clone();
-    if let Some(p) = &a.users {
-        specs.extend(load_users_file(p)?);
-    }
-    let users = if specs.is_empty() {
-        None
-    } else {
-        Some(Users::open(&specs)?)
-    };
-    let root = match (&a.root, specs.first()) {
+    let root = match (&a.root, first_root) {
         (Some(r), _) => r.clone(),
-        (None, Some(u)) => u.root.clone(),
+        (None, Some(r)) => r,
         (None, None) => anyhow::bail!("give --root DIR, or a users table (--users FILE)"),
     };
     // With a users table the shared key is not used: do not create one.
@@ -130,9 +134,8 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
             p.clone()
         }
     });
-    if addr_file.is_some() {
-        block_exit_signals();
-    }
+    // Before any thread starts: only the signal thread takes them.
+    crate::signals::block();
     let cli = ServeInputs {
         numa: a.numa,
         memory: a.memory,
@@ -206,14 +209,22 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
             user: cfg.site_user.clone().unwrap_or_else(|| "site".into()),
         });
     }
+    d.shared()
+        .rates
+        .daemon
+        .set_rate(a.max_rate.or(cfg.max_rate).unwrap_or(0));
     // Before "listening on": whoever waits for that line finds the file.
     if let Some(p) = &addr_file {
         write_addr_file(p, d.local_addr())?;
-        let p = p.clone();
-        std::thread::Builder::new()
-            .name("signals".into())
-            .spawn(move || remove_at_exit(&p))?;
     }
+    crate::signals::spawn(crate::signals::Ctl {
+        shared: d.shared(),
+        config: a.config.clone(),
+        users: a.users.clone(),
+        max_rate_flag: a.max_rate,
+        drain_timeout: Duration::from_secs(a.drain_timeout),
+        addr_file: addr_file.clone(),
+    })?;
     println!("listening on {}", d.local_addr());
     std::io::stdout().flush()?;
     if let Some(m) = &a.metrics {
@@ -232,40 +243,6 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     tracing::info!("serving {} on {}", root.display(), d.local_addr());
     d.serve();
     Ok(0)
-}
-
-const EXIT_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
-
-fn exit_sigset() -> libc::sigset_t {
-    // SAFETY: sigemptyset/sigaddset initialise and fill a local set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in EXIT_SIGNALS {
-            libc::sigaddset(&mut set, s);
-        }
-        set
-    }
-}
-
-/// Block SIGINT/SIGTERM/SIGHUP in this thread and every thread it starts
-/// afterwards, so they are delivered only to [`remove_at_exit`]'s sigwait.
-fn block_exit_signals() {
-    let set = exit_sigset();
-    // SAFETY: a valid set; only this thread's mask changes.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-}
-
-/// Wait for an exit signal, remove the address file, exit as the signal
-/// would have (128 + signal number).
-fn remove_at_exit(path: &Path) {
-    let set = exit_sigset();
-    let mut sig: libc::c_int = 0;
-    // SAFETY: valid set and out-pointer.
-    unsafe { libc::sigwait(&set, &mut sig) };
-    let _ = std::fs::remove_file(path);
-    tracing::info!("signal {sig}: removed {}, exiting", path.display());
-    std::process::exit(128 + sig);
 }
 
 /// `HOST:PORT\nPID\n`, mode 0600, replaced atomically; a wildcard listen

@@ -4,10 +4,12 @@
 mod agent;
 mod args;
 mod daemon;
+mod docgen;
 mod numa;
 mod pick;
 mod plan;
 mod progress;
+mod signals;
 mod spec;
 mod ssh;
 mod ssh_serve;
@@ -25,7 +27,7 @@ use clap::{Args, Parser, Subcommand};
     version,
     about = "NUMA-aware, resource-aware data replication"
 )]
-struct Cli {
+pub(crate) struct Cli {
     /// More log output (repeat for more); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
@@ -66,6 +68,12 @@ enum Cmd {
     /// (one session; credential on stdin; docs/PROTOCOL.md).
     #[command(hide = true)]
     SshServe(ssh_serve::SshServeArgs),
+    /// Print a shell completion script (bash, zsh or fish) on stdout,
+    /// e.g. `ramsys completions bash > /etc/bash_completion.d/ramsys`.
+    Completions(docgen::CompletionsArgs),
+    /// Write the man pages (ramsys.1, ramsys-SUBCOMMAND.1) into OUTDIR.
+    #[command(hide = true)]
+    Man(docgen::ManArgs),
 }
 
 /// Options shared by every command that authenticates.
@@ -140,6 +148,8 @@ fn main() {
         Cmd::Iomodel(a) => ramsys_iomodel::run(a).map(|_| 0),
         Cmd::Plan(a) => plan::run(a),
         Cmd::SshServe(a) => ssh_serve::run(a),
+        Cmd::Completions(a) => docgen::run_completions(a),
+        Cmd::Man(a) => docgen::run_man(a),
     };
     match r {
         Ok(code) => std::process::exit(code),

@@ -695,6 +695,10 @@ fn source_cp_args(a: &CpArgs, sync: u32, srcs: &[&SshEndpoint], url: &str) -> Ve
     if let Some(s) = a.streams {
         v.push(format!("--streams={s}"));
     }
+    // HOST1 is the source: its senders apply the limit (in bytes/s).
+    if let Some(b) = a.bwlimit {
+        v.push(format!("--bwlimit={b}B"));
+    }
     if let Some(r) = a.readers {
         v.push(format!("--readers={r}"));
     }
@@ -869,6 +873,30 @@ mod tests {
         assert_eq!(
             Probe::parse(&String::from_utf8_lossy(&o.stdout)),
             Some(Probe::Use(path))
+        );
+    }
+
+    /// A third-party copy's HOST1 is the source: it gets --bwlimit, in
+    /// bytes per second so no unit is reinterpreted.
+    #[test]
+    fn third_party_source_gets_the_rate_limit() {
+        #[derive(clap::Parser)]
+        struct W {
+            #[command(flatten)]
+            a: CpArgs,
+        }
+        let w =
+            <W as clap::Parser>::try_parse_from(["x", "--bwlimit", "20M", "h1:a", "h2:b"]).unwrap();
+        let src = SshEndpoint {
+            user: None,
+            host: "h1".into(),
+            path: "a".into(),
+        };
+        let v = source_cp_args(&w.a, 0, &[&src], "ramsys://h2:1/b");
+        assert!(v.contains(&format!("--bwlimit={}B", 20 << 20)), "{v:?}");
+        assert_eq!(
+            ramsys_engine::data::rate::parse_rate(&format!("{}B", 20 << 20)),
+            Ok(20 << 20)
         );
     }
 

@@ -133,6 +133,26 @@ pub fn human(st: &Status) -> String {
         t.steals,
         t.tasks_failed
     );
+    if st.draining {
+        let _ = writeln!(s, "DRAINING: new sessions are refused (SIGTERM)");
+    }
+    if !st.rates.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nRATE LIMIT   NAME              LIMIT        SENT  THROTTLED"
+        );
+        for r in &st.rates {
+            let _ = writeln!(
+                s,
+                "{:<12} {:<17} {:>12} {:>9} {:>9.1}s",
+                r.scope,
+                r.name,
+                ramsys_engine::data::rate::show_rate(r.bytes_per_s),
+                mb(r.bytes),
+                r.throttled_s
+            );
+        }
+    }
     if !st.users.is_empty() {
         let _ = writeln!(s, "\nUSER         SESSIONS  ROOT");
         for u in &st.users {

@@ -14,6 +14,8 @@
 //! model = "model.json"       # relative to this file's directory
 //! send_path = "auto"         # inline | queued | auto (seed 002 sec. 7)
 //! direct = "auto"            # O_DIRECT for large files: auto | always | never
+//! max_rate = "200M"          # what the daemon sends, all sessions together
+//!                            # (bytes/s or rsync units; data::rate; 0 = none)
 //!
 //! [devices.sda]
 //! capacity_gbps = 4.0        # what the device really sustains
@@ -88,6 +90,9 @@ pub struct DaemonConfig {
     pub send_path: Option<SendPath>,
     /// `direct`: the O_DIRECT policy (storage::cache), under `--direct`.
     pub direct: Option<crate::storage::cache::DirectMode>,
+    /// `max_rate`: bytes per second the daemon sends in all sessions
+    /// together (data::rate); reloaded on SIGHUP.
+    pub max_rate: Option<u64>,
     pub devices: BTreeMap<String, DeviceConfig>,
     /// `[users.NAME]` tables (crate::daemon::users): per-user keys and
     /// export roots.
@@ -156,10 +161,14 @@ impl DaemonConfig {
                 }
                 "users" => c.users = crate::daemon::users::parse_users_section(v, base)?,
                 "site" => parse_site(&mut c, v)?,
+                "max_rate" => {
+                    c.max_rate = Some(crate::daemon::users::parse_rate_value("key `max_rate`", v)?)
+                }
                 _ => {
                     return Err(format!(
                         "unknown key `{k}` (expected numa, memory, max_streams, readers, \
-                         writers, model, send_path, direct, [devices.NAME], [users.NAME] or [site])"
+                         writers, model, send_path, direct, max_rate, [devices.NAME], \
+                         [users.NAME] or [site])"
                     ))
                 }
             }

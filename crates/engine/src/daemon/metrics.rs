@@ -319,6 +319,40 @@ pub fn render(s: &Status) -> String {
             k.rate_bps,
         );
     }
+    o.one(
+        "ramsys_draining",
+        "gauge",
+        "1 while the daemon drains (SIGTERM): new sessions are refused.",
+        f64::from(u8::from(s.draining)),
+    );
+    // Rate limits (daemon::rates): one series per limited bucket.
+    for (name, kind, help) in [
+        (
+            "ramsys_rate_limit_bytes_per_second",
+            "gauge",
+            "A rate limit in force: the daemon's or a user's max_rate, a session's --bwlimit.",
+        ),
+        (
+            "ramsys_rate_limited_bytes_total",
+            "counter",
+            "Bytes sent under a rate limit.",
+        ),
+        (
+            "ramsys_rate_throttled_seconds_total",
+            "counter",
+            "Time senders waited for a rate limit.",
+        ),
+    ] {
+        o.head(name, kind, help);
+        for r in &s.rates {
+            let v = match kind {
+                "gauge" => r.bytes_per_s as f64,
+                _ if name.contains("bytes") => r.bytes as f64,
+                _ => r.throttled_s,
+            };
+            o.val(name, &[("scope", &r.scope), ("name", &r.name)], v);
+        }
+    }
     site(&mut o, s);
     o.0
 }
@@ -478,6 +512,14 @@ mod tests {
         Status {
             placement: vec![],
             users: vec![],
+            rates: vec![crate::daemon::rates::RateStatus {
+                scope: "user".into(),
+                name: "alice".into(),
+                bytes_per_s: 1 << 20,
+                bytes: 7,
+                throttled_s: 0.5,
+            }],
+            draining: true,
             site: vec![],
             version: 1,
             listen: "x".into(),
@@ -504,6 +546,12 @@ mod tests {
     fn renders_and_serves_over_http() {
         let text = render(&empty());
         assert!(text.contains("ramsys_bytes_total{direction=\"in\"} 42\n"));
+        assert!(text.contains(
+            "ramsys_rate_limit_bytes_per_second{scope=\"user\",name=\"alice\"} 1048576\n"
+        ));
+        assert!(text
+            .contains("ramsys_rate_throttled_seconds_total{scope=\"user\",name=\"alice\"} 0.5\n"));
+        assert!(text.contains("ramsys_draining 1\n"));
         assert!(text.contains("ramsys_pool_busy{pool=\"readers\"} 1\n"));
         // Every sample line belongs to a declared ramsys_ family.
         for l in text.lines().filter(|l| !l.starts_with('#')) {

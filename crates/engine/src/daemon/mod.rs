@@ -9,12 +9,16 @@
 //! - [`status`]: a serializable snapshot of all of it.
 //! - [`metrics`]: the Prometheus text endpoint.
 //! - [`netdev`]: names of NICs and storage devices for labels.
+//! - [`rates`]: the daemon's, users' and sessions' rate limits.
+//! - [`lifecycle`]: draining (refuse new sessions, stop running ones).
 //! - [`users`]: the credential store: shared key or users table (per-user
 //!   keys and export roots) and one-time credentials.
 
 pub mod admit;
+pub mod lifecycle;
 pub mod metrics;
 pub mod netdev;
+pub mod rates;
 pub mod status;
 pub mod users;
 

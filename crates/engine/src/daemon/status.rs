@@ -37,6 +37,13 @@ pub struct Status {
     /// running sessions (a user asking sees only itself).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<UserStatus>,
+    /// Rate limits in force (daemon::rates): the daemon's and users'
+    /// `max_rate`, sessions' `--bwlimit`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rates: Vec<super::rates::RateStatus>,
+    /// A drain is under way (SIGTERM): new sessions are refused.
+    #[serde(default)]
+    pub draining: bool,
     /// With `serve --peer` (issue 19, docs/SITE.md): every member of the
     /// site, this daemon first, as its monitoring last saw it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -341,6 +348,8 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
     Status {
         placement: Vec::new(),
         users: Vec::new(),
+        rates: Vec::new(),
+        draining: false,
         site: Vec::new(),
         version: STATUS_VERSION,
         listen: listen.into(),

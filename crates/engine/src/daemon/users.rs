@@ -25,14 +25,17 @@
 //! root = "/srv/export/alice"
 //! max_sessions = 4          # optional: sessions at once (default: no limit)
 //! read_only = false         # optional: true = may only read (daemon is source)
+//! max_rate = "50M"          # optional: what the daemon sends this user, all
+//!                           # sessions together (bytes/s or rsync units; data::rate)
 //! ```
 //!
 //! In `serve --config` the same entries are tables under `[users]`:
-//! `[users.alice]` with `key_file`, `root`, `max_sessions`, `read_only`.
+//! `[users.alice]` with `key_file`, `root`, `max_sessions`, `read_only`,
+//! `max_rate`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
@@ -40,6 +43,7 @@ use ramsys_proto::control::Bytes32;
 use sha2::Sha256;
 
 use crate::crypto::random32;
+use crate::data::rate::Bucket;
 use crate::fsops::{Confinement, Root};
 
 /// Prefix of minted credential names; no configured user may use it.
@@ -82,6 +86,24 @@ pub struct UserSpec {
     pub root: PathBuf,
     pub max_sessions: Option<u32>,
     pub read_only: bool,
+    /// Bytes per second the daemon sends this user, all sessions together.
+    pub max_rate: Option<u64>,
+}
+
+/// A rate key: bytes per second as an integer, or a string in rsync's
+/// units ("20M"; data::rate::parse_rate).
+pub fn parse_rate_value(what: &str, v: &toml::Value) -> Result<u64, String> {
+    match v {
+        toml::Value::Integer(n) if *n >= 0 => {
+            crate::data::rate::check_rate(*n as u64).map_err(|e| format!("{what}: {e}"))
+        }
+        toml::Value::String(s) => {
+            crate::data::rate::parse_rate(s).map_err(|e| format!("{what}: {e}"))
+        }
+        _ => Err(format!(
+            "{what}: expected bytes per second or a rate like \"20M\", got {v}"
+        )),
+    }
 }
 
 fn check_name(name: &str) -> Result<(), String> {
@@ -112,6 +134,7 @@ pub fn parse_user(
         .ok_or_else(|| format!("{what}: expected a table, got {v}"))?;
     let mut name = name.map(str::to_string);
     let (mut key_file, mut root, mut max_sessions, mut read_only) = (None, None, None, false);
+    let mut max_rate = None;
     let s = |k: &str, v: &toml::Value| -> Result<String, String> {
         v.as_str()
             .map(str::to_string)
@@ -135,9 +158,13 @@ pub fn parse_user(
                     format!("{what}: key `read_only`: expected true or false, got {v}")
                 })?
             }
+            "max_rate" => {
+                max_rate = Some(parse_rate_value(&format!("{what}: key `max_rate`"), v)?)
+                    .filter(|&r| r > 0)
+            }
             _ => {
                 return Err(format!(
-                    "{what}: unknown key `{k}` (expected name, key_file, root, max_sessions or read_only)"
+                    "{what}: unknown key `{k}` (expected name, key_file, root, max_sessions, read_only or max_rate)"
                 ))
             }
         }
@@ -150,6 +177,7 @@ pub fn parse_user(
         name,
         max_sessions,
         read_only,
+        max_rate,
     })
 }
 
@@ -210,6 +238,8 @@ struct User {
     root: Arc<ExportRoot>,
     max_sessions: Option<u32>,
     read_only: bool,
+    /// `max_rate` (rate 0: none), shared by all the user's sessions.
+    rate: Arc<Bucket>,
 }
 
 /// The loaded users table: keys read, roots opened (once, shared by users
@@ -251,10 +281,38 @@ impl Users {
                     root,
                     max_sessions: s.max_sessions,
                     read_only: s.read_only,
+                    rate: Bucket::new("user", s.name.clone(), s.max_rate.unwrap_or(0)),
                 },
             );
         }
         Ok(Users { users })
+    }
+
+    /// Keep the rate buckets of users `old` has too (a reload): running
+    /// sessions and new ones then share one bucket, at the new rate.
+    pub fn carry_rates_from(&mut self, old: &Users) {
+        for (name, u) in self.users.iter_mut() {
+            if let Some(o) = old.users.get(name) {
+                o.rate.set_rate(u.rate.rate());
+                u.rate = o.rate.clone();
+            }
+        }
+    }
+
+    /// Every user's rate bucket, by name.
+    pub fn rates(&self) -> Vec<Arc<Bucket>> {
+        let mut v: Vec<_> = self.users.values().map(|u| u.rate.clone()).collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// Users in the table.
+    pub fn len(&self) -> usize {
+        self.users.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.users.is_empty()
     }
 
     /// Distinct export roots (to register their devices).
@@ -301,6 +359,9 @@ pub struct Grant {
     pub read_only: bool,
     /// Authenticated with a one-time credential (which cannot mint more).
     pub token: bool,
+    /// The user's `max_rate` bucket (None: shared key), for a session where
+    /// the daemon is the source (data::rate).
+    pub rate: Option<Arc<Bucket>>,
     _slot: Option<SessionSlot>,
 }
 
@@ -331,7 +392,9 @@ pub enum Refusal {
 pub struct Credentials {
     shared_key: Vec<u8>,
     default_root: Arc<ExportRoot>,
-    users: Option<Users>,
+    /// Behind a lock so a reload (SIGHUP) can swap it while sessions run;
+    /// read once per connection, never per block.
+    users: RwLock<Option<Arc<Users>>>,
     tokens: Mutex<HashMap<String, TokenRec>>,
     active: Arc<Mutex<HashMap<String, u32>>>,
     decoy: Bytes32,
@@ -346,7 +409,7 @@ impl Credentials {
         Credentials {
             shared_key,
             default_root,
-            users: None,
+            users: RwLock::new(None),
             tokens: Mutex::new(HashMap::new()),
             active: Arc::new(Mutex::new(HashMap::new())),
             decoy: random32(),
@@ -355,11 +418,22 @@ impl Credentials {
 
     /// Serve this users table instead of the shared key.
     pub fn set_users(&mut self, users: Users) {
-        self.users = Some(users);
+        *self.users.get_mut().unwrap() = Some(Arc::new(users));
     }
 
-    pub fn users(&self) -> Option<&Users> {
-        self.users.as_ref()
+    /// Swap in a reloaded table: running sessions keep what they were
+    /// granted; new ones see the new table. Users present in both keep
+    /// their rate bucket (and session count) across the swap.
+    pub fn replace_users(&self, mut users: Users) {
+        let mut g = self.users.write().unwrap();
+        if let Some(old) = g.as_ref() {
+            users.carry_rates_from(old);
+        }
+        *g = Some(Arc::new(users));
+    }
+
+    pub fn users(&self) -> Option<Arc<Users>> {
+        self.users.read().unwrap().clone()
     }
 
     /// A key no client holds, the same for the same name (so repeated
@@ -375,7 +449,8 @@ impl Credentials {
     pub fn lookup(&self, name: &str) -> Pending {
         // Computed for every name, so a known and an unknown name cost the
         // same before the Challenge goes out.
-        let decoy = self.users.as_ref().map(|_| self.decoy_key(name));
+        let users = self.users();
+        let decoy = users.as_ref().map(|_| self.decoy_key(name));
         if name.starts_with(TOKEN_PREFIX) {
             let t = self.tokens.lock().unwrap();
             if let Some(r) = t.get(name).filter(|r| r.expires > Instant::now()) {
@@ -385,7 +460,7 @@ impl Credentials {
                 };
             }
         }
-        match &self.users {
+        match &users {
             None => Pending {
                 key: self.shared_key.clone(),
                 claim: Claim::Shared(name.to_string()),
@@ -419,12 +494,11 @@ impl Credentials {
                 (format!("{}/{n}", r.minter), r.account.clone(), Some(n))
             }
         };
-        let user = account
-            .as_ref()
-            .and_then(|a| self.users.as_ref()?.users.get(a));
-        let (root, read_only) = match user {
-            Some(u) => (u.root.clone(), u.read_only),
-            None => (self.default_root.clone(), false),
+        let users = self.users();
+        let user = account.as_ref().and_then(|a| users.as_ref()?.users.get(a));
+        let (root, read_only, rate) = match user {
+            Some(u) => (u.root.clone(), u.read_only, Some(u.rate.clone())),
+            None => (self.default_root.clone(), false, None),
         };
         // The limit first, so a session refused for it keeps its token.
         // Every user's sessions are counted (status and
@@ -460,6 +534,7 @@ impl Credentials {
             root,
             read_only,
             token: token.is_some(),
+            rate,
             _slot: slot,
         })
     }
@@ -502,7 +577,7 @@ impl Credentials {
     /// Users with their roots and running sessions, for status and
     /// metrics; `only`: just that user.
     pub fn user_status(&self, only: Option<&str>) -> Vec<(String, String, u32, bool)> {
-        let Some(u) = &self.users else {
+        let Some(u) = self.users() else {
             return Vec::new();
         };
         let active = self.active.lock().unwrap();
@@ -559,8 +634,8 @@ mod tests {
         let base = Path::new("/etc/ramsys");
         let u = parse_users_file(
             "[[user]]\nname = \"alice\"\nkey_file = \"k/alice\"\nroot = \"/srv/a\"\n\
-             max_sessions = 2\n\n[[user]]\nname = \"bob\"\nkey_file = \"/k/bob\"\n\
-             root = \"b\"\nread_only = true\n",
+             max_sessions = 2\nmax_rate = \"20M\"\n\n[[user]]\nname = \"bob\"\nkey_file = \"/k/bob\"\n\
+             root = \"b\"\nread_only = true\nmax_rate = 4096\n",
             base,
         )
         .unwrap();
@@ -573,6 +648,7 @@ mod tests {
                     root: "/srv/a".into(),
                     max_sessions: Some(2),
                     read_only: false,
+                    max_rate: Some(20 << 20),
                 },
                 UserSpec {
                     name: "bob".into(),
@@ -580,6 +656,7 @@ mod tests {
                     root: "/etc/ramsys/b".into(),
                     max_sessions: None,
                     read_only: true,
+                    max_rate: Some(4096),
                 },
             ]
         );
@@ -624,6 +701,10 @@ mod tests {
                  [[user]]\nname = \"a\"\nkey_file = \"k\"\nroot = \"/s\"\n",
                 "defined twice",
             ),
+            (
+                "[[user]]\nname = \"a\"\nkey_file = \"k\"\nroot = \"/r\"\nmax_rate = \"fast\"\n",
+                "max_rate",
+            ),
             ("[[user]\nname = 1", "line 1"),
             ("user = 3", "expected [[user]] entries"),
             ("group = 3", "unknown key `group`"),
@@ -644,6 +725,7 @@ mod tests {
             root: d.path().join(r),
             max_sessions: None,
             read_only: false,
+            max_rate: None,
         };
         std::fs::create_dir(d.path().join("root")).unwrap();
         let e = Users::open(&[spec("nokey", "root")]).err().unwrap();
@@ -669,6 +751,7 @@ mod tests {
                 root: d.path().join("a"),
                 max_sessions: Some(1),
                 read_only: false,
+                max_rate: None,
             },
             UserSpec {
                 name: "bob".into(),
@@ -676,6 +759,7 @@ mod tests {
                 root: d.path().join("b"),
                 max_sessions: None,
                 read_only: true,
+                max_rate: Some(1 << 20),
             },
         ];
         let def = Arc::new(ExportRoot::open(&d.path().join("shared")).unwrap());
@@ -705,6 +789,45 @@ mod tests {
         assert_eq!(c.user_status(Some("bob"))[0].2, 1);
         drop(b);
         assert_eq!(c.user_status(Some("bob"))[0].2, 0);
+    }
+
+    /// A reload (SIGHUP) swaps the table under running sessions: their
+    /// grants stand, new names work at once, and a user present before
+    /// and after keeps its rate bucket (now at the new rate).
+    #[test]
+    fn a_reloaded_table_adds_users_and_keeps_grants_and_buckets() {
+        let (d, c) = store();
+        let bob = c.admit(c.lookup("bob")).unwrap();
+        let bucket = bob.rate.clone().unwrap();
+        assert_eq!(bucket.rate(), 1 << 20);
+        assert!(matches!(c.admit(c.lookup("carol")), Err(Refusal::Auth(_))));
+        key_file(d.path(), "kc", "cccccccccccccccccccc");
+        let spec = |n: &str, k: &str, r: &str, rate| UserSpec {
+            name: n.into(),
+            key_file: d.path().join(k),
+            root: d.path().join(r),
+            max_sessions: None,
+            read_only: false,
+            max_rate: rate,
+        };
+        c.replace_users(
+            Users::open(&[
+                spec("bob", "kb", "b", Some(2 << 20)),
+                spec("carol", "kc", "a", None),
+            ])
+            .unwrap(),
+        );
+        assert_eq!(c.lookup("carol").key, b"cccccccccccccccccccc");
+        let carol = c.admit(c.lookup("carol")).unwrap();
+        assert!(carol.root.path.ends_with("a"));
+        // alice is gone for new sessions; bob's running grant still holds.
+        assert!(matches!(c.admit(c.lookup("alice")), Err(Refusal::Auth(_))));
+        assert!(bob.root.path.ends_with("b"));
+        let bob2 = c.admit(c.lookup("bob")).unwrap();
+        assert!(Arc::ptr_eq(bob2.rate.as_ref().unwrap(), &bucket));
+        assert_eq!(bucket.rate(), 2 << 20);
+        let names: Vec<_> = c.user_status(None).into_iter().map(|u| u.0).collect();
+        assert_eq!(names, vec!["bob", "carol"]);
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! sender::StreamOut.
 
 pub mod inline;
+pub mod rate;
 pub mod reader;
 pub mod receiver;
 pub mod reread;

@@ -72,6 +72,9 @@ pub struct StreamOut {
     /// Sealed sessions: checks the tag of every CREDIT (a forged, replayed
     /// or altered credit fails the session; crypto::StreamSeal::credits).
     credit_open: Option<StreamSeal>,
+    /// Rate limits this link draws from (data::rate; shared with the
+    /// session's other links and, for daemon/user limits, other sessions).
+    rate: crate::data::rate::Limits,
     flip: u64,
 }
 
@@ -94,6 +97,7 @@ impl StreamOut {
             head: vec![0u8; HEADER_LEN + table_len(MAX_SEGMENTS)],
             seal,
             credit_open: None,
+            rate: Default::default(),
             flip: flip_every(),
         }
     }
@@ -101,6 +105,12 @@ impl StreamOut {
     /// Require sealed CREDIT frames checked with `open` (None: plain).
     pub fn with_credit_seal(mut self, open: Option<StreamSeal>) -> StreamOut {
         self.credit_open = open;
+        self
+    }
+
+    /// Draw every block's bytes from `rate` before sending it.
+    pub fn with_rate(mut self, rate: crate::data::rate::Limits) -> StreamOut {
+        self.rate = rate;
         self
     }
 
@@ -150,6 +160,9 @@ impl StreamOut {
         self.log.record(&buf.segs);
         self.await_credit()?;
         self.credits.consume()?;
+        // Paced after the credit: the sink's pace and the rate limit both
+        // hold, and a block waiting for the bucket already has its slot.
+        self.rate.pace(buf.len as u64);
         let tag_len = if self.seal.is_some() { TAG_LEN } else { 0 };
         let head = &mut self.head;
         let tl = encode_table(buf.checksum, &buf.segs, &mut head[HEADER_LEN..]);

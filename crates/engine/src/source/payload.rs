@@ -129,12 +129,14 @@ struct Facts {
     deleted: Vec<String>,
 }
 
-/// The per-stream keys: seal blocks, open the sink's credits.
-#[derive(Clone, Copy)]
+/// The per-stream keys: seal blocks, open the sink's credits; and the
+/// rate limits every stream draws from (data::rate).
+#[derive(Clone)]
 struct StreamKeys {
     key: Option<Bytes32>,
     cipher: Cipher,
     window: u32,
+    rate: crate::data::rate::Limits,
 }
 
 impl StreamKeys {
@@ -145,7 +147,9 @@ impl StreamKeys {
         let (c, i) = (self.cipher, i as u16);
         let seal = self.key.and_then(|k| StreamSeal::new(c, &k, i, epoch));
         let credits = self.key.and_then(|k| StreamSeal::credits(c, &k, i, epoch));
-        StreamOut::new(i as usize, epoch, l, self.window, seal).with_credit_seal(credits)
+        StreamOut::new(i as usize, epoch, l, self.window, seal)
+            .with_credit_seal(credits)
+            .with_rate(self.rate.clone())
     }
 }
 
@@ -197,6 +201,7 @@ impl<'s> Payload<'s> {
             key: o.key,
             cipher: c.cipher,
             window: c.window,
+            rate: opts.rate.clone(),
         };
         let path = send_path(s, nread, c.streams);
         let mut data_links = o.links;
