@@ -266,13 +266,17 @@ impl Link for TunnelLink {
     }
 }
 
-/// Direct TCP first; if the first connection cannot be made, one line
-/// says so and this and every later link goes through the tunnel.
+/// Direct TCP first; if the first connection (the control link, dialled
+/// before any data link) cannot be made, one line says so and this and
+/// every later link goes through the tunnel. Once a direct connection has
+/// worked, a later failure is an ordinary error (e.g. the remote end
+/// exited after refusing the session), never a switch.
 pub struct Fallback {
     pub direct: Arc<dyn Transport>,
     pub tunnel: Arc<Tunnel>,
     pub host: String,
     tunneled: AtomicBool,
+    direct_ok: AtomicBool,
 }
 
 impl Fallback {
@@ -282,6 +286,7 @@ impl Fallback {
             tunnel,
             host: host.to_string(),
             tunneled: AtomicBool::new(forced),
+            direct_ok: AtomicBool::new(false),
         }
     }
 }
@@ -290,7 +295,11 @@ impl Transport for Fallback {
     fn connect(&self, addr: &str, timeout: Duration) -> io::Result<Box<dyn Link>> {
         if !self.tunneled.load(Ordering::Acquire) {
             match self.direct.connect(addr, timeout) {
-                Ok(l) => return Ok(l),
+                Ok(l) => {
+                    self.direct_ok.store(true, Ordering::Release);
+                    return Ok(l);
+                }
+                Err(e) if self.direct_ok.load(Ordering::Acquire) => return Err(e),
                 Err(e) => {
                     if !self.tunneled.swap(true, Ordering::AcqRel) {
                         eprintln!(
@@ -409,6 +418,36 @@ mod tests {
         l.read_exact(&mut b).unwrap();
         assert_eq!(&b, b"ping");
         assert_eq!(f.name(), "ssh-tunnel");
+    }
+
+    #[test]
+    fn after_a_direct_link_worked_a_failure_is_an_error_not_a_switch() {
+        // The first dial works, later ones are refused (the remote end
+        // exited after refusing the session): no switch, no line.
+        struct Once(AtomicBool, Arc<Tunnel>);
+        impl Transport for Once {
+            fn connect(&self, a: &str, t: Duration) -> io::Result<Box<dyn Link>> {
+                if self.0.swap(false, Ordering::AcqRel) {
+                    self.1.connect(a, t)
+                } else {
+                    Err(io::ErrorKind::ConnectionRefused.into())
+                }
+            }
+            fn name(&self) -> &'static str {
+                "once"
+            }
+        }
+        let t = setup();
+        let f = Fallback::new(
+            Arc::new(Once(AtomicBool::new(true), t.clone())),
+            t,
+            "h",
+            false,
+        );
+        assert!(f.connect("x", Duration::from_secs(1)).is_ok());
+        let e = f.connect("x", Duration::from_secs(1)).err().unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+        assert_eq!(f.name(), "once");
     }
 }
 
