@@ -12,13 +12,13 @@ use crate::fsops::Root;
 use crate::request::walk::Top;
 use crate::resources::EngineResources;
 use crate::session::{
-    client_connect_as, client_connect_pipelined_as, current_user, ClientSession, PreLinks,
+    client_connect_as, client_handshake, current_user, dial, ClientSession, PreLinks,
 };
 use crate::sink::{run_sink, SinkSpec};
 use crate::source::{run_source, SourceSpec};
 use crate::stats::{Report, Stats};
 use crate::transport::sealed::{End, SealedLink};
-use crate::transport::Transport;
+use crate::transport::{path, Transport};
 use crate::wire::send_control;
 use crate::{EngineError, TransferOptions};
 
@@ -33,32 +33,63 @@ pub struct Remote {
     pub user: Option<String>,
 }
 
-/// Connect with the data links dialled in parallel with the control link
-/// (they join the session as soon as the Challenge names it).
-/// `idle` bounds the wait for the data links' JoinOk (a suspended task,
+/// Connect: the control link first, then the data links, dialled while
+/// Hello and Challenge are in flight (they join the session as soon as
+/// the Challenge names it). With `auto_streams` their number comes from
+/// the control link's handshake RTT (transport::path, issue 21); the
+/// returned options carry the count to Open and Propose. `idle` bounds
+/// the wait for the data links' JoinOk (a suspended task,
 /// crate::session::PreLinks::start).
 fn connect(
     remote: &Remote,
-    streams: u16,
-    idle: Duration,
-) -> Result<(ClientSession, PreLinks), EngineError> {
+    opts: &TransferOptions,
+    res: &EngineResources,
+    source: bool,
+) -> Result<
+    (
+        ClientSession,
+        PreLinks,
+        TransferOptions,
+        Option<path::StreamChoice>,
+    ),
+    EngineError,
+> {
+    let ctl = dial(&*remote.transport, &remote.addr, remote.connect_timeout)?;
+    let mut opts = opts.clone();
+    let mut choice = None;
+    let most = res.config.max_streams.clamp(1, u16::MAX as usize) as u16;
+    opts.streams = opts.streams.clamp(1, most);
+    if opts.auto_streams {
+        let buffers = res.config.memory / res.config.buffer_size.max(1);
+        let pool = path::pool_max_streams(buffers, opts.readers, opts.window as usize, source);
+        let c = path::choose(
+            ctl.rtt(),
+            path::TcpLimits::read(std::path::Path::new("/")),
+            path::DEFAULT_TARGET_BYTES_S,
+            opts.streams,
+            most.min(pool),
+        );
+        tracing::info!("streams: {} ({})", c.streams, c.why);
+        opts.streams = c.streams;
+        choice = Some(c);
+    }
     let mut pre = PreLinks::start(
         remote.transport.clone(),
         &remote.addr,
-        streams,
+        opts.streams,
         remote.connect_timeout,
-        idle,
+        opts.idle_timeout,
     );
     let user = remote.user.clone().unwrap_or_else(current_user);
-    let s = client_connect_pipelined_as(
-        &*remote.transport,
+    let s = client_handshake(
+        ctl,
         &remote.addr,
         &user,
         &remote.key,
         remote.connect_timeout,
     )?;
     pre.join(s.session, s.session_key);
-    Ok((s, pre))
+    Ok((s, pre, opts, choice))
 }
 
 /// Under `--encrypt`, ask for a sealed control link and switch to it
@@ -130,8 +161,8 @@ pub fn push(
     res: &EngineResources,
     stats: Arc<Stats>,
 ) -> Result<Report, EngineError> {
-    let streams = opts.streams.clamp(1, res.config.max_streams as u16);
-    let (mut s, mut links) = connect(remote, streams, opts.idle_timeout)?;
+    let (mut s, mut links, opts, choice) = connect(remote, opts, res, true)?;
+    let opts = &opts;
     seal_control(&mut s, opts.encrypt)?;
     send_control(&mut *s.ctl, &open_msg(Role::Sink, vec![dest], opts))?;
     let spec = SourceSpec {
@@ -139,7 +170,10 @@ pub fn push(
         tops,
         pending_auth: Some((s.addr.clone(), s.session)),
     };
-    run_source(s.ctl, &mut links, spec, opts, res, stats)
+    run_source(s.ctl, &mut links, spec, opts, res, stats).map(|mut r| {
+        r.stream_choice = choice;
+        r
+    })
 }
 
 /// Fetch `paths` from the daemon into `dest` under the local `root`.
@@ -152,8 +186,8 @@ pub fn pull(
     res: &EngineResources,
     stats: Arc<Stats>,
 ) -> Result<Report, EngineError> {
-    let streams = opts.streams.clamp(1, res.config.max_streams as u16);
-    let (mut s, mut links) = connect(remote, streams, opts.idle_timeout)?;
+    let (mut s, mut links, opts, choice) = connect(remote, opts, res, false)?;
+    let opts = &opts;
     seal_control(&mut s, opts.encrypt)?;
     send_control(&mut *s.ctl, &open_msg(Role::Source, paths, opts))?;
     let spec = SinkSpec {
@@ -162,7 +196,10 @@ pub fn pull(
         session: s.session,
         pending_auth: Some(s.addr.clone()),
     };
-    run_sink(s.ctl, &mut links, spec, opts, res, stats)
+    run_sink(s.ctl, &mut links, spec, opts, res, stats).map(|mut r| {
+        r.stream_choice = choice;
+        r
+    })
 }
 
 /// A one-time credential minted by a daemon (docs/SECURITY.md).

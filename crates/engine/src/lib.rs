@@ -30,6 +30,7 @@ pub mod resources;
 pub mod server;
 pub mod session;
 pub mod sink;
+pub mod site;
 pub mod source;
 pub mod stats;
 pub mod storage;

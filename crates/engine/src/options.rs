@@ -5,8 +5,11 @@ use std::time::Duration;
 /// What the user asked for; both ends read the parts that concern them.
 #[derive(Debug, Clone)]
 pub struct TransferOptions {
-    /// Data streams (parallel links).
+    /// Data streams (parallel links); with `auto_streams`, the least.
     pub streams: u16,
+    /// The agent sizes the stream count from the path's RTT when it
+    /// connects (transport::path, issue 21): the user gave no --streams.
+    pub auto_streams: bool,
     /// Block size, bytes: the unit of disk access and network transfer.
     pub block_size: u32,
     /// Per-block checksums and whole-file digests.
@@ -64,6 +67,7 @@ impl Default for TransferOptions {
     fn default() -> Self {
         TransferOptions {
             streams: 4,
+            auto_streams: false,
             block_size: 4 << 20,
             checksum: true,
             recursive: false,

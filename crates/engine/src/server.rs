@@ -63,6 +63,8 @@ pub struct DaemonShared {
     pub placement: std::sync::OnceLock<Arc<crate::config::DaemonPlacement>>,
     /// Set for a daemon started over ssh for one session (`ssh-serve`).
     one_shot: std::sync::OnceLock<OneShot>,
+    /// Site membership (`serve --peer`, crate::site, issue 19).
+    pub site: std::sync::OnceLock<Arc<crate::site::Site>>,
 }
 
 /// A daemon that serves one session only (`ramsys ssh-serve`,
@@ -112,6 +114,9 @@ impl DaemonShared {
                 read_only,
             })
             .collect();
+        if let Some(site) = self.site.get() {
+            s.site = site.members();
+        }
         if let (Some(u), Some(_)) = (user, self.creds.users()) {
             let mine = |x: &str| x == u || x.starts_with(&format!("{u}/"));
             s.sessions.retain(|x| mine(&x.user));
@@ -166,6 +171,7 @@ impl Daemon {
                 listen,
                 placement: std::sync::OnceLock::new(),
                 one_shot: std::sync::OnceLock::new(),
+                site: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -213,6 +219,30 @@ impl Daemon {
     pub fn serve_metrics(&self, addr: &str) -> std::io::Result<SocketAddr> {
         let sh = self.shared.clone();
         crate::daemon::metrics::serve(addr, move || sh.status())
+    }
+
+    /// Join a site (`serve --peer`, crate::site): publish this daemon's
+    /// load and pull its peers'. Call once, before serving.
+    pub fn start_site(&self, opts: crate::site::SiteOptions) {
+        let key = self.shared.creds.lookup(&opts.user).key;
+        let sh = Arc::downgrade(&self.shared);
+        let local = move || {
+            let Some(sh) = sh.upgrade() else {
+                return crate::site::LocalLoad::default();
+            };
+            let st = snapshot(&sh.state, &sh.res, "", "");
+            crate::site::LocalLoad {
+                sessions: st.sessions.len() as u32,
+                active_tasks: st.tasks.len() as u32,
+                queued_tasks: st.queues.iter().map(|q| q.waiting.len() as u32).sum(),
+                free_buffer_bytes: (sh.res.buffers.free() * sh.res.buffers.buf_size()) as u64,
+            }
+        };
+        let me = self.local_addr().to_string();
+        let _ = self
+            .shared
+            .site
+            .set(crate::site::Site::start(&me, opts, key, Box::new(local)));
     }
 
     /// Accept connections forever.
@@ -306,6 +336,14 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
             rejoin(sh, link, (*session, *stream, *epoch), nonce, mac);
             Ok(())
         }
+        // A site peer (crate::site, docs/SITE.md): its own handler.
+        Control::SiteHello { .. } => match sh.site.get() {
+            Some(site) => site.serve_peer(&sh.creds, link, &first),
+            None => {
+                refuse(link, 3, "this daemon is not part of a site".into());
+                Ok(())
+            }
+        },
         Control::Hello { user, .. } => serve_control(sh, link, &first, user),
         other => {
             let m = format!("unexpected first message {}", other.name());

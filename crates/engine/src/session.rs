@@ -68,9 +68,29 @@ pub fn client_connect_pipelined_as(
     key: &[u8],
     timeout: Duration,
 ) -> Result<ClientSession, EngineError> {
-    let mut ctl = transport
+    client_handshake(dial(transport, addr, timeout)?, addr, user, key, timeout)
+}
+
+/// Open the control link (its TCP handshake is the path's first RTT
+/// sample, transport::path).
+pub fn dial(
+    transport: &dyn Transport,
+    addr: &str,
+    timeout: Duration,
+) -> Result<Box<dyn Link>, EngineError> {
+    transport
         .connect(addr, timeout)
-        .map_err(|e| connect_err(addr, e))?;
+        .map_err(|e| connect_err(addr, e))
+}
+
+/// [`client_connect_pipelined_as`] on a link already dialled.
+pub fn client_handshake(
+    mut ctl: Box<dyn Link>,
+    addr: &str,
+    user: &str,
+    key: &[u8],
+    timeout: Duration,
+) -> Result<ClientSession, EngineError> {
     ctl.set_read_timeout(Some(timeout))?;
     let mut hs = ClientHandshake::new(key, user, random32());
     send_batch(&mut *ctl, &preamble(ramsys_proto::VERSION), &[&hs.hello()])?;

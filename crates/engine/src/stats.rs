@@ -79,6 +79,8 @@ pub struct Report {
     pub handoffs: u64,
     /// This end's O_DIRECT policy at work (storage::cache, issue 17).
     pub storage: Option<crate::storage::StorageUse>,
+    /// The agent sized the stream count from the path (issue 21).
+    pub stream_choice: Option<crate::transport::path::StreamChoice>,
 }
 
 /// CPU seconds (user + system) of this process so far.

@@ -283,6 +283,16 @@ pub enum Control {
         flags: u32,
         select: Selection,
     },
+    /// Daemon to daemon, as the first message instead of Hello: open a
+    /// site link (issue 19, docs/SITE.md). Authenticated exactly as Hello
+    /// (Challenge, Auth, AuthOk with session 0); after AuthOk the link
+    /// carries DDSS frames (crates/ddss) for the rest of its life. `addr`
+    /// is the dialing daemon's listen address, its name in the site.
+    SiteHello {
+        nonce: Bytes32,
+        user: String,
+        addr: String,
+    },
 }
 
 /// What a source sends of its tree (rsync's filter rules, engine
@@ -408,6 +418,7 @@ impl Control {
             Control::Lost { .. } => "Lost",
             Control::LinkDown { .. } => "LinkDown",
             Control::SelectOpen { .. } => "SelectOpen",
+            Control::SiteHello { .. } => "SiteHello",
         }
     }
 
@@ -612,6 +623,11 @@ mod tests {
                     files: vec![b"a/b".to_vec()],
                     files_recursive: true,
                 },
+            },
+            Control::SiteHello {
+                nonce: [4; 32],
+                user: "site".into(),
+                addr: "127.0.0.1:4000".into(),
             },
         ];
         for m in msgs {

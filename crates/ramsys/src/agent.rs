@@ -16,6 +16,7 @@ use ramsys_engine::request::walk::Top;
 use ramsys_engine::resources::ResourceConfig;
 use ramsys_engine::server::Daemon;
 use ramsys_engine::stats::process_cpu_seconds;
+use ramsys_engine::transport::path;
 use ramsys_engine::transport::tcp::Tcp;
 use ramsys_engine::transport::Transport;
 use ramsys_engine::{EngineResources, Report, Stats, TransferOptions};
@@ -78,6 +79,11 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
     run_with(a, a.resume_flags())
 }
 
+/// The most streams the agent sizes a long path to without --streams
+/// (transport::path): 100 ms at 10 Gb/s wants 45; the buffer pool's own
+/// bound (21 with the default 192 MiB) usually comes first.
+const AUTO_MAX_STREAMS: usize = 32;
+
 /// A transfer resolved once from cp's or sync's arguments (issue 16): the
 /// endpoints, the options every end starts from, the resources an engine
 /// of this process gets, and what the NUMA planner may not override. It is
@@ -120,7 +126,7 @@ impl Plan {
             .map(|s| files_from || sync_on && crate::spec::names_contents(s))
             .collect();
         let dst = parse_endpoint(dst)?;
-        let srcs = srcs
+        let srcs: Vec<Endpoint> = srcs
             .iter()
             .map(|s| parse_endpoint(s))
             .collect::<Result<_, _>>()?;
@@ -128,8 +134,13 @@ impl Plan {
             a.block_size >= 4096 && a.block_size <= 64 << 20,
             "--block-size must be between 4K and 64M"
         );
+        let local_copy = matches!(dst, Endpoint::Local(_))
+            && srcs.iter().all(|s| matches!(s, Endpoint::Local(_)));
         let opts = TransferOptions {
             streams: a.streams.unwrap_or(4),
+            // No --streams: sized from the path when connecting (issue 21);
+            // a local copy's path is this host's memory.
+            auto_streams: a.streams.is_none() && !local_copy,
             block_size: a.block_size as u32,
             checksum: !a.no_checksum,
             // --files-from walks the source directory to reach the listed
@@ -158,7 +169,16 @@ impl Plan {
             buffer_size: a.block_size as usize,
             readers: opts.readers,
             writers: opts.writers,
-            max_streams: opts.streams as usize,
+            // Threads for as many streams as a long path may get and the
+            // buffer pool can feed (transport::path); created parked.
+            max_streams: if opts.auto_streams {
+                let buffers = a.memory as usize / (a.block_size as usize).max(1);
+                let src = path::pool_max_streams(buffers, opts.readers, 0, true);
+                let snk = path::pool_max_streams(buffers, 0, opts.window as usize, false);
+                (src.max(snk) as usize).clamp(opts.streams as usize, AUTO_MAX_STREAMS)
+            } else {
+                opts.streams as usize
+            },
             ..Default::default()
         };
         Ok(Plan {
@@ -223,6 +243,10 @@ struct Run<'a> {
 
 fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
     let mut plan = Plan::resolve(a, sync)?;
+    // ramsys://A,B,C/PATH: the least-loaded daemon of the list (pick.rs).
+    for e in plan.srcs.iter_mut().chain(std::iter::once(&mut plan.dst)) {
+        crate::pick::resolve(e, &|| a.key.load(), plan.connect_timeout)?;
+    }
     crate_raise_limits();
     // HOST:PATH endpoints (issue 9): a third-party copy runs on the hosts;
     // otherwise the ssh end becomes a one-session daemon (crate::ssh).
@@ -501,6 +525,7 @@ fn summarize(
             "cpu_s": cpu,
             "peer_cpu_s": rep.peer_cpu_s,
             "streams": rep.streams,
+            "stream_choice": rep.stream_choice,
             "block_size": rep.block_size,
             "failed": rep.failed,
             "resent": resent,

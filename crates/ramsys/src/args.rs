@@ -18,8 +18,9 @@ pub struct CpArgs {
     /// Copy directories recursively.
     #[arg(short = 'r', long = "recursive")]
     pub recursive: bool,
-    /// Parallel data streams (default: the scheduler's plan with --numa
-    /// auto, at least 4; otherwise 4).
+    /// Parallel data streams (default: sized from the path's round trip
+    /// when connecting, 4 on a LAN and more on long paths; at least the
+    /// scheduler's plan with --numa auto; 4 for a local copy).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub streams: Option<u16>,
     /// Block size: unit of disk access and network transfer.

@@ -74,6 +74,23 @@ pub struct ServeArgs {
     /// the bound address is printed on the line after "listening on".
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
+    /// A peer daemon of this site (repeatable; also `[site] peers` in
+    /// --config): the daemons share load and soft state (docs/SITE.md).
+    /// Peers authenticate with this daemon's key or users table.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub peer: Vec<String>,
+    /// Site monitoring period in ms, 1-1024 (default: config, else 50).
+    #[arg(long, value_name = "MS", value_parser = parse_interval)]
+    pub site_interval: Option<u64>,
+    /// Root holding proc/ and sys/ for the site's load sampler (tests
+    /// inject a fake /proc).
+    #[arg(long, value_name = "DIR", hide = true, default_value = "/")]
+    pub site_sys_root: PathBuf,
+}
+
+fn parse_interval(s: &str) -> Result<u64, String> {
+    let n: u64 = s.parse().map_err(|e| format!("{s}: {e}"))?;
+    ramsys_engine::site::check_interval(n)
 }
 
 pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
@@ -177,6 +194,17 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     }
     if let Some(p) = placement {
         d.set_placement(p);
+    }
+    // A site (issue 19): flags first, then the config's [site].
+    let mut peers = a.peer.clone();
+    peers.extend(cfg.site_peers.iter().cloned());
+    if !peers.is_empty() || a.site_interval.is_some() || cfg.site_interval_ms.is_some() {
+        d.start_site(ramsys_engine::site::SiteOptions {
+            peers,
+            interval_ms: a.site_interval.or(cfg.site_interval_ms).unwrap_or(50),
+            sys_root: a.site_sys_root.clone(),
+            user: cfg.site_user.clone().unwrap_or_else(|| "site".into()),
+        });
     }
     // Before "listening on": whoever waits for that line finds the file.
     if let Some(p) = &addr_file {

@@ -5,6 +5,7 @@ mod agent;
 mod args;
 mod daemon;
 mod numa;
+mod pick;
 mod plan;
 mod progress;
 mod spec;

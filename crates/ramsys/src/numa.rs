@@ -297,6 +297,12 @@ impl Numa {
     }
 
     pub fn streams(&mut self, rep: &Report) {
+        if let Some(c) = &rep.stream_choice {
+            self.lines.push(format!(
+                "streams: {} chosen from the path ({}); the peer confirmed {}",
+                c.streams, c.why, rep.streams
+            ));
+        }
         if let Some(p) = rep.send_path {
             self.lines.push(format!(
                 "send path: {} ({} blocks through the sender queue)",

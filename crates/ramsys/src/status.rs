@@ -24,6 +24,10 @@ pub struct StatusArgs {
     /// Print the status document as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Show the whole site this daemon belongs to (`serve --peer`,
+    /// docs/SITE.md): every member's load and how old its last update is.
+    #[arg(long)]
+    pub site: bool,
     #[command(flatten)]
     pub key: KeyArgs,
     /// Seconds to wait for the daemon to answer.
@@ -71,6 +75,18 @@ pub fn run(a: &StatusArgs) -> anyhow::Result<i32> {
     let key = a.key.load()?;
     let st = query(&addr, &key, Duration::from_secs(a.connect_timeout.max(1)))?;
     let mut o = std::io::stdout().lock();
+    if a.site {
+        anyhow::ensure!(
+            !st.site.is_empty(),
+            "the daemon at {addr} is not part of a site (start it with --peer)"
+        );
+        if a.json {
+            writeln!(o, "{}", serde_json::to_string_pretty(&site_json(&st))?)?;
+        } else {
+            o.write_all(site_human(&st).as_bytes())?;
+        }
+        return Ok(0);
+    }
     if a.json {
         writeln!(o, "{}", serde_json::to_string_pretty(&st)?)?;
     } else {
@@ -194,6 +210,60 @@ pub fn human(st: &Status) -> String {
         let inb = format!("{} {}", mb(n.bytes_in), rate(n.rate_in_bps));
         let outb = format!("{} {}", mb(n.bytes_out), rate(n.rate_out_bps));
         let _ = writeln!(s, "{:<10} {:<19} {}", n.nic, inb, outb);
+    }
+    s
+}
+
+/// A member whose view is older than this is shown as stale.
+pub const STALE_MS: u64 = 1000;
+
+/// `status --site --json`: `{"members": [{"addr", "cpu_load", "sessions",
+/// "active_tasks", "free_buffer_bytes", "age_ms"}, ...]}` (issue 19).
+pub fn site_json(st: &Status) -> serde_json::Value {
+    let members: Vec<serde_json::Value> = st
+        .site
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "addr": m.addr,
+                "cpu_load": m.cpu_load,
+                "sessions": m.sessions,
+                "active_tasks": m.active_tasks,
+                "free_buffer_bytes": m.free_buffer_bytes,
+                "age_ms": m.age_ms,
+            })
+        })
+        .collect();
+    serde_json::json!({ "members": members })
+}
+
+fn site_human(st: &Status) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<22} {:>5} {:>4} {:>9} {:>9} {:>5} {:>5} {:>10} {:>8}  state",
+        "member", "cpu", "runq", "net MB/s", "disk MB/s", "sess", "tasks", "free buf", "age ms"
+    );
+    for m in &st.site {
+        let state = match (&m.error, m.age_ms > STALE_MS) {
+            (Some(e), _) => format!("gone ({e})"),
+            (None, true) => "stale".into(),
+            (None, false) => "up".into(),
+        };
+        let _ = writeln!(
+            s,
+            "{:<22} {:>4.0}% {:>4} {:>9.1} {:>9.1} {:>5} {:>5} {:>10} {:>8}  {state}",
+            m.addr,
+            m.cpu_load * 100.0,
+            m.run_queue,
+            (m.net_rx_bps + m.net_tx_bps) as f64 / 1e6,
+            (m.disk_read_bps + m.disk_write_bps) as f64 / 1e6,
+            m.sessions,
+            m.active_tasks,
+            mb(m.free_buffer_bytes),
+            m.age_ms
+        );
     }
     s
 }

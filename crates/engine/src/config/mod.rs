@@ -92,6 +92,12 @@ pub struct DaemonConfig {
     /// `[users.NAME]` tables (crate::daemon::users): per-user keys and
     /// export roots.
     pub users: Vec<crate::daemon::users::UserSpec>,
+    /// `[site]` (crate::site, docs/SITE.md): `peers = ["ADDR", ...]`,
+    /// `interval_ms` (1-1024), `user` (the name this daemon
+    /// authenticates as at its peers).
+    pub site_peers: Vec<String>,
+    pub site_interval_ms: Option<u64>,
+    pub site_user: Option<String>,
 }
 
 impl DaemonConfig {
@@ -149,10 +155,11 @@ impl DaemonConfig {
                     }
                 }
                 "users" => c.users = crate::daemon::users::parse_users_section(v, base)?,
+                "site" => parse_site(&mut c, v)?,
                 _ => {
                     return Err(format!(
                         "unknown key `{k}` (expected numa, memory, max_streams, readers, \
-                         writers, model, send_path, direct, [devices.NAME] or [users.NAME])"
+                         writers, model, send_path, direct, [devices.NAME], [users.NAME] or [site])"
                     ))
                 }
             }
@@ -563,5 +570,58 @@ mod send_path_tests {
         // An explicit choice is kept whatever the path.
         assert_eq!(SendPath::Inline.resolve(4, 2, None), SendPath::Inline);
         assert_eq!(SendPath::Queued.resolve(4, 4, us(80)), SendPath::Queued);
+    }
+}
+
+/// The `[site]` table.
+fn parse_site(c: &mut DaemonConfig, v: &::toml::Value) -> Result<(), String> {
+    let t = v
+        .as_table()
+        .ok_or_else(|| format!("key `site`: expected a table, got {v}"))?;
+    for (k, v) in t {
+        match k.as_str() {
+            "peers" => {
+                let a = v.as_array().ok_or_else(|| {
+                    format!("key `site.peers`: expected a list of addresses, got {v}")
+                })?;
+                for p in a {
+                    c.site_peers.push(string("site.peers", p)?.to_string());
+                }
+            }
+            "interval_ms" => {
+                let n = positive("site.interval_ms", v)? as u64;
+                c.site_interval_ms = Some(
+                    crate::site::check_interval(n)
+                        .map_err(|e| format!("key `site.interval_ms`: {e}"))?,
+                );
+            }
+            "user" => c.site_user = Some(string("site.user", v)?.to_string()),
+            _ => {
+                return Err(format!(
+                    "unknown key `site.{k}` (expected peers, interval_ms or user)"
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod site_tests {
+    use super::*;
+
+    #[test]
+    fn site_table() {
+        let c = DaemonConfig::parse(
+            "[site]\npeers = [\"10.0.0.2:4000\", \"10.0.0.3:4000\"]\ninterval_ms = 20\nuser = \"siteuser\"\n",
+            Path::new("."),
+        )
+        .unwrap();
+        assert_eq!(c.site_peers.len(), 2);
+        assert_eq!(c.site_interval_ms, Some(20));
+        assert_eq!(c.site_user.as_deref(), Some("siteuser"));
+        let e = DaemonConfig::parse("[site]\ninterval_ms = 2000\n", Path::new(".")).unwrap_err();
+        assert!(e.contains("1-1024"), "{e}");
+        assert!(DaemonConfig::parse("[site]\nbogus = 1\n", Path::new(".")).is_err());
     }
 }

@@ -319,7 +319,92 @@ pub fn render(s: &Status) -> String {
             k.rate_bps,
         );
     }
+    site(&mut o, s);
     o.0
+}
+
+/// The site's members as this daemon's monitoring sees them (issue 19,
+/// docs/SITE.md), one series per member and value.
+fn site(o: &mut Out, s: &Status) {
+    if s.site.is_empty() {
+        return;
+    }
+    type Get = fn(&super::status::SiteMember) -> f64;
+    let series: [(&str, &str, Get); 11] = [
+        (
+            "ramsys_site_cpu_load",
+            "Busy fraction of a member's CPUs (0-1).",
+            |m| m.cpu_load,
+        ),
+        (
+            "ramsys_site_run_queue",
+            "Runnable threads on a member.",
+            |m| m.run_queue as f64,
+        ),
+        (
+            "ramsys_site_interrupts_per_second",
+            "Interrupt rate of a member.",
+            |m| m.intr_per_s as f64,
+        ),
+        (
+            "ramsys_site_softirqs_per_second",
+            "Softirq rate of a member.",
+            |m| m.softirq_per_s as f64,
+        ),
+        (
+            "ramsys_site_net_rx_bytes_per_second",
+            "NIC receive rate of a member (lo excluded).",
+            |m| m.net_rx_bps as f64,
+        ),
+        (
+            "ramsys_site_net_tx_bytes_per_second",
+            "NIC transmit rate of a member (lo excluded).",
+            |m| m.net_tx_bps as f64,
+        ),
+        (
+            "ramsys_site_disk_read_bytes_per_second",
+            "Disk read rate of a member.",
+            |m| m.disk_read_bps as f64,
+        ),
+        (
+            "ramsys_site_disk_write_bytes_per_second",
+            "Disk write rate of a member.",
+            |m| m.disk_write_bps as f64,
+        ),
+        (
+            "ramsys_site_sessions",
+            "Sessions running on a member.",
+            |m| m.sessions as f64,
+        ),
+        (
+            "ramsys_site_free_buffer_bytes",
+            "Free buffer bytes of a member.",
+            |m| m.free_buffer_bytes as f64,
+        ),
+        (
+            "ramsys_site_age_seconds",
+            "Age of this daemon's view of a member.",
+            |m| m.age_ms as f64 / 1e3,
+        ),
+    ];
+    for (name, help, get) in series {
+        o.head(name, "gauge", help);
+        for m in &s.site {
+            o.val(name, &[("member", &m.addr)], get(m));
+        }
+    }
+    o.head(
+        "ramsys_site_active_tasks",
+        "gauge",
+        "Live tasks on a member.",
+    );
+    for m in &s.site {
+        o.val(
+            "ramsys_site_active_tasks",
+            &[("member", &m.addr)],
+            m.active_tasks as f64,
+        );
+    }
 }
 
 /// Serve `GET /metrics` on `addr` from a background thread; returns the
@@ -393,6 +478,7 @@ mod tests {
         Status {
             placement: vec![],
             users: vec![],
+            site: vec![],
             version: 1,
             listen: "x".into(),
             root: "/".into(),
@@ -436,5 +522,34 @@ mod tests {
         let mut s = String::new();
         c.read_to_string(&mut s).unwrap();
         assert!(s.starts_with("HTTP/1.1 404"));
+    }
+
+    #[test]
+    fn exports_site_members() {
+        let mut st = empty();
+        st.site = vec![crate::daemon::status::SiteMember {
+            addr: "10.0.0.2:4000".into(),
+            cpu_load: 0.75,
+            run_queue: 3,
+            intr_per_s: 0,
+            softirq_per_s: 0,
+            net_rx_bps: 0,
+            net_tx_bps: 0,
+            disk_read_bps: 0,
+            disk_write_bps: 0,
+            sessions: 2,
+            active_tasks: 1,
+            queued_tasks: 0,
+            free_buffer_bytes: 4096,
+            age_ms: 40,
+            error: None,
+        }];
+        let t = render(&st);
+        assert!(
+            t.contains("ramsys_site_cpu_load{member=\"10.0.0.2:4000\"} 0.75\n"),
+            "{t}"
+        );
+        assert!(t.contains("ramsys_site_age_seconds{member=\"10.0.0.2:4000\"} 0.04\n"));
+        assert!(t.contains("ramsys_site_active_tasks{member=\"10.0.0.2:4000\"} 1\n"));
     }
 }

@@ -37,6 +37,35 @@ pub struct Status {
     /// running sessions (a user asking sees only itself).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<UserStatus>,
+    /// With `serve --peer` (issue 19, docs/SITE.md): every member of the
+    /// site, this daemon first, as its monitoring last saw it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub site: Vec<SiteMember>,
+}
+
+/// One site member's published load (engine `site`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SiteMember {
+    pub addr: String,
+    /// Busy fraction of all CPUs, 0-1.
+    pub cpu_load: f64,
+    pub run_queue: u32,
+    pub intr_per_s: u64,
+    pub softirq_per_s: u64,
+    pub net_rx_bps: u64,
+    pub net_tx_bps: u64,
+    pub disk_read_bps: u64,
+    pub disk_write_bps: u64,
+    pub sessions: u32,
+    pub active_tasks: u32,
+    pub queued_tasks: u32,
+    pub free_buffer_bytes: u64,
+    /// How old this view of the member is (ms since its home last
+    /// answered).
+    pub age_ms: u64,
+    /// The last failure reaching it, while it lasts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -312,6 +341,7 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
     Status {
         placement: Vec::new(),
         users: Vec::new(),
+        site: Vec::new(),
         version: STATUS_VERSION,
         listen: listen.into(),
         root: root.into(),

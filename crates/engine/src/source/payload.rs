@@ -590,6 +590,7 @@ impl<'s> Payload<'s> {
             links: std::mem::take(&mut f.links),
             send_path: Some(f.path),
             handoffs: self.stats.handoffs.load(Ordering::Relaxed),
+            stream_choice: None,
             storage: f.read_storage.usage(false),
             unchanged: f.plan.as_ref().map_or(0, |p| p.unchanged),
             deleted: std::mem::take(&mut f.deleted),

@@ -3,6 +3,7 @@
 //! touching the data path.
 
 pub mod channels;
+pub mod path;
 pub mod sealed;
 pub mod tcp;
 

@@ -1,0 +1,249 @@
+//! How many data streams a path needs (issue 21): parallel TCP streams
+//! are RFTP's answer to a long fat pipe (seed 004: one stream's window
+//! cannot cover the bandwidth-delay product), so the agent sizes the
+//! stream count from the path before it dials the data links.
+//!
+//! The control link is dialled first; its TCP handshake gives the kernel
+//! an RTT sample (TCP_INFO min_rtt), which costs no round trip of our
+//! own: the data links are dialled while Hello and Challenge are in
+//! flight, as before. One stream carries at most its window per round
+//! trip; the window is bounded by the sender's `tcp_wmem` maximum (of
+//! which about two thirds hold payload, the rest is skb overhead), by
+//! half the receiver's `tcp_rmem` maximum (the window it advertises;
+//! `tcp_adv_win_scale` 1), and on a long path by loss: a stream's rate is
+//! about MSS / (RTT x sqrt(loss)) (Mathis et al. 1997) whatever its
+//! buffers. Measured through bench/wanem at 50 ms with 64 MiB buffers and
+//! BBR: each of 4 streams held 2.6-2.8 MB per round trip with 23-27 MB
+//! queued unsent, receive-window-limited 5 % of the time (`ss -ti`), so
+//! the buffers were not the limit. [`STREAM_WINDOW_CAP`] is that
+//! measurement, rounded up. So
+//!
+//!   streams = ceil(target rate x RTT / window), within [min, max]
+//!
+//! with `min` the stream count that is right on a LAN (4, the old
+//! default: RTT 0 does not change) and `max` what the buffer pool can
+//! feed. The socket buffers are left to the kernel's autotuning: setting
+//! SO_SNDBUF/SO_RCVBUF caps them at `net.core.{w,r}mem_max` (here 4 MiB,
+//! 208 KiB on many distributions) and turns autotuning off, which is
+//! worse on exactly the paths this is for. Pure function plus a reader of
+//! the sysctls, so it is tested without sockets.
+
+use std::path::Path;
+use std::time::Duration;
+
+/// The host's TCP buffer limits, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpLimits {
+    /// `net.ipv4.tcp_wmem` maximum.
+    pub wmem_max: u64,
+    /// `net.ipv4.tcp_rmem` maximum.
+    pub rmem_max: u64,
+}
+
+impl Default for TcpLimits {
+    /// Linux's defaults.
+    fn default() -> Self {
+        TcpLimits {
+            wmem_max: 4 << 20,
+            rmem_max: 6 << 20,
+        }
+    }
+}
+
+impl TcpLimits {
+    /// Read `proc/sys/net/ipv4/tcp_{w,r}mem` under `root` ("/" in
+    /// production); a missing or malformed value keeps Linux's default.
+    pub fn read(root: &Path) -> TcpLimits {
+        let max = |name: &str| {
+            std::fs::read_to_string(root.join("proc/sys/net/ipv4").join(name))
+                .ok()
+                .and_then(|s| s.split_whitespace().nth(2)?.parse::<u64>().ok())
+                .filter(|&v| v > 0)
+        };
+        let d = TcpLimits::default();
+        TcpLimits {
+            wmem_max: max("tcp_wmem").unwrap_or(d.wmem_max),
+            rmem_max: max("tcp_rmem").unwrap_or(d.rmem_max),
+        }
+    }
+
+    /// Payload one stream keeps in flight on a long path.
+    pub fn window(&self) -> u64 {
+        (self.wmem_max * 2 / 3)
+            .min(self.rmem_max / 2)
+            .clamp(64 << 10, STREAM_WINDOW_CAP)
+    }
+}
+
+/// What one TCP stream sustains per round trip on a long path, bytes
+/// (module docs: 2.7 MB measured at 50 ms through wanem).
+pub const STREAM_WINDOW_CAP: u64 = 4 << 20;
+
+/// The rate the stream count is sized for when the path's capacity is
+/// not known: a 10 Gb/s NIC, a transfer node's usual one. More streams
+/// than a slower path needs cost a little memory and fairness, too few
+/// leave the path idle (the issue's 4 streams at 50 ms: 210 MB/s of 500).
+pub const DEFAULT_TARGET_BYTES_S: u64 = 1_250_000_000;
+
+/// What was chosen and why, for `--explain` and the JSON summary.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StreamChoice {
+    pub streams: u16,
+    /// The path's RTT, microseconds (None: no sample).
+    pub rtt_us: Option<u64>,
+    /// Payload in flight per stream, bytes.
+    pub window: u64,
+    pub target_bytes_s: u64,
+    pub min: u16,
+    pub max: u16,
+    pub why: String,
+}
+
+/// Streams for a path of round trip `rtt`, between `min` and `max`.
+pub fn choose(
+    rtt: Option<Duration>,
+    limits: TcpLimits,
+    target_bytes_s: u64,
+    min: u16,
+    max: u16,
+) -> StreamChoice {
+    let max = max.max(1);
+    let min = min.clamp(1, max);
+    let window = limits.window();
+    let (streams, why) = match rtt {
+        None => (min, "no RTT sample: the LAN default".to_string()),
+        Some(rtt) => {
+            let bdp = (target_bytes_s as u128 * rtt.as_micros()).div_ceil(1_000_000);
+            let need = bdp.div_ceil(window as u128).min(u16::MAX as u128) as u16;
+            let n = need.clamp(min, max);
+            let why = format!(
+                "{:.1} ms x {} MB/s = {:.1} MB in flight / {:.1} MB per stream = {need}{}",
+                rtt.as_secs_f64() * 1e3,
+                target_bytes_s / 1_000_000,
+                bdp as f64 / 1e6,
+                window as f64 / 1e6,
+                match n.cmp(&need) {
+                    std::cmp::Ordering::Less => format!(", capped at {max} (buffer pool)"),
+                    std::cmp::Ordering::Greater => format!(", at least {min}"),
+                    std::cmp::Ordering::Equal => String::new(),
+                }
+            );
+            (n, why)
+        }
+    };
+    StreamChoice {
+        streams,
+        rtt_us: rtt.map(|r| r.as_micros() as u64),
+        window,
+        target_bytes_s,
+        min,
+        max,
+        why,
+    }
+}
+
+/// The most streams a source share of `buffers` pool buffers can feed
+/// with `readers` readers (resources: 2 x streams + readers + 2), or a
+/// sink share can grant `window` credits each.
+pub fn pool_max_streams(buffers: usize, readers: usize, window: usize, source: bool) -> u16 {
+    let n = if source {
+        buffers.saturating_sub(readers + 2) / 2
+    } else {
+        buffers / window.max(1)
+    };
+    n.clamp(1, u16::MAX as usize) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HERE: TcpLimits = TcpLimits {
+        wmem_max: 4 << 20,
+        rmem_max: 32 << 20,
+    };
+
+    fn n(rtt_ms: f64) -> u16 {
+        let rtt = Duration::from_secs_f64(rtt_ms / 1e3);
+        choose(Some(rtt), HERE, DEFAULT_TARGET_BYTES_S, 4, 32).streams
+    }
+
+    #[test]
+    fn a_lan_keeps_four_streams_and_long_paths_get_more() {
+        assert_eq!(n(0.05), 4);
+        assert_eq!(n(2.0), 4);
+        // 20 ms: 25 MB in flight over 2.8 MB windows.
+        assert_eq!(n(20.0), 9);
+        assert_eq!(n(50.0), 23);
+        // Large buffers: the per-stream cap decides (50 ms: 15 streams).
+        let big = TcpLimits {
+            wmem_max: 64 << 20,
+            rmem_max: 64 << 20,
+        };
+        assert_eq!(big.window(), STREAM_WINDOW_CAP);
+        let c = choose(
+            Some(Duration::from_millis(50)),
+            big,
+            DEFAULT_TARGET_BYTES_S,
+            4,
+            32,
+        );
+        assert_eq!(c.streams, 15);
+        // Never past the pool's limit, and the reason says so.
+        let c = choose(
+            Some(Duration::from_millis(100)),
+            HERE,
+            DEFAULT_TARGET_BYTES_S,
+            4,
+            32,
+        );
+        assert_eq!(c.streams, 32);
+        assert!(c.why.contains("capped at 32"), "{}", c.why);
+        assert_eq!(c.rtt_us, Some(100_000));
+    }
+
+    #[test]
+    fn no_sample_means_the_minimum() {
+        let c = choose(None, HERE, DEFAULT_TARGET_BYTES_S, 4, 32);
+        assert_eq!(c.streams, 4);
+        assert!(c.why.contains("no RTT"));
+        // A pool that cannot feed the minimum wins over it.
+        let c = choose(Some(Duration::from_millis(50)), HERE, 1, 4, 2);
+        assert_eq!((c.min, c.streams), (2, 2));
+    }
+
+    #[test]
+    fn smaller_buffers_need_more_streams() {
+        let small = TcpLimits {
+            wmem_max: 4 << 20,
+            rmem_max: 4 << 20,
+        };
+        assert_eq!(small.window(), 2 << 20);
+        assert_eq!(HERE.window(), (4 << 20) * 2 / 3);
+        let rtt = Some(Duration::from_millis(20));
+        let a = choose(rtt, small, DEFAULT_TARGET_BYTES_S, 1, 64).streams;
+        let b = choose(rtt, HERE, DEFAULT_TARGET_BYTES_S, 1, 64).streams;
+        assert!(a >= b, "{a} < {b}");
+    }
+
+    #[test]
+    fn limits_come_from_the_sysctls_or_linuxs_defaults() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("proc/sys/net/ipv4");
+        std::fs::create_dir_all(&p).unwrap();
+        assert_eq!(TcpLimits::read(d.path()), TcpLimits::default());
+        std::fs::write(p.join("tcp_wmem"), "4096\t16384\t8388608\n").unwrap();
+        std::fs::write(p.join("tcp_rmem"), "garbage").unwrap();
+        let l = TcpLimits::read(d.path());
+        assert_eq!(l.wmem_max, 8 << 20);
+        assert_eq!(l.rmem_max, TcpLimits::default().rmem_max);
+    }
+
+    #[test]
+    fn pool_limits() {
+        // The agent's default pool: 192 MiB of 4 MiB buffers, 4 readers.
+        assert_eq!(pool_max_streams(48, 4, 4, true), 21);
+        assert_eq!(pool_max_streams(64, 4, 4, false), 16);
+        assert_eq!(pool_max_streams(0, 4, 4, true), 1);
+    }
+}

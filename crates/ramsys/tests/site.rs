@@ -1,0 +1,495 @@
+//! A site of daemons (issue 19, docs/SITE.md): three daemons on loopback
+//! peered together see each other's load within a few intervals, a load
+//! injected through one daemon's /proc root shows at the others, a killed
+//! daemon goes stale while the rest carry on, and a lock whose holder dies
+//! frees itself when its lease runs out (its token is then fenced).
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use ramsys_ddss::msg::{Error, Op, Reply};
+use ramsys_ddss::net::Requester;
+use ramsys_ddss::Model;
+
+fn site_json(key: &Path, addr: &str) -> serde_json::Value {
+    let o = ramsys(key, &["status", "--site", "--json", addr]);
+    assert_ok(&o);
+    serde_json::from_slice(&o.stdout).expect("status --site --json is JSON")
+}
+
+/// Poll `addr`'s view of the site until `pred` holds; panics after `t`.
+fn wait_for(
+    key: &Path,
+    addr: &str,
+    t: Duration,
+    what: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        let v = site_json(key, addr);
+        if pred(&v) {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < t, "{what} not seen within {t:?}: {v:#}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn member<'a>(v: &'a serde_json::Value, addr: &str) -> Option<&'a serde_json::Value> {
+    v["members"].as_array()?.iter().find(|m| m["addr"] == addr)
+}
+
+fn age(v: &serde_json::Value, addr: &str) -> u64 {
+    member(v, addr)
+        .and_then(|m| m["age_ms"].as_u64())
+        .unwrap_or(u64::MAX)
+}
+
+/// A fake proc/ whose CPU counters a thread advances: `busy` of every 100
+/// jiffies are busy. Written with rename so the sampler never reads half.
+fn fake_proc(root: &Path, busy: u64, idle: u64) {
+    std::fs::create_dir_all(root.join("proc/net")).unwrap();
+    std::fs::create_dir_all(root.join("sys/block")).unwrap();
+    let tmp = root.join("proc/.stat");
+    std::fs::write(
+        &tmp,
+        format!("cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\nintr 100 0\nsoftirq 10 0\nprocs_running 7\n"),
+    )
+    .unwrap();
+    std::fs::rename(&tmp, root.join("proc/stat")).unwrap();
+}
+
+#[test]
+fn three_daemons_monitor_each_other() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let fake = t.path().join("fakeroot");
+    fake_proc(&fake, 0, 0);
+    let a = TestDaemon::start_with(&root, &key, &["--site-interval", "50"]);
+    let mut b = TestDaemon::start_with(&root, &key, &["--peer", &a.addr]);
+    let c = TestDaemon::start_with(
+        &root,
+        &key,
+        &[
+            "--peer",
+            &a.addr,
+            "--peer",
+            &b.addr,
+            "--site-sys-root",
+            fake.to_str().unwrap(),
+        ],
+    );
+    let all = [a.addr.clone(), b.addr.clone(), c.addr.clone()];
+    // Every daemon sees all three, each view fresh (A and B learn C, and A
+    // learns B, from their SiteHello).
+    for d in &all {
+        wait_for(
+            &key,
+            d,
+            Duration::from_secs(10),
+            "three fresh members",
+            |v| {
+                v["members"].as_array().map(|m| m.len()) == Some(3)
+                    && all.iter().all(|x| age(v, x) < 500)
+            },
+        );
+    }
+    let v = site_json(&key, &a.addr);
+    let m = member(&v, &c.addr).unwrap();
+    let mut fields: Vec<&str> = m.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    fields.sort();
+    assert_eq!(
+        fields,
+        [
+            "active_tasks",
+            "addr",
+            "age_ms",
+            "cpu_load",
+            "free_buffer_bytes",
+            "sessions"
+        ]
+    );
+    assert!(m["free_buffer_bytes"].as_u64().unwrap() > 0);
+
+    // A CPU burner on C, seen through its injected /proc: 90 % busy.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let burner = {
+        let (fake, stop) = (fake.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let (mut busy, mut idle) = (0u64, 0u64);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                busy += 90;
+                idle += 10;
+                fake_proc(&fake, busy, idle);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let seen = wait_for(
+        &key,
+        &a.addr,
+        Duration::from_secs(5),
+        "C's load at A",
+        |v| {
+            member(v, &c.addr)
+                .and_then(|m| m["cpu_load"].as_f64())
+                .unwrap_or(0.0)
+                >= 0.8
+        },
+    );
+    eprintln!("C's injected load visible at A after {seen:?} (includes status round trips)");
+    wait_for(
+        &key,
+        &b.addr,
+        Duration::from_secs(5),
+        "C's load at B",
+        |v| {
+            member(v, &c.addr)
+                .and_then(|m| m["cpu_load"].as_f64())
+                .unwrap_or(0.0)
+                >= 0.8
+        },
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    burner.join().unwrap();
+
+    // B dies: A and C report it stale within 3 s and stay fresh themselves.
+    b.kill();
+    for d in [&a.addr, &c.addr] {
+        wait_for(&key, d, Duration::from_secs(3), "B stale", |v| {
+            age(v, &b.addr) > 1000 && age(v, &a.addr) < 500 && age(v, &c.addr) < 500
+        });
+    }
+    let o = ramsys(&key, &["status", "--site", &a.addr]);
+    assert_ok(&o);
+    let human = String::from_utf8_lossy(&o.stdout);
+    let line = human.lines().find(|l| l.starts_with(&b.addr)).unwrap();
+    assert!(line.contains("gone") || line.contains("stale"), "{human}");
+
+    // A daemon without peers is not a site: one clear line, non-zero exit.
+    let lone = TestDaemon::start(&root, &key);
+    let o = ramsys(&key, &["status", "--site", &lone.addr]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("not part of a site"), "{}", stderr(&o));
+    // ... and refuses a SiteHello (after checking nothing: Error 3).
+    let e = ramsys_engine::site::dial(&lone.addr, "x", "site", &key_bytes(&key))
+        .err()
+        .expect("a daemon outside a site refuses site links");
+    assert!(e.to_string().contains("not part of a site"), "{e}");
+}
+
+fn key_bytes(key: &Path) -> Vec<u8> {
+    // The key file holds the key as text (common::key_file).
+    ramsys_resources::keys::load_existing(key).unwrap()
+}
+
+#[test]
+fn lock_holder_death_lease_and_fencing() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let mut home = TestDaemon::start_with(&root, &key, &["--site-interval", "100"]);
+    let k = key_bytes(&key);
+    let link = |who: &str| {
+        let l = ramsys_engine::site::dial(&home.addr, who, "site", &k).expect("site link");
+        Requester::new(Box::new(l), &home.addr)
+    };
+    // Holder 1 allocates a job segment on the home and locks it (300 ms).
+    let mut h1 = link("127.0.0.1:1");
+    let cap = 64;
+    let r = h1.call(
+        1,
+        Op::Allocate {
+            name: "job".into(),
+            capacity: cap,
+            model: Model::Strict,
+        },
+    );
+    assert!(
+        matches!(r, Ok(Reply::Allocated { created: true, .. })),
+        "{r:?}"
+    );
+    let Ok(Reply::Locked { token: t1, .. }) = h1.call(
+        1,
+        Op::Lock {
+            name: "job".into(),
+            lease_ms: 300,
+        },
+    ) else {
+        panic!("lock")
+    };
+    h1.call(
+        1,
+        Op::Put {
+            name: "job".into(),
+            data: b"one".to_vec(),
+            token: t1,
+        },
+    )
+    .unwrap();
+    // Holder 1 is killed (its link gone, nothing released).
+    drop(h1);
+    let mut h2 = link("127.0.0.1:2");
+    let started = Instant::now();
+    match h2.call(
+        2,
+        Op::Lock {
+            name: "job".into(),
+            lease_ms: 5000,
+        },
+    ) {
+        Err(Error::Busy {
+            holder: 1,
+            remaining_ms,
+        }) => assert!(remaining_ms <= 300),
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    // Strict: the dead holder's lock still excludes readers until expiry.
+    assert!(matches!(
+        h2.call(
+            2,
+            Op::Get {
+                name: "job".into(),
+                have: None,
+                slack: 0
+            }
+        ),
+        Err(Error::Busy { .. })
+    ));
+    let t2 = loop {
+        match h2.call(
+            2,
+            Op::Lock {
+                name: "job".into(),
+                lease_ms: 5000,
+            },
+        ) {
+            Ok(Reply::Locked { token, .. }) => break token,
+            Err(Error::Busy { .. }) => std::thread::sleep(Duration::from_millis(20)),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "lease never expired"
+        );
+    };
+    assert!(t2 > t1);
+    // Holder 1 comes back with its old token: fenced, data untouched.
+    let mut h1 = link("127.0.0.1:1");
+    assert_eq!(
+        h1.call(
+            1,
+            Op::Put {
+                name: "job".into(),
+                data: b"stale".to_vec(),
+                token: t1
+            }
+        ),
+        Err(Error::Fenced)
+    );
+    h2.call(
+        2,
+        Op::Put {
+            name: "job".into(),
+            data: b"two".to_vec(),
+            token: t2,
+        },
+    )
+    .unwrap();
+    assert!(matches!(
+        h2.call(2, Op::Get { name: "job".into(), have: None, slack: 0 }),
+        Ok(Reply::Data { version: 2, ref data, .. }) if data == b"two"
+    ));
+
+    // A wrong key is refused at SiteHello like at Hello.
+    assert!(ramsys_engine::site::dial(&home.addr, "x", "site", b"not the key").is_err());
+
+    // The home dies: requests fail with one clear error (soft state).
+    home.kill();
+    let e = h2
+        .call(
+            2,
+            Op::Get {
+                name: "job".into(),
+                have: None,
+                slack: 0,
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::HomeUnreachable(_)), "{e:?}");
+    assert!(e.to_string().starts_with("home unreachable"), "{e}");
+}
+
+/// Busy fraction `pct` on a fake proc/, advanced by a thread until `stop`.
+fn burn(
+    root: &Path,
+    pct: u64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    let root = root.to_path_buf();
+    fake_proc(&root, 0, 0);
+    std::thread::spawn(move || {
+        let (mut busy, mut idle) = (0u64, 0u64);
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            busy += pct;
+            idle += 100 - pct;
+            fake_proc(&root, busy, idle);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    })
+}
+
+#[test]
+fn transfer_goes_to_the_least_loaded_daemon() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    make_varied_tree(&src, 64 << 10);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut ds = vec![];
+    let mut burners = vec![];
+    for (i, pct) in [90u64, 20, 60].into_iter().enumerate() {
+        let root = t.path().join(format!("root{i}"));
+        std::fs::create_dir(&root).unwrap();
+        let fake = t.path().join(format!("proc{i}"));
+        burners.push(burn(&fake, pct, stop.clone()));
+        let mut args = vec![
+            "--site-interval".to_string(),
+            "20".into(),
+            "--site-sys-root".into(),
+        ];
+        args.push(fake.to_str().unwrap().into());
+        for d in &ds {
+            let d: &TestDaemon = d;
+            args.push("--peer".into());
+            args.push(d.addr.clone());
+        }
+        let a: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        ds.push(TestDaemon::start_with(&root, &key, &a));
+    }
+    let addrs: Vec<String> = ds.iter().map(|d| d.addr.clone()).collect();
+    // Wait until the first daemon sees every load.
+    wait_for(&key, &addrs[0], Duration::from_secs(10), "all loads", |v| {
+        addrs.iter().all(|a| {
+            member(v, a)
+                .and_then(|m| m["cpu_load"].as_f64())
+                .unwrap_or(0.0)
+                > 0.1
+                && age(v, a) < 500
+        })
+    });
+    let list = addrs.join(",");
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            src.to_str().unwrap(),
+            &format!("ramsys://{list}/"),
+        ],
+    );
+    assert_ok(&o);
+    // The 20 % daemon got it; the others did not.
+    assert_same_tree(&src, &ds[1].root.join("src"));
+    assert!(!ds[0].root.join("src").exists());
+    assert!(!ds[2].root.join("src").exists());
+    // A list whose daemons are all gone: one clear line, non-zero exit.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            src.to_str().unwrap(),
+            &format!("ramsys://{gone},{gone}/x"),
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("none of the daemons"), "{}", stderr(&o));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for b in burners {
+        b.join().unwrap();
+    }
+}
+
+/// With a users table the site links authenticate as `[site] user`
+/// ("site" by default) with that user's key; a daemon whose table lacks
+/// it cannot join, and says so in its view.
+#[test]
+fn site_links_use_the_users_table() {
+    let t = tempfile::tempdir().unwrap();
+    let p = t.path();
+    std::fs::create_dir_all(p.join("keys")).unwrap();
+    std::fs::create_dir_all(p.join("root")).unwrap();
+    let wk = |name: &str, k: &str| {
+        let f = p.join("keys").join(name);
+        std::fs::write(&f, format!("{k}\n")).unwrap();
+        std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        f
+    };
+    let alice = wk("alice", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    wk("site", "ssssssssssssssssssssssssssssssss");
+    let with_site = p.join("users.toml");
+    std::fs::write(
+        &with_site,
+        "[[user]]\nname = \"alice\"\nkey_file = \"keys/alice\"\nroot = \"root\"\n\n\
+         [[user]]\nname = \"site\"\nkey_file = \"keys/site\"\nroot = \"root\"\nread_only = true\n",
+    )
+    .unwrap();
+    let without = p.join("alice-only.toml");
+    std::fs::write(
+        &without,
+        "[[user]]\nname = \"alice\"\nkey_file = \"keys/alice\"\nroot = \"root\"\n",
+    )
+    .unwrap();
+    let shared = key_file(p);
+    let (ws, wo) = (with_site.to_str().unwrap(), without.to_str().unwrap());
+    let root = p.join("root");
+    let a = TestDaemon::start_with(&root, &shared, &["--users", ws, "--site-interval", "50"]);
+    let b = TestDaemon::start_with(&root, &shared, &["--users", ws, "--peer", &a.addr]);
+    let c = TestDaemon::start_with(&root, &shared, &["--users", wo, "--peer", &a.addr]);
+    let as_alice = |addr: &str| {
+        let mut cmd = std::process::Command::new(bin());
+        cmd.args(["status", "--site", "--json", addr])
+            .env("RAMSYS_KEY_FILE", &alice)
+            .env("RAMSYS_USER", "alice");
+        let o = run_with_timeout(cmd, Duration::from_secs(30));
+        assert_ok(&o);
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let start = Instant::now();
+    loop {
+        let v = as_alice(&b.addr);
+        if age(&v, &a.addr) < 500 && age(&v, &b.addr) < 500 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "B never saw A: {v:#}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // C's table has no "site" user: A refuses it, C's view of A stays stale.
+    std::thread::sleep(Duration::from_millis(1500));
+    let o = {
+        let mut cmd = std::process::Command::new(bin());
+        cmd.args(["status", "--site", &c.addr])
+            .env("RAMSYS_KEY_FILE", &alice)
+            .env("RAMSYS_USER", "alice");
+        run_with_timeout(cmd, Duration::from_secs(30))
+    };
+    assert_ok(&o);
+    let human = String::from_utf8_lossy(&o.stdout);
+    let line = human.lines().find(|l| l.starts_with(&a.addr)).unwrap();
+    assert!(line.contains("authentication failed"), "{human}");
+}
