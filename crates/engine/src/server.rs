@@ -310,8 +310,8 @@ fn refuse(link: &mut Box<dyn Link>, code: u16, message: String) {
 }
 
 /// Dispatch on a connection's first message (seed 000 sec. 6.2.1): a
-/// data link joining its session, a replacement link rejoining one, or a
-/// control connection's Hello.
+/// data link joining its session, a replacement link rejoining one, a
+/// control connection's Hello, or a site peer's SiteHello.
 fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), EngineError> {
     link.set_read_timeout(Some(Duration::from_secs(30)))?;
     exchange_preamble(&mut **link)?;
@@ -336,6 +336,7 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
             rejoin(sh, link, (*session, *stream, *epoch), nonce, mac);
             Ok(())
         }
+        Control::Hello { user, .. } => serve_control(sh, link, &first, user),
         // A site peer (crate::site, docs/SITE.md): its own handler.
         Control::SiteHello { .. } => match sh.site.get() {
             Some(site) => site.serve_peer(&sh.creds, link, &first),
@@ -344,7 +345,6 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
                 Ok(())
             }
         },
-        Control::Hello { user, .. } => serve_control(sh, link, &first, user),
         other => {
             let m = format!("unexpected first message {}", other.name());
             refuse(link, 1, m);

@@ -79,11 +79,6 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
     run_with(a, a.resume_flags())
 }
 
-/// The most streams the agent sizes a long path to without --streams
-/// (transport::path): 100 ms at 10 Gb/s wants 45; the buffer pool's own
-/// bound (21 with the default 192 MiB) usually comes first.
-const AUTO_MAX_STREAMS: usize = 32;
-
 /// A transfer resolved once from cp's or sync's arguments (issue 16): the
 /// endpoints, the options every end starts from, the resources an engine
 /// of this process gets, and what the NUMA planner may not override. It is
@@ -105,6 +100,11 @@ struct Plan {
     copy_range: bool,
     json: bool,
 }
+
+/// The most streams the agent sizes a long path to without --streams
+/// (transport::path): 100 ms at 10 Gb/s wants 45; the buffer pool's own
+/// bound (21 with the default 192 MiB) usually comes first.
+const AUTO_MAX_STREAMS: usize = 32;
 
 /// Where the sources are, once ssh endpoints became daemons.
 struct Sources {
@@ -138,8 +138,8 @@ impl Plan {
             && srcs.iter().all(|s| matches!(s, Endpoint::Local(_)));
         let opts = TransferOptions {
             streams: a.streams.unwrap_or(4),
-            // No --streams: sized from the path when connecting (issue 21);
-            // a local copy's path is this host's memory.
+            // No --streams: sized from the path when connecting (issue
+            // 21); a local copy's path is this host's memory.
             auto_streams: a.streams.is_none() && !local_copy,
             block_size: a.block_size as u32,
             checksum: !a.no_checksum,
