@@ -41,6 +41,9 @@ impl Out {
 }
 
 /// Render every `ramsys_*` metric (docs/DAEMON.md has the reference).
+/// Long (issue 16 allows it with a reason): a flat list of metric
+/// families, a few lines each, in the order of the reference; split, the
+/// order would be scattered over functions with nothing else to say.
 pub fn render(s: &Status) -> String {
     let t = &s.totals;
     let mut o = Out(String::with_capacity(8192));

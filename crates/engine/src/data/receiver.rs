@@ -33,7 +33,9 @@ pub enum ReceiverEvent {
 /// `seal`, every block must be sealed; it is authenticated and decrypted in
 /// place in its buffer (crate::crypto). `accepted` counts the blocks
 /// handed on whole: what the sink reports if the link breaks
-/// (Control::Lost, crate::relink).
+/// (Control::Lost, crate::relink). Long (issue 16 allows it with a
+/// reason): the per-block loop of one receiver thread, its frame, table
+/// and seal state in locals so nothing is allocated per block.
 #[allow(clippy::too_many_arguments)]
 pub fn run_receiver(
     stream: u16,

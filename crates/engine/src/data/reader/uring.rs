@@ -265,6 +265,10 @@ impl UringReader<'_> {
         }
     }
 
+    /// Queue reads until the ring or the in-flight bound is full. Long
+    /// (issue 16 allows it with a reason): the per-block path of one
+    /// reader thread, kept in one loop so nothing is allocated or looked
+    /// up per block.
     fn fill(&mut self) {
         while !self.gone && self.ring.sq_room() > 0 && self.ops.live < MAX_INFLIGHT {
             let Some((u, piece)) = self.next_piece() else {
