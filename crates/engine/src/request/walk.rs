@@ -150,6 +150,70 @@ pub fn walk_archive<E>(
     emit: &mut ArchiveEmit<E>,
 ) -> Result<Walk, E> {
     let mut col = Collector::new(preserve);
+    let (dirs, later, failures) = first_pass(base, tops, recursive, filter, &col);
+    let mut w = Walk {
+        failures,
+        ..Default::default()
+    };
+    for (i, d) in dirs.iter().enumerate() {
+        w.entries.push(Entry {
+            id: i as u64,
+            path: d.wire.clone(),
+            kind: EntryKind::Dir,
+            mode: d.mode,
+            mtime_s: d.mtime.0,
+            mtime_ns: d.mtime.1,
+        });
+        if col.wanted() {
+            let a = col.attrs(i as u64, &abs(base, &d.rel), &d.owners, false, true);
+            w.attrs.push(a);
+        }
+    }
+    emit(&w.entries, &w.attrs)?;
+    let mut emitted = w.entries.len();
+    let mut attrs_emitted = w.attrs.len();
+    let mut inodes: HashMap<(u64, u64), u64> = HashMap::new();
+    let mut names = NameStat { open: None };
+    for d in later {
+        let p = match d {
+            Deferred::Ready(p) => Some(p),
+            Deferred::Name { dir, name } => {
+                names.stat(base, &dirs, dir, &name, &col, &mut w.failures)
+            }
+        };
+        let Some(o) = p else { continue };
+        let id = w.entries.len() as u64;
+        let symlink = matches!(o.kind, PendingKind::Symlink(_));
+        let attrs_of = col.wanted().then(|| (abs(base, &o.rel), o.owners));
+        if !record(&mut w, o, id, filter, &mut inodes) {
+            continue;
+        }
+        if let Some((path, owners)) = attrs_of {
+            let a = col.attrs(id, &path, &owners, symlink, false);
+            w.attrs.push(a);
+        }
+        if w.entries.len() - emitted >= STREAM_BATCH {
+            emit(&w.entries[emitted..], &w.attrs[attrs_emitted..])?;
+            emitted = w.entries.len();
+            attrs_emitted = w.attrs.len();
+        }
+    }
+    if w.entries.len() > emitted {
+        emit(&w.entries[emitted..], &w.attrs[attrs_emitted..])?;
+    }
+    Ok(w)
+}
+
+/// First pass over the tops: directories (stat'ed and recursed into) and
+/// the names of everything else, in scan order; a block device named as
+/// a top is a volume (issue 18).
+fn first_pass(
+    base: &Path,
+    tops: &[Top],
+    recursive: bool,
+    filter: &Filter,
+    col: &Collector,
+) -> (Vec<Pending>, Vec<Deferred>, Vec<FailedPath>) {
     let mut dirs: Vec<Pending> = Vec::new();
     let mut later: Vec<Deferred> = Vec::new();
     let mut failures = Vec::new();
@@ -180,7 +244,7 @@ pub fn walk_archive<E>(
                     dirs: &mut dirs,
                     later: &mut later,
                     failures: &mut failures,
-                    col: &col,
+                    col,
                 };
                 scan(base, &t.rel, &t.name, md, filter, &mut to);
             }
@@ -190,134 +254,103 @@ pub fn walk_archive<E>(
             }),
         }
     }
-    let mut w = Walk {
-        failures,
-        ..Default::default()
-    };
-    for (i, d) in dirs.iter().enumerate() {
-        w.entries.push(Entry {
-            id: i as u64,
-            path: d.wire.clone(),
-            kind: EntryKind::Dir,
-            mode: d.mode,
-            mtime_s: d.mtime.0,
-            mtime_ns: d.mtime.1,
-        });
-        if col.wanted() {
-            let a = col.attrs(i as u64, &abs(base, &d.rel), &d.owners, false, true);
-            w.attrs.push(a);
+    (dirs, later, failures)
+}
+
+/// Second pass: one lstat per name, relative to its directory's
+/// descriptor (opened once per directory, never through a symlink put in
+/// its place since the first pass).
+struct NameStat {
+    /// The directory whose names are being stat'ed: (index, descriptor).
+    open: Option<(usize, Option<fs::File>)>,
+}
+
+impl NameStat {
+    fn stat(
+        &mut self,
+        base: &Path,
+        dirs: &[Pending],
+        dir: usize,
+        name: &[u8],
+        col: &Collector,
+        failures: &mut Vec<FailedPath>,
+    ) -> Option<Pending> {
+        if self.open.as_ref().is_none_or(|(i, _)| *i != dir) {
+            let f = fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+                .open(abs(base, &dirs[dir].rel));
+            self.open = Some((dir, f.ok()));
         }
-    }
-    emit(&w.entries, &w.attrs)?;
-    let mut emitted = w.entries.len();
-    let mut attrs_emitted = w.attrs.len();
-    let mut inodes: HashMap<(u64, u64), u64> = HashMap::new();
-    // The directory whose names are being stat'ed: (index, descriptor).
-    let mut open: Option<(usize, Option<fs::File>)> = None;
-    for d in later {
-        let p = match d {
-            Deferred::Ready(p) => Some(p),
-            Deferred::Name { dir, name } => {
-                if open.as_ref().is_none_or(|(i, _)| *i != dir) {
-                    // The directory itself, never a symlink put in its place
-                    // since the first pass.
-                    let f = fs::OpenOptions::new()
-                        .read(true)
-                        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-                        .open(abs(base, &dirs[dir].rel));
-                    open = Some((dir, f.ok()));
-                }
-                let dp = &dirs[dir];
-                let rel = join(&dp.rel, &name);
-                let wire = join(&dp.wire, &name);
-                let st = match &open {
-                    Some((_, Some(f))) => {
-                        crate::fsops::lstat_at(std::os::fd::AsFd::as_fd(f), &name)
-                    }
-                    _ => Err(std::io::Error::other("cannot open its directory")),
-                };
-                match st {
-                    Ok(Some(st)) => {
-                        pending(base, rel, wire, &Meta::from(&st), &col, &mut w.failures)
-                    }
-                    // Removed since its directory was read: reported as before.
-                    Ok(None) => {
-                        w.failures.push(FailedPath {
-                            path: abs(base, &rel).display().to_string(),
-                            reason: std::io::Error::from(std::io::ErrorKind::NotFound).to_string(),
-                        });
-                        None
-                    }
-                    Err(e) => {
-                        w.failures.push(FailedPath {
-                            path: abs(base, &rel).display().to_string(),
-                            reason: e.to_string(),
-                        });
-                        None
-                    }
-                }
-            }
+        let dp = &dirs[dir];
+        let rel = join(&dp.rel, name);
+        let wire = join(&dp.wire, name);
+        let st = match &self.open {
+            Some((_, Some(f))) => crate::fsops::lstat_at(std::os::fd::AsFd::as_fd(f), name),
+            _ => Err(std::io::Error::other("cannot open its directory")),
         };
-        let Some(o) = p else { continue };
-        let id = w.entries.len() as u64;
-        let symlink = matches!(o.kind, PendingKind::Symlink(_));
-        let attrs_of = col.wanted().then(|| (abs(base, &o.rel), o.owners));
-        let kind = match o.kind {
-            PendingKind::Dir => unreachable!("directories are numbered first"),
-            PendingKind::File {
+        let reason = match st {
+            Ok(Some(st)) => return pending(base, rel, wire, &Meta::from(&st), col, failures),
+            // Removed since its directory was read: reported as before.
+            Ok(None) => std::io::Error::from(std::io::ErrorKind::NotFound).to_string(),
+            Err(e) => e.to_string(),
+        };
+        failures.push(FailedPath {
+            path: abs(base, &rel).display().to_string(),
+            reason,
+        });
+        None
+    }
+}
+
+/// Push the record of a non-directory (a regular file is also listed to
+/// read). False when it needs no Attrs record: the size limits left it
+/// out, or it is a further name of a file already listed (a HardLink
+/// record).
+fn record(
+    w: &mut Walk,
+    o: Pending,
+    id: u64,
+    filter: &Filter,
+    inodes: &mut HashMap<(u64, u64), u64>,
+) -> bool {
+    let kind = match o.kind {
+        PendingKind::Dir => unreachable!("directories are numbered first"),
+        PendingKind::File {
+            size,
+            dev,
+            ino,
+            nlink,
+            volume,
+        } => {
+            if filter.size_excluded(size) {
+                return false;
+            }
+            if nlink > 1 {
+                if let Some(&first) = inodes.get(&(dev, ino)) {
+                    let link = EntryKind::HardLink { target_id: first };
+                    push_entry(w, id, o.wire, link, o.mode, o.mtime);
+                    return false;
+                }
+                inodes.insert((dev, ino), id);
+            }
+            w.total_bytes += size;
+            w.files.push(SourceFile {
+                id,
+                rel: o.rel,
                 size,
                 dev,
                 ino,
-                nlink,
+                mtime: o.mtime,
                 volume,
-            } => {
-                if filter.size_excluded(size) {
-                    continue;
-                }
-                if nlink > 1 {
-                    if let Some(&first) = inodes.get(&(dev, ino)) {
-                        push_entry(
-                            &mut w,
-                            id,
-                            o.wire,
-                            EntryKind::HardLink { target_id: first },
-                            o.mode,
-                            o.mtime,
-                        );
-                        continue;
-                    }
-                    inodes.insert((dev, ino), id);
-                }
-                w.total_bytes += size;
-                w.files.push(SourceFile {
-                    id,
-                    rel: o.rel,
-                    size,
-                    dev,
-                    ino,
-                    mtime: o.mtime,
-                    volume,
-                });
-                EntryKind::File { size }
-            }
-            PendingKind::Symlink(t) => EntryKind::Symlink { target: t },
-            PendingKind::Special(k) => k,
-        };
-        push_entry(&mut w, id, o.wire, kind, o.mode, o.mtime);
-        if let Some((path, owners)) = attrs_of {
-            let a = col.attrs(id, &path, &owners, symlink, false);
-            w.attrs.push(a);
+            });
+            EntryKind::File { size }
         }
-        if w.entries.len() - emitted >= STREAM_BATCH {
-            emit(&w.entries[emitted..], &w.attrs[attrs_emitted..])?;
-            emitted = w.entries.len();
-            attrs_emitted = w.attrs.len();
-        }
-    }
-    if w.entries.len() > emitted {
-        emit(&w.entries[emitted..], &w.attrs[attrs_emitted..])?;
-    }
-    Ok(w)
+        PendingKind::Symlink(t) => EntryKind::Symlink { target: t },
+        PendingKind::Special(k) => k,
+    };
+    push_entry(w, id, o.wire, kind, o.mode, o.mtime);
+    true
 }
 
 fn push_entry(w: &mut Walk, id: u64, path: Vec<u8>, kind: EntryKind, mode: u32, mtime: (i64, u32)) {
