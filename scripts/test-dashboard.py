@@ -181,6 +181,9 @@ def run(binary, work, procs):
     start = time.time()
 
     # Transfers for TRANSFER_S seconds, so that several scrapes see them.
+    # Each is paced to about 2 s (--bwlimit): a task's rate gauges are
+    # EWMAs of samples at least 0.5 s apart (daemon/admit.rs), so on an
+    # idle machine an unpaced 64 MiB copy (0.2-0.3 s) ends unseen.
     src = os.path.join(work, "src")
     os.makedirs(src)
     for i in range(4):
@@ -190,7 +193,7 @@ def run(binary, work, procs):
     n = 0
     while time.time() - start < TRANSFER_S or n < 2:
         r = subprocess.run(
-            [binary, "cp", "-r", "--key-file", key, "--no-resume", src,
+            [binary, "cp", "-r", "--key-file", key, "--no-resume", "--bwlimit", "32M", src,
              f"ramsys://{addr}/copy{n}"],
             env=env, capture_output=True, text=True,
         )
