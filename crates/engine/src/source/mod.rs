@@ -361,9 +361,15 @@ fn peer_reason(ctl: &mut Ctl, pending: Option<&(String, u64)>) -> Option<EngineE
             return Some(e);
         }
     }
-    match recv_control(&mut *ctl.link) {
-        Ok(Control::Error { message, .. }) => Some(EngineError::Refused(message)),
-        Ok(Control::Abort { reason }) => Some(EngineError::PeerAborted(reason)),
-        _ => None,
+    // The reason may come behind the sink's ordinary answers (Confirm is
+    // sent before the metadata it then refuses): skip those.
+    for _ in 0..8 {
+        match recv_control(&mut *ctl.link) {
+            Ok(Control::Error { message, .. }) => return Some(EngineError::Refused(message)),
+            Ok(Control::Abort { reason }) => return Some(EngineError::PeerAborted(reason)),
+            Ok(_) => continue,
+            Err(_) => return None,
+        }
     }
+    None
 }
