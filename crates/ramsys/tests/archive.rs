@@ -15,13 +15,12 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output};
 use std::time::Duration;
 
+use common::sshd::Sshd;
 use common::*;
 
 fn is_root() -> bool {
@@ -432,100 +431,6 @@ fn non_root_sink_keeps_what_it_can_and_says_so_once() {
     assert!(o.status.success(), "{e}");
 }
 
-/// An sshd of our own on loopback (as in ssh.rs), killed on drop.
-struct Sshd {
-    child: Child,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn sshd() -> Option<Sshd> {
-    if !Path::new("/usr/sbin/sshd").exists() {
-        eprintln!("skipping: /usr/sbin/sshd not installed (scripts/install-deps.sh)");
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    for k in ["host_key", "user_key"] {
-        sh(Command::new("ssh-keygen")
-            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-            .arg(d.join(k)));
-    }
-    std::fs::copy(d.join("user_key.pub"), d.join("authorized_keys")).unwrap();
-    let _ = std::fs::create_dir_all("/run/sshd");
-    for _ in 0..5 {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let cfg = d.join("sshd_config");
-        std::fs::write(
-            &cfg,
-            format!(
-                "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\n\
-                 StrictModes no\nUsePAM no\nPermitRootLogin yes\nPasswordAuthentication no\n\
-                 KbdInteractiveAuthentication no\nPidFile none\n",
-                d.join("host_key").display(),
-                d.join("authorized_keys").display()
-            ),
-        )
-        .unwrap();
-        let mut child = Command::new("/usr/sbin/sshd")
-            .args(["-D", "-e", "-f"])
-            .arg(&cfg)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start sshd");
-        let err = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines() {
-                let Ok(line) = line else { break };
-                if line.contains("Server listening") {
-                    let _ = tx.send(());
-                }
-            }
-        });
-        if rx.recv_timeout(Duration::from_secs(20)).is_ok() {
-            return Some(Sshd { child, port, dir });
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    panic!("could not start sshd");
-}
-
-fn ssh_opts(d: &Sshd) -> Vec<String> {
-    let key: PathBuf = d.dir.path().join("user_key");
-    [
-        "--ssh-port",
-        &d.port.to_string(),
-        "-i",
-        &s(&key),
-        "--ssh-opt",
-        "StrictHostKeyChecking=no",
-        "--ssh-opt",
-        "UserKnownHostsFile=/dev/null",
-        "--ssh-opt",
-        "BatchMode=yes",
-        "--remote-ramsys",
-        bin(),
-    ]
-    .iter()
-    .map(|x| x.to_string())
-    .collect()
-}
-
 fn over_ssh(d: &Sshd, args: &[String]) -> Output {
     let mut c = Command::new(bin());
     c.args(args)
@@ -539,7 +444,7 @@ fn ssh_push_pull_and_sync_like_rsync() {
         eprintln!("skipping: {why}");
         return;
     }
-    let Some(d) = sshd() else { return };
+    let Some(d) = Sshd::start() else { return };
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src");
     if !make_tree(&src) {
@@ -551,7 +456,7 @@ fn ssh_push_pull_and_sync_like_rsync() {
     let with = |pre: &[&str], paths: [String; 2]| -> Vec<String> {
         let mut v: Vec<String> = pre.iter().map(|x| x.to_string()).collect();
         v.extend(FLAGS.iter().map(|x| x.to_string()));
-        v.extend(ssh_opts(&d));
+        v.extend(d.opts());
         v.extend(paths);
         v
     };

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod loopdev;
+pub mod sshd;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
