@@ -168,6 +168,18 @@ impl Root {
 
     /// openat2 relative to the root; "" is the root itself.
     pub fn openat(&self, rel: &[u8], flags: i32, mode: u32) -> io::Result<OwnedFd> {
+        self.openat_in(self.fd.as_fd(), rel, flags, mode)
+    }
+
+    /// openat2 relative to `dir`, a directory already opened under this
+    /// root (so confined), with this root's resolution rules.
+    pub fn openat_in(
+        &self,
+        dir: std::os::fd::BorrowedFd<'_>,
+        rel: &[u8],
+        flags: i32,
+        mode: u32,
+    ) -> io::Result<OwnedFd> {
         let rel = if rel.is_empty() { &b"."[..] } else { rel };
         let c = cstr(rel)?;
         let how = OpenHow {
@@ -183,7 +195,7 @@ impl Root {
         let fd = unsafe {
             libc::syscall(
                 libc::SYS_openat2,
-                self.fd.as_raw_fd(),
+                dir.as_raw_fd(),
                 c.as_ptr(),
                 &how as *const OpenHow,
                 std::mem::size_of::<OpenHow>(),
@@ -274,22 +286,7 @@ impl Root {
 
     /// Create a new temporary file `tmp` in directory `parent`.
     pub fn create_temp(&self, parent: &[u8], tmp: &[u8]) -> io::Result<File> {
-        let dir = self.open_dir(parent)?;
-        let c = cstr(tmp)?;
-        // SAFETY: valid dirfd and C string.
-        let fd = unsafe {
-            libc::openat(
-                dir.as_raw_fd(),
-                c.as_ptr(),
-                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                0o600 as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            return Err(errno());
-        }
-        // SAFETY: fresh descriptor.
-        Ok(unsafe { File::from_raw_fd(fd) })
+        create_temp_in(self.open_dir(parent)?.as_fd(), tmp)
     }
 
     /// Set mode and mtime of `name` in `dir` without following a symlink.
@@ -335,41 +332,18 @@ impl Root {
         mode: u32,
         mtime: (i64, u32),
     ) -> io::Result<()> {
-        let dir = self.open_dir(parent)?;
-        let t = cstr(tmp)?;
-        let n = cstr(name)?;
-        Self::set_attrs(dir.as_raw_fd(), &t, Some(mode), mtime)?;
-        // SAFETY: valid dirfds and C strings.
-        if unsafe { libc::renameat(dir.as_raw_fd(), t.as_ptr(), dir.as_raw_fd(), n.as_ptr()) } != 0
-        {
-            return Err(errno());
-        }
-        Ok(())
+        finalize_in(self.open_dir(parent)?.as_fd(), tmp, name, mode, mtime)
     }
 
     /// Rename `from` to `to`, both in directory `parent` (a resumed temp
     /// file taking this session's temp name).
     pub fn rename_in(&self, parent: &[u8], from: &[u8], to: &[u8]) -> io::Result<()> {
-        let dir = self.open_dir(parent)?;
-        let f = cstr(from)?;
-        let t = cstr(to)?;
-        // SAFETY: valid dirfd and C strings.
-        if unsafe { libc::renameat(dir.as_raw_fd(), f.as_ptr(), dir.as_raw_fd(), t.as_ptr()) } != 0
-        {
-            return Err(errno());
-        }
-        Ok(())
+        rename_in_dir(self.open_dir(parent)?.as_fd(), from, to)
     }
 
     /// Remove `name` from `parent` (a temp file we created).
     pub fn unlink(&self, parent: &[u8], name: &[u8]) -> io::Result<()> {
-        let dir = self.open_dir(parent)?;
-        let n = cstr(name)?;
-        // SAFETY: valid dirfd and C string.
-        if unsafe { libc::unlinkat(dir.as_raw_fd(), n.as_ptr(), 0) } != 0 {
-            return Err(errno());
-        }
-        Ok(())
+        unlink_in(self.open_dir(parent)?.as_fd(), name)
     }
 
     /// Apply mode and mtime to an existing directory.
@@ -454,6 +428,66 @@ impl Root {
         unsafe { libc::unlinkat(ldir.as_raw_fd(), tm.as_ptr(), 0) };
         Ok(())
     }
+}
+
+/// Create a new temporary file `tmp` (mode 0600) in the open directory
+/// `dir`: the named temp file, written and then renamed into place.
+pub fn create_temp_in(dir: std::os::fd::BorrowedFd<'_>, tmp: &[u8]) -> io::Result<File> {
+    let c = cstr(tmp)?;
+    // SAFETY: valid dirfd and C string.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: fresh descriptor.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Give temp file `tmp` in `dir` its mode and mtime and rename it over
+/// `name` (one directory, so the rename is atomic).
+pub fn finalize_in(
+    dir: std::os::fd::BorrowedFd<'_>,
+    tmp: &[u8],
+    name: &[u8],
+    mode: u32,
+    mtime: (i64, u32),
+) -> io::Result<()> {
+    let t = cstr(tmp)?;
+    let n = cstr(name)?;
+    Root::set_attrs(dir.as_raw_fd(), &t, Some(mode), mtime)?;
+    // SAFETY: valid dirfds and C strings.
+    if unsafe { libc::renameat(dir.as_raw_fd(), t.as_ptr(), dir.as_raw_fd(), n.as_ptr()) } != 0 {
+        return Err(errno());
+    }
+    Ok(())
+}
+
+/// Rename `from` to `to`, both in the open directory `dir`.
+pub fn rename_in_dir(dir: std::os::fd::BorrowedFd<'_>, from: &[u8], to: &[u8]) -> io::Result<()> {
+    let f = cstr(from)?;
+    let t = cstr(to)?;
+    // SAFETY: valid dirfd and C strings.
+    if unsafe { libc::renameat(dir.as_raw_fd(), f.as_ptr(), dir.as_raw_fd(), t.as_ptr()) } != 0 {
+        return Err(errno());
+    }
+    Ok(())
+}
+
+/// Remove `name` from the open directory `dir`.
+pub fn unlink_in(dir: std::os::fd::BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    let n = cstr(name)?;
+    // SAFETY: valid dirfd and C string.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), n.as_ptr(), 0) } != 0 {
+        return Err(errno());
+    }
+    Ok(())
 }
 
 /// Raise the open-file limit to its hard maximum (many files in flight).

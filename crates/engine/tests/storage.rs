@@ -558,3 +558,43 @@ fn local_copies_keep_every_promise_of_the_byte_path() {
         assert!(!dst.join("big/big").exists());
     }
 }
+
+/// Issue 17: the sink writes small files nameless (O_TMPFILE) and links
+/// them into place; where the file system refuses O_TMPFILE (injected
+/// EOPNOTSUPP on the sink) it names and renames temp files instead. Both
+/// give the same tree and leave no temp file.
+#[test]
+fn small_files_with_and_without_o_tmpfile() {
+    let t = tmp();
+    let src = t.path().join("src");
+    sizes_tree(&src);
+    for refuse in [false, true] {
+        let dst = t.path().join(format!("dst-{refuse}"));
+        std::fs::create_dir(&dst).unwrap();
+        let o = opts(IoEngine::Uring, true);
+        let sink = TransferOptions {
+            io_hook: if refuse {
+                hook(IoOp::TmpFile, "", libc::EOPNOTSUPP)
+            } else {
+                Hook::default()
+            },
+            ..o.clone()
+        };
+        let rep = copy(&src, &dst, &o, &sink).unwrap();
+        assert!(rep.failed.is_empty(), "{:?}", rep.failed);
+        same_tree(&src, &dst.join("src"));
+        fn temps(d: &Path, out: &mut Vec<PathBuf>) {
+            for e in std::fs::read_dir(d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    temps(&p, out);
+                } else if p.to_string_lossy().contains(".ramsys-") {
+                    out.push(p);
+                }
+            }
+        }
+        let mut left = Vec::new();
+        temps(&dst, &mut left);
+        assert!(left.is_empty(), "{left:?}");
+    }
+}

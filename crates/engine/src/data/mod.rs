@@ -21,5 +21,6 @@ pub mod reader;
 pub mod receiver;
 pub mod reread;
 pub mod sender;
+pub mod sinkdirs;
 pub mod sinkfiles;
 pub mod writer;

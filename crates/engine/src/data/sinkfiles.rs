@@ -16,20 +16,29 @@
 //! prefix of each segment is written through it, the unaligned tail
 //! through the buffered one (storage::direct). A null sink verifies
 //! digests but creates nothing.
+//!
+//! Small files (issue 17): a file below storage::DIRECT_MIN that no
+//! journal names is created nameless (O_TMPFILE, storage::tmpfile) and
+//! linked under its final name when complete, its descriptor kept open
+//! until then; it is not sized up front (its data fills it; a hole at its
+//! end sets the size). Where O_TMPFILE is refused, it gets a named temp
+//! file like the rest. Every directory is opened once per session
+//! (data::sinkdirs).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ramsys_proto::data::Segment;
 
+use crate::data::sinkdirs::{DirRef, SinkDirs};
 use crate::fsops::{split_parent, Root};
 use crate::stats::Stats;
 use crate::storage::direct::{direct_prefix, pwrite_all_fd};
 use crate::storage::volume::VolumeLog;
-use crate::storage::{is_direct_refusal, IoOp, StorageCfg, DIRECT_MIN};
+use crate::storage::{is_direct_refusal, tmpfile, IoOp, StorageCfg, DIRECT_MIN};
 
 const DATA_DONE: u8 = 1;
 const DIGEST_KNOWN: u8 = 2;
@@ -41,6 +50,14 @@ const TEMP: u8 = 16;
 const KEPT: u8 = 32;
 /// Resume: written blocks changed since the journal last saw them.
 const DIRTY: u8 = 64;
+/// The temp file is nameless (O_TMPFILE): linked into place, never renamed
+/// nor unlinked.
+const ANON: u8 = 128;
+
+/// Most nameless temp files a session keeps open (each stays open from
+/// its first byte until its digest has arrived too); past this, files get
+/// named temp files, closed when their data is written.
+pub const MAX_ANON_OPEN: usize = 1024;
 
 /// What a changed file is built from (sync, resume; docs/SYNC.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +79,8 @@ pub struct SinkFile {
     pub size: u64,
     pub mode: u32,
     pub mtime: (i64, u32),
+    /// Its directory in the table's SinkDirs.
+    dir: u32,
     written: AtomicU64,
     digest: AtomicU64,
     expected: AtomicU64,
@@ -105,6 +124,11 @@ pub struct SinkFd {
     /// A large file written through the page cache: start writeback behind
     /// each write (storage::cache::start_writeback).
     pub writeback: bool,
+    /// Nameless (O_TMPFILE): kept open until it is linked into place.
+    pub anon: bool,
+    /// Created at its final size (ftruncate); otherwise a hole at its end
+    /// sets the size (FileTable::write_hole).
+    pub sized: bool,
 }
 
 impl SinkFd {
@@ -146,6 +170,12 @@ pub struct FileTable {
     pub journal_min: u64,
     /// Files before this index are all settled (never unsettle again).
     settled_upto: std::sync::atomic::AtomicUsize,
+    /// Destination directories, opened once.
+    dirs: SinkDirs,
+    /// O_TMPFILE works here (cleared at the first refusal).
+    anon_ok: AtomicBool,
+    /// Nameless temp files open now.
+    anon_open: AtomicUsize,
 }
 
 /// Fault injection for the resume tests: `RAMSYS_FAULT_SLOW_WRITE_US=N`
@@ -199,6 +229,9 @@ impl FileTable {
             resume: false,
             journal_min: 0,
             settled_upto: std::sync::atomic::AtomicUsize::new(0),
+            dirs: SinkDirs::default(),
+            anon_ok: AtomicBool::new(true),
+            anon_open: AtomicUsize::new(0),
         }
     }
 
@@ -214,12 +247,14 @@ impl FileTable {
         match file {
             Some((rel, size, mode, mtime)) => {
                 self.by_id.push(self.files.len() as u32);
+                let dir = self.dirs.intern(split_parent(&rel).0);
                 self.files.push(SinkFile {
                     id,
                     rel,
                     size,
                     mode,
                     mtime,
+                    dir,
                     written: AtomicU64::new(0),
                     digest: AtomicU64::new(0),
                     expected: AtomicU64::new(0),
@@ -267,7 +302,22 @@ impl FileTable {
             *f.reason.lock().unwrap() = Some(reason);
             self.stats.failed.fetch_add(1, Ordering::Relaxed);
         }
-        f.fd.lock().unwrap().take();
+        // A nameless temp file goes with its last descriptor.
+        self.take_fd(f);
+    }
+
+    /// Take the file's descriptors out of the table.
+    fn take_fd(&self, f: &SinkFile) -> Option<Arc<SinkFd>> {
+        let fd = f.fd.lock().unwrap().take();
+        if fd.as_ref().is_some_and(|d| d.anon) {
+            self.anon_open.fetch_sub(1, Ordering::AcqRel);
+        }
+        fd
+    }
+
+    /// The directory file `f` goes into.
+    fn dir_of(&self, f: &SinkFile) -> std::io::Result<DirRef<'_>> {
+        self.dirs.get(&self.root, f.dir, split_parent(&f.rel).0)
     }
 
     pub fn fail_id(&self, id: u64, reason: String) {
@@ -333,6 +383,10 @@ impl FileTable {
     /// size, all holes); a device or a file built from a base holds old
     /// bytes there, which must read as zeros (storage::volume).
     pub fn write_hole(&self, f: &SinkFile, fd: &SinkFd, seg: &Segment) -> std::io::Result<()> {
+        if !fd.sized && seg.offset + seg.span() == f.size {
+            // Not created at its size: a hole at the end sets it.
+            fd.buffered.set_len(f.size)?;
+        }
         if !f.is_device() && f.base.lock().unwrap().is_none() {
             return Ok(());
         }
@@ -384,7 +438,8 @@ impl FileTable {
             }
             match self.create(f) {
                 Ok(fd) => {
-                    f.flags.fetch_or(TEMP, Ordering::AcqRel);
+                    let anon = if fd.anon { ANON } else { 0 };
+                    f.flags.fetch_or(TEMP | anon, Ordering::AcqRel);
                     *g = Some(Arc::new(fd));
                 }
                 Err(e) if is_fatal(&e) => return Err(WriteError::Fatal(fatal_msg(&e))),
@@ -405,8 +460,14 @@ impl FileTable {
             return self.open_device(f);
         }
         let (parent, _) = split_parent(&f.rel);
-        let tmp = self.tmp_name(f);
+        let dir = self.dir_of(f)?;
         let base = f.base.lock().unwrap().clone();
+        if base.is_none() {
+            if let Some(fd) = self.create_anon(f, &dir)? {
+                return Ok(fd);
+            }
+        }
+        let tmp = self.tmp_name(f);
         let buffered = match &base {
             Some(Base::Part(name)) => {
                 self.root.rename_in(parent, name, &tmp)?;
@@ -420,14 +481,21 @@ impl FileTable {
                         .openat(&rel, libc::O_WRONLY | libc::O_NOFOLLOW, 0)?,
                 )
             }
-            _ => self.root.create_temp(parent, &tmp)?,
+            _ => crate::fsops::create_temp_in(dir.fd(), &tmp)?,
         };
+        // A small fresh file is not sized up front: its data fills it and
+        // a hole at its end sets the size. Large files are (the O_DIRECT
+        // prefix and the buffered tail of a block write disjoint pages of
+        // a file that already has its size), and so is one built on a base.
+        let sized = base.is_some() || f.size >= DIRECT_MIN;
         let made = (|| {
             if base == Some(Base::Old) {
                 let old = self.root.open_read(&f.rel, false)?;
                 crate::sync::copy_base(&old, &buffered, f.size)?;
             }
-            buffered.set_len(f.size)?;
+            if sized {
+                buffered.set_len(f.size)?;
+            }
             let mut direct = None;
             if self.storage.write_direct(f.size) {
                 let dev = buffered.metadata()?.dev();
@@ -467,12 +535,78 @@ impl FileTable {
                     writeback: direct.is_none() && self.storage.writeback && f.size >= DIRECT_MIN,
                     buffered,
                     direct,
+                    anon: false,
+                    sized,
                 })
             }
             Err(e) => {
-                let _ = self.root.unlink(parent, &tmp);
+                let _ = crate::fsops::unlink_in(dir.fd(), &tmp);
                 Err(e)
             }
+        }
+    }
+
+    /// A nameless temp file for a small fresh file no journal will name,
+    /// while O_TMPFILE works here and fewer than MAX_ANON_OPEN are open;
+    /// None: use a named one.
+    fn create_anon(&self, f: &SinkFile, dir: &DirRef) -> std::io::Result<Option<SinkFd>> {
+        let journalled = self.resume && f.size >= self.journal_min;
+        if f.size >= DIRECT_MIN
+            || journalled
+            || !self.anon_ok.load(Ordering::Relaxed)
+            || self.anon_open.load(Ordering::Relaxed) >= MAX_ANON_OPEN
+        {
+            return Ok(None);
+        }
+        let made = self
+            .storage
+            .hook
+            .check(IoOp::TmpFile, &f.rel, 0, 0)
+            .and_then(|_| tmpfile::create(dir.fd(), f.mode));
+        match made {
+            Ok(buffered) => {
+                self.anon_open.fetch_add(1, Ordering::AcqRel);
+                Ok(Some(SinkFd {
+                    buffered,
+                    direct: None,
+                    source: std::sync::OnceLock::new(),
+                    writeback: false,
+                    anon: true,
+                    sized: false,
+                }))
+            }
+            Err(e) if tmpfile::is_unsupported(&e) => {
+                if self.anon_ok.swap(false, Ordering::AcqRel) {
+                    tracing::info!("O_TMPFILE refused ({e}): temp files are named and renamed");
+                }
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Give a nameless temp file its mtime (and mode where creation could
+    /// not set it) and link it under its final name; where the name is
+    /// taken (an overwrite), under the temp name, renamed over it.
+    fn link_anon(
+        &self,
+        f: &SinkFile,
+        fd: &SinkFd,
+        dir: &DirRef,
+        name: &[u8],
+    ) -> std::io::Result<()> {
+        let acl = dir.dir().default_acl;
+        let chmod = tmpfile::chmod_needed(f.mode, tmpfile::umask(), acl).then_some(f.mode);
+        tmpfile::set_attrs(&fd.buffered, chmod, f.mtime)?;
+        match tmpfile::link(&fd.buffered, dir.fd(), name) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                let tmp = self.tmp_name(f);
+                tmpfile::link(&fd.buffered, dir.fd(), &tmp)?;
+                crate::fsops::rename_in_dir(dir.fd(), &tmp, name).inspect_err(|_| {
+                    let _ = crate::fsops::unlink_in(dir.fd(), &tmp);
+                })
+            }
+            r => r,
         }
     }
 
@@ -495,6 +629,8 @@ impl FileTable {
             writeback: false,
             buffered,
             direct,
+            anon: false,
+            sized: true,
         })
     }
 
@@ -675,7 +811,7 @@ impl FileTable {
         for f in &self.files {
             let fl = f.flags.load(Ordering::Acquire);
             if fl & TEMP == 0
-                || fl & FINAL != 0
+                || fl & (FINAL | ANON) != 0
                 || (!all && fl & DIRTY == 0)
                 || f.size < self.journal_min
             {
@@ -713,7 +849,15 @@ impl FileTable {
     }
 
     fn data_complete(&self, f: &SinkFile) -> Result<(), WriteError> {
-        if let Some(file) = f.fd.lock().unwrap().take() {
+        // A nameless file stays open: it is linked through its descriptor.
+        let file = {
+            let mut g = f.fd.lock().unwrap();
+            match &*g {
+                Some(d) if d.anon => g.clone(),
+                _ => g.take(),
+            }
+        };
+        if let Some(file) = file {
             if self.fsync {
                 if let Err(e) = file.buffered.sync_all() {
                     if is_fatal(&e) {
@@ -741,13 +885,17 @@ impl FileTable {
             f.flags.fetch_or(TEMP | DATA_DONE, Ordering::AcqRel);
         } else if f.size == 0 && !self.storage.null {
             // No payload will come: create the empty file now.
-            let (parent, _) = split_parent(&f.rel);
-            match self.root.create_temp(parent, &self.tmp_name(f)) {
-                Ok(_) => {
-                    f.flags.fetch_or(TEMP | DATA_DONE, Ordering::AcqRel);
+            let mut g = f.fd.lock().unwrap();
+            match self.create(f) {
+                Ok(fd) => {
+                    let anon = if fd.anon { ANON } else { 0 };
+                    f.flags.fetch_or(TEMP | DATA_DONE | anon, Ordering::AcqRel);
+                    // Closed (a named file) or linked (nameless) by finalize.
+                    *g = Some(Arc::new(fd));
                 }
                 Err(e) if is_fatal(&e) => return Err(WriteError::Fatal(fatal_msg(&e))),
                 Err(e) => {
+                    drop(g);
                     self.fail(f, format!("cannot create: {e}"));
                     return Ok(());
                 }
@@ -785,11 +933,17 @@ impl FileTable {
             }
             return;
         }
-        let (parent, name) = split_parent(&f.rel);
-        match self
-            .root
-            .finalize(parent, &self.tmp_name(f), name, f.mode, f.mtime)
-        {
+        let (_, name) = split_parent(&f.rel);
+        let fd = self.take_fd(f);
+        let placed = self.dir_of(f).and_then(|dir| match &fd {
+            Some(fd) if fd.anon => self.link_anon(f, fd, &dir, name),
+            _ if f.flags.load(Ordering::Acquire) & ANON != 0 => Err(std::io::Error::other(
+                "temp file closed before it was linked",
+            )),
+            _ => crate::fsops::finalize_in(dir.fd(), &self.tmp_name(f), name, f.mode, f.mtime),
+        });
+        drop(fd);
+        match placed {
             Ok(()) => {
                 f.flags.fetch_or(FINAL, Ordering::AcqRel);
                 self.stats.files.fetch_add(1, Ordering::Relaxed);
@@ -880,14 +1034,16 @@ impl FileTable {
                 };
                 self.fail(f, why);
             }
-            f.fd.lock().unwrap().take();
+            self.take_fd(f);
             let keep = keep_parts
                 && !failed_alone
                 && f.written.load(Ordering::Acquire) > 0
                 && f.size >= self.journal_min;
-            if f.flags.load(Ordering::Acquire) & TEMP != 0 && !keep && !f.is_device() {
-                let (parent, _) = split_parent(&f.rel);
-                let _ = self.root.unlink(parent, &self.tmp_name(f));
+            let fl = f.flags.load(Ordering::Acquire);
+            if fl & TEMP != 0 && fl & ANON == 0 && !keep && !f.is_device() {
+                if let Ok(dir) = self.dir_of(f) {
+                    let _ = crate::fsops::unlink_in(dir.fd(), &self.tmp_name(f));
+                }
             }
             let reason = f.reason.lock().unwrap().clone().unwrap_or_default();
             out.push((f.rel.clone(), reason));
@@ -917,6 +1073,147 @@ mod tests {
         t.keep(1, false);
         assert!(t.all_settled());
         assert_eq!(t.unsettled(), 0);
+    }
+
+    fn small_table(d: &std::path::Path, hook: crate::storage::Hook) -> FileTable {
+        let root = Arc::new(Root::open(d, Confinement::Strict).unwrap());
+        let mut cfg = StorageCfg::plain(false, crate::storage::IoEngine::Sync);
+        cfg.hook = hook;
+        FileTable::new(root, 1, true, false, Arc::new(Stats::default())).with_storage(cfg)
+    }
+
+    fn names(d: &std::path::Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Write `data` as file `id` in one segment; its digest.
+    fn send(t: &FileTable, id: u64, off: u64, data: &[u8]) -> u64 {
+        let seg = Segment {
+            file_id: id,
+            offset: off,
+            len: data.len() as u32,
+        };
+        let h = ramsys_proto::data::segment_hash(id, off, data);
+        t.write_segment(&seg, data, h).unwrap();
+        h
+    }
+
+    /// Small files are nameless until whole: written, nothing is visible in
+    /// the directory; the digest links them under their final names with
+    /// their mode and mtime. A trailing hole gives a file its size; an
+    /// empty file and an existing final name (replaced) work too.
+    #[test]
+    fn small_files_appear_only_whole() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir_in("/var/tmp").unwrap();
+        std::fs::create_dir(d.path().join("sub")).unwrap();
+        std::fs::write(d.path().join("sub/old"), b"previous contents").unwrap();
+        let mut t = small_table(d.path(), Default::default());
+        t.push_entry(0, Some((b"sub/a".to_vec(), 5, 0o640, (1_000_000, 9))));
+        t.push_entry(1, Some((b"sub/old".to_vec(), 3, 0o4755, (7, 0))));
+        t.push_entry(2, Some((b"sub/holey".to_vec(), 10_000, 0o644, (8, 0))));
+        t.push_entry(3, Some((b"sub/empty".to_vec(), 0, 0o600, (9, 0))));
+        let ha = send(&t, 0, 0, b"hello");
+        let ho = send(&t, 1, 0, b"new");
+        let hh = send(&t, 2, 0, &[5u8; 4096]);
+        let hole = Segment::hole(2, 4096, 10_000 - 4096);
+        let hole_hash = ramsys_proto::data::marker_hash(&hole);
+        t.write_segment(&hole, &[], hole_hash).unwrap();
+        // All data is written; no digest yet: nothing new under any name
+        // (where the file system has O_TMPFILE).
+        if t.anon_ok.load(Ordering::Relaxed) {
+            assert_eq!(names(&d.path().join("sub")), vec!["old"]);
+            assert_eq!(t.anon_open.load(Ordering::Relaxed), 3);
+        }
+        t.digest_known(0, ha).unwrap();
+        t.digest_known(1, ho).unwrap();
+        t.digest_known(2, hh.wrapping_add(hole_hash)).unwrap();
+        t.digest_known(3, 0).unwrap();
+        assert!(t.finish().is_empty());
+        assert_eq!(t.anon_open.load(Ordering::Relaxed), 0);
+        let sub = d.path().join("sub");
+        assert_eq!(names(&sub), vec!["a", "empty", "holey", "old"]);
+        assert_eq!(std::fs::read(sub.join("a")).unwrap(), b"hello");
+        assert_eq!(std::fs::read(sub.join("old")).unwrap(), b"new");
+        let h = std::fs::read(sub.join("holey")).unwrap();
+        assert_eq!(h.len(), 10_000);
+        assert!(h[..4096].iter().all(|&b| b == 5) && h[4096..].iter().all(|&b| b == 0));
+        let md = std::fs::metadata(sub.join("a")).unwrap();
+        assert_eq!(md.mode() & 0o7777, 0o640);
+        assert_eq!((md.mtime(), md.mtime_nsec()), (1_000_000, 9));
+        let md = std::fs::metadata(sub.join("old")).unwrap();
+        assert_eq!(md.mode() & 0o7777, 0o4755, "set-uid needs the fchmod");
+        assert_eq!(std::fs::metadata(sub.join("empty")).unwrap().len(), 0);
+    }
+
+    /// A file that fails or never completes leaves nothing behind.
+    #[test]
+    fn incomplete_small_files_leave_nothing() {
+        let d = tempfile::tempdir_in("/var/tmp").unwrap();
+        let mut t = small_table(d.path(), Default::default());
+        t.push_entry(0, Some((b"half".to_vec(), 10, 0o644, (0, 0))));
+        t.push_entry(1, Some((b"bad".to_vec(), 4, 0o644, (0, 0))));
+        send(&t, 0, 0, b"12345");
+        let h = send(&t, 1, 0, b"abcd");
+        t.digest_known(1, h ^ 1).unwrap();
+        let f = t.finish();
+        assert_eq!(f.len(), 2, "{f:?}");
+        assert!(f.iter().any(|(_, r)| r.contains("checksum")));
+        assert!(names(d.path()).is_empty(), "{:?}", names(d.path()));
+    }
+
+    struct NoTmpFile;
+    impl crate::storage::IoHook for NoTmpFile {
+        fn check(&self, op: IoOp, _: &[u8], _: u64, _: usize) -> std::io::Result<()> {
+            match op {
+                IoOp::TmpFile => Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP)),
+                _ => Ok(()),
+            }
+        }
+    }
+
+    /// Where O_TMPFILE is refused (injected EOPNOTSUPP), files get named
+    /// temp files, renamed into place: the temp name is what is visible
+    /// until the file is whole, and nothing is left after.
+    #[test]
+    fn o_tmpfile_refused_falls_back_to_named_temp_files() {
+        let d = tempfile::tempdir_in("/var/tmp").unwrap();
+        let mut t = small_table(d.path(), crate::storage::Hook(Some(Arc::new(NoTmpFile))));
+        t.push_entry(0, Some((b"a".to_vec(), 5, 0o640, (3, 0))));
+        t.push_entry(1, Some((b"b".to_vec(), 3, 0o644, (3, 0))));
+        t.push_entry(2, Some((b"e".to_vec(), 0, 0o644, (3, 0))));
+        let ha = send(&t, 0, 0, b"hello");
+        assert!(!t.anon_ok.load(Ordering::Relaxed));
+        assert_eq!(names(d.path()), vec![".a.ramsys-0000000000000001.part"]);
+        let hb = send(&t, 1, 0, b"xyz");
+        t.digest_known(0, ha).unwrap();
+        t.digest_known(1, hb).unwrap();
+        t.digest_known(2, 0).unwrap();
+        assert!(t.finish().is_empty());
+        assert_eq!(names(d.path()), vec!["a", "b", "e"]);
+        assert_eq!(std::fs::read(d.path().join("a")).unwrap(), b"hello");
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(d.path().join("a")).unwrap();
+        assert_eq!((md.mode() & 0o777, md.mtime()), (0o640, 3));
+    }
+
+    /// Resume journals name their temp files: with a journal, small files
+    /// are named too, and a short one is completed by its trailing hole.
+    #[test]
+    fn journalled_files_keep_named_temp_files() {
+        let d = tempfile::tempdir_in("/var/tmp").unwrap();
+        let mut t = small_table(d.path(), Default::default());
+        t.resume = true;
+        t.journal_min = 0;
+        t.push_entry(0, Some((b"j".to_vec(), 8, 0o644, (0, 0))));
+        send(&t, 0, 0, b"1234");
+        assert_eq!(names(d.path()), vec![".j.ramsys-0000000000000001.part"]);
+        assert_eq!(t.journal_rows(true).len(), 1);
     }
 
     /// Local-copy segments make the sink read a file of its own choosing:

@@ -11,6 +11,8 @@
 //!   sort device queues (sec. 6.2.2, "file sorting").
 //! - [`sparse`]: data/hole maps (SEEK_DATA/SEEK_HOLE), so holes are sent as
 //!   hole segments and stay holes on the sink.
+//! - [`tmpfile`]: nameless temp files (O_TMPFILE) linked into place, for
+//!   the sink's small files.
 //! - [`volume`]: block devices as SRC and DST (size, zero runs as holes,
 //!   in-place writes verified by reading back; issue 18).
 //! - [`null`]: null source and sink engines, to measure the network alone
@@ -23,6 +25,7 @@ pub mod extents;
 pub mod local;
 pub mod null;
 pub mod sparse;
+pub mod tmpfile;
 pub mod uring;
 pub mod volume;
 
@@ -152,6 +155,9 @@ pub enum IoOp {
     OpenDirect,
     Read,
     Write,
+    /// Creating a nameless temp file (O_TMPFILE); an error the file
+    /// system would give for no support makes the sink name its temp files.
+    TmpFile,
 }
 
 /// Fault injection: consulted before every storage operation of both

@@ -220,7 +220,7 @@ pub fn make_varied_tree(root: &Path, block: usize) {
     }
 }
 
-fn walk_paths(root: &Path) -> Vec<PathBuf> {
+pub fn walk_paths(root: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(d) = stack.pop() {
