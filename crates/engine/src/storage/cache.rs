@@ -86,14 +86,59 @@ pub fn write_absorb(meminfo: &str, dirty_ratio: u64, dirty_bytes: u64) -> u64 {
 
 /// [`write_absorb`] of this host (/proc/meminfo and /proc/sys/vm); 0 when
 /// they cannot be read (then large files are written direct, as before).
+///
+/// Inside a memory cgroup (a container, a systemd slice) the host's figures
+/// overstate what this process may fill: its page cache is charged to the
+/// cgroup and reclaimed there, from the cgroup's own working set. So the
+/// budget is also capped at half of the cgroup's room (limit less usage).
 pub fn host_write_absorb() -> u64 {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let num = |p: &str| read(p).trim().parse::<u64>().unwrap_or(0);
-    write_absorb(
+    let host = write_absorb(
         &read("/proc/meminfo"),
         num("/proc/sys/vm/dirty_ratio"),
         num("/proc/sys/vm/dirty_bytes"),
-    )
+    );
+    match cgroup_room(&read("/proc/self/cgroup"), |p| {
+        std::fs::read_to_string(p).ok()
+    }) {
+        Some(room) => host.min(room / 2),
+        None => host,
+    }
+}
+
+/// Bytes this process's memory cgroup may still take (limit less usage),
+/// from the text of /proc/self/cgroup and a reader of cgroup files; None
+/// when unlimited or unknown. cgroup v1 (a `memory` hierarchy at
+/// /sys/fs/cgroup/memory) is preferred where both are mounted, else v2.
+pub fn cgroup_room(proc_cgroup: &str, read: impl Fn(&str) -> Option<String>) -> Option<u64> {
+    let mut files = None;
+    for line in proc_cgroup.lines() {
+        let mut it = line.splitn(3, ':');
+        let (Some(id), Some(ctrls), Some(path)) = (it.next(), it.next(), it.next()) else {
+            continue;
+        };
+        let path = path.trim_end_matches('/');
+        if ctrls.split(',').any(|c| c == "memory") {
+            let d = format!("/sys/fs/cgroup/memory{path}");
+            files = Some((
+                format!("{d}/memory.limit_in_bytes"),
+                format!("{d}/memory.usage_in_bytes"),
+            ));
+            break;
+        }
+        if id == "0" && ctrls.is_empty() {
+            let d = format!("/sys/fs/cgroup{path}");
+            files = Some((format!("{d}/memory.max"), format!("{d}/memory.current")));
+        }
+    }
+    let (limit, usage) = files?;
+    let limit: u64 = read(&limit)?.trim().parse().ok()?; // "max": unlimited
+    if limit >= 1 << 60 {
+        return None; // v1's unlimited (PAGE_COUNTER_MAX pages)
+    }
+    let usage: u64 = read(&usage)?.trim().parse().ok()?;
+    Some(limit.saturating_sub(usage))
 }
 
 /// Start writeback of a range just written through the cache
@@ -235,5 +280,54 @@ mod tests {
         unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         let r = resident_fraction(&f, 1 << 20).unwrap();
         assert!(r < 0.5, "{r}");
+    }
+
+    #[test]
+    fn cgroup_room_v1_v2_and_unlimited() {
+        let files = |want: &'static [(&'static str, &'static str)]| {
+            move |p: &str| {
+                want.iter()
+                    .find(|(k, _)| *k == p)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let v1 = "4:memory:/bench\n0::/\n";
+        let f = files(&[
+            (
+                "/sys/fs/cgroup/memory/bench/memory.limit_in_bytes",
+                "6442450944\n",
+            ),
+            (
+                "/sys/fs/cgroup/memory/bench/memory.usage_in_bytes",
+                "1073741824\n",
+            ),
+        ]);
+        assert_eq!(cgroup_room(v1, f), Some(5 << 30));
+        let v2 = "0::/system.slice/x.scope\n";
+        let f = files(&[
+            (
+                "/sys/fs/cgroup/system.slice/x.scope/memory.max",
+                "2147483648\n",
+            ),
+            (
+                "/sys/fs/cgroup/system.slice/x.scope/memory.current",
+                "3000000000\n",
+            ),
+        ]);
+        assert_eq!(cgroup_room(v2, f), Some(0), "over the limit: no room");
+        let f = files(&[
+            ("/sys/fs/cgroup/memory.max", "max\n"),
+            ("/sys/fs/cgroup/memory.current", "1\n"),
+        ]);
+        assert_eq!(cgroup_room("0::/\n", f), None);
+        let f = files(&[
+            (
+                "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                "9223372036854771712\n",
+            ),
+            ("/sys/fs/cgroup/memory/memory.usage_in_bytes", "1\n"),
+        ]);
+        assert_eq!(cgroup_room("4:memory:/\n", f), None);
+        assert_eq!(cgroup_room("", |_| None), None);
     }
 }
