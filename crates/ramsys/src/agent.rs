@@ -268,6 +268,9 @@ struct Run<'a> {
 
 fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
     let mut plan = Plan::resolve(a, sync)?;
+    if a.stripe {
+        return run_striped(a, &plan, sync);
+    }
     // ramsys://A,B,C/PATH: the least-loaded daemon of the list (pick.rs).
     for e in plan.srcs.iter_mut().chain(std::iter::once(&mut plan.dst)) {
         crate::pick::resolve(e, &|| a.key.load(), plan.connect_timeout)?;
@@ -349,7 +352,84 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
         run.numa.streams(rep);
     }
     run.numa.print();
-    report(result, &run.stats, wall, cpu, plan.json, sync, redirect)
+    let extra = Extra {
+        redirect,
+        stripes: None,
+    };
+    report(result, &run.stats, wall, cpu, plan.json, sync, extra)
+}
+
+/// `--stripe` (crate::stripe): one push over every listed daemon.
+fn run_striped(a: &CpArgs, plan: &Plan, sync: u32) -> anyhow::Result<i32> {
+    let Endpoint::Daemon { addr, path } = &plan.dst else {
+        bail!("--stripe: the destination must be ramsys://A,B,C/PATH (daemons sharing PATH)")
+    };
+    let local: Vec<PathBuf> = plan
+        .srcs
+        .iter()
+        .map(|s| match s {
+            Endpoint::Local(p) => Ok(p.clone()),
+            _ => Err(anyhow::anyhow!("--stripe: the sources must be local paths")),
+        })
+        .collect::<anyhow::Result<_>>()?;
+    anyhow::ensure!(
+        sync & ramsys_engine::sync::flags::DELETE == 0,
+        "--stripe cannot be combined with --delete (each daemon sees only its share)"
+    );
+    anyhow::ensure!(
+        a.select.files_from.is_none(),
+        "--stripe cannot be combined with --files-from (the shares are file lists)"
+    );
+    crate_raise_limits();
+    let job = crate::stripe::Job {
+        daemons: addr
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect(),
+        dest: path.clone(),
+        tops: local_tops(&local, &plan.contents)?,
+        opts: plan.opts.clone(),
+        res_cfg: plan.res_cfg.clone(),
+        connect_timeout: plan.connect_timeout,
+        key: a.load_key()?,
+    };
+    let t0 = Instant::now();
+    let cpu0 = process_cpu_seconds();
+    let (result, stripes) = crate::stripe::run(job, plan.json)?;
+    let (wall, cpu) = (t0.elapsed().as_secs_f64(), process_cpu_seconds() - cpu0);
+    if a.explain && !plan.json {
+        for s in &stripes {
+            eprintln!(
+                "stripe {}: share {} files, {} bytes; moved {} files, {} bytes{}",
+                s.daemon,
+                s.share_files,
+                s.share_bytes,
+                s.files,
+                s.bytes,
+                s.error
+                    .as_ref()
+                    .map(|e| format!("; failed: {e}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    let stats = Stats::default();
+    let extra = Extra {
+        redirect: None,
+        stripes: Some(stripes),
+    };
+    report(result, &stats, wall, cpu, plan.json, sync, extra)
+}
+
+/// What a run adds to the summary beyond the engine's report.
+#[derive(Default)]
+struct Extra {
+    /// A busy daemon sent the session to a peer (issue 19).
+    redirect: Option<crate::pick::Redirect>,
+    /// `--stripe`: each daemon's share.
+    stripes: Option<Vec<crate::stripe::Stripe>>,
 }
 
 impl Run<'_> {
@@ -509,7 +589,7 @@ fn report(
     cpu: f64,
     json: bool,
     sync: u32,
-    redirect: Option<crate::pick::Redirect>,
+    extra: Extra,
 ) -> anyhow::Result<i32> {
     match result {
         Ok(rep) => {
@@ -531,7 +611,7 @@ fn report(
                 cpu,
                 resent,
                 faults,
-                redirect,
+                extra,
             };
             Ok(summarize(&rep, &run, json, sync))
         }
@@ -541,7 +621,7 @@ fn report(
                     "event": "summary", "ok": false, "error": e.to_string(),
                     "files": stats.files.load(std::sync::atomic::Ordering::Relaxed),
                     "bytes": 0, "wall_s": wall, "mb_s": 0.0, "cpu_s": cpu, "failed": [],
-                    "redirect": redirect,
+                    "redirect": extra.redirect, "stripes": extra.stripes,
                 });
                 println!("{line}");
             }
@@ -583,8 +663,7 @@ struct RunFacts {
     cpu: f64,
     resent: u64,
     faults: LinkFaults,
-    /// A busy daemon sent the session to a peer (issue 19).
-    redirect: Option<crate::pick::Redirect>,
+    extra: Extra,
 }
 
 fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
@@ -619,8 +698,11 @@ fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
             "send_path": rep.send_path,
             "handoffs": rep.handoffs,
             "storage": rep.storage,
-            "redirect": run.redirect,
+            "redirect": run.extra.redirect,
         });
+        if let Some(s) = &run.extra.stripes {
+            line["stripes"] = serde_json::json!(s);
+        }
         if sync & ramsys_engine::sync::COMPARE != 0 {
             // bytes = file data sent, files = files whose data was sent,
             // unchanged = files skipped (issue 10).

@@ -14,6 +14,7 @@ mod spec;
 mod ssh;
 mod ssh_serve;
 mod status;
+mod stripe;
 mod token;
 mod tunnel;
 
