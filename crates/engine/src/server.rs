@@ -488,6 +488,7 @@ fn serve_control(
     // loaded peer instead of queueing it; never one redirected here.
     if let Some((addr, reason)) = redirected.is_none().then(|| busy(sh, &req.open)).flatten() {
         tracing::info!("session {session:x}: busy ({reason}); redirected to {addr}");
+        sh.state.counters.redirects.fetch_add(1, Ordering::Relaxed);
         crate::wire::send_final(&mut **link, &Control::Redirect { addr, reason });
         return Ok(());
     }

@@ -281,15 +281,42 @@ fn one(
         Root::open(Path::new("/"), Confinement::None)
             .map_err(|e| EngineError::local(format!("cannot open /: {e}")))?,
     );
-    push(
+    let stats = Arc::new(Stats::default());
+    let r = push(
         &remote,
-        root,
-        tops,
-        dest,
+        root.clone(),
+        tops.clone(),
+        dest.clone(),
         opts,
         &res,
-        Arc::new(Stats::default()),
-    )
+        stats,
+    );
+    // A busy daemon may send its share to a peer (Control::Redirect):
+    // follow it once, as a plain push does (crate::pick::follow).
+    let Err(EngineError::Redirected { to, reason }) = r else {
+        return r;
+    };
+    crate::pick::follow(None, daemon, &to, &reason).map_err(EngineError::Local)?;
+    let remote = Remote { addr: to, ..remote };
+    let mut opts = opts.clone();
+    opts.redirected_from = Some(daemon.to_string());
+    let stats = Arc::new(Stats::default());
+    match push(&remote, root, tops, dest, &opts, &res, stats) {
+        Err(EngineError::Redirected { to, reason }) => Err(EngineError::Local(
+            crate::pick::follow(
+                Some(&crate::pick::Redirect {
+                    from: daemon.into(),
+                    to: remote.addr.clone(),
+                    reason: String::new(),
+                }),
+                &remote.addr,
+                &to,
+                &reason,
+            )
+            .expect_err("a second redirect is a chain"),
+        )),
+        r => r,
+    }
 }
 
 /// One report for the whole transfer.

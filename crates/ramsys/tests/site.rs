@@ -608,6 +608,11 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
                 && l.ends_with(&format!("redirected to {c}"))),
         "{e}"
     );
+    // A counted both (status totals, ramsys_redirects_total).
+    let o = ramsys(&key, &["status", "--json", &a]);
+    assert_ok(&o);
+    let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(st["totals"]["redirects"], 2, "{}", st["totals"]);
     let _ = slow.kill();
     let _ = slow.wait();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
