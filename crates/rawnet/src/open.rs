@@ -192,6 +192,11 @@ impl Listener {
         self.sock.info.mac
     }
 
+    /// The interface the listener answers on.
+    pub fn info(&self) -> &crate::socket::IfaceInfo {
+        &self.sock.info
+    }
+
     /// Wait up to `timeout` for an OPEN that `admit` accepts (refused ones
     /// get a RESET) and start its channel; None on timeout.
     pub fn accept(
