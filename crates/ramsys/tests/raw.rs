@@ -79,6 +79,7 @@ impl Net {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.a.name, bin()])
             .args(args)
+            .arg("--explain")
             .env("RAMSYS_KEY_FILE", key)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied());
@@ -162,7 +163,9 @@ fn summary(o: &Output) -> serde_json::Value {
     serde_json::from_str(line).unwrap()
 }
 
-/// The agent said which interface pairs its raw channels use.
+/// The agent said which interface pairs its raw channels use, and every
+/// data link (`--explain`'s stream lines) was a raw channel, on each of
+/// `pairs`' local interfaces.
 fn used_raw(o: &Output, pairs: &[&str]) {
     let e = stderr(o);
     let line = e
@@ -171,6 +174,22 @@ fn used_raw(o: &Output, pairs: &[&str]) {
         .unwrap_or_else(|| panic!("data links did not go raw: {e}"));
     for p in pairs {
         assert!(line.contains(p), "{p} not in {line}");
+    }
+    let streams: Vec<&str> = e
+        .lines()
+        .filter(|l| l.starts_with("explain: stream ") && l.contains(" -> "))
+        .collect();
+    assert!(!streams.is_empty(), "no stream lines (--explain): {e}");
+    for s in &streams {
+        assert!(s.contains(": raw:"), "not a raw link: {s}");
+    }
+    for p in pairs {
+        let local = p.split(' ').next().unwrap();
+        let at = format!("@{local} ->");
+        assert!(
+            streams.iter().any(|s| s.contains(&at)),
+            "no data link on {local}: {streams:?}"
+        );
     }
 }
 
@@ -192,7 +211,7 @@ fn dirs() -> Dirs {
 }
 
 /// One veth pair at MTU 9000: a tree and a 256 MiB file pushed, the tree
-/// pulled back, all over raw channels.
+/// pulled back sealed (--encrypt), all over raw channels.
 #[test]
 fn tree_and_large_file_over_one_pair_mtu_9000() {
     let Some(net) = Net::new("j", 81, 1, 9000) else {
@@ -232,6 +251,7 @@ fn tree_and_large_file_over_one_pair_mtu_9000() {
             "-r",
             "--transport",
             "raw",
+            "--encrypt",
             &daemon.url("src"),
             back.to_str().unwrap(),
         ],
