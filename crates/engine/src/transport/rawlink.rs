@@ -315,7 +315,10 @@ impl RawTransport {
             pairs,
             buffer_node,
             tag: random_u64(),
-            next: AtomicU16::new(0),
+            // Channel numbers from a random start: the daemon's sockets
+            // filter by number (rawnet filter.rs), so two agents' channels
+            // on one interface rarely share one.
+            next: AtomicU16::new(random_u64() as u16),
         })
     }
 
