@@ -6,7 +6,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use ramsys_engine::placement::{apply, nic_for_addr, plan_end, sched_instance, storage_for_path};
+use ramsys_engine::placement::{
+    apply, describe_nic, describe_storage, nic_for_addr, plan_end, sched_instance, storage_for_path,
+};
 use ramsys_engine::resources::ResourceConfig;
 use ramsys_engine::transport::channels::ChannelTcp;
 use ramsys_engine::transport::Transport;
@@ -100,20 +102,8 @@ impl Numa {
                 };
                 self.lines.push(format!(
                     "{label}: storage {} ; NIC {}",
-                    storage
-                        .map(|d| format!(
-                            "{} ({}, node {})",
-                            d.name,
-                            d.kind.as_str(),
-                            d.numa_node.map_or("unknown".into(), |n| n.to_string())
-                        ))
-                        .unwrap_or_else(|| "unknown".into()),
-                    nic.map(|n| format!(
-                        "{} (node {})",
-                        n.name,
-                        n.numa_node.map_or("unknown".into(), |x| x.to_string())
-                    ))
-                    .unwrap_or_else(|| "unknown".into()),
+                    describe_storage(storage),
+                    describe_nic(nic),
                 ));
                 self.lines.push(format!(
                     "{label}: {sw} planned on {} — {}",
@@ -322,7 +312,14 @@ impl Numa {
             ));
         }
         for (i, (local, peer)) in rep.links.iter().enumerate() {
-            let nic = self.topo.as_ref().and_then(|t| nic_for_addr(t, local));
+            // A raw channel's local end names its interface: "raw:MAC@IF".
+            let nic = self
+                .topo
+                .as_ref()
+                .and_then(|t| match local.rsplit_once('@') {
+                    Some((_, ifname)) if local.starts_with("raw:") => t.nic(ifname),
+                    _ => nic_for_addr(t, local),
+                });
             self.lines.push(format!(
                 "stream {i}: {local} -> {peer} via {}",
                 nic.map(|n| format!(
