@@ -22,6 +22,8 @@ else
     echo "$(numfmt --from=iec "$LIMIT")" > $CG/memory.limit_in_bytes
 fi
 in_cg() { sh -c "echo \$\$ > $CG/cgroup.procs; exec \"\$@\"" sh "$@"; }
+# Background: exec so that $! is the server itself.
+bg_cg() { exec sh -c "echo \$\$ > $CG/cgroup.procs; exec \"\$@\"" sh "$@"; }
 [ -s "$WORK/hot" ] || head -c 1G /dev/urandom > "$WORK/hot"
 for i in 0 1; do
     f="$WORK/src/big-$i"
@@ -38,8 +40,8 @@ for tool in $TOOLS; do
     t0=$(date +%s.%N)
     case $tool in
     ramsys)
-        in_cg "$BIN" serve --listen 127.0.0.1:0 --root "$WORK/dst" --key-file "$WORK/key" \
-            > "$WORK/d.out" 2> "$WORK/d.err" &
+        (bg_cg "$BIN" serve --listen 127.0.0.1:0 --root "$WORK/dst" --key-file "$WORK/key" \
+            > "$WORK/d.out" 2> "$WORK/d.err") &
         D=$!
         for _ in $(seq 100); do grep -q listening "$WORK/d.out" 2>/dev/null && [ -e "$WORK/key" ] && break; sleep 0.1; done
         t0=$(date +%s.%N)
@@ -48,7 +50,7 @@ for tool in $TOOLS; do
         t1=$(date +%s.%N); kill -INT $D; wait $D || true ;;
     rsync)
         printf "[m]\npath = %s\nread only = false\nuid = root\ngid = root\n" "$WORK/dst" > "$WORK/rsyncd.conf"
-        in_cg rsync --daemon --no-detach --config="$WORK/rsyncd.conf" --address=127.0.0.1 --port=28873 &
+        (bg_cg rsync --daemon --no-detach --config="$WORK/rsyncd.conf" --address=127.0.0.1 --port=28873) &
         D=$!; sleep 1; t0=$(date +%s.%N)
         in_cg rsync -a "$WORK/src" rsync://127.0.0.1:28873/m/
         t1=$(date +%s.%N); kill $D; wait $D || true ;;
