@@ -299,7 +299,10 @@ fn killed_sink_leaves_no_half_written_file() {
         std::fs::create_dir(&root).unwrap();
         let src = t.path().join("src");
         make_tree(&src, &mut r);
-        let slow = [("RAMSYS_FAULT_SLOW_WRITE_US", "3000".to_string())];
+        let slow = [
+            ("RAMSYS_FAULT_SLOW_WRITE_US", "3000".to_string()),
+            ("RAMSYS_TMPFILE", "1".to_string()),
+        ];
         let mut d = daemon(&root, &key, &slow, &[]);
         let mut agent = Command::new(bin())
             .args(["cp", "-r", "--block-size", "65536"])

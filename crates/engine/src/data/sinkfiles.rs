@@ -230,7 +230,7 @@ impl FileTable {
             journal_min: 0,
             settled_upto: std::sync::atomic::AtomicUsize::new(0),
             dirs: SinkDirs::default(),
-            anon_ok: AtomicBool::new(true),
+            anon_ok: AtomicBool::new(tmpfile::enabled()),
             anon_open: AtomicUsize::new(0),
         }
     }
@@ -1079,7 +1079,10 @@ mod tests {
         let root = Arc::new(Root::open(d, Confinement::Strict).unwrap());
         let mut cfg = StorageCfg::plain(false, crate::storage::IoEngine::Sync);
         cfg.hook = hook;
-        FileTable::new(root, 1, true, false, Arc::new(Stats::default())).with_storage(cfg)
+        let t = FileTable::new(root, 1, true, false, Arc::new(Stats::default())).with_storage(cfg);
+        // Nameless temp files are off by default (tmpfile::enabled).
+        t.anon_ok.store(true, Ordering::Relaxed);
+        t
     }
 
     fn names(d: &std::path::Path) -> Vec<String> {

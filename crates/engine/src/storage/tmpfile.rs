@@ -18,6 +18,14 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
+/// Whether the sink may use nameless temp files: `RAMSYS_TMPFILE=1` turns
+/// them on, anything else (and unset) leaves named temp files, the default
+/// by the wall-time measurement in docs/STORAGE.md ("Small files").
+pub fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("RAMSYS_TMPFILE").is_ok_and(|v| v == "1"))
+}
+
 /// Create a nameless regular file in `dir`, open for writing, with `mode`
 /// (less the umask or the directory's default ACL; see [`chmod_needed`]).
 pub fn create(dir: BorrowedFd<'_>, mode: u32) -> io::Result<File> {
