@@ -613,6 +613,30 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
     assert_ok(&o);
     let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(st["totals"]["redirects"], 2, "{}", st["totals"]);
+    // Draining (SIGTERM, the slow session still running), A sends new
+    // sessions to its least-loaded peer instead of refusing them.
+    let pid = ds[0].child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    std::thread::sleep(Duration::from_millis(200));
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--json",
+            src.to_str().unwrap(),
+            &ds[0].url("drained/"),
+        ],
+    );
+    assert_ok(&o);
+    let j = summary(&o);
+    assert_eq!(j["redirect"]["reason"], "shutting down", "{j}");
+    assert_eq!(j["redirect"]["to"], c.as_str(), "{j}");
+    assert_same_tree(&src, &root.join("drained"));
     let _ = slow.kill();
     let _ = slow.wait();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

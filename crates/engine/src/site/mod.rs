@@ -319,8 +319,15 @@ impl Site {
         let view = self.members();
         let me = view.first()?;
         let why = redirect::busy(&self.limits, me, sessions, would_wait)?;
-        let to = redirect::target(&self.limits, self.node.me(), &view)?;
+        let mine = redirect::score(me);
+        let to = redirect::target(&self.limits, self.node.me(), &view, mine)?;
         Some((to, why))
+    }
+
+    /// The least-loaded fresh peer under the limits, whatever our own
+    /// load: where a draining daemon sends new sessions.
+    pub fn least_loaded_peer(&self) -> Option<String> {
+        redirect::target(&self.limits, self.node.me(), &self.members(), f64::INFINITY)
     }
 
     /// A peer's SiteHello (first message of a connection): authenticate it

@@ -76,16 +76,16 @@ pub fn busy(
 
 /// Where a busy daemon `me` sends a new session: the fresh peer with the
 /// lowest score that is under the limits itself and scores lower than
-/// `me` (sending work to a busier daemon helps nobody). None: keep it
+/// `below` (a busy daemon passes its own score: sending work to a busier
+/// daemon helps nobody; a draining one passes infinity). None: keep it
 /// (the session queues here as it would outside a site).
-pub fn target(l: &Limits, me: &str, view: &[SiteMember]) -> Option<String> {
-    let mine = view.iter().find(|m| m.addr == me).map(score)?;
+pub fn target(l: &Limits, me: &str, view: &[SiteMember], below: f64) -> Option<String> {
     view.iter()
         .filter(|m| m.addr != me && fresh(m))
         .filter(|m| l.max_sessions.is_none_or(|max| m.sessions < max))
         .filter(|m| l.max_load.is_none_or(|max| m.cpu_load < max))
         .map(|m| (m, score(m)))
-        .filter(|(_, s)| *s < mine)
+        .filter(|(_, s)| *s < below)
         .min_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(m, _)| m.addr.clone())
 }
@@ -164,15 +164,17 @@ mod tests {
             member("ok", 0.3, 1, 1, 10),
             member("best", 0.2, 0, 0, 10),
         ];
-        assert_eq!(target(&l, "me", &view).as_deref(), Some("best"));
-        // Nobody is less loaded than us: keep the session.
+        let mine = score(&view[0]);
+        assert_eq!(target(&l, "me", &view, mine).as_deref(), Some("best"));
+        // Nobody is less loaded than us: keep the session; draining (no
+        // bound), any fresh peer under the limits will do.
         let view = [member("me", 0.1, 0, 2, 0), member("b", 0.5, 0, 0, 10)];
-        assert_eq!(target(&l, "me", &view), None);
-        // We are not in our own view (cannot happen in a site): keep it.
-        assert_eq!(target(&l, "x", &view), None);
+        assert_eq!(target(&l, "me", &view, score(&view[0])), None);
+        assert_eq!(target(&l, "me", &view, f64::INFINITY).as_deref(), Some("b"));
         // A peer we cannot reach is never a target.
         let mut gone = member("b", 0.0, 0, 0, 10);
         gone.error = Some("connection refused".into());
-        assert_eq!(target(&l, "me", &[member("me", 0.9, 3, 2, 0), gone]), None);
+        let view = [member("me", 0.9, 3, 2, 0), gone];
+        assert_eq!(target(&l, "me", &view, f64::INFINITY), None);
     }
 }
