@@ -69,6 +69,8 @@ pub struct DaemonShared {
     pub rates: crate::daemon::rates::DaemonRates,
     /// Drain state and running sessions (daemon::lifecycle).
     pub life: crate::daemon::lifecycle::Lifecycle,
+    /// Raw-channel interfaces offered (`serve --raw-iface`, RawOffer).
+    raw: std::sync::OnceLock<Vec<ramsys_proto::control::RawIface>>,
 }
 
 /// A daemon that serves one session only (`ramsys ssh-serve`,
@@ -189,6 +191,7 @@ impl Daemon {
                 site: std::sync::OnceLock::new(),
                 rates: Default::default(),
                 life: Default::default(),
+                raw: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -260,6 +263,15 @@ impl Daemon {
             .shared
             .site
             .set(crate::site::Site::start(&me, opts, key, Box::new(local)));
+    }
+
+    /// Offer raw-Ethernet channels (issue 18, transport::rawlink): the
+    /// listeners' channels go through the same dispatch as TCP
+    /// connections, and RawQuery is answered with their interfaces.
+    pub fn serve_raw(&self, l: crate::transport::rawlink::RawListeners) {
+        let _ = self.shared.raw.set(l.offer().to_vec());
+        let sh = self.shared.clone();
+        l.spawn(Arc::new(move |link| handle(sh.clone(), link)));
     }
 
     /// Accept connections forever.
@@ -716,6 +728,12 @@ fn serve_request(
         }
         Control::TokenRequest { ttl_s } => {
             mint(sh, link, a, ttl_s)?;
+            return Ok(None);
+        }
+        // `--transport raw|auto` (transport::rawlink): our interfaces.
+        Control::RawQuery => {
+            let ifaces = sh.raw.get().cloned().unwrap_or_default();
+            send_control(&mut **link, &Control::RawOffer { ifaces })?;
             return Ok(None);
         }
         other => {

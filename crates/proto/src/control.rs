@@ -343,6 +343,31 @@ pub enum Control {
     Redirected {
         from: String,
     },
+    /// Client to server, instead of Open (`--transport raw|auto`, issue
+    /// 18): which interfaces does the daemon offer raw-Ethernet channels
+    /// on? Answered by one [`Control::RawOffer`]; the server then closes.
+    RawQuery,
+    /// Server to client: the daemon's raw-channel interfaces (`serve
+    /// --raw-iface`); empty when it offers none. docs/TYCHE.md.
+    RawOffer {
+        ifaces: Vec<RawIface>,
+    },
+}
+
+/// One interface a daemon offers raw channels on (docs/TYCHE.md,
+/// "Negotiation"): the agent pairs its own interfaces with these (same
+/// subnet of an address, then a probe channel) and dials data links to
+/// `mac`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RawIface {
+    pub name: String,
+    pub ifindex: u32,
+    pub mac: [u8; 6],
+    pub mtu: u32,
+    /// The NIC's NUMA node, None when unknown.
+    pub node: Option<u32>,
+    /// The interface's IP addresses (text), for pairing by subnet.
+    pub addrs: Vec<String>,
 }
 
 /// What a source sends of its tree (rsync's filter rules, engine
@@ -478,6 +503,8 @@ impl Control {
             Control::BwLimit { .. } => "BwLimit",
             Control::Redirect { .. } => "Redirect",
             Control::Redirected { .. } => "Redirected",
+            Control::RawQuery => "RawQuery",
+            Control::RawOffer { .. } => "RawOffer",
         }
     }
 
@@ -741,6 +768,17 @@ mod tests {
             },
             Control::Redirected {
                 from: "10.0.0.1:7070".into(),
+            },
+            Control::RawQuery,
+            Control::RawOffer {
+                ifaces: vec![RawIface {
+                    name: "eth2".into(),
+                    ifindex: 4,
+                    mac: [2, 0, 0, 0, 0, 9],
+                    mtu: 9000,
+                    node: Some(1),
+                    addrs: vec!["10.1.0.2".into()],
+                }],
             },
         ];
         for m in msgs {

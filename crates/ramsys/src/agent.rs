@@ -101,6 +101,8 @@ struct Plan {
     res_cfg: ResourceConfig,
     fixed: Fixed,
     channels: ramsys_topo::ChannelPolicy,
+    /// `--transport`, `--raw-iface` (crate::rawpick).
+    raw: crate::rawpick::RawArgs,
     connect_timeout: Duration,
     /// The local copy's source engine takes this share of --memory.
     memory: usize,
@@ -212,6 +214,7 @@ impl Plan {
                 writers: a.writers,
             },
             channels: a.channels,
+            raw: a.raw.clone(),
             connect_timeout: Duration::from_secs(a.connect_timeout.max(1)),
             memory: a.memory as usize,
             block_size: a.block_size as usize,
@@ -432,6 +435,24 @@ struct Extra {
     stripes: Option<Vec<crate::stripe::Stripe>>,
 }
 
+/// `--transport raw|auto`: data links as raw channels (crate::rawpick).
+fn raw_links(
+    plan: &Plan,
+    via_ssh: bool,
+    addr: &str,
+    key: &[u8],
+    buffer_node: Option<u32>,
+    control: Arc<dyn Transport>,
+) -> anyhow::Result<Arc<dyn Transport>> {
+    let d = crate::rawpick::Daemon {
+        addr,
+        key,
+        timeout: plan.connect_timeout,
+        via_ssh,
+    };
+    crate::rawpick::data_transport(&plan.raw, &d, plan.channels, buffer_node, control)
+}
+
 impl Run<'_> {
     /// Local sources to a daemon (or an ssh end turned daemon).
     fn push_to(&mut self, addr: &str, path: &[u8], local: &[PathBuf]) -> Attempt {
@@ -448,6 +469,14 @@ impl Run<'_> {
             Some(t) => t.clone(),
             None => numa.channels(addr, plan.channels, cfg.buffer_node, tcp()),
         };
+        let transport = raw_links(
+            plan,
+            self.via_ssh.is_some(),
+            addr,
+            &key,
+            cfg.buffer_node,
+            transport,
+        )?;
         let remote = Remote {
             transport,
             addr: addr.to_string(),
@@ -487,6 +516,14 @@ impl Run<'_> {
             Some(t) => t.clone(),
             None => numa.channels(&addr, plan.channels, cfg.buffer_node, tcp()),
         };
+        let transport = raw_links(
+            plan,
+            self.via_ssh.is_some(),
+            &addr,
+            &key,
+            cfg.buffer_node,
+            transport,
+        )?;
         let remote_end = Remote {
             transport,
             addr,

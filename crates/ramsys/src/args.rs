@@ -94,6 +94,8 @@ pub struct CpArgs {
     )]
     pub channels: ramsys_topo::ChannelPolicy,
     #[command(flatten)]
+    pub raw: crate::rawpick::RawArgs,
+    #[command(flatten)]
     pub storage: StorageArgs,
     #[command(flatten)]
     pub select: SelectArgs,

@@ -102,6 +102,12 @@ pub struct ServeArgs {
     /// --bwlimit apply on top.
     #[arg(long, value_name = "RATE", value_parser = ramsys_engine::data::rate::parse_rate)]
     pub max_rate: Option<u64>,
+    /// Offer raw-Ethernet data channels on IFACE (repeatable; also `[raw]
+    /// ifaces` in --config; needs CAP_NET_RAW): agents with `--transport
+    /// raw` on the same L2 segment carry their data links in frames of
+    /// EtherType 0x88B5 (docs/TYCHE.md). The control link stays TCP.
+    #[arg(long, value_name = "IFACE")]
+    pub raw_iface: Vec<String>,
     /// On SIGTERM/SIGINT: seconds running sessions get to finish before
     /// they are stopped (resumably); new sessions are refused meanwhile.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
@@ -206,6 +212,24 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
         _ => opts,
     };
     let mut d = Daemon::bind(&a.listen, &root, key, opts, res)?;
+    // Raw channels (issue 18): opened now, so a missing CAP_NET_RAW or a
+    // wrong interface stops the daemon before it says "listening on".
+    let mut raw = a.raw_iface.clone();
+    raw.extend(cfg.raw_ifaces.iter().cloned());
+    if !raw.is_empty() {
+        let topo = ramsys_topo::discover(Path::new("/")).ok();
+        let l = ramsys_engine::transport::rawlink::RawListeners::open(&raw, topo.as_ref())
+            .map_err(|e| anyhow::anyhow!(e))?;
+        for o in l.offer() {
+            tracing::info!(
+                "raw channels on {} ({}, MTU {})",
+                o.name,
+                ramsys_rawnet::channel::mac_string(&o.mac),
+                o.mtu
+            );
+        }
+        d.serve_raw(l);
+    }
     if let Some(u) = users {
         d.set_users(u);
     }

@@ -9,6 +9,7 @@ mod numa;
 mod pick;
 mod plan;
 mod progress;
+mod rawpick;
 mod signals;
 mod spec;
 mod ssh;

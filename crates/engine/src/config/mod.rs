@@ -106,6 +106,9 @@ pub struct DaemonConfig {
     /// `[site] max_sessions`, `max_load` (percent): the admission limit
     /// above which new sessions are redirected to a peer (site::redirect).
     pub site_limits: crate::site::redirect::Limits,
+    /// `[raw] ifaces = ["IFACE", ...]`: interfaces offering raw-Ethernet
+    /// channels (transport::rawlink, docs/TYCHE.md), as `--raw-iface`.
+    pub raw_ifaces: Vec<String>,
 }
 
 impl DaemonConfig {
@@ -164,6 +167,7 @@ impl DaemonConfig {
                 }
                 "users" => c.users = crate::daemon::users::parse_users_section(v, base)?,
                 "site" => parse_site(&mut c, v)?,
+                "raw" => parse_raw(&mut c, v)?,
                 "max_rate" => {
                     c.max_rate = Some(crate::daemon::users::parse_rate_value("key `max_rate`", v)?)
                 }
@@ -171,7 +175,7 @@ impl DaemonConfig {
                     return Err(format!(
                         "unknown key `{k}` (expected numa, memory, max_streams, readers, \
                          writers, model, send_path, direct, max_rate, [devices.NAME], \
-                         [users.NAME] or [site])"
+                         [users.NAME], [site] or [raw])"
                     ))
                 }
             }
@@ -624,6 +628,27 @@ mod send_path_tests {
     }
 }
 
+/// The `[raw]` table: `ifaces`, a list of interface names.
+fn parse_raw(c: &mut DaemonConfig, v: &::toml::Value) -> Result<(), String> {
+    let t = v
+        .as_table()
+        .ok_or_else(|| format!("key `raw`: expected a table, got {v}"))?;
+    for (k, v) in t {
+        match k.as_str() {
+            "ifaces" => {
+                let a = v.as_array().ok_or_else(|| {
+                    format!("key `raw.ifaces`: expected a list of interface names, got {v}")
+                })?;
+                for p in a {
+                    c.raw_ifaces.push(string("raw.ifaces", p)?.to_string());
+                }
+            }
+            _ => return Err(format!("unknown key `raw.{k}` (expected ifaces)")),
+        }
+    }
+    Ok(())
+}
+
 /// The `[site]` table.
 fn parse_site(c: &mut DaemonConfig, v: &::toml::Value) -> Result<(), String> {
     let t = v
@@ -692,5 +717,20 @@ mod site_tests {
         assert_eq!(c.site_limits.max_load, Some(0.9));
         let e = DaemonConfig::parse("[site]\nmax_load = 150\n", Path::new(".")).unwrap_err();
         assert!(e.contains("1-100"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod raw_tests {
+    use super::*;
+
+    #[test]
+    fn raw_table() {
+        let c =
+            DaemonConfig::parse("[raw]\nifaces = [\"eth2\", \"eth3\"]\n", Path::new(".")).unwrap();
+        assert_eq!(c.raw_ifaces, ["eth2", "eth3"]);
+        let e = DaemonConfig::parse("[raw]\nifaces = \"eth2\"\n", Path::new(".")).unwrap_err();
+        assert!(e.contains("raw.ifaces"), "{e}");
+        assert!(DaemonConfig::parse("[raw]\nmtu = 9000\n", Path::new(".")).is_err());
     }
 }
