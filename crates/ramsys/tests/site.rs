@@ -552,6 +552,9 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
         if i == 0 {
             args.extend(["--site-max-sessions".into(), "1".into()]);
         }
+        if i == 1 {
+            args.extend(["--site-max-load".into(), "30".into()]);
+        }
         for d in &ds {
             args.extend(["--peer".into(), d.addr.clone()]);
         }
@@ -568,6 +571,36 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
                 && age(v, &d.addr) < 500
         })
     });
+    // B is over its --site-max-load (40 % >= 30 %): a push to B goes to C.
+    let b = ds[1].addr.clone();
+    wait_for(&key, &b, Duration::from_secs(10), "loads at B", |v| {
+        ds.iter().all(|d| {
+            member(v, &d.addr)
+                .and_then(|m| m["cpu_load"].as_f64())
+                .unwrap_or(0.0)
+                > 0.05
+                && age(v, &d.addr) < 500
+        })
+    });
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--json",
+            src.to_str().unwrap(),
+            &ds[1].url("viaB/"),
+        ],
+    );
+    assert_ok(&o);
+    let j = summary(&o);
+    assert_eq!(j["redirect"]["from"], b.as_str(), "{j}");
+    assert_eq!(j["redirect"]["to"], c.as_str(), "{j}");
+    assert_eq!(
+        j["redirect"]["reason"], "CPU load 40 % (max_load = 30 %)",
+        "{j}"
+    );
+    assert_same_tree(&src, &root.join("viaB"));
     // Under its limit A takes the session itself.
     let o = ramsys(
         &key,
@@ -596,7 +629,10 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
     wait_for(&key, &a, Duration::from_secs(10), "A's session", |v| {
         member(v, &a).and_then(|m| m["sessions"].as_u64()) == Some(1)
     });
-    // A push to A goes to C.
+    // A push to A goes to C (once B's push has left C's load).
+    wait_for(&key, &a, Duration::from_secs(5), "C idle", |v| {
+        member(v, &c).is_some_and(|m| m["active_tasks"] == 0 && m["sessions"] == 0)
+    });
     std::fs::create_dir(root.join("dst")).unwrap();
     let o = ramsys(
         &key,
@@ -615,6 +651,12 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
     let why = j["redirect"]["reason"].as_str().unwrap();
     assert!(why.contains("max_sessions = 1"), "{why}");
     assert_same_tree(&src, &root.join("dst/src"));
+    // C's view at A lags by up to two intervals: wait until the push's
+    // task has left it, or A may (rightly) prefer B.
+    let c_idle = |v: &serde_json::Value| {
+        member(v, &c).is_some_and(|m| m["active_tasks"] == 0 && m["sessions"] == 0)
+    };
+    wait_for(&key, &a, Duration::from_secs(5), "C idle", c_idle);
     // So does a pull, and without --json the agent says so in one line.
     let back = t.path().join("back");
     let o = ramsys(
@@ -628,7 +670,8 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
         e.lines()
             .any(|l| l.contains(&format!("{a} is busy"))
                 && l.ends_with(&format!("redirected to {c}"))),
-        "{e}"
+        "{e} (C is {c}); A's view now: {:#}",
+        site_json(&key, &a)
     );
     // A counted both (status totals, ramsys_redirects_total).
     let o = ramsys(&key, &["status", "--json", &a]);
@@ -644,6 +687,7 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
         .unwrap()
         .success());
     std::thread::sleep(Duration::from_millis(200));
+    wait_for(&key, &a, Duration::from_secs(5), "C idle", c_idle);
     let o = ramsys(
         &key,
         &[
