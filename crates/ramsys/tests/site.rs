@@ -651,12 +651,17 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
     let why = j["redirect"]["reason"].as_str().unwrap();
     assert!(why.contains("max_sessions = 1"), "{why}");
     assert_same_tree(&src, &root.join("dst/src"));
-    // C's view at A lags by up to two intervals: wait until the push's
-    // task has left it, or A may (rightly) prefer B.
+    // C's view at A lags by up to two intervals, and A counts the session
+    // it sent to C as C's for two intervals + 100 ms (against herds): wait
+    // until both have passed, or A may (rightly) prefer B.
     let c_idle = |v: &serde_json::Value| {
         member(v, &c).is_some_and(|m| m["active_tasks"] == 0 && m["sessions"] == 0)
     };
-    wait_for(&key, &a, Duration::from_secs(5), "C idle", c_idle);
+    let settle = || {
+        wait_for(&key, &a, Duration::from_secs(5), "C idle", c_idle);
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    settle();
     // So does a pull, and without --json the agent says so in one line.
     let back = t.path().join("back");
     let o = ramsys(
@@ -686,8 +691,7 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
         .status()
         .unwrap()
         .success());
-    std::thread::sleep(Duration::from_millis(200));
-    wait_for(&key, &a, Duration::from_secs(5), "C idle", c_idle);
+    settle();
     let o = ramsys(
         &key,
         &[

@@ -5,6 +5,9 @@
 //! daemons starts on the least-loaded one. Both read the same site view
 //! (`Site::members`), so the rules live here, free of I/O.
 
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
 use crate::daemon::status::SiteMember;
 
 /// A member's view older than this does not count (it may be gone).
@@ -90,6 +93,46 @@ pub fn target(l: &Limits, me: &str, view: &[SiteMember], below: f64) -> Option<S
         .map(|(m, _)| m.addr.clone())
 }
 
+/// Sessions this daemon redirected, by peer: each counts as one more task
+/// of that peer in our decisions until the peer's own published load can
+/// show it. Without this, every session arriving within one interval
+/// would go to the same peer (the view says it is idle until its next
+/// sample): the herd a redirector must not make.
+#[derive(Debug, Default)]
+pub struct Sent(BTreeMap<String, Vec<Instant>>);
+
+impl Sent {
+    /// How long a redirect counts: the client reconnects (a few ms on a
+    /// LAN), the peer samples, we pull: two intervals, plus slack.
+    fn window(interval: Duration) -> Duration {
+        interval * 2 + Duration::from_millis(100)
+    }
+
+    /// `view` with our recent redirects added to their peers' tasks;
+    /// forgets the expired ones.
+    pub fn apply(&mut self, mut view: Vec<SiteMember>, interval: Duration) -> Vec<SiteMember> {
+        let w = Self::window(interval);
+        self.0.retain(|_, v| {
+            v.retain(|t| t.elapsed() < w);
+            !v.is_empty()
+        });
+        for m in &mut view {
+            if let Some(v) = self.0.get(&m.addr) {
+                m.active_tasks += v.len() as u32;
+                m.sessions += v.len() as u32;
+            }
+        }
+        view
+    }
+
+    pub fn record(&mut self, to: &str) {
+        self.0
+            .entry(to.to_string())
+            .or_default()
+            .push(Instant::now());
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn member(addr: &str, cpu: f64, tasks: u32, sessions: u32, age: u64) -> SiteMember {
     SiteMember {
@@ -149,6 +192,37 @@ mod tests {
         assert_eq!(busy(&l, &me, 0, pools.clone()), pools);
         // No limits configured: only the pools make it busy.
         assert_eq!(busy(&Limits::default(), &hot, 100, None), None);
+    }
+
+    #[test]
+    fn recent_redirects_count_until_the_peer_can_show_them() {
+        let l = Limits::default();
+        let mut sent = Sent::default();
+        let view = || {
+            vec![
+                member("me", 0.9, 4, 4, 0),
+                member("b", 0.30, 0, 0, 10),
+                member("c", 0.35, 0, 0, 10),
+            ]
+        };
+        let pick = |sent: &mut Sent| {
+            let v = sent.apply(view(), Duration::from_millis(50));
+            let to = target(&l, "me", &v, score(&v[0])).unwrap();
+            sent.record(&to);
+            to
+        };
+        // Three sessions in one interval: b, then c (b now has one more
+        // task), then b again (c has one too, and b is lighter on CPU).
+        assert_eq!(pick(&mut sent), "b");
+        assert_eq!(pick(&mut sent), "c");
+        assert_eq!(pick(&mut sent), "b");
+        // Expired: the peers' own loads count again.
+        let mut old = Sent::default();
+        old.0
+            .insert("b".into(), vec![Instant::now() - Duration::from_secs(1)]);
+        let v = old.apply(view(), Duration::from_millis(50));
+        assert_eq!(v[1].active_tasks, 0);
+        assert!(old.0.is_empty());
     }
 
     #[test]
