@@ -193,6 +193,10 @@ fn used_raw(o: &Output, pairs: &[&str]) {
     }
 }
 
+fn src_of(d: &Dirs) -> &str {
+    d.src.to_str().unwrap()
+}
+
 struct Dirs {
     t: tempfile::TempDir,
     key: PathBuf,
@@ -494,6 +498,28 @@ fn refusals_and_fallback() {
     } else {
         eprintln!("setpriv absent: CAP_NET_RAW refusal not checked");
     }
+
+    // A local copy has no link to carry raw.
+    let local = d.t.path().join("local");
+    let o = net.agent(
+        &d.key,
+        &[],
+        &[
+            "cp",
+            "-r",
+            "--transport",
+            "raw",
+            src_of(&d),
+            local.to_str().unwrap(),
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("error: --transport raw: a local copy"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!local.exists());
 
     // A daemon without raw channels.
     let mut c = Command::new("ip");
