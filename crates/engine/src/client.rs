@@ -119,6 +119,15 @@ fn seal_control(s: &mut ClientSession, cipher: Cipher) -> Result<(), EngineError
     Ok(())
 }
 
+/// A session a busy daemon sent here (issue 19): say so, so this daemon
+/// admits it rather than redirecting it again.
+fn redirected(s: &mut ClientSession, opts: &TransferOptions) -> Result<(), EngineError> {
+    match &opts.redirected_from {
+        Some(from) => send_control(&mut *s.ctl, &Control::Redirected { from: from.clone() }),
+        None => Ok(()),
+    }
+}
+
 fn open_msg(role: Role, paths: Vec<Vec<u8>>, opts: &TransferOptions) -> Control {
     let open = open_struct(role, paths, opts);
     // An archive copy from a server source: what its scan collects
@@ -176,6 +185,7 @@ pub fn push(
     let (mut s, mut links, opts, choice) = connect(remote, opts, res, true)?;
     let opts = &opts;
     seal_control(&mut s, opts.encrypt)?;
+    redirected(&mut s, opts)?;
     send_control(&mut *s.ctl, &open_msg(Role::Sink, vec![dest], opts))?;
     let spec = SourceSpec {
         root,
@@ -206,6 +216,7 @@ pub fn pull(
     if bps > 0 {
         send_control(&mut *s.ctl, &Control::BwLimit { bytes_per_s: bps })?;
     }
+    redirected(&mut s, opts)?;
     send_control(&mut *s.ctl, &open_msg(Role::Source, paths, opts))?;
     let spec = SinkSpec {
         root,

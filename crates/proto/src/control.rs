@@ -326,6 +326,23 @@ pub enum Control {
     BwLimit {
         bytes_per_s: u64,
     },
+    /// Server to client, instead of running the session its Open asked
+    /// for, then the server closes the connection: this daemon is at its
+    /// admission limit (`reason`, one line) and `addr` (a peer of its
+    /// site, less loaded in its site view) should serve it instead
+    /// (issue 19, docs/SITE.md). The client opens the session again at
+    /// `addr`, once, announcing it with Redirected.
+    Redirect {
+        addr: String,
+        reason: String,
+    },
+    /// Client to server, right before the request (and after BwLimit, if
+    /// any): this session was redirected here by the daemon at `from`.
+    /// The server does not redirect it again (it admits it, queueing it if
+    /// it must), so a redirect never chains. No answer.
+    Redirected {
+        from: String,
+    },
     /// Client to server, instead of Open (`--transport raw|auto`, issue
     /// 18): which interfaces does the daemon offer raw-Ethernet channels
     /// on? Answered by one [`Control::RawOffer`]; the server then closes.
@@ -484,6 +501,8 @@ impl Control {
             Control::Preserve { .. } => "Preserve",
             Control::Attrs(_) => "Attrs",
             Control::BwLimit { .. } => "BwLimit",
+            Control::Redirect { .. } => "Redirect",
+            Control::Redirected { .. } => "Redirected",
             Control::RawQuery => "RawQuery",
             Control::RawOffer { .. } => "RawOffer",
         }
@@ -742,6 +761,13 @@ mod tests {
             }]),
             Control::BwLimit {
                 bytes_per_s: 20 << 20,
+            },
+            Control::Redirect {
+                addr: "10.0.0.2:7070".into(),
+                reason: "4 sessions running (max_sessions = 4)".into(),
+            },
+            Control::Redirected {
+                from: "10.0.0.1:7070".into(),
             },
             Control::RawQuery,
             Control::RawOffer {

@@ -87,6 +87,15 @@ pub struct ServeArgs {
     /// inject a fake /proc).
     #[arg(long, value_name = "DIR", hide = true, default_value = "/")]
     pub site_sys_root: PathBuf,
+    /// In a site: at this many running sessions, redirect a new one to the
+    /// least-loaded peer instead of queueing it (default: config's `[site]
+    /// max_sessions`, else only full pools redirect; docs/SITE.md).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub site_max_sessions: Option<u32>,
+    /// In a site: at this CPU load (percent, 1-100) redirect new sessions
+    /// to a less-loaded peer (default: config's `[site] max_load`, else none).
+    #[arg(long, value_name = "PCT", value_parser = parse_load)]
+    pub site_max_load: Option<f64>,
     /// What the daemon sends, all sessions together, at most (bytes per
     /// second, rsync's units as in `cp --bwlimit`; default: the config's
     /// `max_rate`, else no limit). Users' `max_rate` and clients'
@@ -103,6 +112,11 @@ pub struct ServeArgs {
     /// they are stopped (resumably); new sessions are refused meanwhile.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     pub drain_timeout: u64,
+}
+
+fn parse_load(s: &str) -> Result<f64, String> {
+    let n: u64 = s.parse().map_err(|e| format!("{s}: {e}"))?;
+    ramsys_engine::site::check_load_pct(n)
 }
 
 fn parse_interval(s: &str) -> Result<u64, String> {
@@ -231,6 +245,10 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
             interval_ms: a.site_interval.or(cfg.site_interval_ms).unwrap_or(50),
             sys_root: a.site_sys_root.clone(),
             user: cfg.site_user.clone().unwrap_or_else(|| "site".into()),
+            limits: ramsys_engine::site::redirect::Limits {
+                max_sessions: a.site_max_sessions.or(cfg.site_limits.max_sessions),
+                max_load: a.site_max_load.or(cfg.site_limits.max_load),
+            },
         });
     }
     d.shared()

@@ -15,6 +15,7 @@ mod spec;
 mod ssh;
 mod ssh_serve;
 mod status;
+mod stripe;
 mod token;
 mod tunnel;
 

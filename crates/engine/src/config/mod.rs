@@ -103,6 +103,9 @@ pub struct DaemonConfig {
     pub site_peers: Vec<String>,
     pub site_interval_ms: Option<u64>,
     pub site_user: Option<String>,
+    /// `[site] max_sessions`, `max_load` (percent): the admission limit
+    /// above which new sessions are redirected to a peer (site::redirect).
+    pub site_limits: crate::site::redirect::Limits,
     /// `[raw] ifaces = ["IFACE", ...]`: interfaces offering raw-Ethernet
     /// channels (transport::rawlink, docs/TYCHE.md), as `--raw-iface`.
     pub raw_ifaces: Vec<String>,
@@ -669,9 +672,21 @@ fn parse_site(c: &mut DaemonConfig, v: &::toml::Value) -> Result<(), String> {
                 );
             }
             "user" => c.site_user = Some(string("site.user", v)?.to_string()),
+            "max_sessions" => {
+                let n = positive("site.max_sessions", v)?;
+                c.site_limits.max_sessions = Some(n.min(u32::MAX as usize) as u32);
+            }
+            "max_load" => {
+                let n = positive("site.max_load", v)?;
+                c.site_limits.max_load = Some(
+                    crate::site::check_load_pct(n as u64)
+                        .map_err(|e| format!("key `site.max_load`: {e}"))?,
+                );
+            }
             _ => {
                 return Err(format!(
-                    "unknown key `site.{k}` (expected peers, interval_ms or user)"
+                    "unknown key `site.{k}` (expected peers, interval_ms, user, \
+                     max_sessions or max_load)"
                 ))
             }
         }
@@ -696,6 +711,12 @@ mod site_tests {
         let e = DaemonConfig::parse("[site]\ninterval_ms = 2000\n", Path::new(".")).unwrap_err();
         assert!(e.contains("1-1024"), "{e}");
         assert!(DaemonConfig::parse("[site]\nbogus = 1\n", Path::new(".")).is_err());
+        let c = DaemonConfig::parse("[site]\nmax_sessions = 4\nmax_load = 90\n", Path::new("."))
+            .unwrap();
+        assert_eq!(c.site_limits.max_sessions, Some(4));
+        assert_eq!(c.site_limits.max_load, Some(0.9));
+        let e = DaemonConfig::parse("[site]\nmax_load = 150\n", Path::new(".")).unwrap_err();
+        assert!(e.contains("1-100"), "{e}");
     }
 }
 
