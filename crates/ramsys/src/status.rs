@@ -136,6 +136,9 @@ pub fn human(st: &Status) -> String {
     if st.draining {
         let _ = writeln!(s, "DRAINING: new sessions are refused (SIGTERM)");
     }
+    if !st.raw.is_empty() {
+        let _ = writeln!(s, "raw channels on: {}", st.raw.join(", "));
+    }
     if !st.rates.is_empty() {
         let _ = writeln!(
             s,

@@ -224,6 +224,16 @@ fn tree_and_large_file_over_one_pair_mtu_9000() {
     let d = dirs();
     big_file(&d.src.join("large.bin"), 256 << 20, 7);
     let daemon = net.daemon(&d.root, &d.key, &[]);
+    // `ramsys status` lists the interface (no --explain there).
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", &net.a.name, bin(), "status", "--json"])
+        .arg(format!("ramsys://{}", daemon.addr))
+        .env("RAMSYS_KEY_FILE", &d.key);
+    let o = run_with_timeout(c, Duration::from_secs(30));
+    assert_ok(&o);
+    let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let raw = st["raw"][0].as_str().unwrap_or_default().to_string();
+    assert!(raw.starts_with("b0 ") && raw.contains("mtu 9000"), "{st}");
     let src = d.src.to_str().unwrap();
     let o = net.agent(
         &d.key,
