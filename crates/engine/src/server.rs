@@ -128,6 +128,7 @@ impl DaemonShared {
             .rates
             .status(&users.as_ref().map(|u| u.rates()).unwrap_or_default());
         s.draining = self.life.draining();
+        s.raw = self.raw_status();
         if let (Some(u), Some(_)) = (user, users) {
             let mine = |x: &str| x == u || x.starts_with(&format!("{u}/"));
             s.sessions.retain(|x| mine(&x.user));
@@ -140,6 +141,21 @@ impl DaemonShared {
             s.root = s.users.first().map(|x| x.root.clone()).unwrap_or_default();
         }
         s
+    }
+}
+
+impl DaemonShared {
+    /// The raw-channel interfaces, one line each (`ramsys status`).
+    fn raw_status(&self) -> Vec<String> {
+        let show = |o: &ramsys_proto::control::RawIface| {
+            let node = o.node.map_or("-".to_string(), |n| n.to_string());
+            let mac = ramsys_rawnet::channel::mac_string(&o.mac);
+            format!("{} {mac} mtu {} node {node}", o.name, o.mtu)
+        };
+        self.raw
+            .get()
+            .map(|v| v.iter().map(show).collect())
+            .unwrap_or_default()
     }
 }
 

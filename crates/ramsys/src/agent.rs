@@ -552,6 +552,9 @@ impl Run<'_> {
     /// Local copy: an in-process daemon on loopback is the sink.
     fn copy_locally(&mut self, d: &Path, local: &[PathBuf]) -> Attempt {
         let (plan, numa) = (self.plan, &mut self.numa);
+        if plan.raw.transport == ramsys_engine::transport::rawlink::Mode::Raw {
+            bail!("--transport raw: a local copy has no network link (give a ramsys:// end)");
+        }
         let (root, dest) = local_sink(d)?;
         let mut key = vec![0u8; 32];
         getrandom_fill(&mut key);
