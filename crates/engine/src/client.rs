@@ -181,7 +181,10 @@ pub fn push(
         pending_auth: Some((s.addr.clone(), s.session)),
     };
     run_source(s.ctl, &mut links, spec, opts, res, stats).map(|mut r| {
-        r.stream_choice = choice;
+        r.stream_choice = choice.map(|mut c| {
+            c.growth = r.growth.take();
+            c
+        });
         r
     })
 }

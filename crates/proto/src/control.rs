@@ -326,6 +326,20 @@ pub enum Control {
     BwLimit {
         bytes_per_s: u64,
     },
+    /// Source to sink during the payload, before EndOfData, when the
+    /// source is the client (issue 21, docs/PROTOCOL.md "Adding
+    /// streams"): the aggregate rate still grows with more links, so the
+    /// source asks to open data stream `stream` (= the streams so far).
+    AddStream {
+        stream: u16,
+    },
+    /// Sink to source, the answer to AddStream: `credits` > 0: dial
+    /// `stream` (Rejoin, epoch 1), the sink grants that many credits on
+    /// it; 0: refused (no thread or buffers left), ask no more.
+    StreamAdded {
+        stream: u16,
+        credits: u32,
+    },
 }
 
 /// What a source sends of its tree (rsync's filter rules, engine
@@ -459,6 +473,8 @@ impl Control {
             Control::Preserve { .. } => "Preserve",
             Control::Attrs(_) => "Attrs",
             Control::BwLimit { .. } => "BwLimit",
+            Control::AddStream { .. } => "AddStream",
+            Control::StreamAdded { .. } => "StreamAdded",
         }
     }
 
@@ -715,6 +731,11 @@ mod tests {
             }]),
             Control::BwLimit {
                 bytes_per_s: 20 << 20,
+            },
+            Control::AddStream { stream: 5 },
+            Control::StreamAdded {
+                stream: 5,
+                credits: 6,
             },
         ];
         for m in msgs {

@@ -266,6 +266,9 @@ struct Run<'a> {
 
 fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
     let mut plan = Plan::resolve(a, sync)?;
+    // Before any link is opened: every TCP link of this process uses it.
+    ramsys_engine::transport::tcp::use_congestion(a.congestion.as_deref())
+        .map_err(|e| anyhow::anyhow!(e))?;
     // ramsys://A,B,C/PATH: the least-loaded daemon of the list (pick.rs).
     for e in plan.srcs.iter_mut().chain(std::iter::once(&mut plan.dst)) {
         crate::pick::resolve(e, &|| a.key.load(), plan.connect_timeout)?;
@@ -556,6 +559,7 @@ fn summarize(
             "peer_cpu_s": rep.peer_cpu_s,
             "streams": rep.streams,
             "stream_choice": rep.stream_choice,
+            "congestion": ramsys_engine::transport::tcp::congestion(),
             "block_size": rep.block_size,
             "failed": rep.failed,
             "resent": resent,

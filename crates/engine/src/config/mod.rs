@@ -396,7 +396,7 @@ pub fn daemon_placement(
         .max_streams
         .or(nic.as_ref().and_then(|n| cfg.threads(&n.name)))
         .or(cfg.max_streams)
-        .unwrap_or(16);
+        .unwrap_or(crate::resources::DEFAULT_MAX_STREAMS);
     let memory = cli.memory.or(cfg.memory).unwrap_or(256 << 20);
     let base = ResourceConfig {
         memory: memory as usize,

@@ -97,6 +97,8 @@ pub struct StreamChoice {
     pub min: u16,
     pub max: u16,
     pub why: String,
+    /// Streams added during the transfer (transport::grow; source side).
+    pub growth: Option<super::grow::Growth>,
 }
 
 /// Streams for a path of round trip `rtt`, between `min` and `max`.
@@ -139,6 +141,7 @@ pub fn choose(
         min,
         max,
         why,
+        growth: None,
     }
 }
 
