@@ -417,34 +417,19 @@ fn try_running_daemon(
     }))
 }
 
+/// `ramsys ssh-serve`: the remote end of an ssh transfer. Hands the agent
+/// to a daemon already running on this host when one serves the paths,
+/// else runs a one-session daemon of its own until the session ends or
+/// the agent goes away.
 pub fn run(a: &SshServeArgs) -> anyhow::Result<i32> {
     let key = read_credential(&mut std::io::stdin().lock())?;
     let ssh_connection = std::env::var("SSH_CONNECTION").ok();
-    let paths: Vec<PathBuf> = a
-        .paths
-        .iter()
-        .map(|p| {
-            if p.as_os_str().is_empty() {
-                PathBuf::from(".")
-            } else {
-                p.clone()
-            }
-        })
-        .collect();
-    if a.role == ServeRole::Sink && paths.len() != 1 {
-        bail!("a sink takes exactly one destination");
-    }
+    let paths = serve_paths(a)?;
+    let listen = listen_addr(ssh_connection.as_deref());
     if !a.own_daemon {
-        let ip = listen_addr(ssh_connection.as_deref())
-            .parse::<std::net::SocketAddr>()
-            .ok()
-            .map(|s| s.ip());
+        let ip = listen.parse::<std::net::SocketAddr>().ok().map(|s| s.ip());
         if let Some(offer) = running_daemon_offer(a.role, &paths, ip) {
-            {
-                let mut o = std::io::stdout().lock();
-                writeln!(o, "{}", offer.line())?;
-                o.flush()?;
-            }
+            print_offer(&offer)?;
             // Stay for the agent's links through ssh, if it needs them
             // (crate::tunnel), until it closes our stdin.
             if let Ok(target) = offer.listen.parse() {
@@ -464,36 +449,7 @@ pub fn run(a: &SshServeArgs) -> anyhow::Result<i32> {
         }
         ServeRole::Source => (PathBuf::from("/"), None, source_paths(&paths)?),
     };
-    let listen = listen_addr(ssh_connection.as_deref());
-    let cli = ServeInputs {
-        numa: None,
-        memory: Some(a.memory),
-        max_streams: Some(a.max_streams.max(1)),
-        readers: None,
-        writers: None,
-        buffer_size: a.block_size as usize,
-    };
-    let cfg = DaemonConfig::default();
-    let rcfg = match ramsys_topo::discover(Path::new("/")) {
-        Ok(topo) => daemon_placement(topo, true, &cfg, &cli, &root, &listen)?.resources,
-        Err(_) => ResourceConfig {
-            memory: a.memory as usize,
-            buffer_size: a.block_size as usize,
-            readers: 4,
-            writers: 4,
-            max_streams: a.max_streams.max(1),
-            ..Default::default()
-        },
-    };
-    let res = EngineResources::new(&rcfg)?;
-    let opts = TransferOptions {
-        readers: rcfg.readers,
-        writers: rcfg.writers,
-        window: a.window.max(2),
-        fsync: a.fsync,
-        ..a.storage.options()
-    };
-    let d = Daemon::bind(&listen, &root, key, opts, res)?;
+    let d = own_daemon(a, key, &root, &listen)?;
     let done = d.one_session(match a.role {
         ServeRole::Sink => Role::Sink,
         ServeRole::Source => Role::Source,
@@ -508,11 +464,7 @@ pub fn run(a: &SshServeArgs) -> anyhow::Result<i32> {
         srcs,
     };
     d.spawn();
-    {
-        let mut o = std::io::stdout().lock();
-        writeln!(o, "{}", offer.line())?;
-        o.flush()?;
-    }
+    print_offer(&offer)?;
     // The agent keeps our stdin open for the whole session: EOF means it
     // (or its ssh) is gone, and nothing must outlive it. Until then stdin
     // carries the links the agent could not open directly (crate::tunnel).
@@ -542,6 +494,68 @@ pub fn run(a: &SshServeArgs) -> anyhow::Result<i32> {
             }
         }
     }
+}
+
+/// The paths as given (an empty one means the login directory, as scp's
+/// `host:`); a sink takes exactly one.
+fn serve_paths(a: &SshServeArgs) -> anyhow::Result<Vec<PathBuf>> {
+    let paths: Vec<PathBuf> = a
+        .paths
+        .iter()
+        .map(|p| {
+            if p.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                p.clone()
+            }
+        })
+        .collect();
+    if a.role == ServeRole::Sink && paths.len() != 1 {
+        bail!("a sink takes exactly one destination");
+    }
+    Ok(paths)
+}
+
+/// The ready line the agent reads from our stdout.
+fn print_offer(offer: &Offer) -> anyhow::Result<()> {
+    let mut o = std::io::stdout().lock();
+    writeln!(o, "{}", offer.line())?;
+    o.flush()?;
+    Ok(())
+}
+
+/// A one-session daemon on `root`, placed and sized as `ramsys serve`
+/// would be on this host (fallback sizes when topology discovery fails).
+fn own_daemon(a: &SshServeArgs, key: Vec<u8>, root: &Path, listen: &str) -> anyhow::Result<Daemon> {
+    let cli = ServeInputs {
+        numa: None,
+        memory: Some(a.memory),
+        max_streams: Some(a.max_streams.max(1)),
+        readers: None,
+        writers: None,
+        buffer_size: a.block_size as usize,
+    };
+    let cfg = DaemonConfig::default();
+    let rcfg = match ramsys_topo::discover(Path::new("/")) {
+        Ok(topo) => daemon_placement(topo, true, &cfg, &cli, root, listen)?.resources,
+        Err(_) => ResourceConfig {
+            memory: a.memory as usize,
+            buffer_size: a.block_size as usize,
+            readers: 4,
+            writers: 4,
+            max_streams: a.max_streams.max(1),
+            ..Default::default()
+        },
+    };
+    let res = EngineResources::new(&rcfg)?;
+    let opts = TransferOptions {
+        readers: rcfg.readers,
+        writers: rcfg.writers,
+        window: a.window.max(2),
+        fsync: a.fsync,
+        ..a.storage.options()
+    };
+    Daemon::bind(listen, root, key, opts, res)
 }
 
 #[cfg(test)]

@@ -296,10 +296,11 @@ pub(crate) fn path_key(st: &Stage, c: usize) -> Option<(Dir, usize, usize)> {
 }
 
 impl Instance {
-    /// Check the instance and flatten it for the solvers.
+    /// Check the instance and flatten it for the solvers: one stage per
+    /// request end, the free CPUs and thread budget of every node, each
+    /// stage's per-node thread bound (eq. 5.5) and the requests' weights.
     pub(crate) fn resolve(&self) -> Result<Resolved, SchedError> {
-        let host = &self.host;
-        let n = host.nodes.len();
+        let n = self.host.nodes.len();
         if n == 0 {
             return Err(SchedError::NoNodes);
         }
@@ -310,35 +311,54 @@ impl Instance {
         let model = match &self.model {
             Some(m) => m,
             None => {
-                derived = IoModel::from_distances(n, host.distances.as_ref());
+                derived = IoModel::from_distances(n, self.host.distances.as_ref());
                 &derived
             }
         };
-        for (name, t) in [("read", &model.read), ("write", &model.write)] {
-            if t.len() != n || t.iter().any(|row| row.len() != n) {
-                return Err(SchedError::BadModel(format!(
-                    "{name} table must be {n}x{n} (one row and column per node)"
-                )));
-            }
+        check_model(model, n)?;
+        let mut notes = Vec::new();
+        let (mut stages, used_dev_nodes) = self.stages(model, &mut notes)?;
+        let (budget, free_cpus) = self.budgets(&used_dev_nodes);
+        let max_per_stage = self.params.max_threads_per_stage.max(1);
+        for st in &mut stages {
+            st.ub = upper_bounds(st, &budget, max_per_stage);
         }
+        Ok(Resolved {
+            n,
+            budget,
+            free_cpus,
+            stages,
+            weight: self.weights(),
+            max_per_stage,
+            notes,
+        })
+    }
+
+    /// One stage per end of every request (source end, then sink end), with
+    /// its device's bandwidths from every CPU node; also which nodes hold a
+    /// device (their lowest CPUs take the interrupts, see [`Self::budgets`]).
+    fn stages(
+        &self,
+        model: &IoModel,
+        notes: &mut Vec<String>,
+    ) -> Result<(Vec<Stage>, Vec<bool>), SchedError> {
+        let host = &self.host;
+        let n = host.nodes.len();
         let idx_of: HashMap<u32, usize> = host
             .nodes
             .iter()
             .enumerate()
             .map(|(i, n)| (n.id, i))
             .collect();
-        let dev_idx = |name: &str| {
-            host.devices
-                .iter()
-                .position(|d| d.name == name)
-                .ok_or_else(|| SchedError::UnknownDevice(name.to_string()))
-        };
-        let mut notes = Vec::new();
         let mut stages = Vec::with_capacity(2 * self.requests.len());
         let mut used_dev_nodes = vec![false; n];
         for req in &self.requests {
             for (k, name) in [(0, &req.source), (1, &req.sink)] {
-                let di = dev_idx(name)?;
+                let di = host
+                    .devices
+                    .iter()
+                    .position(|d| &d.name == name)
+                    .ok_or_else(|| SchedError::UnknownDevice(name.to_string()))?;
                 let dev = &host.devices[di];
                 let dev_node = match dev.node {
                     Some(id) => Some(*idx_of.get(&id).ok_or_else(|| SchedError::UnknownNode {
@@ -358,13 +378,11 @@ impl Instance {
                 } else {
                     &model.write
                 };
-                let (b0, bmax): (Vec<f64>, Vec<f64>) = match dev_node {
+                let (b0, bmax) = match dev_node {
                     Some(d) => (0..n)
                         .map(|c| (table[c][d].single_gbps, table[c][d].max_gbps))
                         .unzip(),
                     None => {
-                        // Unknown attachment: expect the average over all
-                        // possible device nodes, and spread (heuristic).
                         let note = format!(
                             "device {} has no known NUMA node: its threads are spread over all nodes",
                             dev.name
@@ -372,13 +390,7 @@ impl Instance {
                         if !notes.contains(&note) {
                             notes.push(note);
                         }
-                        (0..n)
-                            .map(|c| {
-                                let s: f64 = table[c].iter().map(|p| p.single_gbps).sum();
-                                let m: f64 = table[c].iter().map(|p| p.max_gbps).sum();
-                                (s / n as f64, m / n as f64)
-                            })
-                            .unzip()
+                        node_averages(table, n)
                     }
                 };
                 if let Some(d) = dev_node {
@@ -396,9 +408,16 @@ impl Instance {
                 });
             }
         }
+        Ok((stages, used_dev_nodes))
+    }
+
+    /// Every node's free CPUs (minus the interrupt reserve on nodes that
+    /// hold a device) and its thread budget.
+    fn budgets(&self, used_dev_nodes: &[bool]) -> (Vec<u32>, Vec<Vec<usize>>) {
+        let n = self.host.nodes.len();
         let mut budget = Vec::with_capacity(n);
         let mut free_cpus = Vec::with_capacity(n);
-        for (i, node) in host.nodes.iter().enumerate() {
+        for (i, node) in self.host.nodes.iter().enumerate() {
             let mut free: Vec<usize> = node
                 .cpus
                 .iter()
@@ -422,46 +441,68 @@ impl Instance {
             budget.push(b);
             free_cpus.push(free);
         }
-        let max_per_stage = self.params.max_threads_per_stage.max(1);
-        for st in &mut stages {
-            st.ub = (0..n)
-                .map(|c| {
-                    if st.b0[c] <= 0.0 || st.bmax[c] <= 0.0 {
-                        0
-                    } else {
-                        // Eq. 5.5: more threads than ceil(Bmax/B0) cannot help.
-                        let k = (st.bmax[c] / st.b0[c] - 1e-9).ceil().max(1.0) as u32;
-                        k.min(budget[c]).min(max_per_stage)
-                    }
-                })
-                .collect();
-        }
+        (budget, free_cpus)
+    }
+
+    /// Requests weighted by their size relative to the largest when every
+    /// size is known, equally otherwise.
+    fn weights(&self) -> Vec<f64> {
         let maxb = self
             .requests
             .iter()
             .map(|r| r.bytes.unwrap_or(1) as f64)
             .fold(0.0, f64::max);
-        let weight = self
-            .requests
+        let all_known = self.requests.iter().all(|r| r.bytes.is_some());
+        self.requests
             .iter()
             .map(|r| {
-                if self.requests.iter().all(|r| r.bytes.is_some()) && maxb > 0.0 {
+                if all_known && maxb > 0.0 {
                     (r.bytes.unwrap_or(0) as f64 / maxb).max(1e-6)
                 } else {
                     1.0
                 }
             })
-            .collect();
-        Ok(Resolved {
-            n,
-            budget,
-            free_cpus,
-            stages,
-            weight,
-            max_per_stage,
-            notes,
-        })
+            .collect()
     }
+}
+
+/// The model's read and write tables must be n x n.
+fn check_model(model: &IoModel, n: usize) -> Result<(), SchedError> {
+    for (name, t) in [("read", &model.read), ("write", &model.write)] {
+        if t.len() != n || t.iter().any(|row| row.len() != n) {
+            return Err(SchedError::BadModel(format!(
+                "{name} table must be {n}x{n} (one row and column per node)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A device of unknown attachment: expect the average over all possible
+/// device nodes from every CPU node, and spread its threads (heuristic).
+fn node_averages(table: &[Vec<Path>], n: usize) -> (Vec<f64>, Vec<f64>) {
+    (0..n)
+        .map(|c| {
+            let s: f64 = table[c].iter().map(|p| p.single_gbps).sum();
+            let m: f64 = table[c].iter().map(|p| p.max_gbps).sum();
+            (s / n as f64, m / n as f64)
+        })
+        .unzip()
+}
+
+/// A stage's thread bound per node: eq. 5.5 (more threads than
+/// ceil(Bmax/B0) cannot help), the node's budget and the per-stage cap.
+fn upper_bounds(st: &Stage, budget: &[u32], max_per_stage: u32) -> Vec<u32> {
+    (0..budget.len())
+        .map(|c| {
+            if st.b0[c] <= 0.0 || st.bmax[c] <= 0.0 {
+                0
+            } else {
+                let k = (st.bmax[c] / st.b0[c] - 1e-9).ceil().max(1.0) as u32;
+                k.min(budget[c]).min(max_per_stage)
+            }
+        })
+        .collect()
 }
 
 /// Decision variables gamma: `threads[r][k][c]` threads of stage k (0 = in,

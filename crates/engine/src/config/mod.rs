@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 
-use ramsys_topo::{NumaMode, Role, Topology, TransferPlan};
+use ramsys_topo::{BlockDevice, Nic, NumaMode, Role, Topology, TransferPlan};
 
 use crate::placement::{apply, plan_end, sched_instance_with, storage_for_path, Capacities};
 use crate::resources::ResourceConfig;
@@ -307,23 +307,7 @@ pub fn daemon_placement(
     let capacities = cfg.capacities();
     let mut lines = Vec::new();
     let storage = storage_for_path(&topo, root, live).cloned();
-    let ip = listen_ip(listen);
-    let nic = match ip {
-        Some(ip) if !ip.is_unspecified() => {
-            if ip.is_loopback() {
-                topo.nic("lo").or_else(|| topo.nic_for_addr(ip))
-            } else {
-                topo.nic_for_addr(ip)
-            }
-        }
-        _ => topo
-            .nics
-            .iter()
-            .filter(|n| cfg.purpose(&n.name) == Purpose::Data)
-            .find(|n| !n.is_virtual && n.operstate.as_deref() != Some("down")),
-    }
-    .filter(|n| cfg.purpose(&n.name) != Purpose::Ignore)
-    .cloned();
+    let nic = listening_nic(&topo, cfg, listen);
     if let Some(n) = &nic {
         if cfg.purpose(&n.name) == Purpose::Storage {
             lines.push(format!(
@@ -332,29 +316,11 @@ pub fn daemon_placement(
             ));
         }
     }
-    lines.push(format!(
-        "storage {} ; NIC {} ; numa {mode}{}",
-        storage
-            .as_ref()
-            .map(|d| format!(
-                "{} ({}, node {})",
-                d.name,
-                d.kind.as_str(),
-                d.numa_node.map_or("unknown".into(), |x| x.to_string())
-            ))
-            .unwrap_or_else(|| "unknown".into()),
-        nic.as_ref()
-            .map(|n| format!(
-                "{} (node {})",
-                n.name,
-                n.numa_node.map_or("unknown".into(), |x| x.to_string())
-            ))
-            .unwrap_or_else(|| "unknown".into()),
-        if model.is_some() {
-            ", I/O model loaded"
-        } else {
-            ""
-        }
+    lines.push(describe_ends(
+        storage.as_ref(),
+        nic.as_ref(),
+        mode,
+        model.is_some(),
     ));
 
     // The scheduler's view of the root device <-> NIC path.
@@ -370,42 +336,14 @@ pub fn daemon_placement(
         ))),
         _ => None,
     };
-    let by_type = storage.as_ref().map(|d| {
-        let cap = capacities.get(&d.name).map(|g| (g * 1000.0) as u64);
-        ramsys_topo::plan::storage_pool_size(d.kind, cap, 16)
-    });
-    let planned = sched
-        .as_ref()
-        .zip(storage.as_ref())
-        .map(|(p, d)| p.count(ramsys_sched::Role::Reader, &d.name) as usize);
-    let dev_threads = storage.as_ref().and_then(|d| cfg.threads(&d.name));
-    let auto_storage = by_type.max(planned).filter(|n| *n > 0);
-    let readers = cli
-        .readers
-        .or(dev_threads)
-        .or(cfg.readers)
-        .or(auto_storage)
-        .unwrap_or(4);
-    let writers = cli
-        .writers
-        .or(dev_threads)
-        .or(cfg.writers)
-        .or(auto_storage)
-        .unwrap_or(4);
-    let max_streams = cli
-        .max_streams
-        .or(nic.as_ref().and_then(|n| cfg.threads(&n.name)))
-        .or(cfg.max_streams)
-        .unwrap_or(crate::resources::DEFAULT_MAX_STREAMS);
-    let memory = cli.memory.or(cfg.memory).unwrap_or(256 << 20);
-    let base = ResourceConfig {
-        memory: memory as usize,
-        buffer_size: cli.buffer_size,
-        readers: readers.max(1),
-        writers: writers.max(1),
-        max_streams: max_streams.max(1),
-        ..Default::default()
-    };
+    let base = pool_sizes(
+        cfg,
+        cli,
+        &capacities,
+        storage.as_ref(),
+        nic.as_ref(),
+        sched.as_ref(),
+    );
     let plan = if mode == NumaMode::Off {
         None
     } else {
@@ -464,6 +402,107 @@ pub fn daemon_placement(
         resources,
         lines,
     })
+}
+
+/// The NIC the daemon listens on: the interface of its address (`lo` for
+/// loopback), or for a wildcard address the first physical, up NIC whose
+/// configured purpose is data; never one configured `ignore`.
+fn listening_nic(topo: &Topology, cfg: &DaemonConfig, listen: &str) -> Option<Nic> {
+    match listen_ip(listen) {
+        Some(ip) if !ip.is_unspecified() => {
+            if ip.is_loopback() {
+                topo.nic("lo").or_else(|| topo.nic_for_addr(ip))
+            } else {
+                topo.nic_for_addr(ip)
+            }
+        }
+        _ => topo
+            .nics
+            .iter()
+            .filter(|n| cfg.purpose(&n.name) == Purpose::Data)
+            .find(|n| !n.is_virtual && n.operstate.as_deref() != Some("down")),
+    }
+    .filter(|n| cfg.purpose(&n.name) != Purpose::Ignore)
+    .cloned()
+}
+
+/// The placement's first line: storage device, NIC, NUMA mode.
+fn describe_ends(
+    storage: Option<&BlockDevice>,
+    nic: Option<&Nic>,
+    mode: NumaMode,
+    model_loaded: bool,
+) -> String {
+    format!(
+        "storage {} ; NIC {} ; numa {mode}{}",
+        storage
+            .map(|d| format!(
+                "{} ({}, node {})",
+                d.name,
+                d.kind.as_str(),
+                d.numa_node.map_or("unknown".into(), |x| x.to_string())
+            ))
+            .unwrap_or_else(|| "unknown".into()),
+        nic.map(|n| format!(
+            "{} (node {})",
+            n.name,
+            n.numa_node.map_or("unknown".into(), |x| x.to_string())
+        ))
+        .unwrap_or_else(|| "unknown".into()),
+        if model_loaded {
+            ", I/O model loaded"
+        } else {
+            ""
+        }
+    )
+}
+
+/// Pool sizes, each from the first that says: the command line, the
+/// config (per device, then global), the device type (seed 000 6.1.2) and
+/// the scheduler's plan, else 4 storage threads and 16 streams.
+fn pool_sizes(
+    cfg: &DaemonConfig,
+    cli: &ServeInputs,
+    capacities: &Capacities,
+    storage: Option<&BlockDevice>,
+    nic: Option<&Nic>,
+    sched: Option<&ramsys_sched::Plan>,
+) -> ResourceConfig {
+    let by_type = storage.map(|d| {
+        let cap = capacities.get(&d.name).map(|g| (g * 1000.0) as u64);
+        ramsys_topo::plan::storage_pool_size(d.kind, cap, 16)
+    });
+    let planned = sched
+        .zip(storage)
+        .map(|(p, d)| p.count(ramsys_sched::Role::Reader, &d.name) as usize);
+    let dev_threads = storage.and_then(|d| cfg.threads(&d.name));
+    let auto_storage = by_type.max(planned).filter(|n| *n > 0);
+    let readers = cli
+        .readers
+        .or(dev_threads)
+        .or(cfg.readers)
+        .or(auto_storage)
+        .unwrap_or(4);
+    let writers = cli
+        .writers
+        .or(dev_threads)
+        .or(cfg.writers)
+        .or(auto_storage)
+        .unwrap_or(4);
+    let max_streams = cli
+        .max_streams
+        .or(nic.and_then(|n| cfg.threads(&n.name)))
+        .or(cfg.max_streams)
+        .unwrap_or(crate::resources::DEFAULT_MAX_STREAMS);
+    let memory = cli.memory.or(cfg.memory).unwrap_or(256 << 20);
+    ResourceConfig {
+        memory: memory as usize,
+        buffer_size: cli.buffer_size,
+        readers: readers.max(1),
+        writers: writers.max(1),
+        max_streams: max_streams.max(1),
+        ..Default::default()
+    }
 }
 
 fn cpus_or_os(c: &[usize]) -> String {
