@@ -4,7 +4,7 @@ hand-picked `--streams N`, GridFTP `-p 4 -cc 16` and `iperf3 -P N`, pushed to
 a daemon through bench/wanem at several RTTs, tools interleaved in each round.
 
     python3 bench/streams_wan.py --src DIR --rtts 0,20,50,100 --rounds 3 \
-        [--tools auto,s4,s8,s16,s32,gridftp,iperf16] [--out results.json]
+        [--tools auto,s4,s8,s16,s32,gridftp,iperfauto] [--out results.json]
 
 DIR is copied whole (its top directory) to a tmpfs under --scratch. The
 namespaces pth-a (client) and pth-b (server, daemon) are joined by wanem
@@ -175,11 +175,13 @@ def run_iperf(a, n, secs):
 
 
 def main():
+    # A plain kill (a background job ignores SIGINT) still cleans up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser()
     ap.add_argument("--src", required=True)
     ap.add_argument("--rtts", default="0,20,50,100")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--tools", default="auto,s4,s8,s16,s32,gridftp,iperf16")
+    ap.add_argument("--tools", default="auto,s4,s8,s16,s32,gridftp,iperfauto")
     ap.add_argument("--ramsys", default=str(ROOT / "target/release/ramsys"))
     ap.add_argument("--wanem", default=str(ROOT / "target/release/wanem"))
     ap.add_argument("--scratch", default="/dev/shm/pth-bench")
@@ -220,6 +222,12 @@ def main():
                             r = run_ramsys(a, port, a.src, dst, int(t[1:]))
                         elif t == "gridftp":
                             r = run_gridftp(a, gport, a.src, dst)
+                        elif t == "iperfauto":
+                            # As many streams as ramsys ended with at this RTT.
+                            n = next((x["streams"] for x in reversed(results) if x["rtt"] == rtt
+                                      and x["tool"] == "auto" and x["ok"]), 16)
+                            r = run_iperf(a, n, 8)
+                            r["streams"] = n
                         elif t.startswith("iperf"):
                             r = run_iperf(a, int(t[5:]), 8)
                         r.update(rtt=rtt, round=rnd, tool=t, load=load)
@@ -249,6 +257,8 @@ def table(results, tools):
                 continue
             m = statistics.median(r["mb_s"] for r in rs)
             c = f"{m:,.0f}"
+            if t == "iperfauto":
+                c += " [" + "/".join(str(r["streams"]) for r in rs) + "]"
             if t != "auto":
                 ratios = [auto[r["round"]] / r["mb_s"] for r in rs if r["round"] in auto]
                 if ratios:

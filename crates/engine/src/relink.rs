@@ -175,6 +175,10 @@ struct Slot {
     /// A replacement that arrived while the old link still had a thread.
     pending: Option<Joined>,
     dialing: bool,
+    /// Bytes acknowledged on the stream's earlier links, and the most
+    /// seen on the current one ([`Streams::acked`]).
+    acked_before: u64,
+    acked_now: u64,
 }
 
 /// Per-stream bookkeeping of one session end.
@@ -246,6 +250,8 @@ impl Streams {
                     handle: Some(h),
                     pending: None,
                     dialing: false,
+                    acked_before: 0,
+                    acked_now: 0,
                 })
                 .collect(),
             relinks,
@@ -282,6 +288,8 @@ impl Streams {
             handle: None,
             pending: None,
             dialing: false,
+            acked_before: 0,
+            acked_now: 0,
         };
         if let Relinks::Dial(d) = &self.relinks {
             slot.dialing = true;
@@ -303,6 +311,23 @@ impl Streams {
         let live = self.slots.iter().filter(|s| s.state == State::Live);
         live.filter_map(|s| s.handle.as_ref()?.delivery_rate())
             .collect()
+    }
+
+    /// Bytes the peer acknowledged over every link of the session so far
+    /// (TCP_INFO bytes_acked; a link's last reading counts after it
+    /// ended), the delivered payload the stream count adapts to; None
+    /// when no link reports it.
+    pub fn acked(&mut self) -> Option<u64> {
+        let mut any = false;
+        let mut sum = 0;
+        for s in &mut self.slots {
+            if let Some(n) = s.handle.as_ref().and_then(|h| h.bytes_acked()) {
+                s.acked_now = s.acked_now.max(n);
+                any = true;
+            }
+            sum += s.acked_before + s.acked_now;
+        }
+        any.then_some(sum)
     }
 
     /// Whether this end dials (the client): only it can add streams.
@@ -446,6 +471,7 @@ impl Streams {
     pub fn started(&mut self, i: usize, epoch: u16, handle: Box<dyn Link>) -> bool {
         let s = &mut self.slots[i];
         let added = s.state == State::Joining;
+        s.acked_before += std::mem::take(&mut s.acked_now);
         s.state = State::Live;
         s.epoch = epoch;
         s.handle = Some(handle);

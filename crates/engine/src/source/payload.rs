@@ -425,7 +425,10 @@ impl<'s> Payload<'s> {
             a.grower.end("the payload is over");
             return Ok(None);
         }
-        let bytes = self.stats.bytes.load(Ordering::Relaxed);
+        // Delivered, not read: readers fill the queue ahead of the links,
+        // which would make the first stage look faster than the path.
+        let read = self.stats.bytes.load(Ordering::Relaxed);
+        let bytes = self.streams.acked().unwrap_or(read);
         let total = self.stats.total_bytes.load(Ordering::Relaxed);
         let step = a
             .grower

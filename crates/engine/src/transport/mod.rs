@@ -45,6 +45,11 @@ pub trait Link: Read + Write + Send {
     fn delivery_rate(&self) -> Option<u64> {
         None
     }
+    /// Bytes the peer has acknowledged on this link so far (TCP_INFO's
+    /// bytes_acked), None when the transport does not say.
+    fn bytes_acked(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Something that can open links to an address.

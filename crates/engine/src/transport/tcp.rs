@@ -65,6 +65,9 @@ impl Link for TcpStream {
         let r = tcp_info(self)?.tcpi_delivery_rate;
         (r > 0).then_some(r)
     }
+    fn bytes_acked(&self) -> Option<u64> {
+        Some(tcp_info(self)?.tcpi_bytes_acked)
+    }
 }
 
 /// The socket's TCP_INFO, None if the kernel refuses.
