@@ -41,6 +41,14 @@ fn loopback_keeps_the_lan_count_and_says_why() {
         let rtt = c["rtt_us"].as_u64().expect("an RTT sample on loopback");
         assert!(rtt < 20_000, "loopback RTT {rtt} us");
         assert!(c["why"].as_str().unwrap().contains("ms x"), "{c}");
+        // A LAN gets no streams added; a pull's source (the daemon) does
+        // not adapt at all.
+        if pull {
+            assert!(c["growth"].is_null(), "{c}");
+        } else {
+            let why = c["growth"]["stopped"].as_str().unwrap_or_default();
+            assert!(why.contains("LAN"), "{c}");
+        }
     }
 }
 
