@@ -69,6 +69,11 @@ fn connect(
             opts.streams,
             most.min(pool),
         );
+        let mut c = c;
+        if source {
+            // A push grows from here (transport::grow); a pull cannot.
+            c.start_low();
+        }
         tracing::info!("streams: {} ({})", c.streams, c.why);
         opts.streams = c.streams;
         choice = Some(c);
