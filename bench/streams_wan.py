@@ -108,9 +108,9 @@ class Wan:
         del_ns(NS_B)
 
 
-def start_daemon(a, dst):
+def start_daemon(a, dst, binary=None):
     log = a.work / "serve.log"
-    p = spawn(ns(NS_B) + [a.ramsys, "serve", "--listen", f"{ADDR_B}:0", "--root", str(dst),
+    p = spawn(ns(NS_B) + [binary or a.ramsys, "serve", "--listen", f"{ADDR_B}:0", "--root", str(dst),
                           "--key-file", str(a.work / "key")], log, stdout=subprocess.PIPE)
     box = []
     t = threading.Thread(target=lambda: box.append(p.stdout.readline()), daemon=True)
@@ -132,9 +132,9 @@ def start_daemon(a, dst):
     return p, int(m.group(1))
 
 
-def run_ramsys(a, port, src, dst, streams):
+def run_ramsys(a, port, src, dst, streams, binary=None):
     flags = [] if streams is None else ["--streams", str(streams)]
-    cmd = ns(NS_A) + [a.ramsys, "cp", "-r", "--json", "--key-file", str(a.work / "key")] + flags + \
+    cmd = ns(NS_A) + [binary or a.ramsys, "cp", "-r", "--json", "--key-file", str(a.work / "key")] + flags + \
         [str(src), f"ramsys://{ADDR_B}:{port}/{a.tag}"]
     t = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
@@ -183,6 +183,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tools", default="auto,s4,s8,s16,s32,gridftp,iperfauto")
     ap.add_argument("--ramsys", default=str(ROOT / "target/release/ramsys"))
+    ap.add_argument("--ramsys-base", help="tool `base`: this binary at both ends, no flags")
     ap.add_argument("--wanem", default=str(ROOT / "target/release/wanem"))
     ap.add_argument("--scratch", default="/dev/shm/pth-bench")
     ap.add_argument("--timeout", type=int, default=300)
@@ -202,6 +203,9 @@ def main():
                 print(f"# rtt {rtt} ms: ping {w.ping} ms; {os.getloadavg()}", flush=True)
                 dst.mkdir(parents=True, exist_ok=True)
                 daemon, port = start_daemon(a, dst)
+                bdaemon = None
+                if "base" in tools:
+                    bdaemon, bport = start_daemon(a, dst, a.ramsys_base)
                 gsrv = None
                 if "gridftp" in tools:
                     gport = 2811
@@ -218,6 +222,8 @@ def main():
                         load = os.getloadavg()[0]
                         if t == "auto":
                             r = run_ramsys(a, port, a.src, dst, None)
+                        elif t == "base":
+                            r = run_ramsys(a, bport, a.src, dst, None, a.ramsys_base)
                         elif t.startswith("s"):
                             r = run_ramsys(a, port, a.src, dst, int(t[1:]))
                         elif t == "gridftp":
@@ -236,6 +242,7 @@ def main():
                 shutil.rmtree(dst / a.tag, ignore_errors=True)
                 stop(gsrv)
                 stop(daemon)
+                stop(bdaemon)
     finally:
         cleanup()
         if a.out:

@@ -41,11 +41,13 @@ fn node(l: &TcpListener, holder: u64) -> Arc<Node> {
 fn stats(mut v: Vec<f64>) -> String {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let mean = v.iter().sum::<f64>() / v.len() as f64;
+    // One requester, one operation outstanding: throughput is 1/mean.
     format!(
-        "mean {:6.1} p50 {:6.1} p99 {:6.1}",
+        "mean {:6.1} p50 {:6.1} p99 {:6.1} ({:7.0} ops/s)",
         mean,
         v[v.len() / 2],
-        v[v.len() * 99 / 100]
+        v[v.len() * 99 / 100],
+        1e6 / mean.max(1e-3)
     )
 }
 

@@ -78,8 +78,10 @@ fn connect(
         opts.streams = c.streams;
         choice = Some(c);
     }
+    // Raw channels (transport::rawlink::Split): data links only.
+    let data = remote.transport.data_links();
     let mut pre = PreLinks::start(
-        remote.transport.clone(),
+        data.unwrap_or_else(|| remote.transport.clone()),
         &remote.addr,
         opts.streams,
         remote.connect_timeout,
@@ -120,6 +122,15 @@ fn seal_control(s: &mut ClientSession, cipher: Cipher) -> Result<(), EngineError
         clear,
     )?);
     Ok(())
+}
+
+/// A session a busy daemon sent here (issue 19): say so, so this daemon
+/// admits it rather than redirecting it again.
+fn redirected(s: &mut ClientSession, opts: &TransferOptions) -> Result<(), EngineError> {
+    match &opts.redirected_from {
+        Some(from) => send_control(&mut *s.ctl, &Control::Redirected { from: from.clone() }),
+        None => Ok(()),
+    }
 }
 
 fn open_msg(role: Role, paths: Vec<Vec<u8>>, opts: &TransferOptions) -> Control {
@@ -179,6 +190,7 @@ pub fn push(
     let (mut s, mut links, opts, choice) = connect(remote, opts, res, true)?;
     let opts = &opts;
     seal_control(&mut s, opts.encrypt)?;
+    redirected(&mut s, opts)?;
     send_control(&mut *s.ctl, &open_msg(Role::Sink, vec![dest], opts))?;
     let spec = SourceSpec {
         root,
@@ -212,6 +224,7 @@ pub fn pull(
     if bps > 0 {
         send_control(&mut *s.ctl, &Control::BwLimit { bytes_per_s: bps })?;
     }
+    redirected(&mut s, opts)?;
     send_control(&mut *s.ctl, &open_msg(Role::Source, paths, opts))?;
     let spec = SinkSpec {
         root,
@@ -223,6 +236,39 @@ pub fn pull(
         r.stream_choice = choice;
         r
     })
+}
+
+/// The daemon's raw-channel interfaces (RawQuery on a control connection
+/// of its own, before the session: the agent needs the MACs before it
+/// dials its data links; docs/TYCHE.md "Negotiation"). A daemon that
+/// predates RawQuery, or refuses it, offers none.
+pub fn raw_offer(remote: &Remote) -> Result<Vec<ramsys_proto::control::RawIface>, EngineError> {
+    let user = remote.user.clone().unwrap_or_else(current_user);
+    let mut s = client_connect_as(
+        &*remote.transport,
+        &remote.addr,
+        &user,
+        &remote.key,
+        remote.connect_timeout,
+    )?;
+    send_control(&mut *s.ctl, &Control::RawQuery)?;
+    match crate::wire::recv_control(&mut *s.ctl) {
+        Ok(Control::RawOffer { ifaces }) => Ok(ifaces),
+        Ok(Control::Error { message, .. }) => {
+            tracing::debug!("RawQuery refused: {message}");
+            Ok(Vec::new())
+        }
+        Ok(other) => Err(ramsys_proto::ProtoError::Unexpected {
+            got: other.name(),
+            state: "awaiting RawOffer",
+        }
+        .into()),
+        // An older daemon cannot decode RawQuery and closes.
+        Err(e) => {
+            tracing::debug!("RawQuery: {e}");
+            Ok(Vec::new())
+        }
+    }
 }
 
 /// A one-time credential minted by a daemon (docs/SECURITY.md).

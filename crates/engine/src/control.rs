@@ -114,11 +114,15 @@ impl<M: Machine> ControlLink<M> {
     }
 }
 
-/// The peer's Abort or Error as the error it means.
+/// The peer's Abort, Error or Redirect as the error it means.
 pub fn check_abort(m: &Control) -> Result<(), EngineError> {
     match m {
         Control::Abort { reason } => Err(EngineError::PeerAborted(reason.clone())),
         Control::Error { message, .. } => Err(EngineError::Refused(message.clone())),
+        Control::Redirect { addr, reason } => Err(EngineError::Redirected {
+            to: addr.clone(),
+            reason: reason.clone(),
+        }),
         _ => Ok(()),
     }
 }

@@ -61,6 +61,11 @@ pub enum EngineError {
     Refused(String),
     #[error("{0}")]
     Local(String),
+    /// The daemon is at its admission limit and sent the session to a peer
+    /// of its site (Control::Redirect, docs/SITE.md): the agent opens it
+    /// there instead, once.
+    #[error("redirected to {to}: {reason}")]
+    Redirected { to: String, reason: String },
 }
 
 impl EngineError {

@@ -69,6 +69,10 @@ pub struct TransferOptions {
     /// Where this end is the source: the rate limits its senders draw
     /// from (`--bwlimit`, a daemon's and a user's `max_rate`; data::rate).
     pub rate: crate::data::rate::Limits,
+    /// A client's session that a busy daemon redirected (issue 19): the
+    /// daemon that did, sent as Control::Redirected so the new daemon
+    /// does not redirect it again.
+    pub redirected_from: Option<String>,
 }
 
 impl Default for TransferOptions {
@@ -101,6 +105,7 @@ impl Default for TransferOptions {
             archive_policy: crate::archive::Policy::default(),
             send_path: crate::config::SendPath::default(),
             rate: Default::default(),
+            redirected_from: None,
         }
     }
 }

@@ -69,6 +69,8 @@ pub struct DaemonShared {
     pub rates: crate::daemon::rates::DaemonRates,
     /// Drain state and running sessions (daemon::lifecycle).
     pub life: crate::daemon::lifecycle::Lifecycle,
+    /// Raw-channel interfaces offered (`serve --raw-iface`, RawOffer).
+    raw: std::sync::OnceLock<Vec<ramsys_proto::control::RawIface>>,
 }
 
 /// A daemon that serves one session only (`ramsys ssh-serve`,
@@ -189,6 +191,7 @@ impl Daemon {
                 site: std::sync::OnceLock::new(),
                 rates: Default::default(),
                 life: Default::default(),
+                raw: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -260,6 +263,15 @@ impl Daemon {
             .shared
             .site
             .set(crate::site::Site::start(&me, opts, key, Box::new(local)));
+    }
+
+    /// Offer raw-Ethernet channels (issue 18, transport::rawlink): the
+    /// listeners' channels go through the same dispatch as TCP
+    /// connections, and RawQuery is answered with their interfaces.
+    pub fn serve_raw(&self, l: crate::transport::rawlink::RawListeners) {
+        let _ = self.shared.raw.set(l.offer().to_vec());
+        let sh = self.shared.clone();
+        l.spawn(Arc::new(move |link| handle(sh.clone(), link)));
     }
 
     /// Accept connections forever.
@@ -467,6 +479,11 @@ fn serve_control(
         ),
         first => (0, first),
     };
+    // A session another daemon of the site redirected here (issue 19).
+    let (redirected, first) = match first {
+        Control::Redirected { from } => (Some(from), recv_control(&mut **link)?),
+        first => (None, first),
+    };
     let Some(mut req) = serve_request(sh, link, &auth, first)? else {
         return Ok(());
     };
@@ -478,6 +495,17 @@ fn serve_control(
     if sh.life.draining() {
         refuse(link, 5, crate::daemon::lifecycle::DRAINING.into());
         return Ok(());
+    }
+    // At its admission limit, a site member sends the session to a less
+    // loaded peer instead of queueing it; never one redirected here.
+    if let Some((addr, reason)) = redirected.is_none().then(|| busy(sh, &req.open)).flatten() {
+        tracing::info!("session {session:x}: busy ({reason}); redirected to {addr}");
+        sh.state.counters.redirects.fetch_add(1, Ordering::Relaxed);
+        crate::wire::send_final(&mut **link, &Control::Redirect { addr, reason });
+        return Ok(());
+    }
+    if let Some(from) = &redirected {
+        tracing::info!("session {session:x}: redirected here by {from}");
     }
     sh.active.fetch_add(1, Ordering::Relaxed);
     let links = ServerLinks {
@@ -498,6 +526,30 @@ fn serve_control(
         d.1 = r.as_ref().map(|_| ()).map_err(|e| e.to_string());
     }
     r
+}
+
+/// Admission on site state (site::redirect): Some((peer, why)) when this
+/// daemon is at its limit and a peer of its site is less loaded. Besides
+/// the site's limits, the session is busy here when the pools of its
+/// direction have nothing free or tasks already wait for them: it would
+/// queue.
+fn busy(sh: &DaemonShared, open: &ramsys_proto::control::Open) -> Option<(String, String)> {
+    let site = sh.site.get()?;
+    let r = &sh.res;
+    let waiting = sh
+        .state
+        .tasks_in(crate::daemon::admit::TaskState::Suspended);
+    let would_wait = match open.server_role {
+        Role::Sink if r.receivers.idle() == 0 => Some("no receiver thread free"),
+        Role::Sink if r.writers.idle() == 0 => Some("no writer thread free"),
+        Role::Sink if r.buffers.free() < 2 => Some("no buffer memory free"),
+        Role::Source if r.senders.idle() == 0 => Some("no sender thread free"),
+        Role::Source if r.readers.idle() == 0 => Some("no reader thread free"),
+        _ if waiting > 0 => Some("tasks already wait for threads or buffers"),
+        _ => None,
+    };
+    let sessions = sh.active.load(Ordering::Relaxed) as u32;
+    site.redirect(sessions, would_wait.map(String::from))
 }
 
 /// An authenticated control connection.
@@ -667,6 +719,12 @@ fn serve_request(
         }
         Control::TokenRequest { ttl_s } => {
             mint(sh, link, a, ttl_s)?;
+            return Ok(None);
+        }
+        // `--transport raw|auto` (transport::rawlink): our interfaces.
+        Control::RawQuery => {
+            let ifaces = sh.raw.get().cloned().unwrap_or_default();
+            send_control(&mut **link, &Control::RawOffer { ifaces })?;
             return Ok(None);
         }
         other => {

@@ -326,6 +326,32 @@ pub enum Control {
     BwLimit {
         bytes_per_s: u64,
     },
+    /// Server to client, instead of running the session its Open asked
+    /// for, then the server closes the connection: this daemon is at its
+    /// admission limit (`reason`, one line) and `addr` (a peer of its
+    /// site, less loaded in its site view) should serve it instead
+    /// (issue 19, docs/SITE.md). The client opens the session again at
+    /// `addr`, once, announcing it with Redirected.
+    Redirect {
+        addr: String,
+        reason: String,
+    },
+    /// Client to server, right before the request (and after BwLimit, if
+    /// any): this session was redirected here by the daemon at `from`.
+    /// The server does not redirect it again (it admits it, queueing it if
+    /// it must), so a redirect never chains. No answer.
+    Redirected {
+        from: String,
+    },
+    /// Client to server, instead of Open (`--transport raw|auto`, issue
+    /// 18): which interfaces does the daemon offer raw-Ethernet channels
+    /// on? Answered by one [`Control::RawOffer`]; the server then closes.
+    RawQuery,
+    /// Server to client: the daemon's raw-channel interfaces (`serve
+    /// --raw-iface`); empty when it offers none. docs/TYCHE.md.
+    RawOffer {
+        ifaces: Vec<RawIface>,
+    },
     /// Source to sink during the payload, before EndOfData, when the
     /// source is the client (issue 21, docs/PROTOCOL.md "Adding
     /// streams"): the aggregate rate still grows with more links, so the
@@ -340,6 +366,22 @@ pub enum Control {
         stream: u16,
         credits: u32,
     },
+}
+
+/// One interface a daemon offers raw channels on (docs/TYCHE.md,
+/// "Negotiation"): the agent pairs its own interfaces with these (same
+/// subnet of an address, then a probe channel) and dials data links to
+/// `mac`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RawIface {
+    pub name: String,
+    pub ifindex: u32,
+    pub mac: [u8; 6],
+    pub mtu: u32,
+    /// The NIC's NUMA node, None when unknown.
+    pub node: Option<u32>,
+    /// The interface's IP addresses (text), for pairing by subnet.
+    pub addrs: Vec<String>,
 }
 
 /// What a source sends of its tree (rsync's filter rules, engine
@@ -473,6 +515,10 @@ impl Control {
             Control::Preserve { .. } => "Preserve",
             Control::Attrs(_) => "Attrs",
             Control::BwLimit { .. } => "BwLimit",
+            Control::Redirect { .. } => "Redirect",
+            Control::Redirected { .. } => "Redirected",
+            Control::RawQuery => "RawQuery",
+            Control::RawOffer { .. } => "RawOffer",
             Control::AddStream { .. } => "AddStream",
             Control::StreamAdded { .. } => "StreamAdded",
         }
@@ -731,6 +777,24 @@ mod tests {
             }]),
             Control::BwLimit {
                 bytes_per_s: 20 << 20,
+            },
+            Control::Redirect {
+                addr: "10.0.0.2:7070".into(),
+                reason: "4 sessions running (max_sessions = 4)".into(),
+            },
+            Control::Redirected {
+                from: "10.0.0.1:7070".into(),
+            },
+            Control::RawQuery,
+            Control::RawOffer {
+                ifaces: vec![RawIface {
+                    name: "eth2".into(),
+                    ifindex: 4,
+                    mac: [2, 0, 0, 0, 0, 9],
+                    mtu: 9000,
+                    node: Some(1),
+                    addrs: vec!["10.1.0.2".into()],
+                }],
             },
             Control::AddStream { stream: 5 },
             Control::StreamAdded {

@@ -101,6 +101,8 @@ struct Plan {
     res_cfg: ResourceConfig,
     fixed: Fixed,
     channels: ramsys_topo::ChannelPolicy,
+    /// `--transport`, `--raw-iface` (crate::rawpick).
+    raw: crate::rawpick::RawArgs,
     connect_timeout: Duration,
     /// The local copy's source engine takes this share of --memory.
     memory: usize,
@@ -212,6 +214,7 @@ impl Plan {
                 writers: a.writers,
             },
             channels: a.channels,
+            raw: a.raw.clone(),
             connect_timeout: Duration::from_secs(a.connect_timeout.max(1)),
             memory: a.memory as usize,
             block_size: a.block_size as usize,
@@ -262,6 +265,8 @@ struct Run<'a> {
     /// How to reach an ssh end (direct, or through ssh: crate::tunnel);
     /// None: plain TCP through the NUMA layer's channels.
     via_ssh: Option<Arc<dyn Transport>>,
+    /// The daemon that redirected this transfer here (Control::Redirected).
+    redirected_from: Option<String>,
 }
 
 fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
@@ -269,6 +274,9 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
     // Before any link is opened: every TCP link of this process uses it.
     ramsys_engine::transport::tcp::use_congestion(a.congestion.as_deref())
         .map_err(|e| anyhow::anyhow!(e))?;
+    if a.stripe {
+        return run_striped(a, &plan, sync);
+    }
     // ramsys://A,B,C/PATH: the least-loaded daemon of the list (pick.rs).
     for e in plan.srcs.iter_mut().chain(std::iter::once(&mut plan.dst)) {
         crate::pick::resolve(e, &|| a.key.load(), plan.connect_timeout)?;
@@ -298,18 +306,50 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
         stats: Arc::new(Stats::default()),
         key: &load_key,
         via_ssh: ssh.transport(a),
+        redirected_from: None,
     };
     let t0 = Instant::now();
     let cpu0 = process_cpu_seconds();
-    let result = match (&plan.dst, srcs.remote.is_empty()) {
-        (Endpoint::Daemon { addr, path }, true) => run.push_to(addr, path, &srcs.local)?,
-        (Endpoint::Local(d), false) => run.pull_from(d, srcs.remote)?,
-        (Endpoint::Local(d), true) => run.copy_locally(d, &srcs.local)?,
-        (Endpoint::Daemon { .. }, false) => {
-            bail!("third-party transfers (daemon to daemon) are not supported yet")
+    // A busy daemon may send the session to a peer of its site (issue 19):
+    // run it there instead, once.
+    let mut redirect: Option<crate::pick::Redirect> = None;
+    let result = loop {
+        let to = redirect.as_ref().map(|r| r.to.clone());
+        let (from, r) = match (&plan.dst, srcs.remote.is_empty()) {
+            (Endpoint::Daemon { addr, path }, true) => {
+                let addr = to.unwrap_or_else(|| addr.clone());
+                let r = run.push_to(&addr, path, &srcs.local)?;
+                (addr, r)
+            }
+            (Endpoint::Local(d), false) => {
+                let mut remote = srcs.remote.clone();
+                if let Some(to) = to {
+                    remote.iter_mut().for_each(|r| r.0 = to.clone());
+                }
+                let addr = remote[0].0.clone();
+                (addr, run.pull_from(d, remote)?)
+            }
+            (Endpoint::Local(d), true) => (String::new(), run.copy_locally(d, &srcs.local)?),
+            (Endpoint::Daemon { .. }, false) => {
+                bail!("third-party transfers (daemon to daemon) are not supported yet")
+            }
+            // crate::ssh::open turned every ssh destination into a daemon.
+            (Endpoint::Ssh(e), _) => bail!("{}: ssh endpoint not resolved", e.display()),
+        };
+        let Err(ramsys_engine::EngineError::Redirected { to, reason }) = r else {
+            break r;
+        };
+        match crate::pick::follow(redirect.as_ref(), &from, &to, &reason) {
+            Ok(r) => {
+                if !plan.json {
+                    eprintln!("ramsys: {from} is busy ({reason}); redirected to {to}");
+                }
+                run.redirected_from = Some(from);
+                run.stats = Arc::new(Stats::default());
+                redirect = Some(r);
+            }
+            Err(e) => break Err(ramsys_engine::EngineError::Local(e)),
         }
-        // crate::ssh::open turned every ssh destination into a daemon.
-        (Endpoint::Ssh(e), _) => bail!("{}: ssh endpoint not resolved", e.display()),
     };
     let wall = t0.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu0;
@@ -318,7 +358,102 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
         run.numa.streams(rep);
     }
     run.numa.print();
-    report(result, &run.stats, wall, cpu, plan.json, sync)
+    let extra = Extra {
+        redirect,
+        stripes: None,
+    };
+    report(result, &run.stats, wall, cpu, plan.json, sync, extra)
+}
+
+/// `--stripe` (crate::stripe): one push over every listed daemon.
+fn run_striped(a: &CpArgs, plan: &Plan, sync: u32) -> anyhow::Result<i32> {
+    let Endpoint::Daemon { addr, path } = &plan.dst else {
+        bail!("--stripe: the destination must be ramsys://A,B,C/PATH (daemons sharing PATH)")
+    };
+    let local: Vec<PathBuf> = plan
+        .srcs
+        .iter()
+        .map(|s| match s {
+            Endpoint::Local(p) => Ok(p.clone()),
+            _ => Err(anyhow::anyhow!("--stripe: the sources must be local paths")),
+        })
+        .collect::<anyhow::Result<_>>()?;
+    anyhow::ensure!(
+        sync & ramsys_engine::sync::flags::DELETE == 0,
+        "--stripe cannot be combined with --delete (each daemon sees only its share)"
+    );
+    anyhow::ensure!(
+        a.select.files_from.is_none(),
+        "--stripe cannot be combined with --files-from (the shares are file lists)"
+    );
+    crate_raise_limits();
+    let job = crate::stripe::Job {
+        daemons: addr
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect(),
+        dest: path.clone(),
+        tops: local_tops(&local, &plan.contents)?,
+        opts: plan.opts.clone(),
+        res_cfg: plan.res_cfg.clone(),
+        connect_timeout: plan.connect_timeout,
+        key: a.load_key()?,
+    };
+    let t0 = Instant::now();
+    let cpu0 = process_cpu_seconds();
+    let (result, stripes) = crate::stripe::run(job, plan.json)?;
+    let (wall, cpu) = (t0.elapsed().as_secs_f64(), process_cpu_seconds() - cpu0);
+    if a.explain && !plan.json {
+        for s in &stripes {
+            eprintln!(
+                "stripe {}: share {} files, {} bytes; moved {} files, {} bytes{}",
+                s.daemon,
+                s.share_files,
+                s.share_bytes,
+                s.files,
+                s.bytes,
+                s.error
+                    .as_ref()
+                    .map(|e| format!("; failed: {e}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    let stats = Stats::default();
+    let extra = Extra {
+        redirect: None,
+        stripes: Some(stripes),
+    };
+    report(result, &stats, wall, cpu, plan.json, sync, extra)
+}
+
+/// What a run adds to the summary beyond the engine's report.
+#[derive(Default)]
+struct Extra {
+    /// A busy daemon sent the session to a peer (issue 19).
+    redirect: Option<crate::pick::Redirect>,
+    /// `--stripe`: each daemon's share.
+    stripes: Option<Vec<crate::stripe::Stripe>>,
+}
+
+/// `--transport raw|auto`: data links as raw channels (crate::rawpick).
+fn raw_links(
+    plan: &Plan,
+    via_ssh: bool,
+    addr: &str,
+    key: &[u8],
+    buffer_node: Option<u32>,
+    control: Arc<dyn Transport>,
+) -> anyhow::Result<Arc<dyn Transport>> {
+    let d = crate::rawpick::Daemon {
+        addr,
+        key,
+        timeout: plan.connect_timeout,
+        via_ssh,
+    };
+    crate::rawpick::data_transport(&plan.raw, &d, plan.channels, buffer_node, control)
 }
 
 impl Run<'_> {
@@ -329,6 +464,7 @@ impl Run<'_> {
         let src = local.first().map(|p| p.as_path());
         let cfg = numa.configure("source", Role::Source, src, Some(addr), &plan.res_cfg);
         let mut opts = plan.opts.clone();
+        opts.redirected_from = self.redirected_from.clone();
         numa.follow("source", Role::Source, &mut opts, &plan.fixed);
         let res = EngineResources::new(&cfg)?;
         numa.buffers("source", &res);
@@ -336,6 +472,14 @@ impl Run<'_> {
             Some(t) => t.clone(),
             None => numa.channels(addr, plan.channels, cfg.buffer_node, tcp()),
         };
+        let transport = raw_links(
+            plan,
+            self.via_ssh.is_some(),
+            addr,
+            &key,
+            cfg.buffer_node,
+            transport,
+        )?;
         let remote = Remote {
             transport,
             addr: addr.to_string(),
@@ -367,6 +511,7 @@ impl Run<'_> {
         let addr = remote[0].0.clone();
         let cfg = numa.configure("sink", Role::Sink, Some(d), Some(&addr), &plan.res_cfg);
         let mut opts = plan.opts.clone();
+        opts.redirected_from = self.redirected_from.clone();
         numa.follow("sink", Role::Sink, &mut opts, &plan.fixed);
         let res = EngineResources::new(&cfg)?;
         numa.buffers("sink", &res);
@@ -374,6 +519,14 @@ impl Run<'_> {
             Some(t) => t.clone(),
             None => numa.channels(&addr, plan.channels, cfg.buffer_node, tcp()),
         };
+        let transport = raw_links(
+            plan,
+            self.via_ssh.is_some(),
+            &addr,
+            &key,
+            cfg.buffer_node,
+            transport,
+        )?;
         let remote_end = Remote {
             transport,
             addr,
@@ -476,6 +629,7 @@ fn report(
     cpu: f64,
     json: bool,
     sync: u32,
+    extra: Extra,
 ) -> anyhow::Result<i32> {
     match result {
         Ok(rep) => {
@@ -492,7 +646,14 @@ fn report(
                     faults.lost, faults.replaced, faults.retries
                 );
             }
-            Ok(summarize(&rep, wall, cpu, json, sync, resent, faults))
+            let run = RunFacts {
+                wall,
+                cpu,
+                resent,
+                faults,
+                extra,
+            };
+            Ok(summarize(&rep, &run, json, sync))
         }
         Err(e) => {
             if json {
@@ -500,6 +661,7 @@ fn report(
                     "event": "summary", "ok": false, "error": e.to_string(),
                     "files": stats.files.load(std::sync::atomic::Ordering::Relaxed),
                     "bytes": 0, "wall_s": wall, "mb_s": 0.0, "cpu_s": cpu, "failed": [],
+                    "redirect": extra.redirect, "stripes": extra.stripes,
                 });
                 println!("{line}");
             }
@@ -535,15 +697,23 @@ impl LinkFaults {
     }
 }
 
-fn summarize(
-    rep: &Report,
+/// What the summary says of the run beyond the engine's report.
+struct RunFacts {
     wall: f64,
     cpu: f64,
-    json: bool,
-    sync: u32,
     resent: u64,
     faults: LinkFaults,
-) -> i32 {
+    extra: Extra,
+}
+
+fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
+    let RunFacts {
+        wall,
+        cpu,
+        resent,
+        ref faults,
+        ..
+    } = *run;
     let mb_s = rep.bytes as f64 / 1e6 / wall.max(1e-9);
     let dry = sync & ramsys_engine::sync::flags::DRY_RUN != 0;
     if json {
@@ -569,7 +739,11 @@ fn summarize(
             "send_path": rep.send_path,
             "handoffs": rep.handoffs,
             "storage": rep.storage,
+            "redirect": run.extra.redirect,
         });
+        if let Some(s) = &run.extra.stripes {
+            line["stripes"] = serde_json::json!(s);
+        }
         if sync & ramsys_engine::sync::COMPARE != 0 {
             // bytes = file data sent, files = files whose data was sent,
             // unchanged = files skipped (issue 10).

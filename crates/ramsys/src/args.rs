@@ -99,6 +99,8 @@ pub struct CpArgs {
     )]
     pub channels: ramsys_topo::ChannelPolicy,
     #[command(flatten)]
+    pub raw: crate::rawpick::RawArgs,
+    #[command(flatten)]
     pub storage: StorageArgs,
     #[command(flatten)]
     pub select: SelectArgs,
@@ -121,6 +123,12 @@ pub struct CpArgs {
     /// it a device DST is refused (docs/STORAGE.md "Volumes").
     #[arg(long)]
     pub write_devices: bool,
+    /// Stripe one push over every daemon of `ramsys://A,B,C/DST` that
+    /// answers: each receives its share of the files at once, into a DST
+    /// they share (a shared file system; docs/SITE.md "Striping"). A lost
+    /// daemon fails its share only; rerun with --resume to finish.
+    #[arg(long)]
+    pub stripe: bool,
     /// Sources, then the destination.
     #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
     pub paths: Vec<String>,

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
-use ramsys_engine::config::{daemon_placement, ServeInputs};
+use ramsys_engine::config::{daemon_placement, DaemonConfig, DaemonPlacement, ServeInputs};
 use ramsys_engine::daemon::users::load_users_file;
 use ramsys_engine::resources::ResourceConfig;
 use ramsys_engine::server::Daemon;
@@ -87,16 +87,36 @@ pub struct ServeArgs {
     /// inject a fake /proc).
     #[arg(long, value_name = "DIR", hide = true, default_value = "/")]
     pub site_sys_root: PathBuf,
+    /// In a site: at this many running sessions, redirect a new one to the
+    /// least-loaded peer instead of queueing it (default: config's `[site]
+    /// max_sessions`, else only full pools redirect; docs/SITE.md).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub site_max_sessions: Option<u32>,
+    /// In a site: at this CPU load (percent, 1-100) redirect new sessions
+    /// to a less-loaded peer (default: config's `[site] max_load`, else none).
+    #[arg(long, value_name = "PCT", value_parser = parse_load)]
+    pub site_max_load: Option<f64>,
     /// What the daemon sends, all sessions together, at most (bytes per
     /// second, rsync's units as in `cp --bwlimit`; default: the config's
     /// `max_rate`, else no limit). Users' `max_rate` and clients'
     /// --bwlimit apply on top.
     #[arg(long, value_name = "RATE", value_parser = ramsys_engine::data::rate::parse_rate)]
     pub max_rate: Option<u64>,
+    /// Offer raw-Ethernet data channels on IFACE (repeatable; also `[raw]
+    /// ifaces` in --config; needs CAP_NET_RAW): agents with `--transport
+    /// raw` on the same L2 segment carry their data links in frames of
+    /// EtherType 0x88B5 (docs/TYCHE.md). The control link stays TCP.
+    #[arg(long, value_name = "IFACE")]
+    pub raw_iface: Vec<String>,
     /// On SIGTERM/SIGINT: seconds running sessions get to finish before
     /// they are stopped (resumably); new sessions are refused meanwhile.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     pub drain_timeout: u64,
+}
+
+fn parse_load(s: &str) -> Result<f64, String> {
+    let n: u64 = s.parse().map_err(|e| format!("{s}: {e}"))?;
+    ramsys_engine::site::check_load_pct(n)
 }
 
 fn parse_interval(s: &str) -> Result<u64, String> {
@@ -104,6 +124,9 @@ fn parse_interval(s: &str) -> Result<u64, String> {
     ramsys_engine::site::check_interval(n)
 }
 
+/// `ramsys serve`: load the config and users, place and size the pools,
+/// bind, start the optional raw listeners, site membership and metrics,
+/// print "listening on", then serve until a signal ends it.
 pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     anyhow::ensure!(
         a.max_block_size >= 4096,
@@ -112,15 +135,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     // Users from --users and the config's [users] section (daemon::users);
     // read the same way again on SIGHUP (crate::signals).
     let (cfg, users) = crate::signals::load(a.config.as_deref(), a.users.as_deref())?;
-    let first_root = match &a.users {
-        Some(p) if cfg.users.is_empty() => load_users_file(p)?.first().map(|u| u.root.clone()),
-        _ => cfg.users.first().map(|u| u.root.clone()),
-    };
-    let root = match (&a.root, first_root) {
-        (Some(r), _) => r.clone(),
-        (None, Some(r)) => r,
-        (None, None) => anyhow::bail!("give --root DIR, or a users table (--users FILE)"),
-    };
+    let root = serve_root(a, &cfg)?;
     // With a users table the shared key is not used: do not create one.
     let key = match users {
         None => a.key.load()?,
@@ -136,38 +151,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     });
     // Before any thread starts: only the signal thread takes them.
     crate::signals::block();
-    let cli = ServeInputs {
-        numa: a.numa,
-        memory: a.memory,
-        max_streams: a.max_streams,
-        readers: a.readers,
-        writers: a.writers,
-        buffer_size: a.max_block_size as usize,
-    };
-    // The placement needs the hardware; without discovery (a container
-    // hiding /sys) the daemon still serves with unpinned pools.
-    let placement = match ramsys_topo::discover(Path::new("/")) {
-        Ok(topo) => Some(daemon_placement(topo, true, &cfg, &cli, &root, &a.listen)?),
-        Err(e) => {
-            tracing::warn!("hardware discovery failed ({e}); pools left to the OS");
-            None
-        }
-    };
-    let rcfg = match &placement {
-        Some(p) => p.resources.clone(),
-        None => ResourceConfig {
-            memory: cli.memory.or(cfg.memory).unwrap_or(256 << 20) as usize,
-            buffer_size: cli.buffer_size,
-            readers: cli.readers.or(cfg.readers).unwrap_or(4).max(1),
-            writers: cli.writers.or(cfg.writers).unwrap_or(4).max(1),
-            max_streams: cli
-                .max_streams
-                .or(cfg.max_streams)
-                .unwrap_or(ramsys_engine::resources::DEFAULT_MAX_STREAMS)
-                .max(1),
-            ..Default::default()
-        },
-    };
+    let (placement, rcfg) = place(a, &cfg, &root)?;
     let res = EngineResources::new(&rcfg)?;
     // A pull's payload leaves from here: BBR where the kernel has it
     // (issue 21), as the agent does.
@@ -181,42 +165,15 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
             tracing::info!("placement: buffer pages by node (move_pages): {v:?}");
         }
     }
-    let opts = TransferOptions {
-        readers: rcfg.readers,
-        writers: rcfg.writers,
-        window: a.window.max(2),
-        fsync: a.fsync,
-        // Where the daemon is the source (pulls): flag, else config.
-        send_path: a.storage.send_path.or(cfg.send_path).unwrap_or_default(),
-        ..a.storage.options()
-    };
-    // O_DIRECT policy: flag, else config (docs/STORAGE.md, issue 17).
-    let opts = match (a.storage.direct, a.storage.no_direct, cfg.direct) {
-        (None, false, Some(m)) => TransferOptions {
-            direct: m != ramsys_engine::storage::cache::DirectMode::Never,
-            direct_mode: m,
-            ..opts
-        },
-        _ => opts,
-    };
-    let mut d = Daemon::bind(&a.listen, &root, key, opts, res)?;
+    let mut d = Daemon::bind(&a.listen, &root, key, transfer_options(a, &cfg, &rcfg), res)?;
+    start_raw(&mut d, a, &cfg)?;
     if let Some(u) = users {
         d.set_users(u);
     }
     if let Some(p) = placement {
         d.set_placement(p);
     }
-    // A site (issue 19): flags first, then the config's [site].
-    let mut peers = a.peer.clone();
-    peers.extend(cfg.site_peers.iter().cloned());
-    if !peers.is_empty() || a.site_interval.is_some() || cfg.site_interval_ms.is_some() {
-        d.start_site(ramsys_engine::site::SiteOptions {
-            peers,
-            interval_ms: a.site_interval.or(cfg.site_interval_ms).unwrap_or(50),
-            sys_root: a.site_sys_root.clone(),
-            user: cfg.site_user.clone().unwrap_or_else(|| "site".into()),
-        });
-    }
+    start_site(&mut d, a, &cfg);
     d.shared()
         .rates
         .daemon
@@ -251,6 +208,125 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     tracing::info!("serving {} on {}", root.display(), d.local_addr());
     d.serve();
     Ok(0)
+}
+
+/// The exported root: --root, else the first user's root of the users
+/// table (--users or the config's [users]).
+fn serve_root(a: &ServeArgs, cfg: &DaemonConfig) -> anyhow::Result<PathBuf> {
+    let first_root = match &a.users {
+        Some(p) if cfg.users.is_empty() => load_users_file(p)?.first().map(|u| u.root.clone()),
+        _ => cfg.users.first().map(|u| u.root.clone()),
+    };
+    match (&a.root, first_root) {
+        (Some(r), _) => Ok(r.clone()),
+        (None, Some(r)) => Ok(r),
+        (None, None) => anyhow::bail!("give --root DIR, or a users table (--users FILE)"),
+    }
+}
+
+/// The daemon's placement (None without hardware discovery, e.g. a
+/// container hiding /sys: the daemon still serves with unpinned pools)
+/// and the pool sizes it leads to.
+fn place(
+    a: &ServeArgs,
+    cfg: &DaemonConfig,
+    root: &Path,
+) -> anyhow::Result<(Option<DaemonPlacement>, ResourceConfig)> {
+    let cli = ServeInputs {
+        numa: a.numa,
+        memory: a.memory,
+        max_streams: a.max_streams,
+        readers: a.readers,
+        writers: a.writers,
+        buffer_size: a.max_block_size as usize,
+    };
+    let placement = match ramsys_topo::discover(Path::new("/")) {
+        Ok(topo) => Some(daemon_placement(topo, true, cfg, &cli, root, &a.listen)?),
+        Err(e) => {
+            tracing::warn!("hardware discovery failed ({e}); pools left to the OS");
+            None
+        }
+    };
+    let rcfg = match &placement {
+        Some(p) => p.resources.clone(),
+        None => ResourceConfig {
+            memory: cli.memory.or(cfg.memory).unwrap_or(256 << 20) as usize,
+            buffer_size: cli.buffer_size,
+            readers: cli.readers.or(cfg.readers).unwrap_or(4).max(1),
+            writers: cli.writers.or(cfg.writers).unwrap_or(4).max(1),
+            max_streams: cli
+                .max_streams
+                .or(cfg.max_streams)
+                .unwrap_or(ramsys_engine::resources::DEFAULT_MAX_STREAMS)
+                .max(1),
+            ..Default::default()
+        },
+    };
+    Ok((placement, rcfg))
+}
+
+/// Per-session defaults: storage flags, else the config.
+fn transfer_options(a: &ServeArgs, cfg: &DaemonConfig, rcfg: &ResourceConfig) -> TransferOptions {
+    let opts = TransferOptions {
+        readers: rcfg.readers,
+        writers: rcfg.writers,
+        window: a.window.max(2),
+        fsync: a.fsync,
+        // Where the daemon is the source (pulls): flag, else config.
+        send_path: a.storage.send_path.or(cfg.send_path).unwrap_or_default(),
+        ..a.storage.options()
+    };
+    // O_DIRECT policy: flag, else config (docs/STORAGE.md, issue 17).
+    match (a.storage.direct, a.storage.no_direct, cfg.direct) {
+        (None, false, Some(m)) => TransferOptions {
+            direct: m != ramsys_engine::storage::cache::DirectMode::Never,
+            direct_mode: m,
+            ..opts
+        },
+        _ => opts,
+    }
+}
+
+/// Raw channels (issue 18): opened before "listening on", so a missing
+/// CAP_NET_RAW or a wrong interface stops the daemon first.
+fn start_raw(d: &mut Daemon, a: &ServeArgs, cfg: &DaemonConfig) -> anyhow::Result<()> {
+    let mut raw = a.raw_iface.clone();
+    raw.extend(cfg.raw_ifaces.iter().cloned());
+    if raw.is_empty() {
+        return Ok(());
+    }
+    let topo = ramsys_topo::discover(Path::new("/")).ok();
+    let l = ramsys_engine::transport::rawlink::RawListeners::open(&raw, topo.as_ref())
+        .map_err(|e| anyhow::anyhow!(e))?;
+    for o in l.offer() {
+        tracing::info!(
+            "raw channels on {} ({}, MTU {})",
+            o.name,
+            ramsys_rawnet::channel::mac_string(&o.mac),
+            o.mtu
+        );
+    }
+    d.serve_raw(l);
+    Ok(())
+}
+
+/// A site (issue 19): flags first, then the config's [site].
+fn start_site(d: &mut Daemon, a: &ServeArgs, cfg: &DaemonConfig) {
+    let mut peers = a.peer.clone();
+    peers.extend(cfg.site_peers.iter().cloned());
+    if peers.is_empty() && a.site_interval.is_none() && cfg.site_interval_ms.is_none() {
+        return;
+    }
+    d.start_site(ramsys_engine::site::SiteOptions {
+        peers,
+        interval_ms: a.site_interval.or(cfg.site_interval_ms).unwrap_or(50),
+        sys_root: a.site_sys_root.clone(),
+        user: cfg.site_user.clone().unwrap_or_else(|| "site".into()),
+        limits: ramsys_engine::site::redirect::Limits {
+            max_sessions: a.site_max_sessions.or(cfg.site_limits.max_sessions),
+            max_load: a.site_max_load.or(cfg.site_limits.max_load),
+        },
+    });
 }
 
 /// `HOST:PORT\nPID\n`, mode 0600, replaced atomically; a wildcard listen

@@ -9,11 +9,13 @@ mod numa;
 mod pick;
 mod plan;
 mod progress;
+mod rawpick;
 mod signals;
 mod spec;
 mod ssh;
 mod ssh_serve;
 mod status;
+mod stripe;
 mod token;
 mod tunnel;
 

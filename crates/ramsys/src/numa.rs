@@ -338,7 +338,14 @@ impl Numa {
             ));
         }
         for (i, (local, peer)) in rep.links.iter().enumerate() {
-            let nic = self.topo.as_ref().and_then(|t| nic_for_addr(t, local));
+            // A raw channel's local end names its interface: "raw:MAC@IF".
+            let nic = self
+                .topo
+                .as_ref()
+                .and_then(|t| match local.rsplit_once('@') {
+                    Some((_, ifname)) if local.starts_with("raw:") => t.nic(ifname),
+                    _ => nic_for_addr(t, local),
+                });
             self.lines.push(format!(
                 "stream {i}: {local} -> {peer} via {}",
                 nic.map(|n| format!(

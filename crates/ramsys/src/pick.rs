@@ -7,37 +7,9 @@
 
 use std::time::Duration;
 
-use ramsys_engine::daemon::status::SiteMember;
+use ramsys_engine::site::redirect::least_loaded;
 
 use crate::spec::Endpoint;
-
-/// A view older than this does not count (the member may be gone).
-const FRESH_MS: u64 = 1000;
-
-/// Lower is better: CPU busy fraction plus a quarter per live or queued
-/// task (a transfer's own cost shows in tasks before it shows in CPU).
-pub fn score(m: &SiteMember) -> f64 {
-    m.cpu_load + 0.25 * (m.active_tasks + m.queued_tasks) as f64
-}
-
-/// The least-loaded of `cands` in `view` (fresh members only; ties go to
-/// the earlier in the list), or None if none is fresh in the view.
-pub fn least_loaded<'a>(cands: &[&'a str], view: &[SiteMember]) -> Option<&'a str> {
-    let mut best: Option<(&str, f64)> = None;
-    for c in cands {
-        let Some(m) = view
-            .iter()
-            .find(|m| m.addr == *c && m.age_ms <= FRESH_MS && m.error.is_none())
-        else {
-            continue;
-        };
-        let s = score(m);
-        if best.is_none_or(|(_, b)| s < b) {
-            best = Some((c, s));
-        }
-    }
-    best.map(|(c, _)| c)
-}
 
 /// Replace a daemon endpoint's address list by the chosen daemon.
 pub fn resolve(
@@ -75,41 +47,54 @@ pub fn resolve(
         .context(format!("none of the daemons {list} answered")))
 }
 
+/// A session a busy daemon sent to a peer of its site (Control::Redirect,
+/// docs/SITE.md), as the summary reports it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Redirect {
+    pub from: String,
+    pub to: String,
+    pub reason: String,
+}
+
+/// Follow the redirect `from` -> `to`, unless the session was redirected
+/// already: the agent follows one redirect only, so a loop (or a chain of
+/// busy daemons) ends in one line instead of bouncing.
+pub fn follow(
+    prev: Option<&Redirect>,
+    from: &str,
+    to: &str,
+    reason: &str,
+) -> Result<Redirect, String> {
+    if let Some(p) = prev {
+        return Err(format!(
+            "{from} redirected the session to {to} after {} had redirected it to {from}: \
+             a redirect chain is refused",
+            p.from
+        ));
+    }
+    if to.is_empty() || to == from {
+        return Err(format!("{from} redirected the session to itself ({to:?})"));
+    }
+    Ok(Redirect {
+        from: from.into(),
+        to: to.into(),
+        reason: reason.into(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn m(addr: &str, cpu: f64, tasks: u32, age: u64) -> SiteMember {
-        SiteMember {
-            addr: addr.into(),
-            cpu_load: cpu,
-            run_queue: 0,
-            intr_per_s: 0,
-            softirq_per_s: 0,
-            net_rx_bps: 0,
-            net_tx_bps: 0,
-            disk_read_bps: 0,
-            disk_write_bps: 0,
-            sessions: 0,
-            active_tasks: tasks,
-            queued_tasks: 0,
-            free_buffer_bytes: 0,
-            age_ms: age,
-            error: None,
-        }
-    }
-
     #[test]
-    fn picks_the_least_loaded_fresh_member() {
-        let view = [m("a", 0.9, 0, 10), m("b", 0.2, 0, 10), m("c", 0.1, 0, 5000)];
-        // c is idle but stale: b wins.
-        assert_eq!(least_loaded(&["a", "b", "c"], &view), Some("b"));
-        // Two tasks outweigh 0.4 of CPU.
-        let view = [m("a", 0.5, 0, 10), m("b", 0.1, 2, 10)];
-        assert_eq!(least_loaded(&["a", "b"], &view), Some("a"));
-        // Ties: list order.
-        let view = [m("a", 0.5, 0, 10), m("b", 0.5, 0, 10)];
-        assert_eq!(least_loaded(&["b", "a"], &view), Some("b"));
-        assert_eq!(least_loaded(&["x"], &view), None);
+    fn one_redirect_is_followed_a_chain_is_refused() {
+        let r = follow(None, "a:1", "b:1", "busy").unwrap();
+        assert_eq!((r.from.as_str(), r.to.as_str()), ("a:1", "b:1"));
+        let e = follow(Some(&r), "b:1", "c:1", "busy").unwrap_err();
+        assert!(e.contains("redirect chain is refused"), "{e}");
+        assert!(!e.contains('\n'));
+        // A loop back to the first daemon is a chain too.
+        assert!(follow(Some(&r), "b:1", "a:1", "busy").is_err());
+        assert!(follow(None, "a:1", "a:1", "busy").is_err());
     }
 }

@@ -493,3 +493,130 @@ fn site_links_use_the_users_table() {
     let line = human.lines().find(|l| l.starts_with(&a.addr)).unwrap();
     assert!(line.contains("authentication failed"), "{human}");
 }
+
+/// The `--json` summary line of a run.
+fn summary(o: &std::process::Output) -> serde_json::Value {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out.lines().find(|l| l.contains("\"summary\""));
+    serde_json::from_str(line.unwrap_or_else(|| panic!("no summary in {out}"))).unwrap()
+}
+
+/// A daemon at its admission limit (`--site-max-sessions 1`, one session
+/// running) answers a new session with a redirect to the least-loaded
+/// peer of its site; the agent follows it once and says so in its JSON
+/// summary, for a push and for a pull. The daemons share one root (a
+/// shared file system), so the data is where the user asked.
+#[test]
+fn busy_daemon_redirects_to_the_least_loaded_peer() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    // One slow file to keep a session running on A.
+    std::fs::write(root.join("big"), vec![7u8; 2 << 20]).unwrap();
+    let src = t.path().join("src");
+    make_varied_tree(&src, 64 << 10);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut burners = vec![];
+    let mut ds: Vec<TestDaemon> = vec![];
+    // A 50 %, B 40 %, C 10 %: A redirects to C.
+    for (i, pct) in [50u64, 40, 10].into_iter().enumerate() {
+        let fake = t.path().join(format!("proc{i}"));
+        burners.push(burn(&fake, pct, stop.clone()));
+        let mut args: Vec<String> = ["--site-interval", "20", "--site-sys-root"]
+            .map(String::from)
+            .to_vec();
+        args.push(fake.to_str().unwrap().into());
+        if i == 0 {
+            args.extend(["--site-max-sessions".into(), "1".into()]);
+        }
+        for d in &ds {
+            args.extend(["--peer".into(), d.addr.clone()]);
+        }
+        let a: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        ds.push(TestDaemon::start_with(&root, &key, &a));
+    }
+    let (a, c) = (ds[0].addr.clone(), ds[2].addr.clone());
+    wait_for(&key, &a, Duration::from_secs(10), "all loads", |v| {
+        ds.iter().all(|d| {
+            member(v, &d.addr)
+                .and_then(|m| m["cpu_load"].as_f64())
+                .unwrap_or(0.0)
+                > 0.05
+                && age(v, &d.addr) < 500
+        })
+    });
+    // Under its limit A takes the session itself.
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--json",
+            src.to_str().unwrap(),
+            &ds[0].url("first/"),
+        ],
+    );
+    assert_ok(&o);
+    let j = summary(&o);
+    assert!(j["redirect"].is_null(), "{j}");
+    // A slow pull keeps one session running on A.
+    let out = t.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let mut slow = std::process::Command::new(bin())
+        .args(["cp", "--bwlimit", "64K", &ds[0].url("big")])
+        .arg(out.join("big"))
+        .env("RAMSYS_KEY_FILE", &key)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&key, &a, Duration::from_secs(10), "A's session", |v| {
+        member(v, &a).and_then(|m| m["sessions"].as_u64()) == Some(1)
+    });
+    // A push to A goes to C.
+    std::fs::create_dir(root.join("dst")).unwrap();
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--json",
+            src.to_str().unwrap(),
+            &ds[0].url("dst/"),
+        ],
+    );
+    assert_ok(&o);
+    let j = summary(&o);
+    assert_eq!(j["redirect"]["from"], a.as_str(), "{j}");
+    assert_eq!(j["redirect"]["to"], c.as_str(), "{j}");
+    let why = j["redirect"]["reason"].as_str().unwrap();
+    assert!(why.contains("max_sessions = 1"), "{why}");
+    assert_same_tree(&src, &root.join("dst/src"));
+    // So does a pull, and without --json the agent says so in one line.
+    let back = t.path().join("back");
+    let o = ramsys(
+        &key,
+        &["cp", "-r", &ds[0].url("dst/src"), back.to_str().unwrap()],
+    );
+    assert_ok(&o);
+    assert_same_tree(&src, &back);
+    let e = stderr(&o);
+    assert!(
+        e.lines()
+            .any(|l| l.contains(&format!("{a} is busy"))
+                && l.ends_with(&format!("redirected to {c}"))),
+        "{e}"
+    );
+    // A counted both (status totals, ramsys_redirects_total).
+    let o = ramsys(&key, &["status", "--json", &a]);
+    assert_ok(&o);
+    let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(st["totals"]["redirects"], 2, "{}", st["totals"]);
+    let _ = slow.kill();
+    let _ = slow.wait();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for b in burners {
+        b.join().unwrap();
+    }
+}

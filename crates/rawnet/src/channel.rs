@@ -90,6 +90,14 @@ impl Channel {
                 ),
             ));
         }
+        // Only this channel's frames from now on (filter.rs); a socket
+        // without it still works, every other channel's frame is then
+        // dropped by the endpoint.
+        if let Err(e) =
+            crate::filter::attach(sock.fd(), &crate::filter::channel_program(cfg.channel))
+        {
+            tracing::debug!("raw channel on {}: no socket filter: {e}", sock.info.name);
+        }
         // SAFETY: plain eventfd(2) call.
         let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if wake < 0 {

@@ -53,6 +53,28 @@ impl FaultRates {
     }
 }
 
+/// The variable that injects faults into a process's raw channels (the
+/// daemon's and the agent's, for end-to-end tests): a [`FaultRates::parse`]
+/// spec, e.g. `0.01` or `loss=0.05,dup=0.05`.
+pub const FAULTS_ENV: &str = "RAMSYS_RAW_FAULTS";
+
+/// Faults for a new channel from [`FAULTS_ENV`] (a fresh seed each), None
+/// when unset, empty or malformed (a malformed spec is logged: a test
+/// asking for faults must not silently run without them).
+pub fn from_env() -> Option<(FaultRates, u64)> {
+    let s = std::env::var(FAULTS_ENV).ok()?;
+    if s.trim().is_empty() {
+        return None;
+    }
+    match FaultRates::parse(&s) {
+        Ok(r) => Some((r, rand::random())),
+        Err(e) => {
+            tracing::error!("{FAULTS_ENV}: {e}; no faults injected");
+            None
+        }
+    }
+}
+
 /// Counters of what the hook did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultCounts {

@@ -4,6 +4,7 @@
 //! - [`frame`]: the wire format (encode, decode, check);
 //! - [`endpoint`]: the per-channel reliability state machine, sans I/O;
 //! - [`fault`]: the fault hook (loss, duplication, reordering, corruption);
+//! - [`filter`]: classic BPF filters (a channel's frames, a listener's OPENs);
 //! - [`socket`]: AF_PACKET sockets (recvmmsg/sendmmsg batches);
 //! - [`channel`]: a channel as a blocking byte stream with its I/O thread;
 //! - [`open`]: channel setup (OPEN / OPEN-OK) between two MACs;
@@ -12,6 +13,7 @@
 pub mod channel;
 pub mod endpoint;
 pub mod fault;
+pub mod filter;
 pub mod frame;
 pub mod netns;
 pub mod open;

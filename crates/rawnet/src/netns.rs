@@ -97,7 +97,16 @@ pub fn veth(a: &Netns, an: &str, b: &Netns, bn: &str, mtu: usize) -> io::Result<
 
 /// Why namespace tests cannot run here, if they cannot (not root, no
 /// iproute2, no CAP_SYS_ADMIN).
+///
+/// Probed once per process: tests run in parallel, and probes under one
+/// name raced (one test's `netns del` removed another's probe, which then
+/// skipped with "File exists").
 pub fn unavailable() -> Option<String> {
+    static PROBED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    PROBED.get_or_init(probe).clone()
+}
+
+fn probe() -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Some("not root (network namespaces need CAP_SYS_ADMIN)".into());

@@ -101,6 +101,9 @@ pub fn dial(
     }
     let token: u64 = rand::random();
     let me = sock.info.mac;
+    // Only our channel's frames reach this socket (filter.rs): the
+    // OPEN-OK, then the channel's traffic once it starts on it.
+    let _ = crate::filter::attach(sock.fd(), &crate::filter::channel_program(channel));
     let mut tx = Batch::new(OVERHEAD + 4);
     let mut rx = Batch::new(frame::ETH_HDR + frame::MTU_JUMBO);
     let end = Instant::now() + timeout;
@@ -180,8 +183,12 @@ pub struct Listener {
 
 impl Listener {
     pub fn open(iface: &str) -> io::Result<Listener> {
+        let sock = PacketSocket::open(iface)?;
+        // OPENs only: the listener does not wake for data frames of the
+        // channels it started (filter.rs).
+        let _ = crate::filter::attach(sock.fd(), &crate::filter::open_program());
         Ok(Listener {
-            sock: PacketSocket::open(iface)?,
+            sock,
             rx: Batch::new(frame::ETH_HDR + frame::MTU_JUMBO),
             tx: Batch::new(OVERHEAD + 4),
             recent: Vec::new(),
@@ -190,6 +197,11 @@ impl Listener {
 
     pub fn mac(&self) -> Mac {
         self.sock.info.mac
+    }
+
+    /// The interface the listener answers on.
+    pub fn info(&self) -> &crate::socket::IfaceInfo {
+        &self.sock.info
     }
 
     /// Wait up to `timeout` for an OPEN that `admit` accepts (refused ones

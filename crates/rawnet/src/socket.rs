@@ -121,8 +121,8 @@ impl PacketSocket {
                 return Err(io::Error::new(
                     io::ErrorKind::PermissionDenied,
                     format!(
-                        "raw channel on {iface}: CAP_NET_RAW is missing (run the daemon as root or \
-                         `setcap cap_net_raw+ep` its binary, or use --transport tcp)"
+                        "raw channel on {iface}: CAP_NET_RAW is missing (run as root or \
+                         `setcap cap_net_raw+ep` the binary, or use --transport tcp)"
                     ),
                 ));
             }

@@ -103,6 +103,12 @@ pub struct DaemonConfig {
     pub site_peers: Vec<String>,
     pub site_interval_ms: Option<u64>,
     pub site_user: Option<String>,
+    /// `[site] max_sessions`, `max_load` (percent): the admission limit
+    /// above which new sessions are redirected to a peer (site::redirect).
+    pub site_limits: crate::site::redirect::Limits,
+    /// `[raw] ifaces = ["IFACE", ...]`: interfaces offering raw-Ethernet
+    /// channels (transport::rawlink, docs/TYCHE.md), as `--raw-iface`.
+    pub raw_ifaces: Vec<String>,
 }
 
 impl DaemonConfig {
@@ -161,6 +167,7 @@ impl DaemonConfig {
                 }
                 "users" => c.users = crate::daemon::users::parse_users_section(v, base)?,
                 "site" => parse_site(&mut c, v)?,
+                "raw" => parse_raw(&mut c, v)?,
                 "max_rate" => {
                     c.max_rate = Some(crate::daemon::users::parse_rate_value("key `max_rate`", v)?)
                 }
@@ -168,7 +175,7 @@ impl DaemonConfig {
                     return Err(format!(
                         "unknown key `{k}` (expected numa, memory, max_streams, readers, \
                          writers, model, send_path, direct, max_rate, [devices.NAME], \
-                         [users.NAME] or [site])"
+                         [users.NAME], [site] or [raw])"
                     ))
                 }
             }
@@ -621,6 +628,27 @@ mod send_path_tests {
     }
 }
 
+/// The `[raw]` table: `ifaces`, a list of interface names.
+fn parse_raw(c: &mut DaemonConfig, v: &::toml::Value) -> Result<(), String> {
+    let t = v
+        .as_table()
+        .ok_or_else(|| format!("key `raw`: expected a table, got {v}"))?;
+    for (k, v) in t {
+        match k.as_str() {
+            "ifaces" => {
+                let a = v.as_array().ok_or_else(|| {
+                    format!("key `raw.ifaces`: expected a list of interface names, got {v}")
+                })?;
+                for p in a {
+                    c.raw_ifaces.push(string("raw.ifaces", p)?.to_string());
+                }
+            }
+            _ => return Err(format!("unknown key `raw.{k}` (expected ifaces)")),
+        }
+    }
+    Ok(())
+}
+
 /// The `[site]` table.
 fn parse_site(c: &mut DaemonConfig, v: &::toml::Value) -> Result<(), String> {
     let t = v
@@ -644,9 +672,21 @@ fn parse_site(c: &mut DaemonConfig, v: &::toml::Value) -> Result<(), String> {
                 );
             }
             "user" => c.site_user = Some(string("site.user", v)?.to_string()),
+            "max_sessions" => {
+                let n = positive("site.max_sessions", v)?;
+                c.site_limits.max_sessions = Some(n.min(u32::MAX as usize) as u32);
+            }
+            "max_load" => {
+                let n = positive("site.max_load", v)?;
+                c.site_limits.max_load = Some(
+                    crate::site::check_load_pct(n as u64)
+                        .map_err(|e| format!("key `site.max_load`: {e}"))?,
+                );
+            }
             _ => {
                 return Err(format!(
-                    "unknown key `site.{k}` (expected peers, interval_ms or user)"
+                    "unknown key `site.{k}` (expected peers, interval_ms, user, \
+                     max_sessions or max_load)"
                 ))
             }
         }
@@ -671,5 +711,26 @@ mod site_tests {
         let e = DaemonConfig::parse("[site]\ninterval_ms = 2000\n", Path::new(".")).unwrap_err();
         assert!(e.contains("1-1024"), "{e}");
         assert!(DaemonConfig::parse("[site]\nbogus = 1\n", Path::new(".")).is_err());
+        let c = DaemonConfig::parse("[site]\nmax_sessions = 4\nmax_load = 90\n", Path::new("."))
+            .unwrap();
+        assert_eq!(c.site_limits.max_sessions, Some(4));
+        assert_eq!(c.site_limits.max_load, Some(0.9));
+        let e = DaemonConfig::parse("[site]\nmax_load = 150\n", Path::new(".")).unwrap_err();
+        assert!(e.contains("1-100"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod raw_tests {
+    use super::*;
+
+    #[test]
+    fn raw_table() {
+        let c =
+            DaemonConfig::parse("[raw]\nifaces = [\"eth2\", \"eth3\"]\n", Path::new(".")).unwrap();
+        assert_eq!(c.raw_ifaces, ["eth2", "eth3"]);
+        let e = DaemonConfig::parse("[raw]\nifaces = \"eth2\"\n", Path::new(".")).unwrap_err();
+        assert!(e.contains("raw.ifaces"), "{e}");
+        assert!(DaemonConfig::parse("[raw]\nmtu = 9000\n", Path::new(".")).is_err());
     }
 }

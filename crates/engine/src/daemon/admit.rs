@@ -189,6 +189,8 @@ pub struct Counters {
     pub retries: AtomicU64,
     pub suspensions: AtomicU64,
     pub steals: AtomicU64,
+    /// Sessions redirected to a site peer (site::redirect).
+    pub redirects: AtomicU64,
 }
 
 /// Finished tasks kept for `status`.

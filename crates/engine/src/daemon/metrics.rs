@@ -123,6 +123,12 @@ pub fn render(s: &Status) -> String {
         t.steals as f64,
     );
     o.one(
+        "ramsys_redirects_total",
+        "counter",
+        "New sessions sent to a less-loaded site peer (docs/SITE.md).",
+        t.redirects as f64,
+    );
+    o.one(
         "ramsys_checksum_errors_total",
         "counter",
         "Blocks that failed their checksum.",

@@ -184,6 +184,9 @@ pub struct Totals {
     pub retries: u64,
     pub suspensions: u64,
     pub steals: u64,
+    /// Sessions sent to a less-loaded site peer (Control::Redirect).
+    #[serde(default)]
+    pub redirects: u64,
     /// Live tasks by state ("exit" counts the finished tasks kept).
     pub tasks_by_state: BTreeMap<String, u64>,
 }
@@ -237,6 +240,7 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
         retries: st.counters.retries.load(Relaxed),
         suspensions: st.counters.suspensions.load(Relaxed),
         steals: st.counters.steals.load(Relaxed),
+        redirects: st.counters.redirects.load(Relaxed),
         bytes_in: g.done.bytes[Dir::In as usize],
         bytes_out: g.done.bytes[Dir::Out as usize],
         files_in: g.done.files[Dir::In as usize],

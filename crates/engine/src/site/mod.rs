@@ -12,6 +12,7 @@
 //! which answers DDSS requests against its store (the responder thread
 //! standing in for one-sided RDMA).
 
+pub mod redirect;
 pub mod sample;
 
 use std::collections::BTreeMap;
@@ -53,6 +54,9 @@ pub struct SiteOptions {
     pub sys_root: PathBuf,
     /// The name this daemon authenticates as at its peers.
     pub user: String,
+    /// Admission limits above which new sessions are redirected to a
+    /// peer (`[site] max_sessions`, `max_load`; redirect.rs).
+    pub limits: redirect::Limits,
 }
 
 impl Default for SiteOptions {
@@ -62,6 +66,7 @@ impl Default for SiteOptions {
             interval_ms: 50,
             sys_root: PathBuf::from("/"),
             user: "site".into(),
+            limits: Default::default(),
         }
     }
 }
@@ -72,6 +77,15 @@ pub fn check_interval(ms: u64) -> Result<u64, String> {
         Ok(ms)
     } else {
         Err(format!("site interval {ms} ms: must be 1-1024"))
+    }
+}
+
+/// Check a `max_load` given by a user, in percent; the busy fraction.
+pub fn check_load_pct(pct: u64) -> Result<f64, String> {
+    if (1..=100).contains(&pct) {
+        Ok(pct as f64 / 100.0)
+    } else {
+        Err(format!("max load {pct} %: must be 1-100"))
     }
 }
 
@@ -99,6 +113,7 @@ pub struct Site {
     interval: Duration,
     views: Mutex<BTreeMap<String, View>>,
     started: Instant,
+    limits: redirect::Limits,
 }
 
 /// Open an authenticated site link to `addr` as `me` (SiteHello; the
@@ -166,6 +181,7 @@ impl Site {
             interval: Duration::from_millis(opts.interval_ms.clamp(1, 1024)),
             views: Mutex::new(BTreeMap::new()),
             started: Instant::now(),
+            limits: opts.limits,
         });
         let s = site.clone();
         std::thread::Builder::new()
@@ -293,6 +309,18 @@ impl Site {
                 }
             })
             .collect()
+    }
+
+    /// Admission on site state (redirect.rs): with `sessions` running
+    /// and `would_wait` from the daemon's pools, is this daemon at its
+    /// limit, and which peer should take a new session instead? Some((peer,
+    /// why)): redirect; None: admit here (not busy, or no peer is better).
+    pub fn redirect(&self, sessions: u32, would_wait: Option<String>) -> Option<(String, String)> {
+        let view = self.members();
+        let me = view.first()?;
+        let why = redirect::busy(&self.limits, me, sessions, would_wait)?;
+        let to = redirect::target(&self.limits, self.node.me(), &view)?;
+        Some((to, why))
     }
 
     /// A peer's SiteHello (first message of a connection): authenticate it

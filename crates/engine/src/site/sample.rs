@@ -49,6 +49,13 @@ struct Counters {
 pub struct Sampler {
     root: PathBuf,
     prev: Option<(Instant, Counters)>,
+    /// The CPU counters the busy fraction is measured from, and the last
+    /// fraction: an interval shorter than the kernel's tick (1-4 ms at
+    /// HZ 250-1000 on few CPUs) sees no jiffy pass, and reporting 0 % then
+    /// would make a busy host look idle (and flip the least-loaded
+    /// choice); the last value stands until jiffies pass.
+    cpu_base: Option<(u64, u64)>,
+    cpu_load: f32,
 }
 
 /// Round to two significant digits.
@@ -70,6 +77,8 @@ impl Sampler {
         Sampler {
             root: root.to_path_buf(),
             prev: None,
+            cpu_base: None,
+            cpu_load: 0.0,
         }
     }
 
@@ -133,11 +142,14 @@ impl Sampler {
         if let Some((t, p)) = self.prev {
             let dt = now.duration_since(t).as_secs_f64().max(1e-3);
             let rate = |a: u64, b: u64| sig2(a.saturating_sub(b) as f64 / dt);
-            let dtot = c.total.saturating_sub(p.total);
+            let (busy0, total0) = self.cpu_base.unwrap_or((p.busy, p.total));
+            let dtot = c.total.saturating_sub(total0);
             if dtot > 0 {
-                let f = c.busy.saturating_sub(p.busy) as f64 / dtot as f64;
-                l.cpu_load = ((f * 100.0).round() / 100.0).clamp(0.0, 1.0) as f32;
+                let f = c.busy.saturating_sub(busy0) as f64 / dtot as f64;
+                self.cpu_load = ((f * 100.0).round() / 100.0).clamp(0.0, 1.0) as f32;
+                self.cpu_base = Some((c.busy, c.total));
             }
+            l.cpu_load = self.cpu_load;
             l.intr_per_s = rate(c.intr, p.intr);
             l.softirq_per_s = rate(c.softirq, p.softirq);
             l.net_rx_bps = rate(c.rx, p.rx);
@@ -188,6 +200,12 @@ mod tests {
         assert_eq!(l.cpu_load, 0.75);
         // Unchanged counters: zero rates (lo and the partition ignored).
         assert_eq!((l.net_rx_bps, l.disk_read_bps), (0, 0));
+        // No jiffy passed (an interval shorter than the tick): the last
+        // load stands, not 0 %; the next one is measured from the last
+        // counters that moved.
+        assert_eq!(s.sample().cpu_load, 0.75);
+        write_stat(&d, 500, 1100);
+        assert_eq!(s.sample().cpu_load, 0.5);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

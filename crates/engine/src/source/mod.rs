@@ -367,6 +367,7 @@ fn peer_reason(ctl: &mut Ctl, pending: Option<&(String, u64)>) -> Option<EngineE
         match recv_control(&mut *ctl.link) {
             Ok(Control::Error { message, .. }) => return Some(EngineError::Refused(message)),
             Ok(Control::Abort { reason }) => return Some(EngineError::PeerAborted(reason)),
+            Ok(m @ Control::Redirect { .. }) => return crate::control::check_abort(&m).err(),
             Ok(_) => continue,
             Err(_) => return None,
         }

@@ -6,6 +6,7 @@ pub mod channels;
 pub mod grow;
 pub mod path;
 pub mod raw;
+pub mod rawlink;
 pub mod sealed;
 pub mod tcp;
 
@@ -56,6 +57,11 @@ pub trait Link: Read + Write + Send {
 pub trait Transport: Send + Sync {
     fn connect(&self, addr: &str, timeout: Duration) -> io::Result<Box<dyn Link>>;
     fn name(&self) -> &'static str;
+    /// A different transport for the session's data links (raw channels
+    /// while the control link stays TCP, rawlink::Split); None: this one.
+    fn data_links(&self) -> Option<std::sync::Arc<dyn Transport>> {
+        None
+    }
 }
 
 /// Placeholder left behind when a link is handed elsewhere (server.rs),

@@ -1,0 +1,160 @@
+//! Striped transfers (issue 19, docs/SITE.md "Striping"): one push split
+//! over three daemons that share their root (the shared file system of a
+//! site), one summary, the tree byte for byte; a daemon killed mid-way
+//! fails its share only, and the same command with --resume over the
+//! daemons still up finishes the tree.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn summary(o: &std::process::Output) -> serde_json::Value {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out.lines().find(|l| l.contains("\"summary\""));
+    serde_json::from_str(line.unwrap_or_else(|| panic!("no summary in {out}"))).unwrap()
+}
+
+/// A tree of awkward cases plus `big` files of `size` bytes.
+fn tree(src: &std::path::Path, big: usize, size: usize) {
+    make_varied_tree(src, 64 << 10);
+    let mut r = Rng(7);
+    for i in 0..big {
+        std::fs::write(src.join(format!("big{i}")), r.bytes(size)).unwrap();
+    }
+}
+
+#[test]
+fn striped_push_over_three_daemons() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let root = t.path().join("shared");
+    std::fs::create_dir(&root).unwrap();
+    let src = t.path().join("src");
+    tree(&src, 6, 1 << 20);
+    let ds: Vec<TestDaemon> = (0..3).map(|_| TestDaemon::start(&root, &key)).collect();
+    let list: Vec<String> = ds.iter().map(|d| d.addr.clone()).collect();
+    let url = format!("ramsys://{}/", list.join(","));
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--stripe",
+            "--json",
+            src.to_str().unwrap(),
+            &url,
+        ],
+    );
+    assert_ok(&o);
+    assert_same_tree(&src, &root.join("src"));
+    assert!(temp_files(&root).is_empty());
+    let j = summary(&o);
+    assert_eq!(j["ok"], true, "{j}");
+    let stripes = j["stripes"].as_array().unwrap();
+    assert_eq!(stripes.len(), 3, "{j}");
+    // Every daemon moved a share, and the shares add up to the summary.
+    let sum = |k: &str| stripes.iter().map(|s| s[k].as_u64().unwrap()).sum::<u64>();
+    assert!(
+        stripes
+            .iter()
+            .all(|s| s["bytes"].as_u64().unwrap() >= 1 << 20),
+        "{j}"
+    );
+    assert_eq!(sum("bytes"), j["bytes"].as_u64().unwrap());
+    assert_eq!(sum("files"), j["files"].as_u64().unwrap());
+    let daemons: Vec<&str> = stripes
+        .iter()
+        .map(|s| s["daemon"].as_str().unwrap())
+        .collect();
+    for d in &list {
+        assert!(daemons.contains(&d.as_str()), "{j}");
+    }
+    // --stripe wants a daemon destination and local sources: one line.
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--stripe",
+            src.to_str().unwrap(),
+            t.path().join("x").to_str().unwrap(),
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--stripe: the destination must be"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn losing_a_daemon_then_resume_finishes() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let root = t.path().join("shared");
+    std::fs::create_dir(&root).unwrap();
+    let src = t.path().join("src");
+    tree(&src, 6, 1 << 20);
+    let mut ds: Vec<TestDaemon> = (0..3).map(|_| TestDaemon::start(&root, &key)).collect();
+    let list: Vec<String> = ds.iter().map(|d| d.addr.clone()).collect();
+    let url = format!("ramsys://{}/", list.join(","));
+    // Paced so that the transfer is still running when C dies.
+    let mut cmd = std::process::Command::new(bin());
+    cmd.args(["cp", "-r", "--stripe", "--json", "--bwlimit", "1M"])
+        .arg(&src)
+        .arg(&url)
+        .env("RAMSYS_KEY_FILE", &key);
+    let child = std::thread::spawn(move || run_with_timeout(cmd, Duration::from_secs(120)));
+    // C dies once data is arriving (some big file under a temp name).
+    let start = Instant::now();
+    while temp_files(&root).is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(20), "no data arrived");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    ds[2].kill();
+    let o = child.join().unwrap();
+    assert!(!o.status.success(), "the share of the dead daemon failed");
+    let j = summary(&o);
+    assert_eq!(j["ok"], false, "{j}");
+    let failed = j["failed"].to_string();
+    assert!(
+        failed.contains(&list[2]) && failed.contains("--resume"),
+        "{j}"
+    );
+    // Nothing under its final name is half-written.
+    for i in 0..6 {
+        let (a, b) = (
+            src.join(format!("big{i}")),
+            root.join(format!("src/big{i}")),
+        );
+        if b.exists() {
+            assert!(
+                std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(),
+                "{b:?}"
+            );
+        }
+    }
+    // The same command with --resume: C does not answer, A and B finish.
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--stripe",
+            "--resume",
+            src.to_str().unwrap(),
+            &url,
+        ],
+    );
+    assert_ok(&o);
+    assert!(
+        stderr(&o).contains(&format!("{} does not answer", list[2])),
+        "{}",
+        stderr(&o)
+    );
+    assert_same_tree(&src, &root.join("src"));
+}
