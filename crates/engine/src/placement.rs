@@ -17,6 +17,32 @@ use ramsys_topo::{BlockDevice, DeviceKind, Nic, NumaMode, Role, Topology, Transf
 
 use crate::resources::ResourceConfig;
 
+/// "NAME (KIND, node N)" of a storage device, "unknown" without one: how
+/// placements are logged and explained.
+pub fn describe_storage(d: Option<&BlockDevice>) -> String {
+    d.map(|d| {
+        format!(
+            "{} ({}, node {})",
+            d.name,
+            d.kind.as_str(),
+            d.numa_node.map_or("unknown".into(), |x| x.to_string())
+        )
+    })
+    .unwrap_or_else(|| "unknown".into())
+}
+
+/// "NAME (node N)" of a NIC, "unknown" without one.
+pub fn describe_nic(n: Option<&Nic>) -> String {
+    n.map(|n| {
+        format!(
+            "{} (node {})",
+            n.name,
+            n.numa_node.map_or("unknown".into(), |x| x.to_string())
+        )
+    })
+    .unwrap_or_else(|| "unknown".into())
+}
+
 /// The block device holding a local path (live system: resolves mounts of
 /// the real file system; a fixture tree: lexical match).
 pub fn storage_for_path<'a>(

@@ -491,9 +491,18 @@ fn serve_control(
     if !authorize(sh, link, &auth.grant, &req.open) {
         return Ok(());
     }
-    // Draining (SIGTERM): no new session; status still answers.
+    // Draining (SIGTERM): no new session; status still answers. In a
+    // site the session goes to the least-loaded peer instead.
     if sh.life.draining() {
-        refuse(link, 5, crate::daemon::lifecycle::DRAINING.into());
+        let peer = redirected.is_none().then(|| sh.site.get()).flatten();
+        match peer.and_then(|site| site.least_loaded_peer()) {
+            Some(addr) => {
+                sh.state.counters.redirects.fetch_add(1, Ordering::Relaxed);
+                let reason = "shutting down".to_string();
+                crate::wire::send_final(&mut **link, &Control::Redirect { addr, reason });
+            }
+            None => refuse(link, 5, crate::daemon::lifecycle::DRAINING.into()),
+        }
         return Ok(());
     }
     // At its admission limit, a site member sends the session to a less

@@ -6,7 +6,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use ramsys_engine::placement::{apply, nic_for_addr, plan_end, sched_instance, storage_for_path};
+use ramsys_engine::placement::{
+    apply, describe_nic, describe_storage, nic_for_addr, plan_end, sched_instance, storage_for_path,
+};
 use ramsys_engine::resources::ResourceConfig;
 use ramsys_engine::transport::channels::ChannelTcp;
 use ramsys_engine::transport::Transport;
@@ -100,20 +102,8 @@ impl Numa {
                 };
                 self.lines.push(format!(
                     "{label}: storage {} ; NIC {}",
-                    storage
-                        .map(|d| format!(
-                            "{} ({}, node {})",
-                            d.name,
-                            d.kind.as_str(),
-                            d.numa_node.map_or("unknown".into(), |n| n.to_string())
-                        ))
-                        .unwrap_or_else(|| "unknown".into()),
-                    nic.map(|n| format!(
-                        "{} (node {})",
-                        n.name,
-                        n.numa_node.map_or("unknown".into(), |x| x.to_string())
-                    ))
-                    .unwrap_or_else(|| "unknown".into()),
+                    describe_storage(storage),
+                    describe_nic(nic),
                 ));
                 self.lines.push(format!(
                     "{label}: {sw} planned on {} — {}",

@@ -103,10 +103,21 @@ fn rate(bps: f64) -> String {
     format!("{:.1}MB/s", bps / 1e6)
 }
 
-/// The human-readable report.
+/// The human-readable report: totals, then a table per kind of state.
 pub fn human(st: &Status) -> String {
-    use std::fmt::Write as _;
     let mut s = String::new();
+    totals(&mut s, st);
+    rate_limits(&mut s, st);
+    users(&mut s, st);
+    sessions(&mut s, st);
+    tasks(&mut s, st);
+    queues_pools_nics(&mut s, st);
+    s
+}
+
+/// The daemon's line and the task counts by state.
+fn totals(s: &mut String, st: &Status) {
+    use std::fmt::Write as _;
     let t = &st.totals;
     let _ = writeln!(
         s,
@@ -136,6 +147,11 @@ pub fn human(st: &Status) -> String {
     if st.draining {
         let _ = writeln!(s, "DRAINING: new sessions are refused (SIGTERM)");
     }
+}
+
+/// Rate limits in force and what they held back.
+fn rate_limits(s: &mut String, st: &Status) {
+    use std::fmt::Write as _;
     if !st.rates.is_empty() {
         let _ = writeln!(
             s,
@@ -153,6 +169,11 @@ pub fn human(st: &Status) -> String {
             );
         }
     }
+}
+
+/// Users and their sessions.
+fn users(s: &mut String, st: &Status) {
+    use std::fmt::Write as _;
     if !st.users.is_empty() {
         let _ = writeln!(s, "\nUSER         SESSIONS  ROOT");
         for u in &st.users {
@@ -160,6 +181,11 @@ pub fn human(st: &Status) -> String {
             let _ = writeln!(s, "{:<12} {:>8}  {}{ro}", u.name, u.sessions, u.root);
         }
     }
+}
+
+/// Running sessions.
+fn sessions(s: &mut String, st: &Status) {
+    use std::fmt::Write as _;
     let _ = writeln!(
         s,
         "\nSESSION           ROLE    USER        PEER                   AGE  PATHS"
@@ -176,6 +202,11 @@ pub fn human(st: &Status) -> String {
             x.paths.join(" ")
         );
     }
+}
+
+/// Running tasks and the five most recently finished.
+fn tasks(s: &mut String, st: &Status) {
+    use std::fmt::Write as _;
     let _ = writeln!(
         s,
         "\nTASK  SESSION           ROLE    DEVICE   STATE         STREAMS THREADS  BYTES/TOTAL            FILES/TOTAL    RATE"
@@ -200,6 +231,11 @@ pub fn human(st: &Status) -> String {
                 .unwrap_or_default()
         );
     }
+}
+
+/// Per-device queues, the thread pools and the NICs.
+fn queues_pools_nics(s: &mut String, st: &Status) {
+    use std::fmt::Write as _;
     let _ = writeln!(
         s,
         "\nQUEUE (device)  KIND  WAITING  BUDGET  READERS WRITERS  STEALS  IN            OUT"
@@ -231,7 +267,6 @@ pub fn human(st: &Status) -> String {
         let outb = format!("{} {}", mb(n.bytes_out), rate(n.rate_out_bps));
         let _ = writeln!(s, "{:<10} {:<19} {}", n.nic, inb, outb);
     }
-    s
 }
 
 /// A member whose view is older than this is shown as stale.

@@ -442,20 +442,8 @@ fn describe_ends(
 ) -> String {
     format!(
         "storage {} ; NIC {} ; numa {mode}{}",
-        storage
-            .map(|d| format!(
-                "{} ({}, node {})",
-                d.name,
-                d.kind.as_str(),
-                d.numa_node.map_or("unknown".into(), |x| x.to_string())
-            ))
-            .unwrap_or_else(|| "unknown".into()),
-        nic.map(|n| format!(
-            "{} (node {})",
-            n.name,
-            n.numa_node.map_or("unknown".into(), |x| x.to_string())
-        ))
-        .unwrap_or_else(|| "unknown".into()),
+        crate::placement::describe_storage(storage),
+        crate::placement::describe_nic(nic),
         if model_loaded {
             ", I/O model loaded"
         } else {
