@@ -128,6 +128,7 @@ impl DaemonShared {
             .rates
             .status(&users.as_ref().map(|u| u.rates()).unwrap_or_default());
         s.draining = self.life.draining();
+        s.raw = self.raw_status();
         if let (Some(u), Some(_)) = (user, users) {
             let mine = |x: &str| x == u || x.starts_with(&format!("{u}/"));
             s.sessions.retain(|x| mine(&x.user));
@@ -140,6 +141,21 @@ impl DaemonShared {
             s.root = s.users.first().map(|x| x.root.clone()).unwrap_or_default();
         }
         s
+    }
+}
+
+impl DaemonShared {
+    /// The raw-channel interfaces, one line each (`ramsys status`).
+    fn raw_status(&self) -> Vec<String> {
+        let show = |o: &ramsys_proto::control::RawIface| {
+            let node = o.node.map_or("-".to_string(), |n| n.to_string());
+            let mac = ramsys_rawnet::channel::mac_string(&o.mac);
+            format!("{} {mac} mtu {} node {node}", o.name, o.mtu)
+        };
+        self.raw
+            .get()
+            .map(|v| v.iter().map(show).collect())
+            .unwrap_or_default()
     }
 }
 
@@ -491,9 +507,18 @@ fn serve_control(
     if !authorize(sh, link, &auth.grant, &req.open) {
         return Ok(());
     }
-    // Draining (SIGTERM): no new session; status still answers.
+    // Draining (SIGTERM): no new session; status still answers. In a
+    // site the session goes to the least-loaded peer instead.
     if sh.life.draining() {
-        refuse(link, 5, crate::daemon::lifecycle::DRAINING.into());
+        let peer = redirected.is_none().then(|| sh.site.get()).flatten();
+        match peer.and_then(|site| site.least_loaded_peer()) {
+            Some(addr) => {
+                sh.state.counters.redirects.fetch_add(1, Ordering::Relaxed);
+                let reason = "shutting down".to_string();
+                crate::wire::send_final(&mut **link, &Control::Redirect { addr, reason });
+            }
+            None => refuse(link, 5, crate::daemon::lifecycle::DRAINING.into()),
+        }
         return Ok(());
     }
     // At its admission limit, a site member sends the session to a less
@@ -1070,33 +1095,4 @@ fn follow_plan(
 }
 
 /// Placeholder left behind when a link is handed elsewhere.
-pub(crate) struct ClosedLink;
-
-impl std::io::Read for ClosedLink {
-    fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
-        Ok(0)
-    }
-}
-impl std::io::Write for ClosedLink {
-    fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
-        Err(std::io::ErrorKind::NotConnected.into())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-impl Link for ClosedLink {
-    fn try_clone_link(&self) -> std::io::Result<Box<dyn Link>> {
-        Ok(Box::new(ClosedLink))
-    }
-    fn shutdown_both(&self) {}
-    fn peer(&self) -> String {
-        "closed".into()
-    }
-    fn local(&self) -> String {
-        "closed".into()
-    }
-    fn set_read_timeout(&self, _: Option<Duration>) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+pub(crate) use crate::transport::ClosedLink;

@@ -271,6 +271,9 @@ struct Run<'a> {
 
 fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
     let mut plan = Plan::resolve(a, sync)?;
+    // Before any link is opened: every TCP link of this process uses it.
+    ramsys_engine::transport::tcp::use_congestion(a.congestion.as_deref())
+        .map_err(|e| anyhow::anyhow!(e))?;
     if a.stripe {
         return run_striped(a, &plan, sync);
     }
@@ -552,6 +555,9 @@ impl Run<'_> {
     /// Local copy: an in-process daemon on loopback is the sink.
     fn copy_locally(&mut self, d: &Path, local: &[PathBuf]) -> Attempt {
         let (plan, numa) = (self.plan, &mut self.numa);
+        if plan.raw.transport == ramsys_engine::transport::rawlink::Mode::Raw {
+            bail!("--transport raw: a local copy has no network link (give a ramsys:// end)");
+        }
         let (root, dest) = local_sink(d)?;
         let mut key = vec![0u8; 32];
         getrandom_fill(&mut key);
@@ -726,6 +732,7 @@ fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
             "peer_cpu_s": rep.peer_cpu_s,
             "streams": rep.streams,
             "stream_choice": rep.stream_choice,
+            "congestion": ramsys_engine::transport::tcp::congestion(),
             "block_size": rep.block_size,
             "failed": rep.failed,
             "resent": resent,

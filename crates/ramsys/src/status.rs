@@ -147,6 +147,9 @@ fn totals(s: &mut String, st: &Status) {
     if st.draining {
         let _ = writeln!(s, "DRAINING: new sessions are refused (SIGTERM)");
     }
+    if !st.raw.is_empty() {
+        let _ = writeln!(s, "raw channels on: {}", st.raw.join(", "));
+    }
 }
 
 /// Rate limits in force and what they held back.

@@ -6,9 +6,10 @@
 //!
 //! Shares are whole files (a big file's blocks are not split across
 //! daemons): the agent lists the sources' regular files and deals them
-//! out largest first to the share with the fewest bytes so far (LPT
-//! scheduling, within 4/3 of the best split), hard links of one inode in
-//! one share (so they stay links); directories and every other entry go
+//! out largest first to the share that would finish first with it (LPT
+//! scheduling, within 4/3 of the best split), each daemon's share sized
+//! by its load in the site view (the scheduler reads site state), hard
+//! links of one inode in one share (so they stay links); directories and every other entry go
 //! to the first share. Each session is an ordinary push whose scan is
 //! limited to its share by the `--files-from` selection (request::filter),
 //! so a share's parent directories are created by whichever session gets
@@ -27,6 +28,7 @@ use ramsys_engine::client::{push, Remote};
 use ramsys_engine::fsops::{Confinement, Root};
 use ramsys_engine::request::walk::Top;
 use ramsys_engine::resources::ResourceConfig;
+use ramsys_engine::site::redirect::{score, FRESH_MS};
 use ramsys_engine::stats::FailedPath;
 use ramsys_engine::transport::tcp::Tcp;
 use ramsys_engine::{EngineError, EngineResources, Report, Stats, TransferOptions};
@@ -120,11 +122,14 @@ fn scan(
 
 /// Bytes and paths moved as one (a file, or an inode's hard links).
 type Unit = (u64, Vec<Vec<u8>>);
+/// A share: its paths, files and bytes.
+type Share = (Vec<Vec<u8>>, u64, u64);
 
-/// Deal `files` into `n` shares: largest first onto the share with the
-/// fewest bytes (ties: the lower index), an inode's hard links together;
-/// `others` go to share 0. Deterministic for a given tree.
-fn deal(mut files: Vec<Item>, others: Vec<Vec<u8>>, n: usize) -> Vec<(Vec<Vec<u8>>, u64, u64)> {
+/// Deal `files` into one share per weight: largest first onto the share
+/// that would finish first with it (bytes / weight, ties: the lower
+/// index), an inode's hard links together; `others` go to share 0.
+/// Deterministic for a given tree and weights.
+fn deal(mut files: Vec<Item>, others: Vec<Vec<u8>>, weights: &[f64]) -> Vec<Share> {
     // Group hard links: one unit per inode, sized once.
     let mut units: BTreeMap<(u64, u64), Unit> = BTreeMap::new();
     let mut singles = Vec::new();
@@ -138,11 +143,14 @@ fn deal(mut files: Vec<Item>, others: Vec<Vec<u8>>, n: usize) -> Vec<(Vec<Vec<u8
     }
     let mut all: Vec<Unit> = singles.into_iter().chain(units.into_values()).collect();
     all.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-    let mut shares: Vec<(Vec<Vec<u8>>, u64, u64)> = vec![(vec![], 0, 0); n.max(1)];
+    let n = weights.len().max(1);
+    let w = |i: usize| weights.get(i).copied().unwrap_or(1.0).max(1e-3);
+    let mut shares: Vec<Share> = vec![(vec![], 0, 0); n];
     shares[0].0 = others;
     for (size, paths) in all {
-        let i = (0..shares.len())
-            .min_by_key(|&i| (shares[i].2, i))
+        let end = |i: usize| (shares[i].2 + size) as f64 / w(i);
+        let i = (0..n)
+            .min_by(|&a, &b| end(a).total_cmp(&end(b)).then(a.cmp(&b)))
             .expect("at least one share");
         shares[i].1 += paths.len() as u64;
         shares[i].2 += size;
@@ -151,13 +159,25 @@ fn deal(mut files: Vec<Item>, others: Vec<Vec<u8>>, n: usize) -> Vec<(Vec<Vec<u8
     shares
 }
 
-/// The daemons of the list that answer a status query; one line for each
-/// that does not.
-fn answering(daemons: &[String], key: &[u8], timeout: Duration, json: bool) -> Vec<String> {
-    daemons
+/// The daemons of the list that answer a status query (one line for each
+/// that does not), each with its weight: from the site view of the first
+/// that answers, `1 / (1 + score)` (site::redirect::score: CPU load plus a
+/// quarter per task), so a fully busy daemon gets half the bytes of an idle
+/// one; 1 for a daemon that is not in that view (daemons outside a site).
+fn answering(
+    daemons: &[String],
+    key: &[u8],
+    timeout: Duration,
+    json: bool,
+) -> (Vec<String>, Vec<f64>) {
+    let mut view = None;
+    let up: Vec<String> = daemons
         .iter()
         .filter(|d| match crate::status::query(d, key, timeout) {
-            Ok(_) => true,
+            Ok(st) => {
+                view.get_or_insert(st.site);
+                true
+            }
             Err(e) => {
                 if !json {
                     eprintln!("ramsys: {d} does not answer ({e:#}); striping without it");
@@ -166,13 +186,23 @@ fn answering(daemons: &[String], key: &[u8], timeout: Duration, json: bool) -> V
             }
         })
         .cloned()
-        .collect()
+        .collect();
+    let view = view.unwrap_or_default();
+    let w = up
+        .iter()
+        .map(|d| {
+            view.iter()
+                .find(|m| &m.addr == d && m.age_ms <= FRESH_MS && m.error.is_none())
+                .map_or(1.0, |m| 1.0 / (1.0 + score(m)))
+        })
+        .collect();
+    (up, w)
 }
 
 /// Run the stripes; the merged report (a failed share is one failed
 /// entry naming its daemon) and each stripe's outcome.
 pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>, Vec<Stripe>)> {
-    let daemons = answering(&job.daemons, &job.key, job.connect_timeout, json);
+    let (daemons, weights) = answering(&job.daemons, &job.key, job.connect_timeout, json);
     anyhow::ensure!(
         !daemons.is_empty(),
         "none of the daemons {} answered",
@@ -180,7 +210,7 @@ pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>,
     );
     let root = Path::new("/");
     let (files, others) = list(root, &job.tops)?;
-    let shares = deal(files, others, daemons.len());
+    let shares = deal(files, others, &weights);
     let n = daemons.len();
     let res_cfg = ResourceConfig {
         // The agent's --memory, split between the stripes.
@@ -358,7 +388,7 @@ mod tests {
             item("t/sub/l2", 30, 7),
         ];
         let others = vec![b"t".to_vec(), b"t/sub".to_vec()];
-        let s = deal(files, others, 3);
+        let s = deal(files, others, &[1.0; 3]);
         let names = |i: usize| -> Vec<String> {
             s[i].0
                 .iter()
@@ -372,8 +402,14 @@ mod tests {
         assert_eq!((s[0].2, s[1].2, s[2].2), (100, 90, 90));
         assert_eq!((s[0].1, s[1].1, s[2].1), (1, 3, 2));
         // More daemons than files: the extra shares are empty.
-        let s = deal(vec![item("f", 1, 0)], vec![], 3);
+        let s = deal(vec![item("f", 1, 0)], vec![], &[1.0; 3]);
         assert!(s[1].0.is_empty() && s[2].0.is_empty());
+        // A daemon of weight 0.5 (busy) gets about half the bytes of one
+        // of weight 1: of 8 files of 10 bytes, 6 and 2 (ending at 60 and
+        // 40 bytes per unit of weight; 4 and 4 would end at 40 and 80).
+        let files = (0..8).map(|i| item(&format!("f{i}"), 10, 0)).collect();
+        let s = deal(files, vec![], &[1.0, 0.5]);
+        assert_eq!((s[0].2, s[1].2), (60, 20));
     }
 
     #[test]

@@ -193,6 +193,10 @@ fn used_raw(o: &Output, pairs: &[&str]) {
     }
 }
 
+fn src_of(d: &Dirs) -> &str {
+    d.src.to_str().unwrap()
+}
+
 struct Dirs {
     t: tempfile::TempDir,
     key: PathBuf,
@@ -220,6 +224,16 @@ fn tree_and_large_file_over_one_pair_mtu_9000() {
     let d = dirs();
     big_file(&d.src.join("large.bin"), 256 << 20, 7);
     let daemon = net.daemon(&d.root, &d.key, &[]);
+    // `ramsys status` lists the interface (no --explain there).
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", &net.a.name, bin(), "status", "--json"])
+        .arg(format!("ramsys://{}", daemon.addr))
+        .env("RAMSYS_KEY_FILE", &d.key);
+    let o = run_with_timeout(c, Duration::from_secs(30));
+    assert_ok(&o);
+    let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let raw = st["raw"][0].as_str().unwrap_or_default().to_string();
+    assert!(raw.starts_with("b0 ") && raw.contains("mtu 9000"), "{st}");
     let src = d.src.to_str().unwrap();
     let o = net.agent(
         &d.key,
@@ -305,7 +319,8 @@ fn two_pairs_mtu_1500_with_faults() {
 }
 
 /// A loop-device volume in A pushed into a loop device exported by the
-/// daemon in B, over raw channels with 1 % faults: byte for byte.
+/// daemon in B, over raw channels with 1 % faults: byte for byte; then 1 %
+/// of its blocks changed and `sync` moves about 1 %.
 #[test]
 fn loop_device_volume_over_raw() {
     let Some(net) = Net::new("v", 83, 1, 9000) else {
@@ -340,6 +355,45 @@ fn loop_device_volume_over_raw() {
     assert_ok(&o);
     used_raw(&o, &["a0 -> b0"]);
     assert!(b.read() == a.read(), "device differs after a raw push");
+
+    // Change 1 % of the source's 256 KiB blocks; `sync` over raw moves
+    // about that much (the fixed-block delta: Have/Reuse on the TCP
+    // control link, the changed blocks on raw channels).
+    let blocks = size / (256 << 10);
+    let changed = blocks.div_ceil(100);
+    {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(a.path())
+            .unwrap();
+        let mut r = Rng(5);
+        for k in 0..changed {
+            let off = (k * blocks / changed + 1) * (256 << 10) + 1000;
+            std::os::unix::fs::FileExt::write_all_at(&f, &r.bytes(4096), off as u64).unwrap();
+        }
+        f.sync_all().unwrap();
+    }
+    let o = net.agent(
+        &d.key,
+        &env,
+        &[
+            "sync",
+            "--transport",
+            "raw",
+            "--write-devices",
+            "--json",
+            a.path(),
+            &daemon.url("vol"),
+        ],
+    );
+    assert_ok(&o);
+    used_raw(&o, &["a0 -> b0"]);
+    let sent = summary(&o)["bytes"].as_u64().unwrap();
+    assert!(
+        sent >= changed as u64 * 4096 && sent <= 2 * size as u64 / 100,
+        "sync moved {sent} of {size} for {changed} changed blocks"
+    );
+    assert!(b.read() == a.read(), "device differs after a raw sync");
 }
 
 /// Wait until the sink journalled progress (docs/SYNC.md), then a
@@ -494,6 +548,28 @@ fn refusals_and_fallback() {
     } else {
         eprintln!("setpriv absent: CAP_NET_RAW refusal not checked");
     }
+
+    // A local copy has no link to carry raw.
+    let local = d.t.path().join("local");
+    let o = net.agent(
+        &d.key,
+        &[],
+        &[
+            "cp",
+            "-r",
+            "--transport",
+            "raw",
+            src_of(&d),
+            local.to_str().unwrap(),
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("error: --transport raw: a local copy"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!local.exists());
 
     // A daemon without raw channels.
     let mut c = Command::new("ip");

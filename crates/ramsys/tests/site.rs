@@ -119,6 +119,7 @@ fn three_daemons_monitor_each_other() {
 
     // A CPU burner on C, seen through its injected /proc: 90 % busy.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let started = Instant::now();
     let burner = {
         let (fake, stop) = (fake.clone(), stop.clone());
         std::thread::spawn(move || {
@@ -131,19 +132,20 @@ fn three_daemons_monitor_each_other() {
             }
         })
     };
-    let seen = wait_for(
-        &key,
-        &a.addr,
-        Duration::from_secs(5),
-        "C's load at A",
-        |v| {
-            member(v, &c.addr)
-                .and_then(|m| m["cpu_load"].as_f64())
-                .unwrap_or(0.0)
-                >= 0.8
-        },
-    );
-    eprintln!("C's injected load visible at A after {seen:?} (includes status round trips)");
+    // Polled in-process every 2 ms (no process start per poll), so the
+    // time printed is the site's: C's next sample plus A's next pull.
+    let k = key_bytes(&key);
+    let seen = loop {
+        if cpu_in_view(&k, &a.addr, &c.addr) >= 0.8 {
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "C's load never reached A"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    eprintln!("C's injected load visible at A after {seen:?} (intervals 50 ms)");
     wait_for(
         &key,
         &b.addr,
@@ -182,6 +184,26 @@ fn three_daemons_monitor_each_other() {
         .err()
         .expect("a daemon outside a site refuses site links");
     assert!(e.to_string().contains("not part of a site"), "{e}");
+}
+
+/// `of`'s CPU load in `addr`'s site view, asked in-process.
+fn cpu_in_view(key: &[u8], addr: &str, of: &str) -> f64 {
+    use ramsys_proto::Control;
+    let t = ramsys_engine::transport::tcp::Tcp {
+        socket_buffer: None,
+    };
+    let mut s =
+        ramsys_engine::session::client_connect(&t, addr, key, Duration::from_secs(5)).unwrap();
+    ramsys_engine::wire::send_control(&mut *s.ctl, &Control::StatusQuery).unwrap();
+    let Control::StatusReport { json } = ramsys_engine::wire::recv_control(&mut *s.ctl).unwrap()
+    else {
+        panic!("no status report")
+    };
+    let st: ramsys_engine::daemon::status::Status = serde_json::from_str(&json).unwrap();
+    st.site
+        .iter()
+        .find(|m| m.addr == of)
+        .map_or(0.0, |m| m.cpu_load)
 }
 
 fn key_bytes(key: &Path) -> Vec<u8> {
@@ -530,6 +552,9 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
         if i == 0 {
             args.extend(["--site-max-sessions".into(), "1".into()]);
         }
+        if i == 1 {
+            args.extend(["--site-max-load".into(), "30".into()]);
+        }
         for d in &ds {
             args.extend(["--peer".into(), d.addr.clone()]);
         }
@@ -546,6 +571,36 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
                 && age(v, &d.addr) < 500
         })
     });
+    // B is over its --site-max-load (40 % >= 30 %): a push to B goes to C.
+    let b = ds[1].addr.clone();
+    wait_for(&key, &b, Duration::from_secs(10), "loads at B", |v| {
+        ds.iter().all(|d| {
+            member(v, &d.addr)
+                .and_then(|m| m["cpu_load"].as_f64())
+                .unwrap_or(0.0)
+                > 0.05
+                && age(v, &d.addr) < 500
+        })
+    });
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--json",
+            src.to_str().unwrap(),
+            &ds[1].url("viaB/"),
+        ],
+    );
+    assert_ok(&o);
+    let j = summary(&o);
+    assert_eq!(j["redirect"]["from"], b.as_str(), "{j}");
+    assert_eq!(j["redirect"]["to"], c.as_str(), "{j}");
+    assert_eq!(
+        j["redirect"]["reason"], "CPU load 40 % (max_load = 30 %)",
+        "{j}"
+    );
+    assert_same_tree(&src, &root.join("viaB"));
     // Under its limit A takes the session itself.
     let o = ramsys(
         &key,
@@ -574,7 +629,10 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
     wait_for(&key, &a, Duration::from_secs(10), "A's session", |v| {
         member(v, &a).and_then(|m| m["sessions"].as_u64()) == Some(1)
     });
-    // A push to A goes to C.
+    // A push to A goes to C (once B's push has left C's load).
+    wait_for(&key, &a, Duration::from_secs(5), "C idle", |v| {
+        member(v, &c).is_some_and(|m| m["active_tasks"] == 0 && m["sessions"] == 0)
+    });
     std::fs::create_dir(root.join("dst")).unwrap();
     let o = ramsys(
         &key,
@@ -593,6 +651,17 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
     let why = j["redirect"]["reason"].as_str().unwrap();
     assert!(why.contains("max_sessions = 1"), "{why}");
     assert_same_tree(&src, &root.join("dst/src"));
+    // C's view at A lags by up to two intervals, and A counts the session
+    // it sent to C as C's for two intervals + 100 ms (against herds): wait
+    // until both have passed, or A may (rightly) prefer B.
+    let c_idle = |v: &serde_json::Value| {
+        member(v, &c).is_some_and(|m| m["active_tasks"] == 0 && m["sessions"] == 0)
+    };
+    let settle = || {
+        wait_for(&key, &a, Duration::from_secs(5), "C idle", c_idle);
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    settle();
     // So does a pull, and without --json the agent says so in one line.
     let back = t.path().join("back");
     let o = ramsys(
@@ -606,13 +675,38 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
         e.lines()
             .any(|l| l.contains(&format!("{a} is busy"))
                 && l.ends_with(&format!("redirected to {c}"))),
-        "{e}"
+        "{e} (C is {c}); A's view now: {:#}",
+        site_json(&key, &a)
     );
     // A counted both (status totals, ramsys_redirects_total).
     let o = ramsys(&key, &["status", "--json", &a]);
     assert_ok(&o);
     let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(st["totals"]["redirects"], 2, "{}", st["totals"]);
+    // Draining (SIGTERM, the slow session still running), A sends new
+    // sessions to its least-loaded peer instead of refusing them.
+    let pid = ds[0].child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    settle();
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--json",
+            src.to_str().unwrap(),
+            &ds[0].url("drained/"),
+        ],
+    );
+    assert_ok(&o);
+    let j = summary(&o);
+    assert_eq!(j["redirect"]["reason"], "shutting down", "{j}");
+    assert_eq!(j["redirect"]["to"], c.as_str(), "{j}");
+    assert_same_tree(&src, &root.join("drained"));
     let _ = slow.kill();
     let _ = slow.wait();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

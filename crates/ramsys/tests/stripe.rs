@@ -158,3 +158,138 @@ fn losing_a_daemon_then_resume_finishes() {
     );
     assert_same_tree(&src, &root.join("src"));
 }
+
+/// Namespaces of the namespaced test, deleted on drop.
+struct Netns(Vec<String>);
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", n])
+                .status();
+        }
+    }
+}
+
+fn ip(args: &[&str]) -> bool {
+    std::process::Command::new("ip")
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The agent in one network namespace, each daemon in its own behind a
+/// veth pair (10.78.N.1 agent side, 10.78.N.2 daemon side), the daemons
+/// sharing one directory: the striped push crosses three real links.
+/// Skips when namespaces cannot be made (not root, no `ip`).
+#[test]
+fn striped_push_across_network_namespaces() {
+    let tag = std::process::id();
+    let agent = format!("rsta{tag}");
+    if !ip(&["netns", "add", &agent]) {
+        eprintln!("skipped: cannot create network namespaces (needs root and ip)");
+        return;
+    }
+    let mut ns = Netns(vec![agent.clone()]);
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let root = t.path().join("shared");
+    std::fs::create_dir(&root).unwrap();
+    let src = t.path().join("src");
+    tree(&src, 6, 256 << 10);
+    assert!(ip(&["-n", &agent, "link", "set", "lo", "up"]));
+    let mut daemons = vec![];
+    for i in 1..=3 {
+        let d = format!("rstd{i}-{tag}");
+        assert!(ip(&["netns", "add", &d]));
+        ns.0.push(d.clone());
+        let (a_if, d_if) = (format!("sa{i}"), format!("sd{i}"));
+        for c in [
+            vec![
+                "link", "add", &a_if, "netns", &agent, "type", "veth", "peer", "name", &d_if,
+                "netns", &d,
+            ],
+            vec![
+                "-n",
+                &agent,
+                "addr",
+                "add",
+                &format!("10.78.{i}.1/24"),
+                "dev",
+                &a_if,
+            ],
+            vec![
+                "-n",
+                &d,
+                "addr",
+                "add",
+                &format!("10.78.{i}.2/24"),
+                "dev",
+                &d_if,
+            ],
+            vec!["-n", &agent, "link", "set", &a_if, "up"],
+            vec!["-n", &d, "link", "set", &d_if, "up"],
+            vec!["-n", &d, "link", "set", "lo", "up"],
+        ] {
+            assert!(ip(&c), "ip {c:?}");
+        }
+        let mut child = std::process::Command::new("ip")
+            .args(["netns", "exec", &d, bin(), "serve", "--listen"])
+            .arg(format!("10.78.{i}.2:7070"))
+            .arg("--root")
+            .arg(&root)
+            .arg("--key-file")
+            .arg(&key)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert!(line.starts_with("listening on 10.78."), "{line}");
+        daemons.push(KillOnDrop(child));
+    }
+    let url = "ramsys://10.78.1.2:7070,10.78.2.2:7070,10.78.3.2:7070/";
+    let mut cmd = std::process::Command::new("ip");
+    cmd.args([
+        "netns",
+        "exec",
+        &agent,
+        bin(),
+        "cp",
+        "-r",
+        "--stripe",
+        "--json",
+    ])
+    .arg(&src)
+    .arg(url)
+    .env("RAMSYS_KEY_FILE", &key);
+    let o = run_with_timeout(cmd, Duration::from_secs(120));
+    assert_ok(&o);
+    let j = summary(&o);
+    let stripes = j["stripes"].as_array().unwrap();
+    assert_eq!(stripes.len(), 3, "{j}");
+    assert!(
+        stripes.iter().all(|s| s["bytes"].as_u64().unwrap() > 0),
+        "{j}"
+    );
+    assert_same_tree(&src, &root.join("src"));
+    drop(daemons);
+}
+
+/// A daemon started through `ip netns exec`, killed on drop.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -530,6 +530,7 @@ mod tests {
             }],
             draining: true,
             site: vec![],
+            raw: vec![],
             version: 1,
             listen: "x".into(),
             root: "/".into(),

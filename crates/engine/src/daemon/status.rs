@@ -48,6 +48,10 @@ pub struct Status {
     /// site, this daemon first, as its monitoring last saw it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub site: Vec<SiteMember>,
+    /// Interfaces offering raw-Ethernet channels (`serve --raw-iface`,
+    /// issue 18): "IFACE MAC mtu N node N|-" each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub raw: Vec<String>,
 }
 
 /// One site member's published load (engine `site`).
@@ -357,6 +361,7 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
         rates: Vec::new(),
         draining: false,
         site: Vec::new(),
+        raw: Vec::new(),
         version: STATUS_VERSION,
         listen: listen.into(),
         root: root.into(),

@@ -114,6 +114,9 @@ pub struct Site {
     views: Mutex<BTreeMap<String, View>>,
     started: Instant,
     limits: redirect::Limits,
+    /// Sessions we redirected, by peer, and when: counted as that peer's
+    /// tasks until its own load can show them (redirect::Sent).
+    sent: Mutex<redirect::Sent>,
 }
 
 /// Open an authenticated site link to `addr` as `me` (SiteHello; the
@@ -182,6 +185,7 @@ impl Site {
             views: Mutex::new(BTreeMap::new()),
             started: Instant::now(),
             limits: opts.limits,
+            sent: Mutex::new(Default::default()),
         });
         let s = site.clone();
         std::thread::Builder::new()
@@ -316,11 +320,24 @@ impl Site {
     /// limit, and which peer should take a new session instead? Some((peer,
     /// why)): redirect; None: admit here (not busy, or no peer is better).
     pub fn redirect(&self, sessions: u32, would_wait: Option<String>) -> Option<(String, String)> {
-        let view = self.members();
+        let mut sent = self.sent.lock().unwrap();
+        let view = sent.apply(self.members(), self.interval);
         let me = view.first()?;
         let why = redirect::busy(&self.limits, me, sessions, would_wait)?;
-        let to = redirect::target(&self.limits, self.node.me(), &view)?;
+        let mine = redirect::score(me);
+        let to = redirect::target(&self.limits, self.node.me(), &view, mine)?;
+        sent.record(&to);
         Some((to, why))
+    }
+
+    /// The least-loaded fresh peer under the limits, whatever our own
+    /// load: where a draining daemon sends new sessions.
+    pub fn least_loaded_peer(&self) -> Option<String> {
+        let mut sent = self.sent.lock().unwrap();
+        let view = sent.apply(self.members(), self.interval);
+        let to = redirect::target(&self.limits, self.node.me(), &view, f64::INFINITY)?;
+        sent.record(&to);
+        Some(to)
     }
 
     /// A peer's SiteHello (first message of a connection): authenticate it

@@ -5,6 +5,9 @@
 //! daemons starts on the least-loaded one. Both read the same site view
 //! (`Site::members`), so the rules live here, free of I/O.
 
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
 use crate::daemon::status::SiteMember;
 
 /// A member's view older than this does not count (it may be gone).
@@ -76,18 +79,58 @@ pub fn busy(
 
 /// Where a busy daemon `me` sends a new session: the fresh peer with the
 /// lowest score that is under the limits itself and scores lower than
-/// `me` (sending work to a busier daemon helps nobody). None: keep it
+/// `below` (a busy daemon passes its own score: sending work to a busier
+/// daemon helps nobody; a draining one passes infinity). None: keep it
 /// (the session queues here as it would outside a site).
-pub fn target(l: &Limits, me: &str, view: &[SiteMember]) -> Option<String> {
-    let mine = view.iter().find(|m| m.addr == me).map(score)?;
+pub fn target(l: &Limits, me: &str, view: &[SiteMember], below: f64) -> Option<String> {
     view.iter()
         .filter(|m| m.addr != me && fresh(m))
         .filter(|m| l.max_sessions.is_none_or(|max| m.sessions < max))
         .filter(|m| l.max_load.is_none_or(|max| m.cpu_load < max))
         .map(|m| (m, score(m)))
-        .filter(|(_, s)| *s < mine)
+        .filter(|(_, s)| *s < below)
         .min_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(m, _)| m.addr.clone())
+}
+
+/// Sessions this daemon redirected, by peer: each counts as one more task
+/// of that peer in our decisions until the peer's own published load can
+/// show it. Without this, every session arriving within one interval
+/// would go to the same peer (the view says it is idle until its next
+/// sample): the herd a redirector must not make.
+#[derive(Debug, Default)]
+pub struct Sent(BTreeMap<String, Vec<Instant>>);
+
+impl Sent {
+    /// How long a redirect counts: the client reconnects (a few ms on a
+    /// LAN), the peer samples, we pull: two intervals, plus slack.
+    fn window(interval: Duration) -> Duration {
+        interval * 2 + Duration::from_millis(100)
+    }
+
+    /// `view` with our recent redirects added to their peers' tasks;
+    /// forgets the expired ones.
+    pub fn apply(&mut self, mut view: Vec<SiteMember>, interval: Duration) -> Vec<SiteMember> {
+        let w = Self::window(interval);
+        self.0.retain(|_, v| {
+            v.retain(|t| t.elapsed() < w);
+            !v.is_empty()
+        });
+        for m in &mut view {
+            if let Some(v) = self.0.get(&m.addr) {
+                m.active_tasks += v.len() as u32;
+                m.sessions += v.len() as u32;
+            }
+        }
+        view
+    }
+
+    pub fn record(&mut self, to: &str) {
+        self.0
+            .entry(to.to_string())
+            .or_default()
+            .push(Instant::now());
+    }
 }
 
 #[cfg(test)]
@@ -152,6 +195,37 @@ mod tests {
     }
 
     #[test]
+    fn recent_redirects_count_until_the_peer_can_show_them() {
+        let l = Limits::default();
+        let mut sent = Sent::default();
+        let view = || {
+            vec![
+                member("me", 0.9, 4, 4, 0),
+                member("b", 0.30, 0, 0, 10),
+                member("c", 0.35, 0, 0, 10),
+            ]
+        };
+        let pick = |sent: &mut Sent| {
+            let v = sent.apply(view(), Duration::from_millis(50));
+            let to = target(&l, "me", &v, score(&v[0])).unwrap();
+            sent.record(&to);
+            to
+        };
+        // Three sessions in one interval: b, then c (b now has one more
+        // task), then b again (c has one too, and b is lighter on CPU).
+        assert_eq!(pick(&mut sent), "b");
+        assert_eq!(pick(&mut sent), "c");
+        assert_eq!(pick(&mut sent), "b");
+        // Expired: the peers' own loads count again.
+        let mut old = Sent::default();
+        old.0
+            .insert("b".into(), vec![Instant::now() - Duration::from_secs(1)]);
+        let v = old.apply(view(), Duration::from_millis(50));
+        assert_eq!(v[1].active_tasks, 0);
+        assert!(old.0.is_empty());
+    }
+
+    #[test]
     fn target_is_a_fresh_less_loaded_peer_under_the_limits() {
         let l = Limits {
             max_sessions: Some(2),
@@ -164,15 +238,17 @@ mod tests {
             member("ok", 0.3, 1, 1, 10),
             member("best", 0.2, 0, 0, 10),
         ];
-        assert_eq!(target(&l, "me", &view).as_deref(), Some("best"));
-        // Nobody is less loaded than us: keep the session.
+        let mine = score(&view[0]);
+        assert_eq!(target(&l, "me", &view, mine).as_deref(), Some("best"));
+        // Nobody is less loaded than us: keep the session; draining (no
+        // bound), any fresh peer under the limits will do.
         let view = [member("me", 0.1, 0, 2, 0), member("b", 0.5, 0, 0, 10)];
-        assert_eq!(target(&l, "me", &view), None);
-        // We are not in our own view (cannot happen in a site): keep it.
-        assert_eq!(target(&l, "x", &view), None);
+        assert_eq!(target(&l, "me", &view, score(&view[0])), None);
+        assert_eq!(target(&l, "me", &view, f64::INFINITY).as_deref(), Some("b"));
         // A peer we cannot reach is never a target.
         let mut gone = member("b", 0.0, 0, 0, 10);
         gone.error = Some("connection refused".into());
-        assert_eq!(target(&l, "me", &[member("me", 0.9, 3, 2, 0), gone]), None);
+        let view = [member("me", 0.9, 3, 2, 0), gone];
+        assert_eq!(target(&l, "me", &view, f64::INFINITY), None);
     }
 }

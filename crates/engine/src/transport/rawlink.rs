@@ -109,6 +109,12 @@ pub struct RawListeners {
     offer: Vec<RawIface>,
 }
 
+/// Channels of one interface at most in the dispatcher at once (joining
+/// their session, or a control connection's handler): a data link leaves
+/// it as soon as its Join is checked, so only channels that have not
+/// authenticated yet, or sessions whose control link came over raw, count.
+pub const MAX_PENDING: usize = 256;
+
 /// What the daemon's listeners hand accepted channels to.
 pub type Handler = Arc<dyn Fn(Box<dyn Link>) + Send + Sync>;
 
@@ -139,24 +145,38 @@ impl RawListeners {
     }
 
     /// One thread per interface (pinned to its NIC's node, so the
-    /// channels it starts are too): every OPEN is admitted (the channel
-    /// authenticates with Join inside, as a TCP connection does) and the
-    /// channel goes to `handler` on a thread of its own.
+    /// channels it starts are too): an OPEN is admitted while fewer than
+    /// [`MAX_PENDING`] channels of this interface are still in the
+    /// dispatcher (the channel authenticates with Join inside, as a TCP
+    /// connection does; the cap bounds what OPENs from a stranger on the
+    /// segment can pin down, beyond it they are refused with RESET) and
+    /// the channel goes to `handler` on a thread of its own.
     pub fn spawn(self, handler: Handler) {
+        self.spawn_with(handler, MAX_PENDING)
+    }
+
+    fn spawn_with(self, handler: Handler, max_pending: usize) {
         for (mut l, cpus) in self.listeners {
             let h = handler.clone();
             let name = format!("raw-listen-{}", l.info().name);
+            let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
             let _ = std::thread::Builder::new().name(name).spawn(move || {
                 if !cpus.is_empty() {
                     let _ = ramsys_topo::placement::pin_current_thread(&cpus);
                 }
+                let room = |_: &open::Offer| pending.load(Ordering::Relaxed) < max_pending;
                 loop {
-                    match l.accept(Duration::from_secs(1), |_| true, fault::from_env()) {
+                    match l.accept(Duration::from_secs(1), room, fault::from_env()) {
                         Ok(Some(ch)) => {
                             let h = h.clone();
-                            let _ = std::thread::Builder::new()
-                                .name("conn-raw".into())
-                                .spawn(move || h(Box::new(ch)));
+                            let p = pending.clone();
+                            p.fetch_add(1, Ordering::Relaxed);
+                            let _ = std::thread::Builder::new().name("conn-raw".into()).spawn(
+                                move || {
+                                    h(Box::new(ch));
+                                    p.fetch_sub(1, Ordering::Relaxed);
+                                },
+                            );
                         }
                         Ok(None) => {}
                         Err(e) => {
@@ -460,6 +480,81 @@ mod tests {
         let offer = vec![iface("x", "192.0.2.77"), iface("z", "198.51.100.1")];
         assert_eq!(candidates(Some(nic), &offer).len(), 2);
         assert_eq!(candidates(None, &offer).len(), 2);
+    }
+
+    /// A channel's I/O thread is started inside `on_cpus`: threads
+    /// started there inherit the pinned CPU set.
+    #[test]
+    fn threads_started_on_a_node_inherit_its_cpus() {
+        let got = on_cpus(&[0], || {
+            Ok(std::thread::spawn(ramsys_topo::placement::current_affinity)
+                .join()
+                .unwrap())
+        })
+        .unwrap();
+        assert_eq!(got, vec![0]);
+        // Unpinned (unknown node): the caller's set, untouched.
+        let mine = ramsys_topo::placement::current_affinity();
+        let got = on_cpus(&[], || Ok(ramsys_topo::placement::current_affinity())).unwrap();
+        assert_eq!(got, mine);
+    }
+
+    /// A daemon's listener on a veth pair between two namespaces, with
+    /// room for one channel in the dispatcher: the first OPEN is admitted
+    /// and handed over (Box<dyn Link>), a second while the first is still
+    /// held is refused, and admitted again once the first is released.
+    #[test]
+    fn listener_hands_channels_over_and_caps_pending_ones() {
+        use ramsys_rawnet::netns;
+        if let Some(why) = netns::unavailable() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let pid = std::process::id();
+        let a = netns::Netns::create(&format!("rkla-{pid}")).unwrap();
+        let b = netns::Netns::create(&format!("rklb-{pid}")).unwrap();
+        netns::veth(&a, "la", &b, "lb", 1500).unwrap();
+        let l = b
+            .run(|| RawListeners::open(&["lb".to_string()], None))
+            .unwrap()
+            .unwrap();
+        assert_eq!(l.offer().len(), 1);
+        let (bmac, mtu) = (l.offer()[0].mac, l.offer()[0].mtu);
+        assert_eq!(mtu, 1500);
+        let (got_tx, got_rx) = crossbeam_channel::unbounded::<String>();
+        let (release_tx, release_rx) = crossbeam_channel::unbounded::<()>();
+        let release_rx = Arc::new(Mutex::new(release_rx));
+        l.spawn_with(
+            Arc::new(move |link: Box<dyn Link>| {
+                let _ = got_tx.send(link.local());
+                let _ = release_rx.lock().unwrap().recv();
+            }),
+            1,
+        );
+        let dial = |ch: u16| {
+            a.run(|| {
+                let s = PacketSocket::open("la")?;
+                open::dial(s, bmac, 7, ch, 1500, Duration::from_secs(2), None)
+            })
+            .unwrap()
+        };
+        let first = dial(1).unwrap();
+        let local = got_rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(local.contains("@lb"), "{local}");
+        let e = dial(2).err().expect("a second pending channel is refused");
+        assert!(e.to_string().contains("refused"), "{e}");
+        release_tx.send(()).unwrap();
+        // The handler returns at once, but on a loaded machine a moment
+        // later than the send: retry until there is room again.
+        let third = (3..50)
+            .find_map(|ch| {
+                std::thread::sleep(Duration::from_millis(50));
+                dial(ch).ok()
+            })
+            .expect("room again once the first channel left the dispatcher");
+        assert!(got_rx.recv_timeout(Duration::from_secs(5)).is_ok());
+        release_tx.send(()).unwrap();
+        drop((first, third));
     }
 
     #[test]
