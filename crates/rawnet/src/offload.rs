@@ -325,23 +325,67 @@ fn pin(cpus: &[usize]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Whether raw channels use the copy offload: env `RAMSYS_COPY_OFFLOAD`
-/// = `on` | `off` | `auto` (default `auto`: on only when this process may
-/// run on at least 4 CPUs, so the copy thread can have a core of its own;
-/// on 2 busy cores it measured slower, docs/SITE.md).
-pub fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        let v = std::env::var("RAMSYS_COPY_OFFLOAD").unwrap_or_default();
-        match v.as_str() {
-            "on" => true,
-            "off" => false,
-            "" | "auto" => thread::available_parallelism().map_or(1, |n| n.get()) >= 4,
-            other => {
-                tracing::warn!("RAMSYS_COPY_OFFLOAD={other}: expected on|off|auto; using auto");
-                thread::available_parallelism().map_or(1, |n| n.get()) >= 4
-            }
+/// `--copy-offload` / `RAMSYS_COPY_OFFLOAD`: on, off, or auto (on only
+/// when this process may run on at least 4 CPUs, so that the copy thread
+/// can have a core of its own; on 2 busy cores it measured slower and
+/// costlier, docs/SITE.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    On,
+    Off,
+    Auto,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Mode, String> {
+        match s {
+            "on" => Ok(Mode::On),
+            "off" => Ok(Mode::Off),
+            "auto" => Ok(Mode::Auto),
+            _ => Err(format!("copy offload: {s:?} is not on, off or auto")),
         }
+    }
+}
+
+impl Mode {
+    fn resolve(self) -> bool {
+        match self {
+            Mode::On => true,
+            Mode::Off => false,
+            Mode::Auto => thread::available_parallelism().map_or(1, |n| n.get()) >= 4,
+        }
+    }
+}
+
+/// 0: not set by a flag; else 1 + on.
+static FLAG: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// The `--copy-offload` flag: overrides the environment for the channels
+/// opened from now on.
+pub fn set_mode(m: Mode) {
+    FLAG.store(1 + m.resolve() as u8, Ordering::SeqCst);
+}
+
+/// Whether raw channels opened now use the copy offload: the flag if one
+/// was given, else env `RAMSYS_COPY_OFFLOAD` = on|off|auto (default auto).
+pub fn enabled() -> bool {
+    match FLAG.load(Ordering::SeqCst) {
+        0 => {}
+        f => return f == 2,
+    }
+    static ENV: OnceLock<bool> = OnceLock::new();
+    *ENV.get_or_init(|| {
+        let v = std::env::var("RAMSYS_COPY_OFFLOAD").unwrap_or_default();
+        if v.is_empty() {
+            return Mode::Auto.resolve();
+        }
+        v.parse::<Mode>()
+            .unwrap_or_else(|e| {
+                tracing::warn!("RAMSYS_COPY_OFFLOAD: {e}; using auto");
+                Mode::Auto
+            })
+            .resolve()
     })
 }
 
@@ -397,6 +441,18 @@ mod tests {
                 });
             }
         });
+    }
+
+    #[test]
+    fn mode_parses_and_the_flag_overrides() {
+        assert_eq!("on".parse::<Mode>(), Ok(Mode::On));
+        assert_eq!("off".parse::<Mode>(), Ok(Mode::Off));
+        assert_eq!("auto".parse::<Mode>(), Ok(Mode::Auto));
+        assert!("yes".parse::<Mode>().is_err());
+        set_mode(Mode::On);
+        assert!(enabled());
+        set_mode(Mode::Off);
+        assert!(!enabled());
     }
 
     #[test]
