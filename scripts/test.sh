@@ -10,6 +10,8 @@ command -v cargo >/dev/null 2>&1 || export PATH="$HOME/.cargo/bin:$PATH"
 # Release profile: the integration tests move real data through real
 # daemons; the test build also produces target/release/ramsys for the
 # benchmark smoke run below.
+# The WAN emulator first: tests/streams.rs runs a long path through it.
+cargo build --release -p wanem
 cargo test --workspace --release -- --test-threads 2
 cargo build --release -p ramsys
 # The Debian package: build, dpkg -i, systemd-analyze verify, the daemon

@@ -69,6 +69,11 @@ fn connect(
             opts.streams,
             most.min(pool),
         );
+        let mut c = c;
+        if source {
+            // A push grows from here (transport::grow); a pull cannot.
+            c.start_low();
+        }
         tracing::info!("streams: {} ({})", c.streams, c.why);
         opts.streams = c.streams;
         choice = Some(c);
@@ -193,7 +198,10 @@ pub fn push(
         pending_auth: Some((s.addr.clone(), s.session)),
     };
     run_source(s.ctl, &mut links, spec, opts, res, stats).map(|mut r| {
-        r.stream_choice = choice;
+        r.stream_choice = choice.map(|mut c| {
+            c.growth = r.growth.take();
+            c
+        });
         r
     })
 }

@@ -160,6 +160,9 @@ pub enum State {
     Lost,
     /// Ended normally, or lost for good (its work went to the others).
     Done,
+    /// Added mid-transfer (issue 21, Control::AddStream): its first link
+    /// (epoch 1) is being dialled or awaited.
+    Joining,
 }
 
 struct Slot {
@@ -172,6 +175,10 @@ struct Slot {
     /// A replacement that arrived while the old link still had a thread.
     pending: Option<Joined>,
     dialing: bool,
+    /// Bytes acknowledged on the stream's earlier links, and the most
+    /// seen on the current one ([`Streams::acked`]).
+    acked_before: u64,
+    acked_now: u64,
 }
 
 /// Per-stream bookkeeping of one session end.
@@ -243,6 +250,8 @@ impl Streams {
                     handle: Some(h),
                     pending: None,
                     dialing: false,
+                    acked_before: 0,
+                    acked_now: 0,
                 })
                 .collect(),
             relinks,
@@ -259,6 +268,71 @@ impl Streams {
             last_dial_error: None,
             ran: (0..n as u16).map(|i| (i, 0)).collect(),
         }
+    }
+
+    /// Streams so far, added ones included.
+    pub fn count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// A stream added mid-transfer (issue 21): a slot awaiting its first
+    /// link, which comes as a Rejoin with epoch 1 (epoch 0 is the links
+    /// dialled at the start, so the AEAD nonces stay apart). The client
+    /// starts dialling it; the server waits for it. Returns its number.
+    pub fn add(&mut self) -> u16 {
+        let stream = self.slots.len() as u16;
+        let mut slot = Slot {
+            state: State::Joining,
+            epoch: 0,
+            max_epoch: 0,
+            handle: None,
+            pending: None,
+            dialing: false,
+            acked_before: 0,
+            acked_now: 0,
+        };
+        if let Relinks::Dial(d) = &self.relinks {
+            slot.dialing = true;
+            slot.max_epoch = d.backoff.tries as u16;
+            d.spawn(
+                stream,
+                1,
+                self.tx.clone(),
+                self.stats.clone(),
+                self.abort.clone(),
+            );
+        }
+        self.slots.push(slot);
+        stream
+    }
+
+    /// Delivery rates (bytes/s, TCP_INFO) of the live links that report one.
+    pub fn delivery_rates(&self) -> Vec<u64> {
+        let live = self.slots.iter().filter(|s| s.state == State::Live);
+        live.filter_map(|s| s.handle.as_ref()?.delivery_rate())
+            .collect()
+    }
+
+    /// Bytes the peer acknowledged over every link of the session so far
+    /// (TCP_INFO bytes_acked; a link's last reading counts after it
+    /// ended), the delivered payload the stream count adapts to; None
+    /// when no link reports it.
+    pub fn acked(&mut self) -> Option<u64> {
+        let mut any = false;
+        let mut sum = 0;
+        for s in &mut self.slots {
+            if let Some(n) = s.handle.as_ref().and_then(|h| h.bytes_acked()) {
+                s.acked_now = s.acked_now.max(n);
+                any = true;
+            }
+            sum += s.acked_before + s.acked_now;
+        }
+        any.then_some(sum)
+    }
+
+    /// Whether this end dials (the client): only it can add streams.
+    pub fn dials(&self) -> bool {
+        matches!(self.relinks, Relinks::Dial(_))
     }
 
     /// Whether lost links can be replaced at all.
@@ -392,16 +466,24 @@ impl Streams {
             .map_err(|_| EngineError::local("link events closed"))
     }
 
-    /// A thread now runs on the replacement (`i`, `epoch`).
-    pub fn started(&mut self, i: usize, epoch: u16, handle: Box<dyn Link>) {
+    /// A thread now runs on the replacement (`i`, `epoch`), or on the
+    /// first link of an added stream (then true).
+    pub fn started(&mut self, i: usize, epoch: u16, handle: Box<dyn Link>) -> bool {
         let s = &mut self.slots[i];
+        let added = s.state == State::Joining;
+        s.acked_before += std::mem::take(&mut s.acked_now);
         s.state = State::Live;
         s.epoch = epoch;
         s.handle = Some(handle);
         self.ran.insert((i as u16, epoch));
         self.all_down_since = None;
-        self.stats.links_replaced.fetch_add(1, Ordering::Relaxed);
-        tracing::info!("data stream {i} replaced (epoch {epoch})");
+        if added {
+            tracing::info!("data stream {i} added");
+        } else {
+            self.stats.links_replaced.fetch_add(1, Ordering::Relaxed);
+            tracing::info!("data stream {i} replaced (epoch {epoch})");
+        }
+        added
     }
 
     /// Every attempt to replace `stream` failed: it stays down. True if
@@ -415,6 +497,12 @@ impl Streams {
                 s.dialing = false;
                 s.state = State::Done;
                 true
+            }
+            // An added stream that never came: nothing of it to end.
+            Some(s) if s.state == State::Joining => {
+                s.dialing = false;
+                s.state = State::Done;
+                false
             }
             Some(s) => {
                 s.dialing = false;
@@ -441,6 +529,9 @@ impl Streams {
             if s.state == State::Lost {
                 s.state = State::Done;
                 n += 1;
+            } else if s.state == State::Joining {
+                // Never counted as a sender: not in `n`.
+                s.state = State::Done;
             }
         }
         n
@@ -711,6 +802,29 @@ mod tests {
             "{e}"
         );
         assert_eq!(st.stats.link_retries.load(Ordering::Relaxed), 6);
+    }
+
+    #[test]
+    fn an_added_stream_joins_with_epoch_one_and_is_not_a_replacement() {
+        let (_tx, rx) = unbounded();
+        let (mut st, _) = streams(Relinks::Accept(rx), 2);
+        assert_eq!(st.add(), 2);
+        assert_eq!((st.count(), st.state(2)), (3, State::Joining));
+        // Not a lost link: nothing waits for it, progress is possible.
+        assert_eq!(st.waiting(), 0);
+        assert!(st.check().is_ok());
+        let (j, f) = joined(2, 1);
+        let j = st.arrived(j).expect("starts at once");
+        assert!(!f.out.lock().unwrap().is_empty(), "JoinOk sent");
+        assert!(st.started(2, j.epoch, j.link), "an added stream");
+        assert_eq!(st.stats.links_replaced.load(Ordering::Relaxed), 0);
+        // One that never came ends quietly; settling ends a waiting one.
+        let n = st.add();
+        assert!(!st.gave_up(n, 5, "refused".into()));
+        assert_eq!(st.state(n as usize), State::Done);
+        let n = st.add();
+        assert_eq!(st.settle(), 0);
+        assert_eq!(st.state(n as usize), State::Done);
     }
 
     #[test]

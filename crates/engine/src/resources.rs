@@ -7,6 +7,15 @@ use std::time::Duration;
 
 use ramsys_resources::{BufferPool, ThreadPool};
 
+/// Most data streams an engine serves at once by default (issue 21). The
+/// memory budget, not the threads, is what streams cost: the default
+/// 256 MiB of 4 MiB buffers gives 32 streams 2 credits each, 8 MiB in
+/// flight per stream, above the 4 MiB one stream holds on a long path
+/// (transport::path), and 32 x 4 MiB covers 10 Gb/s x 100 ms (125 MB).
+/// At 16 a 50 ms path was already at the limit (transport::grow found the
+/// rate still rising there). Idle pool threads are parked.
+pub const DEFAULT_MAX_STREAMS: usize = 32;
+
 /// Sizes of what is pre-allocated.
 #[derive(Debug, Clone)]
 pub struct ResourceConfig {
@@ -32,7 +41,7 @@ impl Default for ResourceConfig {
             buffer_size: 4 << 20,
             readers: 4,
             writers: 4,
-            max_streams: 16,
+            max_streams: DEFAULT_MAX_STREAMS,
             storage_cpus: Vec::new(),
             net_cpus: Vec::new(),
             buffer_node: None,

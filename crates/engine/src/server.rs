@@ -1095,33 +1095,4 @@ fn follow_plan(
 }
 
 /// Placeholder left behind when a link is handed elsewhere.
-pub(crate) struct ClosedLink;
-
-impl std::io::Read for ClosedLink {
-    fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
-        Ok(0)
-    }
-}
-impl std::io::Write for ClosedLink {
-    fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
-        Err(std::io::ErrorKind::NotConnected.into())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-impl Link for ClosedLink {
-    fn try_clone_link(&self) -> std::io::Result<Box<dyn Link>> {
-        Ok(Box::new(ClosedLink))
-    }
-    fn shutdown_both(&self) {}
-    fn peer(&self) -> String {
-        "closed".into()
-    }
-    fn local(&self) -> String {
-        "closed".into()
-    }
-    fn set_read_timeout(&self, _: Option<Duration>) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+pub(crate) use crate::transport::ClosedLink;

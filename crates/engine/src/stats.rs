@@ -81,6 +81,8 @@ pub struct Report {
     pub storage: Option<crate::storage::StorageUse>,
     /// The agent sized the stream count from the path (issue 21).
     pub stream_choice: Option<crate::transport::path::StreamChoice>,
+    /// Streams added during the transfer (transport::grow), source side.
+    pub growth: Option<crate::transport::grow::Growth>,
 }
 
 /// CPU seconds (user + system) of this process so far.

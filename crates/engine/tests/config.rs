@@ -142,7 +142,7 @@ fn seed004_daemon_pools_follow_root_device_and_listen_nic() {
     // SSD: sized by type (seed 000 6.1.2) or by the plan, whichever is more.
     assert!(r.readers >= 2, "{r:?}");
     assert_eq!(r.readers, r.writers);
-    assert_eq!(r.max_streams, 16);
+    assert_eq!(r.max_streams, ramsys_engine::resources::DEFAULT_MAX_STREAMS);
     assert!(
         p.lines.iter().any(|l| l.contains("node 1")),
         "{:?}",

@@ -352,6 +352,20 @@ pub enum Control {
     RawOffer {
         ifaces: Vec<RawIface>,
     },
+    /// Source to sink during the payload, before EndOfData, when the
+    /// source is the client (issue 21, docs/PROTOCOL.md "Adding
+    /// streams"): the aggregate rate still grows with more links, so the
+    /// source asks to open data stream `stream` (= the streams so far).
+    AddStream {
+        stream: u16,
+    },
+    /// Sink to source, the answer to AddStream: `credits` > 0: dial
+    /// `stream` (Rejoin, epoch 1), the sink grants that many credits on
+    /// it; 0: refused (no thread or buffers left), ask no more.
+    StreamAdded {
+        stream: u16,
+        credits: u32,
+    },
 }
 
 /// One interface a daemon offers raw channels on (docs/TYCHE.md,
@@ -505,6 +519,8 @@ impl Control {
             Control::Redirected { .. } => "Redirected",
             Control::RawQuery => "RawQuery",
             Control::RawOffer { .. } => "RawOffer",
+            Control::AddStream { .. } => "AddStream",
+            Control::StreamAdded { .. } => "StreamAdded",
         }
     }
 
@@ -779,6 +795,11 @@ mod tests {
                     node: Some(1),
                     addrs: vec!["10.1.0.2".into()],
                 }],
+            },
+            Control::AddStream { stream: 5 },
+            Control::StreamAdded {
+                stream: 5,
+                credits: 6,
             },
         ];
         for m in msgs {

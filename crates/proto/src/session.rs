@@ -237,6 +237,7 @@ impl SourceMachine {
             (Payload, Control::Reuse(_)) if self.sync => Payload,
             (Payload, Control::FilesDone(_) | Control::FileFailed { .. }) => Payload,
             (Payload, Control::LinkDown { .. }) => Payload,
+            (Payload, Control::AddStream { .. }) => Payload,
             (Payload, Control::EndOfData { .. }) => Completing,
             _ => return Err(self.unexpected(m)),
         };
@@ -267,6 +268,9 @@ impl SourceMachine {
             // saw EndOfData can arrive after we sent it.
             (Payload, Control::Lost { .. }) => Payload,
             (Completing, Control::Lost { .. }) => Completing,
+            // The answer to an AddStream sent just before EndOfData.
+            (Payload, Control::StreamAdded { .. }) => Payload,
+            (Completing, Control::StreamAdded { .. }) => Completing,
             (Completing, Control::Deleted(_)) if self.sync => Completing,
             (Completing, Control::Complete(_)) => Done,
             _ => return Err(self.unexpected(m)),
@@ -347,6 +351,7 @@ impl SinkMachine {
             (Syncing, Control::Have(_)) if self.sync.is_some() => Syncing,
             (Syncing, Control::SyncDone { .. }) => Payload,
             (Payload, Control::Resend(_) | Control::Settled | Control::Lost { .. }) => Payload,
+            (Payload, Control::StreamAdded { .. }) => Payload,
             (Completing, Control::Deleted(_)) if self.sync.is_some() => Completing,
             (Completing, Control::Complete(_)) => Done,
             _ => return Err(self.unexpected(m)),
@@ -437,6 +442,7 @@ impl SinkMachine {
                 Payload
             }
             (Payload, Control::LinkDown { .. }) => Payload,
+            (Payload, Control::AddStream { .. }) => Payload,
             (Payload, Control::EndOfData { .. }) => Completing,
             _ => return Err(self.unexpected(m)),
         };
@@ -536,6 +542,13 @@ mod tests {
         };
         snk.on_send(&lost).unwrap();
         src.on_recv(&lost).unwrap();
+        // One more stream (issue 21), asked and answered in the payload.
+        deliver_to_sink(Control::AddStream { stream: 4 }, &mut src, &mut snk);
+        let added = Control::StreamAdded {
+            stream: 4,
+            credits: 3,
+        };
+        snk.on_send(&added).unwrap();
         deliver_to_sink(
             Control::EndOfData {
                 files: 1,
@@ -544,8 +557,12 @@ mod tests {
             &mut src,
             &mut snk,
         );
-        // A Lost the sink sent before it read EndOfData.
+        // A Lost and an answer the sink sent before it read EndOfData.
         src.on_recv(&lost).unwrap();
+        src.on_recv(&added).unwrap();
+        // No stream is added after EndOfData.
+        assert!(src.on_send(&Control::AddStream { stream: 5 }).is_err());
+        assert!(snk.on_recv(&Control::AddStream { stream: 5 }).is_err());
         let done = Control::Complete(Complete {
             files: 1,
             bytes: 10,

@@ -271,6 +271,9 @@ struct Run<'a> {
 
 fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
     let mut plan = Plan::resolve(a, sync)?;
+    // Before any link is opened: every TCP link of this process uses it.
+    ramsys_engine::transport::tcp::use_congestion(a.congestion.as_deref())
+        .map_err(|e| anyhow::anyhow!(e))?;
     if a.stripe {
         return run_striped(a, &plan, sync);
     }
@@ -729,6 +732,7 @@ fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
             "peer_cpu_s": rep.peer_cpu_s,
             "streams": rep.streams,
             "stream_choice": rep.stream_choice,
+            "congestion": ramsys_engine::transport::tcp::congestion(),
             "block_size": rep.block_size,
             "failed": rep.failed,
             "resent": resent,

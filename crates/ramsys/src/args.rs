@@ -32,6 +32,11 @@ pub struct CpArgs {
     /// daemon or ssh end it pulls from.
     #[arg(long, value_name = "RATE", value_parser = ramsys_engine::data::rate::parse_rate)]
     pub bwlimit: Option<u64>,
+    /// TCP congestion control for the links this agent opens (a name in
+    /// /proc/sys/net/ipv4/tcp_available_congestion_control). Default: bbr
+    /// where the kernel has it, else the system default.
+    #[arg(long, value_name = "NAME")]
+    pub congestion: Option<String>,
     /// Turn off per-block checksums and whole-file digests.
     #[arg(long)]
     pub no_checksum: bool,

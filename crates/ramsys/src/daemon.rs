@@ -158,6 +158,10 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     crate::signals::block();
     let (placement, rcfg) = place(a, &cfg, &root)?;
     let res = EngineResources::new(&rcfg)?;
+    // A pull's payload leaves from here: BBR where the kernel has it
+    // (issue 21), as the agent does.
+    let cc = ramsys_engine::transport::tcp::use_congestion(None).map_err(|e| anyhow::anyhow!(e))?;
+    tracing::info!("congestion control: {cc}");
     if let Some(p) = &placement {
         for l in &p.lines {
             tracing::info!("placement: {l}");
@@ -255,7 +259,11 @@ fn place(
             buffer_size: cli.buffer_size,
             readers: cli.readers.or(cfg.readers).unwrap_or(4).max(1),
             writers: cli.writers.or(cfg.writers).unwrap_or(4).max(1),
-            max_streams: cli.max_streams.or(cfg.max_streams).unwrap_or(16).max(1),
+            max_streams: cli
+                .max_streams
+                .or(cfg.max_streams)
+                .unwrap_or(ramsys_engine::resources::DEFAULT_MAX_STREAMS)
+                .max(1),
             ..Default::default()
         },
     };

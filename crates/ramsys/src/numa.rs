@@ -287,11 +287,27 @@ impl Numa {
     }
 
     pub fn streams(&mut self, rep: &Report) {
+        self.lines.push(format!(
+            "congestion control: {}",
+            ramsys_engine::transport::tcp::congestion()
+                .unwrap_or("the system default (no bbr here, none asked)")
+        ));
         if let Some(c) = &rep.stream_choice {
             self.lines.push(format!(
                 "streams: {} chosen from the path ({}); the peer confirmed {}",
                 c.streams, c.why, rep.streams
             ));
+            if let Some(g) = &c.growth {
+                for s in &g.stages {
+                    self.lines.push(format!(
+                        "streams: at {:.1} s {} streams moved {:.0} MB/s: {}",
+                        s.at_s, s.streams, s.mb_s, s.then
+                    ));
+                }
+                let end = g.stopped.as_deref().unwrap_or("the transfer ended first");
+                self.lines
+                    .push(format!("streams: {} at the end ({end})", rep.streams));
+            }
         }
         if let Some(p) = rep.send_path {
             self.lines.push(format!(

@@ -8,7 +8,7 @@
 //! ```toml
 //! numa = "auto"              # off | auto | NODE
 //! memory = "512M"            # buffer memory (bytes, or 512K/64M/2G)
-//! max_streams = 16
+//! max_streams = 32          # default DEFAULT_MAX_STREAMS (resources.rs)
 //! readers = 4                # storage threads when no device entry says
 //! writers = 4
 //! model = "model.json"       # relative to this file's directory
@@ -488,7 +488,7 @@ fn pool_sizes(
         .max_streams
         .or(nic.and_then(|n| cfg.threads(&n.name)))
         .or(cfg.max_streams)
-        .unwrap_or(16);
+        .unwrap_or(crate::resources::DEFAULT_MAX_STREAMS);
     let memory = cli.memory.or(cfg.memory).unwrap_or(256 << 20);
     ResourceConfig {
         memory: memory as usize,

@@ -88,12 +88,63 @@ struct ReceiverSet {
 }
 
 /// Credits returned per stream, and what a replacement link rebases on.
+/// Sized for the most streams the sink takes (its receiver pool), so
+/// streams added mid-transfer (issue 21) need no reallocation under the
+/// writers' feet.
 struct Credits {
     returns: Arc<Vec<CreditReturn>>,
     keys: StreamKeys,
+    /// Each stream's window, credits (AddStream shrinks the others').
+    windows: Vec<u64>,
+    /// The session's buffers: the windows never add up to more.
+    buffers: u64,
+    /// The window Confirm announced: no stream gets more.
     window: u64,
     /// Blocks accepted per stream over all its links (credit rebase).
     accepted: Vec<u64>,
+}
+
+impl Credits {
+    /// Room for stream `stream` (the `n`-th): a window of up to
+    /// `buffers / (n + 1)` credits, taken from the buffers no window holds
+    /// and then from the widest windows, one credit at a time (their
+    /// writers give that many fewer back); at least 2 credits each, so a
+    /// stream keeps one block in flight while one is written. 0: no room.
+    fn make_room(&mut self, stream: usize, n: usize) -> u64 {
+        if stream != n || n >= self.returns.len() {
+            return 0;
+        }
+        let want = (self.buffers / (n as u64 + 1)).min(self.window);
+        let held: u64 = self.windows[..n].iter().sum();
+        let mut got = self.buffers.saturating_sub(held).min(want);
+        let mut debt = vec![0u64; n];
+        while got < want {
+            let (j, w) = (0..n)
+                .map(|j| (j, self.windows[j]))
+                .max_by_key(|&(_, w)| w)
+                .expect("at least one stream");
+            if w <= 2 {
+                break;
+            }
+            self.windows[j] -= 1;
+            debt[j] += 1;
+            got += 1;
+        }
+        if got < 2 {
+            // Give back what was taken: nothing changes.
+            for (j, d) in debt.into_iter().enumerate() {
+                self.windows[j] += d;
+            }
+            return 0;
+        }
+        for (j, d) in debt.into_iter().enumerate() {
+            if d > 0 {
+                self.returns[j].withhold(d);
+            }
+        }
+        self.windows[stream] = got;
+        got
+    }
 }
 
 /// Progress of the payload phase as the sink's loop sees it.
@@ -154,15 +205,23 @@ impl<'s> SinkPipeline<'s> {
             cipher,
         } = g;
         let pool = share.pool().clone();
+        let nbuf = pool.count() as u64;
         let keys = StreamKeys { key: o.key, cipher };
         let abort = Arc::new(AtomicBool::new(false));
         let mut returns = Vec::new();
         let mut shutdown = Vec::new();
+        let batch = (credits_per_stream as u64 / 4).max(1);
         for (i, l) in o.links.iter().enumerate() {
-            let batch = (credits_per_stream as u64 / 4).max(1);
             let link = l.try_clone_link()?;
             returns.push(CreditReturn::new(link, batch, keys.credits(i, 0)));
             shutdown.push(l.try_clone_link()?);
+        }
+        // Slots for streams the source may add (issue 21): as many as the
+        // receiver pool has threads, each linked once its link joins.
+        let most = receivers.pool().size().max(returns.len());
+        while returns.len() < most {
+            let placeholder = Box::new(crate::transport::ClosedLink);
+            returns.push(CreditReturn::new(placeholder, batch, None));
         }
         let returns = Arc::new(returns);
         let (recv_tx, recv_rx) = bounded::<Buf>(pool.count());
@@ -198,7 +257,8 @@ impl<'s> SinkPipeline<'s> {
         }
         receivers.release_unused();
         writers.release_unused();
-        for c in returns.iter() {
+        // (The slots past `streams` wait for links the source may add.)
+        for c in returns.iter().take(streams as usize) {
             c.grant(credits_per_stream as u64)?;
         }
         let control = s.ctl.spawn_reader("sink-ctl")?;
@@ -234,10 +294,20 @@ impl<'s> SinkPipeline<'s> {
                 idle,
             },
             credits: Credits {
-                returns,
                 keys,
+                windows: (0..returns.len())
+                    .map(|i| {
+                        if i < streams as usize {
+                            credits_per_stream as u64
+                        } else {
+                            0
+                        }
+                    })
+                    .collect(),
+                buffers: nbuf,
                 window: credits_per_stream as u64,
-                accepted: vec![0u64; streams as usize],
+                accepted: vec![0u64; returns.len()],
+                returns,
             },
             progress: Progress {
                 receivers_left: streams as usize,
@@ -308,9 +378,11 @@ impl<'s> SinkPipeline<'s> {
         j.link.set_read_timeout(Some(r.idle))?;
         let seal = c.keys.credits(i, j.epoch);
         let link = j.link.try_clone_link()?;
-        let g = c.returns[i].rebase(link, seal, c.window, c.accepted[i])?;
+        let g = c.returns[i].rebase(link, seal, c.windows[i], c.accepted[i])?;
         r.shutdown.push(j.link.try_clone_link()?);
-        self.streams.started(i, j.epoch, j.link.try_clone_link()?);
+        if self.streams.started(i, j.epoch, j.link.try_clone_link()?) {
+            self.facts.0 += 1;
+        }
         let f = (r.make)(i, j.epoch, j.link, g);
         // Outside the pool (its threads may all be busy), on its CPUs.
         let pool = r.reservation.pool();
@@ -336,9 +408,33 @@ impl<'s> SinkPipeline<'s> {
         Ok(())
     }
 
+    /// The source asks for one more data stream (issue 21): make room in
+    /// the credits and await its link, or refuse (credits 0) when the
+    /// receiver pool's threads or the buffers are used up, or the payload
+    /// is already settled.
+    fn on_add_stream(&mut self, stream: u16) -> Step {
+        self.ctl.machine.on_recv(&Control::AddStream { stream })?;
+        let n = self.streams.count();
+        let open = self.streams.enabled() && !self.progress.settle.settled;
+        let credits = if open {
+            self.credits.make_room(stream as usize, n)
+        } else {
+            0
+        };
+        if credits > 0 {
+            self.streams.add();
+        }
+        tracing::info!("source asks for data stream {stream}: {credits} credits");
+        self.ctl.send(&Control::StreamAdded {
+            stream,
+            credits: credits as u32,
+        })
+    }
+
     /// What the control reader delivered: a message, or why it stopped.
     fn on_control(&mut self, m: Result<ControlEvent, RecvError>) -> Step {
         match m {
+            Ok(Ok(Control::AddStream { stream })) => self.on_add_stream(stream),
             Ok(Ok(m)) => payload::on_control(
                 m,
                 self.ctl,
@@ -558,4 +654,62 @@ fn receiver_factory(
             })
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn credits(buffers: u64, windows: &[u64], slots: usize) -> Credits {
+        let returns = (0..slots)
+            .map(|_| CreditReturn::new(Box::new(crate::transport::ClosedLink), 1, None))
+            .collect();
+        let mut w = windows.to_vec();
+        w.resize(slots, 0);
+        Credits {
+            returns: Arc::new(returns),
+            keys: StreamKeys {
+                key: None,
+                cipher: Cipher::None,
+            },
+            windows: w,
+            buffers,
+            window: windows[0],
+            accepted: vec![0; slots],
+        }
+    }
+
+    #[test]
+    fn an_added_stream_takes_free_buffers_then_the_widest_windows() {
+        // 64 buffers over 4 streams of 8: 32 free, the new one gets 8.
+        let mut c = credits(64, &[8, 8, 8, 8], 8);
+        assert_eq!(c.make_room(4, 4), 8);
+        assert_eq!(&c.windows[..5], &[8, 8, 8, 8, 8]);
+        // 16 buffers held by 4 streams of 4: the 5th gets 16/5 = 3,
+        // taken one credit each from three of them.
+        let mut c = credits(16, &[4, 4, 4, 4], 8);
+        assert_eq!(c.make_room(4, 4), 3);
+        assert_eq!(c.windows[..5].iter().sum::<u64>(), 16);
+        assert!(c.windows[..4].iter().all(|&w| w >= 3));
+        // Writers give that many fewer credits back: the cursor moved on.
+        let withheld: u64 = c.returns[..4]
+            .iter()
+            .map(|r| r.cursor.load(Ordering::Relaxed))
+            .sum();
+        assert_eq!(withheld, 3);
+    }
+
+    #[test]
+    fn no_room_past_the_slots_the_buffers_or_out_of_order() {
+        // Every window at the minimum of 2: nothing to take.
+        let mut c = credits(8, &[2, 2, 2, 2], 8);
+        assert_eq!(c.make_room(4, 4), 0);
+        assert_eq!(&c.windows[..4], &[2, 2, 2, 2]);
+        // No slot left (the receiver pool's size).
+        let mut c = credits(64, &[8, 8], 2);
+        assert_eq!(c.make_room(2, 2), 0);
+        // Not the next stream number.
+        let mut c = credits(64, &[8, 8], 4);
+        assert_eq!(c.make_room(3, 2), 0);
+    }
 }

@@ -26,13 +26,15 @@ use crate::data::reader::{run_reader, ReaderCtx, ReaderEvent, SrcFileState};
 use crate::data::reread::Rereader;
 use crate::data::sender::{run_sender, LinkDone, StreamOut};
 use crate::fsops::Root;
-use crate::relink::{Joined, LinkEvent, Requeue, Streams};
+use crate::relink::{Joined, LinkEvent, Requeue, State, Streams};
 use crate::request::tasks::{assign_homes, plan_source, DeviceQueue};
 use crate::request::walk::{SourceFile, Walk};
 use crate::resources::ShareGuard;
 use crate::stats::{FailedPath, Report, Stats};
 use crate::storage::StorageCfg;
 use crate::sync::source::SyncPlan;
+use crate::transport::grow::Growth;
+use crate::transport::grow::{Grower, Step as GrowStep};
 use crate::transport::Link;
 use crate::{show, EngineError};
 
@@ -70,6 +72,8 @@ pub(super) struct Payload<'s> {
     progress: Pipeline,
     jobs: Vec<JobHandle>,
     facts: Facts,
+    /// More streams while the rate grows (issue 21); None: fixed count.
+    grow: Option<Adapt>,
     /// Kept until the end: their unused threads are released already.
     _threads: Threads,
 }
@@ -114,6 +118,17 @@ struct Resends {
     /// Per lost link (stream, epoch): what its sender sent, and how many
     /// blocks the sink says it accepted; both are needed to re-queue.
     lost: LostLinks<SentLog>,
+}
+
+/// The adaptation of the stream count under way (transport::grow): the
+/// AddStreams asked and the links accepted but not yet up.
+struct Adapt {
+    grower: Grower,
+    t0: Instant,
+    asked: u16,
+    joining: u16,
+    refused: bool,
+    next: u16,
 }
 
 /// What the report says besides the sink's verdict.
@@ -264,6 +279,19 @@ impl<'s> Payload<'s> {
             .collect::<Result<_, _>>()?;
         let (peer, ab) = (s.ctl.link.peer(), abort.clone());
         let streams = Streams::new(o.relinks, handles, peer, stats.clone(), ab);
+        // Only the client dials, and the inline path's link set is fixed.
+        let grow = (opts.auto_streams && streams.dials() && path != SendPath::Inline).then(|| {
+            let most = res.config.max_streams.clamp(1, u16::MAX as usize) as u16;
+            let grower = Grower::new(s.ctl.link.rtt(), Duration::ZERO, c.streams, most);
+            Adapt {
+                grower,
+                t0: Instant::now(),
+                asked: 0,
+                joining: 0,
+                refused: false,
+                next: c.streams,
+            }
+        });
         let null = opts.source_engine == crate::storage::DataEngine::Null;
         let requeue = Arc::new(Requeue {
             root: root.clone(),
@@ -316,6 +344,7 @@ impl<'s> Payload<'s> {
             },
             progress: Pipeline::new(nread, c.streams as usize),
             jobs,
+            grow,
             facts: Facts {
                 streams: c.streams,
                 block_size: c.block_size,
@@ -338,7 +367,7 @@ impl<'s> Payload<'s> {
         loop {
             self.between_events()?;
             let step = select! {
-                recv(self.events.check_tick) -> _ => self.streams.check().map(|_| None),
+                recv(self.events.check_tick) -> _ => self.on_tick(),
                 recv(self.streams.events) -> ev => self.on_link_event(ev),
                 recv(self.events.readers) -> ev => self.on_reader_event(ev),
                 recv(self.events.readers_done) -> r => self.on_reader_done(r),
@@ -382,12 +411,86 @@ impl<'s> Payload<'s> {
         Ok(())
     }
 
+    /// Every 250 ms: are the links' replacements on time, and does the
+    /// stream count still grow (transport::grow)?
+    fn on_tick(&mut self) -> Step {
+        self.streams.check()?;
+        let Some(a) = &mut self.grow else {
+            return Ok(None);
+        };
+        if a.grower.done() {
+            return Ok(None);
+        }
+        if self.progress.settled || self.progress.eod_sent {
+            a.grower.end("the payload is over");
+            return Ok(None);
+        }
+        // Delivered, not read: readers fill the queue ahead of the links,
+        // which would make the first stage look faster than the path.
+        let read = self.stats.bytes.load(Ordering::Relaxed);
+        let bytes = self.streams.acked().unwrap_or(read);
+        let total = self.stats.total_bytes.load(Ordering::Relaxed);
+        let step = a
+            .grower
+            .poll(a.t0.elapsed(), bytes, total.saturating_sub(bytes));
+        if !matches!(step, GrowStep::Wait) {
+            a.grower.note_links(self.streams.delivery_rates());
+        }
+        match step {
+            GrowStep::Add(k) => {
+                for _ in 0..k {
+                    self.ctl.send(&Control::AddStream { stream: a.next })?;
+                    a.next += 1;
+                    a.asked += 1;
+                }
+            }
+            GrowStep::Stop(why) => tracing::info!("streams: {why}"),
+            GrowStep::Wait => {}
+        }
+        Ok(None)
+    }
+
+    /// The sink answered an AddStream: dial the stream, or stop asking.
+    fn on_stream_added(&mut self, stream: u16, credits: u32) {
+        let Some(a) = &mut self.grow else {
+            return;
+        };
+        a.asked = a.asked.saturating_sub(1);
+        if credits > 0 && stream as usize == self.streams.count() {
+            self.streams.add();
+            a.joining += 1;
+        } else {
+            a.refused = true;
+        }
+        self.grow_settled();
+    }
+
+    /// Every AddStream answered and every accepted link up (or given up):
+    /// the grower measures the new count from now.
+    fn grow_settled(&mut self) {
+        if let Some(a) = &mut self.grow {
+            if a.asked == 0 && a.joining == 0 {
+                a.grower
+                    .changed(a.t0.elapsed(), self.facts.streams, a.refused);
+                a.refused = false;
+            }
+        }
+    }
+
     /// A replacement link arrived, or one stream gave up on replacing.
     fn on_link_event(&mut self, ev: Result<LinkEvent, RecvError>) -> Step {
         match ev {
             Ok(LinkEvent::Up(j)) => {
                 if let Some(j) = self.streams.arrived(j) {
-                    self.senders.start_replacement(&mut self.streams, j)?;
+                    if self.senders.start_replacement(&mut self.streams, j)? {
+                        // An added stream's first link: one more sender.
+                        self.progress.senders_left += 1;
+                        self.facts.streams += 1;
+                        if let Some(a) = &mut self.grow {
+                            a.joining = a.joining.saturating_sub(1);
+                        }
+                        self.grow_settled();
+                    }
                 }
             }
             Ok(LinkEvent::GaveUp {
@@ -395,7 +498,14 @@ impl<'s> Payload<'s> {
                 attempts,
                 reason,
             }) => {
-                if self.streams.gave_up(stream, attempts, reason) {
+                if self.streams.state(stream as usize) == State::Joining {
+                    if let Some(a) = &mut self.grow {
+                        a.joining = a.joining.saturating_sub(1);
+                        a.refused = true;
+                    }
+                    self.streams.gave_up(stream, attempts, reason);
+                    self.grow_settled();
+                } else if self.streams.gave_up(stream, attempts, reason) {
                     self.progress.senders_left -= 1;
                 }
                 self.streams.check()?;
@@ -538,6 +648,7 @@ impl<'s> Payload<'s> {
                     pipeline::on_resend(&v, tx, rr, &self.pool, &self.stats, self.ctl)?;
                 }
             }
+            Control::StreamAdded { stream, credits } => self.on_stream_added(stream, credits),
             Control::Complete(c) => return Ok(Some(c)),
             _ => {}
         }
@@ -597,6 +708,10 @@ impl<'s> Payload<'s> {
             handoffs: self.stats.handoffs.load(Ordering::Relaxed),
             storage: f.read_storage.usage(false),
             stream_choice: None,
+            growth: self.grow.as_ref().map(|a| Growth {
+                stages: a.grower.stages.clone(),
+                stopped: a.grower.stopped.clone(),
+            }),
             unchanged: f.plan.as_ref().map_or(0, |p| p.unchanged),
             deleted: std::mem::take(&mut f.deleted),
             planned,
@@ -686,10 +801,11 @@ impl SenderSet {
     /// are rare, so they run on a thread of their own rather than a pooled
     /// one (the session's pooled senders may all be busy), pinned to the
     /// sender pool's CPUs.
-    fn start_replacement(&mut self, st: &mut Streams, j: Joined) -> Result<(), EngineError> {
+    /// True when the link is an added stream's first (transport::grow).
+    fn start_replacement(&mut self, st: &mut Streams, j: Joined) -> Result<bool, EngineError> {
         j.link.set_read_timeout(Some(self.idle))?;
         self.shutdown.push(j.link.try_clone_link()?);
-        st.started(j.stream as usize, j.epoch, j.link.try_clone_link()?);
+        let added = st.started(j.stream as usize, j.epoch, j.link.try_clone_link()?);
         let (stream, epoch) = (j.stream as usize, j.epoch);
         // Inline: the link joined the free set and needs no thread.
         if let Some((close, f)) = (self.make)(stream, epoch, j.link) {
@@ -697,7 +813,7 @@ impl SenderSet {
             let name = format!("sender-r{stream}");
             self.extra.push(self.pool.spawn_extra(name, f)?);
         }
-        Ok(())
+        Ok(added)
     }
 }
 

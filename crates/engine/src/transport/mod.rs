@@ -3,6 +3,7 @@
 //! touching the data path.
 
 pub mod channels;
+pub mod grow;
 pub mod path;
 pub mod raw;
 pub mod rawlink;
@@ -39,6 +40,17 @@ pub trait Link: Read + Write + Send {
     fn rtt(&self) -> Option<Duration> {
         None
     }
+    /// The transport's recent delivery rate, bytes/s (TCP: TCP_INFO's
+    /// delivery_rate, sender side), None when it has none. The stream
+    /// count's adaptation reports it per link (transport::grow).
+    fn delivery_rate(&self) -> Option<u64> {
+        None
+    }
+    /// Bytes the peer has acknowledged on this link so far (TCP_INFO's
+    /// bytes_acked), None when the transport does not say.
+    fn bytes_acked(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Something that can open links to an address.
@@ -49,5 +61,38 @@ pub trait Transport: Send + Sync {
     /// while the control link stays TCP, rawlink::Split); None: this one.
     fn data_links(&self) -> Option<std::sync::Arc<dyn Transport>> {
         None
+    }
+}
+
+/// Placeholder left behind when a link is handed elsewhere (server.rs),
+/// or holding the place of one still to come (a stream added mid-transfer).
+pub struct ClosedLink;
+
+impl std::io::Read for ClosedLink {
+    fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+        Ok(0)
+    }
+}
+impl std::io::Write for ClosedLink {
+    fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+        Err(std::io::ErrorKind::NotConnected.into())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+impl Link for ClosedLink {
+    fn try_clone_link(&self) -> std::io::Result<Box<dyn Link>> {
+        Ok(Box::new(ClosedLink))
+    }
+    fn shutdown_both(&self) {}
+    fn peer(&self) -> String {
+        "closed".into()
+    }
+    fn local(&self) -> String {
+        "closed".into()
+    }
+    fn set_read_timeout(&self, _: Option<Duration>) -> std::io::Result<()> {
+        Ok(())
     }
 }

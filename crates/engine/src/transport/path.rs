@@ -97,6 +97,8 @@ pub struct StreamChoice {
     pub min: u16,
     pub max: u16,
     pub why: String,
+    /// Streams added during the transfer (transport::grow; source side).
+    pub growth: Option<super::grow::Growth>,
 }
 
 /// Streams for a path of round trip `rtt`, between `min` and `max`.
@@ -139,6 +141,31 @@ pub fn choose(
         min,
         max,
         why,
+        growth: None,
+    }
+}
+
+/// Where a push starts when the path asks for more: it adds streams
+/// during the transfer while the delivered rate still grows
+/// (transport::grow), and cannot take them back. Measured through wanem
+/// at 50 and 100 ms on the loaded 2-core machine (docs/BENCHMARKS.md),
+/// 8 streams beat 16 and 32 in most rounds: past what the path needs,
+/// streams only add loss and CPU. So a push starts at no more than this
+/// and lets the measurement find the rest.
+pub const PUSH_START_MAX: u16 = 8;
+
+impl StreamChoice {
+    /// Start a push with at most [`PUSH_START_MAX`] streams (never below
+    /// `min`); the reason says so.
+    pub fn start_low(&mut self) {
+        let start = PUSH_START_MAX.max(self.min);
+        if self.streams > start {
+            self.why = format!(
+                "{}; starting with {start}, more added while the rate grows",
+                self.why
+            );
+            self.streams = start;
+        }
     }
 }
 
@@ -200,6 +227,27 @@ mod tests {
         assert_eq!(c.streams, 32);
         assert!(c.why.contains("capped at 32"), "{}", c.why);
         assert_eq!(c.rtt_us, Some(100_000));
+    }
+
+    #[test]
+    fn a_push_starts_low_and_says_why() {
+        let mut c = choose(
+            Some(Duration::from_millis(50)),
+            HERE,
+            DEFAULT_TARGET_BYTES_S,
+            4,
+            32,
+        );
+        assert_eq!(c.streams, 23);
+        c.start_low();
+        assert_eq!(c.streams, PUSH_START_MAX);
+        assert!(c
+            .why
+            .ends_with("starting with 8, more added while the rate grows"));
+        // A short path's count stands.
+        let mut c = choose(Some(Duration::from_millis(2)), HERE, 1, 4, 32);
+        c.start_low();
+        assert_eq!(c.streams, 4);
     }
 
     #[test]

@@ -49,23 +49,7 @@ impl Link for TcpStream {
     }
     /// Path round trip: TCP_INFO's min_rtt.
     fn rtt(&self) -> Option<Duration> {
-        // SAFETY: getsockopt writes at most `len` bytes into a zeroed
-        // tcp_info, a plain C struct, and updates `len`.
-        let info = unsafe {
-            let mut info: libc::tcp_info = std::mem::zeroed();
-            let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-            let r = libc::getsockopt(
-                self.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_INFO,
-                &mut info as *mut _ as *mut libc::c_void,
-                &mut len,
-            );
-            if r != 0 {
-                return None;
-            }
-            info
-        };
+        let info = tcp_info(self)?;
         // The windowed minimum, not the smoothed RTT: samples on a control
         // link include the peer's think time and delayed ACKs, the minimum
         // (first taken from the handshake) is the path. Microseconds; 0
@@ -77,12 +61,97 @@ impl Link for TcpStream {
         };
         (us > 0).then(|| Duration::from_micros(us as u64))
     }
+    fn delivery_rate(&self) -> Option<u64> {
+        let r = tcp_info(self)?.tcpi_delivery_rate;
+        (r > 0).then_some(r)
+    }
+    fn bytes_acked(&self) -> Option<u64> {
+        Some(tcp_info(self)?.tcpi_bytes_acked)
+    }
+}
+
+/// The socket's TCP_INFO, None if the kernel refuses.
+fn tcp_info(s: &TcpStream) -> Option<libc::tcp_info> {
+    // SAFETY: getsockopt writes at most `len` bytes into a zeroed
+    // tcp_info, a plain C struct, and updates `len`.
+    unsafe {
+        let mut info: libc::tcp_info = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        let r = libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            &mut info as *mut _ as *mut libc::c_void,
+            &mut len,
+        );
+        (r == 0).then_some(info)
+    }
+}
+
+/// The congestion control this process's TCP links use (issue 21), set
+/// once at start by [`use_congestion`]; unset: the system default.
+static CONGESTION: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+/// The congestion controls the kernel offers (names, in its order).
+pub fn available_congestion(root: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(root.join("proc/sys/net/ipv4/tcp_available_congestion_control"))
+        .map(|s| s.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// Which congestion control to use: `asked` (`--congestion NAME`) if the
+/// kernel has it, else an error naming what it has; with nothing asked,
+/// BBR where the kernel has it (a long path with some loss is where it
+/// beats loss-based cubic, and a bulk transfer is what it was made for),
+/// else None (the system default).
+pub fn pick_congestion(
+    asked: Option<&str>,
+    available: &[String],
+) -> Result<Option<String>, String> {
+    match asked {
+        Some(n) if available.iter().any(|a| a == n) => Ok(Some(n.to_string())),
+        Some(n) => Err(format!(
+            "congestion control `{n}` is not available here (available: {})",
+            if available.is_empty() {
+                "unknown".to_string()
+            } else {
+                available.join(" ")
+            }
+        )),
+        None => Ok(available.iter().find(|a| *a == "bbr").cloned()),
+    }
+}
+
+/// Set this process's congestion control once (see [`pick_congestion`]);
+/// returns the name in force ("system default" when none is set).
+pub fn use_congestion(asked: Option<&str>) -> Result<String, String> {
+    let pick = pick_congestion(asked, &available_congestion(std::path::Path::new("/")))?;
+    let name = CONGESTION.get_or_init(|| pick).clone();
+    Ok(name.unwrap_or_else(|| "system default".into()))
+}
+
+/// The congestion control in force, if one was set.
+pub fn congestion() -> Option<&'static str> {
+    CONGESTION.get().and_then(|c| c.as_deref())
 }
 
 /// Tune a data or control socket: no Nagle delay for control messages, and
 /// large buffers so one stream can fill a long fat pipe.
 pub fn tune(s: &TcpStream, bufsize: Option<usize>) {
     let _ = s.set_nodelay(true);
+    if let Some(cc) = congestion() {
+        // SAFETY: setsockopt with a valid fd and a byte string of the
+        // given length (the kernel copies at most TCP_CA_NAME_MAX).
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_CONGESTION,
+                cc.as_ptr() as *const libc::c_void,
+                cc.len() as libc::socklen_t,
+            );
+        }
+    }
     if let Some(sz) = bufsize {
         let v = sz as libc::c_int;
         for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
@@ -144,6 +213,29 @@ impl Transport for Tcp {
 mod tests {
     use super::*;
     use std::net::TcpListener;
+
+    #[test]
+    fn congestion_is_bbr_where_available_and_a_missing_one_is_one_line() {
+        let have = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let both = have(&["reno", "cubic", "bbr"]);
+        assert_eq!(
+            pick_congestion(None, &both).unwrap().as_deref(),
+            Some("bbr")
+        );
+        assert_eq!(
+            pick_congestion(None, &have(&["reno", "cubic"])).unwrap(),
+            None
+        );
+        assert_eq!(
+            pick_congestion(Some("cubic"), &both).unwrap().as_deref(),
+            Some("cubic")
+        );
+        let e = pick_congestion(Some("vegas"), &both).unwrap_err();
+        assert_eq!(
+            e,
+            "congestion control `vegas` is not available here (available: reno cubic bbr)"
+        );
+    }
 
     /// Loopback has a round trip, and a short one: the kernel's minimum
     /// comes from the handshake, so it is there before any data moved.

@@ -89,6 +89,15 @@ impl CreditReturn {
         }
     }
 
+    /// Give `n` fewer credits back than buffers freed from now on: the
+    /// stream's window shrinks by `n`, making room in the session's
+    /// buffers for a stream added mid-transfer (issue 21). The freed
+    /// buffers it keeps back back the new stream's credits.
+    pub fn withhold(&self, n: u64) {
+        let _l = self.link.lock().unwrap();
+        self.cursor.fetch_add(n, Ordering::AcqRel);
+    }
+
     /// The stream's link was replaced (crate::relink): grants go to `link`
     /// from now on, starting with the window less the buffers still held
     /// for blocks of the earlier links (`received` of them accepted in

@@ -1,0 +1,348 @@
+//! When to add data streams during a transfer (issue 21; seed 004: RFTP
+//! fills a long fat pipe with parallel streams). transport::path sizes the
+//! first links from the handshake RTT and an assumed 10 Gb/s; the path's
+//! real capacity, loss and the peer's buffers are only seen once data
+//! flows. So the source measures the aggregate delivery rate in stages:
+//! after each change it lets the new links leave slow start (`settle`),
+//! measures for `measure`, and adds half as many streams again while
+//! the last addition raised the rate by at least [`MIN_GAIN`] and by a
+//! quarter of what the added streams would carry at the old average
+//! ([`MARGINAL`]); it stops
+//! when it did not, at the stream limit (the sink's threads and the
+//! buffers the daemon granted), or when too little is left to measure.
+//! Streams are never taken away: a link that brought nothing costs one
+//! thread and shares the same buffers.
+//!
+//! Sans I/O: the caller feeds the clock (time since the payload began),
+//! the bytes delivered so far and the bytes still to send, and acts on
+//! the [`Step`]; so the decision is tested with made-up rate series.
+
+use std::time::Duration;
+
+/// Least relative rise of the aggregate rate that justifies adding more.
+pub const MIN_GAIN: f64 = 0.05;
+
+/// And at least this share of what the streams added would bring at the
+/// old average rate per stream (a 50 % larger count must bring 12.5 %):
+/// streams that carry a quarter of their share are past the path's need.
+pub const MARGINAL: f64 = 0.25;
+
+/// Paths shorter than this are a LAN: the first choice stands (more
+/// streams there cost CPU and bring nothing; RTT 0 must not regress).
+pub const LAN_RTT: Duration = Duration::from_millis(1);
+
+/// What the caller should do now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Keep going (still settling or measuring, or waiting for links).
+    Wait,
+    /// Ask for this many more streams, then call [`Grower::changed`].
+    Add(u16),
+    /// Adaptation is over; the reason, for --explain.
+    Stop(String),
+}
+
+/// One stage's measurement, for the report.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Stage {
+    /// Seconds since the payload began, at the end of the measurement.
+    pub at_s: f64,
+    pub streams: u16,
+    /// Aggregate delivery rate over the measurement, MB/s.
+    pub mb_s: f64,
+    /// The links' own delivery rates (TCP_INFO) at its end, MB/s: the
+    /// lowest, median and highest (empty where the transport has none).
+    pub link_mb_s: Vec<f64>,
+    /// What was decided after it.
+    pub then: String,
+}
+
+/// What the adaptation did, for the report: its stages and why it
+/// stopped (None: the transfer ended first).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Growth {
+    pub stages: Vec<Stage>,
+    pub stopped: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// Links changed at `since`; measurement starts after `settle`.
+    Settling {
+        since: Duration,
+    },
+    /// Measuring since `t0` with `bytes0` delivered then.
+    Measuring {
+        t0: Duration,
+        bytes0: u64,
+    },
+    /// Streams asked for; waiting for [`Grower::changed`].
+    Asking,
+    Done,
+}
+
+/// The adaptation of one session's stream count.
+#[derive(Debug, Clone)]
+pub struct Grower {
+    streams: u16,
+    max: u16,
+    settle: Duration,
+    measure: Duration,
+    phase: Phase,
+    /// The last stage's (streams, bytes/s).
+    last: Option<(u16, f64)>,
+    pub stages: Vec<Stage>,
+    pub stopped: Option<String>,
+}
+
+impl Grower {
+    /// Adaptation for a path of round trip `rtt`, starting at `now` with
+    /// `streams` links, never past `max`. None when there is nothing to
+    /// adapt (a LAN, no RTT sample, or already at the limit), with why.
+    pub fn new(rtt: Option<Duration>, now: Duration, streams: u16, max: u16) -> Grower {
+        let rtt = rtt.unwrap_or_default();
+        // A new link needs ~8 round trips of slow start to reach a 4 MiB
+        // window; the measurement spans enough round trips to average
+        // out the emulator's and the kernel's burstiness.
+        let settle = (rtt * 8).clamp(Duration::from_millis(500), Duration::from_secs(2));
+        let measure = (rtt * 20).clamp(Duration::from_secs(1), Duration::from_secs(3));
+        let mut g = Grower {
+            streams,
+            max,
+            settle,
+            measure,
+            phase: Phase::Settling { since: now },
+            last: None,
+            stages: Vec::new(),
+            stopped: None,
+        };
+        if rtt < LAN_RTT {
+            g.stop(format!(
+                "RTT {:.2} ms is a LAN: {streams} streams kept",
+                rtt.as_secs_f64() * 1e3
+            ));
+        } else if streams >= max {
+            g.stop(format!("{streams} streams: at the limit ({max})"));
+        }
+        g
+    }
+
+    /// Attach the links' delivery rates (bytes/s) to the last stage.
+    pub fn note_links(&mut self, mut rates: Vec<u64>) {
+        let Some(s) = self.stages.last_mut() else {
+            return;
+        };
+        if rates.is_empty() || !s.link_mb_s.is_empty() {
+            return;
+        }
+        rates.sort_unstable();
+        let mb = |r: u64| (r as f64 / 1e4).round() / 100.0;
+        s.link_mb_s = vec![
+            mb(rates[0]),
+            mb(rates[rates.len() / 2]),
+            mb(rates[rates.len() - 1]),
+        ];
+    }
+
+    pub fn streams(&self) -> u16 {
+        self.streams
+    }
+
+    pub fn done(&self) -> bool {
+        matches!(self.phase, Phase::Done)
+    }
+
+    fn stop(&mut self, why: String) -> Step {
+        self.phase = Phase::Done;
+        self.stopped = Some(why.clone());
+        Step::Stop(why)
+    }
+
+    /// One look: `bytes` delivered so far, `remaining` still to send.
+    pub fn poll(&mut self, now: Duration, bytes: u64, remaining: u64) -> Step {
+        match self.phase {
+            Phase::Done | Phase::Asking => Step::Wait,
+            Phase::Settling { since } => {
+                if now >= since + self.settle {
+                    self.phase = Phase::Measuring {
+                        t0: now,
+                        bytes0: bytes,
+                    };
+                }
+                Step::Wait
+            }
+            Phase::Measuring { t0, bytes0 } => {
+                let dt = now.saturating_sub(t0);
+                if dt < self.measure {
+                    return Step::Wait;
+                }
+                let rate = bytes.saturating_sub(bytes0) as f64 / dt.as_secs_f64();
+                self.judge(now, rate, remaining)
+            }
+        }
+    }
+
+    /// A stage measured `rate` bytes/s with the current streams.
+    fn judge(&mut self, now: Duration, rate: f64, remaining: u64) -> Step {
+        let n = self.streams;
+        let need = |m: u16| MIN_GAIN.max(MARGINAL * (n as f64 / m as f64 - 1.0));
+        let (step, then) = match self.last {
+            Some((m, r)) if rate < r * (1.0 + need(m)) => (
+                None,
+                format!(
+                    "stop: {n} streams {:.0} MB/s vs {m} streams {:.0} MB/s (less than +{:.0} %)",
+                    rate / 1e6,
+                    r / 1e6,
+                    need(m) * 100.0
+                ),
+            ),
+            _ if n >= self.max => (None, format!("stop: at the limit ({})", self.max)),
+            // Another stage needs settle + measure at about this rate;
+            // with less than twice that left it could not pay off.
+            _ if (remaining as f64) < rate * 2.0 * (self.settle + self.measure).as_secs_f64() => (
+                None,
+                "stop: too little left to measure another stage".into(),
+            ),
+            _ => {
+                let add = (n / 2).max(1).min(self.max - n);
+                (Some(add), format!("add {add}"))
+            }
+        };
+        self.stages.push(Stage {
+            at_s: now.as_secs_f64(),
+            streams: n,
+            mb_s: rate / 1e6,
+            link_mb_s: Vec::new(),
+            then: then.clone(),
+        });
+        self.last = Some((n, rate));
+        match step {
+            Some(add) => {
+                self.phase = Phase::Asking;
+                Step::Add(add)
+            }
+            None => self.stop(then),
+        }
+    }
+
+    /// The payload is over (the sink settled): nothing more to adapt.
+    pub fn end(&mut self, why: &str) {
+        if !self.done() {
+            self.stop(format!("stop: {why}"));
+        }
+    }
+
+    /// The asked-for streams are up (or refused): `streams` links now,
+    /// from `now`. A refusal lowers the limit to what was reached.
+    pub fn changed(&mut self, now: Duration, streams: u16, refused: bool) {
+        if self.done() {
+            return;
+        }
+        if refused {
+            self.max = streams;
+        }
+        if streams <= self.streams {
+            // Nothing was added: there is nothing new to measure.
+            let why = format!("stop: the sink granted no more streams ({streams})");
+            self.stop(why);
+            return;
+        }
+        self.streams = streams;
+        self.phase = Phase::Settling { since: now };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    /// Drive a grower with a path whose aggregate rate is `rate(streams)`
+    /// bytes/s, looking every 250 ms; adds take effect at once, up to
+    /// `grant` streams. Returns the streams reached and the grower.
+    fn drive(
+        rtt_ms: u64,
+        start: u16,
+        max: u16,
+        grant: u16,
+        total: u64,
+        rate: impl Fn(u16) -> f64,
+    ) -> (u16, Grower) {
+        let mut g = Grower::new(Some(MS(rtt_ms)), Duration::ZERO, start, max);
+        let (mut t, mut bytes) = (Duration::ZERO, 0u64);
+        let tick = MS(250);
+        while bytes < total && !g.done() {
+            t += tick;
+            bytes += (rate(g.streams()) * tick.as_secs_f64()) as u64;
+            match g.poll(t, bytes, total.saturating_sub(bytes)) {
+                Step::Add(k) => {
+                    let to = (g.streams() + k).min(grant);
+                    assert!(to <= max);
+                    g.changed(t, to, to < g.streams() + k);
+                }
+                Step::Wait | Step::Stop(_) => {}
+            }
+        }
+        (g.streams(), g)
+    }
+
+    /// Each stream carries 25 MB/s until the path's 500 MB/s is full.
+    fn path(n: u16) -> f64 {
+        (n as f64 * 25e6).min(500e6)
+    }
+
+    #[test]
+    fn adds_while_the_rate_grows_and_stops_when_it_does_not() {
+        let (n, g) = drive(50, 4, 64, 64, 100 << 30, path);
+        // 20 streams fill the path; one stage past it shows no gain.
+        assert!((20..=40).contains(&n), "{n} {:?}", g.stages);
+        let why = g.stopped.unwrap();
+        assert!(why.contains("less than +"), "{why}");
+        // Every stage but the last grew the rate.
+        let r: Vec<f64> = g.stages.iter().map(|s| s.mb_s).collect();
+        assert!(r.windows(2).rev().skip(1).all(|w| w[1] > w[0]), "{r:?}");
+    }
+
+    #[test]
+    fn never_past_the_limit_or_what_the_sink_grants() {
+        let (n, g) = drive(50, 4, 10, 64, 100 << 30, path);
+        assert_eq!(n, 10);
+        assert!(g.stopped.unwrap().contains("limit"));
+        // The sink refuses past 6: the limit drops to what was reached.
+        let (n, g) = drive(50, 4, 64, 6, 100 << 30, path);
+        assert_eq!(n, 6);
+        let why = g.stopped.unwrap();
+        assert!(why.contains("granted no more"), "{why}");
+    }
+
+    #[test]
+    fn a_lan_or_a_full_start_is_left_alone() {
+        let g = Grower::new(Some(Duration::from_micros(80)), Duration::ZERO, 4, 32);
+        assert!(g.done() && g.stopped.unwrap().contains("LAN"));
+        let g = Grower::new(None, Duration::ZERO, 4, 32);
+        assert!(g.done());
+        let g = Grower::new(Some(MS(50)), Duration::ZERO, 32, 32);
+        assert!(g.done() && g.stopped.unwrap().contains("limit"));
+    }
+
+    #[test]
+    fn a_flat_rate_stops_after_one_addition() {
+        // A path already full with 4 streams (disk-bound, say).
+        let (n, g) = drive(20, 4, 64, 64, 100 << 30, |_| 300e6);
+        assert_eq!(n, 6);
+        assert_eq!(g.stages.len(), 2);
+    }
+
+    #[test]
+    fn a_short_transfer_is_not_measured_again() {
+        // 400 MB at 100 MB/s: one stage measured, too little left after.
+        let (n, g) = drive(50, 4, 64, 64, 400_000_000, |_| 100e6);
+        assert_eq!(n, 4, "{:?}", g.stages);
+        assert!(g.stopped.unwrap().contains("too little left"));
+        // Nothing measured until the links settled.
+        let mut g = Grower::new(Some(MS(50)), Duration::ZERO, 4, 64);
+        assert_eq!(g.poll(MS(400), 1 << 20, 1 << 40), Step::Wait);
+        assert!(g.stages.is_empty());
+    }
+}
