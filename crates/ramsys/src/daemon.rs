@@ -108,6 +108,11 @@ pub struct ServeArgs {
     /// EtherType 0x88B5 (docs/TYCHE.md). The control link stays TCP.
     #[arg(long, value_name = "IFACE")]
     pub raw_iface: Vec<String>,
+    /// Large raw-channel slot copies on a copy thread (seed 003's MCNI;
+    /// default: env RAMSYS_COPY_OFFLOAD, else auto = on with >= 4 CPUs;
+    /// docs/TYCHE.md).
+    #[arg(long, value_name = "on|off|auto")]
+    pub copy_offload: Option<ramsys_rawnet::offload::Mode>,
     /// On SIGTERM/SIGINT: seconds running sessions get to finish before
     /// they are stopped (resumably); new sessions are refused meanwhile.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
@@ -294,6 +299,9 @@ fn start_raw(d: &mut Daemon, a: &ServeArgs, cfg: &DaemonConfig) -> anyhow::Resul
     raw.extend(cfg.raw_ifaces.iter().cloned());
     if raw.is_empty() {
         return Ok(());
+    }
+    if let Some(m) = a.copy_offload {
+        ramsys_rawnet::offload::set_mode(m);
     }
     let topo = ramsys_topo::discover(Path::new("/")).ok();
     let l = ramsys_engine::transport::rawlink::RawListeners::open(&raw, topo.as_ref())

@@ -28,6 +28,10 @@ pub struct RawArgs {
     /// route to the daemon's address.
     #[arg(long, value_name = "IFACE")]
     pub raw_iface: Vec<String>,
+    /// Large raw-channel slot copies on a copy thread (seed 003's MCNI;
+    /// default: env RAMSYS_COPY_OFFLOAD, else auto = on with >= 4 CPUs).
+    #[arg(long, value_name = "on|off|auto")]
+    pub copy_offload: Option<ramsys_rawnet::offload::Mode>,
 }
 
 /// Where the daemon is and how to authenticate there.
@@ -51,6 +55,9 @@ pub fn data_transport(
 ) -> anyhow::Result<Arc<dyn Transport>> {
     if a.transport == Mode::Tcp {
         return Ok(control);
+    }
+    if let Some(m) = a.copy_offload {
+        ramsys_rawnet::offload::set_mode(m);
     }
     match raw_pairs(a, d, control.clone()) {
         Ok(pairs) => {

@@ -215,7 +215,8 @@ fn dirs() -> Dirs {
 }
 
 /// One veth pair at MTU 9000: a tree and a 256 MiB file pushed, the tree
-/// pulled back sealed (--encrypt), all over raw channels.
+/// pulled back sealed (--encrypt), all over raw channels, with the copy
+/// offload on in the daemon (env) and in the agent (flag) for the pull.
 #[test]
 fn tree_and_large_file_over_one_pair_mtu_9000() {
     let Some(net) = Net::new("j", 81, 1, 9000) else {
@@ -223,7 +224,10 @@ fn tree_and_large_file_over_one_pair_mtu_9000() {
     };
     let d = dirs();
     big_file(&d.src.join("large.bin"), 256 << 20, 7);
-    let daemon = net.daemon(&d.root, &d.key, &[]);
+    // The daemon's large slot copies go through the copy thread (seed 003
+    // MCNI, rawnet offload.rs), by env; the pull below turns it on in the
+    // agent by flag: both directions through it, byte for byte.
+    let daemon = net.daemon(&d.root, &d.key, &[("RAMSYS_COPY_OFFLOAD", "on")]);
     // `ramsys status` lists the interface (no --explain there).
     let mut c = Command::new("ip");
     c.args(["netns", "exec", &net.a.name, bin(), "status", "--json"])
@@ -266,6 +270,8 @@ fn tree_and_large_file_over_one_pair_mtu_9000() {
             "--transport",
             "raw",
             "--encrypt",
+            "--copy-offload",
+            "on",
             &daemon.url("src"),
             back.to_str().unwrap(),
         ],

@@ -109,8 +109,17 @@ impl Channel {
         let frame_size = cfg.frame_size();
         let peer = cfg.peer_mac;
         let name = format!("raw-{}-{}", sock.info.name, cfg.channel);
+        let mut ep = Endpoint::new(cfg, 0);
+        // Large slot copies on the process's copy thread (offload.rs; env
+        // RAMSYS_COPY_OFFLOAD). Started here, on a thread pinned to the
+        // NIC's node, so it inherits that CPU set like the I/O thread.
+        if crate::offload::enabled() {
+            if let Some(o) = crate::offload::global() {
+                ep.set_copy_offload(o.client());
+            }
+        }
         let inner = Arc::new(Inner {
-            ep: Mutex::new(Endpoint::new(cfg, 0)),
+            ep: Mutex::new(ep),
             cv: Condvar::new(),
             sock,
             wake,

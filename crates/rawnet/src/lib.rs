@@ -8,6 +8,7 @@
 //! - [`socket`]: AF_PACKET sockets (recvmmsg/sendmmsg batches);
 //! - [`channel`]: a channel as a blocking byte stream with its I/O thread;
 //! - [`open`]: channel setup (OPEN / OPEN-OK) between two MACs;
+//! - [`offload`]: the copy thread for large slot copies (seed 003's MCNI);
 //! - [`netns`]: network namespaces and veth pairs for tests and benches.
 
 pub mod channel;
@@ -16,6 +17,7 @@ pub mod fault;
 pub mod filter;
 pub mod frame;
 pub mod netns;
+pub mod offload;
 pub mod open;
 pub mod socket;
 
