@@ -755,6 +755,36 @@ class Ctx:
     pass
 
 
+# Finished destinations are not deleted right away: ext4 skips inodes freed
+# in the last minute when it allocates new ones (ialloc.c recently_deleted(),
+# a buffer lookup per skipped inode), so after a 48k-file tree is deleted
+# every file the next tool creates scans past those inodes: `cp -a` of the
+# kernel tree took 1.7 s, then 17 s and 33 s with `rm -rf` of the previous
+# copy right before each run (all system time, perf: find_get_block_common
+# and recently_deleted). Deleting the previous tool's copy just before the
+# next tool runs would charge that tool for it. Copies are renamed into a
+# trash dir instead; `settle()` empties it between rounds and, when many
+# inodes were freed, waits out ext4's window so every run starts equal.
+def retire(ctx, target, files):
+    trash = ctx.scratch / "trash"
+    trash.mkdir(parents=True, exist_ok=True)
+    ctx.trash_n = getattr(ctx, "trash_n", 0) + 1
+    os.rename(target, trash / str(ctx.trash_n))
+    ctx.trash_files = getattr(ctx, "trash_files", 0) + files
+
+
+def settle(ctx, wait=True):
+    trash = ctx.scratch / "trash"
+    if not trash.exists():
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+    os.sync()
+    if wait and getattr(ctx, "trash_files", 0) >= 1000 and ctx.args.settle > 0:
+        log(f"settle: {ctx.trash_files} files deleted; waiting {ctx.args.settle:.0f} s (ext4 recently_deleted window)")
+        time.sleep(ctx.args.settle)
+    ctx.trash_files = 0
+
+
 def find_binary(name, explicit):
     if explicit:
         return explicit
@@ -781,7 +811,9 @@ def measure(ctx, tool, env, workload, src, cache, extra=(), label=None):
     """One timed transfer. Returns a result dict (never raises for tool errors)."""
     cmd, target = tool.client_cmd(src, workload, list(extra))
     if target.exists():
-        shutil.rmtree(target)
+        retire(ctx, target, ctx.desc[workload]["files"])
+    if getattr(ctx, "trash_files", 0) >= 200_000:
+        settle(ctx)  # bound the trash's disk use (ablation, WAN loops)
     res = {"tool": tool.name, "env": env.name, "workload": workload, "cache": cache,
            "extra": " ".join(extra), "cmd": shlex.join(cmd)}
     if cache == "cold":
@@ -826,7 +858,7 @@ def measure(ctx, tool, env, workload, src, cache, extra=(), label=None):
         res["files_s"] = d["files"] / wall
         res["cpu_s_per_gb"] = res["cpu_s"] / (d["bytes"] / 1e9)
     if target.exists() and not ctx.args.keep_dst:
-        shutil.rmtree(target, ignore_errors=True)
+        retire(ctx, target, d["files"])
     status = "ok" if res["verified"] else f"FAIL {res['error'][:200]}"
     log(f"  {env.name:9} {workload:6} {cache:4} {tool.name:12} {label or ' '.join(extra):18} "
         f"{wall:8.2f}s cpu {res['cpu_s']:7.2f}s {status}")
@@ -1293,6 +1325,9 @@ def parse_args():
     ap.add_argument("--streams", type=int, default=4, help="streams for every tool that has them (default 4)")
     ap.add_argument("--seed", type=int, default=0, help="workload generator seed (default 0)")
     ap.add_argument("--scratch", default="/var/tmp/ramsys-bench", help="scratch dir outside the repo")
+    ap.add_argument("--settle", type=float, default=61.0,
+                    help="seconds to wait between rounds after deleting >= 1000 files (ext4 skips inodes "
+                         "freed in the last 60 s; default 61, 0 = no wait)")
     ap.add_argument("--out", default=str(REPO / "docs"), help="report dir (BENCHMARKS.md, bench/*.png)")
     ap.add_argument("--tools", default=",".join(t.name for t in TOOLS),
                     help="comma list of tools (default all): " + ",".join(t.name for t in TOOLS))
@@ -1437,6 +1472,7 @@ def main():
                 for w in wls:
                     for cache in caches:
                         for run in range(a.runs):
+                            settle(ctx)
                             for t in live:
                                 # One timeout is enough: later runs would only time out again.
                                 if (t.name, env.name, w, cache) in timed_out:
@@ -1454,6 +1490,7 @@ def main():
                 env.down()
     finally:
         cleanup_all()
+        settle(ctx, wait=False)
 
     ctx.suite_s = time.time() - t_start
     write_report(ctx, results, refs, ablation, unavailable, Path(a.out))
@@ -1499,6 +1536,7 @@ def run_ablation(ctx, env, live, help_text, srcs):
         log(f"ablation: {[f for f, _ in flags]}; skipped {[f for f, _ in skipped]}")
         for w in wls:
             for run in range(ctx.args.runs):
+                settle(ctx)
                 for flag in [""] + [f for f, _ in flags]:
                     extra = flag.split() if flag else []
                     if "--streams" in extra:
