@@ -756,32 +756,30 @@ class Ctx:
 
 
 # Finished destinations are not deleted right away: ext4 skips inodes freed
-# in the last minute when it allocates new ones (ialloc.c recently_deleted(),
-# a buffer lookup per skipped inode), so after a 48k-file tree is deleted
-# every file the next tool creates scans past those inodes: `cp -a` of the
-# kernel tree took 1.7 s, then 17 s and 33 s with `rm -rf` of the previous
-# copy right before each run (all system time, perf: find_get_block_common
-# and recently_deleted). Deleting the previous tool's copy just before the
+# recently (60 s, 360 s while their inode-table buffer is dirty, which it
+# stays after `sync` until the journal checkpoints it) when it allocates new
+# ones (ialloc.c recently_deleted(), a buffer lookup per skipped inode), so
+# after a 48k-file tree is deleted every file the next tool creates scans
+# past those inodes: `cp -a` of the kernel tree took 1.7 s, then 17 s and
+# 33 s with `rm -rf` of the previous copy right before each run (all system
+# time, perf: find_get_block_common and recently_deleted), and still 15-25 s
+# after rm + sync + 61 s. Deleting the previous tool's copy just before the
 # next tool runs would charge that tool for it. Copies are renamed into a
-# trash dir instead; `settle()` empties it between rounds and, when many
-# inodes were freed, waits out ext4's window so every run starts equal.
-def retire(ctx, target, files):
-    trash = ctx.scratch / "trash"
-    trash.mkdir(parents=True, exist_ok=True)
-    ctx.trash_n = getattr(ctx, "trash_n", 0) + 1
-    os.rename(target, trash / str(ctx.trash_n))
-    ctx.trash_files = getattr(ctx, "trash_files", 0) + files
-
-
+# trash dir instead; `settle()` empties it between rounds, syncs and drops
+# the caches when many inodes were freed (recently_deleted() only looks at
+# buffers still cached: 5 s instead of 17-38 s; sources are warmed again
+# before every warm run), then waits `--settle` seconds (default 0).
 def settle(ctx, wait=True):
     trash = ctx.scratch / "trash"
     if not trash.exists():
         return
     shutil.rmtree(trash, ignore_errors=True)
     os.sync()
-    if wait and getattr(ctx, "trash_files", 0) >= 1000 and ctx.args.settle > 0:
-        log(f"settle: {ctx.trash_files} files deleted; waiting {ctx.args.settle:.0f} s (ext4 recently_deleted window)")
-        time.sleep(ctx.args.settle)
+    if wait and getattr(ctx, "trash_files", 0) >= 1000:
+        dropped = drop_caches()
+        log(f"settle: {ctx.trash_files} files deleted; caches {'dropped' if dropped else 'NOT dropped (not root)'}"
+            f", waiting {ctx.args.settle:.0f} s")
+        time.sleep(max(0.0, ctx.args.settle))
     ctx.trash_files = 0
 
 
@@ -1325,9 +1323,9 @@ def parse_args():
     ap.add_argument("--streams", type=int, default=4, help="streams for every tool that has them (default 4)")
     ap.add_argument("--seed", type=int, default=0, help="workload generator seed (default 0)")
     ap.add_argument("--scratch", default="/var/tmp/ramsys-bench", help="scratch dir outside the repo")
-    ap.add_argument("--settle", type=float, default=61.0,
-                    help="seconds to wait between rounds after deleting >= 1000 files (ext4 skips inodes "
-                         "freed in the last 60 s; default 61, 0 = no wait)")
+    ap.add_argument("--settle", type=float, default=0.0,
+                    help="seconds to wait between rounds after deleting >= 1000 files and dropping caches "
+                         "(ext4 skips recently freed inodes; default 0)")
     ap.add_argument("--out", default=str(REPO / "docs"), help="report dir (BENCHMARKS.md, bench/*.png)")
     ap.add_argument("--tools", default=",".join(t.name for t in TOOLS),
                     help="comma list of tools (default all): " + ",".join(t.name for t in TOOLS))
