@@ -769,6 +769,14 @@ class Ctx:
 # the caches when many inodes were freed (recently_deleted() only looks at
 # buffers still cached: 5 s instead of 17-38 s; sources are warmed again
 # before every warm run), then waits `--settle` seconds (default 0).
+def retire(ctx, target, files):
+    trash = ctx.scratch / "trash"
+    trash.mkdir(parents=True, exist_ok=True)
+    ctx.trash_n = getattr(ctx, "trash_n", 0) + 1
+    os.rename(target, trash / str(ctx.trash_n))
+    ctx.trash_files = getattr(ctx, "trash_files", 0) + files
+
+
 def settle(ctx, wait=True):
     trash = ctx.scratch / "trash"
     if not trash.exists():
