@@ -399,13 +399,7 @@ fn transfer_goes_to_the_least_loaded_daemon() {
     let addrs: Vec<String> = ds.iter().map(|d| d.addr.clone()).collect();
     // Wait until the first daemon sees every load.
     wait_for(&key, &addrs[0], Duration::from_secs(10), "all loads", |v| {
-        addrs.iter().all(|a| {
-            member(v, a)
-                .and_then(|m| m["cpu_load"].as_f64())
-                .unwrap_or(0.0)
-                > 0.1
-                && age(v, a) < 500
-        })
+        loads_seen(v, addrs.iter().map(|a| a.as_str()), 0.1)
     });
     let list = addrs.join(",");
     let o = ramsys(
@@ -523,6 +517,29 @@ fn summary(o: &std::process::Output) -> serde_json::Value {
     serde_json::from_str(line.unwrap_or_else(|| panic!("no summary in {out}"))).unwrap()
 }
 
+/// `cp -r --json SRC URL`, which must succeed; its summary.
+fn push_json(key: &Path, src: &Path, url: &str) -> serde_json::Value {
+    let o = ramsys(key, &["cp", "-r", "--json", src.to_str().unwrap(), url]);
+    assert_ok(&o);
+    summary(&o)
+}
+
+/// Whether the site view `v` has a fresh (< 500 ms) load above `min` for
+/// every one of `addrs`.
+fn loads_seen<'a>(
+    v: &serde_json::Value,
+    mut addrs: impl Iterator<Item = &'a str>,
+    min: f64,
+) -> bool {
+    addrs.all(|a| {
+        member(v, a)
+            .and_then(|m| m["cpu_load"].as_f64())
+            .unwrap_or(0.0)
+            > min
+            && age(v, a) < 500
+    })
+}
+
 /// A daemon at its admission limit (`--site-max-sessions 1`, one session
 /// running) answers a new session with a redirect to the least-loaded
 /// peer of its site; the agent follows it once and says so in its JSON
@@ -563,37 +580,14 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
     }
     let (a, c) = (ds[0].addr.clone(), ds[2].addr.clone());
     wait_for(&key, &a, Duration::from_secs(10), "all loads", |v| {
-        ds.iter().all(|d| {
-            member(v, &d.addr)
-                .and_then(|m| m["cpu_load"].as_f64())
-                .unwrap_or(0.0)
-                > 0.05
-                && age(v, &d.addr) < 500
-        })
+        loads_seen(v, ds.iter().map(|d| d.addr.as_str()), 0.05)
     });
     // B is over its --site-max-load (40 % >= 30 %): a push to B goes to C.
     let b = ds[1].addr.clone();
     wait_for(&key, &b, Duration::from_secs(10), "loads at B", |v| {
-        ds.iter().all(|d| {
-            member(v, &d.addr)
-                .and_then(|m| m["cpu_load"].as_f64())
-                .unwrap_or(0.0)
-                > 0.05
-                && age(v, &d.addr) < 500
-        })
+        loads_seen(v, ds.iter().map(|d| d.addr.as_str()), 0.05)
     });
-    let o = ramsys(
-        &key,
-        &[
-            "cp",
-            "-r",
-            "--json",
-            src.to_str().unwrap(),
-            &ds[1].url("viaB/"),
-        ],
-    );
-    assert_ok(&o);
-    let j = summary(&o);
+    let j = push_json(&key, &src, &ds[1].url("viaB/"));
     assert_eq!(j["redirect"]["from"], b.as_str(), "{j}");
     assert_eq!(j["redirect"]["to"], c.as_str(), "{j}");
     assert_eq!(
@@ -602,18 +596,7 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
     );
     assert_same_tree(&src, &root.join("viaB"));
     // Under its limit A takes the session itself.
-    let o = ramsys(
-        &key,
-        &[
-            "cp",
-            "-r",
-            "--json",
-            src.to_str().unwrap(),
-            &ds[0].url("first/"),
-        ],
-    );
-    assert_ok(&o);
-    let j = summary(&o);
+    let j = push_json(&key, &src, &ds[0].url("first/"));
     assert!(j["redirect"].is_null(), "{j}");
     // A slow pull keeps one session running on A.
     let out = t.path().join("out");
@@ -634,18 +617,7 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
         member(v, &c).is_some_and(|m| m["active_tasks"] == 0 && m["sessions"] == 0)
     });
     std::fs::create_dir(root.join("dst")).unwrap();
-    let o = ramsys(
-        &key,
-        &[
-            "cp",
-            "-r",
-            "--json",
-            src.to_str().unwrap(),
-            &ds[0].url("dst/"),
-        ],
-    );
-    assert_ok(&o);
-    let j = summary(&o);
+    let j = push_json(&key, &src, &ds[0].url("dst/"));
     assert_eq!(j["redirect"]["from"], a.as_str(), "{j}");
     assert_eq!(j["redirect"]["to"], c.as_str(), "{j}");
     let why = j["redirect"]["reason"].as_str().unwrap();
@@ -692,18 +664,7 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
         .unwrap()
         .success());
     settle();
-    let o = ramsys(
-        &key,
-        &[
-            "cp",
-            "-r",
-            "--json",
-            src.to_str().unwrap(),
-            &ds[0].url("drained/"),
-        ],
-    );
-    assert_ok(&o);
-    let j = summary(&o);
+    let j = push_json(&key, &src, &ds[0].url("drained/"));
     assert_eq!(j["redirect"]["reason"], "shutting down", "{j}");
     assert_eq!(j["redirect"]["to"], c.as_str(), "{j}");
     assert_same_tree(&src, &root.join("drained"));
