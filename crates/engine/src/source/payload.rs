@@ -435,9 +435,11 @@ impl<'s> Payload<'s> {
         let read = self.stats.bytes.load(Ordering::Relaxed);
         let bytes = self.streams.acked().unwrap_or(read);
         let total = self.stats.total_bytes.load(Ordering::Relaxed);
+        // An empty send queue: reading, not the links, is the limit now.
+        let starved = self.filled.is_empty();
         let step = a
             .grower
-            .poll(a.t0.elapsed(), bytes, total.saturating_sub(bytes));
+            .poll(a.t0.elapsed(), bytes, total.saturating_sub(bytes), starved);
         if !matches!(step, GrowStep::Wait) {
             a.grower.note_links(self.streams.delivery_rates());
         }
