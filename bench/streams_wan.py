@@ -4,9 +4,11 @@ hand-picked `--streams N`, GridFTP `-p 4 -cc 16` and `iperf3 -P N`, pushed to
 a daemon through bench/wanem at several RTTs, tools interleaved in each round.
 
     python3 bench/streams_wan.py --src DIR --rtts 0,20,50,100 --rounds 3 \
-        [--tools auto,s4,s8,s16,s32,gridftp,iperfauto] [--out results.json]
+        [--tools auto,s4,s8,s16,s32,gridftp,iperfauto,pauto,p16] [--out results.json]
 
-DIR is copied whole (its top directory) to a tmpfs under --scratch. The
+DIR (its top directory) is pushed from where it is to a daemon whose root is
+a tmpfs under --scratch; the pull tools (pauto: no flags, pN: --streams N)
+fetch a copy of it from under the daemon's root into that tmpfs. The
 namespaces pth-a (client) and pth-b (server, daemon) are joined by wanem
 with one-way delay RTT/2 and deleted on exit. Prints one JSON line per run
 and a markdown table (medians, and each tool's median ratio to the no-flag
@@ -150,6 +152,29 @@ def run_ramsys(a, port, src, dst, streams, binary=None):
             "stopped": g.get("stopped")}
 
 
+def run_pull(a, port, dst, streams):
+    """Pull the copy under the daemon's root (dst/pull-TAG) into scratch/pulled/TAG."""
+    out = Path(a.scratch) / "pulled"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    flags = [] if streams is None else ["--streams", str(streams)]
+    cmd = ns(NS_A) + [a.ramsys, "cp", "-r", "--json", "--key-file", str(a.work / "key")] + flags + \
+        [f"ramsys://{ADDR_B}:{port}/pull-{a.tag}", str(out / a.tag)]
+    t = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    wall = time.time() - t
+    shutil.rmtree(out, ignore_errors=True)
+    summ = next((json.loads(l) for l in reversed(r.stdout.splitlines()) if '"summary"' in l), None)
+    if r.returncode != 0 or not summ:
+        return {"ok": False, "err": (r.stderr or r.stdout)[-300:]}
+    c = summ.get("stream_choice") or {}
+    g = c.get("growth") or {}
+    return {"ok": True, "wall_s": wall, "mb_s": summ["bytes"] / 1e6 / wall,
+            "streams": summ["streams"], "chosen": c.get("streams"),
+            "stages": [(s["streams"], round(s["mb_s"])) for s in g.get("stages", [])],
+            "stopped": g.get("stopped")}
+
+
 def run_gridftp(a, port, src, dst):
     t = time.time()
     r = subprocess.run(ns(NS_A) + ["globus-url-copy", "-r", "-cd", "-fast", "-p", "4", "-cc", "16",
@@ -217,6 +242,10 @@ def main():
                                              ADDR_B, "-data-interface", ADDR_B, "-home-dir", "/",
                                              "-log-level", "error"], a.work / "gridftp.log")
                     time.sleep(1)
+                if any(t.startswith("p") for t in tools):
+                    # Pull tools (pauto, pN) fetch a copy under the daemon's root.
+                    shutil.rmtree(dst / f"pull-{a.tag}", ignore_errors=True)
+                    shutil.copytree(a.src, dst / f"pull-{a.tag}", symlinks=True)
                 for rnd in range(a.rounds):
                     # Rotate the order each round so no tool always runs first.
                     order = tools[rnd % len(tools):] + tools[:rnd % len(tools)]
@@ -227,6 +256,10 @@ def main():
                             r = run_ramsys(a, port, a.src, dst, None)
                         elif t == "base":
                             r = run_ramsys(a, bport, a.src, dst, None, a.ramsys_base)
+                        elif t == "pauto":
+                            r = run_pull(a, port, dst, None)
+                        elif t.startswith("p"):
+                            r = run_pull(a, port, dst, int(t[1:]))
                         elif t.startswith("s"):
                             r = run_ramsys(a, port, a.src, dst, int(t[1:]))
                         elif t == "gridftp":
@@ -243,6 +276,7 @@ def main():
                         results.append(r)
                         print(json.dumps(r), flush=True)
                 shutil.rmtree(dst / a.tag, ignore_errors=True)
+                shutil.rmtree(dst / f"pull-{a.tag}", ignore_errors=True)
                 stop(gsrv)
                 stop(daemon)
                 stop(bdaemon)
