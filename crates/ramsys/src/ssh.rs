@@ -414,6 +414,15 @@ fn fresh_credential() -> String {
     hex::encode(ramsys_engine::session::random32())
 }
 
+/// The remote daemon's stream limit: as many as `ramsys serve` allows,
+/// since with no --streams the transfer may add streams on a long path
+/// (engine transport::grow); an explicit count above that, that count.
+fn serve_max_streams(streams: Option<u16>) -> usize {
+    streams.map_or(DEFAULT_MAX_STREAMS, |n| {
+        (n as usize).max(DEFAULT_MAX_STREAMS)
+    })
+}
+
 /// Start `ssh-serve` on `host` for `role` and wait for its ready line.
 pub fn serve(
     a: &CpArgs,
@@ -429,13 +438,7 @@ pub fn serve(
         "--block-size".into(),
         a.block_size.to_string(),
         "--max-streams".into(),
-        // As many as a daemon allows: with no --streams the transfer may
-        // add streams on a long path (engine transport::grow).
-        a.streams
-            .map_or(DEFAULT_MAX_STREAMS, |n| {
-                (n as usize).max(DEFAULT_MAX_STREAMS)
-            })
-            .to_string(),
+        serve_max_streams(a.streams).to_string(),
         "--window".into(),
         a.window.to_string(),
         "--accept-timeout".into(),
@@ -816,6 +819,13 @@ fn print_summary(v: &serde_json::Value, host: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_remote_end_allows_what_a_daemon_allows() {
+        assert_eq!(serve_max_streams(None), 32);
+        assert_eq!(serve_max_streams(Some(3)), 32);
+        assert_eq!(serve_max_streams(Some(48)), 48);
+    }
     use std::os::unix::fs::PermissionsExt;
     use std::path::Path;
 

@@ -565,6 +565,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn defaults_are_a_daemons() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: SshServeArgs,
+        }
+        let c = Cli::try_parse_from(["x", "--role", "sink", "d"]).unwrap();
+        let d = ramsys_engine::resources::ResourceConfig::default();
+        assert_eq!(c.a.max_streams, d.max_streams);
+        assert_eq!(c.a.memory as usize, d.memory);
+    }
+
+    #[test]
     fn ready_line_round_trip() {
         let o = Offer {
             listen: "[::1]:4000".into(),

@@ -304,8 +304,8 @@ fn a_long_path_gets_more_streams_during_the_transfer_but_never_past_an_explicit_
 
 /// A pull adapts like a push: the daemon's source measures and asks
 /// (AddStream), the agent grants and dials (StreamAdded, Rejoin), the
-/// daemon reports the stages (Grown) for the agent's summary; an explicit
-/// count stays the count.
+/// daemon reports the stages (Grown) for the agent's summary, sealed
+/// links too; an explicit count stays the count.
 #[test]
 fn a_pull_on_a_long_path_gets_more_streams_but_never_past_an_explicit_count() {
     let Some(wan) = long_path("l", 1, Held::Agent) else {
@@ -321,6 +321,11 @@ fn a_pull_on_a_long_path_gets_more_streams_but_never_past_an_explicit_count() {
     let why = v["stream_choice"]["growth"]["stopped"].as_str();
     assert!(why.is_some_and(|w| !w.is_empty()), "{v}");
     assert_same_tree(&root.join("data"), &out.join("auto"));
+    // Sealed: the streams the agent dials for the daemon carry sealed
+    // blocks and credits like the first ones.
+    let v = wan.pull(&["--encrypt"], "data", &out.join("sealed"));
+    assert_grew(&v);
+    assert_same_tree(&root.join("data"), &out.join("sealed"));
     std::fs::write(root.join("data/big"), rng.bytes(16 << 20)).unwrap();
     let v = wan.pull(&["--streams", "3"], "data", &out.join("fixed"));
     assert_eq!(v["streams"], 3, "{v}");
