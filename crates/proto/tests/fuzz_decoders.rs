@@ -4,6 +4,7 @@
 //! body itself is bounded before decoding).
 
 use proptest::prelude::*;
+use ramsys_proto::control::GrowStage;
 use ramsys_proto::data::{decode_credit, decode_table, table_len, Segment};
 use ramsys_proto::frame::{FrameDecoder, FrameHeader, HEADER_LEN};
 use ramsys_proto::session::SinkMachine;
@@ -153,6 +154,50 @@ proptest! {
         let msgs = [
             Control::Redirect { addr: addr.clone(), reason },
             Control::Redirected { from: addr },
+        ];
+        let tag = msgs[which].encode().unwrap()[0];
+        let mut b = vec![tag];
+        b.extend_from_slice(&rest);
+        if let Ok(m) = Control::decode(&b) {
+            prop_assert_eq!(m.name(), msgs[which].name());
+            prop_assert_eq!(Control::decode(&m.encode().unwrap()).unwrap(), m);
+        }
+        for m in msgs {
+            prop_assert_eq!(Control::decode(&m.encode().unwrap()).unwrap(), m);
+        }
+    }
+
+    /// The stream-growth messages (issue 21) behind their own tags,
+    /// followed by arbitrary bytes, decode or fail, never panic; valid
+    /// ones round-trip.
+    #[test]
+    fn growth_messages_decode_or_fail(
+        which in 0usize..4,
+        rest in proptest::collection::vec(any::<u8>(), 0..300),
+        stream in any::<u16>(),
+        credits in any::<u32>(),
+        stages in proptest::collection::vec(
+            (any::<u32>(), any::<u16>(), any::<u64>(),
+             proptest::collection::vec(any::<u64>(), 0..4), ".{0,40}"),
+            0..8,
+        ),
+        stopped in ".{0,80}",
+    ) {
+        let stages = stages
+            .into_iter()
+            .map(|(at_ms, streams, kb_s, link_kb_s, then)| GrowStage {
+                at_ms,
+                streams,
+                kb_s,
+                link_kb_s,
+                then,
+            })
+            .collect();
+        let msgs = [
+            Control::AddStream { stream },
+            Control::StreamAdded { stream, credits },
+            Control::GrowStreams,
+            Control::Grown { stages, stopped },
         ];
         let tag = msgs[which].encode().unwrap()[0];
         let mut b = vec![tag];
