@@ -341,7 +341,10 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
             }
             (Endpoint::Local(d), true) => (String::new(), run.copy_locally(d, &srcs.local)?),
             (Endpoint::Daemon { .. }, false) => {
-                bail!("third-party transfers are run by run_pairs")
+                bail!(
+                    "an ssh source to a daemon destination is not supported \
+                     (between two daemons, ramsys://A/SRC ramsys://B/DST is)"
+                )
             }
             // crate::ssh::open turned every ssh destination into a daemon.
             (Endpoint::Ssh(e), _) => bail!("{}: ssh endpoint not resolved", e.display()),

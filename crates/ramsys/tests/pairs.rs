@@ -93,6 +93,20 @@ fn one_pair_third_party_copy_and_sync() {
     assert_ok(&o);
     assert!(String::from_utf8_lossy(&o.stdout).contains("copied"));
     assert_same_tree(&src, &rb.join("into/src"));
+    // --encrypt: the agent's link to A and A's data links to B sealed.
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--encrypt",
+            "--json",
+            &a.url("src"),
+            &b.url("sealed"),
+        ],
+    );
+    assert_ok(&o);
+    assert_same_tree(&src, &rb.join("sealed"));
     // A sync, run twice: the second moves nothing.
     let sync = |extra: &[&str]| {
         let mut args = vec!["sync", "-r", "--json"];
