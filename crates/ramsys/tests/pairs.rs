@@ -426,6 +426,19 @@ fn striped_over_three_pairs() {
 
 #[test]
 fn losing_a_pair_then_resume_finishes() {
+    lose_a_pair(false);
+}
+
+/// The same with the pair's source daemon killed: the agent's link to it
+/// breaks (and the sink's session from it).
+#[test]
+fn losing_a_source_daemon_then_resume_finishes() {
+    lose_a_pair(true);
+}
+
+/// Pair 3 dies mid-transfer (its sink, or its source daemon): its share
+/// fails alone, nothing is half-written, `--resume` finishes.
+fn lose_a_pair(source: bool) {
     let mut p = three_pairs(6, 1 << 20);
     let (s, d) = (
         format!("ramsys://{}/src", list(&p.a)),
@@ -442,8 +455,9 @@ fn losing_a_pair_then_resume_finishes() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(300));
-    let dead = p.b[2].addr.clone();
-    p.b[2].kill();
+    let victim = if source { &mut p.a[2] } else { &mut p.b[2] };
+    let dead = victim.addr.clone();
+    victim.kill();
     let o = child.join().unwrap();
     assert!(!o.status.success(), "the dead pair's share failed");
     let j = summary(&o);
