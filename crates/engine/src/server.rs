@@ -491,15 +491,17 @@ fn serve_control(
     };
     // A site peer relaying for one of its users (server::relay): the
     // session runs with that user's grant here.
-    let first = match first {
+    // It is never redirected: the agent chose this pair, and a peer of the
+    // site may serve another namespace (the source site's daemons).
+    let (relayed, first) = match first {
         Control::OnBehalf { user } => {
             let Some(g) = relay::on_behalf(sh, link, &auth.grant, &user) else {
                 return Ok(());
             };
             auth.grant = g;
-            recv_control(&mut **link)?
+            (true, recv_control(&mut **link)?)
         }
-        first => first,
+        first => (false, first),
     };
     // `--bwlimit` of a client pulling from this daemon (daemon::rates).
     let (bwlimit, first) = match first {
@@ -524,7 +526,9 @@ fn serve_control(
     // Draining (SIGTERM): no new session; status still answers. In a
     // site the session goes to the least-loaded peer instead.
     if sh.life.draining() {
-        let peer = redirected.is_none().then(|| sh.site.get()).flatten();
+        let peer = (redirected.is_none() && !relayed)
+            .then(|| sh.site.get())
+            .flatten();
         match peer.and_then(|site| site.least_loaded_peer()) {
             Some(addr) => {
                 sh.state.counters.redirects.fetch_add(1, Ordering::Relaxed);
@@ -537,7 +541,8 @@ fn serve_control(
     }
     // At its admission limit, a site member sends the session to a less
     // loaded peer instead of queueing it; never one redirected here.
-    if let Some((addr, reason)) = redirected.is_none().then(|| busy(sh, &req.open)).flatten() {
+    let may_redirect = redirected.is_none() && !relayed;
+    if let Some((addr, reason)) = may_redirect.then(|| busy(sh, &req.open)).flatten() {
         tracing::info!("session {session:x}: busy ({reason}); redirected to {addr}");
         sh.state.counters.redirects.fetch_add(1, Ordering::Relaxed);
         crate::wire::send_final(&mut **link, &Control::Redirect { addr, reason });

@@ -379,10 +379,10 @@ fn striped_over_three_pairs() {
     );
     let o = ramsys(&p.key, &["cp", "-r", "--stripe", "--json", &s, &d]);
     assert_ok(&o);
-    assert_same_tree(&p.src, &p.rb.join("dst"));
-    assert!(temp_files(&p.rb).is_empty());
     let j = summary(&o);
     assert_eq!(j["ok"], true, "{j}");
+    assert_same_tree(&p.src, &p.rb.join("dst"));
+    assert!(temp_files(&p.rb).is_empty());
     let stripes = j["stripes"].as_array().unwrap();
     assert_eq!(stripes.len(), 3, "{j}");
     for (i, st) in stripes.iter().enumerate() {
@@ -499,4 +499,91 @@ fn lose_a_pair(source: bool) {
         "only what was missing moved: {j}"
     );
     assert!(temp_files(&p.rb.join("dst")).is_empty());
+}
+
+/// A sink over its `--site-max-load` redirects a session of its own to a
+/// less loaded peer, here the source daemon A, which serves another root;
+/// a relayed session is never redirected: the tree lands at B.
+#[test]
+fn a_busy_sink_keeps_a_relayed_session() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let (ra, rb) = (t.path().join("a"), t.path().join("b"));
+    std::fs::create_dir_all(&rb).unwrap();
+    let src = ra.join("src");
+    tree(&src, 1, 1 << 20);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (pa, pb) = (t.path().join("proc-a"), t.path().join("proc-b"));
+    let burners = [burn(&pa, 10, stop.clone()), burn(&pb, 40, stop.clone())];
+    let a = TestDaemon::start_with(
+        &ra,
+        &key,
+        &[
+            "--site-interval",
+            "20",
+            "--site-sys-root",
+            pa.to_str().unwrap(),
+        ],
+    );
+    let b = TestDaemon::start_with(
+        &rb,
+        &key,
+        &[
+            "--site-interval",
+            "20",
+            "--site-sys-root",
+            pb.to_str().unwrap(),
+            "--site-max-load",
+            "30",
+            "--peer",
+            &a.addr,
+        ],
+    );
+    wait_peer(&key, &[], &a.addr, &b.addr);
+    // B sees both loads (its own 40 %, A's 10 %).
+    let start = Instant::now();
+    loop {
+        let o = ramsys(&key, &["status", "--site", "--json", &b.addr]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        let load = |addr: &str| {
+            v["members"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|m| m["addr"] == addr)
+                .and_then(|m| m["cpu_load"].as_f64())
+                .unwrap_or(-1.0)
+        };
+        if (load(&b.addr) - 0.4).abs() < 0.05 && (load(&a.addr) - 0.1).abs() < 0.05 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "loads: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A push of the agent's own to B goes to A (B is busy, A less loaded).
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--json",
+            src.to_str().unwrap(),
+            &b.url("direct"),
+        ],
+    );
+    assert_ok(&o);
+    let j = summary(&o);
+    assert_eq!(j["redirect"]["to"], a.addr.as_str(), "{j}");
+    // The relay A -> B stays at B.
+    let o = ramsys(
+        &key,
+        &["cp", "-r", "--json", &a.url("src"), &b.url("relayed")],
+    );
+    assert_ok(&o);
+    assert_same_tree(&src, &rb.join("relayed"));
+    assert!(!ra.join("relayed").exists());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in burners {
+        h.join().unwrap();
+    }
 }

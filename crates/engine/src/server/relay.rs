@@ -249,7 +249,8 @@ fn run_reporting(
 }
 
 /// The push itself: to the sink as the site identity, on behalf of the
-/// user; a busy sink's redirect to a peer of our site is followed once.
+/// user. The sink never redirects a relayed session (it queues it), so a
+/// Redirect can only come from a daemon predating that rule: one line.
 fn push_to_sink(
     sh: &DaemonShared,
     grant: &Grant,
@@ -270,46 +271,22 @@ fn push_to_sink(
         user: Some(user.to_string()),
     };
     let root = grant.root.source.clone();
-    let dest = relay.dest.clone();
-    let at = |e: EngineError| match e {
-        EngineError::Local(m) => EngineError::Local(format!("sink {}: {m}", relay.sink)),
-        e => e,
-    };
-    let r = push(
-        &remote,
-        root.clone(),
-        tops.clone(),
-        dest.clone(),
-        opts,
-        &sh.res,
-        stats,
-    );
-    let Err(EngineError::Redirected { to, reason }) = r else {
-        return r.map_err(at);
-    };
-    if !site.is_peer(&to) {
-        return Err(EngineError::local(format!(
-            "sink {} is busy ({reason}) and redirected to {to}, not a peer of this site",
-            relay.sink
-        )));
-    }
-    tracing::info!(
-        "relay: sink {} is busy ({reason}); redirected to {to}",
-        relay.sink
-    );
-    let mut opts = opts.clone();
-    opts.redirected_from = Some(relay.sink.clone());
-    let remote = Remote { addr: to, ..remote };
-    push(
+    match push(
         &remote,
         root,
         tops,
-        dest,
-        &opts,
+        relay.dest.clone(),
+        opts,
         &sh.res,
-        Arc::new(Stats::default()),
-    )
-    .map_err(at)
+        stats,
+    ) {
+        Err(EngineError::Redirected { to, reason }) => Err(EngineError::local(format!(
+            "sink {} is busy ({reason}) and redirected to {to}; a relay goes to its own sink only",
+            relay.sink
+        ))),
+        Err(EngineError::Local(m)) => Err(EngineError::Local(format!("sink {}: {m}", relay.sink))),
+        r => r,
+    }
 }
 
 /// The engine's report as RelayDone carries it.
