@@ -381,7 +381,9 @@ fn striped_over_three_pairs() {
     assert_ok(&o);
     let j = summary(&o);
     assert_eq!(j["ok"], true, "{j}");
-    assert_same_tree(&p.src, &p.rb.join("dst"));
+    // A missing DST receives SRC (rsync's rule, the same for every pair
+    // whichever reaches DST first).
+    assert_same_tree(&p.src, &p.rb.join("dst/src"));
     assert!(temp_files(&p.rb).is_empty());
     let stripes = j["stripes"].as_array().unwrap();
     assert_eq!(stripes.len(), 3, "{j}");
@@ -474,7 +476,7 @@ fn lose_a_pair(source: bool) {
     for i in 0..6 {
         let (x, y) = (
             p.src.join(format!("big{i}")),
-            p.rb.join(format!("dst/big{i}")),
+            p.rb.join(format!("dst/src/big{i}")),
         );
         if y.exists() {
             assert!(
@@ -490,7 +492,7 @@ fn lose_a_pair(source: bool) {
         &["cp", "-r", "--stripe", "--resume", "--json", &s, &d],
     );
     assert_ok(&o);
-    assert_same_tree(&p.src, &p.rb.join("dst"));
+    assert_same_tree(&p.src, &p.rb.join("dst/src"));
     let j = summary(&o);
     assert_eq!(j["stripes"].as_array().unwrap().len(), 2, "{j}");
     let total: u64 = (0..6).map(|_| 1u64 << 20).sum();
