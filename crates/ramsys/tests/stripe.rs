@@ -159,28 +159,6 @@ fn losing_a_daemon_then_resume_finishes() {
     assert_same_tree(&src, &root.join("src"));
 }
 
-/// Namespaces of the namespaced test, deleted on drop.
-struct Netns(Vec<String>);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for n in &self.0 {
-            let _ = std::process::Command::new("ip")
-                .args(["netns", "del", n])
-                .status();
-        }
-    }
-}
-
-fn ip(args: &[&str]) -> bool {
-    std::process::Command::new("ip")
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// The agent in one network namespace, each daemon in its own behind a
 /// veth pair (10.78.N.1 agent side, 10.78.N.2 daemon side), the daemons
 /// sharing one directory: the striped push crosses three real links.
@@ -282,14 +260,4 @@ fn striped_push_across_network_namespaces() {
     );
     assert_same_tree(&src, &root.join("src"));
     drop(daemons);
-}
-
-/// A daemon started through `ip netns exec`, killed on drop.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
