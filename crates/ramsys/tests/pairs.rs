@@ -755,3 +755,75 @@ fn three_pairs_across_network_namespaces() {
     assert_same_tree(&src, &rb.join("src"));
     drop(daemons);
 }
+
+/// The agent killed mid-relay: A stops the push (its links to B shut), B
+/// keeps its temp files for a resume, nothing under a final name is
+/// half-written, and the same command with --resume finishes the tree.
+#[test]
+fn an_agent_that_goes_away_stops_the_relay() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let (ra, rb) = (t.path().join("a"), t.path().join("b"));
+    std::fs::create_dir_all(&rb).unwrap();
+    let src = ra.join("src");
+    tree(&src, 4, 1 << 20);
+    let (a, b) = pair(&ra, &rb, &key, &[]);
+    wait_peer(&key, &[], &a.addr, &b.addr);
+    let mut agent = std::process::Command::new(bin())
+        .args([
+            "cp",
+            "-r",
+            "--json",
+            "--bwlimit",
+            "512K",
+            &a.url("src"),
+            &b.url("dst"),
+        ])
+        .env("RAMSYS_KEY_FILE", &key)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while temp_files(&rb).is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(30), "no data arrived");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sessions = |addr: &str| {
+        let o = ramsys(&key, &["status", "--json", addr]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["sessions"].as_array().map_or(0, |s| s.len())
+    };
+    assert_eq!(sessions(&a.addr), 1, "the relay runs at A");
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    // A's relay session ends within a few progress periods (at 512 KiB/s
+    // the 4 MiB would take 8 s more).
+    let start = Instant::now();
+    while sessions(&a.addr) > 0 || sessions(&b.addr) > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the relay went on without its agent"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for i in 0..4 {
+        let (x, y) = (src.join(format!("big{i}")), rb.join(format!("dst/big{i}")));
+        if y.exists() {
+            assert!(
+                std::fs::read(&x).unwrap() == std::fs::read(&y).unwrap(),
+                "{y:?}"
+            );
+        }
+    }
+    assert!(
+        !(0..4).all(|i| rb.join(format!("dst/big{i}")).exists()),
+        "the push was stopped before the end"
+    );
+    let o = ramsys(
+        &key,
+        &["cp", "-r", "--resume", &a.url("src"), &b.url("dst")],
+    );
+    assert_ok(&o);
+    assert_same_tree(&src, &rb.join("dst"));
+}
