@@ -71,6 +71,15 @@ fn striped_push_over_three_daemons() {
     for d in &list {
         assert!(daemons.contains(&d.as_str()), "{j}");
     }
+    // A missing DST receives the tree (rsync's rule, the same in every
+    // daemon's session whichever creates DST first).
+    let url_new = format!("ramsys://{}/new", list.join(","));
+    let o = ramsys(
+        &key,
+        &["cp", "-r", "--stripe", src.to_str().unwrap(), &url_new],
+    );
+    assert_ok(&o);
+    assert_same_tree(&src, &root.join("new/src"));
     // --stripe wants a daemon destination and local sources: one line.
     let o = ramsys(
         &key,
