@@ -113,7 +113,7 @@ fn seal_control(s: &mut ClientSession, cipher: Cipher) -> Result<(), EngineError
         },
     )?;
     let clear = u32::from(s.auth_pending);
-    let inner = std::mem::replace(&mut s.ctl, Box::new(crate::server::ClosedLink));
+    let inner = std::mem::replace(&mut s.ctl, Box::new(crate::transport::ClosedLink));
     s.ctl = Box::new(SealedLink::new(
         inner,
         cipher,
@@ -190,6 +190,10 @@ pub fn push(
     let (mut s, mut links, opts, choice) = connect(remote, opts, res, true)?;
     let opts = &opts;
     seal_control(&mut s, opts.encrypt)?;
+    if let Some(user) = &opts.on_behalf {
+        let user = user.clone();
+        send_control(&mut *s.ctl, &Control::OnBehalf { user })?;
+    }
     redirected(&mut s, opts)?;
     send_control(&mut *s.ctl, &open_msg(Role::Sink, vec![dest], opts))?;
     let spec = SourceSpec {
@@ -317,5 +321,59 @@ pub fn request_token(remote: &Remote, ttl_s: u32) -> Result<OneTimeCredential, E
             state: "awaiting Token",
         }
         .into()),
+    }
+}
+
+/// A third-party transfer (issue 19, server::relay): ask the daemon at
+/// `remote` (the source) to push to the sink `relay.sink`, and follow its
+/// progress into `stats` until its RelayDone. `idle` bounds the wait for
+/// any message (the source reports every 500 ms).
+pub fn relay(
+    remote: &Remote,
+    relay: ramsys_proto::control::Relay,
+    stats: &Stats,
+    idle: Duration,
+) -> Result<ramsys_proto::control::RelayReport, EngineError> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let user = remote.user.clone().unwrap_or_else(current_user);
+    let cipher = Cipher::from_id(relay.cipher)?;
+    let mut s = client_connect_as(
+        &*remote.transport,
+        &remote.addr,
+        &user,
+        &remote.key,
+        remote.connect_timeout,
+    )?;
+    s.auth_pending = false;
+    seal_control(&mut s, cipher)?;
+    send_control(&mut *s.ctl, &Control::RelayOpen(relay))?;
+    s.ctl.set_read_timeout(Some(idle))?;
+    loop {
+        match crate::wire::recv_control(&mut *s.ctl)? {
+            Control::RelayProgress {
+                files,
+                bytes,
+                total_files,
+                total_bytes,
+            } => {
+                stats.files.store(files, Relaxed);
+                stats.bytes.store(bytes, Relaxed);
+                stats.total_files.store(total_files, Relaxed);
+                stats.total_bytes.store(total_bytes, Relaxed);
+            }
+            Control::RelayDone(r) => {
+                stats.files.store(r.files, Relaxed);
+                stats.bytes.store(r.bytes, Relaxed);
+                return Ok(r);
+            }
+            Control::Error { message, .. } => return Err(EngineError::Refused(message)),
+            other => {
+                return Err(ramsys_proto::ProtoError::Unexpected {
+                    got: other.name(),
+                    state: "awaiting RelayProgress or RelayDone",
+                }
+                .into())
+            }
+        }
     }
 }

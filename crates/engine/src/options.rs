@@ -73,6 +73,10 @@ pub struct TransferOptions {
     /// daemon that did, sent as Control::Redirected so the new daemon
     /// does not redirect it again.
     pub redirected_from: Option<String>,
+    /// A relaying daemon's push (server::relay): the user it acts for,
+    /// sent as Control::OnBehalf right after authentication ("" = the
+    /// shared-key identity).
+    pub on_behalf: Option<String>,
 }
 
 impl Default for TransferOptions {
@@ -106,6 +110,7 @@ impl Default for TransferOptions {
             send_path: crate::config::SendPath::default(),
             rate: Default::default(),
             redirected_from: None,
+            on_behalf: None,
         }
     }
 }

@@ -31,6 +31,8 @@ use crate::transport::Link;
 use crate::wire::{exchange_preamble, recv_control, send_control};
 use crate::{show, EngineError, TransferOptions};
 
+mod relay;
+
 /// A data link for a session: (stream, epoch, link), epoch 0 from Join,
 /// higher from Rejoin.
 type Arrival = (u16, u16, Box<dyn Link>);
@@ -350,7 +352,7 @@ impl Drop for Unannounce {
     }
 }
 
-fn refuse(link: &mut Box<dyn Link>, code: u16, message: String) {
+pub(crate) fn refuse(link: &mut Box<dyn Link>, code: u16, message: String) {
     crate::wire::send_final(&mut **link, &Control::Error { code, message });
 }
 
@@ -487,6 +489,20 @@ fn serve_control(
     let Some(first) = seal(link, &skey)? else {
         return Ok(());
     };
+    // A site peer relaying for one of its users (server::relay): the
+    // session runs with that user's grant here.
+    // It is never redirected: the agent chose this pair, and a peer of the
+    // site may serve another namespace (the source site's daemons).
+    let (relayed, first) = match first {
+        Control::OnBehalf { user } => {
+            let Some(g) = relay::on_behalf(sh, link, &auth.grant, &user) else {
+                return Ok(());
+            };
+            auth.grant = g;
+            (true, recv_control(&mut **link)?)
+        }
+        first => (false, first),
+    };
     // `--bwlimit` of a client pulling from this daemon (daemon::rates).
     let (bwlimit, first) = match first {
         Control::BwLimit { bytes_per_s } => (
@@ -510,7 +526,9 @@ fn serve_control(
     // Draining (SIGTERM): no new session; status still answers. In a
     // site the session goes to the least-loaded peer instead.
     if sh.life.draining() {
-        let peer = redirected.is_none().then(|| sh.site.get()).flatten();
+        let peer = (redirected.is_none() && !relayed)
+            .then(|| sh.site.get())
+            .flatten();
         match peer.and_then(|site| site.least_loaded_peer()) {
             Some(addr) => {
                 sh.state.counters.redirects.fetch_add(1, Ordering::Relaxed);
@@ -523,7 +541,8 @@ fn serve_control(
     }
     // At its admission limit, a site member sends the session to a less
     // loaded peer instead of queueing it; never one redirected here.
-    if let Some((addr, reason)) = redirected.is_none().then(|| busy(sh, &req.open)).flatten() {
+    let may_redirect = redirected.is_none() && !relayed;
+    if let Some((addr, reason)) = may_redirect.then(|| busy(sh, &req.open)).flatten() {
         tracing::info!("session {session:x}: busy ({reason}); redirected to {addr}");
         sh.state.counters.redirects.fetch_add(1, Ordering::Relaxed);
         crate::wire::send_final(&mut **link, &Control::Redirect { addr, reason });
@@ -746,6 +765,11 @@ fn serve_request(
             mint(sh, link, a, ttl_s)?;
             return Ok(None);
         }
+        // A third-party transfer from here to a site peer (server::relay).
+        Control::RelayOpen(relay) => {
+            relay::serve(sh, link, a.session, &a.grant, relay);
+            return Ok(None);
+        }
         // `--transport raw|auto` (transport::rawlink): our interfaces.
         Control::RawQuery => {
             let ifaces = sh.raw.get().cloned().unwrap_or_default();
@@ -896,7 +920,7 @@ struct Place {
 /// itself), and whether each names its contents: a source path ending in
 /// '/' does (rsync's rule; the walk gives it an empty name, which the
 /// sink maps to DST itself).
-fn request_paths(
+pub(crate) fn request_paths(
     open: &ramsys_proto::control::Open,
 ) -> Result<(Vec<Vec<u8>>, Vec<bool>), ramsys_proto::ProtoError> {
     let mut rels = Vec::new();
@@ -917,7 +941,11 @@ fn request_paths(
 /// apply: a user of a multi-user daemon never creates files owned by
 /// another user, device nodes, or privileged xattrs (crate::archive,
 /// docs/SECURITY.md).
-fn archive_options(mut opts: TransferOptions, preserve: u32, grant: &Grant) -> TransferOptions {
+pub(crate) fn archive_options(
+    mut opts: TransferOptions,
+    preserve: u32,
+    grant: &Grant,
+) -> TransferOptions {
     opts.preserve = preserve;
     if grant.account.is_some() {
         opts.archive_policy = crate::archive::Policy::confined();
@@ -927,7 +955,7 @@ fn archive_options(mut opts: TransferOptions, preserve: u32, grant: &Grant) -> T
 
 /// The client's wishes, within what this daemon serves. Err: the reason
 /// to refuse, in one line, before any scan.
-fn session_options(
+pub(crate) fn session_options(
     sh: &DaemonShared,
     open: &ramsys_proto::control::Open,
     sync: u32,
@@ -986,7 +1014,7 @@ fn serve_sink(
 
 /// The source's top-level paths and the names their trees get on the
 /// wire. Err: a path resolves outside the export root.
-fn source_tops(
+pub(crate) fn source_tops(
     ex: &ExportRoot,
     rels: Vec<Vec<u8>>,
     contents: Vec<bool>,

@@ -565,10 +565,9 @@ fn local_copies_keep_every_promise_of_the_byte_path() {
 /// give the same tree and leave no temp file.
 #[test]
 fn small_files_with_and_without_o_tmpfile() {
-    // Nameless temp files are opt-in (RAMSYS_TMPFILE=1, read once per
-    // process): when another test of this binary created a file table
-    // first, both halves run the named path, which must hold as well.
-    std::env::set_var("RAMSYS_TMPFILE", "1");
+    // Nameless temp files are the default (RAMSYS_TMPFILE=0 turns them
+    // off, read once per process); the injected refusal below runs the
+    // named fallback.
     let t = tmp();
     let src = t.path().join("src");
     sizes_tree(&src);

@@ -366,6 +366,100 @@ pub enum Control {
         stream: u16,
         credits: u32,
     },
+    /// Client to server, instead of Open (issue 19, docs/SITE.md
+    /// "Between two sites"): a third-party transfer. This daemon pushes
+    /// `paths` to `dest` on the daemon `sink`, a member of its site, as an
+    /// ordinary client of it, on behalf of the authenticated user
+    /// (OnBehalf), and reports back with RelayProgress and RelayDone.
+    RelayOpen(Relay),
+    /// Daemon to daemon, the first message after AuthOk (and SealControl):
+    /// the link authenticated as the site identity (the `[site] user`'s
+    /// key, or the shared key) runs the session with the grant of `user`
+    /// here (its root, read-only flag and limits). Empty `user`: the
+    /// relaying daemon has no users table (shared key); refused by a
+    /// daemon that has one. No answer; refusals are Error.
+    OnBehalf {
+        user: String,
+    },
+    /// Server to client during a relay, about every 500 ms: what the push
+    /// to the sink has moved so far (files and bytes) of the total it
+    /// announced (0 until its scan ends).
+    RelayProgress {
+        files: u64,
+        bytes: u64,
+        total_files: u64,
+        total_bytes: u64,
+    },
+    /// Server to client: the relay ended (the last message; the server
+    /// closes). `error` non-empty: it failed as a whole (the sink
+    /// unreachable or refusing, the session broken).
+    RelayDone(RelayReport),
+}
+
+/// A third-party transfer request (RelayOpen).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Relay {
+    /// The sink daemon (`HOST:PORT`), a member of this daemon's site.
+    pub sink: String,
+    /// Source paths under the user's root here; a trailing '/' names a
+    /// directory's contents (as in Open).
+    pub paths: Vec<Vec<u8>>,
+    /// The destination path under the user's root at the sink.
+    pub dest: Vec<u8>,
+    pub recursive: bool,
+    /// Streams (0: the relaying daemon sizes them from the path to the
+    /// sink), block size and checksums, as in Open.
+    pub streams: u16,
+    pub block_size: u32,
+    pub checksum: bool,
+    /// Sync and resume bits ([`sync`]), 0 = copy.
+    pub flags: u32,
+    /// What the relaying daemon's scan sends (as in SelectOpen).
+    pub select: Selection,
+    /// Archive bits ([`crate::attrs::preserve`]), as in ArchiveOpen.
+    pub preserve: u32,
+    /// `--bwlimit`, bytes/s for the push to the sink (0: none).
+    pub bwlimit: u64,
+    /// DATA block cipher asked for on the link to the sink (ids as in
+    /// Propose).
+    pub cipher: u8,
+    /// Striping (`--stripe`): send only this pair's share of the files.
+    pub share: Option<Share>,
+}
+
+/// One pair's share of a striped third-party transfer: the relaying
+/// daemon lists the sources and deals the files over `weights.len()`
+/// pairs exactly as every other pair's daemon does (largest first, to
+/// the share that would finish first, bytes / weight), and sends share
+/// `index`. `weights` in thousandths (0 counts as 1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Share {
+    pub index: u16,
+    pub weights: Vec<u32>,
+}
+
+/// A relay's outcome (RelayDone).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RelayReport {
+    pub files: u64,
+    pub bytes: u64,
+    /// Sync: files the sink already had.
+    pub unchanged: u64,
+    pub streams: u16,
+    pub block_size: u32,
+    /// Paths that failed (the session went on without them).
+    pub failures: Vec<Failure>,
+    /// CPU seconds of the sink's process during the session (< 0: not
+    /// reported).
+    pub sink_cpu_s: f64,
+    /// With a Share: the files and bytes of this pair's share, and a
+    /// digest (xxh3-64) of the whole listing the share was dealt from, so
+    /// the client can tell whether every pair saw the same tree.
+    pub share_files: u64,
+    pub share_bytes: u64,
+    pub listing: u64,
+    /// Empty: done (see `failures`); else why the relay failed, one line.
+    pub error: String,
 }
 
 /// One interface a daemon offers raw channels on (docs/TYCHE.md,
@@ -521,6 +615,10 @@ impl Control {
             Control::RawOffer { .. } => "RawOffer",
             Control::AddStream { .. } => "AddStream",
             Control::StreamAdded { .. } => "StreamAdded",
+            Control::RelayOpen(_) => "RelayOpen",
+            Control::OnBehalf { .. } => "OnBehalf",
+            Control::RelayProgress { .. } => "RelayProgress",
+            Control::RelayDone(_) => "RelayDone",
         }
     }
 
@@ -801,6 +899,52 @@ mod tests {
                 stream: 5,
                 credits: 6,
             },
+            Control::RelayOpen(Relay {
+                sink: "10.0.0.2:7070".into(),
+                paths: vec![b"run7/".to_vec()],
+                dest: b"archive".to_vec(),
+                recursive: true,
+                streams: 0,
+                block_size: 4 << 20,
+                checksum: true,
+                flags: sync::SYNC | sync::RESUME,
+                select: Selection {
+                    rules: vec![(false, b"*.tmp".to_vec())],
+                    ..Default::default()
+                },
+                preserve: 3,
+                bwlimit: 25_000_000,
+                cipher: 1,
+                share: Some(Share {
+                    index: 1,
+                    weights: vec![1000, 500, 1000],
+                }),
+            }),
+            Control::OnBehalf {
+                user: "alice".into(),
+            },
+            Control::RelayProgress {
+                files: 3,
+                bytes: 9 << 20,
+                total_files: 10,
+                total_bytes: 30 << 20,
+            },
+            Control::RelayDone(RelayReport {
+                files: 10,
+                bytes: 30 << 20,
+                unchanged: 2,
+                streams: 4,
+                block_size: 4 << 20,
+                failures: vec![Failure {
+                    path: b"run7/x".to_vec(),
+                    reason: "Permission denied".into(),
+                }],
+                sink_cpu_s: 0.25,
+                share_files: 10,
+                share_bytes: 30 << 20,
+                listing: 0xfeed,
+                error: String::new(),
+            }),
         ];
         for m in msgs {
             let b = m.encode().unwrap();

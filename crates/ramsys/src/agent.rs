@@ -274,6 +274,16 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
     // Before any link is opened: every TCP link of this process uses it.
     ramsys_engine::transport::tcp::use_congestion(a.congestion.as_deref())
         .map_err(|e| anyhow::anyhow!(e))?;
+    // Daemon to daemon (issue 19): the source daemon pushes (crate::pairs).
+    if matches!(plan.dst, Endpoint::Daemon { .. })
+        && !plan.srcs.is_empty()
+        && plan
+            .srcs
+            .iter()
+            .all(|s| matches!(s, Endpoint::Daemon { .. }))
+    {
+        return run_pairs(a, &mut plan, sync);
+    }
     if a.stripe {
         return run_striped(a, &plan, sync);
     }
@@ -331,7 +341,10 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
             }
             (Endpoint::Local(d), true) => (String::new(), run.copy_locally(d, &srcs.local)?),
             (Endpoint::Daemon { .. }, false) => {
-                bail!("third-party transfers (daemon to daemon) are not supported yet")
+                bail!(
+                    "an ssh source to a daemon destination is not supported \
+                     (between two daemons, ramsys://A/SRC ramsys://B/DST is)"
+                )
             }
             // crate::ssh::open turned every ssh destination into a daemon.
             (Endpoint::Ssh(e), _) => bail!("{}: ssh endpoint not resolved", e.display()),
@@ -425,6 +438,92 @@ fn run_striped(a: &CpArgs, plan: &Plan, sync: u32) -> anyhow::Result<i32> {
     let extra = Extra {
         redirect: None,
         stripes: Some(stripes),
+    };
+    report(result, &stats, wall, cpu, plan.json, sync, extra)
+}
+
+/// `ramsys://A/SRC ramsys://B/DST` (crate::pairs): the source daemon
+/// pushes to the sink daemon; with `--stripe`, pair by pair over lists.
+fn run_pairs(a: &CpArgs, plan: &mut Plan, sync: u32) -> anyhow::Result<i32> {
+    use ramsys_engine::sync::flags::{DELETE, DRY_RUN};
+    anyhow::ensure!(
+        sync & (DELETE | DRY_RUN) == 0,
+        "a third-party transfer (daemon to daemon) cannot be combined with --delete or --dry-run"
+    );
+    anyhow::ensure!(
+        !a.stripe || a.select.files_from.is_none(),
+        "--stripe cannot be combined with --files-from (the shares are file lists)"
+    );
+    anyhow::ensure!(
+        !a.split_sources || a.stripe,
+        "--split-sources goes with --stripe"
+    );
+    if !a.stripe {
+        // ramsys://A,B,C/PATH: the least-loaded daemon of each list.
+        for e in plan.srcs.iter_mut().chain(std::iter::once(&mut plan.dst)) {
+            crate::pick::resolve(e, &|| a.load_key(), plan.connect_timeout)?;
+        }
+    }
+    let srcs = plan.sources()?;
+    let Endpoint::Daemon { addr: sinks, path } = &plan.dst else {
+        unreachable!("run_pairs is called with a daemon destination")
+    };
+    let o = &plan.opts;
+    let req = ramsys_proto::control::Relay {
+        sink: String::new(),
+        paths: srcs.remote.iter().map(|(_, p)| p.clone()).collect(),
+        dest: path.clone(),
+        recursive: o.recursive,
+        streams: if o.auto_streams { 0 } else { o.streams },
+        block_size: o.block_size,
+        checksum: o.checksum,
+        flags: sync,
+        select: o.select.clone(),
+        preserve: o.preserve,
+        bwlimit: a.bwlimit.unwrap_or(0),
+        cipher: o.encrypt.id(),
+        share: None,
+    };
+    let job = crate::pairs::Job {
+        sources: crate::pairs::daemons(&srcs.remote[0].0),
+        sinks: crate::pairs::daemons(sinks),
+        relay: req,
+        key: a.load_key()?,
+        connect_timeout: plan.connect_timeout,
+        idle: o.idle_timeout,
+        split: a.split_sources,
+        json: plan.json,
+    };
+    let t0 = Instant::now();
+    let cpu0 = process_cpu_seconds();
+    let stats = Arc::new(Stats::default());
+    let (result, stripes) = if a.stripe {
+        let (r, s) = crate::pairs::striped(job)?;
+        (r, Some(s))
+    } else {
+        (crate::pairs::single(job, stats.clone()), None)
+    };
+    let (wall, cpu) = (t0.elapsed().as_secs_f64(), process_cpu_seconds() - cpu0);
+    if a.explain && !plan.json {
+        for s in stripes.iter().flatten() {
+            eprintln!(
+                "pair {} -> {}: share {} files, {} bytes; moved {} files, {} bytes{}",
+                s.daemon,
+                s.sink.as_deref().unwrap_or_default(),
+                s.share_files,
+                s.share_bytes,
+                s.files,
+                s.bytes,
+                s.error
+                    .as_ref()
+                    .map(|e| format!("; failed: {e}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    let extra = Extra {
+        redirect: None,
+        stripes,
     };
     report(result, &stats, wall, cpu, plan.json, sync, extra)
 }

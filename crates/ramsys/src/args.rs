@@ -125,10 +125,18 @@ pub struct CpArgs {
     pub write_devices: bool,
     /// Stripe one push over every daemon of `ramsys://A,B,C/DST` that
     /// answers: each receives its share of the files at once, into a DST
-    /// they share (a shared file system; docs/SITE.md "Striping"). A lost
-    /// daemon fails its share only; rerun with --resume to finish.
+    /// they share (a shared file system; docs/SITE.md "Striping"). Between
+    /// two sites (`ramsys://A1,A2/SRC ramsys://B1,B2/DST`) Ai sends its
+    /// share to Bi. A lost daemon or pair fails its share only; rerun with
+    /// --resume to finish.
     #[arg(long)]
     pub stripe: bool,
+    /// With --stripe between two sites (`ramsys://A1,A2/SRC
+    /// ramsys://B1,B2/DST`): the source data is split per daemon, each
+    /// source daemon sends all it holds under SRC (docs/SITE.md "Between
+    /// two sites"); without it SRC is one shared tree dealt into shares.
+    #[arg(long)]
+    pub split_sources: bool,
     /// Sources, then the destination.
     #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
     pub paths: Vec<String>,

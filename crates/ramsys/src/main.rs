@@ -6,6 +6,7 @@ mod args;
 mod daemon;
 mod docgen;
 mod numa;
+mod pairs;
 mod pick;
 mod plan;
 mod progress;

@@ -17,15 +17,13 @@
 //! command again with `--resume` over the daemons that answer sends what
 //! is missing (the sinks compare with what DST holds).
 
-use std::collections::BTreeMap;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ramsys_engine::client::{push, Remote};
 use ramsys_engine::fsops::{Confinement, Root};
+use ramsys_engine::request::shares;
 use ramsys_engine::request::walk::Top;
 use ramsys_engine::resources::ResourceConfig;
 use ramsys_engine::site::redirect::{score, FRESH_MS};
@@ -48,7 +46,11 @@ pub struct Job {
 /// What one daemon's share did, for the summary.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Stripe {
+    /// The daemon (the source daemon of a pair between two sites).
     pub daemon: String,
+    /// Between two sites: the pair's sink daemon.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sink: Option<String>,
     /// Files and bytes of the share (planned).
     pub share_files: u64,
     pub share_bytes: u64,
@@ -57,106 +59,6 @@ pub struct Stripe {
     pub bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-}
-
-/// A path from the transfer root (the walk's wire name) and its size.
-#[derive(Debug, Clone)]
-struct Item {
-    wire: Vec<u8>,
-    size: u64,
-    /// Hard links of one inode share this key (0: none).
-    inode: (u64, u64),
-}
-
-/// Every entry below the tops, as the walk names them: regular files with
-/// their sizes, everything else (directories, links, specials) with size 0
-/// in `others`.
-fn list(root: &Path, tops: &[Top]) -> anyhow::Result<(Vec<Item>, Vec<Vec<u8>>)> {
-    let (mut files, mut others) = (Vec::new(), Vec::new());
-    for t in tops {
-        let path = root.join(std::ffi::OsStr::from_bytes(&t.rel));
-        scan(&path, t.name.clone(), &mut files, &mut others)?;
-    }
-    Ok((files, others))
-}
-
-fn scan(
-    path: &Path,
-    wire: Vec<u8>,
-    files: &mut Vec<Item>,
-    others: &mut Vec<Vec<u8>>,
-) -> anyhow::Result<()> {
-    let md =
-        std::fs::symlink_metadata(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    if md.is_file() {
-        let inode = if md.nlink() > 1 {
-            (md.dev(), md.ino())
-        } else {
-            (0, 0)
-        };
-        files.push(Item {
-            wire,
-            size: md.len(),
-            inode,
-        });
-        return Ok(());
-    }
-    if !wire.is_empty() {
-        others.push(wire.clone());
-    }
-    if md.is_dir() {
-        let rd = std::fs::read_dir(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        for e in rd {
-            let e = e.map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            let name = e.file_name();
-            let w = if wire.is_empty() {
-                name.as_bytes().to_vec()
-            } else {
-                [&wire[..], b"/", name.as_bytes()].concat()
-            };
-            scan(&e.path(), w, files, others)?;
-        }
-    }
-    Ok(())
-}
-
-/// Bytes and paths moved as one (a file, or an inode's hard links).
-type Unit = (u64, Vec<Vec<u8>>);
-/// A share: its paths, files and bytes.
-type Share = (Vec<Vec<u8>>, u64, u64);
-
-/// Deal `files` into one share per weight: largest first onto the share
-/// that would finish first with it (bytes / weight, ties: the lower
-/// index), an inode's hard links together; `others` go to share 0.
-/// Deterministic for a given tree and weights.
-fn deal(mut files: Vec<Item>, others: Vec<Vec<u8>>, weights: &[f64]) -> Vec<Share> {
-    // Group hard links: one unit per inode, sized once.
-    let mut units: BTreeMap<(u64, u64), Unit> = BTreeMap::new();
-    let mut singles = Vec::new();
-    for f in files.drain(..) {
-        if f.inode == (0, 0) {
-            singles.push((f.size, vec![f.wire]));
-        } else {
-            let u = units.entry(f.inode).or_insert((f.size, vec![]));
-            u.1.push(f.wire);
-        }
-    }
-    let mut all: Vec<Unit> = singles.into_iter().chain(units.into_values()).collect();
-    all.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-    let n = weights.len().max(1);
-    let w = |i: usize| weights.get(i).copied().unwrap_or(1.0).max(1e-3);
-    let mut shares: Vec<Share> = vec![(vec![], 0, 0); n];
-    shares[0].0 = others;
-    for (size, paths) in all {
-        let end = |i: usize| (shares[i].2 + size) as f64 / w(i);
-        let i = (0..n)
-            .min_by(|&a, &b| end(a).total_cmp(&end(b)).then(a.cmp(&b)))
-            .expect("at least one share");
-        shares[i].1 += paths.len() as u64;
-        shares[i].2 += size;
-        shares[i].0.extend(paths);
-    }
-    shares
 }
 
 /// The daemons of the list that answer a status query (one line for each
@@ -209,8 +111,8 @@ pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>,
         job.daemons.join(",")
     );
     let root = Path::new("/");
-    let (files, others) = list(root, &job.tops)?;
-    let shares = deal(files, others, &weights);
+    let (files, others) = shares::list(root, &job.tops)?;
+    let shares = shares::deal(files, others, &weights);
     let n = daemons.len();
     let res_cfg = ResourceConfig {
         // The agent's --memory, split between the stripes.
@@ -218,7 +120,8 @@ pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>,
         ..job.res_cfg.clone()
     };
     let mut handles = Vec::new();
-    for (daemon, (paths, nfiles, nbytes)) in daemons.iter().zip(shares) {
+    for (daemon, share) in daemons.iter().zip(shares) {
+        let (paths, nfiles, nbytes) = (share.paths, share.files, share.bytes);
         if paths.is_empty() {
             continue; // more daemons than entries (an empty list selects all)
         }
@@ -247,6 +150,7 @@ pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>,
         let (daemon, share_files, share_bytes, r) = h.join().expect("stripe thread");
         let mut s = Stripe {
             daemon: daemon.clone(),
+            sink: None,
             share_files,
             share_bytes,
             files: 0,
@@ -350,7 +254,7 @@ fn one(
 }
 
 /// One report for the whole transfer.
-fn merge(mut a: Report, b: Report) -> Report {
+pub(crate) fn merge(mut a: Report, b: Report) -> Report {
     a.files += b.files;
     a.bytes += b.bytes;
     a.failed.extend(b.failed);
@@ -363,78 +267,4 @@ fn merge(mut a: Report, b: Report) -> Report {
     a.unchanged += b.unchanged;
     a.handoffs += b.handoffs;
     a
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn item(w: &str, size: u64, inode: u64) -> Item {
-        Item {
-            wire: w.as_bytes().to_vec(),
-            size,
-            inode: (if inode > 0 { 1 } else { 0 }, inode),
-        }
-    }
-
-    #[test]
-    fn deals_largest_first_keeps_links_together_and_others_on_share_0() {
-        let files = vec![
-            item("t/a", 100, 0),
-            item("t/b", 60, 0),
-            item("t/c", 50, 0),
-            item("t/d", 40, 0),
-            item("t/l1", 30, 7),
-            item("t/sub/l2", 30, 7),
-        ];
-        let others = vec![b"t".to_vec(), b"t/sub".to_vec()];
-        let s = deal(files, others, &[1.0; 3]);
-        let names = |i: usize| -> Vec<String> {
-            s[i].0
-                .iter()
-                .map(|p| String::from_utf8_lossy(p).into_owned())
-                .collect()
-        };
-        // 100 -> 0, 60 -> 1, 50 -> 2, 40 -> 2 (50 < 60), links (30) -> 1.
-        assert_eq!(names(0), ["t", "t/sub", "t/a"]);
-        assert_eq!(names(1), ["t/b", "t/l1", "t/sub/l2"]);
-        assert_eq!(names(2), ["t/c", "t/d"]);
-        assert_eq!((s[0].2, s[1].2, s[2].2), (100, 90, 90));
-        assert_eq!((s[0].1, s[1].1, s[2].1), (1, 3, 2));
-        // More daemons than files: the extra shares are empty.
-        let s = deal(vec![item("f", 1, 0)], vec![], &[1.0; 3]);
-        assert!(s[1].0.is_empty() && s[2].0.is_empty());
-        // A daemon of weight 0.5 (busy) gets about half the bytes of one
-        // of weight 1: of 8 files of 10 bytes, 6 and 2 (ending at 60 and
-        // 40 bytes per unit of weight; 4 and 4 would end at 40 and 80).
-        let files = (0..8).map(|i| item(&format!("f{i}"), 10, 0)).collect();
-        let s = deal(files, vec![], &[1.0, 0.5]);
-        assert_eq!((s[0].2, s[1].2), (60, 20));
-    }
-
-    #[test]
-    fn lists_a_tree_as_the_walk_names_it() {
-        let d = tempfile::tempdir().unwrap();
-        let t = d.path().join("top");
-        std::fs::create_dir_all(t.join("sub/empty")).unwrap();
-        std::fs::write(t.join("sub/f"), b"12345").unwrap();
-        std::fs::hard_link(t.join("sub/f"), t.join("g")).unwrap();
-        std::os::unix::fs::symlink("f", t.join("sub/link")).unwrap();
-        let rel = t.as_os_str().as_bytes()[1..].to_vec();
-        let tops = [Top {
-            rel,
-            name: b"top".to_vec(),
-        }];
-        let (mut files, mut others) = list(Path::new("/"), &tops).unwrap();
-        files.sort_by(|a, b| a.wire.cmp(&b.wire));
-        others.sort();
-        let w: Vec<_> = files.iter().map(|f| (&f.wire[..], f.size)).collect();
-        assert_eq!(w, [(&b"top/g"[..], 5), (&b"top/sub/f"[..], 5)]);
-        assert_eq!(files[0].inode, files[1].inode);
-        assert_ne!(files[0].inode, (0, 0));
-        assert_eq!(
-            others,
-            [&b"top"[..], b"top/sub", b"top/sub/empty", b"top/sub/link"]
-        );
-    }
 }

@@ -301,6 +301,7 @@ fn killed_sink_leaves_no_half_written_file() {
         make_tree(&src, &mut r);
         let slow = [
             ("RAMSYS_FAULT_SLOW_WRITE_US", "3000".to_string()),
+            // The default, said explicitly: this test is about them.
             ("RAMSYS_TMPFILE", "1".to_string()),
         ];
         let mut d = daemon(&root, &key, &slow, &[]);

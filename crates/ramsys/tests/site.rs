@@ -49,20 +49,6 @@ fn age(v: &serde_json::Value, addr: &str) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
-/// A fake proc/ whose CPU counters a thread advances: `busy` of every 100
-/// jiffies are busy. Written with rename so the sampler never reads half.
-fn fake_proc(root: &Path, busy: u64, idle: u64) {
-    std::fs::create_dir_all(root.join("proc/net")).unwrap();
-    std::fs::create_dir_all(root.join("sys/block")).unwrap();
-    let tmp = root.join("proc/.stat");
-    std::fs::write(
-        &tmp,
-        format!("cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\nintr 100 0\nsoftirq 10 0\nprocs_running 7\n"),
-    )
-    .unwrap();
-    std::fs::rename(&tmp, root.join("proc/stat")).unwrap();
-}
-
 #[test]
 fn three_daemons_monitor_each_other() {
     let t = tempfile::tempdir().unwrap();
@@ -347,25 +333,6 @@ fn lock_holder_death_lease_and_fencing() {
         .unwrap_err();
     assert!(matches!(e, Error::HomeUnreachable(_)), "{e:?}");
     assert!(e.to_string().starts_with("home unreachable"), "{e}");
-}
-
-/// Busy fraction `pct` on a fake proc/, advanced by a thread until `stop`.
-fn burn(
-    root: &Path,
-    pct: u64,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> std::thread::JoinHandle<()> {
-    let root = root.to_path_buf();
-    fake_proc(&root, 0, 0);
-    std::thread::spawn(move || {
-        let (mut busy, mut idle) = (0u64, 0u64);
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            busy += pct;
-            idle += 100 - pct;
-            fake_proc(&root, busy, idle);
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    })
 }
 
 #[test]

@@ -539,6 +539,44 @@ impl Credentials {
         })
     }
 
+    /// The grant of `user` for a session a site peer opens on that user's
+    /// behalf (Control::OnBehalf, server::relay): allowed only on a link
+    /// that authenticated as the site identity `site_user` (with a users
+    /// table, that user; without one, the shared key under any name). The
+    /// user gets exactly what a session of its own would: its root,
+    /// read-only flag and limits. `user` empty: the relaying daemon has no
+    /// users table, refused by a daemon that has one.
+    pub fn on_behalf(&self, link: &Grant, site_user: &str, user: &str) -> Result<Grant, String> {
+        let users = self.users();
+        let site = match &users {
+            None => !link.token,
+            Some(_) => !link.token && link.account.as_deref() == Some(site_user),
+        };
+        if !site {
+            return Err(format!(
+                "user {} may not act for another user (only the site identity may)",
+                link.shown
+            ));
+        }
+        let claim = match &users {
+            None => Claim::Shared(user.to_string()),
+            Some(_) if user.is_empty() => {
+                return Err("the relaying daemon has no users table; this one has".into())
+            }
+            Some(u) if u.users.contains_key(user) && !user.starts_with(TOKEN_PREFIX) => {
+                Claim::User(user.to_string())
+            }
+            Some(_) => return Err(format!("no user {user} here")),
+        };
+        self.admit(Pending {
+            key: Vec::new(),
+            claim,
+        })
+        .map_err(|r| match r {
+            Refusal::Auth(m) | Refusal::Limit(m) => m,
+        })
+    }
+
     /// Mint a one-time credential for the holder of `g`: (user name, raw
     /// key, lifetime in seconds). The usable key is the hex text of the raw
     /// bytes.

@@ -115,6 +115,7 @@ mod tests {
             ino: 0,
             mtime: (0, 0),
             volume: false,
+            sparse: false,
         }
     }
 

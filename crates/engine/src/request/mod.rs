@@ -4,5 +4,6 @@
 //! is served by its own readers (Fig. 6-3).
 
 pub mod filter;
+pub mod shares;
 pub mod tasks;
 pub mod walk;

@@ -11,9 +11,10 @@
 //!   once. Chunks are longer on a rotational disk (64 MiB vs 16 MiB) so
 //!   each stays a long sequential run.
 //!
-//! Each queue is sorted by the physical address of each file's first
-//! extent (FIEMAP, sec. 6.2.2 "file sorting"), or by inode number where
-//! the file system cannot say; `--no-sort` keeps scan order. Readers take
+//! A rotational device's queue is sorted by the physical address of each
+//! file's first extent (FIEMAP, sec. 6.2.2 "file sorting"), or by inode
+//! number where the file system cannot say; other queues by inode number
+//! (no seeks to save, no syscalls spent); `--no-sort` keeps scan order. Readers take
 //! units through an atomic cursor (no lock) and steal from other flash or
 //! memory queues when their own runs dry (seed 000 sec. 7.2.3); nobody
 //! steals from a rotational queue, which would add a second head position.
@@ -144,8 +145,13 @@ pub fn plan_some(
     for (dev, mut idx) in groups {
         let kind = kind_of(&files[idx[0] as usize]);
         let mut q = DeviceQueue::new(dev, kind, po.threads.for_kind(kind));
+        // Sorting by first extent saves head seeks (seed 000 sec. 6.2.2);
+        // flash and memory have none to save, and locating costs an open,
+        // an ioctl and a close per file (a third of the source's syscalls
+        // on a tree of small files): they sort by inode, which is free.
         if po.sort {
-            sort_by_location(files, &mut idx, extents);
+            let locate = extents.filter(|_| kind == DeviceKind::Rotational);
+            sort_by_location(files, &mut idx, locate);
         }
         tracing::debug!(
             dev,
@@ -273,6 +279,7 @@ mod tests {
             ino: 0,
             mtime: (0, 0),
             volume: false,
+            sparse: false,
         }
     }
 
@@ -340,6 +347,7 @@ mod tests {
             ino,
             mtime: (0, 0),
             volume: false,
+            sparse: false,
         };
         let files = vec![
             mk("a", 50),
@@ -367,7 +375,11 @@ mod tests {
         let order: Vec<u32> = qs[0].units.iter().map(|u| u.file).collect();
         assert_eq!(order, vec![1, 2, 0, 4, 3]);
         // No extent source: inode order.
-        let qs = plan(&files, &po, &|_| DeviceKind::Ssd, None);
+        let qs = plan(&files, &po, &|_| DeviceKind::Rotational, None);
+        let order: Vec<u32> = qs[0].units.iter().map(|u| u.file).collect();
+        assert_eq!(order, vec![4, 3, 2, 1, 0]);
+        // Flash is not located (no seeks to save): inode order.
+        let qs = plan(&files, &po, &|_| DeviceKind::Ssd, Some((&root, &map)));
         let order: Vec<u32> = qs[0].units.iter().map(|u| u.file).collect();
         assert_eq!(order, vec![4, 3, 2, 1, 0]);
         // --no-sort: scan order.

@@ -34,6 +34,10 @@ pub struct SourceFile {
     /// A block device named as a top-level source (storage::volume): read
     /// as a file of the device's size; `dev` is the device itself.
     pub volume: bool,
+    /// Fewer blocks allocated than its size needs, by the scan's stat
+    /// (storage::sparse::may_be_sparse): only such files are probed for
+    /// holes, and the reader needs no second stat to know it.
+    pub sparse: bool,
 }
 
 /// Result of the scan.
@@ -75,6 +79,7 @@ enum PendingKind {
         ino: u64,
         nlink: u64,
         volume: bool,
+        sparse: bool,
     },
     Symlink(Vec<u8>),
     /// A FIFO, socket or device the user asked for (crate::archive).
@@ -322,6 +327,7 @@ fn record(
             ino,
             nlink,
             volume,
+            sparse,
         } => {
             if filter.size_excluded(size) {
                 return false;
@@ -343,6 +349,7 @@ fn record(
                 ino,
                 mtime: o.mtime,
                 volume,
+                sparse,
             });
             EntryKind::File { size }
         }
@@ -377,6 +384,7 @@ fn volume_top(path: &Path, rel: &[u8], wire: &[u8], md: &fs::Metadata) -> std::i
             ino: md.ino(),
             nlink: 1,
             volume: true,
+            sparse: false,
         },
         mode: md.mode() & 0o7777,
         mtime: (md.mtime(), md.mtime_nsec() as u32),
@@ -393,6 +401,8 @@ struct Meta {
     dev: u64,
     ino: u64,
     nlink: u64,
+    /// 512-byte blocks allocated.
+    blocks: u64,
     owners: Owners,
     rdev: u64,
 }
@@ -407,6 +417,7 @@ impl From<&libc::stat> for Meta {
             dev: st.st_dev,
             ino: st.st_ino,
             nlink: st.st_nlink,
+            blocks: st.st_blocks as u64,
             owners: Owners {
                 uid: st.st_uid,
                 gid: st.st_gid,
@@ -427,6 +438,7 @@ impl From<&fs::Metadata> for Meta {
             dev: md.dev(),
             ino: md.ino(),
             nlink: md.nlink(),
+            blocks: md.blocks(),
             owners: owners_of(md),
             rdev: md.rdev(),
         }
@@ -559,6 +571,7 @@ fn pending(
                 ino: md.ino,
                 nlink: md.nlink,
                 volume: false,
+                sparse: crate::storage::sparse::may_be_sparse(md.blocks, md.size),
             },
             mode,
             mtime,

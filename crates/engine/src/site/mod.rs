@@ -117,6 +117,10 @@ pub struct Site {
     /// Sessions we redirected, by peer, and when: counted as that peer's
     /// tasks until its own load can show them (redirect::Sent).
     sent: Mutex<redirect::Sent>,
+    /// How we authenticate at the peers: the `[site] user` and its key (a
+    /// relay, server::relay, opens its sessions to a peer with them).
+    user: String,
+    key: Vec<u8>,
 }
 
 /// Open an authenticated site link to `addr` as `me` (SiteHello; the
@@ -167,6 +171,7 @@ impl Site {
         local: Box<dyn Fn() -> LocalLoad + Send + Sync>,
     ) -> Arc<Site> {
         let (me_s, user) = (me.to_string(), opts.user.clone());
+        let site_key = key.clone();
         let dialer: ramsys_ddss::Dialer = Box::new(move |addr: &str| {
             dial(addr, &me_s, &user, &key)
                 .map(|l| Box::new(l) as Box<dyn ramsys_ddss::net::Stream>)
@@ -186,6 +191,8 @@ impl Site {
             started: Instant::now(),
             limits: opts.limits,
             sent: Mutex::new(Default::default()),
+            user: opts.user.clone(),
+            key: site_key,
         });
         let s = site.clone();
         std::thread::Builder::new()
@@ -193,6 +200,17 @@ impl Site {
             .spawn(move || s.monitor(Sampler::new(&opts.sys_root), local))
             .expect("spawn site monitor");
         site
+    }
+
+    /// The site identity: the user name and key this daemon
+    /// authenticates with at its peers.
+    pub fn credentials(&self) -> (&str, &[u8]) {
+        (&self.user, &self.key)
+    }
+
+    /// Is `addr` another member of the site (configured or dialled in)?
+    pub fn is_peer(&self, addr: &str) -> bool {
+        addr != self.node.me() && self.node.members().iter().any(|m| m == addr)
     }
 
     pub fn node(&self) -> &Arc<Node> {

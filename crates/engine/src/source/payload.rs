@@ -373,6 +373,8 @@ impl<'s> Payload<'s> {
                 recv(self.events.readers_done) -> r => self.on_reader_done(r),
                 recv(self.events.senders_done) -> r => self.on_sender_done(r),
                 recv(self.events.control) -> m => self.on_control(m, &resender),
+                // Pending digests come due by age (pipeline::DIGEST_WAIT).
+                default(self.progress.flush_wait()) => Ok(None),
             };
             if let Some(c) = step? {
                 return Ok(c);

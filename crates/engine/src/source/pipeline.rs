@@ -20,6 +20,15 @@ use crate::EngineError;
 /// Digests are sent in batches of at most this many files.
 const DIGEST_BATCH: usize = 4096;
 
+/// A batch this large goes as soon as the event queue runs dry; a smaller
+/// one waits up to DIGEST_WAIT for more (issue 17): readers finish small
+/// files one at a time, so "flush when dry" sent one FilesDone per file
+/// (a writev here, a recvfrom and wake-ups at the sink, per file), while
+/// a digest only helps the sink once the block holding the file's last
+/// bytes has arrived, which takes longer than this anyway.
+const DIGEST_MIN_BATCH: usize = 64;
+const DIGEST_WAIT: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// Progress of the payload phase as the source's loop sees it.
 #[derive(Debug)]
 pub(super) struct Pipeline {
@@ -31,6 +40,8 @@ pub(super) struct Pipeline {
     pub files_done: u64,
     /// (entry id, digest) of files read whole, not yet sent in FilesDone.
     pub done_batch: Vec<(u64, u64)>,
+    /// When the oldest digest of `done_batch` was added.
+    pub batch_since: Option<std::time::Instant>,
 }
 
 impl Pipeline {
@@ -42,12 +53,16 @@ impl Pipeline {
             eod_sent: false,
             files_done: 0,
             done_batch: Vec::new(),
+            batch_since: None,
         }
     }
 
     /// A reader finished file `id` with this digest.
     pub fn file_done(&mut self, id: u64, digest: u64) {
         self.files_done += 1;
+        if self.done_batch.is_empty() {
+            self.batch_since = Some(std::time::Instant::now());
+        }
         self.done_batch.push((id, digest));
     }
 
@@ -60,7 +75,33 @@ impl Pipeline {
 
     /// Send the digests now: the event queue ran dry or the batch is big.
     pub fn flush_due(&self, events_empty: bool) -> bool {
-        !self.done_batch.is_empty() && (events_empty || self.done_batch.len() >= DIGEST_BATCH)
+        self.flush_due_at(events_empty, std::time::Instant::now())
+    }
+
+    /// How long the loop may wait for an event before a pending batch of
+    /// digests is due by age (so a stalled reader never holds them back).
+    pub fn flush_wait(&self) -> std::time::Duration {
+        match (self.done_batch.is_empty(), self.batch_since) {
+            (false, Some(t)) => DIGEST_WAIT.saturating_sub(t.elapsed()),
+            _ => std::time::Duration::from_secs(3600),
+        }
+    }
+
+    /// [`Self::flush_due`] at time `now`: a full batch at once; otherwise
+    /// when the event queue is dry and the batch is big enough, old
+    /// enough, or the last (every reader is done).
+    pub fn flush_due_at(&self, events_empty: bool, now: std::time::Instant) -> bool {
+        let n = self.done_batch.len();
+        if n == 0 {
+            return false;
+        }
+        if n >= DIGEST_BATCH {
+            return true;
+        }
+        let waited = self
+            .batch_since
+            .is_none_or(|t| now.saturating_duration_since(t) >= DIGEST_WAIT);
+        events_empty && (self.readers_left == 0 || n >= DIGEST_MIN_BATCH || waited)
     }
 
     /// EndOfData is due (once): every reader and sender is done and no
@@ -165,7 +206,19 @@ mod tests {
     fn end_of_data_waits_for_every_reader_sender_and_event_and_comes_once() {
         let mut p = Pipeline::new(2, 1);
         p.file_done(7, 99);
-        assert!(p.flush_due(true) && !p.flush_due(false));
+        let t0 = p.batch_since.unwrap();
+        // One digest waits for company while readers still run...
+        assert!(!p.flush_due_at(true, t0));
+        // ...until it is DIGEST_WAIT old, or there are DIGEST_MIN_BATCH.
+        assert!(p.flush_due_at(true, t0 + DIGEST_WAIT) && !p.flush_due_at(false, t0 + DIGEST_WAIT));
+        for i in 1..DIGEST_MIN_BATCH as u64 {
+            p.file_done(7 + i, 99);
+        }
+        assert!(p.flush_due_at(true, t0) && !p.flush_due_at(false, t0));
+        p.done_batch.truncate(1);
+        p.readers_left = 0;
+        assert!(p.flush_due_at(true, t0), "the last digests go at once");
+        p.files_done = 1;
         p.readers_left = 0;
         assert!(!p.eod_due(true), "a sender is still sending");
         p.senders_left = 0;

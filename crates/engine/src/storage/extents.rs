@@ -112,6 +112,7 @@ mod tests {
             ino: 0,
             mtime: (0, 0),
             volume: false,
+            sparse: false,
         };
         assert_eq!(
             Fiemap.first_physical(&root, &sf),

@@ -40,6 +40,7 @@ pub fn synthetic_walk(tops: &[Top], size: u64) -> Walk {
             ino: 0,
             mtime: (now, 0),
             volume: false,
+            sparse: false,
         }],
         failures: Vec::new(),
         total_bytes: size,

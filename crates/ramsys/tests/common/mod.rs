@@ -356,3 +356,36 @@ pub fn tree_and_daemon(block: usize) -> TreeAndDaemon {
         d,
     }
 }
+
+/// A fake proc/ whose CPU counters a thread advances: `busy` of every 100
+/// jiffies are busy. Written with rename so the sampler never reads half.
+pub fn fake_proc(root: &Path, busy: u64, idle: u64) {
+    std::fs::create_dir_all(root.join("proc/net")).unwrap();
+    std::fs::create_dir_all(root.join("sys/block")).unwrap();
+    let tmp = root.join("proc/.stat");
+    std::fs::write(
+        &tmp,
+        format!("cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\nintr 100 0\nsoftirq 10 0\nprocs_running 7\n"),
+    )
+    .unwrap();
+    std::fs::rename(&tmp, root.join("proc/stat")).unwrap();
+}
+
+/// Busy fraction `pct` on a fake proc/, advanced by a thread until `stop`.
+pub fn burn(
+    root: &Path,
+    pct: u64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    let root = root.to_path_buf();
+    fake_proc(&root, 0, 0);
+    std::thread::spawn(move || {
+        let (mut busy, mut idle) = (0u64, 0u64);
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            busy += pct;
+            idle += 100 - pct;
+            fake_proc(&root, busy, idle);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    })
+}

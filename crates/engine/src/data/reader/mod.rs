@@ -27,7 +27,7 @@ use crate::stats::Stats;
 use crate::storage::cache::{read_direct, resident_fraction, DirectMode};
 use crate::storage::direct::{is_aligned, pread_direct, round_up, ALIGN};
 use crate::storage::local::LOCAL_COPY_MIN;
-use crate::storage::sparse::{map_range, may_be_sparse, Piece};
+use crate::storage::sparse::{map_range, Piece};
 use crate::storage::volume::{max_runs, zero_runs, ZERO_GRAIN};
 use crate::storage::{is_direct_refusal, IoEngine, IoOp, StorageCfg, DIRECT_MIN};
 
@@ -141,9 +141,9 @@ impl ReaderCtx {
             .root
             .open_read(&f.rel, false)
             .map_err(|e| format!("cannot open: {e}"))?;
-        let md = file.metadata().map_err(|e| format!("cannot stat: {e}"))?;
-        use std::os::unix::fs::MetadataExt;
-        let sparse = may_be_sparse(md.blocks(), md.len());
+        // Sparse or not comes from the scan's stat: no fstat per open
+        // (unit_done still checks size and mtime once the file is read).
+        let sparse = f.sparse;
         let mut direct = None;
         // Large files past the page cache, unless it holds most of them
         // (storage::cache: reading cached pages from the disk again is
