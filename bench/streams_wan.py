@@ -188,7 +188,10 @@ def main():
     ap.add_argument("--scratch", default="/dev/shm/pth-bench")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--out")
+    ap.add_argument("--ns", default="pth", help="namespace prefix (NS-a, NS-b): runs side by side")
     a = ap.parse_args()
+    global NS_A, NS_B
+    NS_A, NS_B = f"{a.ns}-a", f"{a.ns}-b"
     a.src = Path(a.src).resolve()
     a.work = Path(a.scratch) / "work"
     a.work.mkdir(parents=True, exist_ok=True)

@@ -70,10 +70,9 @@ fn connect(
             most.min(pool),
         );
         let mut c = c;
-        if source {
-            // A push grows from here (transport::grow); a pull cannot.
-            c.start_low();
-        }
+        // Both directions grow from here (transport::grow): a push's
+        // source is this agent, a pull's the daemon (Control::GrowStreams).
+        c.start_low();
         tracing::info!("streams: {} ({})", c.streams, c.why);
         opts.streams = c.streams;
         choice = Some(c);
@@ -229,6 +228,10 @@ pub fn pull(
         send_control(&mut *s.ctl, &Control::BwLimit { bytes_per_s: bps })?;
     }
     redirected(&mut s, opts)?;
+    if opts.auto_streams {
+        // The daemon's source measures and asks; our sink dials.
+        send_control(&mut *s.ctl, &Control::GrowStreams)?;
+    }
     send_control(&mut *s.ctl, &open_msg(Role::Source, paths, opts))?;
     let spec = SinkSpec {
         root,
@@ -237,7 +240,11 @@ pub fn pull(
         pending_auth: Some(s.addr.clone()),
     };
     run_sink(s.ctl, &mut links, spec, opts, res, stats).map(|mut r| {
-        r.stream_choice = choice;
+        r.stream_choice = choice.map(|mut c| {
+            // What the daemon's source reported (Control::Grown).
+            c.growth = r.growth.take();
+            c
+        });
         r
     })
 }

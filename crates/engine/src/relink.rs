@@ -278,7 +278,10 @@ impl Streams {
     /// A stream added mid-transfer (issue 21): a slot awaiting its first
     /// link, which comes as a Rejoin with epoch 1 (epoch 0 is the links
     /// dialled at the start, so the AEAD nonces stay apart). The client
-    /// starts dialling it; the server waits for it. Returns its number.
+    /// starts dialling it (a push's source once the sink granted it, a
+    /// pull's sink as it grants it); the server waits for it (a pull's
+    /// source makes the slot as it asks, since the Rejoin may overtake
+    /// the grant). Returns its number.
     pub fn add(&mut self) -> u16 {
         let stream = self.slots.len() as u16;
         let mut slot = Slot {
@@ -304,6 +307,16 @@ impl Streams {
         }
         self.slots.push(slot);
         stream
+    }
+
+    /// An added stream the peer refused (StreamAdded with 0 credits): its
+    /// slot, made when it was asked for, ends unused.
+    pub fn unwanted(&mut self, stream: u16) {
+        if let Some(s) = self.slots.get_mut(stream as usize) {
+            if s.state == State::Joining {
+                s.state = State::Done;
+            }
+        }
     }
 
     /// Delivery rates (bytes/s, TCP_INFO) of the live links that report one.
@@ -822,6 +835,11 @@ mod tests {
         let n = st.add();
         assert!(!st.gave_up(n, 5, "refused".into()));
         assert_eq!(st.state(n as usize), State::Done);
+        let n = st.add();
+        st.unwanted(n);
+        assert_eq!(st.state(n as usize), State::Done);
+        let (j, _) = joined(n, 1);
+        assert!(st.arrived(j).is_none(), "a refused stream takes no link");
         let n = st.add();
         assert_eq!(st.settle(), 0);
         assert_eq!(st.state(n as usize), State::Done);

@@ -516,10 +516,16 @@ fn serve_control(
         Control::Redirected { from } => (Some(from), recv_control(&mut **link)?),
         first => (None, first),
     };
+    // A pull that lets this daemon's source add streams (issue 21).
+    let (grow, first) = match first {
+        Control::GrowStreams => (true, recv_control(&mut **link)?),
+        first => (false, first),
+    };
     let Some(mut req) = serve_request(sh, link, &auth, first)? else {
         return Ok(());
     };
     req.bwlimit = bwlimit;
+    req.grow = grow;
     if !authorize(sh, link, &auth.grant, &req.open) {
         return Ok(());
     }
@@ -721,6 +727,7 @@ fn serve_request(
             select: Default::default(),
             preserve: 0,
             bwlimit: 0,
+            grow: false,
         },
         // Sync and resume (docs/SYNC.md): flags for a server source.
         Control::SyncOpen { open, flags } => Request {
@@ -729,6 +736,7 @@ fn serve_request(
             select: Default::default(),
             preserve: 0,
             bwlimit: 0,
+            grow: false,
         },
         // A selection for a server source (request::filter).
         Control::SelectOpen {
@@ -741,6 +749,7 @@ fn serve_request(
             select,
             preserve: 0,
             bwlimit: 0,
+            grow: false,
         },
         // An archive copy from a server source (crate::archive).
         Control::ArchiveOpen {
@@ -754,6 +763,7 @@ fn serve_request(
             select,
             preserve: preserve & ramsys_proto::attrs::preserve::ALL,
             bwlimit: 0,
+            grow: false,
         },
         Control::StatusQuery => {
             let json = serde_json::to_string(&sh.status_for(a.grant.account.as_deref()))
@@ -841,6 +851,8 @@ struct Request {
     preserve: u32,
     /// BwLimit's rate, bytes/s (0: none).
     bwlimit: u64,
+    /// GrowStreams: a server source adds streams while the rate grows.
+    grow: bool,
 }
 
 /// Run an authorized transfer: the request poller's step (seed 000 sec.
@@ -860,6 +872,7 @@ fn run_session(
         select,
         preserve,
         bwlimit,
+        grow,
     } = req;
     let role = match open.server_role {
         Role::Sink => "sink",
@@ -891,6 +904,9 @@ fn run_session(
         }
     };
     let source = open.server_role == Role::Source;
+    // The client dials what this source asks for (transport::grow),
+    // within this daemon's max_streams and the client's receivers.
+    opts.auto_streams = grow && source;
     let _rate = sh
         .rates
         .for_session(session, bwlimit, grant.rate.clone(), source, &mut opts);

@@ -81,7 +81,8 @@ pub struct Report {
     pub storage: Option<crate::storage::StorageUse>,
     /// The agent sized the stream count from the path (issue 21).
     pub stream_choice: Option<crate::transport::path::StreamChoice>,
-    /// Streams added during the transfer (transport::grow), source side.
+    /// Streams added during the transfer (transport::grow): the source's
+    /// own, or on a pull's sink what the daemon's source reported.
     pub growth: Option<crate::transport::grow::Growth>,
 }
 

@@ -394,6 +394,20 @@ pub enum Control {
     /// closes). `error` non-empty: it failed as a whole (the sink
     /// unreachable or refusing, the session broken).
     RelayDone(RelayReport),
+    /// Client to server, before Open (after BwLimit and Redirected, if
+    /// any), on a pull with no `--streams` (issue 21): the server-side
+    /// source may add streams (AddStream) while the rate grows, the client
+    /// dials them. Without it a server-side source keeps its count. No
+    /// answer.
+    GrowStreams,
+    /// Source to sink, in the payload right before EndOfData, when the
+    /// source is the server and the client sent GrowStreams: what the
+    /// adaptation did, for the client's --explain and JSON summary.
+    Grown {
+        stages: Vec<GrowStage>,
+        /// Why it stopped; empty: the transfer ended first.
+        stopped: String,
+    },
 }
 
 /// A third-party transfer request (RelayOpen).
@@ -460,6 +474,21 @@ pub struct RelayReport {
     pub listing: u64,
     /// Empty: done (see `failures`); else why the relay failed, one line.
     pub error: String,
+}
+
+/// One stage of a server-side source's stream adaptation ([`Control::Grown`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrowStage {
+    /// Milliseconds since the payload began, at the end of the measurement.
+    pub at_ms: u32,
+    pub streams: u16,
+    /// Aggregate delivery rate over the measurement, kB/s (1000 bytes).
+    pub kb_s: u64,
+    /// The links' own delivery rates at its end, kB/s: lowest, median,
+    /// highest (empty where the transport has none).
+    pub link_kb_s: Vec<u64>,
+    /// What was decided after it.
+    pub then: String,
 }
 
 /// One interface a daemon offers raw channels on (docs/TYCHE.md,
@@ -619,6 +648,8 @@ impl Control {
             Control::OnBehalf { .. } => "OnBehalf",
             Control::RelayProgress { .. } => "RelayProgress",
             Control::RelayDone(_) => "RelayDone",
+            Control::GrowStreams => "GrowStreams",
+            Control::Grown { .. } => "Grown",
         }
     }
 
@@ -945,6 +976,17 @@ mod tests {
                 listing: 0xfeed,
                 error: String::new(),
             }),
+            Control::GrowStreams,
+            Control::Grown {
+                stages: vec![GrowStage {
+                    at_ms: 2500,
+                    streams: 4,
+                    kb_s: 120_000,
+                    link_kb_s: vec![20_000, 30_000, 40_000],
+                    then: "add 2".into(),
+                }],
+                stopped: "stop: at the limit (32)".into(),
+            },
         ];
         for m in msgs {
             let b = m.encode().unwrap();

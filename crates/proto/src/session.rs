@@ -167,6 +167,8 @@ pub struct SourceMachine {
     sent_entries: bool,
     /// Preserve sent (crate::attrs): Attrs allowed.
     preserve: bool,
+    /// Grown sent: once per session.
+    grown: bool,
 }
 
 impl Default for SourceMachine {
@@ -184,6 +186,7 @@ impl SourceMachine {
             sync: false,
             sent_entries: false,
             preserve: false,
+            grown: false,
         }
     }
 
@@ -238,6 +241,11 @@ impl SourceMachine {
             (Payload, Control::FilesDone(_) | Control::FileFailed { .. }) => Payload,
             (Payload, Control::LinkDown { .. }) => Payload,
             (Payload, Control::AddStream { .. }) => Payload,
+            // Right before EndOfData, once (a pull's growth, issue 21).
+            (Payload, Control::Grown { .. }) if !self.grown => {
+                self.grown = true;
+                Payload
+            }
             (Payload, Control::EndOfData { .. }) => Completing,
             _ => return Err(self.unexpected(m)),
         };
@@ -289,7 +297,14 @@ pub struct SinkMachine {
     sync: Option<u32>,
     /// Flags of a Preserve received (crate::attrs), None without.
     preserve: Option<u32>,
+    /// Grown received: once per session.
+    grown: bool,
 }
+
+/// Most stages a Grown may report: each stage at least adds one stream,
+/// and no session has more than u16::MAX of them; a source reports far
+/// fewer (a stage adds half the count again).
+pub const MAX_GROW_STAGES: usize = 64;
 
 impl Default for SinkMachine {
     fn default() -> Self {
@@ -305,6 +320,7 @@ impl SinkMachine {
             proposed: None,
             sync: None,
             preserve: None,
+            grown: false,
         }
     }
 
@@ -443,6 +459,13 @@ impl SinkMachine {
             }
             (Payload, Control::LinkDown { .. }) => Payload,
             (Payload, Control::AddStream { .. }) => Payload,
+            (Payload, Control::Grown { stages, .. }) if !self.grown => {
+                if stages.len() > MAX_GROW_STAGES {
+                    return Err(ProtoError::malformed("grown", "too many stages"));
+                }
+                self.grown = true;
+                Payload
+            }
             (Payload, Control::EndOfData { .. }) => Completing,
             _ => return Err(self.unexpected(m)),
         };
@@ -549,6 +572,29 @@ mod tests {
             credits: 3,
         };
         snk.on_send(&added).unwrap();
+        // A sink bounds what it keeps of a report.
+        let mut flood = SinkMachine::new();
+        flood.phase = Phase::Payload;
+        let stage = crate::control::GrowStage {
+            at_ms: 1,
+            streams: 4,
+            kb_s: 1,
+            link_kb_s: vec![],
+            then: "add 2".into(),
+        };
+        let many = Control::Grown {
+            stages: vec![stage; MAX_GROW_STAGES + 1],
+            stopped: String::new(),
+        };
+        assert!(flood.on_recv(&many).is_err());
+        // A server-side source reports its growth once, before EndOfData.
+        let grown = Control::Grown {
+            stages: vec![],
+            stopped: "stop: at the limit (32)".into(),
+        };
+        deliver_to_sink(grown.clone(), &mut src, &mut snk);
+        assert!(src.on_send(&grown).is_err());
+        assert!(snk.on_recv(&grown).is_err());
         deliver_to_sink(
             Control::EndOfData {
                 files: 1,
@@ -560,7 +606,9 @@ mod tests {
         // A Lost and an answer the sink sent before it read EndOfData.
         src.on_recv(&lost).unwrap();
         src.on_recv(&added).unwrap();
-        // No stream is added after EndOfData.
+        // No growth reported outside the payload, no stream added after
+        // EndOfData.
+        assert!(SourceMachine::new().on_send(&grown).is_err());
         assert!(src.on_send(&Control::AddStream { stream: 5 }).is_err());
         assert!(snk.on_recv(&Control::AddStream { stream: 5 }).is_err());
         let done = Control::Complete(Complete {

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+use ramsys_engine::resources::DEFAULT_MAX_STREAMS;
 use ramsys_engine::transport::Transport;
 
 use crate::args::{CpArgs, SshArgs};
@@ -428,7 +429,13 @@ pub fn serve(
         "--block-size".into(),
         a.block_size.to_string(),
         "--max-streams".into(),
-        a.streams.unwrap_or(16).max(16).to_string(),
+        // As many as a daemon allows: with no --streams the transfer may
+        // add streams on a long path (engine transport::grow).
+        a.streams
+            .map_or(DEFAULT_MAX_STREAMS, |n| {
+                (n as usize).max(DEFAULT_MAX_STREAMS)
+            })
+            .to_string(),
         "--window".into(),
         a.window.to_string(),
         "--accept-timeout".into(),

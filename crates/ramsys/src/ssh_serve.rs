@@ -62,11 +62,13 @@ pub struct SshServeArgs {
     /// Largest block size the session may use.
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     pub block_size: u64,
-    /// Most data streams.
-    #[arg(long, default_value_t = 16)]
+    /// Most data streams: what `ramsys serve` allows by default (the
+    /// agent may add streams up to it on a long path, issue 21).
+    #[arg(long, default_value_t = ramsys_engine::resources::DEFAULT_MAX_STREAMS)]
     pub max_streams: usize,
-    /// Buffer memory.
-    #[arg(long, default_value = "192M", value_parser = parse_size)]
+    /// Buffer memory: `ramsys serve`'s default, which gives each of the
+    /// most streams 2 credits of 4 MiB (engine resources).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
     pub memory: u64,
     /// Credits per stream when this end is the sink.
     #[arg(long, default_value_t = 8)]

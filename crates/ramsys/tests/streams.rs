@@ -3,8 +3,11 @@
 //! dials the data links and reports the choice; on loopback that is the
 //! LAN count (RTT 0 does not change), an explicit --streams is never
 //! overridden, and a local copy (its path is memory) is not sized at all.
-//! On a long path (bench/wanem between two namespaces) a push adds streams
-//! while the rate grows. The long-path numbers are in docs/BENCHMARKS.md.
+//! On a long path (bench/wanem between two namespaces) a transfer adds
+//! streams while the rate grows: a push's source (the agent) dials them, a
+//! pull's source (the daemon) asks and the agent dials (GrowStreams,
+//! AddStream, StreamAdded, Rejoin, Grown); sealed links (--encrypt) too.
+//! The long-path numbers are in docs/BENCHMARKS.md.
 
 mod common;
 
@@ -41,13 +44,14 @@ fn loopback_keeps_the_lan_count_and_says_why() {
         let rtt = c["rtt_us"].as_u64().expect("an RTT sample on loopback");
         assert!(rtt < 20_000, "loopback RTT {rtt} us");
         assert!(c["why"].as_str().unwrap().contains("ms x"), "{c}");
-        // A LAN gets no streams added; a pull's source (the daemon) does
-        // not adapt at all.
-        if pull {
-            assert!(c["growth"].is_null(), "{c}");
-        } else {
-            let why = c["growth"]["stopped"].as_str().unwrap_or_default();
-            assert!(why.contains("LAN"), "{c}");
+        // A LAN gets no streams added, push or pull. A pull's source (the
+        // daemon) may send inline on a LAN (a fixed link set: no growth
+        // reported at all); a push's says why it kept the count.
+        let g = &c["growth"];
+        assert!(g["stages"].as_array().is_none_or(|s| s.is_empty()), "{c}");
+        if !pull || !g.is_null() {
+            let why = g["stopped"].as_str().unwrap_or_default();
+            assert!(why.contains("LAN"), "pull {pull}: {c}");
         }
     }
 }
@@ -71,11 +75,16 @@ fn an_explicit_count_or_a_local_copy_is_not_sized() {
 }
 
 /// Two network namespaces joined by bench/wanem (the user-space WAN
-/// emulator; no netem here), removed on drop.
+/// emulator; no netem here) and a daemon in the second, removed on drop.
 struct Wan {
     names: [String; 2],
     wanem: Option<std::process::Child>,
     daemon: Option<std::process::Child>,
+    /// The daemon's listen address, key file, and a directory holding
+    /// `src` (the agent's side) and `root` (the daemon's).
+    addr: String,
+    key: std::path::PathBuf,
+    dir: tempfile::TempDir,
 }
 
 impl Drop for Wan {
@@ -95,9 +104,6 @@ impl Drop for Wan {
     }
 }
 
-const ADDR_A: &str = "10.214.0.1";
-const ADDR_B: &str = "10.214.0.2";
-
 fn sh(args: &[&str]) -> bool {
     std::process::Command::new(args[0])
         .args(&args[1..])
@@ -107,11 +113,20 @@ fn sh(args: &[&str]) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// A 20 ms path (more under load: wanem runs in user space) on which each
-/// stream is held to the server's 128 KiB receive buffer (a few MB/s a
-/// stream), so the aggregate grows with every stream added; None (with the reason printed) without root,
-/// `ip` or a built wanem.
-fn long_path() -> Option<Wan> {
+/// Which end's TCP receive buffer is held to 128 KiB (a few MB/s a stream
+/// at 20 ms), so the aggregate grows with every stream added: the
+/// receiver's (the daemon for a push, the agent for a pull).
+#[derive(Clone, Copy, PartialEq)]
+enum Held {
+    Daemon,
+    Agent,
+}
+
+/// A 20 ms path (more under load: wanem runs in user space) between
+/// namespaces `r21<tag>a` (the agent) and `r21<tag>b` (a daemon), the
+/// `held` end's receive buffer capped; None (with the reason printed)
+/// without root, `ip` or a built wanem.
+fn long_path(tag: &str, subnet: u8, held: Held) -> Option<Wan> {
     let wanem = std::path::Path::new(bin()).with_file_name("wanem");
     if !wanem.exists() {
         eprintln!(
@@ -121,13 +136,26 @@ fn long_path() -> Option<Wan> {
         return None;
     }
     let id = std::process::id();
-    let names = [format!("r21a-{id}"), format!("r21b-{id}")];
+    let names = [format!("r21{tag}a-{id}"), format!("r21{tag}b-{id}")];
+    let shm = std::path::Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    };
     let mut w = Wan {
         names: names.clone(),
         wanem: None,
         daemon: None,
+        addr: String::new(),
+        key: key_file(dir.path()),
+        dir,
     };
-    for (n, rmem) in [(&names[0], "67108864"), (&names[1], "131072")] {
+    let caps = match held {
+        Held::Daemon => ["67108864", "131072"],
+        Held::Agent => ["131072", "67108864"],
+    };
+    for (n, rmem) in names.iter().zip(caps) {
         if !sh(&["ip", "netns", "add", n]) {
             eprintln!("skipped: cannot create network namespaces (not root?)");
             return None;
@@ -137,11 +165,12 @@ fn long_path() -> Option<Wan> {
         let sysctl = ["sysctl", "-qw", &r, "net.ipv4.tcp_wmem=4096 65536 67108864"];
         assert!(sh(&[&["ip", "netns", "exec", n][..], &sysctl[..]].concat()));
     }
+    let (a, b) = (format!("10.214.{subnet}.1"), format!("10.214.{subnet}.2"));
     let log = tempfile::NamedTempFile::new().unwrap();
     w.wanem = Some(
         std::process::Command::new(&wanem)
             .args(["--ns-a", &names[0], "--ns-b", &names[1]])
-            .args(["--addr-a", ADDR_A, "--addr-b", ADDR_B, "--delay-ms", "10"])
+            .args(["--addr-a", &a, "--addr-b", &b, "--delay-ms", "10"])
             .stdout(log.reopen().unwrap())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -155,40 +184,16 @@ fn long_path() -> Option<Wan> {
         assert!(t0.elapsed().as_secs() < 10, "wanem did not start");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    Some(w)
-}
-
-/// Issue 21: with no --streams a push on a long path adds streams while
-/// the aggregate rate grows and reports each stage; an explicit count is
-/// never exceeded.
-#[test]
-fn a_long_path_gets_more_streams_during_the_transfer_but_never_past_an_explicit_count() {
-    let Some(mut wan) = long_path() else {
-        return;
-    };
-    let shm = std::path::Path::new("/dev/shm");
-    let t = if shm.is_dir() {
-        tempfile::tempdir_in(shm).unwrap()
-    } else {
-        tempfile::tempdir().unwrap()
-    };
-    let (src, root) = (t.path().join("src"), t.path().join("root"));
+    let (src, root) = (w.src(), w.root());
     std::fs::create_dir_all(&src).unwrap();
     std::fs::create_dir_all(&root).unwrap();
-    let mut rng = Rng(21);
-    let mut f = std::fs::File::create(src.join("big")).unwrap();
-    for _ in 0..300 {
-        std::io::Write::write_all(&mut f, &rng.bytes(1 << 20)).unwrap();
-    }
-    drop(f);
-    let key = key_file(t.path());
     let mut d = std::process::Command::new("ip")
-        .args(["netns", "exec", &wan.names[1], bin(), "serve", "--listen"])
-        .arg(format!("{ADDR_B}:0"))
+        .args(["netns", "exec", &names[1], bin(), "serve", "--listen"])
+        .arg(format!("{b}:0"))
         .arg("--root")
         .arg(&root)
         .arg("--key-file")
-        .arg(&key)
+        .arg(&w.key)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -198,24 +203,60 @@ fn a_long_path_gets_more_streams_during_the_transfer_but_never_past_an_explicit_
         &mut line,
     )
     .unwrap();
-    let addr = line
+    w.daemon = Some(d);
+    w.addr = line
         .trim()
         .strip_prefix("listening on ")
         .unwrap()
         .to_string();
-    wan.daemon = Some(d);
-    let push = |dst: &str, extra: &[&str]| {
+    Some(w)
+}
+
+impl Wan {
+    fn src(&self) -> std::path::PathBuf {
+        self.dir.path().join("src")
+    }
+
+    fn root(&self) -> std::path::PathBuf {
+        self.dir.path().join("root")
+    }
+
+    /// `ramsys cp -r --json EXTRA FROM TO` in the agent's namespace; the
+    /// JSON summary.
+    fn cp(&self, extra: &[&str], from: &str, to: &str) -> serde_json::Value {
         let mut c = std::process::Command::new("ip");
-        c.args(["netns", "exec", &wan.names[0], bin(), "cp", "-r", "--json"])
+        c.args(["netns", "exec", &self.names[0], bin(), "cp", "-r", "--json"])
             .args(extra)
-            .arg(&src)
-            .arg(format!("ramsys://{addr}/{dst}"))
-            .env("RAMSYS_KEY_FILE", &key);
+            .args([from, to])
+            .env("RAMSYS_KEY_FILE", &self.key);
         let o = run_with_timeout(c, std::time::Duration::from_secs(120));
         assert_ok(&o);
         summary(&o)
-    };
-    let v = push("auto", &[]);
+    }
+
+    fn push(&self, extra: &[&str], dst: &str) -> serde_json::Value {
+        let src = self.src().display().to_string();
+        self.cp(extra, &src, &format!("ramsys://{}/{dst}", self.addr))
+    }
+
+    /// Fetch the daemon's `name` into the agent's `to`.
+    fn pull(&self, extra: &[&str], name: &str, to: &std::path::Path) -> serde_json::Value {
+        let from = format!("ramsys://{}/{name}", self.addr);
+        self.cp(extra, &from, &to.display().to_string())
+    }
+}
+
+/// `mib` MiB of random bytes at `path`.
+fn big_file(path: &std::path::Path, mib: usize, rng: &mut Rng) {
+    let mut f = std::fs::File::create(path).unwrap();
+    for _ in 0..mib {
+        std::io::Write::write_all(&mut f, &rng.bytes(1 << 20)).unwrap();
+    }
+}
+
+/// The summary of a transfer that adapted on the 20 ms path: streams were
+/// added, each stage reported, within the limit.
+fn assert_grew(v: &serde_json::Value) {
     let c = &v["stream_choice"];
     let chosen = c["streams"].as_u64().unwrap();
     let rtt = c["rtt_us"].as_u64().unwrap();
@@ -236,12 +277,67 @@ fn a_long_path_gets_more_streams_during_the_transfer_but_never_past_an_explicit_
             .is_some_and(|l| l.len() == 3),
         "{c}"
     );
+}
+
+/// Issue 21: with no --streams a push on a long path adds streams while
+/// the aggregate rate grows and reports each stage; an explicit count is
+/// never exceeded.
+#[test]
+fn a_long_path_gets_more_streams_during_the_transfer_but_never_past_an_explicit_count() {
+    let Some(wan) = long_path("p", 0, Held::Daemon) else {
+        return;
+    };
+    let (src, root) = (wan.src(), wan.root());
+    let mut rng = Rng(21);
+    big_file(&src.join("big"), 300, &mut rng);
+    let v = wan.push(&[], "auto");
+    assert_grew(&v);
     assert_eq!(v["congestion"], "bbr", "{v}");
     assert_same_tree(&src, &root.join("auto"));
     // An explicit count is the count, start to end.
     std::fs::write(src.join("big"), rng.bytes(16 << 20)).unwrap();
-    let v = push("fixed", &["--streams", "3"]);
+    let v = wan.push(&["--streams", "3"], "fixed");
     assert_eq!(v["streams"], 3, "{v}");
     assert!(v["stream_choice"].is_null(), "{v}");
     assert_same_tree(&src, &root.join("fixed"));
+}
+
+/// A pull adapts like a push: the daemon's source measures and asks
+/// (AddStream), the agent grants and dials (StreamAdded, Rejoin), the
+/// daemon reports the stages (Grown) for the agent's summary; an explicit
+/// count stays the count.
+#[test]
+fn a_pull_on_a_long_path_gets_more_streams_but_never_past_an_explicit_count() {
+    let Some(wan) = long_path("l", 1, Held::Agent) else {
+        return;
+    };
+    let (root, out) = (wan.root(), wan.dir.path().join("out"));
+    std::fs::create_dir_all(&out).unwrap();
+    let mut rng = Rng(22);
+    std::fs::create_dir_all(root.join("data")).unwrap();
+    big_file(&root.join("data/big"), 300, &mut rng);
+    let v = wan.pull(&[], "data", &out.join("auto"));
+    assert_grew(&v);
+    let why = v["stream_choice"]["growth"]["stopped"].as_str();
+    assert!(why.is_some_and(|w| !w.is_empty()), "{v}");
+    assert_same_tree(&root.join("data"), &out.join("auto"));
+    std::fs::write(root.join("data/big"), rng.bytes(16 << 20)).unwrap();
+    let v = wan.pull(&["--streams", "3"], "data", &out.join("fixed"));
+    assert_eq!(v["streams"], 3, "{v}");
+    assert!(v["stream_choice"].is_null(), "{v}");
+    assert_same_tree(&root.join("data"), &out.join("fixed"));
+}
+
+/// Added links are sealed like the first ones (their epoch, 1, keys the
+/// AEAD nonces): an encrypted push grows and lands byte for byte.
+#[test]
+fn an_encrypted_push_grows_with_sealed_links() {
+    let Some(wan) = long_path("e", 2, Held::Daemon) else {
+        return;
+    };
+    let (src, root) = (wan.src(), wan.root());
+    big_file(&src.join("big"), 300, &mut Rng(23));
+    let v = wan.push(&["--encrypt"], "sealed");
+    assert_grew(&v);
+    assert_same_tree(&src, &root.join("sealed"));
 }

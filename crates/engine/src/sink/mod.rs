@@ -151,6 +151,8 @@ struct Drained {
     streams: u16,
     block_size: u32,
     links: Vec<(String, String)>,
+    /// A daemon-side source's stream adaptation (Control::Grown).
+    growth: Option<crate::transport::grow::Growth>,
     /// The control reader's events: the source's close is awaited there.
     control: crossbeam_channel::Receiver<crate::control::ControlEvent>,
 }
@@ -383,6 +385,7 @@ impl SinkSession<'_> {
             block_size: d.block_size,
             links: d.links,
             storage: table.storage.usage(true),
+            growth: d.growth,
             ..Default::default()
         };
         self.ctl.send(&Control::Complete(Complete {

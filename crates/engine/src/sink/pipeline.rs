@@ -24,6 +24,7 @@ use crate::relink::{Joined, LinkEvent, Streams};
 use crate::resources::ShareGuard;
 use crate::stats::Stats;
 use crate::sync::sink::SinkSync;
+use crate::transport::grow::{Growth, Stage};
 use crate::transport::Link;
 use crate::EngineError;
 
@@ -59,6 +60,8 @@ pub(super) struct SinkPipeline<'s> {
     _writers: ramsys_resources::Reservation,
     session: u64,
     facts: (u16, u32, Vec<(String, String)>),
+    /// What a daemon-side source's stream adaptation did (Control::Grown).
+    growth: Option<Growth>,
 }
 
 /// What the loop waits on, besides the links' own events.
@@ -318,6 +321,7 @@ impl<'s> SinkPipeline<'s> {
             _writers: writers,
             session: s.spec.session,
             facts: (streams, block_size, o.desc),
+            growth: None,
         })
     }
 
@@ -435,6 +439,11 @@ impl<'s> SinkPipeline<'s> {
     fn on_control(&mut self, m: Result<ControlEvent, RecvError>) -> Step {
         match m {
             Ok(Ok(Control::AddStream { stream })) => self.on_add_stream(stream),
+            Ok(Ok(m @ Control::Grown { .. })) => {
+                self.ctl.machine.on_recv(&m)?;
+                self.growth = grown(m);
+                Ok(())
+            }
             Ok(Ok(m)) => payload::on_control(
                 m,
                 self.ctl,
@@ -541,6 +550,7 @@ impl<'s> SinkPipeline<'s> {
             writer_jobs,
             session,
             facts,
+            growth,
             ..
         } = self;
         if let Err(e) = &result {
@@ -609,9 +619,29 @@ impl<'s> SinkPipeline<'s> {
             streams,
             block_size,
             links,
+            growth,
             control: events.control,
         })
     }
+}
+
+/// A Grown as the report shows it (transport::grow's units).
+fn grown(m: Control) -> Option<Growth> {
+    let Control::Grown { stages, stopped } = m else {
+        return None;
+    };
+    let mb = |kb: u64| kb as f64 / 1e3;
+    let stages = stages.into_iter().map(|s| Stage {
+        at_s: s.at_ms as f64 / 1e3,
+        streams: s.streams,
+        mb_s: mb(s.kb_s),
+        link_mb_s: s.link_kb_s.into_iter().map(mb).collect(),
+        then: s.then,
+    });
+    Some(Growth {
+        stages: stages.collect(),
+        stopped: (!stopped.is_empty()).then_some(stopped),
+    })
 }
 
 /// A writer's failure as the session's error.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, never, select, unbounded, Receiver, RecvError, Sender};
-use ramsys_proto::control::{Bytes32, Complete, Entry};
+use ramsys_proto::control::{Bytes32, Complete, Entry, GrowStage};
 use ramsys_proto::relink::SentLog;
 use ramsys_proto::Control;
 use ramsys_resources::{Buf, BufferPool, JobHandle, Reservation, ThreadPool};
@@ -279,19 +279,21 @@ impl<'s> Payload<'s> {
             .collect::<Result<_, _>>()?;
         let (peer, ab) = (s.ctl.link.peer(), abort.clone());
         let streams = Streams::new(o.relinks, handles, peer, stats.clone(), ab);
-        // Only the client dials, and the inline path's link set is fixed.
-        let grow = (opts.auto_streams && streams.dials() && path != SendPath::Inline).then(|| {
-            let most = res.config.max_streams.clamp(1, u16::MAX as usize) as u16;
-            let grower = Grower::new(s.ctl.link.rtt(), Duration::ZERO, c.streams, most);
-            Adapt {
-                grower,
-                t0: Instant::now(),
-                asked: 0,
-                joining: 0,
-                refused: false,
-                next: c.streams,
-            }
-        });
+        // The inline path's link set is fixed. The client dials: a push's
+        // source itself, a pull's sink (its daemon-side source asks).
+        let grow =
+            (opts.auto_streams && streams.enabled() && path != SendPath::Inline).then(|| {
+                let most = res.config.max_streams.clamp(1, u16::MAX as usize) as u16;
+                let grower = Grower::new(s.ctl.link.rtt(), Duration::ZERO, c.streams, most);
+                Adapt {
+                    grower,
+                    t0: Instant::now(),
+                    asked: 0,
+                    joining: 0,
+                    refused: false,
+                    next: c.streams,
+                }
+            });
         let null = opts.source_engine == crate::storage::DataEngine::Null;
         let requeue = Arc::new(Requeue {
             root: root.clone(),
@@ -394,6 +396,7 @@ impl<'s> Payload<'s> {
             self.ctl.send(&Control::FilesDone(batch))?;
         }
         if self.progress.eod_due(self.events.readers.is_empty()) {
+            self.report_growth()?;
             let files = self.progress.files_done;
             let bytes = self.stats.bytes.load(Ordering::Relaxed);
             self.ctl.send(&Control::EndOfData { files, bytes })?;
@@ -432,9 +435,11 @@ impl<'s> Payload<'s> {
         let read = self.stats.bytes.load(Ordering::Relaxed);
         let bytes = self.streams.acked().unwrap_or(read);
         let total = self.stats.total_bytes.load(Ordering::Relaxed);
+        // An empty send queue: reading, not the links, is the limit now.
+        let starved = self.filled.is_empty();
         let step = a
             .grower
-            .poll(a.t0.elapsed(), bytes, total.saturating_sub(bytes));
+            .poll(a.t0.elapsed(), bytes, total.saturating_sub(bytes), starved);
         if !matches!(step, GrowStep::Wait) {
             a.grower.note_links(self.streams.delivery_rates());
         }
@@ -442,6 +447,11 @@ impl<'s> Payload<'s> {
             GrowStep::Add(k) => {
                 for _ in 0..k {
                     self.ctl.send(&Control::AddStream { stream: a.next })?;
+                    if !self.streams.dials() {
+                        // The client dials it as soon as it has answered:
+                        // its Rejoin may overtake the answer here.
+                        self.streams.add();
+                    }
                     a.next += 1;
                     a.asked += 1;
                 }
@@ -458,13 +468,50 @@ impl<'s> Payload<'s> {
             return;
         };
         a.asked = a.asked.saturating_sub(1);
-        if credits > 0 && stream as usize == self.streams.count() {
+        if !self.streams.dials() {
+            // Its slot was made when asked: await the client's Rejoin,
+            // unless it already came (a Live slot) or was refused.
+            match self.streams.state(stream as usize) {
+                State::Joining if credits > 0 => a.joining += 1,
+                State::Joining => {
+                    self.streams.unwanted(stream);
+                    a.refused = true;
+                }
+                _ => {}
+            }
+        } else if credits > 0 && stream as usize == self.streams.count() {
             self.streams.add();
             a.joining += 1;
         } else {
             a.refused = true;
         }
         self.grow_settled();
+    }
+
+    /// A server-side source tells the client what its adaptation did
+    /// (Control::Grown), once, right before EndOfData.
+    fn report_growth(&mut self) -> Result<(), EngineError> {
+        let Some(a) = &mut self.grow else {
+            return Ok(());
+        };
+        if self.streams.dials() {
+            return Ok(());
+        }
+        a.grower.end("the payload is over");
+        let kb = |mb: f64| (mb * 1e3).round() as u64;
+        let stages = a.grower.stages.iter().map(|s| GrowStage {
+            at_ms: (s.at_s * 1e3) as u32,
+            streams: s.streams,
+            kb_s: kb(s.mb_s),
+            link_kb_s: s.link_mb_s.iter().map(|&m| kb(m)).collect(),
+            then: s.then.clone(),
+        });
+        let stages = stages.take(ramsys_proto::session::MAX_GROW_STAGES);
+        self.ctl.send(&Control::Grown {
+            stages: stages.collect(),
+            stopped: a.grower.stopped.clone().unwrap_or_default(),
+        })?;
+        Ok(())
     }
 
     /// Every AddStream answered and every accepted link up (or given up):

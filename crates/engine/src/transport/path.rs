@@ -150,8 +150,9 @@ pub fn choose(
 /// (transport::grow), and cannot take them back. Measured through wanem
 /// at 50 and 100 ms on the loaded 2-core machine (docs/BENCHMARKS.md),
 /// 8 streams beat 16 and 32 in most rounds: past what the path needs,
-/// streams only add loss and CPU. So a push starts at no more than this
-/// and lets the measurement find the rest.
+/// streams only add loss and CPU. So a transfer (a push, or a pull whose
+/// daemon-side source grows, Control::GrowStreams) starts at no more than
+/// this and lets the measurement find the rest.
 pub const PUSH_START_MAX: u16 = 8;
 
 impl StreamChoice {
