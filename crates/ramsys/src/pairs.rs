@@ -188,6 +188,11 @@ pub fn striped(job: Job) -> anyhow::Result<(Result<Report, EngineError>, Vec<Str
             .map(|(i, (a, b, _))| {
                 let mut req = job.relay.clone();
                 req.sink = b.clone();
+                // Every pair must read DST the same way whichever session
+                // reaches it first: rsync's rule (DST receives SRC, made
+                // when missing), not cp's (a missing DST becomes the copy,
+                // which only the first session would see missing).
+                req.flags |= ramsys_engine::sync::flags::SYNC;
                 req.share = (!job.split).then(|| Share {
                     index: i as u16,
                     weights: weights.clone(),

@@ -126,6 +126,11 @@ pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>,
             continue; // more daemons than entries (an empty list selects all)
         }
         let mut opts = job.opts.clone();
+        // Every daemon must read DST the same way whichever session
+        // reaches it first: rsync's rule (DST receives the sources, made
+        // when missing), not cp's (a missing DST becomes the copy, which
+        // only the first session would see missing).
+        opts.sync |= ramsys_engine::sync::flags::SYNC;
         opts.select.files = paths;
         opts.select.files_recursive = false;
         let (daemon, key, tops, dest) = (

@@ -381,7 +381,9 @@ fn striped_over_three_pairs() {
     assert_ok(&o);
     let j = summary(&o);
     assert_eq!(j["ok"], true, "{j}");
-    assert_same_tree(&p.src, &p.rb.join("dst"));
+    // A missing DST receives SRC (rsync's rule, the same for every pair
+    // whichever reaches DST first).
+    assert_same_tree(&p.src, &p.rb.join("dst/src"));
     assert!(temp_files(&p.rb).is_empty());
     let stripes = j["stripes"].as_array().unwrap();
     assert_eq!(stripes.len(), 3, "{j}");
@@ -474,7 +476,7 @@ fn lose_a_pair(source: bool) {
     for i in 0..6 {
         let (x, y) = (
             p.src.join(format!("big{i}")),
-            p.rb.join(format!("dst/big{i}")),
+            p.rb.join(format!("dst/src/big{i}")),
         );
         if y.exists() {
             assert!(
@@ -490,7 +492,7 @@ fn lose_a_pair(source: bool) {
         &["cp", "-r", "--stripe", "--resume", "--json", &s, &d],
     );
     assert_ok(&o);
-    assert_same_tree(&p.src, &p.rb.join("dst"));
+    assert_same_tree(&p.src, &p.rb.join("dst/src"));
     let j = summary(&o);
     assert_eq!(j["stripes"].as_array().unwrap().len(), 2, "{j}");
     let total: u64 = (0..6).map(|_| 1u64 << 20).sum();
@@ -586,4 +588,242 @@ fn a_busy_sink_keeps_a_relayed_session() {
     for h in burners {
         h.join().unwrap();
     }
+}
+
+/// Start `ramsys serve` in namespace `ns` on `addr`; killed on drop.
+fn serve_in(ns: &str, addr: &str, root: &Path, key: &Path, extra: &[&str]) -> KillOnDrop {
+    let mut child = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            bin(),
+            "serve",
+            "--listen",
+            addr,
+            "--root",
+        ])
+        .arg(root)
+        .arg("--key-file")
+        .arg(key)
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.starts_with("listening on 10.79."), "{line}");
+    KillOnDrop(child)
+}
+
+/// Six daemons, each in its own network namespace, joined by a bridge in
+/// a hub namespace where the agent runs (10.79.0.1; A1-A3 .11-.13, B1-B3
+/// .21-.23): the three pairs' data crosses real links, Ai -> bridge -> Bi,
+/// and lands byte for byte. Skips when namespaces cannot be made.
+#[test]
+fn three_pairs_across_network_namespaces() {
+    let tag = std::process::id();
+    let hub = format!("rpph{tag}");
+    if !ip(&["netns", "add", &hub]) {
+        eprintln!("skipped: cannot create network namespaces (needs root and ip)");
+        return;
+    }
+    let mut ns = Netns(vec![hub.clone()]);
+    for c in [
+        vec!["-n", &hub, "link", "set", "lo", "up"],
+        vec!["-n", &hub, "link", "add", "br0", "type", "bridge"],
+        vec!["-n", &hub, "addr", "add", "10.79.0.1/24", "dev", "br0"],
+        vec!["-n", &hub, "link", "set", "br0", "up"],
+    ] {
+        if !ip(&c) {
+            eprintln!("skipped: cannot make a bridge in a namespace (ip {c:?})");
+            return;
+        }
+    }
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let (ra, rb) = (t.path().join("a"), t.path().join("b"));
+    std::fs::create_dir_all(&rb).unwrap();
+    let src = ra.join("src");
+    tree(&src, 6, 256 << 10);
+    let addr = |k: u32| format!("10.79.0.{k}:7070");
+    for k in [11u32, 12, 13, 21, 22, 23] {
+        let d = format!("rppd{k}-{tag}");
+        assert!(ip(&["netns", "add", &d]));
+        ns.0.push(d.clone());
+        let h = format!("hp{k}");
+        for c in [
+            vec![
+                "link", "add", &h, "netns", &hub, "type", "veth", "peer", "name", "eth0", "netns",
+                &d,
+            ],
+            vec!["-n", &hub, "link", "set", &h, "master", "br0", "up"],
+            vec![
+                "-n",
+                &d,
+                "addr",
+                "add",
+                &format!("10.79.0.{k}/24"),
+                "dev",
+                "eth0",
+            ],
+            vec!["-n", &d, "link", "set", "eth0", "up"],
+            vec!["-n", &d, "link", "set", "lo", "up"],
+        ] {
+            assert!(ip(&c), "ip {c:?}");
+        }
+    }
+    let mut daemons = vec![];
+    let site = ["--site-interval", "50"];
+    for i in 1..=3u32 {
+        let mut extra = site.to_vec();
+        let first = addr(11);
+        if i > 1 {
+            extra.extend(["--peer", &first]);
+        }
+        daemons.push(serve_in(
+            &format!("rppd{}-{tag}", 10 + i),
+            &addr(10 + i),
+            &ra,
+            &key,
+            &extra,
+        ));
+    }
+    for i in 1..=3u32 {
+        let mut extra = site.to_vec();
+        let source = addr(10 + i);
+        extra.extend(["--peer", &source]);
+        daemons.push(serve_in(
+            &format!("rppd{}-{tag}", 20 + i),
+            &addr(20 + i),
+            &rb,
+            &key,
+            &extra,
+        ));
+    }
+    // Each Ai sees Bi (asked from the hub).
+    for i in 1..=3u32 {
+        let start = Instant::now();
+        loop {
+            let mut cmd = std::process::Command::new("ip");
+            cmd.args(["netns", "exec", &hub, bin(), "status", "--site", "--json"])
+                .arg(addr(10 + i))
+                .env("RAMSYS_KEY_FILE", &key);
+            let o = run_with_timeout(cmd, Duration::from_secs(30));
+            if String::from_utf8_lossy(&o.stdout).contains(&format!("\"{}\"", addr(20 + i))) {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "A{i} never saw B{i}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let (s, d) = (
+        format!("ramsys://{},{},{}/src", addr(11), addr(12), addr(13)),
+        format!("ramsys://{},{},{}/", addr(21), addr(22), addr(23)),
+    );
+    let mut cmd = std::process::Command::new("ip");
+    cmd.args([
+        "netns",
+        "exec",
+        &hub,
+        bin(),
+        "cp",
+        "-r",
+        "--stripe",
+        "--json",
+        &s,
+        &d,
+    ])
+    .env("RAMSYS_KEY_FILE", &key);
+    let o = run_with_timeout(cmd, Duration::from_secs(120));
+    assert_ok(&o);
+    let j = summary(&o);
+    let stripes = j["stripes"].as_array().unwrap();
+    assert_eq!(stripes.len(), 3, "{j}");
+    assert!(
+        stripes.iter().all(|s| s["bytes"].as_u64().unwrap() > 0),
+        "{j}"
+    );
+    assert_same_tree(&src, &rb.join("src"));
+    drop(daemons);
+}
+
+/// The agent killed mid-relay: A stops the push (its links to B shut), B
+/// keeps its temp files for a resume, nothing under a final name is
+/// half-written, and the same command with --resume finishes the tree.
+#[test]
+fn an_agent_that_goes_away_stops_the_relay() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let (ra, rb) = (t.path().join("a"), t.path().join("b"));
+    std::fs::create_dir_all(&rb).unwrap();
+    let src = ra.join("src");
+    tree(&src, 4, 1 << 20);
+    let (a, b) = pair(&ra, &rb, &key, &[]);
+    wait_peer(&key, &[], &a.addr, &b.addr);
+    let mut agent = std::process::Command::new(bin())
+        .args([
+            "cp",
+            "-r",
+            "--json",
+            "--bwlimit",
+            "512K",
+            &a.url("src"),
+            &b.url("dst"),
+        ])
+        .env("RAMSYS_KEY_FILE", &key)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while temp_files(&rb).is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(30), "no data arrived");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sessions = |addr: &str| {
+        let o = ramsys(&key, &["status", "--json", addr]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["sessions"].as_array().map_or(0, |s| s.len())
+    };
+    assert_eq!(sessions(&a.addr), 1, "the relay runs at A");
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    // A's relay session ends within a few progress periods (at 512 KiB/s
+    // the 4 MiB would take 8 s more).
+    let start = Instant::now();
+    while sessions(&a.addr) > 0 || sessions(&b.addr) > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the relay went on without its agent"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for i in 0..4 {
+        let (x, y) = (src.join(format!("big{i}")), rb.join(format!("dst/big{i}")));
+        if y.exists() {
+            assert!(
+                std::fs::read(&x).unwrap() == std::fs::read(&y).unwrap(),
+                "{y:?}"
+            );
+        }
+    }
+    assert!(
+        !(0..4).all(|i| rb.join(format!("dst/big{i}")).exists()),
+        "the push was stopped before the end"
+    );
+    let o = ramsys(
+        &key,
+        &["cp", "-r", "--resume", &a.url("src"), &b.url("dst")],
+    );
+    assert_ok(&o);
+    assert_same_tree(&src, &rb.join("dst"));
 }

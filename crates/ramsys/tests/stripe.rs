@@ -71,6 +71,15 @@ fn striped_push_over_three_daemons() {
     for d in &list {
         assert!(daemons.contains(&d.as_str()), "{j}");
     }
+    // A missing DST receives the tree (rsync's rule, the same in every
+    // daemon's session whichever creates DST first).
+    let url_new = format!("ramsys://{}/new", list.join(","));
+    let o = ramsys(
+        &key,
+        &["cp", "-r", "--stripe", src.to_str().unwrap(), &url_new],
+    );
+    assert_ok(&o);
+    assert_same_tree(&src, &root.join("new/src"));
     // --stripe wants a daemon destination and local sources: one line.
     let o = ramsys(
         &key,
@@ -157,28 +166,6 @@ fn losing_a_daemon_then_resume_finishes() {
         stderr(&o)
     );
     assert_same_tree(&src, &root.join("src"));
-}
-
-/// Namespaces of the namespaced test, deleted on drop.
-struct Netns(Vec<String>);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for n in &self.0 {
-            let _ = std::process::Command::new("ip")
-                .args(["netns", "del", n])
-                .status();
-        }
-    }
-}
-
-fn ip(args: &[&str]) -> bool {
-    std::process::Command::new("ip")
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 /// The agent in one network namespace, each daemon in its own behind a
@@ -282,14 +269,4 @@ fn striped_push_across_network_namespaces() {
     );
     assert_same_tree(&src, &root.join("src"));
     drop(daemons);
-}
-
-/// A daemon started through `ip netns exec`, killed on drop.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

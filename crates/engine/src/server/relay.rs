@@ -204,9 +204,11 @@ fn prepare(
 }
 
 /// Run the push on a thread of its own and report its progress to the
-/// agent until it ends. A progress message that cannot be sent (the
-/// agent went away) stops the reports, not the push: the sink's temp
-/// files and renames keep the destination whole either way.
+/// agent until it ends. An agent that goes away (a progress message that
+/// cannot be sent: the agent was interrupted or died) stops the push, as
+/// closing a GridFTP control channel aborts its transfer: its links to
+/// the sink are shut, the sink keeps its temp files and journal for a
+/// `--resume`, and nothing appears under a final name half-written.
 fn run_reporting(
     sh: &DaemonShared,
     link: &mut Box<dyn Link>,
@@ -217,19 +219,20 @@ fn run_reporting(
     stats: Arc<Stats>,
 ) -> Result<Report, EngineError> {
     let (tx, rx) = crossbeam_channel::bounded(1);
+    let links = Arc::new(Abortable::default());
     std::thread::scope(|s| {
         let st = stats.clone();
+        let l = links.clone();
         s.spawn(move || {
-            let _ = tx.send(push_to_sink(sh, grant, relay, tops, opts, st));
+            let _ = tx.send(push_to_sink(sh, grant, relay, tops, opts, st, l));
         });
-        let mut agent_gone = false;
         loop {
             match rx.recv_timeout(PROGRESS_EVERY) {
                 Ok(r) => return r,
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
                     return Err(EngineError::local("relay thread ended without a result"))
                 }
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) if !agent_gone => {
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                     use std::sync::atomic::Ordering::Relaxed;
                     let p = Control::RelayProgress {
                         files: stats.files.load(Relaxed),
@@ -237,15 +240,61 @@ fn run_reporting(
                         total_files: stats.total_files.load(Relaxed),
                         total_bytes: stats.total_bytes.load(Relaxed),
                     };
-                    if send_control(&mut **link, &p).is_err() {
-                        tracing::warn!("relay: the agent went away; the push goes on");
-                        agent_gone = true;
+                    if send_control(&mut **link, &p).is_err() && !links.aborted() {
+                        tracing::warn!("relay: the agent went away; stopping the push");
+                        links.abort();
                     }
                 }
-                Err(_) => {}
             }
         }
     })
+}
+
+/// TCP to the sink, keeping a handle on every link dialled so that the
+/// relay can shut them all when its agent goes away; once aborted it
+/// dials no more (no replacement or added links).
+#[derive(Default)]
+struct Abortable {
+    links: std::sync::Mutex<Vec<Box<dyn Link>>>,
+    aborted: std::sync::atomic::AtomicBool,
+}
+
+impl Abortable {
+    fn aborted(&self) -> bool {
+        self.aborted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn abort(&self) {
+        self.aborted
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        for l in self.links.lock().unwrap().iter() {
+            l.shutdown_both();
+        }
+    }
+}
+
+impl crate::transport::Transport for Abortable {
+    fn connect(&self, addr: &str, timeout: Duration) -> std::io::Result<Box<dyn Link>> {
+        let stopped = || std::io::Error::other("the relay was stopped (its agent went away)");
+        if self.aborted() {
+            return Err(stopped());
+        }
+        let tcp = Tcp {
+            socket_buffer: None,
+        };
+        let l = crate::transport::Transport::connect(&tcp, addr, timeout)?;
+        let mut links = self.links.lock().unwrap();
+        // Checked again under the lock: abort() shuts what is listed.
+        if self.aborted() {
+            return Err(stopped());
+        }
+        links.push(l.try_clone_link()?);
+        Ok(l)
+    }
+
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
 }
 
 /// The push itself: to the sink as the site identity, on behalf of the
@@ -258,13 +307,12 @@ fn push_to_sink(
     tops: Vec<crate::request::walk::Top>,
     opts: &TransferOptions,
     stats: Arc<Stats>,
+    links: Arc<Abortable>,
 ) -> Result<Report, EngineError> {
     let site = sh.site.get().expect("prepare checked the site");
     let (user, key) = site.credentials();
     let remote = Remote {
-        transport: Arc::new(Tcp {
-            socket_buffer: None,
-        }),
+        transport: links,
         addr: relay.sink.clone(),
         key: key.to_vec(),
         connect_timeout: Duration::from_secs(10),

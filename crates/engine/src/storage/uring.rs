@@ -32,7 +32,6 @@ use std::io;
 use std::sync::OnceLock;
 
 use io_uring::{opcode, types, IoUring};
-use ramsys_resources::Buf;
 
 use super::IoEngine;
 
@@ -81,11 +80,14 @@ pub(crate) struct Ring {
 pub(crate) const FIXED_MIN_BYTES: u64 = 1 << 30;
 
 impl Ring {
-    pub(crate) fn new(sample: &Buf, register: bool) -> io::Result<Ring> {
+    /// `region` is the session's buffers (`BufferPool::span`): registered
+    /// as one fixed buffer when `register`; buffers outside it (none
+    /// expected) are read and written unregistered.
+    pub(crate) fn new(region: (*mut u8, usize), register: bool) -> io::Result<Ring> {
         let ring = IoUring::builder()
             .setup_cqsize(CQ_ENTRIES)
             .build(RING_ENTRIES)?;
-        let (ptr, len) = sample.region();
+        let (ptr, len) = region;
         let iov = libc::iovec {
             iov_base: ptr as *mut libc::c_void,
             iov_len: len,
@@ -93,7 +95,7 @@ impl Ring {
         // SAFETY: the region outlives the ring: every Buf (which keeps the
         // region alive) is back in its pool before the ring is dropped, and
         // the ring is dropped before the pool's memory.
-        let fixed = if !register {
+        let fixed = if !register || len == 0 {
             None
         } else {
             match unsafe { ring.submitter().register_buffers(&[iov]) } {

@@ -75,7 +75,7 @@ pub(super) fn run_reader_uring(ctx: &ReaderCtx, home: usize) -> bool {
     }
     let first = ctx.pool.get();
     let big = ctx.stats.total_bytes.load(Ordering::Relaxed) >= FIXED_MIN_BYTES;
-    let ring = match Ring::new(&first, big) {
+    let ring = match Ring::new(ctx.pool.span(), big) {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!("io_uring ring: {e}; reader uses the sync engine");

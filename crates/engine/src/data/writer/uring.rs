@@ -43,34 +43,13 @@ struct WriteOp {
 
 /// Writer body for the io_uring engine; false if no ring could be made.
 pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
-    // Make the ring (and register the buffer region) before data flows,
-    // so its set-up cost is not paid on the first block. Any buffer of the
-    // pool names the region: a free one goes straight back; if none is
-    // free, the first received block serves (and is then written).
-    let mut next = None;
+    // Make the ring (and register the session's buffers) before data
+    // flows, so its set-up cost is not paid on the first block.
     let big = w.table.files().iter().map(|f| f.size).sum::<u64>() >= FIXED_MIN_BYTES;
-    let ring = match w.pool.try_get() {
-        Some(free) => {
-            let r = Ring::new(&free, big);
-            w.pool.put(free);
-            r
-        }
-        None => match rx.recv() {
-            Ok(b) => {
-                let r = Ring::new(&b, big);
-                next = Some(b);
-                r
-            }
-            Err(_) => return true, // no data at all
-        },
-    };
-    let mut ring = match ring {
+    let mut ring = match Ring::new(w.pool.span(), big) {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!("io_uring ring: {e}; writer uses the sync engine");
-            if let Some(b) = next {
-                write_sync(w, b);
-            }
             return false;
         }
     };
@@ -83,24 +62,21 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
         // Take every block that is ready; block on the channel only when
         // no write is in flight (the receivers are the bottleneck).
         while ops.live + 2 * MAX_SEGMENTS <= MAX_INFLIGHT {
-            let buf = match next.take() {
-                Some(b) => b,
-                None if closed => break,
-                None if ops.live == 0 => match rx.recv() {
-                    Ok(b) => b,
-                    Err(_) => {
-                        closed = true;
-                        break;
-                    }
-                },
-                None => match rx.try_recv() {
-                    Ok(b) => b,
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => {
-                        closed = true;
-                        break;
-                    }
-                },
+            if closed {
+                break;
+            }
+            let got = if ops.live == 0 {
+                rx.recv().map_err(|_| TryRecvError::Disconnected)
+            } else {
+                rx.try_recv()
+            };
+            let buf = match got {
+                Ok(b) => b,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    closed = true;
+                    break;
+                }
             };
             let s = slots.insert(WSlot { buf, pending: 0 });
             queue_block(w, &mut ring, &mut slots, &mut segs, &mut ops, s);
@@ -141,20 +117,6 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
         w.release(b);
     }
     true
-}
-
-/// Sync fallback for one block (ring creation failed after a recv).
-fn write_sync(w: &WriterIo<'_>, buf: Buf) {
-    let mut p = 0usize;
-    for (i, s) in buf.segs.iter().enumerate() {
-        let end = p + s.payload_len();
-        let h = buf.hashes.get(i).copied().unwrap_or(0);
-        if !w.check(w.table.write_segment(s, &buf.data()[p..end], h)) {
-            break;
-        }
-        p = end;
-    }
-    w.release(buf);
 }
 
 /// Queue the writes of block `s`; holes and skipped segments are
