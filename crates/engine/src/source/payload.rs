@@ -131,6 +131,22 @@ struct Adapt {
     next: u16,
 }
 
+impl Adapt {
+    /// Growth from `streams` up to the daemon's `max_streams`, judged in
+    /// RTTs of the control link (transport::grow).
+    fn new(rtt: Option<Duration>, streams: u16, max_streams: usize) -> Adapt {
+        let most = max_streams.clamp(1, u16::MAX as usize) as u16;
+        Adapt {
+            grower: Grower::new(rtt, Duration::ZERO, streams, most),
+            t0: Instant::now(),
+            asked: 0,
+            joining: 0,
+            refused: false,
+            next: streams,
+        }
+    }
+}
+
 /// What the report says besides the sink's verdict.
 struct Facts {
     streams: u16,
@@ -226,13 +242,8 @@ impl<'s> Payload<'s> {
                 .enumerate()
                 .map(|(i, l)| keys.out(i, 0, l))
                 .collect();
-            Arc::new(InlineLinks::new(
-                outs,
-                sdone_tx.clone(),
-                pool.clone(),
-                abort.clone(),
-                stats.clone(),
-            ))
+            let (tx, pool, abort) = (sdone_tx.clone(), pool.clone(), abort.clone());
+            Arc::new(InlineLinks::new(outs, tx, pool, abort, stats.clone()))
         });
         // Nothing to read: empty files, and delta files with no differing
         // block (their digest is the sum over no segment).
@@ -281,19 +292,8 @@ impl<'s> Payload<'s> {
         let streams = Streams::new(o.relinks, handles, peer, stats.clone(), ab);
         // The inline path's link set is fixed. The client dials: a push's
         // source itself, a pull's sink (its daemon-side source asks).
-        let grow =
-            (opts.auto_streams && streams.enabled() && path != SendPath::Inline).then(|| {
-                let most = res.config.max_streams.clamp(1, u16::MAX as usize) as u16;
-                let grower = Grower::new(s.ctl.link.rtt(), Duration::ZERO, c.streams, most);
-                Adapt {
-                    grower,
-                    t0: Instant::now(),
-                    asked: 0,
-                    joining: 0,
-                    refused: false,
-                    next: c.streams,
-                }
-            });
+        let grow = (opts.auto_streams && streams.enabled() && path != SendPath::Inline)
+            .then(|| Adapt::new(s.ctl.link.rtt(), c.streams, res.config.max_streams));
         let null = opts.source_engine == crate::storage::DataEngine::Null;
         let requeue = Arc::new(Requeue {
             root: root.clone(),
