@@ -408,10 +408,13 @@ pub struct StorageArgs {
     /// falls back to sync where the kernel has none).
     #[arg(long, value_name = "sync|uring")]
     pub io_engine: Option<ramsys_engine::storage::IoEngine>,
-    /// Source data engine: file, or null (blocks produced without reading).
+    /// Source data engine of this process (a push, a local copy, or a
+    /// daemon's source): file, or null (blocks produced without reading).
     #[arg(long, default_value = "file", value_name = "file|null")]
     pub source_engine: ramsys_engine::storage::DataEngine,
-    /// Sink data engine: file, or null (blocks verified and discarded).
+    /// Sink data engine of this process (a pull, a local copy, or a
+    /// daemon's sink; a push's sink is the daemon's own setting): file, or
+    /// null (blocks verified and discarded).
     #[arg(long, default_value = "file", value_name = "file|null")]
     pub sink_engine: ramsys_engine::storage::DataEngine,
     /// With --source-engine null: send one synthetic file of this size
