@@ -18,6 +18,9 @@ pub struct TransferOptions {
     pub recursive: bool,
     /// Reader threads per storage device on the source.
     pub readers: usize,
+    /// `readers` is the user's (--readers): the source does not add
+    /// readers for a rotational device found cached (request::tasks).
+    pub readers_fixed: bool,
     /// Writer threads per storage device on the sink.
     pub writers: usize,
     /// Credits (blocks in flight) per stream the sink grants at most.
@@ -88,6 +91,7 @@ impl Default for TransferOptions {
             checksum: true,
             recursive: false,
             readers: 4,
+            readers_fixed: false,
             writers: 4,
             window: 8,
             idle_timeout: Duration::from_secs(60),

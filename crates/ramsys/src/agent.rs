@@ -159,6 +159,7 @@ impl Plan {
             // -a implies -r (rsync's rule).
             recursive: a.recursive || a.archive.archive || files_from,
             readers: a.readers.unwrap_or(4).max(1),
+            readers_fixed: a.readers.is_some(),
             writers: a.writers.unwrap_or(4).max(1),
             window: a.window.max(2),
             fsync: a.fsync,

@@ -250,6 +250,16 @@ impl Reservation {
         JobHandle { rx: drx }
     }
 
+    /// Take up to `n` more threads that are idle right now, never
+    /// waiting; returns how many were added.
+    pub fn grow(&mut self, n: usize) -> usize {
+        let mut idle = self.pool.shared.idle.lock().unwrap();
+        let k = n.min(idle.len());
+        let at = idle.len() - k;
+        self.workers.extend(idle.drain(at..));
+        k
+    }
+
     /// Give back threads that were reserved but not used (the source's
     /// "relinquish the rest" step of seed 000 Fig. 6-4a).
     pub fn release_unused(&mut self) {
@@ -293,6 +303,19 @@ mod tests {
         h.join().unwrap();
         assert_eq!(p.observed_cpus(), vec![0]);
         assert_eq!(p.idle(), 1, "the pool's own thread is untouched");
+    }
+
+    #[test]
+    fn a_reservation_grows_only_by_idle_threads() {
+        let p = ThreadPool::new("g", 3, vec![]).unwrap();
+        let mut a = p.reserve(1, 1, Duration::ZERO).unwrap();
+        let b = p.reserve(1, 1, Duration::ZERO).unwrap();
+        assert_eq!(a.grow(5), 1, "one thread idle");
+        assert_eq!((a.len(), p.idle()), (2, 0));
+        assert_eq!(a.grow(1), 0);
+        drop(b);
+        drop(a);
+        assert_eq!(p.idle(), 3);
     }
 
     #[test]

@@ -60,6 +60,11 @@ pub trait Admission: Send + Sync {
         window: usize,
     ) -> Result<SinkGrant, EngineError>;
 
+    /// Source: the read queues want `n` more readers than were reserved
+    /// (a rotational device's files found cached, request::tasks): take
+    /// what is idle. A daemon task keeps what admission granted.
+    fn more_readers(&self, _res: &EngineResources, _readers: &mut Reservation, _n: usize) {}
+
     /// Negotiation is over: `streams` data streams agreed; the task moves
     /// to "transferring" (Fig. 6-6).
     fn transferring(&self, _streams: u16) {}
@@ -87,6 +92,10 @@ impl Admission for Unmanaged {
             .reserve(1, readers.max(1), UNMANAGED_WAIT)
             .ok_or_else(|| EngineError::local("no reader threads free"))?;
         Ok((s, r))
+    }
+
+    fn more_readers(&self, _res: &EngineResources, readers: &mut Reservation, n: usize) {
+        readers.grow(n);
     }
 
     fn reserve_sink(

@@ -204,13 +204,6 @@ impl<'s> Payload<'s> {
             mut senders,
             mut readers,
         } = threads;
-        let nread = readers.len();
-        let want = c.streams as usize * 2 + nread + 2;
-        let share = res
-            .take_buffers(2, want, Duration::from_secs(30))
-            .ok_or_else(|| EngineError::local("no buffers free"))?;
-        let share = ShareGuard::new(res, share);
-        let pool = share.pool().clone();
         if let Some(bridge) = &opts.local_copy {
             // A local copy: the in-process sink opens large files by entry id.
             bridge.publish(root.clone(), rels_by_id(&w));
@@ -218,6 +211,21 @@ impl<'s> Payload<'s> {
         let Walk { entries, files, .. } = w;
         let files = Arc::new(files);
         let queues = queues(&root, &files, opts, c.block_size, plan.as_ref());
+        // A rotational device found cached is read by as many readers as
+        // memory gets (request::tasks::mostly_cached), unless --readers
+        // fixed the count.
+        let cached: usize = queues.iter().filter(|q| q.cached).map(|q| q.threads).sum();
+        let short = cached.saturating_sub(readers.len());
+        if !opts.readers_fixed && short > 0 {
+            s.adm.more_readers(res, &mut readers, short);
+        }
+        let nread = readers.len();
+        let want = c.streams as usize * 2 + nread + 2;
+        let share = res
+            .take_buffers(2, want, Duration::from_secs(30))
+            .ok_or_else(|| EngineError::local("no buffers free"))?;
+        let share = ShareGuard::new(res, share);
+        let pool = share.pool().clone();
         let (filled_tx, filled_rx) = bounded::<Buf>(pool.count());
         let (rev_tx, rev_rx) = unbounded::<ReaderEvent>();
         let abort = Arc::new(AtomicBool::new(false));
