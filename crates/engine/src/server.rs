@@ -1113,9 +1113,23 @@ fn follow_plan(
         return;
     };
     let configured = p.device_threads.get(&storage).copied();
-    // Floor 1: the storage layer already gives a rotational device one
-    // thread per device queue (seed 000 6.1.2), so the plan cannot starve it.
-    let c = crate::config::task_counts(&plan, sink, &storage, &nic, configured, &sh.res.config, 1);
+    // Floor 1 for readers: the storage layer already gives a rotational
+    // device one thread per device queue (seed 000 6.1.2), so the plan
+    // cannot starve it; writers: SINK_WRITERS_MIN (buffered writes).
+    let floor = if sink {
+        crate::config::SINK_WRITERS_MIN
+    } else {
+        1
+    };
+    let c = crate::config::task_counts(
+        &plan,
+        sink,
+        &storage,
+        &nic,
+        configured,
+        &sh.res.config,
+        floor,
+    );
     if sink {
         opts.writers = c.storage;
     } else {

@@ -341,3 +341,26 @@ fn model_in_config_changes_the_plan() {
     let e = daemon_placement(t, false, &bad, &inputs(), root, listen).unwrap_err();
     assert!(format!("{e:#}").contains("nope.json"), "{e:#}");
 }
+
+/// Issue 17: a disk that says it is rotational (this VM's virtio vda) gets
+/// one reader (seed 000 6.1.2: one head) but SINK_WRITERS_MIN writers,
+/// since a sink writes through the page cache.
+#[test]
+fn a_rotational_disk_gets_one_reader_and_the_sink_writer_floor() {
+    let t = fixture("this-vm");
+    let p = daemon_placement(
+        t,
+        false,
+        &DaemonConfig::default(),
+        &inputs(),
+        Path::new("/var/tmp"),
+        "127.0.0.1:7000",
+    )
+    .unwrap();
+    assert_eq!(p.storage.as_deref(), Some("vda"));
+    let r = &p.resources;
+    assert_eq!(
+        (r.readers, r.writers),
+        (1, ramsys_engine::config::SINK_WRITERS_MIN)
+    );
+}

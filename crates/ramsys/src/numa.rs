@@ -171,6 +171,7 @@ impl Numa {
                 done.push(format!("{st} reader(s)"));
             }
             Role::Sink if a.writers.is_none() => {
+                let st = st.max(ramsys_engine::config::SINK_WRITERS_MIN);
                 opts.writers = st;
                 done.push(format!("{st} writer(s)"));
             }

@@ -482,7 +482,7 @@ fn pool_sizes(
         .writers
         .or(dev_threads)
         .or(cfg.writers)
-        .or(auto_storage)
+        .or(auto_storage.map(|n| n.max(SINK_WRITERS_MIN)))
         .unwrap_or(4);
     let max_streams = cli
         .max_streams
@@ -507,6 +507,17 @@ fn cpus_or_os(c: &[usize]) -> String {
         ramsys_topo::fmt_cpus(c)
     }
 }
+
+/// Writers a sink runs at least, whatever the device type: a sink writes
+/// through the page cache (small files always, large ones within the
+/// buffered budget; storage::cache), so its writers spend their time on
+/// file-system metadata (create, link, set the mtime) while the kernel
+/// writes back in its own order; the one-thread rule of a rotational disk
+/// (seed 000 sec. 6.1.2) is about the head position of reads. The
+/// 47,984-file tree pushed to a daemon on /dev/vda (rotational=1): 1
+/// writer 6.16 s median, 2 writers 4.53 s (3 interleaved rounds, load
+/// 12-16; docs/STORAGE.md); 4 writers were no faster than 1 on 2 CPUs.
+pub const SINK_WRITERS_MIN: usize = 2;
 
 /// Thread counts a task follows, from its plan (issue 7).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -168,6 +168,9 @@ pub struct FileTable {
     /// session fails (0 = all; the default journal keeps large files only,
     /// sync::JOURNAL_MIN).
     pub journal_min: u64,
+    /// Whether any file is large enough to be journalled (set at the
+    /// first journal flush, after the metadata).
+    journal_any: std::sync::OnceLock<bool>,
     /// Files before this index are all settled (never unsettle again).
     settled_upto: std::sync::atomic::AtomicUsize,
     /// Destination directories, opened once.
@@ -228,6 +231,7 @@ impl FileTable {
             storage: Arc::new(StorageCfg::plain(false, crate::storage::IoEngine::Sync)),
             resume: false,
             journal_min: 0,
+            journal_any: std::sync::OnceLock::new(),
             settled_upto: std::sync::atomic::AtomicUsize::new(0),
             dirs: SinkDirs::default(),
             anon_ok: AtomicBool::new(tmpfile::enabled()),
@@ -808,6 +812,14 @@ impl FileTable {
     /// since the last call (`all`: every temp file not in place).
     pub fn journal_rows(&self, all: bool) -> Vec<crate::sync::journal::PartRec> {
         let mut out = Vec::new();
+        // A tree of small files has no row to write: do not scan its
+        // 48k entries every 200 ms (1.5 % of the sink's CPU).
+        let any = *self
+            .journal_any
+            .get_or_init(|| self.files.iter().any(|f| f.size >= self.journal_min));
+        if !any {
+            return out;
+        }
         for f in &self.files {
             let fl = f.flags.load(Ordering::Acquire);
             if fl & TEMP == 0

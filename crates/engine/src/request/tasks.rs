@@ -479,7 +479,9 @@ mod tests {
         let order: Vec<u32> = qs[0].units.iter().map(|u| u.file).collect();
         assert_eq!(order, vec![2, 1, 0]);
         // Not cached: the disk's rules (one reader, located).
-        let qs = plan_probed(&files, &po, &hdd, Some((&root, &map)), &|_| false, &|_| false);
+        let qs = plan_probed(&files, &po, &hdd, Some((&root, &map)), &|_| false, &|_| {
+            false
+        });
         assert!(!qs[0].cached);
         assert_eq!((qs[0].kind, qs[0].threads), (DeviceKind::Rotational, 1));
         let order: Vec<u32> = qs[0].units.iter().map(|u| u.file).collect();
