@@ -23,6 +23,10 @@ pub struct TransferOptions {
     pub readers_fixed: bool,
     /// Writer threads per storage device on the sink.
     pub writers: usize,
+    /// Where `writers` was raised to config::SINK_WRITERS_MIN: the count
+    /// before, which a session with fewer than config::MANY_SMALL_FILES
+    /// small files runs with.
+    pub bulk_writers: Option<usize>,
     /// Credits (blocks in flight) per stream the sink grants at most.
     pub window: u32,
     /// Give up on a peer that sends nothing for this long.
@@ -93,6 +97,7 @@ impl Default for TransferOptions {
             readers: 4,
             readers_fixed: false,
             writers: 4,
+            bulk_writers: None,
             window: 8,
             idle_timeout: Duration::from_secs(60),
             fsync: false,

@@ -1131,6 +1131,9 @@ fn follow_plan(
         floor,
     );
     if sink {
+        let plain =
+            crate::config::task_counts(&plan, sink, &storage, &nic, configured, &sh.res.config, 1);
+        opts.bulk_writers = (plain.storage < c.storage).then_some(plain.storage);
         opts.writers = c.storage;
     } else {
         opts.readers = c.storage;

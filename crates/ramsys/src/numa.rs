@@ -171,7 +171,9 @@ impl Numa {
                 done.push(format!("{st} reader(s)"));
             }
             Role::Sink if a.writers.is_none() => {
-                let st = st.max(ramsys_engine::config::SINK_WRITERS_MIN);
+                let floor = ramsys_engine::config::SINK_WRITERS_MIN;
+                opts.bulk_writers = (st < floor).then_some(st);
+                let st = st.max(floor);
                 opts.writers = st;
                 done.push(format!("{st} writer(s)"));
             }

@@ -519,6 +519,10 @@ fn cpus_or_os(c: &[usize]) -> String {
 /// 12-16; docs/STORAGE.md); 4 writers were no faster than 1 on 2 CPUs.
 pub const SINK_WRITERS_MIN: usize = 2;
 
+/// Files below DIRECT_MIN a sink session needs before it runs the writers
+/// SINK_WRITERS_MIN added (TransferOptions::bulk_writers).
+pub const MANY_SMALL_FILES: usize = 1024;
+
 /// Thread counts a task follows, from its plan (issue 7).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskCounts {
