@@ -1371,6 +1371,8 @@ def headline_lines(ctx, results, unavailable):
     L.append("")
     for k, v in unavailable.items():
         L.append(f"- {k}: unavailable: {v}")
+    if unavailable:
+        L.append("")
 
     def m(w, c, tool):
         return med(ratios(groups.get((w, c), {}), tool))
