@@ -267,7 +267,7 @@ fn seed001_task_plan_within_pools() {
     assert_eq!(p.resources.storage_cpus, cpus_of(&t, 7));
     assert_eq!(p.resources.net_cpus, cpus_of(&t, 7));
     let (plan, storage, nic) = p
-        .task_plan(false, Path::new("/ssd1/big"), &listen, 4 << 20)
+        .task_plan(false, Path::new("/ssd1/big"), &listen, 4 << 20, 0)
         .unwrap();
     assert_eq!(storage, "sdb");
     assert_eq!(nic, nic7.name);
@@ -319,7 +319,7 @@ fn model_in_config_changes_the_plan() {
     assert!(modelled.model.is_some());
     let senders = |p: &ramsys_engine::config::DaemonPlacement| {
         let (plan, _, _) = p
-            .task_plan(false, Path::new("/ssd/x"), listen, 4 << 20)
+            .task_plan(false, Path::new("/ssd/x"), listen, 4 << 20, 0)
             .unwrap();
         let cpus: Vec<usize> = plan
             .threads
