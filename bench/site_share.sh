@@ -77,7 +77,7 @@ start() { # start MODE: three peered daemons; sets ADDRS and PIDS
     for i in 1 2 3; do
         "$BIN" serve --listen 127.0.0.1:0 --root "$SHARED" \
             --key-file "$SCRATCH/key" --config "$SCRATCH/serve.toml" \
-            --site-share-storage "$1" --fsync "${peers[@]}" >"$SCRATCH/d$i.log" 2>&1 &
+            --site-interval 50 --site-share-storage "$1" --fsync "${peers[@]}" >"$SCRATCH/d$i.log" 2>&1 &
         PIDS+=($!)
         for _ in $(seq 100); do grep -q "listening on" "$SCRATCH/d$i.log" && break; sleep 0.05; done
         local a

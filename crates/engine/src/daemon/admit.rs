@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 use super::{Admission, SinkGrant};
 use crate::daemon::status::SiteMember;
 use crate::resources::EngineResources;
-use crate::site::share::{self, Claim, StorageUse, ThreadGate};
+use crate::site::share::{self, DeviceShare, StorageUse, ThreadGate};
 use crate::site::storage::StorageId;
 use crate::stats::Stats;
 use crate::EngineError;
@@ -138,6 +138,9 @@ pub(super) struct TaskRec {
     /// How many of its storage threads run at once: its share of a device
     /// shared over the site (site::share); open otherwise.
     pub gate: Arc<ThreadGate>,
+    /// Storage threads it would hold alone (its grant before any site
+    /// share): what it claims in the site's split.
+    pub alone: usize,
 }
 
 pub(super) struct SessionRec {
@@ -161,21 +164,7 @@ pub(super) struct Lane {
     /// The device as the site knows it (site::storage).
     pub storage: StorageId,
     /// Its share over the site, while other members use it too.
-    pub site: Option<LaneSite>,
-}
-
-/// A device queue's storage-thread share over the site (site::share).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct LaneSite {
-    /// Members using the device (this daemon included).
-    pub members: u32,
-    /// Their tasks on it, and the threads they hold (granted).
-    pub tasks: u32,
-    pub threads: u32,
-    /// The device's budget: the threads one daemon alone runs on it.
-    pub budget: u32,
-    /// This daemon's share of the budget, split over its tasks' gates.
-    pub share: u32,
+    pub site: Option<DeviceShare>,
 }
 
 /// Sums over finished tasks, by [`Dir`].
@@ -304,7 +293,7 @@ impl DaemonState {
             .filter_map(|(k, l)| {
                 let (n, t) = lane_tasks(&g, k)
                     .iter()
-                    .fold((0usize, 0usize), |(n, t), x| (n + 1, t + x.1));
+                    .fold((0usize, 0usize), |(n, t), x| (n + 1, t + x.1 as usize));
                 (n > 0).then(|| StorageUse {
                     id: l.storage.id,
                     tasks: n.min(u16::MAX as usize) as u16,
@@ -394,6 +383,7 @@ impl DaemonState {
                 error: None,
                 plan: None,
                 gate: Arc::new(ThreadGate::default()),
+                alone: 0,
             },
         );
         g.lanes
@@ -521,7 +511,18 @@ impl DaemonState {
             return None;
         }
         let waiting_here = g.lanes.get(&lane).map_or(0, |l| l.queue.len()) + 1;
-        let sto = w.storage.min((room / waiting_here).max(1)).max(1);
+        let alone = w.storage.min((room / waiting_here).max(1)).max(1);
+        // A source's readers are its site share of the device from the
+        // start (a reader cannot be parked: its home queue may have no
+        // other reader, request::tasks); a sink's writers are gated.
+        let sto = match lane_split(g, &lane, Some((id, alone as u32))) {
+            Some((mine, _, per)) if dir == Dir::Out => mine
+                .iter()
+                .zip(per)
+                .find(|(t, _)| t.0 == id)
+                .map_or(alone, |(_, n)| (n as usize).clamp(1, alone)),
+            _ => alone,
+        };
         // Buffers (sink): two per stream at least, `window` at most.
         let mut bufs = (0, 0);
         if dir == Dir::In {
@@ -557,6 +558,7 @@ impl DaemonState {
             t.storage = sto_r.len();
             t.buffers = buffers.as_ref().map_or(0, |b| b.count());
             t.stolen = stolen;
+            t.alone = alone.max(t.storage);
         }
         // Start at its site share, not at the full grant until the next
         // view (the peers see this task within two intervals).
@@ -569,80 +571,55 @@ impl DaemonState {
     }
 }
 
-/// Live tasks of `lane` holding storage threads: (id, threads).
-fn lane_tasks(g: &Inner, lane: &str) -> Vec<(u64, usize)> {
+/// Live tasks of `lane` holding storage threads: (id, threads each
+/// would hold alone).
+fn lane_tasks(g: &Inner, lane: &str) -> Vec<(u64, u32)> {
     g.tasks
         .values()
         .filter(|t| t.info.device == lane && t.storage > 0 && t.state != TaskState::Exit)
-        .map(|t| (t.info.id, t.storage))
+        .map(|t| (t.info.id, t.alone.min(u32::MAX as usize) as u32))
         .collect()
+}
+
+/// Our tasks on a device (id, threads alone), its split, each's limit.
+type LaneSplit = (Vec<(u64, u32)>, DeviceShare, Vec<u32>);
+
+/// This daemon's tasks on `lane` with `extra` added, split by the site
+/// view (site::share::device_shares); None outside a site, with sharing
+/// off, or when no fresh peer uses the device.
+fn lane_split(g: &Inner, lane: &str, extra: Option<(u64, u32)>) -> Option<LaneSplit> {
+    let (me, view) = g.site.as_ref()?;
+    let id = g.lanes.get(lane)?.storage.id;
+    let mut mine = lane_tasks(g, lane);
+    mine.extend(extra);
+    let (d, per) = share::device_shares(me, id, &mine, view)?;
+    Some((mine, d, per))
 }
 
 /// Set every task's gate from the last site view (site::share): per
 /// device, this daemon's share of the device's budget given the fresh
-/// members' tasks on it, split over our tasks there. A device no peer
-/// uses (or no site view) leaves its tasks' gates open.
+/// members' tasks on it, split over our tasks there. Writers (a sink)
+/// park past their gate; readers (a source) were capped when granted
+/// (try_grant) and keep an open gate. A device no peer uses leaves its
+/// tasks' gates open.
 fn reshare(g: &mut Inner) {
     let lanes: Vec<String> = g.lanes.keys().cloned().collect();
     for k in lanes {
-        let mine = lane_tasks(g, &k);
-        let id = g.lanes[&k].storage.id;
-        let peers: Vec<Claim> = match &g.site {
-            Some((me, view)) if !mine.is_empty() => view
-                .iter()
-                .filter(|m| m.addr != *me && crate::site::redirect::fresh(m))
-                .filter_map(|m| {
-                    let u = m.storage.iter().find(|u| u.id == id && u.tasks > 0)?;
-                    Some(Claim {
-                        key: m.addr.clone(),
-                        weight: u32::from(u.tasks),
-                        want: u32::from(u.threads),
-                    })
-                })
-                .collect(),
-            _ => vec![],
+        let split = lane_split(g, &k, None);
+        let limits: Vec<(u64, Option<u32>)> = match &split {
+            Some((mine, _, per)) => mine.iter().zip(per).map(|(t, n)| (t.0, Some(*n))).collect(),
+            None => lane_tasks(g, &k).into_iter().map(|t| (t.0, None)).collect(),
         };
-        let gates: Vec<Arc<ThreadGate>> = mine
-            .iter()
-            .filter_map(|(t, _)| g.tasks.get(t).map(|t| t.gate.clone()))
-            .collect();
-        if peers.is_empty() {
-            gates.iter().for_each(|x| x.open());
-            if let Some(l) = g.lanes.get_mut(&k) {
-                l.site = None;
+        for (id, n) in limits {
+            if let Some(t) = g.tasks.get(&id) {
+                match n {
+                    Some(n) if t.info.dir == Dir::In => t.gate.set(n as usize),
+                    _ => t.gate.open(),
+                }
             }
-            continue;
-        }
-        let me = g.site.as_ref().map(|s| s.0.clone()).unwrap_or_default();
-        let want: usize = mine.iter().map(|t| t.1).sum();
-        // The device's budget: what one task of ours alone was granted on
-        // it, i.e. the threads one daemon alone would run against it.
-        let budget = mine.iter().map(|t| t.1).max().unwrap_or(1) as u32;
-        let my = Claim {
-            key: me,
-            weight: mine.len() as u32,
-            want: want as u32,
-        };
-        let share = share::member_share(budget, &my, &peers);
-        let per_task: Vec<Claim> = mine
-            .iter()
-            .map(|(id, n)| Claim {
-                key: format!("{id:020}"),
-                weight: 1,
-                want: *n as u32,
-            })
-            .collect();
-        for (gate, n) in gates.iter().zip(share::split(share, &per_task)) {
-            gate.set(n as usize);
         }
         if let Some(l) = g.lanes.get_mut(&k) {
-            l.site = Some(LaneSite {
-                members: 1 + peers.len() as u32,
-                tasks: my.weight + peers.iter().map(|p| p.weight).sum::<u32>(),
-                threads: my.want + peers.iter().map(|p| p.want).sum::<u32>(),
-                budget,
-                share,
-            });
+            l.site = split.map(|s| s.1);
         }
     }
 }
@@ -1001,7 +978,7 @@ mod tests {
         let q = |st: &DaemonState| st.lock().lanes["0:1"].site;
         assert_eq!(
             q(&st),
-            Some(LaneSite {
+            Some(DeviceShare {
                 members: 2,
                 tasks: 2,
                 threads: 8,
@@ -1026,9 +1003,21 @@ mod tests {
         drop(t);
         let g2 = t2.reserve_sink(&r, 1, 4, 2).unwrap();
         assert_eq!(g2.writers.len(), 4);
+        t2.transferring(1);
         assert_eq!(t2.storage_gate().unwrap().limit(), Some(2));
         // A finished task's gate is open (its threads are gone).
         assert!(st.lock().finished.iter().all(|t| t.gate.limit().is_none()));
+        // A source on the same device: our two tasks against the peer's
+        // one take 3 of the 4 (Sainte-Lague), split 2 (the older) and 1;
+        // the readers are capped at the grant (no gate), the writers gated.
+        let t3 = st.new_task(3, Dir::Out, "0:1", "ssd", "lo", Arc::new(Stats::default()));
+        let (_s, rd) = t3.reserve_source(&r, 1, 4).unwrap();
+        assert_eq!(rd.len(), 1);
+        assert_eq!(t3.storage_gate().unwrap().limit(), None);
+        assert_eq!(t2.storage_gate().unwrap().limit(), Some(2));
+        assert_eq!(st.lock().lanes["0:1"].site.map(|d| d.share), Some(3));
+        // It claims the 4 it would hold alone, not the 1 it got.
+        assert_eq!(st.storage_use()[0].threads, 8);
     }
 
     #[test]

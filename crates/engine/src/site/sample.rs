@@ -251,6 +251,56 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
+    /// The load record is network input (a peer's segment): any bytes
+    /// decode or fail without panicking, every record round-trips, and
+    /// the largest fits the segment.
+    #[test]
+    fn load_decodes_any_bytes_and_the_largest_fits() {
+        use crate::site::share::{StorageUse, MAX_PUBLISHED};
+        use proptest::prelude::*;
+        let big = Load {
+            cpu_load: 1.0,
+            run_queue: u32::MAX,
+            intr_per_s: u64::MAX,
+            softirq_per_s: u64::MAX,
+            net_rx_bps: u64::MAX,
+            net_tx_bps: u64::MAX,
+            disk_read_bps: u64::MAX,
+            disk_write_bps: u64::MAX,
+            sessions: u32::MAX,
+            active_tasks: u32::MAX,
+            queued_tasks: u32::MAX,
+            free_buffer_bytes: u64::MAX,
+            own_cpu: 1.0,
+            storage: vec![
+                StorageUse {
+                    id: u64::MAX,
+                    tasks: u16::MAX,
+                    threads: u16::MAX,
+                };
+                MAX_PUBLISHED
+            ],
+        };
+        let b = postcard::to_stdvec(&big).unwrap();
+        assert!(
+            b.len() <= super::super::LOAD_BYTES as usize,
+            "{} bytes",
+            b.len()
+        );
+        proptest!(|(bytes in prop::collection::vec(any::<u8>(), 0..300),
+                    ids in prop::collection::vec((any::<u64>(), any::<u16>(), any::<u16>()), 0..9),
+                    cpu in 0f32..1.0)| {
+            let _ = postcard::from_bytes::<Load>(&bytes);
+            let l = Load {
+                cpu_load: cpu,
+                storage: ids.iter().map(|&(id, tasks, threads)| StorageUse { id, tasks, threads }).collect(),
+                ..Load::default()
+            };
+            let b = postcard::to_stdvec(&l).unwrap();
+            prop_assert_eq!(postcard::from_bytes::<Load>(&b).unwrap(), l);
+        });
+    }
+
     #[test]
     fn two_significant_digits() {
         assert_eq!(sig2(0.4), 0);

@@ -19,6 +19,8 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvError, TryRecvError};
 use serde::{Deserialize, Serialize};
 
+use crate::daemon::status::SiteMember;
+
 /// Shared devices a member publishes at most (the load segment is small).
 pub const MAX_PUBLISHED: usize = 8;
 
@@ -93,6 +95,76 @@ pub fn member_share(budget: u32, me: &Claim, peers: &[Claim]) -> u32 {
     all.push(me.clone());
     all.extend(peers.iter().filter(|p| p.key != me.key).cloned());
     split(budget, &all)[0]
+}
+
+/// One device's split over the site, as this daemon sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceShare {
+    /// Members using the device (this daemon included).
+    pub members: u32,
+    /// Their tasks on it, and the threads those would run alone.
+    pub tasks: u32,
+    pub threads: u32,
+    /// The device's budget: what one task of ours alone runs on it.
+    pub budget: u32,
+    /// This daemon's share of the budget.
+    pub share: u32,
+}
+
+/// The whole rule, from (this daemon's plan, the site view) to thread
+/// counts: `mine` are our tasks on device `id` with the storage threads
+/// each would run alone (the plan's count within the pool), `view` the
+/// site (`me` is our address; only fresh members count). Returns the split
+/// and each of our tasks' limit, in `mine`'s order; None when no fresh
+/// peer uses the device (run as outside a site).
+pub fn device_shares(
+    me: &str,
+    id: u64,
+    mine: &[(u64, u32)],
+    view: &[SiteMember],
+) -> Option<(DeviceShare, Vec<u32>)> {
+    if mine.is_empty() {
+        return None;
+    }
+    let peers: Vec<Claim> = view
+        .iter()
+        .filter(|m| m.addr != me && crate::site::redirect::fresh(m))
+        .filter_map(|m| {
+            let u = m.storage.iter().find(|u| u.id == id && u.tasks > 0)?;
+            Some(Claim {
+                key: m.addr.clone(),
+                weight: u32::from(u.tasks),
+                want: u32::from(u.threads),
+            })
+        })
+        .collect();
+    if peers.is_empty() {
+        return None;
+    }
+    // The threads one daemon alone would run against the device.
+    let budget = mine.iter().map(|t| t.1).max().unwrap_or(1).max(1);
+    let my = Claim {
+        key: me.to_string(),
+        weight: mine.len() as u32,
+        want: mine.iter().map(|t| t.1).sum(),
+    };
+    let share = member_share(budget, &my, &peers);
+    let per_task: Vec<Claim> = mine
+        .iter()
+        .map(|(id, n)| Claim {
+            key: format!("{id:020}"),
+            weight: 1,
+            want: *n,
+        })
+        .collect();
+    let d = DeviceShare {
+        members: 1 + peers.len() as u32,
+        tasks: my.weight + peers.iter().map(|p| p.weight).sum::<u32>(),
+        threads: my.want + peers.iter().map(|p| p.want).sum::<u32>(),
+        budget,
+        share,
+    };
+    Some((d, split(share, &per_task)))
 }
 
 /// A limit on how many of a task's storage threads run at once, set from
@@ -194,6 +266,65 @@ mod tests {
         );
         // No tasks, no seat.
         assert_eq!(split(4, &[c("a", 0, 4), c("b", 1, 4)]), vec![0, 4]);
+    }
+
+    #[test]
+    fn device_shares_from_a_made_up_view() {
+        use crate::site::redirect::member;
+        let peer = |addr: &str, id: u64, tasks: u16, age: u64| {
+            let mut m = member(addr, 0.0, 1, 1, age);
+            m.storage = vec![StorageUse {
+                id,
+                tasks,
+                threads: 4 * tasks,
+            }];
+            m
+        };
+        let me = member("b:1", 0.0, 1, 1, 0);
+        // Alone (no peer on the device, a stale one, another device): None.
+        assert_eq!(
+            device_shares("b:1", 7, &[(1, 4)], std::slice::from_ref(&me)),
+            None
+        );
+        let stale = peer("a:1", 7, 1, 5_000);
+        assert_eq!(
+            device_shares("b:1", 7, &[(1, 4)], &[me.clone(), stale]),
+            None
+        );
+        let other = peer("a:1", 8, 1, 0);
+        assert_eq!(
+            device_shares("b:1", 7, &[(1, 4)], &[me.clone(), other]),
+            None
+        );
+        // Two peers with one task each and our two tasks: budget 4 split
+        // 2 tasks : 1 : 1, our two seats one per task.
+        let view = [me.clone(), peer("a:1", 7, 1, 0), peer("c:1", 7, 1, 0)];
+        let (d, per) = device_shares("b:1", 7, &[(5, 4), (6, 4)], &view).unwrap();
+        assert_eq!(
+            d,
+            DeviceShare {
+                members: 3,
+                tasks: 4,
+                threads: 16,
+                budget: 4,
+                share: 2
+            }
+        );
+        assert_eq!(per, vec![1, 1]);
+        // Each member, computing from the same view, gets its part of 4.
+        let a = device_shares(
+            "a:1",
+            7,
+            &[(1, 4)],
+            &[peer("b:1", 7, 2, 0), view[2].clone()],
+        );
+        let c = device_shares(
+            "c:1",
+            7,
+            &[(1, 4)],
+            &[peer("b:1", 7, 2, 0), view[1].clone()],
+        );
+        assert_eq!(a.unwrap().0.share + c.unwrap().0.share + d.share, 4);
     }
 
     #[test]
