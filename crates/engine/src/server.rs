@@ -1144,7 +1144,8 @@ fn follow_plan(
     let busy = load.map_or(0, |(l, own)| {
         ramsys_sched::busy_from_load(l - own, p.topo.nodes.iter().map(|n| n.cpus.len()).sum())
     });
-    let Some((plan, storage, nic)) = p.task_plan(sink, path, local, opts.block_size as u64, busy)
+    let Some((plan, storage, nic, busy)) =
+        p.task_plan(sink, path, local, opts.block_size as u64, busy)
     else {
         return;
     };

@@ -822,4 +822,11 @@ fn site_members_on_one_shared_device_share_its_writers() {
         .unwrap()
         .iter()
         .all(|t| t["site_limit"].is_null()));
+    // Each task's plan was made on the host's published load (where the
+    // daemon has a topology to plan on).
+    for t in v["finished"].as_array().unwrap() {
+        if let Some(h) = t["plan"].get("host_load") {
+            assert!(h["cpu_load"].is_number() && h["busy_cpus"].is_u64(), "{h}");
+        }
+    }
 }

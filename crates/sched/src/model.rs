@@ -90,21 +90,23 @@ impl Host {
     /// one at a time to the node with the most free CPUs (lower index on a
     /// tie), each the node's highest-numbered free CPU: the lowest serve
     /// device interrupts (the reserve, docs/SCHEDULER.md). At least one CPU
-    /// stays free, so a task always gets a plan.
-    pub fn add_busy(&mut self, n: usize) {
+    /// stays free, so a task always gets a plan. Returns how many it marked.
+    pub fn add_busy(&mut self, n: usize) -> usize {
         let free = |x: &Node| x.cpus.iter().filter(|c| !x.busy_cpus.contains(c)).count();
         let total: usize = self.nodes.iter().map(free).sum();
-        for _ in 0..n.min(total.saturating_sub(1)) {
+        let n = n.min(total.saturating_sub(1));
+        for _ in 0..n {
             let Some(i) =
                 (0..self.nodes.len()).max_by_key(|&i| (free(&self.nodes[i]), std::cmp::Reverse(i)))
             else {
-                return;
+                return 0;
             };
             let node = &mut self.nodes[i];
             if let Some(&c) = node.cpus.iter().rev().find(|c| !node.busy_cpus.contains(c)) {
                 node.busy_cpus.push(c);
             }
         }
+        n
     }
 
     /// CPUs of the host.

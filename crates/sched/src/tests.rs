@@ -433,7 +433,7 @@ fn a_busy_host_gives_fewer_threads() {
     assert_eq!(busy_from_load(0.75, 16), 12);
     assert_eq!(busy_from_load(1.5, 16), 16);
     let mut i = two_socket();
-    i.host.add_busy(busy_from_load(0.75, 16));
+    assert_eq!(i.host.add_busy(busy_from_load(0.75, 16)), 12);
     assert_eq!(i.host.nodes[0].busy_cpus.len(), 6);
     assert!(i.host.nodes[0].busy_cpus.contains(&7) && !i.host.nodes[0].busy_cpus.contains(&1));
     let p = plan(&i);
@@ -447,7 +447,7 @@ fn a_busy_host_gives_fewer_threads() {
     assert!(p.predicted.gbps < 30.0);
     // Everything busy: one CPU is left so the task still has a plan.
     let mut i = two_socket();
-    i.host.add_busy(16);
+    assert_eq!(i.host.add_busy(16), 15);
     let free: usize = i
         .host
         .nodes

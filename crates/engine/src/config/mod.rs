@@ -526,7 +526,8 @@ impl DaemonPlacement {
     /// address), or the reverse for a sink. None when either device is
     /// unknown. `busy`: CPUs other work keeps busy (the host's published
     /// load less the daemon's own, ramsys_sched::busy_from_load), taken
-    /// out of the plan's budget (seed 000 Eq. 5.4).
+    /// out of the plan's budget (seed 000 Eq. 5.4); the last value returned
+    /// is how many were (one CPU always stays free).
     pub fn task_plan(
         &self,
         sink: bool,
@@ -534,7 +535,7 @@ impl DaemonPlacement {
         local: &str,
         block: u64,
         busy: usize,
-    ) -> Option<(ramsys_sched::Plan, String, String)> {
+    ) -> Option<(ramsys_sched::Plan, String, String, usize)> {
         let storage = storage_for_path(&self.topo, path, self.live)
             .map(|d| d.name.clone())
             .or_else(|| self.storage.clone())?;
@@ -563,8 +564,8 @@ impl DaemonPlacement {
             to,
             block,
         );
-        inst.host.add_busy(busy);
-        Some((ramsys_sched::plan(&inst), storage, nic))
+        let busy = inst.host.add_busy(busy);
+        Some((ramsys_sched::plan(&inst), storage, nic, busy))
     }
 }
 
