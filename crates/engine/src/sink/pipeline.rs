@@ -206,6 +206,7 @@ impl<'s> SinkPipeline<'s> {
             credits_per_stream,
             checksum,
             cipher,
+            gate,
         } = g;
         let pool = share.pool().clone();
         let nbuf = pool.count() as u64;
@@ -232,10 +233,11 @@ impl<'s> SinkPipeline<'s> {
         let (rev_tx, rev_rx) = unbounded::<ReceiverEvent>();
         let (rdone_tx, rdone_rx) = unbounded::<ReceiverDone>();
         let mut writer_jobs = Vec::new();
-        for _ in 0..writers.len() {
+        for i in 0..writers.len() {
             let (t, rx, p) = (table.clone(), recv_rx.clone(), pool.clone());
             let (c, ev, a) = (returns.clone(), wev_tx.clone(), abort.clone());
-            writer_jobs.push(writers.spawn(move || run_writer(&t, rx, p, c, ev, a)));
+            let gate = gate.clone().map(|g| (i, g));
+            writer_jobs.push(writers.spawn(move || run_writer(&t, rx, p, c, ev, a, gate)));
         }
         drop(recv_rx);
         drop(wev_tx);
