@@ -179,6 +179,10 @@ struct Slot {
     /// seen on the current one ([`Streams::acked`]).
     acked_before: u64,
     acked_now: u64,
+    /// Likewise the microseconds its links had data in flight
+    /// ([`Streams::busy`]).
+    busy_before: u64,
+    busy_now: u64,
 }
 
 /// Per-stream bookkeeping of one session end.
@@ -252,6 +256,8 @@ impl Streams {
                     dialing: false,
                     acked_before: 0,
                     acked_now: 0,
+                    busy_before: 0,
+                    busy_now: 0,
                 })
                 .collect(),
             relinks,
@@ -293,6 +299,8 @@ impl Streams {
             dialing: false,
             acked_before: 0,
             acked_now: 0,
+            busy_before: 0,
+            busy_now: 0,
         };
         if let Relinks::Dial(d) = &self.relinks {
             slot.dialing = true;
@@ -339,6 +347,23 @@ impl Streams {
                 any = true;
             }
             sum += s.acked_before + s.acked_now;
+        }
+        any.then_some(sum)
+    }
+
+    /// Microseconds the session's links had data in flight so far, summed
+    /// over links (TCP_INFO busy_time, kept across replacements like
+    /// [`Streams::acked`]): over a stage with n links and t seconds, the
+    /// share of time the links, not the ends, were the limit.
+    pub fn busy(&mut self) -> Option<u64> {
+        let mut any = false;
+        let mut sum = 0;
+        for s in &mut self.slots {
+            if let Some(n) = s.handle.as_ref().and_then(|h| h.busy_us()) {
+                s.busy_now = s.busy_now.max(n);
+                any = true;
+            }
+            sum += s.busy_before + s.busy_now;
         }
         any.then_some(sum)
     }
@@ -485,6 +510,7 @@ impl Streams {
         let s = &mut self.slots[i];
         let added = s.state == State::Joining;
         s.acked_before += std::mem::take(&mut s.acked_now);
+        s.busy_before += std::mem::take(&mut s.busy_now);
         s.state = State::Live;
         s.epoch = epoch;
         s.handle = Some(handle);

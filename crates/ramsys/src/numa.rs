@@ -299,8 +299,12 @@ impl Numa {
             ));
             if let Some(g) = &c.growth {
                 for s in &g.stages {
+                    let busy = s
+                        .busy_pct
+                        .map(|b| format!(" (links busy {b:.0} %)"))
+                        .unwrap_or_default();
                     self.lines.push(format!(
-                        "streams: at {:.1} s {} streams moved {:.0} MB/s: {}",
+                        "streams: at {:.1} s {} streams moved {:.0} MB/s{busy}: {}",
                         s.at_s, s.streams, s.mb_s, s.then
                     ));
                 }

@@ -437,9 +437,9 @@ impl<'s> Payload<'s> {
         let total = self.stats.total_bytes.load(Ordering::Relaxed);
         // An empty send queue: reading, not the links, is the limit now.
         let starved = self.filled.is_empty();
-        let step = a
-            .grower
-            .poll(a.t0.elapsed(), bytes, total.saturating_sub(bytes), starved);
+        let busy = self.streams.busy();
+        let left = total.saturating_sub(bytes);
+        let step = a.grower.poll(a.t0.elapsed(), bytes, busy, left, starved);
         if !matches!(step, GrowStep::Wait) {
             a.grower.note_links(self.streams.delivery_rates());
         }

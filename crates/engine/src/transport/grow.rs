@@ -52,6 +52,13 @@ pub const REBASELINES: u8 = 2;
 /// by the links: it says nothing about more streams and is measured again.
 pub const STARVED: f64 = 0.5;
 
+/// Links with data in flight less than this share of a stage were held
+/// back by the ends (the sink's credits, reading, CPU), not by the path
+/// or their windows: more streams cannot help (TCP_INFO busy_time counts
+/// the time a socket had unacknowledged or unsent data, window-limited
+/// time included).
+pub const BUSY_MIN: f64 = 0.5;
+
 /// Paths shorter than this are a LAN: the first choice stands (more
 /// streams there cost CPU and bring nothing; RTT 0 must not regress).
 pub const LAN_RTT: Duration = Duration::from_millis(1);
@@ -78,6 +85,10 @@ pub struct Stage {
     /// The links' own delivery rates (TCP_INFO) at its end, MB/s: the
     /// lowest, median and highest (empty where the transport has none).
     pub link_mb_s: Vec<f64>,
+    /// Share of the stage the links had data in flight, % (TCP_INFO
+    /// busy_time over links x time; None where the transport has none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub busy_pct: Option<f64>,
     /// What was decided after it.
     pub then: String,
 }
@@ -96,11 +107,13 @@ enum Phase {
     Settling {
         since: Duration,
     },
-    /// Measuring since `t0` with `bytes0` delivered then; of `looks` at
-    /// the source's send queue, `empty` found it empty.
+    /// Measuring since `t0` with `bytes0` delivered and the links busy
+    /// `busy0` microseconds then; of `looks` at the source's send queue,
+    /// `empty` found it empty.
     Measuring {
         t0: Duration,
         bytes0: u64,
+        busy0: Option<u64>,
         looks: u32,
         empty: u32,
     },
@@ -189,20 +202,29 @@ impl Grower {
         Step::Stop(why)
     }
 
-    /// One look: `bytes` delivered so far, `remaining` still to send,
-    /// whether the source's send queue is `starved` (empty) right now.
-    pub fn poll(&mut self, now: Duration, bytes: u64, remaining: u64, starved: bool) -> Step {
+    /// One look: `bytes` delivered so far, the links `busy` (microseconds
+    /// with data in flight, summed over links) so far, `remaining` still
+    /// to send, whether the source's send queue is `starved` (empty) now.
+    pub fn poll(
+        &mut self,
+        now: Duration,
+        bytes: u64,
+        busy: Option<u64>,
+        remaining: u64,
+        starved: bool,
+    ) -> Step {
         match self.phase {
             Phase::Done | Phase::Asking => Step::Wait,
             Phase::Settling { since } => {
                 if now >= since + self.settle {
-                    self.measure_from(now, bytes);
+                    self.measure_from(now, bytes, busy);
                 }
                 Step::Wait
             }
             Phase::Measuring {
                 t0,
                 bytes0,
+                busy0,
                 looks,
                 empty,
             } => {
@@ -212,6 +234,7 @@ impl Grower {
                     self.phase = Phase::Measuring {
                         t0,
                         bytes0,
+                        busy0,
                         looks,
                         empty,
                     };
@@ -220,18 +243,24 @@ impl Grower {
                 let rate = bytes.saturating_sub(bytes0) as f64 / dt.as_secs_f64();
                 let starved = empty as f64 / looks as f64;
                 if starved >= STARVED {
-                    self.starved(now, rate, starved, bytes);
+                    self.starved(now, rate, starved, bytes, busy);
                     return Step::Wait;
                 }
-                self.judge(now, rate, remaining)
+                let links = dt.as_secs_f64() * 1e6 * self.streams.max(1) as f64;
+                let busy = match (busy0, busy) {
+                    (Some(a), Some(b)) => Some((b.saturating_sub(a) as f64 / links).min(1.0)),
+                    _ => None,
+                };
+                self.judge(now, rate, busy, remaining)
             }
         }
     }
 
-    fn measure_from(&mut self, now: Duration, bytes: u64) {
+    fn measure_from(&mut self, now: Duration, bytes: u64, busy: Option<u64>) {
         self.phase = Phase::Measuring {
             t0: now,
             bytes0: bytes,
+            busy0: busy,
             looks: 0,
             empty: 0,
         };
@@ -240,7 +269,7 @@ impl Grower {
     /// Reading, not the links, limited the stage: no verdict; measure
     /// again from now with the same streams. Consecutive such stages are
     /// reported as one (a long small-file stretch would make hundreds).
-    fn starved(&mut self, now: Duration, rate: f64, share: f64, bytes: u64) {
+    fn starved(&mut self, now: Duration, rate: f64, share: f64, bytes: u64, busy: Option<u64>) {
         let then = format!(
             "wait: the send queue was empty in {:.0} % of the stage (reading was the limit, \
              not the links); measured again",
@@ -251,17 +280,19 @@ impl Grower {
             streams: self.streams,
             mb_s: rate / 1e6,
             link_mb_s: Vec::new(),
+            busy_pct: None,
             then,
         };
         match self.stages.last_mut() {
             Some(s) if s.then.starts_with("wait") && s.streams == self.streams => *s = stage,
             _ => self.stages.push(stage),
         }
-        self.measure_from(now, bytes);
+        self.measure_from(now, bytes, busy);
     }
 
-    /// A stage measured `rate` bytes/s with the current streams.
-    fn judge(&mut self, now: Duration, rate: f64, remaining: u64) -> Step {
+    /// A stage measured `rate` bytes/s with the current streams, whose
+    /// links had data in flight `busy` of the time.
+    fn judge(&mut self, now: Duration, rate: f64, busy: Option<f64>, remaining: u64) -> Step {
         let n = self.streams;
         let need = |m: u16| MIN_GAIN.max(MARGINAL * (n as f64 / m as f64 - 1.0));
         // The first stage runs ahead of the path while the sink's buffers
@@ -279,7 +310,20 @@ impl Grower {
         // less than twice that left it could not pay off.
         let stage_s = (self.settle + self.measure).as_secs_f64();
         let short = (remaining as f64) < rate * 2.0 * stage_s;
+        let idle = busy.filter(|&b| b < BUSY_MIN);
         let (step, then) = match self.last {
+            // The links waited for the ends (the sink's credits, reading,
+            // the CPU) most of the stage: a longer path would not change
+            // that, more streams share the same ends.
+            _ if idle.is_some() => (
+                None,
+                format!(
+                    "stop: {n} streams {:.0} MB/s had data in flight only {:.0} % of the \
+                     time: the ends, not the path, are the limit",
+                    rate / 1e6,
+                    idle.unwrap_or_default() * 100.0
+                ),
+            ),
             Some((m, r)) if dropped(m, r) && n < self.max && !short => {
                 self.rebased += 1;
                 let add = (n / 2).max(1).min(self.max - n);
@@ -318,6 +362,7 @@ impl Grower {
             streams: n,
             mb_s: rate / 1e6,
             link_mb_s: Vec::new(),
+            busy_pct: busy.map(|b| (b * 1e3).round() / 10.0),
             then: then.clone(),
         });
         self.last = Some((n, rate));
@@ -387,14 +432,32 @@ mod tests {
         total: u64,
         rate: impl Fn(u16, Duration) -> (f64, bool),
     ) -> (u16, Grower) {
+        drive_busy(rtt_ms, start, max, grant, total, |n, t| {
+            let (r, starved) = rate(n, t);
+            (r, starved, None)
+        })
+    }
+
+    /// As [`drive_at`], and the share of the time the links had data in
+    /// flight (None: the transport does not say).
+    fn drive_busy(
+        rtt_ms: u64,
+        start: u16,
+        max: u16,
+        grant: u16,
+        total: u64,
+        rate: impl Fn(u16, Duration) -> (f64, bool, Option<f64>),
+    ) -> (u16, Grower) {
         let mut g = Grower::new(Some(MS(rtt_ms)), Duration::ZERO, start, max);
-        let (mut t, mut bytes) = (Duration::ZERO, 0u64);
+        let (mut t, mut bytes, mut busy) = (Duration::ZERO, 0u64, Some(0u64));
         let tick = MS(250);
         while bytes < total && !g.done() {
             t += tick;
-            let (r, starved) = rate(g.streams(), t);
+            let (r, starved, b) = rate(g.streams(), t);
             bytes += (r * tick.as_secs_f64()) as u64;
-            match g.poll(t, bytes, total.saturating_sub(bytes), starved) {
+            let us = tick.as_micros() as f64 * g.streams() as f64;
+            busy = b.and_then(|b| Some(busy? + (b * us) as u64));
+            match g.poll(t, bytes, busy, total.saturating_sub(bytes), starved) {
                 Step::Add(k) => {
                     let to = (g.streams() + k).min(grant);
                     assert!(to <= max);
@@ -463,7 +526,7 @@ mod tests {
         assert!(g.stopped.unwrap().contains("too little left"));
         // Nothing measured until the links settled.
         let mut g = Grower::new(Some(MS(50)), Duration::ZERO, 4, 64);
-        assert_eq!(g.poll(MS(400), 1 << 20, 1 << 40, false), Step::Wait);
+        assert_eq!(g.poll(MS(400), 1 << 20, None, 1 << 40, false), Step::Wait);
         assert!(g.stages.is_empty());
     }
 
@@ -503,5 +566,32 @@ mod tests {
         let rebased = g.stages.iter().filter(|s| s.then.contains("new baseline"));
         assert_eq!(rebased.count(), REBASELINES as usize, "{:?}", g.stages);
         assert!(g.stopped.unwrap().contains("less than +"));
+    }
+
+    #[test]
+    fn idle_links_stop_the_growth_busy_ones_let_it_go_on() {
+        // The sink takes 300 MB/s whatever the count: the senders wait for
+        // its credits, the links have data in flight 30 % of the time.
+        // The first stage already says so: no stream is added.
+        let (n, g) = drive_busy(50, 16, 32, 32, 100 << 30, |_, _| (300e6, false, Some(0.3)));
+        assert_eq!(n, 16, "{:?}", g.stages);
+        assert_eq!(g.stages.len(), 1);
+        assert_eq!(g.stages[0].busy_pct, Some(30.0));
+        let why = g.stopped.unwrap();
+        assert!(why.contains("the ends, not the path"), "{why}");
+        // Busy links on a path that still grows: growth goes on as before.
+        let (n, g) = drive_busy(50, 4, 64, 64, 100 << 30, |n, _| {
+            (path(n), false, Some(0.95))
+        });
+        assert!((20..=40).contains(&n), "{n} {:?}", g.stages);
+        assert!(g.stopped.unwrap().contains("less than +"));
+        // Links that become idle once the path is full stop it there
+        // rather than after one more stage.
+        let (n, g) = drive_busy(50, 8, 64, 64, 100 << 30, |n, _| {
+            let b = if n >= 18 { 0.4 } else { 0.95 };
+            (path(n), false, Some(b))
+        });
+        assert_eq!(n, 18, "{:?}", g.stages);
+        assert!(g.stopped.unwrap().contains("in flight only 40 %"));
     }
 }
