@@ -357,6 +357,22 @@ def table(results, tools):
                 c += " [" + "/".join(str(r["streams"]) for r in rs) + "]"
             cells.append(c)
         print(f"| {rtt:g} | " + " | ".join(cells) + " |")
+    # Where the CPU went: per tool, medians over runs of the cores each part
+    # used during the run and its CPU seconds per GB moved (wanem = the path).
+    print("\n| RTT ms | tool | MB/s | wanem cores (s/GB) | server cores (s/GB) | client cores (s/GB) "
+          "| machine busy | streams start→end |")
+    print("|---|---|---|---|---|---|---|---|")
+    for rtt in rtts:
+        for t in tools:
+            rs = [r for r in results if r["rtt"] == rtt and r["tool"] == t and r["ok"] and "cpu_wanem" in r]
+            if not rs:
+                continue
+            med = lambda k: statistics.median(r.get(k, 0) for r in rs)
+            gb = lambda k: statistics.median(r.get(k, 0) / (r["mb_s"] / 1e3) for r in rs)
+            cells = [f"{med(k):.2f} ({gb(k):.2f})" for k in ("cpu_wanem", "cpu_server", "cpu_client")]
+            ss = "/".join(f"{r.get('chosen') or r.get('streams', '')}→{r.get('streams', '')}" for r in rs)
+            print(f"| {rtt:g} | {t} | {med('mb_s'):,.0f} | " + " | ".join(cells) +
+                  f" | {med('cpu_machine'):.2f} | {ss} |")
 
 
 if __name__ == "__main__":

@@ -351,6 +351,25 @@ impl Streams {
         any.then_some(sum)
     }
 
+    /// How long the live links' packets wait in queues on the path: the
+    /// median over links of smoothed RTT / minimum RTT (TCP_INFO), None
+    /// without samples. Near 1: nothing queues; a full bottleneck (or an
+    /// emulator short of CPU) shows as a rise (transport::grow).
+    pub fn queueing(&self) -> Option<f64> {
+        let live = self.slots.iter().filter(|s| s.state == State::Live);
+        let mut r: Vec<f64> = live
+            .filter_map(|s| {
+                let h = s.handle.as_ref()?;
+                Some(h.srtt()?.as_secs_f64() / h.rtt()?.as_secs_f64())
+            })
+            .collect();
+        if r.is_empty() {
+            return None;
+        }
+        r.sort_unstable_by(f64::total_cmp);
+        Some(r[r.len() / 2])
+    }
+
     /// Microseconds the session's links had data in flight so far, summed
     /// over links (TCP_INFO busy_time, kept across replacements like
     /// [`Streams::acked`]): over a stage with n links and t seconds, the

@@ -638,6 +638,7 @@ fn grown(m: Control) -> Option<Growth> {
         link_mb_s: s.link_kb_s.into_iter().map(mb).collect(),
         // Not carried by Grown (the decision text says what it decided).
         busy_pct: None,
+        rtt_x: None,
         then: s.then,
     });
     Some(Growth {

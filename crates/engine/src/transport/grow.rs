@@ -59,6 +59,25 @@ pub const STARVED: f64 = 0.5;
 /// time included).
 pub const BUSY_MIN: f64 = 0.5;
 
+/// Links whose smoothed RTT averaged this multiple of their minimum over
+/// a stage wait in a queue on the path: its bottleneck (or an emulator
+/// short of CPU) is full, and more streams would only lengthen the queue
+/// (BBR keeps at most about one BDP queued; a stream held back by its own
+/// window queues nothing). Measured through wanem capped at 200 MB/s:
+/// every count from 4 to 16 moved the same, and the streams added past
+/// the start cost 4-13 % (docs/BENCHMARKS.md, issue 21).
+pub const QUEUED: f64 = 1.5;
+
+/// What the links say at one look (TCP_INFO; None where the transport
+/// has none).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Links {
+    /// Microseconds with data in flight so far, summed over the links.
+    pub busy_us: Option<u64>,
+    /// Smoothed RTT / minimum RTT now, the median link's.
+    pub queueing: Option<f64>,
+}
+
 /// Paths shorter than this are a LAN: the first choice stands (more
 /// streams there cost CPU and bring nothing; RTT 0 must not regress).
 pub const LAN_RTT: Duration = Duration::from_millis(1);
@@ -89,6 +108,10 @@ pub struct Stage {
     /// busy_time over links x time; None where the transport has none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub busy_pct: Option<f64>,
+    /// The links' smoothed RTT over their minimum, averaged over the
+    /// stage (the median link's; None where the transport has none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rtt_x: Option<f64>,
     /// What was decided after it.
     pub then: String,
 }
@@ -116,6 +139,8 @@ enum Phase {
         busy0: Option<u64>,
         looks: u32,
         empty: u32,
+        /// Sum and count of the queueing looks.
+        queue: (f64, u32),
     },
     /// Streams asked for; waiting for [`Grower::changed`].
     Asking,
@@ -209,10 +234,11 @@ impl Grower {
         &mut self,
         now: Duration,
         bytes: u64,
-        busy: Option<u64>,
+        links: Links,
         remaining: u64,
         starved: bool,
     ) -> Step {
+        let busy = links.busy_us;
         match self.phase {
             Phase::Done | Phase::Asking => Step::Wait,
             Phase::Settling { since } => {
@@ -227,8 +253,13 @@ impl Grower {
                 busy0,
                 looks,
                 empty,
+                queue,
             } => {
                 let (looks, empty) = (looks + 1, empty + u32::from(starved));
+                let queue = match links.queueing {
+                    Some(q) => (queue.0 + q, queue.1 + 1),
+                    None => queue,
+                };
                 let dt = now.saturating_sub(t0);
                 if dt < self.measure {
                     self.phase = Phase::Measuring {
@@ -237,6 +268,7 @@ impl Grower {
                         busy0,
                         looks,
                         empty,
+                        queue,
                     };
                     return Step::Wait;
                 }
@@ -251,7 +283,8 @@ impl Grower {
                     (Some(a), Some(b)) => Some((b.saturating_sub(a) as f64 / links).min(1.0)),
                     _ => None,
                 };
-                self.judge(now, rate, busy, remaining)
+                let rtt_x = (queue.1 > 0).then(|| queue.0 / queue.1 as f64);
+                self.judge(now, rate, busy, rtt_x, remaining)
             }
         }
     }
@@ -263,6 +296,7 @@ impl Grower {
             busy0: busy,
             looks: 0,
             empty: 0,
+            queue: (0.0, 0),
         };
     }
 
@@ -281,6 +315,7 @@ impl Grower {
             mb_s: rate / 1e6,
             link_mb_s: Vec::new(),
             busy_pct: None,
+            rtt_x: None,
             then,
         };
         match self.stages.last_mut() {
@@ -291,8 +326,16 @@ impl Grower {
     }
 
     /// A stage measured `rate` bytes/s with the current streams, whose
-    /// links had data in flight `busy` of the time.
-    fn judge(&mut self, now: Duration, rate: f64, busy: Option<f64>, remaining: u64) -> Step {
+    /// links had data in flight `busy` of the time and an RTT `rtt_x`
+    /// times their minimum.
+    fn judge(
+        &mut self,
+        now: Duration,
+        rate: f64,
+        busy: Option<f64>,
+        rtt_x: Option<f64>,
+        remaining: u64,
+    ) -> Step {
         let n = self.streams;
         let need = |m: u16| MIN_GAIN.max(MARGINAL * (n as f64 / m as f64 - 1.0));
         // The first stage runs ahead of the path while the sink's buffers
@@ -311,6 +354,7 @@ impl Grower {
         let stage_s = (self.settle + self.measure).as_secs_f64();
         let short = (remaining as f64) < rate * 2.0 * stage_s;
         let idle = busy.filter(|&b| b < BUSY_MIN);
+        let queued = rtt_x.filter(|&q| q >= QUEUED);
         let (step, then) = match self.last {
             // The links waited for the ends (the sink's credits, reading,
             // the CPU) most of the stage: a longer path would not change
@@ -322,6 +366,16 @@ impl Grower {
                      time: the ends, not the path, are the limit",
                     rate / 1e6,
                     idle.unwrap_or_default() * 100.0
+                ),
+            ),
+            // A full bottleneck: the links' packets queue on the path.
+            _ if queued.is_some() => (
+                None,
+                format!(
+                    "stop: {n} streams {:.0} MB/s with an RTT {:.1} x its minimum: the path's \
+                     bottleneck is full, more streams would only queue",
+                    rate / 1e6,
+                    queued.unwrap_or_default()
                 ),
             ),
             Some((m, r)) if dropped(m, r) && n < self.max && !short => {
@@ -363,6 +417,7 @@ impl Grower {
             mb_s: rate / 1e6,
             link_mb_s: Vec::new(),
             busy_pct: busy.map(|b| (b * 1e3).round() / 10.0),
+            rtt_x: rtt_x.map(|q| (q * 100.0).round() / 100.0),
             then: then.clone(),
         });
         self.last = Some((n, rate));
@@ -448,16 +503,35 @@ mod tests {
         total: u64,
         rate: impl Fn(u16, Duration) -> (f64, bool, Option<f64>),
     ) -> (u16, Grower) {
+        drive_links(rtt_ms, start, max, grant, total, |n, t| {
+            let (r, starved, b) = rate(n, t);
+            (r, starved, b, None)
+        })
+    }
+
+    /// As [`drive_busy`], and the links' RTT over its minimum.
+    fn drive_links(
+        rtt_ms: u64,
+        start: u16,
+        max: u16,
+        grant: u16,
+        total: u64,
+        rate: impl Fn(u16, Duration) -> (f64, bool, Option<f64>, Option<f64>),
+    ) -> (u16, Grower) {
         let mut g = Grower::new(Some(MS(rtt_ms)), Duration::ZERO, start, max);
         let (mut t, mut bytes, mut busy) = (Duration::ZERO, 0u64, Some(0u64));
         let tick = MS(250);
         while bytes < total && !g.done() {
             t += tick;
-            let (r, starved, b) = rate(g.streams(), t);
+            let (r, starved, b, queueing) = rate(g.streams(), t);
             bytes += (r * tick.as_secs_f64()) as u64;
             let us = tick.as_micros() as f64 * g.streams() as f64;
             busy = b.and_then(|b| Some(busy? + (b * us) as u64));
-            match g.poll(t, bytes, busy, total.saturating_sub(bytes), starved) {
+            let links = Links {
+                busy_us: busy,
+                queueing,
+            };
+            match g.poll(t, bytes, links, total.saturating_sub(bytes), starved) {
                 Step::Add(k) => {
                     let to = (g.streams() + k).min(grant);
                     assert!(to <= max);
@@ -526,7 +600,10 @@ mod tests {
         assert!(g.stopped.unwrap().contains("too little left"));
         // Nothing measured until the links settled.
         let mut g = Grower::new(Some(MS(50)), Duration::ZERO, 4, 64);
-        assert_eq!(g.poll(MS(400), 1 << 20, None, 1 << 40, false), Step::Wait);
+        assert_eq!(
+            g.poll(MS(400), 1 << 20, Links::default(), 1 << 40, false),
+            Step::Wait
+        );
         assert!(g.stages.is_empty());
     }
 
@@ -593,5 +670,26 @@ mod tests {
         });
         assert_eq!(n, 18, "{:?}", g.stages);
         assert!(g.stopped.unwrap().contains("in flight only 40 %"));
+    }
+
+    #[test]
+    fn a_queueing_path_stops_the_growth_a_window_limited_one_does_not() {
+        // A 200 MB/s bottleneck that 4 streams fill: the links' RTT is
+        // 1.8 x its minimum (BBR keeps about a BDP queued). The first
+        // stage stops it: no stream is added.
+        let (n, g) = drive_links(50, 16, 32, 32, 100 << 30, |_, _| {
+            (200e6, false, Some(1.0), Some(1.8))
+        });
+        assert_eq!(n, 16, "{:?}", g.stages);
+        assert_eq!(g.stages[0].rtt_x, Some(1.8));
+        assert!(g.stopped.unwrap().contains("bottleneck is full"));
+        // Streams held back by their windows queue nothing: growth goes
+        // on until the path fills, then the queue stops it.
+        let (n, g) = drive_links(50, 4, 64, 64, 100 << 30, |n, _| {
+            let q = if path(n) >= 500e6 { 1.7 } else { 1.05 };
+            (path(n), false, Some(1.0), Some(q))
+        });
+        assert!((20..=30).contains(&n), "{n} {:?}", g.stages);
+        assert!(g.stopped.unwrap().contains("bottleneck is full"));
     }
 }

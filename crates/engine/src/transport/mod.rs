@@ -58,6 +58,12 @@ pub trait Link: Read + Write + Send {
     fn busy_us(&self) -> Option<u64> {
         None
     }
+    /// The transport's smoothed round trip now (TCP_INFO's rtt), None
+    /// when it has none; above [`Link::rtt`] (the minimum) by the time
+    /// its packets wait in queues on the path.
+    fn srtt(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// Something that can open links to an address.

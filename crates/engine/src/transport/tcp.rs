@@ -68,6 +68,10 @@ impl Link for TcpStream {
     fn bytes_acked(&self) -> Option<u64> {
         Some(tcp_info(self)?.tcpi_bytes_acked)
     }
+    fn srtt(&self) -> Option<Duration> {
+        let us = tcp_info(self)?.tcpi_rtt;
+        (us > 0).then(|| Duration::from_micros(us as u64))
+    }
     fn busy_us(&self) -> Option<u64> {
         // 0 on kernels before 4.10, which lack the chronograph: unknown.
         let b = tcp_info(self)?.tcpi_busy_time;
