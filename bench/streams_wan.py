@@ -12,7 +12,9 @@ fetch a copy of it from under the daemon's root into that tmpfs. The
 namespaces pth-a (client) and pth-b (server, daemon) are joined by wanem
 with one-way delay RTT/2 and deleted on exit. Prints one JSON line per run
 and a markdown table (medians, and each tool's median ratio to the no-flag
-run of the same round) at the end.
+run of the same round) at the end, then one of the CPU each part used (wanem,
+server, client: cores and CPU seconds per GB; the machine's busy share).
+`--rate-mbit R` caps the emulated path at R Mbit/s per direction.
 """
 import argparse
 import json
@@ -186,7 +188,8 @@ def run_ramsys(a, port, src, dst, streams, binary=None):
     g = c.get("growth") or {}
     return {"ok": True, "wall_s": wall, "mb_s": summ["bytes"] / 1e6 / wall,
             "streams": summ["streams"], "chosen": c.get("streams"),
-            "stages": [(s["streams"], round(s["mb_s"]), s.get("busy_pct")) for s in g.get("stages", [])],
+            "stages": [(s["streams"], round(s["mb_s"]), s.get("busy_pct"), s.get("rtt_x"))
+                       for s in g.get("stages", [])],
             "stopped": g.get("stopped")}
 
 
@@ -209,7 +212,8 @@ def run_pull(a, port, dst, streams):
     g = c.get("growth") or {}
     return {"ok": True, "wall_s": wall, "mb_s": summ["bytes"] / 1e6 / wall,
             "streams": summ["streams"], "chosen": c.get("streams"),
-            "stages": [(s["streams"], round(s["mb_s"]), s.get("busy_pct")) for s in g.get("stages", [])],
+            "stages": [(s["streams"], round(s["mb_s"]), s.get("busy_pct"), s.get("rtt_x"))
+                       for s in g.get("stages", [])],
             "stopped": g.get("stopped")}
 
 
