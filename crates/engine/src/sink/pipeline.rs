@@ -638,6 +638,9 @@ fn grown(m: Control) -> Option<Growth> {
         streams: s.streams,
         mb_s: mb(s.kb_s),
         link_mb_s: s.link_kb_s.into_iter().map(mb).collect(),
+        // Not carried by Grown (the decision text says what it decided).
+        busy_pct: None,
+        rtt_x: None,
         then: s.then,
     });
     Some(Growth {

@@ -34,7 +34,7 @@ use crate::stats::{FailedPath, Report, Stats};
 use crate::storage::StorageCfg;
 use crate::sync::source::SyncPlan;
 use crate::transport::grow::Growth;
-use crate::transport::grow::{Grower, Step as GrowStep};
+use crate::transport::grow::{Grower, Links, Step as GrowStep};
 use crate::transport::Link;
 use crate::{show, EngineError};
 
@@ -437,9 +437,12 @@ impl<'s> Payload<'s> {
         let total = self.stats.total_bytes.load(Ordering::Relaxed);
         // An empty send queue: reading, not the links, is the limit now.
         let starved = self.filled.is_empty();
-        let step = a
-            .grower
-            .poll(a.t0.elapsed(), bytes, total.saturating_sub(bytes), starved);
+        let links = Links {
+            busy_us: self.streams.busy(),
+            queueing: self.streams.queueing(),
+        };
+        let left = total.saturating_sub(bytes);
+        let step = a.grower.poll(a.t0.elapsed(), bytes, links, left, starved);
         if !matches!(step, GrowStep::Wait) {
             a.grower.note_links(self.streams.delivery_rates());
         }
