@@ -227,6 +227,54 @@ impl SinkSync {
         }
     }
 
+    /// A piece of a big file (issue 19, data::bigfile), already in
+    /// `table`: unchanged when the file is in place as a copy of this one
+    /// (same size and mtime, or same content with `-c`), or when an earlier
+    /// run left this piece verified in the shared temp file; otherwise sent
+    /// whole (no delta: a piece is small and its base is the temp file).
+    pub fn on_piece(
+        &mut self,
+        table: &FileTable,
+        id: u64,
+        target: &[u8],
+        size: u64,
+        mode: u32,
+        mtime: (i64, u32),
+    ) {
+        self.remember(target);
+        if self.dry() {
+            self.dry_files.push((id, target.to_vec()));
+        }
+        if self.flags & super::COMPARE == 0 {
+            return;
+        }
+        if let Some(st) = self.lstat(target).filter(is_reg) {
+            let same_size = st.st_size as u64 == size;
+            if self.flags & CHECKSUM != 0 && same_size {
+                self.checks.push((id, target.to_vec(), size, Check::Digest));
+                return;
+            }
+            let omtime = (st.st_mtime, st.st_mtime_nsec as u32);
+            if self.flags & CHECKSUM == 0 && same_size && omtime == mtime {
+                self.haves.push(Have {
+                    id,
+                    state: HaveState::Unchanged,
+                });
+                table.keep(id, st.st_mode & 0o7777 != mode);
+                self.dry_kept.insert(id);
+                return;
+            }
+        }
+        if !self.dry() && table.piece_done(id) {
+            self.haves.push(Have {
+                id,
+                state: HaveState::Unchanged,
+            });
+            table.keep_piece(id);
+            self.dry_kept.insert(id);
+        }
+    }
+
     /// Resume: temp files of this session's files that no journal row
     /// vouches for (written after its last save before a kill, or of
     /// another source version) are removed: their blocks are unverified.

@@ -82,7 +82,8 @@ pub fn plan(
                 size,
                 sums,
             } => {
-                if block_size >= 4096 && !dry {
+                // A piece (issue 19) is sent whole or not at all.
+                if block_size >= 4096 && !dry && files[i].range.is_none() {
                     jobs.push((i, Job::Blocks(block_size, size, sums)));
                 }
             }
