@@ -1364,6 +1364,66 @@ mod tests {
         assert_eq!(t.journal_rows(true).len(), 1);
     }
 
+    /// Two sessions (two daemons of a stripe) receive the pieces of one big
+    /// file into one directory: data outside a piece is a protocol error;
+    /// the file appears under its final name, with its mode and mtime, only
+    /// when the last piece verified, placed by exactly one of them; a
+    /// piece with a bad digest leaves no marker.
+    #[test]
+    fn pieces_of_one_file_from_two_sessions_meet_and_one_places_it() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let table = |session: u64, pieces: &[u32]| {
+            let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
+            let mut t = FileTable::new(root, session, true, false, Arc::new(Stats::default()));
+            for (id, &i) in pieces.iter().enumerate() {
+                t.push_entry(id as u64, Some((b"big".to_vec(), 10, 0o640, (7, 8))));
+                t.set_piece(id as u64, 4, i);
+            }
+            t
+        };
+        let data = b"0123456789";
+        let piece = |t: &FileTable, id: u64, i: usize| {
+            let (o, e) = (i * 4, (i * 4 + 4).min(10));
+            send(t, id, o as u64, &data[o..e])
+        };
+        let a = table(1, &[0, 2]);
+        let b = table(2, &[1]);
+        let bad = Segment {
+            file_id: 0,
+            offset: 4,
+            len: 1,
+        };
+        assert!(matches!(
+            a.write_segment(&bad, b"x", 0),
+            Err(WriteError::Protocol(_))
+        ));
+        let h0 = piece(&a, 0, 0);
+        let h2 = piece(&a, 1, 2);
+        a.digest_known(0, h0).unwrap();
+        // A corrupt piece: failed, no marker, nothing placed.
+        a.digest_known(1, h2 ^ 1).unwrap();
+        let h1 = piece(&b, 0, 1);
+        b.digest_known(0, h1).unwrap();
+        assert!(!d.path().join("big").exists());
+        assert_eq!(b.files_moved(), 0);
+        // The piece again (a resume's session): the last one, it places it.
+        let c = table(3, &[2]);
+        let h2 = piece(&c, 0, 2);
+        c.digest_known(0, h2).unwrap();
+        assert!(a.finish().len() == 1 && b.finish().is_empty() && c.finish().is_empty());
+        assert_eq!(std::fs::read(d.path().join("big")).unwrap(), data);
+        let md = std::fs::metadata(d.path().join("big")).unwrap();
+        assert_eq!(
+            (md.mode() & 0o7777, md.mtime(), md.mtime_nsec()),
+            (0o640, 7, 8)
+        );
+        assert_eq!(names(d.path()), vec!["big"]);
+        // Counted once, where it was placed; bytes where they arrived.
+        assert_eq!((b.files_moved(), c.files_moved()), (0, 1));
+        assert_eq!((b.bytes_moved(), c.bytes_moved()), (4, 2));
+    }
+
     /// Local-copy segments make the sink read a file of its own choosing:
     /// only a sink whose source runs in the same process takes them.
     #[test]
