@@ -86,6 +86,23 @@ fn one_huge_file_stripes_over_three_daemons_and_a_second_run_moves_nothing() {
     let j = summary(&o);
     assert_eq!(j["bytes"].as_u64().unwrap(), 0, "{j}");
     assert!(stripes(&j).iter().all(|(_, b)| *b == 0), "{j}");
+    // By content (`sync --checksum`): every piece is compared with the
+    // file in place (hashed once per side), nothing moves either.
+    let o = ramsys(
+        &key,
+        &[
+            "sync",
+            "-r",
+            "--checksum",
+            "--stripe",
+            "--json",
+            src.to_str().unwrap(),
+            &url,
+        ],
+    );
+    assert_ok(&o);
+    let j = summary(&o);
+    assert_eq!(j["bytes"].as_u64().unwrap(), 0, "{j}");
     assert_same_tree(&src, &root.join("src"));
     assert!(temp_files(&root).is_empty());
 }

@@ -319,26 +319,48 @@ impl SinkSync {
             self.drop_stale_parts();
         }
         let root = self.root.clone();
-        let res: Vec<Option<HaveState>> = super::par_map(
-            &self.checks,
-            super::hash_threads(),
-            |(id, path, size, c)| {
-                let f = root.open_read(path, false).ok()?;
-                match c {
-                    Check::Digest => super::content_digest(f).ok().map(HaveState::Digest),
-                    Check::Blocks { base_size, part } => {
-                        let bs = super::delta_block(*size);
-                        let want = |i: usize| part.as_ref().is_none_or(|p| p.has(i));
-                        let sums = super::block_sums(&f, *id, *base_size, bs, &want).ok()?;
-                        Some(HaveState::Blocks {
-                            block_size: bs,
-                            size: *base_size,
-                            sums,
-                        })
+        // The pieces of one big file (issue 19) all ask for the digest of
+        // the same final file (`-c`): hashed once.
+        let mut first: std::collections::HashMap<&[u8], usize> = Default::default();
+        let same: Vec<Option<usize>> = (self.checks.iter().enumerate())
+            .map(|(i, (_, p, _, c))| match c {
+                Check::Digest => match first.get(&p[..]) {
+                    Some(&j) => Some(j),
+                    None => {
+                        first.insert(&p[..], i);
+                        None
                     }
+                },
+                _ => None,
+            })
+            .collect();
+        let idx: Vec<usize> = (0..self.checks.len()).collect();
+        let checks = &self.checks;
+        let mut res: Vec<Option<HaveState>> = super::par_map(&idx, super::hash_threads(), |&i| {
+            let (id, path, size, c) = &checks[i];
+            if same[i].is_some() {
+                return None;
+            }
+            let f = root.open_read(path, false).ok()?;
+            match c {
+                Check::Digest => super::content_digest(f).ok().map(HaveState::Digest),
+                Check::Blocks { base_size, part } => {
+                    let bs = super::delta_block(*size);
+                    let want = |i: usize| part.as_ref().is_none_or(|p| p.has(i));
+                    let sums = super::block_sums(&f, *id, *base_size, bs, &want).ok()?;
+                    Some(HaveState::Blocks {
+                        block_size: bs,
+                        size: *base_size,
+                        sums,
+                    })
                 }
-            },
-        );
+            }
+        });
+        for (i, j) in same.iter().enumerate() {
+            if let Some(j) = *j {
+                res[i] = res[j].clone();
+            }
+        }
         for ((id, _, _, c), r) in std::mem::take(&mut self.checks).into_iter().zip(res) {
             let Some(state) = r else { continue };
             match c {
