@@ -115,6 +115,14 @@ fn a_tree_of_one_big_file_and_many_small_stripes_evenly() {
     let src = t.path().join("src");
     make_varied_tree(&src, 64 << 10);
     write_big(&src.join("big"), 40 << 20, 12);
+    // A sparse big file: its pieces' holes stay zeros in the shared temp.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::create(src.join("sparse")).unwrap();
+        f.set_len(24 << 20).unwrap();
+        f.write_all_at(&Rng(3).bytes(3 << 20), 9 << 20).unwrap();
+        set_mtime(&src.join("sparse"), 1_600_000_000, 0);
+    }
     let o = ramsys(
         &key,
         &[
@@ -132,7 +140,7 @@ fn a_tree_of_one_big_file_and_many_small_stripes_evenly() {
     assert!(temp_files(&root).is_empty(), "{:?}", temp_files(&root));
     let j = summary(&o);
     // Whole files alone would give one daemon the 40 MiB: in pieces,
-    // each moves about a third.
+    // each moves about a third (holes count too).
     let s = stripes(&j);
     assert_eq!(s.len(), 3, "{j}");
     assert!(s.iter().all(|(_, b)| *b >= 10 << 20), "{j}");

@@ -488,14 +488,17 @@ impl FileTable {
     }
 
     /// A hole segment: nothing to do in a fresh temp file (created at its
-    /// size, all holes); a device or a file built from a base holds old
-    /// bytes there, which must read as zeros (storage::volume).
+    /// size, all holes); a device, a file built from a base or a piece's
+    /// shared temp file holds old bytes there, which must read as zeros
+    /// (storage::volume).
     pub fn write_hole(&self, f: &SinkFile, fd: &SinkFd, seg: &Segment) -> std::io::Result<()> {
         if !fd.sized && seg.offset + seg.span() == f.size {
             // Not created at its size: a hole at the end sets it.
             fd.buffered.set_len(f.size)?;
         }
-        if !f.is_device() && f.base.lock().unwrap().is_none() {
+        // A piece's temp file may hold an interrupted earlier attempt's
+        // bytes (data::bigfile): zeroed like a base.
+        if !f.is_device() && f.base.lock().unwrap().is_none() && f.piece.is_none() {
             return Ok(());
         }
         self.storage
