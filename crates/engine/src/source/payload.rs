@@ -996,7 +996,7 @@ fn rels_by_id(w: &Walk) -> Vec<Vec<u8>> {
 /// Each file's bytes still to read (a sync reads only what differs).
 fn file_states(files: &[SourceFile], plan: Option<&SyncPlan>) -> Arc<Vec<SrcFileState>> {
     let states = files.iter().enumerate().map(|(i, f)| SrcFileState {
-        remaining: AtomicU64::new(plan.map_or(f.size, |p| p.bytes(i, f.size))),
+        remaining: AtomicU64::new(plan.map_or(f.len(), |p| p.bytes(i, f.len()))),
         digest: AtomicU64::new(0),
         failed: AtomicBool::new(false),
     });
@@ -1011,8 +1011,8 @@ fn nothing_to_read<'f>(
 ) -> impl Iterator<Item = &'f SourceFile> {
     files.iter().enumerate().filter_map(move |(i, f)| {
         let none = match plan {
-            None => f.size == 0,
-            Some(p) => !p.skipped(i) && p.bytes(i, f.size) == 0,
+            None => f.is_empty(),
+            Some(p) => !p.skipped(i) && p.bytes(i, f.len()) == 0,
         };
         none.then_some(f)
     })
