@@ -4,7 +4,8 @@
 # emulate a machine smaller than the data: a 1 GiB "hot" file is read
 # inside the cgroup (cached, charged to it), then 2 x 5 GiB (cold: caches
 # dropped first) are pushed, and fincore reports how much of the hot file is
-# still resident. Same for an rsync daemon and cp -a.
+# still resident. Same for an rsync daemon, GridFTP (globus-gridftp-server,
+# globus-url-copy -fast -p 4 -cc 4, as bench/run.py runs it) and cp -a.
 #
 #   bench/memory_pressure.sh [BINARY]   (env: WORK, LIMIT, SIZE_GIB, TOOLS)
 set -euo pipefail
@@ -12,7 +13,7 @@ BIN=${1:-target/release/ramsys}
 WORK=${WORK:-/var/tmp/large/mem}
 LIMIT=${LIMIT:-6G}
 SIZE_GIB=${SIZE_GIB:-5}
-TOOLS=${TOOLS:-"ramsys rsync cp"}
+TOOLS=${TOOLS:-"ramsys rsync gridftp cp"}
 mkdir -p "$WORK/src"
 # cgroup v2 (memory.max) or v1 (memory.limit_in_bytes).
 if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
@@ -53,6 +54,14 @@ for tool in $TOOLS; do
         (bg_cg rsync --daemon --no-detach --config="$WORK/rsyncd.conf" --address=127.0.0.1 --port=28873) &
         D=$!; sleep 1; t0=$(date +%s.%N)
         in_cg rsync -a "$WORK/src" rsync://127.0.0.1:28873/m/
+        t1=$(date +%s.%N); kill $D; wait $D || true ;;
+    gridftp)
+        command -v globus-url-copy > /dev/null || { echo "gridftp: not installed (bench/setup.sh)"; continue; }
+        (bg_cg globus-gridftp-server -aa -anonymous-user root -allow-root -s -p 28811 \
+            -control-interface 127.0.0.1 -data-interface 127.0.0.1 -home-dir / -log-level error \
+            -l "$WORK/gridftp.log") &
+        D=$!; sleep 1; t0=$(date +%s.%N)
+        in_cg globus-url-copy -r -cd -fast -p 4 -cc 4 -pp "file://$WORK/src/" "ftp://127.0.0.1:28811$WORK/dst/src/"
         t1=$(date +%s.%N); kill $D; wait $D || true ;;
     cp)
         in_cg cp -a "$WORK/src" "$WORK/dst/"; t1=$(date +%s.%N) ;;

@@ -818,8 +818,12 @@ def measure(ctx, tool, env, workload, src, cache, extra=(), label=None):
     cmd, target = tool.client_cmd(src, workload, list(extra))
     if target.exists():
         retire(ctx, target, ctx.desc[workload]["files"])
-    if getattr(ctx, "trash_files", 0) >= 200_000:
-        settle(ctx)  # bound the trash's disk use (ablation, WAN loops)
+    # Bound the trash's disk use (ablation, WAN loops), but never inside a
+    # loopback round of the headline: six tools x 47,984 files is 288k, and
+    # a settle before the last tool of a round (it used to be 200k) made
+    # that tool pay for the others' deleted inodes (recently_deleted()).
+    if getattr(ctx, "trash_files", 0) >= 400_000:
+        settle(ctx)
     res = {"tool": tool.name, "env": env.name, "workload": workload, "cache": cache,
            "extra": " ".join(extra), "cmd": shlex.join(cmd)}
     if cache == "cold":
@@ -1318,6 +1322,102 @@ def make_charts(ctx, groups, charts):
     return out
 
 
+HEADLINE_BEGIN = "<!-- headline:begin (bench/run.py --headline rewrites this block) -->"
+HEADLINE_END = "<!-- headline:end -->"
+
+
+def headline_lines(ctx, results, unavailable):
+    """One table: rows = workload and cache, columns = tools; each cell the
+    median wall time (min-max) and, for peers, the median of the same-round
+    ratios peer / ramsys; then CPU s/GB of both ends. Issue 17's targets are
+    judged below it from the same numbers."""
+    groups = {}
+    for r in results:
+        if not r.get("extra"):
+            groups.setdefault((r["workload"], r["cache"]), {}).setdefault(r["tool"], []).append(r)
+    tools = [t for t in ctx.tools if any(t.name in g for g in groups.values())]
+    order = {"bulk": 0, "mixed": 1, "kernel": 2}
+    keys = sorted(groups, key=lambda k: (k[1] != "warm", order.get(k[0], 9)))
+    names = {"bulk": "bulk 4 x 1 GiB", "mixed": "mixed 4,000 files", "kernel": "kernel-like 47,984 files"}
+
+    def ratios(g, tool):
+        base = {r["run"]: r["wall_s"] for r in g.get("ramsys", []) if r.get("verified")}
+        return [r["wall_s"] / base[r["run"]] for r in g.get(tool, []) if r.get("verified") and r["run"] in base]
+
+    L = [f"Full scale, {ctx.args.runs} rounds, tools interleaved in each round (ramsys first), push to a "
+         f"daemon on loopback for every networked tool, {ctx.args.streams} streams where a tool has them, "
+         f"rounds settled (bench/README.md `--settle`). Generated "
+         f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} UTC on commit {ctx.git_head} by "
+         "`sudo python3 bench/run.py --headline`; load average "
+         f"{ctx.load_before} before, {ctx.load_after} after; per-configuration tables in "
+         "docs/bench/headline/BENCHMARKS.md. Cells: wall seconds, median (min-max); "
+         "x = same-round ratio peer / ramsys, median (> 1: ramsys faster).\n",
+         "| workload, cache | " + " | ".join(t.label for t in tools) + " |",
+         "|---|" + "---|" * len(tools)]
+    for k in keys:
+        g, cells = groups[k], []
+        for t in tools:
+            ok = [r["wall_s"] for r in g.get(t.name, []) if r.get("verified")]
+            if not ok:
+                to = any(r.get("timeout") for r in g.get(t.name, []))
+                cells.append(f"> {ctx.args.timeout:.0f} s" if to else ("not run" if t.name not in g else "failed"))
+                continue
+            c = fmt_ms(ok)
+            rr = ratios(g, t.name)
+            if t.name != "ramsys" and rr:
+                c += f", **{med(rr):.2f}x**"
+            cells.append(c)
+        L.append(f"| {names.get(k[0], k[0])}, {k[1]} | " + " | ".join(cells) + " |")
+    L.append("| CPU s/GB both ends (warm bulk / mixed / kernel) | " + " | ".join(
+        " / ".join(fmt(med([r["cpu_s_per_gb"] for r in groups.get((w, "warm"), {}).get(t.name, [])
+                            if r.get("verified")]), 1) for w in ("bulk", "mixed", "kernel"))
+        for t in tools) + " |")
+    L.append("")
+    for k, v in unavailable.items():
+        L.append(f"- {k}: unavailable: {v}")
+    if unavailable:
+        L.append("")
+
+    def m(w, c, tool):
+        return med(ratios(groups.get((w, c), {}), tool))
+
+    def judge(label, val, want):
+        if val is None:
+            return f"- {label}: not measured"
+        return f"- {label}: {val:.2f} (target {want}): **{'met' if val >= want else 'not met'}**"
+    L.append("Issue 17's targets, from the medians of the same-round ratios above:")
+    L.append(judge("bulk warm vs GridFTP", m("bulk", "warm", "gridftp"), 1.3))
+    L.append(judge("bulk warm vs rsync daemon", m("bulk", "warm", "rsyncd"), 1.0))
+    L.append(judge("bulk cold vs GridFTP", m("bulk", "cold", "gridftp"), 1.0))
+    L.append(judge("mixed vs GridFTP", m("mixed", "warm", "gridftp"), 1.3))
+    L.append(judge("mixed vs rsync daemon", m("mixed", "warm", "rsyncd"), 1.0))
+    kr = ratios(groups.get(("kernel", "warm"), {}), "cp")
+    if kr:
+        L.append(f"- kernel-like tree vs cp -a in every round: worst round {min(kr):.2f} (target 1.0): "
+                 f"**{'met' if min(kr) >= 1.0 else 'not met'}**")
+    L.append(judge("kernel-like tree vs rsync daemon", m("kernel", "warm", "rsyncd"), 1.5))
+    loc = groups.get(("bulk", "warm"), {})
+    lr = [c / r for c, r in zip(
+        [x["wall_s"] for x in sorted(loc.get("cp", []), key=lambda x: x["run"]) if x.get("verified")],
+        [x["wall_s"] for x in sorted(loc.get("ramsys-local", []), key=lambda x: x["run"]) if x.get("verified")])]
+    L.append(judge("local ramsys cp -r of bulk vs cp -a", med(lr), 0.9))
+    return L
+
+
+def splice_headline(ctx, results, unavailable, path):
+    """Replace the block between the headline markers of BENCHMARKS.md (or
+    put one after its first paragraph) with the new table."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    block = "\n".join([HEADLINE_BEGIN] + headline_lines(ctx, results, unavailable) + [HEADLINE_END])
+    if HEADLINE_BEGIN in text and HEADLINE_END in text:
+        head, rest = text.split(HEADLINE_BEGIN, 1)
+        text = head + block + rest.split(HEADLINE_END, 1)[1]
+    else:
+        text = text.replace("\n\n", "\n\n" + block + "\n\n", 1)
+    path.write_text(text)
+    log(f"headline table written to {path}")
+
+
 # --------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------
@@ -1339,6 +1439,13 @@ def parse_args():
                     help="comma list of tools (default all): " + ",".join(t.name for t in TOOLS))
     ap.add_argument("--workloads", default="bulk,kernel,mixed")
     ap.add_argument("--caches", default="warm,cold", help="loopback cache states (default warm,cold)")
+    ap.add_argument("--cold-workloads", default=None,
+                    help="workloads that also run cold when --caches has cold (default: all)")
+    ap.add_argument("--headline", action="store_true",
+                    help="the table docs/BENCHMARKS.md leads with (issue 17): full scale, 3 rounds, bulk, "
+                         "mixed and kernel warm plus bulk cold, ramsys, ramsys-local, rsyncd, gridftp, "
+                         "xrootd and cp -a, settled rounds; rewrites the block between the headline "
+                         "markers of docs/BENCHMARKS.md, the full report goes to docs/bench/headline/")
     ap.add_argument("--rtts", default="0,20,100", help="wanem RTTs in ms, '' for none (default 0,20,100)")
     ap.add_argument("--wan-workloads", default="kernel,mixed")
     ap.add_argument("--rate-mbit", type=float, default=0, help="wanem rate cap (default 0 = unlimited)")
@@ -1356,6 +1463,13 @@ def parse_args():
     ap.add_argument("--report-from", metavar="RESULTS_JSON",
                     help="only rewrite the report (to --out) from a previous run's docs/bench/results.json")
     a = ap.parse_args()
+    if a.headline:
+        a.scale, a.runs = 1.0, max(a.runs, 3)
+        a.workloads, a.caches, a.cold_workloads = "bulk,mixed,kernel", "warm,cold", "bulk"
+        a.tools = "ramsys,ramsys-local,rsyncd,gridftp,xrootd,cp"
+        a.rtts, a.no_ablation, a.no_fio = "", True, True
+        if a.out == str(REPO / "docs"):
+            a.out = str(REPO / "docs" / "bench" / "headline")
     if a.smoke:
         a.scale = min(a.scale, 0.002)
         a.runs = 1
@@ -1406,6 +1520,7 @@ def main():
     ctx.git_head = git_head()
     ctx.args = a
     ctx.argv = sys.argv[1:]
+    ctx.load_before = "%.1f" % os.getloadavg()[0]
     ctx.scratch = Path(a.scratch).resolve()
     if REPO in ctx.scratch.parents or ctx.scratch == REPO:
         sys.exit("--scratch must be outside the repository")
@@ -1475,8 +1590,9 @@ def main():
             try:
                 wls = ctx.wl_order if not env.is_wan else [w for w in a.wan_workloads.split(",") if w in srcs]
                 caches = [c for c in a.caches.split(",") if c] if not env.is_wan else ["warm"]
+                cold_wls = [x for x in (a.cold_workloads or ",".join(wls)).split(",") if x]
                 for w in wls:
-                    for cache in caches:
+                    for cache in [c for c in caches if c != "cold" or w in cold_wls]:
                         for run in range(a.runs):
                             settle(ctx)
                             for t in live:
@@ -1499,7 +1615,10 @@ def main():
         settle(ctx, wait=False)
 
     ctx.suite_s = time.time() - t_start
+    ctx.load_after = "%.1f" % os.getloadavg()[0]
     write_report(ctx, results, refs, ablation, unavailable, Path(a.out))
+    if a.headline:
+        splice_headline(ctx, results, unavailable, REPO / "docs" / "BENCHMARKS.md")
     failures = [r for r in results if not r.get("verified")]
     ramsys_fail = [r for r in failures if r["tool"].startswith("ramsys")]
     if a.smoke:

@@ -12,12 +12,15 @@ fetch a copy of it from under the daemon's root into that tmpfs. The
 namespaces pth-a (client) and pth-b (server, daemon) are joined by wanem
 with one-way delay RTT/2 and deleted on exit. Prints one JSON line per run
 and a markdown table (medians, and each tool's median ratio to the no-flag
-run of the same round) at the end.
+run of the same round) at the end, then one of the CPU each part used (wanem,
+server, client: cores and CPU seconds per GB; the machine's busy share).
+`--rate-mbit R` caps the emulated path at R Mbit/s per direction.
 """
 import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -90,8 +93,8 @@ class Wan:
         log = self.a.work / f"wanem-{self.rtt}.log"
         log.unlink(missing_ok=True)
         self.p = spawn([self.a.wanem, "--ns-a", NS_A, "--ns-b", NS_B, "--addr-a", ADDR_A,
-                        "--addr-b", ADDR_B, "--delay-ms", str(self.rtt / 2), "--rate-mbit", "0",
-                        "--queue-pkts", "1000"], log)
+                        "--addr-b", ADDR_B, "--delay-ms", str(self.rtt / 2), "--rate-mbit",
+                        str(self.a.rate_mbit), "--queue-pkts", "1000"], log)
         for _ in range(100):
             if "ready" in log.read_text():
                 break
@@ -108,6 +111,43 @@ class Wan:
         stop(self.p)
         del_ns(NS_A)
         del_ns(NS_B)
+
+
+def cpu_s(pid):
+    """CPU seconds (user + system) of process `pid` and its reaped children."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in f[11:15]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def busy_s():
+    """CPU seconds the machine spent not idle so far (all CPUs)."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(f) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class Cpu:
+    """CPU over one run, in cores (CPU seconds / wall seconds): the emulator,
+    the server process, the client (this script's waited-for children) and
+    the whole machine's share busy (1.0 = every CPU)."""
+
+    def __init__(self, wan, server=None):
+        self.pids = {"wanem": wan.p.pid, "server": server.pid if server else None}
+        self.t0 = {k: cpu_s(p) for k, p in self.pids.items() if p}
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.c0, self.m0, self.w0 = ru.ru_utime + ru.ru_stime, busy_s(), time.time()
+
+    def done(self, r):
+        wall = time.time() - self.w0
+        for k, p in self.pids.items():
+            if p:
+                r[f"cpu_{k}"] = round((cpu_s(p) - self.t0[k]) / wall, 2)
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        r["cpu_client"] = round((ru.ru_utime + ru.ru_stime - self.c0) / wall, 2)
+        r["cpu_machine"] = round((busy_s() - self.m0) / wall / os.cpu_count(), 2)
+        return r
 
 
 def start_daemon(a, dst, binary=None):
@@ -148,7 +188,8 @@ def run_ramsys(a, port, src, dst, streams, binary=None):
     g = c.get("growth") or {}
     return {"ok": True, "wall_s": wall, "mb_s": summ["bytes"] / 1e6 / wall,
             "streams": summ["streams"], "chosen": c.get("streams"),
-            "stages": [(s["streams"], round(s["mb_s"])) for s in g.get("stages", [])],
+            "stages": [(s["streams"], round(s["mb_s"]), s.get("busy_pct"), s.get("rtt_x"))
+                       for s in g.get("stages", [])],
             "stopped": g.get("stopped")}
 
 
@@ -171,7 +212,8 @@ def run_pull(a, port, dst, streams):
     g = c.get("growth") or {}
     return {"ok": True, "wall_s": wall, "mb_s": summ["bytes"] / 1e6 / wall,
             "streams": summ["streams"], "chosen": c.get("streams"),
-            "stages": [(s["streams"], round(s["mb_s"])) for s in g.get("stages", [])],
+            "stages": [(s["streams"], round(s["mb_s"]), s.get("busy_pct"), s.get("rtt_x"))
+                       for s in g.get("stages", [])],
             "stopped": g.get("stopped")}
 
 
@@ -186,17 +228,19 @@ def run_gridftp(a, port, src, dst):
     return {"ok": True, "wall_s": wall, "mb_s": a.bytes / 1e6 / wall}
 
 
-def run_iperf(a, n, secs):
+def run_iperf(a, n, secs, wan):
     srv = spawn(ns(NS_B) + ["iperf3", "-s", "-B", ADDR_B, "-1", "-p", "5299"], a.work / "iperf.log")
     time.sleep(0.5)
+    cpu = Cpu(wan, srv)
     r = subprocess.run(ns(NS_A) + ["iperf3", "-c", ADDR_B, "-p", "5299", "-t", str(secs), "-O", "2",
                                    "-P", str(n), "-J"], capture_output=True, text=True, timeout=60)
+    out = cpu.done({})
     stop(srv)
     try:
         bps = json.loads(r.stdout)["end"]["sum_received"]["bits_per_second"]
     except Exception:
         return {"ok": False, "err": r.stdout[-300:]}
-    return {"ok": True, "mb_s": bps / 8e6}
+    return {"ok": True, "mb_s": bps / 8e6, **out}
 
 
 def main():
@@ -212,6 +256,8 @@ def main():
     ap.add_argument("--wanem", default=str(ROOT / "target/release/wanem"))
     ap.add_argument("--scratch", default="/dev/shm/pth-bench")
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--rate-mbit", type=float, default=0,
+                    help="wanem's rate cap per direction (0: none; the emulator's CPU is then the cap)")
     ap.add_argument("--out")
     ap.add_argument("--ns", default="pth", help="namespace prefix (NS-a, NS-b): runs side by side")
     a = ap.parse_args()
@@ -252,6 +298,8 @@ def main():
                     for t in order:
                         shutil.rmtree(dst / a.tag, ignore_errors=True)
                         load = os.getloadavg()[0]
+                        srv = {"gridftp": gsrv, "base": bdaemon}.get(t, daemon)
+                        cpu = None if t.startswith("iperf") else Cpu(w, srv)
                         if t == "auto":
                             r = run_ramsys(a, port, a.src, dst, None)
                         elif t == "base":
@@ -268,10 +316,12 @@ def main():
                             # As many streams as ramsys ended with at this RTT.
                             n = next((x["streams"] for x in reversed(results) if x["rtt"] == rtt
                                       and x["tool"] == "auto" and x["ok"]), 16)
-                            r = run_iperf(a, n, 8)
+                            r = run_iperf(a, n, 8, w)
                             r["streams"] = n
                         elif t.startswith("iperf"):
-                            r = run_iperf(a, int(t[5:]), 8)
+                            r = run_iperf(a, int(t[5:]), 8, w)
+                        if cpu:
+                            cpu.done(r)
                         r.update(rtt=rtt, round=rnd, tool=t, load=load)
                         results.append(r)
                         print(json.dumps(r), flush=True)
@@ -311,6 +361,22 @@ def table(results, tools):
                 c += " [" + "/".join(str(r["streams"]) for r in rs) + "]"
             cells.append(c)
         print(f"| {rtt:g} | " + " | ".join(cells) + " |")
+    # Where the CPU went: per tool, medians over runs of the cores each part
+    # used during the run and its CPU seconds per GB moved (wanem = the path).
+    print("\n| RTT ms | tool | MB/s | wanem cores (s/GB) | server cores (s/GB) | client cores (s/GB) "
+          "| machine busy | streams start→end |")
+    print("|---|---|---|---|---|---|---|---|")
+    for rtt in rtts:
+        for t in tools:
+            rs = [r for r in results if r["rtt"] == rtt and r["tool"] == t and r["ok"] and "cpu_wanem" in r]
+            if not rs:
+                continue
+            med = lambda k: statistics.median(r.get(k, 0) for r in rs)
+            gb = lambda k: statistics.median(r.get(k, 0) / (r["mb_s"] / 1e3) for r in rs)
+            cells = [f"{med(k):.2f} ({gb(k):.2f})" for k in ("cpu_wanem", "cpu_server", "cpu_client")]
+            ss = "/".join(f"{r.get('chosen') or r.get('streams', '')}→{r.get('streams', '')}" for r in rs)
+            print(f"| {rtt:g} | {t} | {med('mb_s'):,.0f} | " + " | ".join(cells) +
+                  f" | {med('cpu_machine'):.2f} | {ss} |")
 
 
 if __name__ == "__main__":

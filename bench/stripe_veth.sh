@@ -5,15 +5,18 @@
 # site's shared file system). The agent on the host pushes the same tree
 # to one daemon, then striped over the three (--stripe), interleaved,
 # RUNS rounds; medians. One pair alone cannot fill the three caps, so the
-# striped push should approach 3x. Needs root (namespaces, tc); deletes
-# its namespaces and files on exit.
-# Usage: bench/stripe_veth.sh [RUNS] [RATE] [FILES] [SIZE]
+# striped push should approach 3x. The same again with a tree of one file
+# of BIG bytes (BIG=0: skip), which stripes as pieces (docs/SITE.md "A
+# big file's blocks"). Needs root (namespaces, tc); deletes its namespaces
+# and files on exit.
+# Usage: bench/stripe_veth.sh [RUNS] [RATE] [FILES] [SIZE] [BIG]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-3}
 RATE=${2:-200mbit}
 FILES=${3:-64}
 SIZE=${4:-1M}
+BIG=${5:-256M}
 BIN=${RAMSYS_BIN:-target/release/ramsys}
 [ -x "$BIN" ] || cargo build --release -p ramsys
 BIN=$(realpath "$BIN")
@@ -26,11 +29,13 @@ cleanup() {
     rm -rf "$SCRATCH"
 }
 trap cleanup EXIT
-rm -rf "$SCRATCH"; mkdir -p "$SCRATCH/shared" "$SCRATCH/src"
+rm -rf "$SCRATCH"; mkdir -p "$SCRATCH/shared" "$SCRATCH/src" "$SCRATCH/big"
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$SCRATCH/key"; echo >> "$SCRATCH/key"
 chmod 600 "$SCRATCH/key"
 export RAMSYS_KEY_FILE="$SCRATCH/key"
 for i in $(seq "$FILES"); do head -c "$SIZE" /dev/urandom > "$SCRATCH/src/f$i"; done
+WORK=(src)
+if [ "$BIG" != 0 ]; then head -c "$BIG" /dev/urandom > "$SCRATCH/big/huge"; WORK+=(big); fi
 ADDRS=()
 for i in 1 2 3; do
     n=${NS[$((i - 1))]}
@@ -55,22 +60,31 @@ done
 LIST=$(IFS=,; echo "${ADDRS[*]}")
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 declare -A T
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$RUNS"); do
-    for mode in one striped; do
-        rm -rf "$SCRATCH/shared/src"; sync
-        if [ "$mode" = one ]; then
-            line=$("$BIN" cp -r --json "$SCRATCH/src" "ramsys://${ADDRS[0]}/" | grep '"summary"')
-        else
-            line=$("$BIN" cp -r --json --stripe "$SCRATCH/src" "ramsys://$LIST/" | grep '"summary"')
-        fi
-        s=$(python3 -c 'import json,sys; j=json.loads(sys.argv[1]); assert j["ok"]; print("%.2f %.1f" % (j["wall_s"], j["mb_s"]))' "$line")
-        diff -r "$SCRATCH/src" "$SCRATCH/shared/src" > /dev/null
-        T[$mode]+="$(echo "$s" | cut -d' ' -f1) "
-        T[${mode}mb]+="$(echo "$s" | cut -d' ' -f2) "
+    for w in "${WORK[@]}"; do
+        for mode in one striped; do
+            rm -rf "$SCRATCH/shared/$w"; sync
+            if [ "$mode" = one ]; then
+                line=$("$BIN" cp -r --json "$SCRATCH/$w" "ramsys://${ADDRS[0]}/" | grep '"summary"')
+            else
+                line=$("$BIN" cp -r --json --stripe "$SCRATCH/$w" "ramsys://$LIST/" | grep '"summary"')
+            fi
+            # Wall, MB/s and each stripe's share of the bytes.
+            s=$(python3 -c 'import json,sys; j=json.loads(sys.argv[1]); assert j["ok"]; st=j.get("stripes") or []; print("%.2f %.1f %s" % (j["wall_s"], j["mb_s"], "/".join("%d" % (s["bytes"] >> 20) for s in st) or "-"))' "$line")
+            diff -r "$SCRATCH/$w" "$SCRATCH/shared/$w" > /dev/null
+            T[$w$mode]+="$(echo "$s" | cut -d' ' -f1) "
+            T[$w${mode}mb]+="$(echo "$s" | cut -d' ' -f2) "
+            T[$w${mode}st]="$(echo "$s" | cut -d' ' -f3)"
+        done
     done
 done
-echo "machine: $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); $FILES x $SIZE, tbf $RATE per veth pair"
-for mode in one striped; do
-    printf '%-8s wall median %6.2f s (%s) MB/s median %6.1f\n' "$mode" \
-        "$(printf '%s\n' ${T[$mode]} | median)" "${T[$mode]}" "$(printf '%s\n' ${T[${mode}mb]} | median)"
+echo "machine: $(nproc) CPUs, load after $(cut -d' ' -f1-3 /proc/loadavg); tbf $RATE per veth pair"
+for w in "${WORK[@]}"; do
+    if [ "$w" = src ]; then echo "tree: $FILES x $SIZE"; else echo "one file of $BIG"; fi
+    for mode in one striped; do
+        printf '  %-8s wall median %6.2f s (%s) MB/s median %6.1f, MiB per stripe %s\n' "$mode" \
+            "$(printf '%s\n' ${T[$w$mode]} | median)" "${T[$w$mode]}" \
+            "$(printf '%s\n' ${T[$w${mode}mb]} | median)" "${T[$w${mode}st]}"
+    done
 done

@@ -84,6 +84,10 @@ pub struct TransferOptions {
     /// sent as Control::OnBehalf right after authentication ("" = the
     /// shared-key identity).
     pub on_behalf: Option<String>,
+    /// A striped push's share of big files (issue 19, request::shares):
+    /// the walk sends these pieces instead of the whole files. Local to
+    /// the source: the records carry them (EntryKind::Piece).
+    pub pieces: Option<std::sync::Arc<crate::request::shares::Pieces>>,
 }
 
 impl Default for TransferOptions {
@@ -120,6 +124,7 @@ impl Default for TransferOptions {
             rate: Default::default(),
             redirected_from: None,
             on_behalf: None,
+            pieces: None,
         }
     }
 }

@@ -179,6 +179,10 @@ struct Slot {
     /// seen on the current one ([`Streams::acked`]).
     acked_before: u64,
     acked_now: u64,
+    /// Likewise the microseconds its links had data in flight
+    /// ([`Streams::busy`]).
+    busy_before: u64,
+    busy_now: u64,
 }
 
 /// Per-stream bookkeeping of one session end.
@@ -252,6 +256,8 @@ impl Streams {
                     dialing: false,
                     acked_before: 0,
                     acked_now: 0,
+                    busy_before: 0,
+                    busy_now: 0,
                 })
                 .collect(),
             relinks,
@@ -293,6 +299,8 @@ impl Streams {
             dialing: false,
             acked_before: 0,
             acked_now: 0,
+            busy_before: 0,
+            busy_now: 0,
         };
         if let Relinks::Dial(d) = &self.relinks {
             slot.dialing = true;
@@ -339,6 +347,42 @@ impl Streams {
                 any = true;
             }
             sum += s.acked_before + s.acked_now;
+        }
+        any.then_some(sum)
+    }
+
+    /// How long the live links' packets wait in queues on the path: the
+    /// median over links of smoothed RTT / minimum RTT (TCP_INFO), None
+    /// without samples. Near 1: nothing queues; a full bottleneck (or an
+    /// emulator short of CPU) shows as a rise (transport::grow).
+    pub fn queueing(&self) -> Option<f64> {
+        let live = self.slots.iter().filter(|s| s.state == State::Live);
+        let mut r: Vec<f64> = live
+            .filter_map(|s| {
+                let h = s.handle.as_ref()?;
+                Some(h.srtt()?.as_secs_f64() / h.rtt()?.as_secs_f64())
+            })
+            .collect();
+        if r.is_empty() {
+            return None;
+        }
+        r.sort_unstable_by(f64::total_cmp);
+        Some(r[r.len() / 2])
+    }
+
+    /// Microseconds the session's links had data in flight so far, summed
+    /// over links (TCP_INFO busy_time, kept across replacements like
+    /// [`Streams::acked`]): over a stage with n links and t seconds, the
+    /// share of time the links, not the ends, were the limit.
+    pub fn busy(&mut self) -> Option<u64> {
+        let mut any = false;
+        let mut sum = 0;
+        for s in &mut self.slots {
+            if let Some(n) = s.handle.as_ref().and_then(|h| h.busy_us()) {
+                s.busy_now = s.busy_now.max(n);
+                any = true;
+            }
+            sum += s.busy_before + s.busy_now;
         }
         any.then_some(sum)
     }
@@ -485,6 +529,7 @@ impl Streams {
         let s = &mut self.slots[i];
         let added = s.state == State::Joining;
         s.acked_before += std::mem::take(&mut s.acked_now);
+        s.busy_before += std::mem::take(&mut s.busy_now);
         s.state = State::Live;
         s.epoch = epoch;
         s.handle = Some(handle);

@@ -131,6 +131,14 @@ impl DaemonShared {
             .status(&users.as_ref().map(|u| u.rates()).unwrap_or_default());
         s.draining = self.life.draining();
         s.raw = self.raw_status();
+        let c = ramsys_rawnet::offload::counters();
+        s.copy_offload = crate::daemon::status::CopyOffload {
+            enabled: ramsys_rawnet::offload::enabled(),
+            copies: c.copies,
+            bytes: c.bytes,
+            fallbacks: c.fallbacks,
+            fallback_bytes: c.fallback_bytes,
+        };
         if let (Some(u), Some(_)) = (user, users) {
             let mine = |x: &str| x == u || x.starts_with(&format!("{u}/"));
             s.sessions.retain(|x| mine(&x.user));
@@ -264,6 +272,7 @@ impl Daemon {
     pub fn start_site(&self, opts: crate::site::SiteOptions) {
         let key = self.shared.creds.lookup(&opts.user).key;
         let sh = Arc::downgrade(&self.shared);
+        let share = opts.share_storage;
         let local = move || {
             let Some(sh) = sh.upgrade() else {
                 return crate::site::LocalLoad::default();
@@ -274,13 +283,28 @@ impl Daemon {
                 active_tasks: st.tasks.len() as u32,
                 queued_tasks: st.queues.iter().map(|q| q.waiting.len() as u32).sum(),
                 free_buffer_bytes: (sh.res.buffers.free() * sh.res.buffers.buf_size()) as u64,
+                storage: if share {
+                    sh.state.storage_use()
+                } else {
+                    vec![]
+                },
+            }
+        };
+        // Storage shares re-read from every new view (site::share).
+        let state = Arc::downgrade(&self.shared.state);
+        let on_view = move |me: &str, view: &[crate::daemon::status::SiteMember]| {
+            if let Some(st) = state.upgrade().filter(|_| share) {
+                st.apply_site(me, view);
             }
         };
         let me = self.local_addr().to_string();
-        let _ = self
-            .shared
-            .site
-            .set(crate::site::Site::start(&me, opts, key, Box::new(local)));
+        let _ = self.shared.site.set(crate::site::Site::start(
+            &me,
+            opts,
+            key,
+            Box::new(local),
+            Box::new(on_view),
+        ));
     }
 
     /// Offer raw-Ethernet channels (issue 18, transport::rawlink): the
@@ -1109,7 +1133,20 @@ fn follow_plan(
     let Some(p) = sh.placement.get() else {
         return;
     };
-    let Some((plan, storage, nic)) = p.task_plan(sink, path, local, opts.block_size as u64) else {
+    // The host's load as the site sees it (our own record, the same a
+    // peer reads), less the daemon's own share: CPUs other work keeps busy
+    // are out of the plan's budget, so a busy host runs fewer threads.
+    let load = sh
+        .site
+        .get()
+        .and_then(|s| s.members().into_iter().next())
+        .map(|m| (m.cpu_load, m.own_cpu));
+    let busy = load.map_or(0, |(l, own)| {
+        ramsys_sched::busy_from_load(l - own, p.topo.nodes.iter().map(|n| n.cpus.len()).sum())
+    });
+    let Some((plan, storage, nic, busy)) =
+        p.task_plan(sink, path, local, opts.block_size as u64, busy)
+    else {
         return;
     };
     let configured = p.device_threads.get(&storage).copied();
@@ -1151,6 +1188,9 @@ fn follow_plan(
         v["nic"] = nic.into();
         v["followed"] =
             serde_json::json!({"storage_threads": c.storage, "planned_network_threads": c.network});
+        if let Some((l, own)) = load {
+            v["host_load"] = serde_json::json!({"cpu_load": l, "own_cpu": own, "busy_cpus": busy});
+        }
         task.set_plan(v);
     }
 }

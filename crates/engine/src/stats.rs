@@ -29,6 +29,9 @@ pub struct Stats {
     /// Blocks handed from a reader to a sender thread through the filled
     /// queue (0 on the inline send path; crate::data::inline).
     pub handoffs: AtomicU64,
+    /// Pieces of big files verified at a sink (data::bigfile; the file
+    /// counts in `files` once, where it was placed).
+    pub pieces: AtomicU64,
 }
 
 impl Stats {

@@ -266,9 +266,39 @@ fn seed001_task_plan_within_pools() {
     .unwrap();
     assert_eq!(p.resources.storage_cpus, cpus_of(&t, 7));
     assert_eq!(p.resources.net_cpus, cpus_of(&t, 7));
-    let (plan, storage, nic) = p
-        .task_plan(false, Path::new("/ssd1/big"), &listen, 4 << 20)
+    let (plan, storage, nic, none) = p
+        .task_plan(false, Path::new("/ssd1/big"), &listen, 4 << 20, 0)
         .unwrap();
+    assert_eq!(none, 0);
+    // The host three quarters busy with other work (its published load
+    // less the daemon's own, docs/SCHEDULER.md "Site state"): fewer threads.
+    let cpus: usize = t.nodes.iter().map(|n| n.cpus.len()).sum();
+    let (busy, _, _, marked) = p
+        .task_plan(
+            false,
+            Path::new("/ssd1/big"),
+            &listen,
+            4 << 20,
+            cpus * 3 / 4,
+        )
+        .unwrap();
+    assert_eq!(marked, cpus * 3 / 4);
+    let threads =
+        |p: &ramsys_sched::Plan| p.threads.iter().map(|g| g.count as usize).sum::<usize>();
+    // (This host plans 2 threads idle, within what a quarter of its CPUs
+    // give; the cut shows in ramsys-sched's a_busy_host_gives_fewer_threads.)
+    assert!(threads(&busy) <= threads(&plan) && busy.count(ramsys_sched::Role::Reader, "sdb") >= 1);
+    // Every CPU but one busy: still a plan, on at most that CPU's budget.
+    let (all, _, _, marked) = p
+        .task_plan(false, Path::new("/ssd1/big"), &listen, 4 << 20, cpus)
+        .unwrap();
+    assert_eq!(marked, cpus - 1);
+    let used: std::collections::BTreeSet<usize> = all
+        .threads
+        .iter()
+        .flat_map(|g| g.cpus.iter().copied())
+        .collect();
+    assert!(used.len() <= 1, "{used:?}");
     assert_eq!(storage, "sdb");
     assert_eq!(nic, nic7.name);
     let c = task_counts(&plan, false, &storage, &nic, None, &p.resources, 1);
@@ -318,8 +348,8 @@ fn model_in_config_changes_the_plan() {
     let modelled = daemon_placement(t.clone(), false, &with, &inputs(), root, listen).unwrap();
     assert!(modelled.model.is_some());
     let senders = |p: &ramsys_engine::config::DaemonPlacement| {
-        let (plan, _, _) = p
-            .task_plan(false, Path::new("/ssd/x"), listen, 4 << 20)
+        let (plan, _, _, _) = p
+            .task_plan(false, Path::new("/ssd/x"), listen, 4 << 20, 0)
             .unwrap();
         let cpus: Vec<usize> = plan
             .threads

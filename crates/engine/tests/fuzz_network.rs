@@ -94,11 +94,24 @@ fn seeds() -> Vec<Control> {
                 mtime_s: 1,
                 mtime_ns: 2,
             },
+            // A striped big file's piece (issue 19): bytes 80..100.
+            Entry {
+                id: 2,
+                path: b"top/big".to_vec(),
+                kind: EntryKind::Piece {
+                    size: 100,
+                    piece: 40,
+                    index: 2,
+                },
+                mode: 0o644,
+                mtime_s: 1,
+                mtime_ns: 2,
+            },
         ]),
         Control::MetaEnd {
-            entries: 2,
-            files: 1,
-            bytes: 10,
+            entries: 3,
+            files: 2,
+            bytes: 30,
         },
         Control::SyncDone { failures: vec![] },
         Control::FilesDone(vec![(1, 77)]),

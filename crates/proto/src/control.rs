@@ -92,6 +92,36 @@ pub enum EntryKind {
         kind: u8,
         rdev: u64,
     },
+    /// One piece of a large regular file striped across daemons (issue 19,
+    /// docs/SITE.md "A big file's blocks"): bytes `index * piece ..
+    /// min((index + 1) * piece, size)` of a file of `size` bytes, written
+    /// into a temp file shared by every sink of the stripe and renamed
+    /// into place by whichever sink completes the last piece.
+    Piece {
+        size: u64,
+        piece: u64,
+        index: u32,
+    },
+}
+
+/// Most pieces one file may be cut into (each leaves a marker file at the
+/// sink until the file is complete).
+pub const MAX_PIECES: u64 = 4096;
+
+impl EntryKind {
+    /// A piece's byte range (offset, length), checked: `piece` > 0, the
+    /// index within the file, at most [`MAX_PIECES`] pieces. None for any
+    /// other kind or a malformed piece.
+    pub fn piece_range(&self) -> Option<(u64, u64)> {
+        let EntryKind::Piece { size, piece, index } = *self else {
+            return None;
+        };
+        if piece == 0 || size.div_ceil(piece) > MAX_PIECES {
+            return None;
+        }
+        let off = (index as u64).checked_mul(piece)?;
+        (off < size).then(|| (off, piece.min(size - off)))
+    }
 }
 
 /// One metadata record (seed 000 Fig. 6-4b). `path` is relative, '/'
@@ -445,11 +475,15 @@ pub struct Relay {
 /// daemon lists the sources and deals the files over `weights.len()`
 /// pairs exactly as every other pair's daemon does (largest first, to
 /// the share that would finish first, bytes / weight), and sends share
-/// `index`. `weights` in thousandths (0 counts as 1).
+/// `index`. `weights` in thousandths (0 counts as 1). `pieces`: cut big
+/// files into pieces that are multiples of this many bytes (the engine's
+/// request::shares::piece_size; 0 = deal whole files), the same value for
+/// every pair.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Share {
     pub index: u16,
     pub weights: Vec<u32>,
+    pub pieces: u32,
 }
 
 /// A relay's outcome (RelayDone).
@@ -949,6 +983,7 @@ mod tests {
                 share: Some(Share {
                     index: 1,
                     weights: vec![1000, 500, 1000],
+                    pieces: 4 << 20,
                 }),
             }),
             Control::OnBehalf {

@@ -97,6 +97,19 @@ impl EntryChecker {
                 self.bytes = self.bytes.saturating_add(*size);
                 self.file_ids.insert(e.id);
             }
+            // Counted like a file of its length; never a hard-link target
+            // (the file is complete only when every piece is).
+            EntryKind::Piece { .. } => {
+                self.seen_nondir = true;
+                let Some((_, len)) = e.kind.piece_range() else {
+                    return Err(ProtoError::malformed(
+                        "entry",
+                        "piece outside its file, of length 0, or one of too many",
+                    ));
+                };
+                self.files += 1;
+                self.bytes = self.bytes.saturating_add(len);
+            }
             EntryKind::Symlink { target } => {
                 self.seen_nondir = true;
                 validate_link_target(target)?;
@@ -818,6 +831,14 @@ mod tests {
                 entry(0, "f", EntryKind::File { size: 1 }),
                 entry(1, "d", EntryKind::Dir),
             ],
+            // Pieces: past the end, of length 0, too many; never a link target.
+            vec![entry(0, "p", piece(10, 5, 2))],
+            vec![entry(0, "p", piece(10, 0, 0))],
+            vec![entry(0, "p", piece(1 << 40, 1 << 20, 0))],
+            vec![
+                entry(0, "p", piece(10, 5, 1)),
+                entry(1, "l", EntryKind::HardLink { target_id: 0 }),
+            ],
         ];
         for b in bad {
             let mut m = SinkMachine::new();
@@ -829,6 +850,33 @@ mod tests {
         assert!(snk
             .on_recv(&Control::EndOfData { files: 0, bytes: 0 })
             .is_err());
+    }
+
+    fn piece(size: u64, piece: u64, index: u32) -> EntryKind {
+        EntryKind::Piece { size, piece, index }
+    }
+
+    #[test]
+    fn pieces_count_as_files_of_their_length() {
+        assert_eq!(piece(10, 4, 0).piece_range(), Some((0, 4)));
+        assert_eq!(piece(10, 4, 2).piece_range(), Some((8, 2)));
+        assert_eq!(piece(10, 4, 3).piece_range(), None);
+        assert_eq!(piece(10, 4, u32::MAX).piece_range(), None);
+        assert_eq!(EntryKind::File { size: 3 }.piece_range(), None);
+        let mut m = SinkMachine::new();
+        m.on_recv(&propose()).unwrap();
+        m.on_send(&confirm(1)).unwrap();
+        m.on_recv(&Control::Entries(vec![
+            entry(0, "f", piece(10, 4, 0)),
+            entry(1, "f", piece(10, 4, 2)),
+        ]))
+        .unwrap();
+        m.on_recv(&Control::MetaEnd {
+            entries: 2,
+            files: 2,
+            bytes: 6,
+        })
+        .unwrap();
     }
 
     #[test]

@@ -197,7 +197,7 @@ proptest! {
                 preserve: c,
                 bwlimit: b,
                 cipher: d as u8,
-                share: share.map(|(index, weights)| Share { index, weights }),
+                share: share.map(|(index, weights)| Share { index, weights, pieces: c }),
             }),
             Control::OnBehalf { user: sink.clone() },
             Control::RelayProgress { files: a, bytes: b, total_files: a, total_bytes: b },
@@ -392,6 +392,42 @@ proptest! {
                     prop_assert!(x.acl.iter().all(|e| e.perm <= 7));
                 }
             }
+        }
+    }
+}
+
+proptest! {
+    /// Arbitrary Piece records (issue 19) round-trip; a sink machine takes
+    /// exactly the well-formed ones (inside the file, non-empty, at most
+    /// MAX_PIECES) and counts each as a file of its length in MetaEnd.
+    #[test]
+    fn piece_records_roundtrip_and_sink_checks(
+        size in prop_oneof![0u64..100, any::<u64>()],
+        piece in prop_oneof![0u64..40, any::<u64>()],
+        index in prop_oneof![0u32..8, any::<u32>()],
+    ) {
+        use ramsys_proto::control::{Confirm, Entry, EntryKind, Propose, MAX_PIECES};
+        let kind = EntryKind::Piece { size, piece, index };
+        let es = Control::Entries(vec![Entry {
+            id: 0, path: b"p".to_vec(), kind: kind.clone(), mode: 0o644, mtime_s: 0, mtime_ns: 0,
+        }]);
+        prop_assert_eq!(Control::decode(&es.encode().unwrap()).unwrap(), es.clone());
+        let mut s = SinkMachine::new();
+        s.on_recv(&Control::Propose(Propose {
+            roots: 1, streams: 1, block_size: 4096, capacity_mbps: 0, checksum: true, cipher: 0,
+        })).unwrap();
+        s.on_send(&Control::Confirm(Confirm {
+            streams: 1, block_size: 4096, credits_per_stream: 2, capacity_mbps: 0, checksum: true, cipher: 0,
+        })).unwrap();
+        let ok = piece > 0
+            && size.div_ceil(piece) <= MAX_PIECES
+            && (index as u128) * (piece as u128) < size as u128;
+        prop_assert_eq!(s.on_recv(&es).is_ok(), ok);
+        if ok {
+            let (off, len) = kind.piece_range().unwrap();
+            prop_assert!(len > 0 && off + len <= size);
+            let end = Control::MetaEnd { entries: 1, files: 1, bytes: len };
+            prop_assert!(s.on_recv(&end).is_ok());
         }
     }
 }

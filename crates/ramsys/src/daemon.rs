@@ -96,6 +96,11 @@ pub struct ServeArgs {
     /// to a less-loaded peer (default: config's `[site] max_load`, else none).
     #[arg(long, value_name = "PCT", value_parser = parse_load)]
     pub site_max_load: Option<f64>,
+    /// In a site: share the storage-thread budget of a device other
+    /// members use too (a shared file system), on or off (default: the
+    /// config's `[site] share_storage`, else on; docs/SITE.md).
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    pub site_share_storage: Option<bool>,
     /// What the daemon sends, all sessions together, at most (bytes per
     /// second, rsync's units as in `cp --bwlimit`; default: the config's
     /// `max_rate`, else no limit). Users' `max_rate` and clients'
@@ -122,6 +127,14 @@ pub struct ServeArgs {
 fn parse_load(s: &str) -> Result<f64, String> {
     let n: u64 = s.parse().map_err(|e| format!("{s}: {e}"))?;
     ramsys_engine::site::check_load_pct(n)
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?}: expected on or off")),
+    }
 }
 
 fn parse_interval(s: &str) -> Result<u64, String> {
@@ -334,6 +347,10 @@ fn start_site(d: &mut Daemon, a: &ServeArgs, cfg: &DaemonConfig) {
             max_sessions: a.site_max_sessions.or(cfg.site_limits.max_sessions),
             max_load: a.site_max_load.or(cfg.site_limits.max_load),
         },
+        share_storage: a
+            .site_share_storage
+            .or(cfg.site_share_storage)
+            .unwrap_or(true),
     });
 }
 

@@ -302,8 +302,13 @@ impl Numa {
             ));
             if let Some(g) = &c.growth {
                 for s in &g.stages {
+                    let busy = match (s.busy_pct, s.rtt_x) {
+                        (Some(b), Some(q)) => format!(" (links busy {b:.0} %, RTT x{q:.2})"),
+                        (Some(b), None) => format!(" (links busy {b:.0} %)"),
+                        _ => String::new(),
+                    };
                     self.lines.push(format!(
-                        "streams: at {:.1} s {} streams moved {:.0} MB/s: {}",
+                        "streams: at {:.1} s {} streams moved {:.0} MB/s{busy}: {}",
                         s.at_s, s.streams, s.mb_s, s.then
                     ));
                 }

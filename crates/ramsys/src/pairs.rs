@@ -196,6 +196,8 @@ pub fn striped(job: Job) -> anyhow::Result<(Result<Report, EngineError>, Vec<Str
                 req.share = (!job.split).then(|| Share {
                     index: i as u16,
                     weights: weights.clone(),
+                    // Big files in pieces (issue 19), the same for every pair.
+                    pieces: ramsys_engine::request::shares::PIECE_ALIGN as u32,
                 });
                 let key = job.key.clone();
                 let (t, idle) = (job.connect_timeout, job.idle);

@@ -224,7 +224,10 @@ fn tasks(s: &mut String, st: &Status) {
             k.device,
             k.state.name(),
             k.streams,
-            k.threads,
+            match k.site_limit {
+                Some(l) if l < k.threads => format!("{l}/{}", k.threads),
+                _ => k.threads.to_string(),
+            },
             format!("{}/{}", mb(k.bytes), mb(k.total_bytes)),
             format!("{}/{}", k.files, k.total_files),
             rate(k.rate_bps),
@@ -259,6 +262,15 @@ fn queues_pools_nics(s: &mut String, st: &Status) {
             inb,
             outb,
         );
+        // A device other site members use too (docs/SITE.md, shares).
+        if let Some(x) = &q.site {
+            let _ = writeln!(
+                s,
+                "  shared over the site ({}): {} members, {} tasks, {} threads; \
+                 budget {}, this daemon's share {}",
+                q.storage, x.members, x.tasks, x.threads, x.budget, x.share
+            );
+        }
     }
     let _ = writeln!(s, "\nPOOL       BUSY/SIZE");
     for p in &st.pools {

@@ -4,16 +4,19 @@
 //! its share of the files in a session of its own, all at once, into the
 //! same DST on a file system they share. One summary for the whole.
 //!
-//! Shares are whole files (a big file's blocks are not split across
-//! daemons): the agent lists the sources' regular files and deals them
-//! out largest first to the share that would finish first with it (LPT
+//! The agent lists the sources' regular files, cuts each big one into
+//! pieces of whole MiB (request::shares::piece_size: a file of at least
+//! 16 MiB and 1/16 of the transfer, ~1/32 of it per piece), and deals
+//! files and pieces out largest first to the share that would finish first with it (LPT
 //! scheduling, within 4/3 of the best split), each daemon's share sized
 //! by its load in the site view (the scheduler reads site state), hard
 //! links of one inode in one share (so they stay links); directories and every other entry go
 //! to the first share. Each session is an ordinary push whose scan is
 //! limited to its share by the `--files-from` selection (request::filter),
 //! so a share's parent directories are created by whichever session gets
-//! there first. A lost daemon fails its share only; running the same
+//! there first. The pieces of a big file meet in one temp file at the
+//! sinks and the sink that verifies the last renames it into place
+//! (engine data::bigfile). A lost daemon fails its share only; running the same
 //! command again with `--resume` over the daemons that answer sends what
 //! is missing (the sinks compare with what DST holds).
 
@@ -112,7 +115,12 @@ pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>,
     );
     let root = Path::new("/");
     let (files, others) = shares::list(root, &job.tops)?;
-    let shares = shares::deal(files, others, &weights);
+    // Big files are cut into pieces dealt like files (shares::piece_size),
+    // except where the sink could not assemble them as asked: an archive
+    // copy (attributes per file) or a dry run (nothing is written).
+    let whole = job.opts.preserve != 0 || job.opts.sync & ramsys_engine::sync::flags::DRY_RUN != 0;
+    let align = if whole { 0 } else { shares::PIECE_ALIGN };
+    let shares = shares::deal(files, others, &weights, align);
     let n = daemons.len();
     let res_cfg = ResourceConfig {
         // The agent's --memory, split between the stripes.
@@ -121,11 +129,13 @@ pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>,
     };
     let mut handles = Vec::new();
     for (daemon, share) in daemons.iter().zip(shares) {
+        let pieces = share.pieces();
         let (paths, nfiles, nbytes) = (share.paths, share.files, share.bytes);
         if paths.is_empty() {
             continue; // more daemons than entries (an empty list selects all)
         }
         let mut opts = job.opts.clone();
+        opts.pieces = pieces;
         // Every daemon must read DST the same way whichever session
         // reaches it first: rsync's rule (DST receives the sources, made
         // when missing), not cp's (a missing DST becomes the copy, which

@@ -642,3 +642,191 @@ fn busy_daemon_redirects_to_the_least_loaded_peer() {
         b.join().unwrap();
     }
 }
+
+/// `addr`'s `status --json`.
+fn status_json(key: &Path, addr: &str) -> serde_json::Value {
+    let o = ramsys(key, &["status", "--json", addr]);
+    assert_ok(&o);
+    serde_json::from_slice(&o.stdout).expect("status --json is JSON")
+}
+
+/// The site share of the queue whose live task is a sink, if any.
+fn shared_queue(v: &serde_json::Value) -> Option<serde_json::Value> {
+    v["queues"]
+        .as_array()?
+        .iter()
+        .find(|q| !q["site"].is_null())
+        .map(|q| q["site"].clone())
+}
+
+/// Three daemons of a site serving one directory (the shared file system
+/// of the test) share its writer budget (docs/SITE.md, "Storage shares"):
+/// with pushes running into two and then three of them, each daemon's
+/// status shows the device shared by that many members and a writer limit
+/// that is its share; the members' shares add up to the budget (or one
+/// each); when the others finish, the last one runs its full count again.
+/// Every tree lands byte for byte.
+#[test]
+fn site_members_on_one_shared_device_share_its_writers() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let mut r = 0x9e3779b97f4a7c15u64;
+    for i in 0..3 {
+        let data: Vec<u8> = (0..(3 << 20))
+            .map(|_| {
+                r ^= r << 13;
+                r ^= r >> 7;
+                r ^= r << 17;
+                r as u8
+            })
+            .collect();
+        std::fs::write(src.join(format!("f{i}")), data).unwrap();
+    }
+    // Four writers per task whatever the plan says of this disk (a VM's
+    // virtio disk claims to be rotational: one), through the config's
+    // `[devices.NAME] threads`, as an operator of a shared export would.
+    let cfg = t.path().join("serve.toml");
+    let dev = ramsys_topo::discover(Path::new("/")).ok().and_then(|topo| {
+        ramsys_engine::placement::storage_for_path(&topo, &root, true).map(|d| d.name.clone())
+    });
+    let body = dev.map_or(String::new(), |d| format!("[devices.{d}]\nthreads = 4\n"));
+    std::fs::write(&cfg, format!("writers = 4\n{body}")).unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let base = ["--site-interval", "20", "--config", cfg];
+    let a = TestDaemon::start_with(&root, &key, &base);
+    let b = TestDaemon::start_with(&root, &key, &[&base[..], &["--peer", &a.addr]].concat());
+    let c = TestDaemon::start_with(
+        &root,
+        &key,
+        &[&base[..], &["--peer", &a.addr, "--peer", &b.addr]].concat(),
+    );
+    let all = [a.addr.clone(), b.addr.clone(), c.addr.clone()];
+    for d in &all {
+        wait_for(
+            &key,
+            d,
+            Duration::from_secs(10),
+            "three fresh members",
+            |v| {
+                v["members"].as_array().map(|m| m.len()) == Some(3)
+                    && all.iter().all(|x| age(v, x) < 500)
+            },
+        );
+    }
+    // A paced push (9 MiB at 1.5 MB/s: about 6 s) into `d`'s DST.
+    let push = |d: &TestDaemon, dst: &str, rate: &str| {
+        let mut cmd = std::process::Command::new(bin());
+        cmd.env("RAMSYS_KEY_FILE", &key)
+            .args(["cp", "-r", "--bwlimit", rate])
+            .arg(&src)
+            .arg(d.url(dst))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        cmd.spawn().unwrap()
+    };
+    let pa = push(&a, "to_a", "1500K");
+    let pb = push(&b, "to_b", "1500K");
+    // Both sinks see the device shared by two members; each runs its share.
+    let mut shares = vec![];
+    for d in [&a.addr, &b.addr] {
+        let t0 = Instant::now();
+        let q = loop {
+            let v = status_json(&key, d);
+            if let Some(q) = shared_queue(&v).filter(|q| q["members"] == 2) {
+                let lim = v["tasks"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find_map(|t| t["site_limit"].as_u64());
+                break (q, lim);
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "{d}: no share of two: {v:#}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        eprintln!("{d}: {} (task limit {:?})", q.0, q.1);
+        assert_eq!(q.0["tasks"], 2);
+        let (budget, share) = (
+            q.0["budget"].as_u64().unwrap(),
+            q.0["share"].as_u64().unwrap(),
+        );
+        assert!(share >= 1 && share < budget, "{q:?}");
+        assert_eq!(q.1, Some(share), "the one task runs the whole share");
+        shares.push((budget, share));
+    }
+    // Same budget everywhere: the two shares add up to it.
+    assert_eq!(shares[0].0, shares[1].0);
+    assert_eq!(shares[0].1 + shares[1].1, shares[0].0.max(2));
+    // A third: three members; the human status says so too.
+    // (Slower, so it is still running when the other two end.)
+    let pc = push(&c, "to_c", "700K");
+    let t0 = Instant::now();
+    let mut total = 0;
+    for d in &all {
+        let q = loop {
+            let v = status_json(&key, d);
+            if let Some(q) = shared_queue(&v).filter(|q| q["members"] == 3) {
+                break q;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(8),
+                "{d}: no share of three: {v:#}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        eprintln!("{d}: {q}");
+        total += q["share"].as_u64().unwrap();
+    }
+    assert!(
+        total <= shares[0].0.max(3) + 1,
+        "shares of three add up to {total}"
+    );
+    let o = ramsys(&key, &["status", &c.addr]);
+    assert_ok(&o);
+    let human = String::from_utf8_lossy(&o.stdout);
+    assert!(human.contains("shared over the site"), "{human}");
+    for p in [pa, pb] {
+        assert_ok(&p.wait_with_output().unwrap());
+    }
+    // A and B done: C, still writing, is alone on the device again and
+    // its task runs every writer it holds (the view re-read, not frozen).
+    let t0 = Instant::now();
+    loop {
+        let v = status_json(&key, &c.addr);
+        let live = v["tasks"].as_array().unwrap();
+        assert!(!live.is_empty(), "C finished before A and B: {v:#}");
+        if shared_queue(&v).is_none() && live.iter().all(|t| t["site_limit"].is_null()) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "C still limited: {v:#}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_ok(&pc.wait_with_output().unwrap());
+    for dst in ["to_a", "to_b", "to_c"] {
+        assert_same_tree(&src, &root.join(dst));
+    }
+    // Alone again: no share, no limit.
+    let v = status_json(&key, &a.addr);
+    assert!(shared_queue(&v).is_none(), "{v:#}");
+    assert!(v["finished"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| t["site_limit"].is_null()));
+    // Each task's plan was made on the host's published load (where the
+    // daemon has a topology to plan on).
+    for t in v["finished"].as_array().unwrap() {
+        if let Some(h) = t["plan"].get("host_load") {
+            assert!(h["cpu_load"].is_number() && h["busy_cpus"].is_u64(), "{h}");
+        }
+    }
+}

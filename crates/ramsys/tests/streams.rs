@@ -292,6 +292,10 @@ fn a_long_path_gets_more_streams_during_the_transfer_but_never_past_an_explicit_
     big_file(&src.join("big"), 300, &mut rng);
     let v = wan.push(&[], "auto");
     assert_grew(&v);
+    // The receiver's window held every link back: busy (not waiting for
+    // the ends), which is why streams were added (TCP_INFO busy_time).
+    let busy = v["stream_choice"]["growth"]["stages"][0]["busy_pct"].as_f64();
+    assert!(busy.is_some_and(|b| b >= 50.0), "{v}");
     assert_eq!(v["congestion"], "bbr", "{v}");
     assert_same_tree(&src, &root.join("auto"));
     // An explicit count is the count, start to end.

@@ -374,6 +374,8 @@ impl Endpoint {
         }
         if offload {
             self.run_copies();
+        } else if self.offload.is_some() {
+            crate::offload::count_fallback(done);
         }
         done
     }
@@ -469,6 +471,8 @@ impl Endpoint {
         }
         if offload {
             self.run_copies();
+        } else if self.offload.is_some() {
+            crate::offload::count_fallback(done);
         }
         if done > 0 {
             self.stats.bytes_delivered += done as u64;
@@ -994,6 +998,11 @@ mod tests {
             assert!(step < 100_000, "stalled at {} of {}", got.len(), data.len());
         }
         assert!(got == data, "stream corrupted through the copy offload");
+        // Counted (process-wide, so other tests may add to them): large
+        // calls on the copy thread, small ones as fallbacks.
+        let c = crate::offload::counters();
+        assert!(c.copies > 0 && c.bytes >= 2_000_000, "{c:?}");
+        assert!(c.fallbacks > 0 && c.fallback_bytes > 0, "{c:?}");
     }
 
     /// An abort sends its reset RESET_COPIES times (one that arrives is

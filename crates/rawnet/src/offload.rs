@@ -23,7 +23,7 @@
 //! use the copy thread makes of them. `Copy::new` is `unsafe` because the
 //! constructor cannot check that the ranges are valid and disjoint.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::Duration;
@@ -35,6 +35,45 @@ pub const RING: usize = 128;
 /// below it the hand-off costs more than the copy (a few µs against ~1 µs
 /// per 16 KiB at memory bandwidth).
 pub const MIN_BYTES: usize = 16 * 1024;
+
+/// Process-wide counters (the daemon's `/metrics` and `status`): copies
+/// done on the copy thread and their bytes, and fallbacks: copies of a
+/// channel using the offload that stayed on the caller's thread (below
+/// [`MIN_BYTES`]). Added once per batch or call, not per copy.
+static COPIES: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+static FALLBACKS: AtomicU64 = AtomicU64::new(0);
+static FALLBACK_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// The copy offload's counters since the process started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Copies done on the copy thread, and their bytes.
+    pub copies: u64,
+    pub bytes: u64,
+    /// Copies done inline on a channel that uses the offload (too small
+    /// for the hand-off), and their bytes.
+    pub fallbacks: u64,
+    pub fallback_bytes: u64,
+}
+
+/// Read the counters.
+pub fn counters() -> Counters {
+    Counters {
+        copies: COPIES.load(Ordering::Relaxed),
+        bytes: BYTES.load(Ordering::Relaxed),
+        fallbacks: FALLBACKS.load(Ordering::Relaxed),
+        fallback_bytes: FALLBACK_BYTES.load(Ordering::Relaxed),
+    }
+}
+
+/// Count one call's inline copies on an offloading channel.
+pub(crate) fn count_fallback(bytes: usize) {
+    if bytes > 0 {
+        FALLBACKS.fetch_add(1, Ordering::Relaxed);
+        FALLBACK_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+}
 
 /// Spins on an empty ring before parking (client and copy thread alike).
 const SPINS: u32 = 2_000;
@@ -208,6 +247,9 @@ impl Client {
             self.shared.wake();
             completed += self.wait_some();
         }
+        COPIES.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let bytes: usize = batch.iter().map(|c| c.len).sum();
+        BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
     /// Wait for at least one completion; returns how many were taken.

@@ -20,8 +20,8 @@ pub mod plan;
 
 pub use eval::evaluate;
 pub use model::{
-    Assignment, Device, DeviceKind, Host, Instance, IoModel, Node, Params, Path, Request, Role,
-    SchedError,
+    busy_from_load, Assignment, Device, DeviceKind, Host, Instance, IoModel, Node, Params, Path,
+    Request, Role, SchedError,
 };
 pub use plan::{render_text, BufferAlloc, Plan, Prediction, StreamAlloc, ThreadGroup};
 

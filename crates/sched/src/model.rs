@@ -82,6 +82,45 @@ pub struct Host {
     pub distances: Option<Vec<Vec<u32>>>,
 }
 
+impl Host {
+    /// Mark `n` more CPUs busy with other work (seed 000 Eq. 5.4: the node
+    /// budget C_c counts free CPUs only; 5.2.3: contention from other
+    /// applications), e.g. the host's measured CPU load that is not the
+    /// daemon's own (the site's monitoring, docs/SITE.md). The busy CPUs go
+    /// one at a time to the node with the most free CPUs (lower index on a
+    /// tie), each the node's highest-numbered free CPU: the lowest serve
+    /// device interrupts (the reserve, docs/SCHEDULER.md). At least one CPU
+    /// stays free, so a task always gets a plan. Returns how many it marked.
+    pub fn add_busy(&mut self, n: usize) -> usize {
+        let free = |x: &Node| x.cpus.iter().filter(|c| !x.busy_cpus.contains(c)).count();
+        let total: usize = self.nodes.iter().map(free).sum();
+        let n = n.min(total.saturating_sub(1));
+        for _ in 0..n {
+            let Some(i) =
+                (0..self.nodes.len()).max_by_key(|&i| (free(&self.nodes[i]), std::cmp::Reverse(i)))
+            else {
+                return 0;
+            };
+            let node = &mut self.nodes[i];
+            if let Some(&c) = node.cpus.iter().rev().find(|c| !node.busy_cpus.contains(c)) {
+                node.busy_cpus.push(c);
+            }
+        }
+        n
+    }
+
+    /// CPUs of the host.
+    pub fn cpu_count(&self) -> usize {
+        self.nodes.iter().map(|n| n.cpus.len()).sum()
+    }
+}
+
+/// CPUs that other work keeps busy: `others` (the busy fraction of all
+/// CPUs that is not the daemon's own, 0-1) of `cpus`, rounded.
+pub fn busy_from_load(others: f64, cpus: usize) -> usize {
+    (others.clamp(0.0, 1.0) * cpus as f64).round() as usize
+}
+
 /// Bandwidth of one (CPU node, device node) path, from the I/O model
 /// (seed 001 Tables IV/V; seed 000 Table 5.1 B^0 and B^max).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

@@ -424,6 +424,39 @@ fn two_socket_readers_on_storage_node_senders_and_buffers_on_nic_node() {
     assert_eq!(p.buffers[0].node, 1);
 }
 
+#[test]
+fn a_busy_host_gives_fewer_threads() {
+    // Idle: 3 readers + 3 senders (above). Three quarters of the 16 CPUs
+    // busy with other work (the host's published load less the daemon's
+    // own): 12 CPUs taken, 6 per node from the top, so node 0 keeps CPUs
+    // 0-1 (0 for interrupts) and node 1 keeps 8-9 (8 for interrupts).
+    assert_eq!(busy_from_load(0.75, 16), 12);
+    assert_eq!(busy_from_load(1.5, 16), 16);
+    let mut i = two_socket();
+    assert_eq!(i.host.add_busy(busy_from_load(0.75, 16)), 12);
+    assert_eq!(i.host.nodes[0].busy_cpus.len(), 6);
+    assert!(i.host.nodes[0].busy_cpus.contains(&7) && !i.host.nodes[0].busy_cpus.contains(&1));
+    let p = plan(&i);
+    let (r, s) = (p.count(Role::Reader, "sda"), p.count(Role::Sender, "roce0"));
+    assert!(r >= 1 && s >= 1 && r + s < 6, "{r} readers, {s} senders");
+    assert!(p
+        .threads
+        .iter()
+        .flat_map(|t| t.cpus.iter())
+        .all(|&c| c == 1 || c == 9));
+    assert!(p.predicted.gbps < 30.0);
+    // Everything busy: one CPU is left so the task still has a plan.
+    let mut i = two_socket();
+    assert_eq!(i.host.add_busy(16), 15);
+    let free: usize = i
+        .host
+        .nodes
+        .iter()
+        .map(|n| n.cpus.len() - n.busy_cpus.len())
+        .sum();
+    assert_eq!(free, 1);
+}
+
 /// Seed 000 Table 4.1 Intel host: 4 x E5-4620, 32 cores, 4 nodes in a ring,
 /// SSDs and the 40 Gbps NIC on node 1. The two SSDs are striped (md0,
 /// 34.7 Gbps read, seed 001 Table V scale).

@@ -149,7 +149,9 @@ impl ArchiveSink {
             EntryKind::Dir => Kind::Dir,
             EntryKind::File { .. } => Kind::File,
             EntryKind::Symlink { .. } => Kind::Symlink,
-            EntryKind::HardLink { .. } => return,
+            // A striped piece carries no attributes (an archive copy does
+            // not cut files: request::shares).
+            EntryKind::HardLink { .. } | EntryKind::Piece { .. } => return,
             EntryKind::Special { kind, rdev } => {
                 self.specials.push(Special {
                     path: target.to_vec(),

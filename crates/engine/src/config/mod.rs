@@ -106,6 +106,9 @@ pub struct DaemonConfig {
     /// `[site] max_sessions`, `max_load` (percent): the admission limit
     /// above which new sessions are redirected to a peer (site::redirect).
     pub site_limits: crate::site::redirect::Limits,
+    /// `[site] share_storage` (default true): share the storage-thread
+    /// budget of devices other members use too (site::share).
+    pub site_share_storage: Option<bool>,
     /// `[raw] ifaces = ["IFACE", ...]`: interfaces offering raw-Ethernet
     /// channels (transport::rawlink, docs/TYCHE.md), as `--raw-iface`.
     pub raw_ifaces: Vec<String>,
@@ -536,14 +539,18 @@ impl DaemonPlacement {
     /// The MSMRAP plan for one task: data from the storage device under
     /// `path` to the NIC that owns `local` (the control link's local
     /// address), or the reverse for a sink. None when either device is
-    /// unknown.
+    /// unknown. `busy`: CPUs other work keeps busy (the host's published
+    /// load less the daemon's own, ramsys_sched::busy_from_load), taken
+    /// out of the plan's budget (seed 000 Eq. 5.4); the last value returned
+    /// is how many were (one CPU always stays free).
     pub fn task_plan(
         &self,
         sink: bool,
         path: &Path,
         local: &str,
         block: u64,
-    ) -> Option<(ramsys_sched::Plan, String, String)> {
+        busy: usize,
+    ) -> Option<(ramsys_sched::Plan, String, String, usize)> {
         let storage = storage_for_path(&self.topo, path, self.live)
             .map(|d| d.name.clone())
             .or_else(|| self.storage.clone())?;
@@ -564,7 +571,7 @@ impl DaemonPlacement {
         } else {
             (storage.as_str(), nic.as_str())
         };
-        let inst = sched_instance_with(
+        let mut inst = sched_instance_with(
             &self.topo,
             self.model.as_ref(),
             &self.capacities,
@@ -572,7 +579,8 @@ impl DaemonPlacement {
             to,
             block,
         );
-        Some((ramsys_sched::plan(&inst), storage, nic))
+        let busy = inst.host.add_busy(busy);
+        Some((ramsys_sched::plan(&inst), storage, nic, busy))
     }
 }
 
@@ -679,6 +687,11 @@ fn parse_site(c: &mut DaemonConfig, v: &::toml::Value) -> Result<(), String> {
                 let n = positive("site.max_sessions", v)?;
                 c.site_limits.max_sessions = Some(n.min(u32::MAX as usize) as u32);
             }
+            "share_storage" => {
+                c.site_share_storage = Some(v.as_bool().ok_or_else(|| {
+                    format!("key `site.share_storage`: expected true or false, got {v}")
+                })?)
+            }
             "max_load" => {
                 let n = positive("site.max_load", v)?;
                 c.site_limits.max_load = Some(
@@ -689,7 +702,7 @@ fn parse_site(c: &mut DaemonConfig, v: &::toml::Value) -> Result<(), String> {
             _ => {
                 return Err(format!(
                     "unknown key `site.{k}` (expected peers, interval_ms, user, \
-                     max_sessions or max_load)"
+                     max_sessions, max_load or share_storage)"
                 ))
             }
         }
@@ -718,6 +731,10 @@ mod site_tests {
             .unwrap();
         assert_eq!(c.site_limits.max_sessions, Some(4));
         assert_eq!(c.site_limits.max_load, Some(0.9));
+        let c = DaemonConfig::parse("[site]\nshare_storage = false\n", Path::new(".")).unwrap();
+        assert_eq!(c.site_share_storage, Some(false));
+        let e = DaemonConfig::parse("[site]\nshare_storage = 1\n", Path::new(".")).unwrap_err();
+        assert!(e.contains("share_storage"), "{e}");
         let e = DaemonConfig::parse("[site]\nmax_load = 150\n", Path::new(".")).unwrap_err();
         assert!(e.contains("1-100"), "{e}");
     }

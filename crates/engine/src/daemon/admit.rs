@@ -36,7 +36,10 @@ use ramsys_resources::{BufferPool, Reservation, ThreadPool};
 use serde::{Deserialize, Serialize};
 
 use super::{Admission, SinkGrant};
+use crate::daemon::status::SiteMember;
 use crate::resources::EngineResources;
+use crate::site::share::{self, DeviceShare, StorageUse, ThreadGate};
+use crate::site::storage::StorageId;
 use crate::stats::Stats;
 use crate::EngineError;
 
@@ -132,6 +135,12 @@ pub(super) struct TaskRec {
     pub error: Option<String>,
     /// The scheduler plan the task follows (issue 7), as JSON.
     pub plan: Option<serde_json::Value>,
+    /// How many of its storage threads run at once: its share of a device
+    /// shared over the site (site::share); open otherwise.
+    pub gate: Arc<ThreadGate>,
+    /// Storage threads it would hold alone (its grant before any site
+    /// share): what it claims in the site's split.
+    pub alone: usize,
 }
 
 pub(super) struct SessionRec {
@@ -152,6 +161,10 @@ pub(super) struct Lane {
     pub steals: u64,
     /// Bytes moved by finished tasks, by [`Dir`].
     pub done_bytes: [u64; 2],
+    /// The device as the site knows it (site::storage).
+    pub storage: StorageId,
+    /// Its share over the site, while other members use it too.
+    pub site: Option<DeviceShare>,
 }
 
 /// Sums over finished tasks, by [`Dir`].
@@ -177,6 +190,9 @@ pub(super) struct Inner {
     pub done: Done,
     next_task: u64,
     last_sample: Instant,
+    /// The last site view (our address, the members, self first), when
+    /// the daemon shares its storage budgets over a site (site::share).
+    site: Option<(String, Vec<SiteMember>)>,
 }
 
 /// Event counters (monotonic).
@@ -225,6 +241,7 @@ impl DaemonState {
                 done: Done::default(),
                 next_task: 1,
                 last_sample: Instant::now(),
+                site: None,
             }),
             cv: Condvar::new(),
             poll: Condvar::new(),
@@ -247,6 +264,11 @@ impl DaemonState {
     /// Register a storage device queue (the daemon's "resource
     /// abstractions for all storage devices", sec. 6.2.1).
     pub fn add_device(&self, key: &str, kind: &'static str) {
+        if self.lock().lanes.contains_key(key) {
+            return;
+        }
+        // Once per device, outside the lock: reads mountinfo.
+        let storage = crate::site::storage::identify_local(key);
         self.lock()
             .lanes
             .entry(key.to_string())
@@ -256,7 +278,42 @@ impl DaemonState {
                 held: [0; 2],
                 steals: 0,
                 done_bytes: [0; 2],
+                storage,
+                site: None,
             });
+    }
+
+    /// Shared devices in use, for this daemon's monitoring record: per
+    /// device, the tasks holding storage threads and how many they hold.
+    pub fn storage_use(&self) -> Vec<StorageUse> {
+        let g = self.lock();
+        let mut v: Vec<StorageUse> = g
+            .lanes
+            .iter()
+            .filter_map(|(k, l)| {
+                let (n, t) = lane_tasks(&g, k)
+                    .iter()
+                    .fold((0usize, 0usize), |(n, t), x| (n + 1, t + x.1 as usize));
+                (n > 0).then(|| StorageUse {
+                    id: l.storage.id,
+                    tasks: n.min(u16::MAX as usize) as u16,
+                    threads: t.min(u16::MAX as usize) as u16,
+                })
+            })
+            .collect();
+        // Busiest first, if more than fit.
+        v.sort_by_key(|u| std::cmp::Reverse(u.threads));
+        v.truncate(share::MAX_PUBLISHED);
+        v
+    }
+
+    /// Re-read the storage shares from a new site view (`me`: our
+    /// address; `view`: every member, self first). The injection point
+    /// of site::share: tests call it with a made-up view.
+    pub fn apply_site(&self, me: &str, view: &[SiteMember]) {
+        let mut g = self.lock();
+        g.site = Some((me.to_string(), view.to_vec()));
+        reshare(&mut g);
     }
 
     /// Add a user session to the session list.
@@ -325,6 +382,8 @@ impl DaemonState {
                 last_bytes: 0,
                 error: None,
                 plan: None,
+                gate: Arc::new(ThreadGate::default()),
+                alone: 0,
             },
         );
         g.lanes
@@ -452,7 +511,18 @@ impl DaemonState {
             return None;
         }
         let waiting_here = g.lanes.get(&lane).map_or(0, |l| l.queue.len()) + 1;
-        let sto = w.storage.min((room / waiting_here).max(1)).max(1);
+        let alone = w.storage.min((room / waiting_here).max(1)).max(1);
+        // A source's readers are its site share of the device from the
+        // start (a reader cannot be parked: its home queue may have no
+        // other reader, request::tasks); a sink's writers are gated.
+        let sto = match lane_split(g, &lane, Some((id, alone as u32))) {
+            Some((mine, _, per)) if dir == Dir::Out => mine
+                .iter()
+                .zip(per)
+                .find(|(t, _)| t.0 == id)
+                .map_or(alone, |(_, n)| (n as usize).clamp(1, alone)),
+            _ => alone,
+        };
         // Buffers (sink): two per stream at least, `window` at most.
         let mut bufs = (0, 0);
         if dir == Dir::In {
@@ -488,12 +558,69 @@ impl DaemonState {
             t.storage = sto_r.len();
             t.buffers = buffers.as_ref().map_or(0, |b| b.count());
             t.stolen = stolen;
+            t.alone = alone.max(t.storage);
         }
+        // Start at its site share, not at the full grant until the next
+        // view (the peers see this task within two intervals).
+        reshare(g);
         Some(Held {
             net: net_r,
             storage: sto_r,
             buffers,
         })
+    }
+}
+
+/// Live tasks of `lane` holding storage threads: (id, threads each
+/// would hold alone).
+fn lane_tasks(g: &Inner, lane: &str) -> Vec<(u64, u32)> {
+    g.tasks
+        .values()
+        .filter(|t| t.info.device == lane && t.storage > 0 && t.state != TaskState::Exit)
+        .map(|t| (t.info.id, t.alone.min(u32::MAX as usize) as u32))
+        .collect()
+}
+
+/// Our tasks on a device (id, threads alone), its split, each's limit.
+type LaneSplit = (Vec<(u64, u32)>, DeviceShare, Vec<u32>);
+
+/// This daemon's tasks on `lane` with `extra` added, split by the site
+/// view (site::share::device_shares); None outside a site, with sharing
+/// off, or when no fresh peer uses the device.
+fn lane_split(g: &Inner, lane: &str, extra: Option<(u64, u32)>) -> Option<LaneSplit> {
+    let (me, view) = g.site.as_ref()?;
+    let id = g.lanes.get(lane)?.storage.id;
+    let mut mine = lane_tasks(g, lane);
+    mine.extend(extra);
+    let (d, per) = share::device_shares(me, id, &mine, view)?;
+    Some((mine, d, per))
+}
+
+/// Set every task's gate from the last site view (site::share): per
+/// device, this daemon's share of the device's budget given the fresh
+/// members' tasks on it, split over our tasks there. Writers (a sink)
+/// park past their gate; readers (a source) were capped when granted
+/// (try_grant) and keep an open gate. A device no peer uses leaves its
+/// tasks' gates open.
+fn reshare(g: &mut Inner) {
+    let lanes: Vec<String> = g.lanes.keys().cloned().collect();
+    for k in lanes {
+        let split = lane_split(g, &k, None);
+        let limits: Vec<(u64, Option<u32>)> = match &split {
+            Some((mine, _, per)) => mine.iter().zip(per).map(|(t, n)| (t.0, Some(*n))).collect(),
+            None => lane_tasks(g, &k).into_iter().map(|t| (t.0, None)).collect(),
+        };
+        for (id, n) in limits {
+            if let Some(t) = g.tasks.get(&id) {
+                match n {
+                    Some(n) if t.info.dir == Dir::In => t.gate.set(n as usize),
+                    _ => t.gate.open(),
+                }
+            }
+        }
+        if let Some(l) = g.lanes.get_mut(&k) {
+            l.site = split.map(|s| s.1);
+        }
     }
 }
 
@@ -656,6 +783,14 @@ impl Admission for TaskGuard {
         self.state.cv.notify_all();
         self.state.poll.notify_all();
     }
+
+    fn storage_gate(&self) -> Option<Arc<ThreadGate>> {
+        self.state
+            .lock()
+            .tasks
+            .get(&self.id)
+            .map(|t| t.gate.clone())
+    }
 }
 
 impl Drop for TaskGuard {
@@ -697,10 +832,13 @@ impl Drop for TaskGuard {
             t.streams = 0;
             t.storage = 0;
             t.buffers = 0;
+            t.gate.open();
             g.finished.push_back(t);
             while g.finished.len() > KEEP_FINISHED {
                 g.finished.pop_front();
             }
+            // Our other tasks on the device may run more threads now.
+            reshare(&mut g);
         }
         drop(g);
         // Wake suspended tasks and the poller (Fig. 6-6, exit).
@@ -802,6 +940,84 @@ mod tests {
         assert_eq!(st.counters.steals.load(Relaxed), 1);
         drop(t);
         assert_eq!(st.lock().lanes["8:0"].held[Dir::Out as usize], 0);
+    }
+
+    #[test]
+    fn site_view_sets_the_share_of_a_shared_device() {
+        use crate::site::redirect::member;
+        let r = res(4);
+        let st = DaemonState::start(Duration::from_secs(10));
+        let t = st.new_task(1, Dir::In, "0:1", "ssd", "lo", Arc::new(Stats::default()));
+        let g = t.reserve_sink(&r, 1, 4, 2).unwrap();
+        t.transferring(1);
+        assert_eq!(g.writers.len(), 4);
+        let gate = t.storage_gate().unwrap();
+        assert_eq!(gate.limit(), None, "no site view: all writers");
+        assert_eq!(
+            st.storage_use(),
+            vec![StorageUse {
+                id: st.lock().lanes["0:1"].storage.id,
+                tasks: 1,
+                threads: 4
+            }]
+        );
+        let id = st.lock().lanes["0:1"].storage.id;
+        let peer = |tasks: u16, age: u64| {
+            let mut m = member("p:1", 0.0, 1, 1, age);
+            m.storage = vec![StorageUse {
+                id,
+                tasks,
+                threads: 4 * tasks,
+            }];
+            m
+        };
+        let me = member("me:1", 0.0, 1, 1, 0);
+        // A peer writing the same device: half the budget each.
+        st.apply_site("me:1", &[me.clone(), peer(1, 10)]);
+        assert_eq!(gate.limit(), Some(2));
+        let q = |st: &DaemonState| st.lock().lanes["0:1"].site;
+        assert_eq!(
+            q(&st),
+            Some(DeviceShare {
+                members: 2,
+                tasks: 2,
+                threads: 8,
+                budget: 4,
+                share: 2
+            })
+        );
+        // Three tasks there against our one: a quarter (one writer).
+        st.apply_site("me:1", &[me.clone(), peer(3, 10)]);
+        assert_eq!(gate.limit(), Some(1));
+        // Another device's users do not count, nor a stale member.
+        let mut other = peer(3, 10);
+        other.storage[0].id ^= 1;
+        st.apply_site("me:1", &[me.clone(), other]);
+        assert_eq!((gate.limit(), q(&st)), (None, None));
+        st.apply_site("me:1", &[me.clone(), peer(3, 5_000)]);
+        assert_eq!(gate.limit(), None);
+        // The view applies to a task granted later too, at its grant.
+        st.apply_site("me:1", &[me, peer(1, 10)]);
+        let t2 = st.new_task(2, Dir::In, "0:1", "ssd", "lo", Arc::new(Stats::default()));
+        drop(g);
+        drop(t);
+        let g2 = t2.reserve_sink(&r, 1, 4, 2).unwrap();
+        assert_eq!(g2.writers.len(), 4);
+        t2.transferring(1);
+        assert_eq!(t2.storage_gate().unwrap().limit(), Some(2));
+        // A finished task's gate is open (its threads are gone).
+        assert!(st.lock().finished.iter().all(|t| t.gate.limit().is_none()));
+        // A source on the same device: our two tasks against the peer's
+        // one take 3 of the 4 (Sainte-Lague), split 2 (the older) and 1;
+        // the readers are capped at the grant (no gate), the writers gated.
+        let t3 = st.new_task(3, Dir::Out, "0:1", "ssd", "lo", Arc::new(Stats::default()));
+        let (_s, rd) = t3.reserve_source(&r, 1, 4).unwrap();
+        assert_eq!(rd.len(), 1);
+        assert_eq!(t3.storage_gate().unwrap().limit(), None);
+        assert_eq!(t2.storage_gate().unwrap().limit(), Some(2));
+        assert_eq!(st.lock().lanes["0:1"].site.map(|d| d.share), Some(3));
+        // It claims the 4 it would hold alone, not the 1 it got.
+        assert_eq!(st.storage_use()[0].threads, 8);
     }
 
     #[test]

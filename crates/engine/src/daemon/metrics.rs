@@ -363,7 +363,79 @@ pub fn render(s: &Status) -> String {
         }
     }
     site(&mut o, s);
+    site_shares(&mut o, s);
+    let c = &s.copy_offload;
+    o.one(
+        "ramsys_copy_offload_enabled",
+        "gauge",
+        "Raw channels opened now copy large slots on the copy thread (MCNI).",
+        f64::from(u8::from(c.enabled)),
+    );
+    for (name, help, v) in [
+        (
+            "ramsys_copy_offload_copies_total",
+            "Slot copies done on the copy thread.",
+            c.copies,
+        ),
+        (
+            "ramsys_copy_offload_bytes_total",
+            "Bytes copied on the copy thread.",
+            c.bytes,
+        ),
+        (
+            "ramsys_copy_offload_fallbacks_total",
+            "Copies of an offloading channel done inline (below 16 KiB).",
+            c.fallbacks,
+        ),
+        (
+            "ramsys_copy_offload_fallback_bytes_total",
+            "Bytes of those inline copies.",
+            c.fallback_bytes,
+        ),
+    ] {
+        o.one(name, "counter", help, v as f64);
+    }
     o.0
+}
+
+/// Storage-thread budgets shared over the site (site::share): per device
+/// other members use too.
+fn site_shares(o: &mut Out, s: &Status) {
+    if !s.queues.iter().any(|q| q.site.is_some()) {
+        return;
+    }
+    type Get = fn(&super::status::QueueSite) -> u32;
+    let series: [(&str, &str, Get); 4] = [
+        (
+            "ramsys_device_site_share",
+            "This daemon's storage threads on a device shared over the site.",
+            |q| q.share,
+        ),
+        (
+            "ramsys_device_site_budget",
+            "A shared device's budget: threads one daemon alone runs on it.",
+            |q| q.budget,
+        ),
+        (
+            "ramsys_device_site_members",
+            "Site members using a shared device (this one included).",
+            |q| q.members,
+        ),
+        (
+            "ramsys_device_site_tasks",
+            "Tasks of the site's members on a shared device.",
+            |q| q.tasks,
+        ),
+    ];
+    for (name, help, get) in series {
+        o.head(name, "gauge", help);
+        for q in &s.queues {
+            if let Some(x) = &q.site {
+                let l = [("device", q.device.as_str()), ("storage_id", &q.storage_id)];
+                o.val(name, &l, get(x) as f64);
+            }
+        }
+    }
 }
 
 /// The site's members as this daemon's monitoring sees them (issue 19,
@@ -373,11 +445,16 @@ fn site(o: &mut Out, s: &Status) {
         return;
     }
     type Get = fn(&super::status::SiteMember) -> f64;
-    let series: [(&str, &str, Get); 11] = [
+    let series: [(&str, &str, Get); 12] = [
         (
             "ramsys_site_cpu_load",
             "Busy fraction of a member's CPUs (0-1).",
             |m| m.cpu_load,
+        ),
+        (
+            "ramsys_site_own_cpu",
+            "A member's daemon process's share of its CPUs (0-1).",
+            |m| m.own_cpu,
         ),
         (
             "ramsys_site_run_queue",
@@ -531,6 +608,13 @@ mod tests {
             draining: true,
             site: vec![],
             raw: vec![],
+            copy_offload: crate::daemon::status::CopyOffload {
+                enabled: true,
+                copies: 12,
+                bytes: 12 << 20,
+                fallbacks: 3,
+                fallback_bytes: 3000,
+            },
             version: 1,
             listen: "x".into(),
             root: "/".into(),
@@ -583,11 +667,56 @@ mod tests {
     }
 
     #[test]
+    fn exports_copy_offload_and_site_shares() {
+        let mut st = empty();
+        let t = render(&st);
+        assert!(t.contains("ramsys_copy_offload_enabled 1\n"), "{t}");
+        assert!(t.contains("ramsys_copy_offload_copies_total 12\n"));
+        assert!(t.contains("ramsys_copy_offload_bytes_total 12582912\n"));
+        assert!(t.contains("ramsys_copy_offload_fallbacks_total 3\n"));
+        assert!(t.contains("ramsys_copy_offload_fallback_bytes_total 3000\n"));
+        assert!(!t.contains("ramsys_device_site_share"));
+        st.queues = vec![crate::daemon::status::QueueStatus {
+            device: "0:52".into(),
+            kind: "ssd".into(),
+            waiting: vec![],
+            budget: 4,
+            readers_held: 0,
+            writers_held: 4,
+            steals: 0,
+            bytes_in: 0,
+            bytes_out: 0,
+            rate_in_bps: 0.0,
+            rate_out_bps: 0.0,
+            storage: "nfs4 fs1:/x root /".into(),
+            storage_id: "00000000000000ab".into(),
+            site: Some(crate::daemon::status::QueueSite {
+                members: 3,
+                tasks: 3,
+                threads: 12,
+                budget: 4,
+                share: 2,
+            }),
+        }];
+        let t = render(&st);
+        let l = "{device=\"0:52\",storage_id=\"00000000000000ab\"}";
+        assert!(
+            t.contains(&format!("ramsys_device_site_share{l} 2\n")),
+            "{t}"
+        );
+        assert!(t.contains(&format!("ramsys_device_site_budget{l} 4\n")));
+        assert!(t.contains(&format!("ramsys_device_site_members{l} 3\n")));
+        assert!(t.contains(&format!("ramsys_device_site_tasks{l} 3\n")));
+    }
+
+    #[test]
     fn exports_site_members() {
         let mut st = empty();
         st.site = vec![crate::daemon::status::SiteMember {
             addr: "10.0.0.2:4000".into(),
             cpu_load: 0.75,
+            own_cpu: 0.0,
+            storage: vec![],
             run_queue: 3,
             intr_per_s: 0,
             softirq_per_s: 0,

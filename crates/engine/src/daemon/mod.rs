@@ -68,6 +68,12 @@ pub trait Admission: Send + Sync {
     /// Negotiation is over: `streams` data streams agreed; the task moves
     /// to "transferring" (Fig. 6-6).
     fn transferring(&self, _streams: u16) {}
+
+    /// The limit on how many storage threads run at once (the task's
+    /// share of a device shared over a site, site::share); None: all.
+    fn storage_gate(&self) -> Option<std::sync::Arc<crate::site::share::ThreadGate>> {
+        None
+    }
 }
 
 /// The engine's behaviour without a daemon around it: take what is free,

@@ -52,6 +52,21 @@ pub struct Status {
     /// issue 18): "IFACE MAC mtu N node N|-" each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub raw: Vec<String>,
+    /// The raw channels' copy offload (seed 003 MCNI, rawnet::offload):
+    /// whether new channels use it, and its counters since start.
+    #[serde(default)]
+    pub copy_offload: CopyOffload,
+}
+
+/// Copies on the copy thread and their bytes; fallbacks: copies of an
+/// offloading channel done inline (below 16 KiB), and their bytes.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CopyOffload {
+    pub enabled: bool,
+    pub copies: u64,
+    pub bytes: u64,
+    pub fallbacks: u64,
+    pub fallback_bytes: u64,
 }
 
 /// One site member's published load (engine `site`).
@@ -60,6 +75,12 @@ pub struct SiteMember {
     pub addr: String,
     /// Busy fraction of all CPUs, 0-1.
     pub cpu_load: f64,
+    /// The member's own share of it (its daemon process), 0-1.
+    #[serde(default)]
+    pub own_cpu: f64,
+    /// Shared storage devices it uses (site::share): id, tasks, threads.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub storage: Vec<crate::site::share::StorageUse>,
     pub run_queue: u32,
     pub intr_per_s: u64,
     pub softirq_per_s: u64,
@@ -131,6 +152,10 @@ pub struct TaskStatus {
     /// Took storage budget of a starving device queue.
     pub stolen: bool,
     pub error: Option<String>,
+    /// Storage threads allowed to run at once: the task's share of a
+    /// device other site members use too (site::share); absent: all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site_limit: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -148,6 +173,28 @@ pub struct QueueStatus {
     pub bytes_out: u64,
     pub rate_in_bps: f64,
     pub rate_out_bps: f64,
+    /// The device as the site knows it (site::storage): its identity.
+    #[serde(default)]
+    pub storage: String,
+    #[serde(default)]
+    pub storage_id: String,
+    /// Its share over the site while other members use it (site::share).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<QueueSite>,
+}
+
+/// A device's storage-thread budget shared over the site (site::share).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct QueueSite {
+    /// Members using the device (this daemon included), their tasks on
+    /// it and the storage threads those hold.
+    pub members: u32,
+    pub tasks: u32,
+    pub threads: u32,
+    /// The device's budget: threads one daemon alone runs on it.
+    pub budget: u32,
+    /// This daemon's share, split over its tasks (their `site_limit`).
+    pub share: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -226,6 +273,7 @@ fn task_status(t: &TaskRec, now: Instant) -> TaskStatus {
         suspensions: t.suspensions,
         stolen: t.stolen,
         error: t.error.clone(),
+        site_limit: t.gate.limit(),
     }
 }
 
@@ -309,6 +357,15 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
                 bytes_out: l.done_bytes[1] + live[1].0,
                 rate_in_bps: live[0].1,
                 rate_out_bps: live[1].1,
+                storage: l.storage.name.clone(),
+                storage_id: format!("{:016x}", l.storage.id),
+                site: l.site.map(|s| QueueSite {
+                    members: s.members,
+                    tasks: s.tasks,
+                    threads: s.threads,
+                    budget: s.budget,
+                    share: s.share,
+                }),
             }
         })
         .collect();
@@ -362,6 +419,7 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
         draining: false,
         site: Vec::new(),
         raw: Vec::new(),
+        copy_offload: CopyOffload::default(),
         version: STATUS_VERSION,
         listen: listen.into(),
         root: root.into(),

@@ -15,6 +15,7 @@
 //! the send paths of seed 002 sec. 7 (`--send-path`); both send through
 //! sender::StreamOut.
 
+pub mod bigfile;
 pub mod inline;
 pub mod rate;
 pub mod reader;

@@ -116,6 +116,7 @@ mod tests {
             mtime: (0, 0),
             volume: false,
             sparse: false,
+            range: None,
         }
     }
 

@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex};
 
 use ramsys_proto::data::Segment;
 
+use crate::data::bigfile;
 use crate::data::sinkdirs::{DirRef, SinkDirs};
 use crate::fsops::{split_parent, Root};
 use crate::stats::Stats;
@@ -95,12 +96,33 @@ pub struct SinkFile {
     /// A block device written in place (storage::volume): what this
     /// session wrote, re-read to verify it before the file counts as done.
     volume: std::sync::OnceLock<VolumeLog>,
+    /// One piece of a big file striped across daemons (issue 19,
+    /// data::bigfile): `size` is the whole file's, this entry writes its
+    /// range into the shared temp file.
+    piece: Option<Box<PieceAt>>,
+}
+
+/// Where a piece goes in its file.
+struct PieceAt {
+    offset: u64,
+    len: u64,
+    index: u32,
+    /// Pieces of the file.
+    count: u32,
+    names: bigfile::Names,
+    /// This session's sink renamed the file into place.
+    finished: AtomicBool,
 }
 
 impl SinkFile {
     /// Written in place into a block device (storage::volume).
     pub fn is_device(&self) -> bool {
         self.volume.get().is_some()
+    }
+
+    /// Bytes this entry receives (a piece's length, else the size).
+    fn want(&self) -> u64 {
+        self.piece.as_ref().map_or(self.size, |p| p.len)
     }
 }
 
@@ -269,10 +291,96 @@ impl FileTable {
                     reused: AtomicU64::new(0),
                     jblocks: Mutex::new(Vec::new()),
                     volume: std::sync::OnceLock::new(),
+                    piece: None,
                 });
             }
             None => self.by_id.push(u32::MAX),
         }
+    }
+
+    /// Entry `id` (registered with the whole file's size) is piece `index`
+    /// of pieces of `piece` bytes (EntryKind::Piece, checked by the
+    /// protocol machine; a bad one is not made a piece and fails).
+    pub fn set_piece(&mut self, id: u64, piece: u64, index: u32) {
+        let Some(&i) = self.by_id.get(id as usize) else {
+            return;
+        };
+        let Some(f) = self.files.get_mut(i as usize) else {
+            return;
+        };
+        let kind = ramsys_proto::control::EntryKind::Piece {
+            size: f.size,
+            piece,
+            index,
+        };
+        if let Some((offset, len)) = kind.piece_range() {
+            f.piece = Some(Box::new(PieceAt {
+                offset,
+                len,
+                index,
+                count: f.size.div_ceil(piece) as u32,
+                names: bigfile::Names::new(&f.rel, f.size, f.mtime, piece),
+                finished: AtomicBool::new(false),
+            }));
+        }
+    }
+
+    /// Sync: piece `id` is already in the shared temp file, verified (an
+    /// earlier run's marker): nothing to send.
+    pub fn piece_done(&self, id: u64) -> bool {
+        let Some(f) = self.get(id) else { return false };
+        let Some(p) = &f.piece else { return false };
+        self.dir_of(f)
+            .is_ok_and(|d| bigfile::piece_done(d.fd(), &p.names, f.size, p.index))
+    }
+
+    /// Sync: piece `id` is done already: kept; finish the file if every
+    /// other piece is too (an earlier run may have stopped just before).
+    pub fn keep_piece(&self, id: u64) {
+        let Some(f) = self.get(id) else { return };
+        match self.try_finish(f) {
+            Ok(()) => {
+                f.flags.fetch_or(KEPT | FINAL, Ordering::AcqRel);
+            }
+            Err(e) => self.fail(f, format!("cannot rename into place: {e}")),
+        }
+    }
+
+    /// A verified piece: leave its marker, and place the file if every
+    /// piece is now in (data::bigfile).
+    fn place_piece(&self, f: &SinkFile, p: &PieceAt) {
+        drop(self.take_fd(f));
+        let marked = self
+            .dir_of(f)
+            .and_then(|d| bigfile::mark(d.fd(), &p.names, p.index));
+        if let Err(e) = marked {
+            self.fail(f, format!("cannot mark piece {} done: {e}", p.index));
+            return;
+        }
+        match self.try_finish(f) {
+            Ok(()) => {
+                f.flags.fetch_or(FINAL, Ordering::AcqRel);
+                self.stats.pieces.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => self.fail(f, format!("cannot rename into place: {e}")),
+        }
+    }
+
+    /// Rename the big file piece `f` belongs to into place if every piece
+    /// is verified (and nobody did yet).
+    fn try_finish(&self, f: &SinkFile) -> std::io::Result<()> {
+        let Some(p) = &f.piece else { return Ok(()) };
+        let dir = self.dir_of(f)?;
+        if !bigfile::all_done(dir.fd(), &p.names, p.count) {
+            return Ok(());
+        }
+        let (_, name) = split_parent(&f.rel);
+        let (size, mode, mtime) = (f.size, f.mode, f.mtime);
+        if bigfile::finish(dir.fd(), &p.names, name, size, mode, mtime, p.count)? {
+            p.finished.store(true, Ordering::Release);
+            self.stats.files.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     pub fn get(&self, id: u64) -> Option<&SinkFile> {
@@ -384,14 +492,17 @@ impl FileTable {
     }
 
     /// A hole segment: nothing to do in a fresh temp file (created at its
-    /// size, all holes); a device or a file built from a base holds old
-    /// bytes there, which must read as zeros (storage::volume).
+    /// size, all holes); a device, a file built from a base or a piece's
+    /// shared temp file holds old bytes there, which must read as zeros
+    /// (storage::volume).
     pub fn write_hole(&self, f: &SinkFile, fd: &SinkFd, seg: &Segment) -> std::io::Result<()> {
         if !fd.sized && seg.offset + seg.span() == f.size {
             // Not created at its size: a hole at the end sets it.
             fd.buffered.set_len(f.size)?;
         }
-        if !f.is_device() && f.base.lock().unwrap().is_none() {
+        // A piece's temp file may hold an interrupted earlier attempt's
+        // bytes (data::bigfile): zeroed like a base.
+        if !f.is_device() && f.base.lock().unwrap().is_none() && f.piece.is_none() {
             return Ok(());
         }
         self.storage
@@ -427,6 +538,15 @@ impl FileTable {
                 crate::show(&f.rel),
                 f.size
             )));
+        }
+        if let Some(p) = &f.piece {
+            if seg.offset < p.offset || end > p.offset + p.len {
+                return Err(WriteError::Protocol(format!(
+                    "data outside piece {} of {}",
+                    p.index,
+                    crate::show(&f.rel)
+                )));
+            }
         }
         if f.flags.load(Ordering::Acquire) & (FAILED | FINAL) != 0 {
             return Ok(None);
@@ -466,13 +586,22 @@ impl FileTable {
         let (parent, _) = split_parent(&f.rel);
         let dir = self.dir_of(f)?;
         let base = f.base.lock().unwrap().clone();
-        if base.is_none() {
+        if base.is_none() && f.piece.is_none() {
             if let Some(fd) = self.create_anon(f, &dir)? {
                 return Ok(fd);
             }
         }
-        let tmp = self.tmp_name(f);
+        let tmp = match &f.piece {
+            Some(p) => p.names.tmp.clone(),
+            None => self.tmp_name(f),
+        };
         let buffered = match &base {
+            // A piece: the temp file shared by the stripe, sized by
+            // whoever opens it first (data::bigfile).
+            _ if f.piece.is_some() => {
+                let p = f.piece.as_ref().expect("a piece");
+                bigfile::open(dir.fd(), &p.names, f.size, p.count)?
+            }
             Some(Base::Part(name)) => {
                 self.root.rename_in(parent, name, &tmp)?;
                 let mut rel = parent.to_vec();
@@ -491,13 +620,13 @@ impl FileTable {
         // a hole at its end sets the size. Large files are (the O_DIRECT
         // prefix and the buffered tail of a block write disjoint pages of
         // a file that already has its size), and so is one built on a base.
-        let sized = base.is_some() || f.size >= DIRECT_MIN;
+        let sized = base.is_some() || f.size >= DIRECT_MIN || f.piece.is_some();
         let made = (|| {
             if base == Some(Base::Old) {
                 let old = self.root.open_read(&f.rel, false)?;
                 crate::sync::copy_base(&old, &buffered, f.size)?;
             }
-            if sized {
+            if sized && f.piece.is_none() {
                 buffered.set_len(f.size)?;
             }
             let mut direct = None;
@@ -533,7 +662,7 @@ impl FileTable {
         })();
         match made {
             Ok(direct) => {
-                self.storage.count(f.size, f.size, direct.is_some());
+                self.storage.count(f.size, f.want(), direct.is_some());
                 Ok(SinkFd {
                     source: std::sync::OnceLock::new(),
                     writeback: direct.is_none() && self.storage.writeback && f.size >= DIRECT_MIN,
@@ -544,7 +673,10 @@ impl FileTable {
                 })
             }
             Err(e) => {
-                let _ = crate::fsops::unlink_in(dir.fd(), &tmp);
+                // Another sink's pieces may be in a shared one.
+                if f.piece.is_none() {
+                    let _ = crate::fsops::unlink_in(dir.fd(), &tmp);
+                }
                 Err(e)
             }
         }
@@ -687,14 +819,15 @@ impl FileTable {
             log.note(seg);
         }
         slow_write_fault();
-        if self.resume && !self.storage.null && f.size >= self.journal_min {
+        // A piece's resume state is its marker (data::bigfile).
+        if self.resume && !self.storage.null && f.size >= self.journal_min && f.piece.is_none() {
             self.note_blocks(f, seg.offset, span);
         }
         let w = f.written.fetch_add(span, Ordering::AcqRel) + span;
         self.stats.add_bytes(span);
-        if w > f.size {
+        if w > f.want() {
             self.fail(f, "received more bytes than the file holds".into());
-        } else if w == f.size {
+        } else if w == f.want() {
             self.data_complete(f)?;
         }
         Ok(())
@@ -787,7 +920,7 @@ impl FileTable {
         self.files
             .iter()
             .filter(|f| f.flags.load(Ordering::Acquire) & (FINAL | KEPT) == FINAL)
-            .map(|f| f.size - f.reused.load(Ordering::Acquire).min(f.size))
+            .map(|f| f.want() - f.reused.load(Ordering::Acquire).min(f.want()))
             .sum()
     }
 
@@ -797,6 +930,12 @@ impl FileTable {
             .iter()
             .filter(|f| f.flags.load(Ordering::Acquire) & (FINAL | KEPT) == FINAL)
             .filter(|f| f.size == 0 || f.reused.load(Ordering::Acquire) < f.size)
+            // A big file counts once, at the sink that placed it.
+            .filter(|f| {
+                f.piece
+                    .as_ref()
+                    .is_none_or(|p| p.finished.load(Ordering::Acquire))
+            })
             .count() as u64
     }
 
@@ -805,6 +944,8 @@ impl FileTable {
         self.files
             .iter()
             .filter(|f| f.flags.load(Ordering::Acquire) & KEPT != 0)
+            // A big file counts once: at the sink of its first piece.
+            .filter(|f| f.piece.as_ref().is_none_or(|p| p.index == 0))
             .count() as u64
     }
 
@@ -826,6 +967,7 @@ impl FileTable {
                 || fl & (FINAL | ANON) != 0
                 || (!all && fl & DIRTY == 0)
                 || f.size < self.journal_min
+                || f.piece.is_some()
             {
                 continue;
             }
@@ -855,7 +997,7 @@ impl FileTable {
     pub fn final_paths(&self) -> Vec<&[u8]> {
         self.files
             .iter()
-            .filter(|f| f.flags.load(Ordering::Acquire) & FINAL != 0)
+            .filter(|f| f.flags.load(Ordering::Acquire) & FINAL != 0 && f.piece.is_none())
             .map(|f| f.rel.as_slice())
             .collect()
     }
@@ -932,6 +1074,10 @@ impl FileTable {
             // Verified and discarded.
             f.flags.fetch_or(FINAL, Ordering::AcqRel);
             self.stats.files.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if let Some(p) = &f.piece {
+            self.place_piece(f, p);
             return;
         }
         if let Some(log) = f.volume.get() {
@@ -1016,7 +1162,7 @@ impl FileTable {
 
     /// Whether a file made it to its final name.
     pub fn is_final(&self, f: &SinkFile) -> bool {
-        f.flags.load(Ordering::Acquire) & FINAL != 0
+        f.flags.load(Ordering::Acquire) & FINAL != 0 && f.piece.is_none()
     }
 
     /// After the transfer: fail what is incomplete, remove every temp file
@@ -1039,8 +1185,8 @@ impl FileTable {
             let failed_alone = fl & FAILED != 0 && self.journal_min > 0;
             if fl & FAILED == 0 {
                 let w = f.written.load(Ordering::Acquire);
-                let why = if w < f.size {
-                    format!("incomplete: received {w} of {} bytes", f.size)
+                let why = if w < f.want() {
+                    format!("incomplete: received {w} of {} bytes", f.want())
                 } else {
                     "source never confirmed the file".into()
                 };
@@ -1052,7 +1198,9 @@ impl FileTable {
                 && f.written.load(Ordering::Acquire) > 0
                 && f.size >= self.journal_min;
             let fl = f.flags.load(Ordering::Acquire);
-            if fl & TEMP != 0 && fl & ANON == 0 && !keep && !f.is_device() {
+            // A piece's temp file is shared with the other sinks of the
+            // stripe and holds the verified pieces `--resume` reuses.
+            if fl & TEMP != 0 && fl & ANON == 0 && !keep && !f.is_device() && f.piece.is_none() {
                 if let Ok(dir) = self.dir_of(f) {
                     let _ = crate::fsops::unlink_in(dir.fd(), &self.tmp_name(f));
                 }
@@ -1229,6 +1377,66 @@ mod tests {
         send(&t, 0, 0, b"1234");
         assert_eq!(names(d.path()), vec![".j.ramsys-0000000000000001.part"]);
         assert_eq!(t.journal_rows(true).len(), 1);
+    }
+
+    /// Two sessions (two daemons of a stripe) receive the pieces of one big
+    /// file into one directory: data outside a piece is a protocol error;
+    /// the file appears under its final name, with its mode and mtime, only
+    /// when the last piece verified, placed by exactly one of them; a
+    /// piece with a bad digest leaves no marker.
+    #[test]
+    fn pieces_of_one_file_from_two_sessions_meet_and_one_places_it() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let table = |session: u64, pieces: &[u32]| {
+            let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
+            let mut t = FileTable::new(root, session, true, false, Arc::new(Stats::default()));
+            for (id, &i) in pieces.iter().enumerate() {
+                t.push_entry(id as u64, Some((b"big".to_vec(), 10, 0o640, (7, 8))));
+                t.set_piece(id as u64, 4, i);
+            }
+            t
+        };
+        let data = b"0123456789";
+        let piece = |t: &FileTable, id: u64, i: usize| {
+            let (o, e) = (i * 4, (i * 4 + 4).min(10));
+            send(t, id, o as u64, &data[o..e])
+        };
+        let a = table(1, &[0, 2]);
+        let b = table(2, &[1]);
+        let bad = Segment {
+            file_id: 0,
+            offset: 4,
+            len: 1,
+        };
+        assert!(matches!(
+            a.write_segment(&bad, b"x", 0),
+            Err(WriteError::Protocol(_))
+        ));
+        let h0 = piece(&a, 0, 0);
+        let h2 = piece(&a, 1, 2);
+        a.digest_known(0, h0).unwrap();
+        // A corrupt piece: failed, no marker, nothing placed.
+        a.digest_known(1, h2 ^ 1).unwrap();
+        let h1 = piece(&b, 0, 1);
+        b.digest_known(0, h1).unwrap();
+        assert!(!d.path().join("big").exists());
+        assert_eq!(b.files_moved(), 0);
+        // The piece again (a resume's session): the last one, it places it.
+        let c = table(3, &[2]);
+        let h2 = piece(&c, 0, 2);
+        c.digest_known(0, h2).unwrap();
+        assert!(a.finish().len() == 1 && b.finish().is_empty() && c.finish().is_empty());
+        assert_eq!(std::fs::read(d.path().join("big")).unwrap(), data);
+        let md = std::fs::metadata(d.path().join("big")).unwrap();
+        assert_eq!(
+            (md.mode() & 0o7777, md.mtime(), md.mtime_nsec()),
+            (0o640, 7, 8)
+        );
+        assert_eq!(names(d.path()), vec!["big"]);
+        // Counted once, where it was placed; bytes where they arrived.
+        assert_eq!((b.files_moved(), c.files_moved()), (0, 1));
+        assert_eq!((b.bytes_moved(), c.bytes_moved()), (4, 2));
     }
 
     /// Local-copy segments make the sink read a file of its own choosing:

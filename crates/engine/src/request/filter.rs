@@ -34,6 +34,8 @@ pub struct Filter {
     max_size: u64,
     /// `--files-from`: the listed paths, and the directories above them.
     files: Option<FilesFrom>,
+    /// A striped push's pieces of big files (TransferOptions::pieces).
+    pub pieces: Option<std::sync::Arc<super::shares::Pieces>>,
 }
 
 #[derive(Debug)]
@@ -129,6 +131,7 @@ impl Filter {
             min_size: sel.min_size,
             max_size: sel.max_size,
             files: (!sel.files.is_empty()).then(|| FilesFrom::new(&sel.files, sel.files_recursive)),
+            pieces: None,
         })
     }
 

@@ -152,7 +152,7 @@ pub fn plan_probed(
     // Group file indices by device, in scan order.
     let mut groups: Vec<(u64, Vec<u32>)> = Vec::new();
     for (i, f) in files.iter().enumerate() {
-        if f.size == 0 || skip(i) {
+        if f.is_empty() || skip(i) {
             continue;
         }
         match groups.iter_mut().find(|g| g.0 == f.dev) {
@@ -189,11 +189,13 @@ pub fn plan_probed(
         let chunk = chunk_for(kind, po.block_size);
         for i in idx {
             let f = &files[i as usize];
-            q.bytes += f.size;
-            if f.size >= 2 * chunk {
-                let mut off = 0;
-                while off < f.size {
-                    let len = chunk.min(f.size - off);
+            // A piece of a big file (issue 19) reads its range only.
+            let (start, end) = f.span();
+            q.bytes += end - start;
+            if end - start >= 2 * chunk {
+                let mut off = start;
+                while off < end {
+                    let len = chunk.min(end - off);
                     q.units.push(ReadUnit {
                         file: i,
                         offset: off,
@@ -204,8 +206,8 @@ pub fn plan_probed(
             } else {
                 q.units.push(ReadUnit {
                     file: i,
-                    offset: 0,
-                    len: f.size,
+                    offset: start,
+                    len: end - start,
                 });
             }
         }
@@ -336,6 +338,7 @@ mod tests {
             mtime: (0, 0),
             volume: false,
             sparse: false,
+            range: None,
         }
     }
 
@@ -404,6 +407,7 @@ mod tests {
             mtime: (0, 0),
             volume: false,
             sparse: false,
+            range: None,
         };
         let files = vec![
             mk("a", 50),

@@ -38,6 +38,25 @@ pub struct SourceFile {
     /// (storage::sparse::may_be_sparse): only such files are probed for
     /// holes, and the reader needs no second stat to know it.
     pub sparse: bool,
+    /// A piece of a big file (issue 19, EntryKind::Piece): only this byte
+    /// range (offset, length) is read and sent under this id.
+    pub range: Option<(u64, u64)>,
+}
+
+impl SourceFile {
+    /// Where its bytes to send start and end.
+    pub fn span(&self) -> (u64, u64) {
+        self.range.map_or((0, self.size), |(o, l)| (o, o + l))
+    }
+
+    /// Bytes to send.
+    pub fn len(&self) -> u64 {
+        self.range.map_or(self.size, |r| r.1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Result of the scan.
@@ -332,6 +351,45 @@ fn record(
             if filter.size_excluded(size) {
                 return false;
             }
+            if let Some(ps) = filter.pieces.as_ref().and_then(|p| p.get(&o.wire)) {
+                // A striped push's pieces of a big file (issue 19): a
+                // Piece record each, all cut from the version the agent
+                // dealt (another version's pieces would never add up).
+                if (size, o.mtime) != (ps.size, ps.mtime) || nlink > 1 {
+                    w.failures.push(FailedPath {
+                        path: crate::show(&o.wire),
+                        reason: "changed since the stripes were dealt; run again with --resume"
+                            .into(),
+                    });
+                    return false;
+                }
+                for &index in &ps.indices {
+                    let kind = EntryKind::Piece {
+                        size,
+                        piece: ps.piece,
+                        index,
+                    };
+                    let Some(range) = kind.piece_range() else {
+                        continue;
+                    };
+                    let id = w.entries.len() as u64;
+                    w.total_bytes += range.1;
+                    w.files.push(SourceFile {
+                        id,
+                        rel: o.rel.clone(),
+                        size,
+                        dev,
+                        ino,
+                        mtime: o.mtime,
+                        volume,
+                        sparse,
+                        range: Some(range),
+                    });
+                    push_entry(w, id, o.wire.clone(), kind, o.mode, o.mtime);
+                }
+                // No Attrs: an archive copy does not cut files.
+                return false;
+            }
             if nlink > 1 {
                 if let Some(&first) = inodes.get(&(dev, ino)) {
                     let link = EntryKind::HardLink { target_id: first };
@@ -350,6 +408,7 @@ fn record(
                 mtime: o.mtime,
                 volume,
                 sparse,
+                range: None,
             });
             EntryKind::File { size }
         }

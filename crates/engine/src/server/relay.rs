@@ -195,8 +195,14 @@ fn prepare(
             .iter()
             .map(|&w| f64::from(w.max(1)) / 1000.0)
             .collect();
-        let mine = shares::deal(files, others, &weights).swap_remove(usize::from(s.index));
+        // Big files in pieces (issue 19) unless an archive copy (or a dry
+        // run) asks for whole files: the agent sends the same `pieces` to
+        // every pair, so every pair cuts the same pieces.
+        let whole = opts.preserve != 0 || opts.sync & crate::sync::flags::DRY_RUN != 0;
+        let align = if whole { 0 } else { u64::from(s.pieces) };
+        let mine = shares::deal(files, others, &weights, align).swap_remove(usize::from(s.index));
         share = Some((mine.files, mine.bytes, listing));
+        opts.pieces = mine.pieces();
         opts.select.files = mine.paths;
         opts.select.files_recursive = false;
     }

@@ -132,6 +132,8 @@ struct Grant<'r> {
     credits_per_stream: u32,
     checksum: bool,
     cipher: Cipher,
+    /// How many writers run at once (a site share; site::share).
+    gate: Option<Arc<crate::site::share::ThreadGate>>,
 }
 
 /// The data links as first opened.
@@ -239,6 +241,7 @@ impl SinkSession<'_> {
             credits_per_stream,
             checksum: prop.checksum,
             cipher,
+            gate: self.adm.storage_gate(),
         })
     }
 

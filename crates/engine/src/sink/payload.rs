@@ -63,7 +63,9 @@ impl SettleWatch {
 
 /// Files settled so far (in place or failed), by the counters.
 pub(super) fn progress(stats: &Stats) -> u64 {
-    stats.files.load(Ordering::Relaxed) + stats.failed.load(Ordering::Relaxed)
+    stats.files.load(Ordering::Relaxed)
+        + stats.failed.load(Ordering::Relaxed)
+        + stats.pieces.load(Ordering::Relaxed)
 }
 
 /// A writer-side error as the session's error.

@@ -206,6 +206,7 @@ impl<'s> SinkPipeline<'s> {
             credits_per_stream,
             checksum,
             cipher,
+            gate,
         } = g;
         let pool = share.pool().clone();
         let nbuf = pool.count() as u64;
@@ -244,10 +245,11 @@ impl<'s> SinkPipeline<'s> {
             Some(b) if small < crate::config::MANY_SMALL_FILES => b.clamp(1, writers.len()),
             _ => writers.len(),
         };
-        for _ in 0..nwriters {
+        for i in 0..nwriters {
             let (t, rx, p) = (table.clone(), recv_rx.clone(), pool.clone());
             let (c, ev, a) = (returns.clone(), wev_tx.clone(), abort.clone());
-            writer_jobs.push(writers.spawn(move || run_writer(&t, rx, p, c, ev, a)));
+            let gate = gate.clone().map(|g| (i, g));
+            writer_jobs.push(writers.spawn(move || run_writer(&t, rx, p, c, ev, a, gate)));
         }
         drop(recv_rx);
         drop(wev_tx);
@@ -648,6 +650,9 @@ fn grown(m: Control) -> Option<Growth> {
         streams: s.streams,
         mb_s: mb(s.kb_s),
         link_mb_s: s.link_kb_s.into_iter().map(mb).collect(),
+        // Not carried by Grown (the decision text says what it decided).
+        busy_pct: None,
+        rtt_x: None,
         then: s.then,
     });
     Some(Growth {

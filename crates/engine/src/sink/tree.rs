@@ -163,14 +163,26 @@ impl Tree {
                 };
                 Some((target.clone(), size, mode, mtime))
             }
+            // A piece of a big file (issue 19, data::bigfile): registered
+            // with the whole file's size, writing only its range.
+            EntryKind::Piece { size, .. } if !dry => {
+                self.total_bytes += e.kind.piece_range().map_or(0, |r| r.1);
+                Some((target.clone(), size, e.mode, mtime))
+            }
             _ => None,
         };
         self.table.push_entry(e.id, file);
+        if let (EntryKind::Piece { piece, index, .. }, false) = (&e.kind, dry) {
+            self.table.set_piece(e.id, *piece, *index);
+        }
         if let Some(s) = &mut self.sync {
             match e.kind {
                 EntryKind::Dir => s.on_dir(&target, &e.path),
                 EntryKind::File { size } => {
                     s.on_file(&self.table, e.id, &target, size, e.mode, mtime)
+                }
+                EntryKind::Piece { size, .. } => {
+                    s.on_piece(&self.table, e.id, &target, size, e.mode, mtime)
                 }
                 _ => s.on_other(&target),
             }
@@ -194,7 +206,7 @@ impl Tree {
                 }),
             },
             // Made by the archive pass (crate::archive::apply).
-            EntryKind::File { .. } | EntryKind::Special { .. } => {}
+            EntryKind::File { .. } | EntryKind::Special { .. } | EntryKind::Piece { .. } => {}
             EntryKind::Symlink { target: t } => d.symlinks.push((target, t, mtime)),
             EntryKind::HardLink { target_id } => d.hardlinks.push((target, target_id)),
         }

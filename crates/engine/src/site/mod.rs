@@ -14,6 +14,8 @@
 
 pub mod redirect;
 pub mod sample;
+pub mod share;
+pub mod storage;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -36,6 +38,9 @@ pub use sample::{Load, Sampler};
 
 /// Name of every member's load segment (homed on the member).
 pub const LOAD_SEGMENT: &str = "load";
+/// Capacity of the load segment: the fixed fields (under 100 bytes of
+/// postcard) and share::MAX_PUBLISHED storage entries (up to 15 each).
+const LOAD_BYTES: u32 = 512;
 /// Bytes of the DDSS pool each daemon homes.
 pub const POOL_BYTES: usize = 1 << 20;
 /// How long a dialer waits to connect, and for each reply.
@@ -57,6 +62,9 @@ pub struct SiteOptions {
     /// Admission limits above which new sessions are redirected to a
     /// peer (`[site] max_sessions`, `max_load`; redirect.rs).
     pub limits: redirect::Limits,
+    /// Share the storage-thread budget of devices several members use
+    /// (`[site] share_storage`, `--site-share-storage`; site::share).
+    pub share_storage: bool,
 }
 
 impl Default for SiteOptions {
@@ -67,6 +75,7 @@ impl Default for SiteOptions {
             sys_root: PathBuf::from("/"),
             user: "site".into(),
             limits: Default::default(),
+            share_storage: true,
         }
     }
 }
@@ -90,13 +99,19 @@ pub fn check_load_pct(pct: u64) -> Result<f64, String> {
 }
 
 /// The daemon's own state the monitor publishes (daemon::status).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct LocalLoad {
     pub sessions: u32,
     pub active_tasks: u32,
     pub queued_tasks: u32,
     pub free_buffer_bytes: u64,
+    /// Shared storage devices in use (site::share).
+    pub storage: Vec<share::StorageUse>,
 }
+
+/// Called with the site view (self first) after every monitoring round:
+/// the daemon re-reads its storage shares from it (site::share).
+pub type OnView = Box<dyn Fn(&str, &[SiteMember]) + Send + Sync>;
 
 #[derive(Debug, Clone, Default)]
 struct View {
@@ -169,6 +184,7 @@ impl Site {
         opts: SiteOptions,
         key: Vec<u8>,
         local: Box<dyn Fn() -> LocalLoad + Send + Sync>,
+        on_view: OnView,
     ) -> Arc<Site> {
         let (me_s, user) = (me.to_string(), opts.user.clone());
         let site_key = key.clone();
@@ -182,7 +198,7 @@ impl Site {
         for p in &opts.peers {
             node.add_member(p);
         }
-        node.allocate(LOAD_SEGMENT, 512, Model::Version, Placement::Local)
+        node.allocate(LOAD_SEGMENT, LOAD_BYTES, Model::Version, Placement::Local)
             .expect("a fresh pool holds the load segment");
         let site = Arc::new(Site {
             node,
@@ -197,7 +213,7 @@ impl Site {
         let s = site.clone();
         std::thread::Builder::new()
             .name("site-monitor".into())
-            .spawn(move || s.monitor(Sampler::new(&opts.sys_root), local))
+            .spawn(move || s.monitor(Sampler::new(&opts.sys_root), local, on_view))
             .expect("spawn site monitor");
         site
     }
@@ -222,7 +238,12 @@ impl Site {
     }
 
     /// Publish ours and pull everyone's, every interval, forever.
-    fn monitor(&self, mut sampler: Sampler, local: Box<dyn Fn() -> LocalLoad + Send + Sync>) {
+    fn monitor(
+        &self,
+        mut sampler: Sampler,
+        local: Box<dyn Fn() -> LocalLoad + Send + Sync>,
+        on_view: OnView,
+    ) {
         let me = Key {
             name: LOAD_SEGMENT.into(),
             home: self.node.me().to_string(),
@@ -236,6 +257,7 @@ impl Site {
                 active_tasks: l.active_tasks,
                 queued_tasks: l.queued_tasks,
                 free_buffer_bytes: l.free_buffer_bytes,
+                storage: l.storage,
                 ..sampler.sample()
             };
             let bytes = postcard::to_stdvec(&load).expect("Load serializes");
@@ -265,6 +287,7 @@ impl Site {
                 };
                 self.update(&m, r);
             }
+            on_view(self.node.me(), &self.members());
             std::thread::sleep(self.interval.saturating_sub(t0.elapsed()));
         }
     }
@@ -315,6 +338,8 @@ impl Site {
                     addr: m.clone(),
                     // f32 on the wire; shown with its 1 % rounding.
                     cpu_load: (l.cpu_load as f64 * 100.0).round() / 100.0,
+                    own_cpu: (l.own_cpu as f64 * 100.0).round() / 100.0,
+                    storage: l.storage.clone(),
                     run_queue: l.run_queue,
                     intr_per_s: l.intr_per_s,
                     softirq_per_s: l.softirq_per_s,

@@ -31,7 +31,7 @@ pub fn score(m: &SiteMember) -> f64 {
     m.cpu_load + 0.25 * (m.active_tasks + m.queued_tasks) as f64
 }
 
-fn fresh(m: &SiteMember) -> bool {
+pub(crate) fn fresh(m: &SiteMember) -> bool {
     m.age_ms <= FRESH_MS && m.error.is_none()
 }
 
@@ -138,6 +138,8 @@ pub(crate) fn member(addr: &str, cpu: f64, tasks: u32, sessions: u32, age: u64) 
     SiteMember {
         addr: addr.into(),
         cpu_load: cpu,
+        own_cpu: 0.0,
+        storage: vec![],
         run_queue: 0,
         intr_per_s: 0,
         softirq_per_s: 0,

@@ -32,6 +32,13 @@ pub struct Load {
     pub active_tasks: u32,
     pub queued_tasks: u32,
     pub free_buffer_bytes: u64,
+    /// This daemon's own share of the CPUs over the interval, 0-1
+    /// (`/proc/self/stat` utime + stime against the `cpu` line): the load
+    /// of other work is `cpu_load - own_cpu` (site::share, the plan).
+    pub own_cpu: f32,
+    /// Shared storage devices in use (site::share), at most
+    /// share::MAX_PUBLISHED.
+    pub storage: Vec<super::share::StorageUse>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -44,6 +51,8 @@ struct Counters {
     tx: u64,
     rd_sectors: u64,
     wr_sectors: u64,
+    /// This process's utime + stime, clock ticks.
+    own: u64,
 }
 
 pub struct Sampler {
@@ -56,6 +65,8 @@ pub struct Sampler {
     /// choice); the last value stands until jiffies pass.
     cpu_base: Option<(u64, u64)>,
     cpu_load: f32,
+    own_base: u64,
+    own_cpu: f32,
 }
 
 /// Round to two significant digits.
@@ -79,6 +90,8 @@ impl Sampler {
             prev: None,
             cpu_base: None,
             cpu_load: 0.0,
+            own_base: 0,
+            own_cpu: 0.0,
         }
     }
 
@@ -128,6 +141,18 @@ impl Sampler {
             c.rd_sectors += f[5].parse::<u64>().unwrap_or(0);
             c.wr_sectors += f[9].parse::<u64>().unwrap_or(0);
         }
+        // Fields after the command's closing parenthesis: state is 3rd,
+        // utime and stime the 14th and 15th of the line.
+        let me = read(&self.root, "proc/self/stat");
+        if let Some((_, rest)) = me.rsplit_once(')') {
+            let f: Vec<u64> = rest
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .map(|x| x.parse().unwrap_or(0))
+                .collect();
+            c.own = f.iter().sum();
+        }
         (c, runq)
     }
 
@@ -139,6 +164,9 @@ impl Sampler {
             run_queue: runq,
             ..Load::default()
         };
+        if self.prev.is_none() {
+            self.own_base = c.own;
+        }
         if let Some((t, p)) = self.prev {
             let dt = now.duration_since(t).as_secs_f64().max(1e-3);
             let rate = |a: u64, b: u64| sig2(a.saturating_sub(b) as f64 / dt);
@@ -147,9 +175,13 @@ impl Sampler {
             if dtot > 0 {
                 let f = c.busy.saturating_sub(busy0) as f64 / dtot as f64;
                 self.cpu_load = ((f * 100.0).round() / 100.0).clamp(0.0, 1.0) as f32;
+                let o = c.own.saturating_sub(self.own_base) as f64 / dtot as f64;
+                self.own_cpu = ((o * 100.0).round() / 100.0).clamp(0.0, 1.0) as f32;
                 self.cpu_base = Some((c.busy, c.total));
+                self.own_base = c.own;
             }
             l.cpu_load = self.cpu_load;
+            l.own_cpu = self.own_cpu.min(self.cpu_load);
             l.intr_per_s = rate(c.intr, p.intr);
             l.softirq_per_s = rate(c.softirq, p.softirq);
             l.net_rx_bps = rate(c.rx, p.rx);
@@ -206,7 +238,67 @@ mod tests {
         assert_eq!(s.sample().cpu_load, 0.75);
         write_stat(&d, 500, 1100);
         assert_eq!(s.sample().cpu_load, 0.5);
+        // Our own process's ticks: 50 of the next 200 are ours.
+        std::fs::create_dir_all(d.join("proc/self")).unwrap();
+        let me = |t: u64| format!("42 (ramsys d) S 1 1 1 0 -1 0 0 0 0 0 {t} 0 0 0 20 0 9\n");
+        std::fs::write(d.join("proc/self/stat"), me(100)).unwrap();
+        write_stat(&d, 600, 1200);
+        s.sample();
+        std::fs::write(d.join("proc/self/stat"), me(150)).unwrap();
+        write_stat(&d, 750, 1250);
+        let l = s.sample();
+        assert_eq!((l.cpu_load, l.own_cpu), (0.75, 0.25));
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// The load record is network input (a peer's segment): any bytes
+    /// decode or fail without panicking, every record round-trips, and
+    /// the largest fits the segment.
+    #[test]
+    fn load_decodes_any_bytes_and_the_largest_fits() {
+        use crate::site::share::{StorageUse, MAX_PUBLISHED};
+        use proptest::prelude::*;
+        let big = Load {
+            cpu_load: 1.0,
+            run_queue: u32::MAX,
+            intr_per_s: u64::MAX,
+            softirq_per_s: u64::MAX,
+            net_rx_bps: u64::MAX,
+            net_tx_bps: u64::MAX,
+            disk_read_bps: u64::MAX,
+            disk_write_bps: u64::MAX,
+            sessions: u32::MAX,
+            active_tasks: u32::MAX,
+            queued_tasks: u32::MAX,
+            free_buffer_bytes: u64::MAX,
+            own_cpu: 1.0,
+            storage: vec![
+                StorageUse {
+                    id: u64::MAX,
+                    tasks: u16::MAX,
+                    threads: u16::MAX,
+                };
+                MAX_PUBLISHED
+            ],
+        };
+        let b = postcard::to_stdvec(&big).unwrap();
+        assert!(
+            b.len() <= super::super::LOAD_BYTES as usize,
+            "{} bytes",
+            b.len()
+        );
+        proptest!(|(bytes in prop::collection::vec(any::<u8>(), 0..300),
+                    ids in prop::collection::vec((any::<u64>(), any::<u16>(), any::<u16>()), 0..9),
+                    cpu in 0f32..1.0)| {
+            let _ = postcard::from_bytes::<Load>(&bytes);
+            let l = Load {
+                cpu_load: cpu,
+                storage: ids.iter().map(|&(id, tasks, threads)| StorageUse { id, tasks, threads }).collect(),
+                ..Load::default()
+            };
+            let b = postcard::to_stdvec(&l).unwrap();
+            prop_assert_eq!(postcard::from_bytes::<Load>(&b).unwrap(), l);
+        });
     }
 
     #[test]

@@ -34,7 +34,7 @@ use crate::stats::{FailedPath, Report, Stats};
 use crate::storage::StorageCfg;
 use crate::sync::source::SyncPlan;
 use crate::transport::grow::Growth;
-use crate::transport::grow::{Grower, Step as GrowStep};
+use crate::transport::grow::{Grower, Links, Step as GrowStep};
 use crate::transport::Link;
 use crate::{show, EngineError};
 
@@ -445,9 +445,12 @@ impl<'s> Payload<'s> {
         let total = self.stats.total_bytes.load(Ordering::Relaxed);
         // An empty send queue: reading, not the links, is the limit now.
         let starved = self.filled.is_empty();
-        let step = a
-            .grower
-            .poll(a.t0.elapsed(), bytes, total.saturating_sub(bytes), starved);
+        let links = Links {
+            busy_us: self.streams.busy(),
+            queueing: self.streams.queueing(),
+        };
+        let left = total.saturating_sub(bytes);
+        let step = a.grower.poll(a.t0.elapsed(), bytes, links, left, starved);
         if !matches!(step, GrowStep::Wait) {
             a.grower.note_links(self.streams.delivery_rates());
         }
@@ -1001,7 +1004,7 @@ fn rels_by_id(w: &Walk) -> Vec<Vec<u8>> {
 /// Each file's bytes still to read (a sync reads only what differs).
 fn file_states(files: &[SourceFile], plan: Option<&SyncPlan>) -> Arc<Vec<SrcFileState>> {
     let states = files.iter().enumerate().map(|(i, f)| SrcFileState {
-        remaining: AtomicU64::new(plan.map_or(f.size, |p| p.bytes(i, f.size))),
+        remaining: AtomicU64::new(plan.map_or(f.len(), |p| p.bytes(i, f.len()))),
         digest: AtomicU64::new(0),
         failed: AtomicBool::new(false),
     });
@@ -1016,8 +1019,8 @@ fn nothing_to_read<'f>(
 ) -> impl Iterator<Item = &'f SourceFile> {
     files.iter().enumerate().filter_map(move |(i, f)| {
         let none = match plan {
-            None => f.size == 0,
-            Some(p) => !p.skipped(i) && p.bytes(i, f.size) == 0,
+            None => f.is_empty(),
+            Some(p) => !p.skipped(i) && p.bytes(i, f.len()) == 0,
         };
         none.then_some(f)
     })

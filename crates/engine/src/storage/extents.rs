@@ -113,6 +113,7 @@ mod tests {
             mtime: (0, 0),
             volume: false,
             sparse: false,
+            range: None,
         };
         assert_eq!(
             Fiemap.first_physical(&root, &sf),

@@ -41,6 +41,7 @@ pub fn synthetic_walk(tops: &[Top], size: u64) -> Walk {
             mtime: (now, 0),
             volume: false,
             sparse: false,
+            range: None,
         }],
         failures: Vec::new(),
         total_bytes: size,

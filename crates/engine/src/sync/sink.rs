@@ -227,6 +227,54 @@ impl SinkSync {
         }
     }
 
+    /// A piece of a big file (issue 19, data::bigfile), already in
+    /// `table`: unchanged when the file is in place as a copy of this one
+    /// (same size and mtime, or same content with `-c`), or when an earlier
+    /// run left this piece verified in the shared temp file; otherwise sent
+    /// whole (no delta: a piece is small and its base is the temp file).
+    pub fn on_piece(
+        &mut self,
+        table: &FileTable,
+        id: u64,
+        target: &[u8],
+        size: u64,
+        mode: u32,
+        mtime: (i64, u32),
+    ) {
+        self.remember(target);
+        if self.dry() {
+            self.dry_files.push((id, target.to_vec()));
+        }
+        if self.flags & super::COMPARE == 0 {
+            return;
+        }
+        if let Some(st) = self.lstat(target).filter(is_reg) {
+            let same_size = st.st_size as u64 == size;
+            if self.flags & CHECKSUM != 0 && same_size {
+                self.checks.push((id, target.to_vec(), size, Check::Digest));
+                return;
+            }
+            let omtime = (st.st_mtime, st.st_mtime_nsec as u32);
+            if self.flags & CHECKSUM == 0 && same_size && omtime == mtime {
+                self.haves.push(Have {
+                    id,
+                    state: HaveState::Unchanged,
+                });
+                table.keep(id, st.st_mode & 0o7777 != mode);
+                self.dry_kept.insert(id);
+                return;
+            }
+        }
+        if !self.dry() && table.piece_done(id) {
+            self.haves.push(Have {
+                id,
+                state: HaveState::Unchanged,
+            });
+            table.keep_piece(id);
+            self.dry_kept.insert(id);
+        }
+    }
+
     /// Resume: temp files of this session's files that no journal row
     /// vouches for (written after its last save before a kill, or of
     /// another source version) are removed: their blocks are unverified.
@@ -271,26 +319,48 @@ impl SinkSync {
             self.drop_stale_parts();
         }
         let root = self.root.clone();
-        let res: Vec<Option<HaveState>> = super::par_map(
-            &self.checks,
-            super::hash_threads(),
-            |(id, path, size, c)| {
-                let f = root.open_read(path, false).ok()?;
-                match c {
-                    Check::Digest => super::content_digest(f).ok().map(HaveState::Digest),
-                    Check::Blocks { base_size, part } => {
-                        let bs = super::delta_block(*size);
-                        let want = |i: usize| part.as_ref().is_none_or(|p| p.has(i));
-                        let sums = super::block_sums(&f, *id, *base_size, bs, &want).ok()?;
-                        Some(HaveState::Blocks {
-                            block_size: bs,
-                            size: *base_size,
-                            sums,
-                        })
+        // The pieces of one big file (issue 19) all ask for the digest of
+        // the same final file (`-c`): hashed once.
+        let mut first: std::collections::HashMap<&[u8], usize> = Default::default();
+        let same: Vec<Option<usize>> = (self.checks.iter().enumerate())
+            .map(|(i, (_, p, _, c))| match c {
+                Check::Digest => match first.get(&p[..]) {
+                    Some(&j) => Some(j),
+                    None => {
+                        first.insert(&p[..], i);
+                        None
                     }
+                },
+                _ => None,
+            })
+            .collect();
+        let idx: Vec<usize> = (0..self.checks.len()).collect();
+        let checks = &self.checks;
+        let mut res: Vec<Option<HaveState>> = super::par_map(&idx, super::hash_threads(), |&i| {
+            let (id, path, size, c) = &checks[i];
+            if same[i].is_some() {
+                return None;
+            }
+            let f = root.open_read(path, false).ok()?;
+            match c {
+                Check::Digest => super::content_digest(f).ok().map(HaveState::Digest),
+                Check::Blocks { base_size, part } => {
+                    let bs = super::delta_block(*size);
+                    let want = |i: usize| part.as_ref().is_none_or(|p| p.has(i));
+                    let sums = super::block_sums(&f, *id, *base_size, bs, &want).ok()?;
+                    Some(HaveState::Blocks {
+                        block_size: bs,
+                        size: *base_size,
+                        sums,
+                    })
                 }
-            },
-        );
+            }
+        });
+        for (i, j) in same.iter().enumerate() {
+            if let Some(j) = *j {
+                res[i] = res[j].clone();
+            }
+        }
         for ((id, _, _, c), r) in std::mem::take(&mut self.checks).into_iter().zip(res) {
             let Some(state) = r else { continue };
             match c {

@@ -82,13 +82,34 @@ pub fn plan(
                 size,
                 sums,
             } => {
-                if block_size >= 4096 && !dry {
+                // A piece (issue 19) is sent whole or not at all.
+                if block_size >= 4096 && !dry && files[i].range.is_none() {
                     jobs.push((i, Job::Blocks(block_size, size, sums)));
                 }
             }
         }
     }
-    let verdicts = super::par_map(&jobs, super::hash_threads(), |(i, job)| {
+    // The pieces of one big file (issue 19) compare the same whole file
+    // (`-c`): hashed once, by the first.
+    let mut first: HashMap<(&[u8], u64), usize> = HashMap::new();
+    let same: Vec<Option<usize>> = (jobs.iter().enumerate())
+        .map(|(k, (i, job))| match job {
+            Job::Digest(d) => match first.get(&(&files[*i].rel[..], *d)) {
+                Some(&j) => Some(j),
+                None => {
+                    first.insert((&files[*i].rel[..], *d), k);
+                    None
+                }
+            },
+            Job::Blocks(..) => None,
+        })
+        .collect();
+    let idx: Vec<usize> = (0..jobs.len()).collect();
+    let mut verdicts = super::par_map(&idx, super::hash_threads(), |&k| {
+        let (i, job) = (&jobs[k].0, &jobs[k].1);
+        if same[k].is_some() {
+            return Verdict::Whole;
+        }
         let f = &files[*i];
         let Ok(file) = root.open_read(&f.rel, false) else {
             return Verdict::Whole;
@@ -110,6 +131,11 @@ pub fn plan(
             }
         }
     });
+    for (k, j) in same.iter().enumerate() {
+        if let Some(j) = *j {
+            verdicts[k] = verdicts[j].clone();
+        }
+    }
     for ((i, _), v) in jobs.iter().zip(verdicts) {
         let id = files[*i].id;
         match v {

@@ -52,6 +52,32 @@ pub const REBASELINES: u8 = 2;
 /// by the links: it says nothing about more streams and is measured again.
 pub const STARVED: f64 = 0.5;
 
+/// Links with data in flight less than this share of a stage were held
+/// back by the ends (the sink's credits, reading, CPU), not by the path
+/// or their windows: more streams cannot help (TCP_INFO busy_time counts
+/// the time a socket had unacknowledged or unsent data, window-limited
+/// time included).
+pub const BUSY_MIN: f64 = 0.5;
+
+/// Links whose smoothed RTT averaged this multiple of their minimum over
+/// a stage wait in a queue on the path: its bottleneck (or an emulator
+/// short of CPU) is full, and more streams would only lengthen the queue
+/// (BBR keeps at most about one BDP queued; a stream held back by its own
+/// window queues nothing). Measured through wanem capped at 200 MB/s:
+/// every count from 4 to 16 moved the same, and the streams added past
+/// the start cost 4-13 % (docs/BENCHMARKS.md, issue 21).
+pub const QUEUED: f64 = 1.5;
+
+/// What the links say at one look (TCP_INFO; None where the transport
+/// has none).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Links {
+    /// Microseconds with data in flight so far, summed over the links.
+    pub busy_us: Option<u64>,
+    /// Smoothed RTT / minimum RTT now, the median link's.
+    pub queueing: Option<f64>,
+}
+
 /// Paths shorter than this are a LAN: the first choice stands (more
 /// streams there cost CPU and bring nothing; RTT 0 must not regress).
 pub const LAN_RTT: Duration = Duration::from_millis(1);
@@ -78,6 +104,14 @@ pub struct Stage {
     /// The links' own delivery rates (TCP_INFO) at its end, MB/s: the
     /// lowest, median and highest (empty where the transport has none).
     pub link_mb_s: Vec<f64>,
+    /// Share of the stage the links had data in flight, % (TCP_INFO
+    /// busy_time over links x time; None where the transport has none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub busy_pct: Option<f64>,
+    /// The links' smoothed RTT over their minimum, averaged over the
+    /// stage (the median link's; None where the transport has none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rtt_x: Option<f64>,
     /// What was decided after it.
     pub then: String,
 }
@@ -96,13 +130,17 @@ enum Phase {
     Settling {
         since: Duration,
     },
-    /// Measuring since `t0` with `bytes0` delivered then; of `looks` at
-    /// the source's send queue, `empty` found it empty.
+    /// Measuring since `t0` with `bytes0` delivered and the links busy
+    /// `busy0` microseconds then; of `looks` at the source's send queue,
+    /// `empty` found it empty.
     Measuring {
         t0: Duration,
         bytes0: u64,
+        busy0: Option<u64>,
         looks: u32,
         empty: u32,
+        /// Sum and count of the queueing looks.
+        queue: (f64, u32),
     },
     /// Streams asked for; waiting for [`Grower::changed`].
     Asking,
@@ -189,58 +227,83 @@ impl Grower {
         Step::Stop(why)
     }
 
-    /// One look: `bytes` delivered so far, `remaining` still to send,
-    /// whether the source's send queue is `starved` (empty) right now.
-    pub fn poll(&mut self, now: Duration, bytes: u64, remaining: u64, starved: bool) -> Step {
+    /// One look: `bytes` delivered so far, the links `busy` (microseconds
+    /// with data in flight, summed over links) so far, `remaining` still
+    /// to send, whether the source's send queue is `starved` (empty) now.
+    pub fn poll(
+        &mut self,
+        now: Duration,
+        bytes: u64,
+        links: Links,
+        remaining: u64,
+        starved: bool,
+    ) -> Step {
+        let busy = links.busy_us;
         match self.phase {
             Phase::Done | Phase::Asking => Step::Wait,
             Phase::Settling { since } => {
                 if now >= since + self.settle {
-                    self.measure_from(now, bytes);
+                    self.measure_from(now, bytes, busy);
                 }
                 Step::Wait
             }
             Phase::Measuring {
                 t0,
                 bytes0,
+                busy0,
                 looks,
                 empty,
+                queue,
             } => {
                 let (looks, empty) = (looks + 1, empty + u32::from(starved));
+                let queue = match links.queueing {
+                    Some(q) => (queue.0 + q, queue.1 + 1),
+                    None => queue,
+                };
                 let dt = now.saturating_sub(t0);
                 if dt < self.measure {
                     self.phase = Phase::Measuring {
                         t0,
                         bytes0,
+                        busy0,
                         looks,
                         empty,
+                        queue,
                     };
                     return Step::Wait;
                 }
                 let rate = bytes.saturating_sub(bytes0) as f64 / dt.as_secs_f64();
                 let starved = empty as f64 / looks as f64;
                 if starved >= STARVED {
-                    self.starved(now, rate, starved, bytes);
+                    self.starved(now, rate, starved, bytes, busy);
                     return Step::Wait;
                 }
-                self.judge(now, rate, remaining)
+                let links = dt.as_secs_f64() * 1e6 * self.streams.max(1) as f64;
+                let busy = match (busy0, busy) {
+                    (Some(a), Some(b)) => Some((b.saturating_sub(a) as f64 / links).min(1.0)),
+                    _ => None,
+                };
+                let rtt_x = (queue.1 > 0).then(|| queue.0 / queue.1 as f64);
+                self.judge(now, rate, busy, rtt_x, remaining)
             }
         }
     }
 
-    fn measure_from(&mut self, now: Duration, bytes: u64) {
+    fn measure_from(&mut self, now: Duration, bytes: u64, busy: Option<u64>) {
         self.phase = Phase::Measuring {
             t0: now,
             bytes0: bytes,
+            busy0: busy,
             looks: 0,
             empty: 0,
+            queue: (0.0, 0),
         };
     }
 
     /// Reading, not the links, limited the stage: no verdict; measure
     /// again from now with the same streams. Consecutive such stages are
     /// reported as one (a long small-file stretch would make hundreds).
-    fn starved(&mut self, now: Duration, rate: f64, share: f64, bytes: u64) {
+    fn starved(&mut self, now: Duration, rate: f64, share: f64, bytes: u64, busy: Option<u64>) {
         let then = format!(
             "wait: the send queue was empty in {:.0} % of the stage (reading was the limit, \
              not the links); measured again",
@@ -251,17 +314,28 @@ impl Grower {
             streams: self.streams,
             mb_s: rate / 1e6,
             link_mb_s: Vec::new(),
+            busy_pct: None,
+            rtt_x: None,
             then,
         };
         match self.stages.last_mut() {
             Some(s) if s.then.starts_with("wait") && s.streams == self.streams => *s = stage,
             _ => self.stages.push(stage),
         }
-        self.measure_from(now, bytes);
+        self.measure_from(now, bytes, busy);
     }
 
-    /// A stage measured `rate` bytes/s with the current streams.
-    fn judge(&mut self, now: Duration, rate: f64, remaining: u64) -> Step {
+    /// A stage measured `rate` bytes/s with the current streams, whose
+    /// links had data in flight `busy` of the time and an RTT `rtt_x`
+    /// times their minimum.
+    fn judge(
+        &mut self,
+        now: Duration,
+        rate: f64,
+        busy: Option<f64>,
+        rtt_x: Option<f64>,
+        remaining: u64,
+    ) -> Step {
         let n = self.streams;
         let need = |m: u16| MIN_GAIN.max(MARGINAL * (n as f64 / m as f64 - 1.0));
         // The first stage runs ahead of the path while the sink's buffers
@@ -279,7 +353,31 @@ impl Grower {
         // less than twice that left it could not pay off.
         let stage_s = (self.settle + self.measure).as_secs_f64();
         let short = (remaining as f64) < rate * 2.0 * stage_s;
+        let idle = busy.filter(|&b| b < BUSY_MIN);
+        let queued = rtt_x.filter(|&q| q >= QUEUED);
         let (step, then) = match self.last {
+            // The links waited for the ends (the sink's credits, reading,
+            // the CPU) most of the stage: a longer path would not change
+            // that, more streams share the same ends.
+            _ if idle.is_some() => (
+                None,
+                format!(
+                    "stop: {n} streams {:.0} MB/s had data in flight only {:.0} % of the \
+                     time: the ends, not the path, are the limit",
+                    rate / 1e6,
+                    idle.unwrap_or_default() * 100.0
+                ),
+            ),
+            // A full bottleneck: the links' packets queue on the path.
+            _ if queued.is_some() => (
+                None,
+                format!(
+                    "stop: {n} streams {:.0} MB/s with an RTT {:.1} x its minimum: the path's \
+                     bottleneck is full, more streams would only queue",
+                    rate / 1e6,
+                    queued.unwrap_or_default()
+                ),
+            ),
             Some((m, r)) if dropped(m, r) && n < self.max && !short => {
                 self.rebased += 1;
                 let add = (n / 2).max(1).min(self.max - n);
@@ -318,6 +416,8 @@ impl Grower {
             streams: n,
             mb_s: rate / 1e6,
             link_mb_s: Vec::new(),
+            busy_pct: busy.map(|b| (b * 1e3).round() / 10.0),
+            rtt_x: rtt_x.map(|q| (q * 100.0).round() / 100.0),
             then: then.clone(),
         });
         self.last = Some((n, rate));
@@ -387,14 +487,51 @@ mod tests {
         total: u64,
         rate: impl Fn(u16, Duration) -> (f64, bool),
     ) -> (u16, Grower) {
+        drive_busy(rtt_ms, start, max, grant, total, |n, t| {
+            let (r, starved) = rate(n, t);
+            (r, starved, None)
+        })
+    }
+
+    /// As [`drive_at`], and the share of the time the links had data in
+    /// flight (None: the transport does not say).
+    fn drive_busy(
+        rtt_ms: u64,
+        start: u16,
+        max: u16,
+        grant: u16,
+        total: u64,
+        rate: impl Fn(u16, Duration) -> (f64, bool, Option<f64>),
+    ) -> (u16, Grower) {
+        drive_links(rtt_ms, start, max, grant, total, |n, t| {
+            let (r, starved, b) = rate(n, t);
+            (r, starved, b, None)
+        })
+    }
+
+    /// As [`drive_busy`], and the links' RTT over its minimum.
+    fn drive_links(
+        rtt_ms: u64,
+        start: u16,
+        max: u16,
+        grant: u16,
+        total: u64,
+        rate: impl Fn(u16, Duration) -> (f64, bool, Option<f64>, Option<f64>),
+    ) -> (u16, Grower) {
         let mut g = Grower::new(Some(MS(rtt_ms)), Duration::ZERO, start, max);
-        let (mut t, mut bytes) = (Duration::ZERO, 0u64);
+        let (mut t, mut bytes, mut busy) = (Duration::ZERO, 0u64, Some(0u64));
         let tick = MS(250);
         while bytes < total && !g.done() {
             t += tick;
-            let (r, starved) = rate(g.streams(), t);
+            let (r, starved, b, queueing) = rate(g.streams(), t);
             bytes += (r * tick.as_secs_f64()) as u64;
-            match g.poll(t, bytes, total.saturating_sub(bytes), starved) {
+            let us = tick.as_micros() as f64 * g.streams() as f64;
+            busy = b.and_then(|b| Some(busy? + (b * us) as u64));
+            let links = Links {
+                busy_us: busy,
+                queueing,
+            };
+            match g.poll(t, bytes, links, total.saturating_sub(bytes), starved) {
                 Step::Add(k) => {
                     let to = (g.streams() + k).min(grant);
                     assert!(to <= max);
@@ -463,7 +600,10 @@ mod tests {
         assert!(g.stopped.unwrap().contains("too little left"));
         // Nothing measured until the links settled.
         let mut g = Grower::new(Some(MS(50)), Duration::ZERO, 4, 64);
-        assert_eq!(g.poll(MS(400), 1 << 20, 1 << 40, false), Step::Wait);
+        assert_eq!(
+            g.poll(MS(400), 1 << 20, Links::default(), 1 << 40, false),
+            Step::Wait
+        );
         assert!(g.stages.is_empty());
     }
 
@@ -503,5 +643,53 @@ mod tests {
         let rebased = g.stages.iter().filter(|s| s.then.contains("new baseline"));
         assert_eq!(rebased.count(), REBASELINES as usize, "{:?}", g.stages);
         assert!(g.stopped.unwrap().contains("less than +"));
+    }
+
+    #[test]
+    fn idle_links_stop_the_growth_busy_ones_let_it_go_on() {
+        // The sink takes 300 MB/s whatever the count: the senders wait for
+        // its credits, the links have data in flight 30 % of the time.
+        // The first stage already says so: no stream is added.
+        let (n, g) = drive_busy(50, 16, 32, 32, 100 << 30, |_, _| (300e6, false, Some(0.3)));
+        assert_eq!(n, 16, "{:?}", g.stages);
+        assert_eq!(g.stages.len(), 1);
+        assert_eq!(g.stages[0].busy_pct, Some(30.0));
+        let why = g.stopped.unwrap();
+        assert!(why.contains("the ends, not the path"), "{why}");
+        // Busy links on a path that still grows: growth goes on as before.
+        let (n, g) = drive_busy(50, 4, 64, 64, 100 << 30, |n, _| {
+            (path(n), false, Some(0.95))
+        });
+        assert!((20..=40).contains(&n), "{n} {:?}", g.stages);
+        assert!(g.stopped.unwrap().contains("less than +"));
+        // Links that become idle once the path is full stop it there
+        // rather than after one more stage.
+        let (n, g) = drive_busy(50, 8, 64, 64, 100 << 30, |n, _| {
+            let b = if n >= 18 { 0.4 } else { 0.95 };
+            (path(n), false, Some(b))
+        });
+        assert_eq!(n, 18, "{:?}", g.stages);
+        assert!(g.stopped.unwrap().contains("in flight only 40 %"));
+    }
+
+    #[test]
+    fn a_queueing_path_stops_the_growth_a_window_limited_one_does_not() {
+        // A 200 MB/s bottleneck that 4 streams fill: the links' RTT is
+        // 1.8 x its minimum (BBR keeps about a BDP queued). The first
+        // stage stops it: no stream is added.
+        let (n, g) = drive_links(50, 16, 32, 32, 100 << 30, |_, _| {
+            (200e6, false, Some(1.0), Some(1.8))
+        });
+        assert_eq!(n, 16, "{:?}", g.stages);
+        assert_eq!(g.stages[0].rtt_x, Some(1.8));
+        assert!(g.stopped.unwrap().contains("bottleneck is full"));
+        // Streams held back by their windows queue nothing: growth goes
+        // on until the path fills, then the queue stops it.
+        let (n, g) = drive_links(50, 4, 64, 64, 100 << 30, |n, _| {
+            let q = if path(n) >= 500e6 { 1.7 } else { 1.05 };
+            (path(n), false, Some(1.0), Some(q))
+        });
+        assert!((20..=30).contains(&n), "{n} {:?}", g.stages);
+        assert!(g.stopped.unwrap().contains("bottleneck is full"));
     }
 }

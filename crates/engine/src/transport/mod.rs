@@ -51,6 +51,19 @@ pub trait Link: Read + Write + Send {
     fn bytes_acked(&self) -> Option<u64> {
         None
     }
+    /// Time this link had data in flight so far, microseconds (TCP_INFO's
+    /// busy_time: not counting the time the sender had nothing to send),
+    /// None when the transport does not say. Busy links are limited by
+    /// the path (or its windows), idle ones by the ends (transport::grow).
+    fn busy_us(&self) -> Option<u64> {
+        None
+    }
+    /// The transport's smoothed round trip now (TCP_INFO's rtt), None
+    /// when it has none; above [`Link::rtt`] (the minimum) by the time
+    /// its packets wait in queues on the path.
+    fn srtt(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// Something that can open links to an address.

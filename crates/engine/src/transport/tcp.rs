@@ -68,6 +68,15 @@ impl Link for TcpStream {
     fn bytes_acked(&self) -> Option<u64> {
         Some(tcp_info(self)?.tcpi_bytes_acked)
     }
+    fn srtt(&self) -> Option<Duration> {
+        let us = tcp_info(self)?.tcpi_rtt;
+        (us > 0).then(|| Duration::from_micros(us as u64))
+    }
+    fn busy_us(&self) -> Option<u64> {
+        // 0 on kernels before 4.10, which lack the chronograph: unknown.
+        let b = tcp_info(self)?.tcpi_busy_time;
+        (b > 0).then_some(b)
+    }
 }
 
 /// The socket's TCP_INFO, None if the kernel refuses.
@@ -248,5 +257,28 @@ mod tests {
             let r = Link::rtt(end).expect("an RTT sample after the handshake");
             assert!(r < Duration::from_millis(500), "{r:?}");
         }
+    }
+
+    #[test]
+    fn a_link_with_data_waiting_counts_busy_time_an_idle_one_none() {
+        use std::io::Write;
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (_s, _) = l.accept().unwrap();
+        // Nothing sent yet: no busy time (None: 0 reads as unknown).
+        assert_eq!(Link::busy_us(&c), None);
+        // The peer reads nothing: its window fills and data waits in our
+        // send queue, which counts as busy (window-limited) time.
+        c.set_nonblocking(true).unwrap();
+        let block = vec![7u8; 1 << 20];
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < Duration::from_millis(100) {
+            if c.write(&block).is_err() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        let busy = Link::busy_us(&c).expect("busy time with data waiting");
+        assert!((20_000..=1_000_000).contains(&busy), "{busy} us");
+        assert!(Link::bytes_acked(&c).unwrap() > 0);
     }
 }

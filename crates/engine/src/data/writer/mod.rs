@@ -139,6 +139,7 @@ pub fn run_writer(
     credits: Arc<Vec<CreditReturn>>,
     events: Sender<WriterEvent>,
     abort: Arc<AtomicBool>,
+    gate: Option<(usize, Arc<crate::site::share::ThreadGate>)>,
 ) {
     let w = WriterIo {
         table,
@@ -146,6 +147,7 @@ pub fn run_writer(
         credits,
         events,
         abort,
+        gate,
     };
     if table.storage.engine == crate::storage::IoEngine::Uring
         && !table.storage.null
@@ -153,7 +155,7 @@ pub fn run_writer(
     {
         return;
     }
-    while let Ok(buf) = received.recv() {
+    while let Ok(buf) = w.next(&received) {
         if !w.abort.load(Ordering::Relaxed) {
             let mut p = 0usize;
             for (i, s) in buf.segs.iter().enumerate() {
@@ -177,9 +179,25 @@ pub struct WriterIo<'a> {
     pub credits: Arc<Vec<CreditReturn>>,
     pub events: Sender<WriterEvent>,
     pub abort: Arc<AtomicBool>,
+    /// This writer's index and its task's gate (a site share: writers
+    /// past the limit park; site::share).
+    pub gate: Option<(usize, Arc<crate::site::share::ThreadGate>)>,
 }
 
 impl WriterIo<'_> {
+    /// The next block, once the gate lets this writer run.
+    pub fn next(&self, rx: &Receiver<Buf>) -> Result<Buf, crossbeam_channel::RecvError> {
+        match &self.gate {
+            Some((i, g)) => g.recv(*i, rx, &self.abort),
+            None => rx.recv(),
+        }
+    }
+
+    /// Whether the gate lets this writer take more blocks now.
+    pub fn admitted(&self) -> bool {
+        self.gate.as_ref().is_none_or(|(i, g)| g.admits(*i))
+    }
+
     /// Report a session-stopping error; false if the block must stop.
     pub fn check(&self, r: Result<(), WriteError>) -> bool {
         match r {

@@ -66,7 +66,10 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
                 break;
             }
             let got = if ops.live == 0 {
-                rx.recv().map_err(|_| TryRecvError::Disconnected)
+                w.next(rx).map_err(|_| TryRecvError::Disconnected)
+            } else if !w.admitted() {
+                // Over the site share: finish what is in flight, then park.
+                break;
             } else {
                 rx.try_recv()
             };
