@@ -87,7 +87,7 @@ pub struct TransferOptions {
     /// A striped push's share of big files (issue 19, request::shares):
     /// the walk sends these pieces instead of the whole files. Local to
     /// the source: the records carry them (EntryKind::Piece).
-    pub pieces: Option<std::sync::Arc<crate::request::shares::Pieces>>,
+    pub pieces: Option<std::sync::Arc<crate::request::pieces::Pieces>>,
 }
 
 impl Default for TransferOptions {

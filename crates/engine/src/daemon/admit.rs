@@ -36,8 +36,8 @@ use ramsys_resources::{BufferPool, Reservation, ThreadPool};
 use serde::{Deserialize, Serialize};
 
 use super::{Admission, SinkGrant};
-use crate::daemon::status::SiteMember;
 use crate::resources::EngineResources;
+use crate::site::member::SiteMember;
 use crate::site::share::{self, DeviceShare, StorageUse, ThreadGate};
 use crate::site::storage::StorageId;
 use crate::stats::Stats;

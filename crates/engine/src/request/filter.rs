@@ -35,7 +35,7 @@ pub struct Filter {
     /// `--files-from`: the listed paths, and the directories above them.
     files: Option<FilesFrom>,
     /// A striped push's pieces of big files (TransferOptions::pieces).
-    pub pieces: Option<std::sync::Arc<super::shares::Pieces>>,
+    pub pieces: Option<std::sync::Arc<super::pieces::Pieces>>,
 }
 
 #[derive(Debug)]

@@ -4,6 +4,7 @@
 //! is served by its own readers (Fig. 6-3).
 
 pub mod filter;
+pub mod pieces;
 pub mod shares;
 pub mod tasks;
 pub mod walk;

@@ -20,7 +20,7 @@
 //! pieces and finds the ones already done), and the pieces are dealt like
 //! files.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -64,20 +64,7 @@ pub fn piece_size(size: u64, total: u64, align: u64) -> Option<u64> {
     Some(size.div_ceil(PIECES_PER_FILE).div_ceil(align) * align)
 }
 
-/// The pieces of one file a share holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PieceSet {
-    /// The file's size and mtime when listed.
-    pub size: u64,
-    pub mtime: (i64, u32),
-    /// Piece length (the last piece may be shorter).
-    pub piece: u64,
-    pub indices: Vec<u32>,
-}
-
-/// A share's pieces by the file's wire path (the walk sends a Piece record
-/// for each instead of the File record).
-pub type Pieces = HashMap<Vec<u8>, PieceSet>;
+pub use super::pieces::{PieceSet, Pieces};
 
 /// Every entry below the tops (`root` joined with each top's `rel`), as
 /// the walk names them: regular files with their sizes, everything else

@@ -12,6 +12,7 @@
 //! which answers DDSS requests against its store (the responder thread
 //! standing in for one-sided RDMA).
 
+pub mod member;
 pub mod redirect;
 pub mod sample;
 pub mod share;
@@ -26,9 +27,9 @@ use ramsys_ddss::{Error as DdssError, Key, Model, Node, Placement};
 use ramsys_proto::auth::{ClientHandshake, ServerHandshake};
 use ramsys_proto::Control;
 
-use crate::daemon::status::SiteMember;
 use crate::daemon::users::Credentials;
 use crate::session::random32;
+use crate::site::member::SiteMember;
 use crate::transport::tcp::Tcp;
 use crate::transport::{Link, Transport};
 use crate::wire::{exchange_preamble, recv_control, send_control};

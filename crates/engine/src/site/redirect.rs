@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::daemon::status::SiteMember;
+use crate::site::member::SiteMember;
 
 /// A member's view older than this does not count (it may be gone).
 pub const FRESH_MS: u64 = 1000;
@@ -130,6 +130,18 @@ impl Sent {
             .entry(to.to_string())
             .or_default()
             .push(Instant::now());
+    }
+}
+
+impl crate::site::share::Member for SiteMember {
+    fn addr(&self) -> &str {
+        &self.addr
+    }
+    fn fresh(&self) -> bool {
+        fresh(self)
+    }
+    fn storage(&self) -> &[crate::site::storage::StorageUse] {
+        &self.storage
     }
 }
 

@@ -17,23 +17,20 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvError, TryRecvError};
-use serde::{Deserialize, Serialize};
-
-use crate::daemon::status::SiteMember;
 
 /// Shared devices a member publishes at most (the load segment is small).
 pub const MAX_PUBLISHED: usize = 8;
 
-/// One shared storage device in use by a member (in its `load` segment).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StorageUse {
-    /// The device's identity (site::storage: a hash of the file system's
-    /// mount source and type, the same on every host that mounts it).
-    pub id: u64,
-    /// Tasks of the member holding storage threads on it.
-    pub tasks: u16,
-    /// Storage threads those tasks hold (granted, before the share).
-    pub threads: u16,
+pub use super::storage::StorageUse;
+
+/// What the split reads of a site member: kept to a trait (implemented for
+/// the daemon's `SiteMember` in site::redirect) so this rule depends on
+/// nothing of the daemon's.
+pub trait Member {
+    fn addr(&self) -> &str;
+    /// Its last update is recent enough to count (site::redirect::fresh).
+    fn fresh(&self) -> bool;
+    fn storage(&self) -> &[StorageUse];
 }
 
 /// One claimant on a budget: a member of the site (key: its address) or
@@ -117,22 +114,22 @@ pub struct DeviceShare {
 /// site (`me` is our address; only fresh members count). Returns the split
 /// and each of our tasks' limit, in `mine`'s order; None when no fresh
 /// peer uses the device (run as outside a site).
-pub fn device_shares(
+pub fn device_shares<M: Member>(
     me: &str,
     id: u64,
     mine: &[(u64, u32)],
-    view: &[SiteMember],
+    view: &[M],
 ) -> Option<(DeviceShare, Vec<u32>)> {
     if mine.is_empty() {
         return None;
     }
     let peers: Vec<Claim> = view
         .iter()
-        .filter(|m| m.addr != me && crate::site::redirect::fresh(m))
+        .filter(|m| m.addr() != me && m.fresh())
         .filter_map(|m| {
-            let u = m.storage.iter().find(|u| u.id == id && u.tasks > 0)?;
+            let u = m.storage().iter().find(|u| u.id == id && u.tasks > 0)?;
             Some(Claim {
-                key: m.addr.clone(),
+                key: m.addr().to_string(),
                 weight: u32::from(u.tasks),
                 want: u32::from(u.threads),
             })

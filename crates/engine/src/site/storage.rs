@@ -17,6 +17,8 @@
 
 use std::path::Path;
 
+use serde::{Deserialize, Serialize};
+
 /// File system types whose data lives on servers every client shares.
 const NETWORK_FS: &[&str] = &[
     "nfs",
@@ -91,6 +93,18 @@ pub fn identify_local(dev: &str) -> StorageId {
     let read = |p: &str| std::fs::read_to_string(Path::new(p)).unwrap_or_default();
     let boot = read("/proc/sys/kernel/random/boot_id");
     identify(dev, &read("/proc/self/mountinfo"), boot.trim())
+}
+
+/// One shared storage device in use by a member (in its `load` segment).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StorageUse {
+    /// The device's identity (site::storage: a hash of the file system's
+    /// mount source and type, the same on every host that mounts it).
+    pub id: u64,
+    /// Tasks of the member holding storage threads on it.
+    pub tasks: u16,
+    /// Storage threads those tasks hold (granted, before the share).
+    pub threads: u16,
 }
 
 #[cfg(test)]
