@@ -163,7 +163,7 @@ pub fn plan_probed(
     let mut queues = Vec::with_capacity(groups.len());
     for (dev, mut idx) in groups {
         let mut kind = kind_of(&files[idx[0] as usize]);
-        let was_cached = kind == DeviceKind::Rotational && cached(&idx);
+        let was_cached = kind == DeviceKind::Rotational && small_files(files, &idx) && cached(&idx);
         if was_cached {
             kind = DeviceKind::Memory;
         }
@@ -269,6 +269,18 @@ pub fn plan_source(
         skip,
         &|idx| mostly_cached(root, files, idx),
     )
+}
+
+/// Mean file size under which a cached rotational queue is read like
+/// memory. Small files are what one reader and a FIEMAP per file slow
+/// down (the 48k-file tree); a queue of large files keeps the disk's
+/// rules: on the quiet VM the 4 x 1 GiB bulk push went from about 2.5 s
+/// and 4 CPU-s to 5-6 s and 9 CPU-s with 4 readers and the inline path.
+const SMALL_MEAN: u64 = 256 << 10;
+
+fn small_files(files: &[SourceFile], idx: &[u32]) -> bool {
+    let total: u64 = idx.iter().map(|&i| files[i as usize].size).sum();
+    !idx.is_empty() && total / (idx.len() as u64) < SMALL_MEAN
 }
 
 /// Files sampled per device by [`mostly_cached`].
@@ -490,6 +502,18 @@ mod tests {
         assert_eq!((qs[0].kind, qs[0].threads), (DeviceKind::Rotational, 1));
         let order: Vec<u32> = qs[0].units.iter().map(|u| u.file).collect();
         assert_eq!(order, vec![0, 1, 2]);
+        // Large files are never probed: they keep the disk's rules.
+        let big: Vec<SourceFile> = files
+            .iter()
+            .map(|x| SourceFile {
+                size: 1 << 30,
+                ..x.clone()
+            })
+            .collect();
+        let qs = plan_probed(&big, &po, &hdd, Some((&root, &map)), &|_| false, &|_| {
+            panic!("probed")
+        });
+        assert_eq!((qs[0].kind, qs[0].threads), (DeviceKind::Rotational, 1));
         // Flash is never probed.
         let ssd = |_: &SourceFile| DeviceKind::Ssd;
         let qs = plan_probed(&files, &po, &ssd, None, &|_| false, &|_| panic!("probed"));
