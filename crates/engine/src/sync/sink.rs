@@ -132,6 +132,17 @@ impl SinkSync {
         self.remember(target);
     }
 
+    /// What every file and piece record does first: remember its name,
+    /// list it for a dry run, and say whether to compare it at all (the
+    /// default journal alone compares nothing: a plain copy).
+    fn note_data(&mut self, id: u64, target: &[u8]) -> bool {
+        self.remember(target);
+        if self.dry() {
+            self.dry_files.push((id, target.to_vec()));
+        }
+        self.flags & super::COMPARE != 0
+    }
+
     /// A file record, already in `table` (unless dry run): unchanged,
     /// to compare, or to send whole.
     pub fn on_file(
@@ -143,12 +154,7 @@ impl SinkSync {
         mode: u32,
         mtime: (i64, u32),
     ) {
-        self.remember(target);
-        if self.dry() {
-            self.dry_files.push((id, target.to_vec()));
-        }
-        // The default journal alone compares nothing (a plain copy).
-        if self.flags & super::COMPARE == 0 {
+        if !self.note_data(id, target) {
             return;
         }
         if self.resume() {
@@ -241,11 +247,7 @@ impl SinkSync {
         mode: u32,
         mtime: (i64, u32),
     ) {
-        self.remember(target);
-        if self.dry() {
-            self.dry_files.push((id, target.to_vec()));
-        }
-        if self.flags & super::COMPARE == 0 {
+        if !self.note_data(id, target) {
             return;
         }
         if let Some(st) = self.lstat(target).filter(is_reg) {
