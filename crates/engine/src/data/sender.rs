@@ -383,6 +383,73 @@ mod tests {
         assert!(e.to_string().contains("unsealed credit"), "{e}");
     }
 
+    /// Read one DATA frame (header, table, payload) off `peer`.
+    fn frame(peer: &mut TcpStream) -> Vec<u8> {
+        use std::io::Read;
+        let mut h = [0u8; HEADER_LEN];
+        peer.read_exact(&mut h).unwrap();
+        let len = FrameHeader::decode(&h, u32::MAX).unwrap().len as usize;
+        let mut v = h.to_vec();
+        v.resize(HEADER_LEN + len, 0);
+        peer.read_exact(&mut v[HEADER_LEN..]).unwrap();
+        v
+    }
+
+    /// A zero-copy block is the same frame on the wire as the buffered
+    /// one; a file cut short after the hash still makes a whole frame
+    /// (zeros where the bytes were), so the stream stays in step and the
+    /// sink's check fails the block.
+    #[test]
+    fn a_zero_copy_block_is_the_same_frame_and_a_short_file_is_padded() {
+        let (l, mut peer) = pair();
+        let mut credit = Vec::new();
+        send_credit(&mut credit, 8).unwrap();
+        peer.write_all(&credit).unwrap();
+        let mut out = StreamOut::new(0, 0, l, 8, None);
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 13 + 1) as u8).collect();
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&data).unwrap();
+        let f = Arc::new(f);
+        let pool = BufferPool::allocate(2, 256 << 10).unwrap();
+        let seg = Segment {
+            file_id: 3,
+            offset: 4096,
+            len: 200_000,
+        };
+        let block = |file: bool| {
+            let mut b = pool.get();
+            b.segs.push(seg);
+            b.len = 200_000;
+            b.checksum = 42;
+            if file {
+                b.file = Some((f.clone(), 4096));
+            } else {
+                b.space()[..200_000].copy_from_slice(&data[4096..204_096]);
+            }
+            b
+        };
+        let stats = Stats::default();
+        for file in [false, true] {
+            let mut b = block(file);
+            out.send_block(&mut b, &stats).unwrap();
+            pool.put(b);
+        }
+        let (a, b) = (frame(&mut peer), frame(&mut peer));
+        assert_eq!(a, b);
+        assert_eq!(stats.zerocopy_blocks.load(Ordering::Relaxed), 1);
+        // Cut the file 1000 bytes into the block: the frame keeps its
+        // length, the rest is zeros.
+        f.set_len(5096).unwrap();
+        let mut b = block(true);
+        out.send_block(&mut b, &stats).unwrap();
+        pool.put(b);
+        let c = frame(&mut peer);
+        assert_eq!(c.len(), a.len());
+        let p = c.len() - 200_000;
+        assert_eq!(&c[p..p + 1000], &data[4096..5096]);
+        assert!(c[p + 1000..].iter().all(|&x| x == 0));
+    }
+
     /// On a plain link a sealed-looking credit is refused too.
     #[test]
     fn a_plain_link_refuses_sealed_credits() {

@@ -340,7 +340,9 @@ impl UringReader<'_> {
                         continue;
                     }
                     // A fresh block of a mapped file: zero-copy, no read.
-                    if start == 0 && !direct && self.ctx.push_mapped(&mut slot.buf, &open, off, want)
+                    if start == 0
+                        && !direct
+                        && self.ctx.push_mapped(&mut slot.buf, &open, off, want)
                     {
                         if (want as u64) < len {
                             self.push_front(Piece::Data {
