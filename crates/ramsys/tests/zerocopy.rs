@@ -41,6 +41,9 @@ fn push(key: &Path, src: &Path, url: &str, extra: &[&str], env: Option<(&str, &s
     summary(&o)["zerocopy_blocks"].as_u64().unwrap()
 }
 
+/// Destination name, extra flags, environment, zero-copy expected.
+type Case<'a> = (&'a str, &'a [&'a str], Option<(&'a str, &'a str)>, bool);
+
 #[test]
 fn large_files_go_zero_copy_unless_turned_off_or_sealed() {
     let TreeAndDaemon {
@@ -52,7 +55,7 @@ fn large_files_go_zero_copy_unless_turned_off_or_sealed() {
     } = tree_and_daemon(65536);
     let src = t.path().join("zsrc");
     tree(&src);
-    let cases: [(&str, &[&str], Option<(&str, &str)>, bool); 6] = [
+    let cases: [Case; 6] = [
         ("queued", &["--send-path", "queued"], None, true),
         (
             "inline",

@@ -247,9 +247,8 @@ impl<'s> Payload<'s> {
         // links, payload not sealed, the sink checks every block.
         let zerocopy = opts.send_zerocopy
             && crate::storage::zerocopy::allowed_by_env()
-            && !o
-                .key
-                .is_some_and(|k| StreamSeal::new(c.cipher, &k, 0, 0).is_some())
+            && o.key
+                .is_none_or(|k| StreamSeal::new(c.cipher, &k, 0, 0).is_none())
             && c.checksum
             && !crate::data::sender::flips_bits()
             && !o.links.is_empty()
