@@ -16,9 +16,11 @@
 //! fault injection that flips payload bits. `RAMSYS_SENDFILE=0` turns it
 //! off.
 
+use std::cell::Cell;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// Files at least this large are sent zero-copy (smaller ones are packed
@@ -45,6 +47,9 @@ fn parse_switch(v: Option<&str>) -> bool {
 pub struct FileMap {
     ptr: *mut u8,
     len: usize,
+    /// A page of it was cut off (the file was truncated while hashed) and
+    /// replaced by zeros: not used again.
+    poisoned: AtomicBool,
 }
 
 // SAFETY: the mapping is read-only and owned by this value; readers only
@@ -80,7 +85,31 @@ impl FileMap {
         Ok(FileMap {
             ptr: p as *mut u8,
             len,
+            poisoned: AtomicBool::new(false),
         })
+    }
+
+    /// `hash` of the bytes `[off, off + n)`, read in place ([`populated`]
+    /// first). None: read this block into a buffer instead (the range is
+    /// not mapped, or the file was truncated under the hash: the SIGBUS
+    /// that would kill the process is caught, see [`guard`]).
+    ///
+    /// [`populated`]: FileMap::populated
+    pub fn hash(&self, off: u64, n: usize, hash: impl FnOnce(&[u8]) -> u64) -> Option<u64> {
+        if self.poisoned.load(Ordering::Relaxed) || !guard() {
+            return None;
+        }
+        let bytes = self.populated(off, n)?;
+        let lo = bytes.as_ptr() as usize;
+        READING.with(|r| r.set((lo, lo + n)));
+        FAULTED.with(|f| f.set(false));
+        let h = hash(bytes);
+        READING.with(|r| r.set((0, 0)));
+        if FAULTED.with(|f| f.get()) {
+            self.poisoned.store(true, Ordering::Relaxed);
+            return None;
+        }
+        Some(h)
     }
 
     /// The bytes `[off, off + n)`, their page-table entries filled first
@@ -121,6 +150,98 @@ impl FileMap {
 }
 
 static POPULATE_MISSING: OnceLock<bool> = OnceLock::new();
+
+thread_local! {
+    /// The mapped bytes this thread is hashing (start, end): a SIGBUS in
+    /// them is a truncation under the hash, which [`on_sigbus`] survives.
+    static READING: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
+    /// Such a SIGBUS happened since the hash started.
+    static FAULTED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The SIGBUS disposition before ours (std's stack-overflow handler).
+static PREV: OnceLock<libc::sigaction> = OnceLock::new();
+static PAGE: AtomicUsize = AtomicUsize::new(4096);
+
+/// Install the SIGBUS handler once per process; false if it could not be
+/// (then no block is hashed through a mapping). A file truncated between
+/// MADV_POPULATE_READ and the end of the hash unmaps pages under the
+/// reader; the next touch raises SIGBUS, which would end the process (a
+/// daemon, for one user's truncate). The handler maps a zero page over
+/// the faulting one, so the hash finishes; the block is then read into a
+/// buffer (which sees the short file) and the mapping is not used again.
+fn guard() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        // SAFETY: sysconf has no preconditions; sigaction installs a
+        // handler that only touches const-initialized thread-locals, an
+        // atomic and async-signal-safe system calls.
+        unsafe {
+            let page = libc::sysconf(libc::_SC_PAGESIZE);
+            if page > 0 {
+                PAGE.store(page as usize, Ordering::Relaxed);
+            }
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_sigbus as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            libc::sigemptyset(&mut sa.sa_mask);
+            let mut prev: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGBUS, &sa, &mut prev) != 0 {
+                return false;
+            }
+            PREV.set(prev).is_ok()
+        }
+    })
+}
+
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    let (lo, hi) = READING.with(|r| r.get());
+    if addr >= lo && addr < hi {
+        let page = PAGE.load(Ordering::Relaxed);
+        // SAFETY: replaces one page of the FileMap this thread is hashing
+        // (inside [lo, hi)) with a private zero page; the FileMap is
+        // poisoned after the hash and unmapped whole on drop.
+        let p = unsafe {
+            libc::mmap(
+                (addr & !(page - 1)) as *mut libc::c_void,
+                page,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p != libc::MAP_FAILED {
+            FAULTED.with(|f| f.set(true));
+            return;
+        }
+    }
+    // Not ours: what would have happened without us.
+    match PREV.get() {
+        Some(prev)
+            if prev.sa_flags & libc::SA_SIGINFO != 0
+                && prev.sa_sigaction != libc::SIG_DFL
+                && prev.sa_sigaction != libc::SIG_IGN =>
+        {
+            // SAFETY: the previous SA_SIGINFO handler, called as the
+            // kernel would have.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { std::mem::transmute(prev.sa_sigaction) };
+            f(sig, info, ctx);
+        }
+        prev => {
+            // SAFETY: restoring a disposition; returning re-runs the
+            // faulting access, which then takes the default action.
+            unsafe {
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(libc::SIGBUS, prev.unwrap_or(&dfl), std::ptr::null_mut());
+            }
+        }
+    }
+}
 
 /// False once MADV_POPULATE_READ was refused (old kernel): zero-copy
 /// blocks stop being made.
@@ -165,5 +286,23 @@ mod tests {
         f.set_len(4096).unwrap();
         assert!(m.populated(8192, 4096).is_none());
         assert_eq!(m.populated(0, 4096).unwrap(), &data[..4096]);
+    }
+
+    /// A truncation after the pages were populated, while the hash runs:
+    /// the SIGBUS is caught, the hash reports None and the mapping is
+    /// not used again; the process lives.
+    #[test]
+    fn a_truncation_under_the_hash_is_survived() {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&vec![9u8; 4 * 4096]).unwrap();
+        let m = FileMap::new(&f, 4 * 4096).unwrap();
+        let sum = |b: &[u8]| b.iter().map(|&x| x as u64).sum::<u64>();
+        assert_eq!(m.hash(0, 4 * 4096, sum), Some(9 * 4 * 4096));
+        let r = m.hash(0, 4 * 4096, |b| {
+            f.set_len(4096).unwrap();
+            sum(b)
+        });
+        assert_eq!(r, None);
+        assert_eq!(m.hash(0, 4096, sum), None, "poisoned");
     }
 }

@@ -258,15 +258,16 @@ impl ReaderCtx {
         if buf.len != 0 || !buf.segs.is_empty() {
             return false;
         }
-        let Some(bytes) = o.map.as_ref().and_then(|m| m.populated(off, n)) else {
-            return false;
-        };
         let idx = o.idx as usize;
         let f = &self.files[idx];
-        if self.checksum {
-            let h = segment_hash(f.id, off, bytes);
-            self.add_hash(buf, idx, h);
-        }
+        let Some(map) = o.map.as_ref() else {
+            return false;
+        };
+        // Checksums are on (a zero-copy session needs them).
+        let Some(h) = map.hash(off, n, |b| segment_hash(f.id, off, b)) else {
+            return false;
+        };
+        self.add_hash(buf, idx, h);
         buf.segs.push(Segment {
             file_id: f.id,
             offset: off,
