@@ -34,13 +34,18 @@ pub fn exchange_preamble(link: &mut dyn Link) -> Result<(), EngineError> {
     link.write_all(&preamble(VERSION))?;
     link.flush()?;
     let mut p = [0u8; PREAMBLE_LEN];
-    link.read_exact(&mut p).map_err(|e| {
-        if e.kind() == io::ErrorKind::UnexpectedEof {
-            EngineError::Proto(ProtoError::BadMagic)
-        } else {
-            e.into()
+    let mut got = 0;
+    while got < PREAMBLE_LEN {
+        match link.read(&mut p[got..]) {
+            // Closed before a byte: a client that dialled a link it then
+            // did not need (session::PreLinks::resize), not a stranger.
+            Ok(0) if got == 0 => return Err(EngineError::PeerClosed),
+            Ok(0) => return Err(ProtoError::BadMagic.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
         }
-    })?;
+    }
     let theirs = parse_preamble(&p)?;
     if theirs != VERSION {
         return Err(ProtoError::VersionMismatch {

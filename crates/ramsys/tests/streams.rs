@@ -388,6 +388,15 @@ fn a_long_path_gets_more_streams_during_the_transfer_but_never_past_an_explicit_
     big_file(&src.join("big"), 300, &mut rng);
     let v = wan.push(&[], "auto");
     assert_grew(&v);
+    // The daemon's 128 KiB tcp_rmem (its namespace's, sent with the
+    // Challenge) sets the window, 64 KiB: the push starts with the most
+    // streams a start takes (with this host's 64 MiB at both ends, as
+    // before ChallengeTcp, it started with 10).
+    let c = &v["stream_choice"];
+    assert_eq!(c["tcp_remote"]["rmem_max"], 131072, "{c}");
+    assert_eq!(c["window"], 65536, "{c}");
+    let start = c["max"].as_u64().unwrap().min(16);
+    assert_eq!(c["streams"], start, "{c}");
     // The receiver's window held every link back: busy (not waiting for
     // the ends), which is why streams were added (TCP_INFO busy_time).
     let busy = v["stream_choice"]["growth"]["stages"][0]["busy_pct"].as_f64();
@@ -420,6 +429,10 @@ fn a_pull_on_a_long_path_gets_more_streams_but_never_past_an_explicit_count() {
     assert_grew(&v);
     let why = v["stream_choice"]["growth"]["stopped"].as_str();
     assert!(why.is_some_and(|w| !w.is_empty()), "{v}");
+    // The daemon's stages carry what its links said (GrownLinks).
+    let s0 = &v["stream_choice"]["growth"]["stages"][0];
+    assert!(s0["busy_pct"].as_f64().is_some_and(|b| b > 0.0), "{v}");
+    assert!(s0["rtt_x"].as_f64().is_some_and(|q| q >= 0.5), "{v}");
     assert_same_tree(&root.join("data"), &out.join("auto"));
     // Sealed: the streams the agent dials for the daemon carry sealed
     // blocks and credits like the first ones.
