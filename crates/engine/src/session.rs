@@ -471,3 +471,37 @@ impl LinkProvider for ServerLinks {
         crate::relink::Relinks::Accept(self.rx.clone())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Links dialled before the daemon's limits were known are re-sized
+    /// before they join: more dialled, the surplus dropped without a word
+    /// (the daemon sees a connection closed before its preamble).
+    #[test]
+    fn pre_dialled_links_grow_and_shrink_before_they_join() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let t: Arc<dyn Transport> = Arc::new(crate::transport::tcp::Tcp::default());
+        let s = Duration::from_secs(5);
+        let mut p = PreLinks::start(t, &addr, 2, s, s);
+        assert_eq!(p.len(), 2);
+        p.resize(5);
+        assert_eq!(p.len(), 5);
+        p.resize(3);
+        assert_eq!(p.len(), 3);
+        // Five connections arrive; two close before a byte.
+        let mut closed = 0;
+        for _ in 0..5 {
+            let (mut c, _) = l.accept().unwrap();
+            c.set_read_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+            let mut b = [0u8; 1];
+            if matches!(std::io::Read::read(&mut c, &mut b), Ok(0)) {
+                closed += 1;
+            }
+        }
+        assert_eq!(closed, 2);
+    }
+}
