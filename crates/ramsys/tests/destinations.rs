@@ -28,16 +28,6 @@ fn names(dir: &Path) -> BTreeSet<String> {
         .collect()
 }
 
-fn summary(o: &std::process::Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out
-        .lines()
-        .rev()
-        .find(|l| l.contains("\"summary\""))
-        .unwrap_or_else(|| panic!("no summary in {out:?}; stderr {}", stderr(o)));
-    serde_json::from_str(line).unwrap()
-}
-
 /// rsync's own verdict, where rsync is installed: nothing to itemize.
 fn rsync_agrees(src: &Path, copy: &Path) {
     let Ok(o) = Command::new("rsync")

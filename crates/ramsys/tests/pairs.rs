@@ -13,12 +13,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn summary(o: &std::process::Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out.lines().find(|l| l.contains("\"summary\""));
-    serde_json::from_str(line.unwrap_or_else(|| panic!("no summary in {out}"))).unwrap()
-}
-
 /// A tree of awkward cases plus `big` files of `size` bytes.
 fn tree(src: &Path, big: usize, size: usize) {
     make_varied_tree(src, 64 << 10);

@@ -153,16 +153,6 @@ fn same_file(a: &Path, b: &Path) {
     );
 }
 
-fn summary(o: &Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out
-        .lines()
-        .rev()
-        .find(|l| l.contains("\"summary\""))
-        .unwrap_or_else(|| panic!("no summary in {out}"));
-    serde_json::from_str(line).unwrap()
-}
-
 /// The agent said which interface pairs its raw channels use, and every
 /// data link (`--explain`'s stream lines) was a raw channel, on each of
 /// `pairs`' local interfaces.

@@ -13,16 +13,6 @@ mod common;
 
 use common::*;
 
-fn summary(o: &std::process::Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out
-        .lines()
-        .rev()
-        .find(|l| l.contains("\"summary\""))
-        .unwrap();
-    serde_json::from_str(line).unwrap()
-}
-
 #[test]
 fn loopback_keeps_the_lan_count_and_says_why() {
     let t = tree_and_daemon(65536);

@@ -8,39 +8,8 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
+use common::stripe::{push_losing_the_last_daemon, site, stripes};
 use common::*;
-
-fn summary(o: &std::process::Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out.lines().find(|l| l.contains("\"summary\""));
-    serde_json::from_str(line.unwrap_or_else(|| panic!("no summary in {out}"))).unwrap()
-}
-
-fn stripes(j: &serde_json::Value) -> Vec<(String, u64)> {
-    j["stripes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no stripes in {j}"))
-        .iter()
-        .map(|s| {
-            (
-                s["daemon"].as_str().unwrap().to_string(),
-                s["bytes"].as_u64().unwrap(),
-            )
-        })
-        .collect()
-}
-
-/// Three daemons on loopback serving one shared root; the `--stripe` URL.
-fn site(t: &std::path::Path, key: &std::path::Path) -> (Vec<TestDaemon>, String) {
-    let root = t.join("shared");
-    std::fs::create_dir(&root).unwrap();
-    let ds: Vec<TestDaemon> = (0..3).map(|_| TestDaemon::start(&root, key)).collect();
-    let list: Vec<String> = ds.iter().map(|d| d.addr.clone()).collect();
-    let url = format!("ramsys://{}/", list.join(","));
-    (ds, url)
-}
 
 fn write_big(p: &std::path::Path, size: usize, seed: u64) {
     std::fs::write(p, Rng(seed).bytes(size)).unwrap();
@@ -168,25 +137,7 @@ fn a_daemon_killed_mid_file_leaves_no_final_name_and_resume_sends_the_rest() {
     write_big(&src.join("big"), size, 13);
     let root = t.path().join("shared");
     // Paced so that the file is still in flight when C dies.
-    let mut cmd = std::process::Command::new(bin());
-    cmd.args(["cp", "-r", "--stripe", "--json", "--bwlimit", "2M"])
-        .arg(&src)
-        .arg(&url)
-        .env("RAMSYS_KEY_FILE", &key);
-    let child = std::thread::spawn(move || run_with_timeout(cmd, Duration::from_secs(120)));
-    let start = Instant::now();
-    while temp_files(&root).is_empty() {
-        assert!(start.elapsed() < Duration::from_secs(20), "no data arrived");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    ds[2].kill();
-    let o = child.join().unwrap();
-    assert!(!o.status.success(), "the share of the dead daemon failed");
-    let j = summary(&o);
-    assert_eq!(j["ok"], false, "{j}");
-    let failed = j["failed"].to_string();
-    assert!(failed.contains(&dead) && failed.contains("--resume"), "{j}");
+    push_losing_the_last_daemon(&key, &src, &url, &root, "2M", &mut ds);
     // Nothing under the final name; the shared temp file stays, with the
     // markers of the pieces A and B verified.
     assert!(

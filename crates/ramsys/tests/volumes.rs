@@ -45,16 +45,6 @@ fn blank_image(p: &Path, size: u64, fill: u8) {
     std::fs::write(p, vec![fill; size as usize]).unwrap();
 }
 
-fn summary(o: &std::process::Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out
-        .lines()
-        .rev()
-        .find(|l| l.contains("\"summary\""))
-        .unwrap_or_else(|| panic!("no summary in {out}"));
-    serde_json::from_str(line).unwrap()
-}
-
 /// Image -> device -> image, locally: byte for byte; the device read back
 /// keeps its zero runs as holes in the new image.
 #[test]

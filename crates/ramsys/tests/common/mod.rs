@@ -4,6 +4,7 @@
 
 pub mod loopdev;
 pub mod sshd;
+pub mod stripe;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -113,6 +114,17 @@ pub fn assert_ok(o: &Output) {
         String::from_utf8_lossy(&o.stdout),
         stderr(o)
     );
+}
+
+/// The summary of a `--json` run: its last `"summary"` line.
+pub fn summary(o: &Output) -> serde_json::Value {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.contains("\"summary\""))
+        .unwrap_or_else(|| panic!("no summary in {out:?}; stderr {}", stderr(o)));
+    serde_json::from_str(line).unwrap()
 }
 
 /// Small deterministic PRNG (xorshift) so trees are reproducible.
