@@ -641,13 +641,8 @@ fn serve_in(ns: &str, addr: &str, root: &Path, key: &Path, extra: &[&str]) -> Ki
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    assert!(line.starts_with("listening on 10.79."), "{line}");
+    let addr = listening_addr(&mut child);
+    assert!(addr.starts_with("10.79."), "{addr}");
     KillOnDrop(child)
 }
 

@@ -13,7 +13,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -102,15 +101,7 @@ impl NsDaemon {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start daemon");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
+        let addr = listening_addr(&mut child);
         NsDaemon { child, addr }
     }
     fn url(&self, p: &str) -> String {

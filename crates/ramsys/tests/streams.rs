@@ -190,18 +190,8 @@ fn long_path(tag: &str, subnet: u8, held: Held) -> Option<Wan> {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(d.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    w.addr = listening_addr(&mut d);
     w.daemon = Some(d);
-    w.addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_string();
     Some(w)
 }
 

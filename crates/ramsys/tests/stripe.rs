@@ -203,13 +203,8 @@ fn striped_push_across_network_namespaces() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        assert!(line.starts_with("listening on 10.78."), "{line}");
+        let addr = listening_addr(&mut child);
+        assert!(addr.starts_with("10.78."), "{addr}");
         daemons.push(KillOnDrop(child));
     }
     let url = "ramsys://10.78.1.2:7070,10.78.2.2:7070,10.78.3.2:7070/";

@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -304,15 +304,7 @@ fn daemon_env(root: &Path, key: &Path, env: &[(&str, &str)]) -> (std::process::C
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_string();
+    let addr = listening_addr(&mut child);
     (child, addr)
 }
 
