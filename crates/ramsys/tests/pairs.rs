@@ -11,6 +11,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::stripe::striped_in_netns;
 use common::*;
 
 /// A tree of awkward cases plus `big` files of `size` bytes.
@@ -754,29 +755,7 @@ fn three_pairs_across_network_namespaces() {
         format!("ramsys://{},{},{}/src", addr(11), addr(12), addr(13)),
         format!("ramsys://{},{},{}/", addr(21), addr(22), addr(23)),
     );
-    let mut cmd = std::process::Command::new("ip");
-    cmd.args([
-        "netns",
-        "exec",
-        &hub,
-        bin(),
-        "cp",
-        "-r",
-        "--stripe",
-        "--json",
-        &s,
-        &d,
-    ])
-    .env("RAMSYS_KEY_FILE", &key);
-    let o = run_with_timeout(cmd, Duration::from_secs(120));
-    assert_ok(&o);
-    let j = summary(&o);
-    let stripes = j["stripes"].as_array().unwrap();
-    assert_eq!(stripes.len(), 3, "{j}");
-    assert!(
-        stripes.iter().all(|s| s["bytes"].as_u64().unwrap() > 0),
-        "{j}"
-    );
+    striped_in_netns(&hub, &key, &s, &d);
     assert_same_tree(&src, &rb.join("src"));
     drop(daemons);
 }

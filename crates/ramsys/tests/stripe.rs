@@ -6,9 +6,7 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::stripe::{push_losing_the_last_daemon, site};
+use common::stripe::{push_losing_the_last_daemon, site, striped, striped_in_netns};
 use common::*;
 
 /// A tree of awkward cases plus `big` files of `size` bytes.
@@ -29,21 +27,9 @@ fn striped_push_over_three_daemons() {
     let src = t.path().join("src");
     tree(&src, 6, 1 << 20);
     let list: Vec<String> = ds.iter().map(|d| d.addr.clone()).collect();
-    let o = ramsys(
-        &key,
-        &[
-            "cp",
-            "-r",
-            "--stripe",
-            "--json",
-            src.to_str().unwrap(),
-            &url,
-        ],
-    );
-    assert_ok(&o);
+    let j = striped(&key, &["cp", "-r"], &src, &url);
     assert_same_tree(&src, &root.join("src"));
     assert!(temp_files(&root).is_empty());
-    let j = summary(&o);
     assert_eq!(j["ok"], true, "{j}");
     let stripes = j["stripes"].as_array().unwrap();
     assert_eq!(stripes.len(), 3, "{j}");
@@ -208,29 +194,7 @@ fn striped_push_across_network_namespaces() {
         daemons.push(KillOnDrop(child));
     }
     let url = "ramsys://10.78.1.2:7070,10.78.2.2:7070,10.78.3.2:7070/";
-    let mut cmd = std::process::Command::new("ip");
-    cmd.args([
-        "netns",
-        "exec",
-        &agent,
-        bin(),
-        "cp",
-        "-r",
-        "--stripe",
-        "--json",
-    ])
-    .arg(&src)
-    .arg(url)
-    .env("RAMSYS_KEY_FILE", &key);
-    let o = run_with_timeout(cmd, Duration::from_secs(120));
-    assert_ok(&o);
-    let j = summary(&o);
-    let stripes = j["stripes"].as_array().unwrap();
-    assert_eq!(stripes.len(), 3, "{j}");
-    assert!(
-        stripes.iter().all(|s| s["bytes"].as_u64().unwrap() > 0),
-        "{j}"
-    );
+    striped_in_netns(&agent, &key, src.to_str().unwrap(), url);
     assert_same_tree(&src, &root.join("src"));
     drop(daemons);
 }

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::stripe::{push_losing_the_last_daemon, site, stripes};
+use common::stripe::{push_losing_the_last_daemon, site, striped, stripes};
 use common::*;
 
 fn write_big(p: &std::path::Path, size: usize, seed: u64) {
@@ -26,20 +26,10 @@ fn one_huge_file_stripes_over_three_daemons_and_a_second_run_moves_nothing() {
     // 256 MiB and a bit: the last piece is short.
     let size = (256 << 20) + 12_345;
     write_big(&src.join("huge"), size, 11);
-    let args = [
-        "cp",
-        "-r",
-        "--stripe",
-        "--json",
-        src.to_str().unwrap(),
-        &url,
-    ];
-    let o = ramsys(&key, &args);
-    assert_ok(&o);
+    let j = striped(&key, &["cp", "-r"], &src, &url);
     let root = t.path().join("shared");
     assert_same_tree(&src, &root.join("src"));
     assert!(temp_files(&root).is_empty(), "{:?}", temp_files(&root));
-    let j = summary(&o);
     assert_eq!(j["ok"], true, "{j}");
     // Every daemon moved a part of the one file; the parts add up to it,
     // and the file counts once.
@@ -50,27 +40,12 @@ fn one_huge_file_stripes_over_three_daemons_and_a_second_run_moves_nothing() {
     assert_eq!(j["bytes"].as_u64().unwrap(), size as u64, "{j}");
     assert_eq!(j["files"].as_u64().unwrap(), 1, "{j}");
     // The same command again converges: nothing moves.
-    let o = ramsys(&key, &args);
-    assert_ok(&o);
-    let j = summary(&o);
+    let j = striped(&key, &["cp", "-r"], &src, &url);
     assert_eq!(j["bytes"].as_u64().unwrap(), 0, "{j}");
     assert!(stripes(&j).iter().all(|(_, b)| *b == 0), "{j}");
     // By content (`sync --checksum`): every piece is compared with the
     // file in place (hashed once per side), nothing moves either.
-    let o = ramsys(
-        &key,
-        &[
-            "sync",
-            "-r",
-            "--checksum",
-            "--stripe",
-            "--json",
-            src.to_str().unwrap(),
-            &url,
-        ],
-    );
-    assert_ok(&o);
-    let j = summary(&o);
+    let j = striped(&key, &["sync", "-r", "--checksum"], &src, &url);
     assert_eq!(j["bytes"].as_u64().unwrap(), 0, "{j}");
     assert_same_tree(&src, &root.join("src"));
     assert!(temp_files(&root).is_empty());
@@ -92,22 +67,10 @@ fn a_tree_of_one_big_file_and_many_small_stripes_evenly() {
         f.write_all_at(&Rng(3).bytes(3 << 20), 9 << 20).unwrap();
         set_mtime(&src.join("sparse"), 1_600_000_000, 0);
     }
-    let o = ramsys(
-        &key,
-        &[
-            "cp",
-            "-r",
-            "--stripe",
-            "--json",
-            src.to_str().unwrap(),
-            &url,
-        ],
-    );
-    assert_ok(&o);
+    let j = striped(&key, &["cp", "-r"], &src, &url);
     let root = t.path().join("shared");
     assert_same_tree(&src, &root.join("src"));
     assert!(temp_files(&root).is_empty(), "{:?}", temp_files(&root));
-    let j = summary(&o);
     // Whole files alone would give one daemon the 40 MiB: in pieces,
     // each moves about a third (holes count too).
     let s = stripes(&j);
@@ -152,20 +115,7 @@ fn a_daemon_killed_mid_file_leaves_no_final_name_and_resume_sends_the_rest() {
     assert!(left.iter().any(|n| n.ends_with(".done")), "{left:?}");
     // The same command with --resume: C does not answer, A and B send
     // only the pieces that are missing, and one of them places the file.
-    let o = ramsys(
-        &key,
-        &[
-            "cp",
-            "-r",
-            "--stripe",
-            "--resume",
-            "--json",
-            src.to_str().unwrap(),
-            &url,
-        ],
-    );
-    assert_ok(&o);
-    let j = summary(&o);
+    let j = striped(&key, &["cp", "-r", "--resume"], &src, &url);
     let s = stripes(&j);
     assert!(s.len() == 2 && s.iter().all(|(d, _)| *d != dead), "{j}");
     let moved = j["bytes"].as_u64().unwrap();

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::{bin, run_with_timeout, summary, temp_files, TestDaemon};
+use super::{assert_ok, bin, ramsys, run_with_timeout, summary, temp_files, TestDaemon};
 
 /// Three daemons on loopback serving one shared root `dir/shared`; the
 /// `--stripe` URL naming them all.
@@ -16,6 +16,35 @@ pub fn site(dir: &Path, key: &Path) -> (Vec<TestDaemon>, String) {
     let list: Vec<String> = ds.iter().map(|d| d.addr.clone()).collect();
     let url = format!("ramsys://{}/", list.join(","));
     (ds, url)
+}
+
+/// `ramsys ARGS --stripe --json SRC URL` (ARGS: the command and its
+/// options) succeeds; its summary.
+pub fn striped(key: &Path, args: &[&str], src: &Path, url: &str) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.extend(["--stripe", "--json", src.to_str().unwrap(), url]);
+    let o = ramsys(key, &all);
+    assert_ok(&o);
+    summary(&o)
+}
+
+/// `ramsys cp -r --stripe --json SRC DST` run in the network namespace
+/// `ns` succeeds over three daemons that each moved a share; its summary.
+pub fn striped_in_netns(ns: &str, key: &Path, src: &str, dst: &str) -> serde_json::Value {
+    let mut cmd = std::process::Command::new("ip");
+    cmd.args(["netns", "exec", ns, bin(), "cp", "-r", "--stripe", "--json"])
+        .args([src, dst])
+        .env("RAMSYS_KEY_FILE", key);
+    let o = run_with_timeout(cmd, Duration::from_secs(120));
+    assert_ok(&o);
+    let j = summary(&o);
+    let stripes = j["stripes"].as_array().unwrap();
+    assert_eq!(stripes.len(), 3, "{j}");
+    assert!(
+        stripes.iter().all(|s| s["bytes"].as_u64().unwrap() > 0),
+        "{j}"
+    );
+    j
 }
 
 /// What each daemon of a striped summary moved: (daemon, bytes).
