@@ -1344,7 +1344,7 @@ def headline_lines(ctx, results, unavailable):
         base = {r["run"]: r["wall_s"] for r in g.get("ramsys", []) if r.get("verified")}
         return [r["wall_s"] / base[r["run"]] for r in g.get(tool, []) if r.get("verified") and r["run"] in base]
 
-    L = [f"Full scale, {ctx.args.runs} rounds, tools interleaved in each round (ramsys first), push to a "
+    L = [f"Full scale, {ctx.args.runs} rounds, tools interleaved in each round (order rotated by one each round), push to a "
          f"daemon on loopback for every networked tool, {ctx.args.streams} streams where a tool has them, "
          f"rounds settled (bench/README.md `--settle`). Generated "
          f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} UTC on commit {ctx.git_head} by "
@@ -1595,7 +1595,15 @@ def main():
                     for cache in [c for c in caches if c != "cold" or w in cold_wls]:
                         for run in range(a.runs):
                             settle(ctx)
-                            for t in live:
+                            # Rotate the order each round: the memory a tool's
+                            # writes land in depends on who ran before it (on
+                            # this VM free pages are handed back to the host
+                            # by the balloon's free page reporting, and the
+                            # first touch of such a page faults in the host:
+                            # page-cache writes cost 0.2-0.8 s/GB depending
+                            # on it), so no tool always takes one position.
+                            k = run % len(live) if live else 0
+                            for t in live[k:] + live[:k]:
                                 # One timeout is enough: later runs would only time out again.
                                 if (t.name, env.name, w, cache) in timed_out:
                                     continue
