@@ -55,27 +55,34 @@ fn connect(
     EngineError,
 > {
     let ctl = dial(&*remote.transport, &remote.addr, remote.connect_timeout)?;
+    let rtt = ctl.rtt();
     let mut opts = opts.clone();
-    let mut choice = None;
     let most = res.config.max_streams.clamp(1, u16::MAX as usize) as u16;
     opts.streams = opts.streams.clamp(1, most);
-    if opts.auto_streams {
-        let buffers = res.config.memory / res.config.buffer_size.max(1);
-        let pool = path::pool_max_streams(buffers, opts.readers, opts.window as usize, source);
-        let c = path::choose(
-            ctl.rtt(),
-            path::TcpLimits::read(std::path::Path::new("/")),
+    let least = opts.streams;
+    let buffers = res.config.memory / res.config.buffer_size.max(1);
+    let pool = path::pool_max_streams(buffers, opts.readers, opts.window as usize, source);
+    // Both directions grow from the choice (transport::grow): a push's
+    // source is this agent, a pull's the daemon (Control::GrowStreams).
+    let choose = |ends| {
+        let mut c = path::choose(
+            rtt,
+            ends,
             path::DEFAULT_TARGET_BYTES_S,
-            opts.streams,
+            least,
             most.min(pool),
         );
-        let mut c = c;
-        // Both directions grow from here (transport::grow): a push's
-        // source is this agent, a pull's the daemon (Control::GrowStreams).
         c.start_low();
-        tracing::info!("streams: {} ({})", c.streams, c.why);
+        c
+    };
+    // First as if the daemon had this host's limits; corrected below once
+    // its Challenge says (transport::path).
+    let here = path::TcpLimits::read(std::path::Path::new("/"));
+    let mut choice = opts
+        .auto_streams
+        .then(|| choose(path::Ends::here(here, source)));
+    if let Some(c) = &choice {
         opts.streams = c.streams;
-        choice = Some(c);
     }
     // Raw channels (transport::rawlink::Split): data links only.
     let data = remote.transport.data_links();
@@ -94,6 +101,26 @@ fn connect(
         &remote.key,
         remote.connect_timeout,
     )?;
+    if let (Some(c), Some(tcp)) = (&mut choice, s.peer_tcp) {
+        let ends = path::Ends {
+            local: here,
+            remote: Some(tcp.into()),
+            local_sends: source,
+        };
+        *c = choose(ends);
+        if c.streams as usize != pre.len() {
+            tracing::debug!(
+                "the daemon's TCP limits change the streams: {} -> {}",
+                pre.len(),
+                c.streams
+            );
+            pre.resize(c.streams);
+        }
+        opts.streams = c.streams;
+    }
+    if let Some(c) = &choice {
+        tracing::info!("streams: {} ({})", c.streams, c.why);
+    }
     pre.join(s.session, s.session_key);
     Ok((s, pre, opts, choice))
 }

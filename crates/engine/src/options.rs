@@ -10,6 +10,9 @@ pub struct TransferOptions {
     /// The agent sizes the stream count from the path's RTT when it
     /// connects (transport::path, issue 21): the user gave no --streams.
     pub auto_streams: bool,
+    /// A server-side source reports its growth as GrownLinks, with the
+    /// links' busy share and RTT (the client's Hello asked for them).
+    pub grown_links: bool,
     /// Block size, bytes: the unit of disk access and network transfer.
     pub block_size: u32,
     /// Per-block checksums and whole-file digests.
@@ -95,6 +98,7 @@ impl Default for TransferOptions {
         TransferOptions {
             streams: 4,
             auto_streams: false,
+            grown_links: false,
             block_size: 4 << 20,
             checksum: true,
             recursive: false,

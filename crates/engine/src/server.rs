@@ -28,7 +28,7 @@ use crate::source::{run_source_with, SourceSpec};
 use crate::stats::Stats;
 use crate::transport::tcp::tune;
 use crate::transport::Link;
-use crate::wire::{exchange_preamble, recv_control, send_control};
+use crate::wire::{exchange_preamble, recv_control, recv_control_flags, send_control};
 use crate::{show, EngineError, TransferOptions};
 
 mod relay;
@@ -73,6 +73,9 @@ pub struct DaemonShared {
     pub life: crate::daemon::lifecycle::Lifecycle,
     /// Raw-channel interfaces offered (`serve --raw-iface`, RawOffer).
     raw: std::sync::OnceLock<Vec<ramsys_proto::control::RawIface>>,
+    /// Root of the `proc/sys/net/ipv4/tcp_{w,r}mem` read for ChallengeTcp
+    /// ("/" unless set: tests inject limits, `serve --tcp-sys-root`).
+    tcp_root: std::sync::OnceLock<PathBuf>,
 }
 
 /// A daemon that serves one session only (`ramsys ssh-serve`,
@@ -218,6 +221,7 @@ impl Daemon {
                 rates: Default::default(),
                 life: Default::default(),
                 raw: std::sync::OnceLock::new(),
+                tcp_root: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -316,6 +320,12 @@ impl Daemon {
         l.spawn(Arc::new(move |link| handle(sh.clone(), link)));
     }
 
+    /// Read the TCP buffer limits sent to clients (ChallengeTcp) under
+    /// `root` instead of "/" (tests).
+    pub fn set_tcp_sys_root(&self, root: PathBuf) {
+        let _ = self.shared.tcp_root.set(root);
+    }
+
     /// Accept connections forever.
     pub fn serve(self) {
         for c in self.listener.incoming() {
@@ -386,7 +396,7 @@ pub(crate) fn refuse(link: &mut Box<dyn Link>, code: u16, message: String) {
 fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), EngineError> {
     link.set_read_timeout(Some(Duration::from_secs(30)))?;
     exchange_preamble(&mut **link)?;
-    let first = recv_control(&mut **link)?;
+    let (first, flags) = recv_control_flags(&mut **link)?;
     match &first {
         Control::Join {
             session,
@@ -407,7 +417,10 @@ fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), 
             rejoin(sh, link, (*session, *stream, *epoch), nonce, mac);
             Ok(())
         }
-        Control::Hello { user, .. } => serve_control(sh, link, &first, user),
+        Control::Hello { user, .. } => {
+            let path = flags & ramsys_proto::frame::HELLO_PATH_FLAG != 0;
+            serve_control(sh, link, &first, user, path)
+        }
         // A site peer (crate::site, docs/SITE.md): its own handler.
         Control::SiteHello { .. } => match sh.site.get() {
             Some(site) => site.serve_peer(&sh.creds, link, &first),
@@ -503,8 +516,9 @@ fn serve_control(
     link: &mut Box<dyn Link>,
     hello: &Control,
     user: &str,
+    path: bool,
 ) -> Result<(), EngineError> {
-    let Some(mut auth) = authenticate(sh, link, hello, user)? else {
+    let Some(mut auth) = authenticate(sh, link, hello, user, path)? else {
         return Ok(());
     };
     let (session, skey) = (auth.session, auth.key);
@@ -521,6 +535,7 @@ fn serve_control(
     };
     req.bwlimit = pre.bwlimit;
     req.grow = pre.grow;
+    req.grown_links = path;
     if !authorize(sh, link, &auth.grant, &req.open) {
         return Ok(());
     }
@@ -688,16 +703,25 @@ struct Authenticated<'a> {
 /// Challenge and Auth (seed 000 sec. 6.2.1). The Hello's name selects the
 /// key (daemon::users); unknown names get a decoy key and fail at Auth
 /// like a wrong key. A one-shot daemon's credential is consumed here.
+/// With `path` (the Hello's frame::HELLO_PATH_FLAG) the Challenge carries
+/// this host's TCP buffer limits (ChallengeTcp, transport::path).
 fn authenticate<'a>(
     sh: &'a Arc<DaemonShared>,
     link: &mut Box<dyn Link>,
     hello: &Control,
     user: &str,
+    path: bool,
 ) -> Result<Option<Authenticated<'a>>, EngineError> {
     let pending = sh.creds.lookup(user);
     let mut hs = ServerHandshake::new(&pending.key, random32());
     let session = sh.next_session.fetch_add(1, Ordering::Relaxed);
-    let ch = hs.on_hello(hello, session)?;
+    let ch = if path {
+        let root = sh.tcp_root.get().map_or(Path::new("/"), |p| p.as_path());
+        let tcp = crate::transport::path::TcpLimits::read(root);
+        hs.on_hello_tcp(hello, session, tcp.into())?
+    } else {
+        hs.on_hello(hello, session)?
+    };
     // Announced but not yet authenticated: early joins may wait.
     sh.announced.lock().unwrap().insert(session);
     let announced = Unannounce(sh.clone(), session);
@@ -799,6 +823,7 @@ fn serve_request(
             preserve: 0,
             bwlimit: 0,
             grow: false,
+            grown_links: false,
         },
         // Sync and resume (docs/SYNC.md): flags for a server source.
         Control::SyncOpen { open, flags } => Request {
@@ -808,6 +833,7 @@ fn serve_request(
             preserve: 0,
             bwlimit: 0,
             grow: false,
+            grown_links: false,
         },
         // A selection for a server source (request::filter).
         Control::SelectOpen {
@@ -821,6 +847,7 @@ fn serve_request(
             preserve: 0,
             bwlimit: 0,
             grow: false,
+            grown_links: false,
         },
         // An archive copy from a server source (crate::archive).
         Control::ArchiveOpen {
@@ -835,6 +862,7 @@ fn serve_request(
             preserve: preserve & ramsys_proto::attrs::preserve::ALL,
             bwlimit: 0,
             grow: false,
+            grown_links: false,
         },
         Control::StatusQuery => {
             let json = serde_json::to_string(&sh.status_for(a.grant.account.as_deref()))
@@ -924,6 +952,8 @@ struct Request {
     bwlimit: u64,
     /// GrowStreams: a server source adds streams while the rate grows.
     grow: bool,
+    /// The client takes GrownLinks (its Hello's frame::HELLO_PATH_FLAG).
+    grown_links: bool,
 }
 
 /// Run an authorized transfer: the request poller's step (seed 000 sec.
@@ -944,6 +974,7 @@ fn run_session(
         preserve,
         bwlimit,
         grow,
+        grown_links,
     } = req;
     let role = match open.server_role {
         Role::Sink => "sink",
@@ -978,6 +1009,7 @@ fn run_session(
     // The client dials what this source asks for (transport::grow),
     // within this daemon's max_streams and the client's receivers.
     opts.auto_streams = grow && source;
+    opts.grown_links = grown_links;
     let _rate = sh
         .rates
         .for_session(session, bwlimit, grant.rate.clone(), source, &mut opts);

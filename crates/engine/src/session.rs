@@ -11,7 +11,7 @@ use ramsys_proto::control::Bytes32;
 use ramsys_proto::{Control, ProtoError};
 
 use crate::transport::{Link, Transport};
-use crate::wire::{connect_err, handshake_data_link, read_preamble, send_batch};
+use crate::wire::{connect_err, handshake_data_link, read_preamble, send_batch_flagged};
 use crate::wire::{recv_control, send_control};
 use crate::EngineError;
 use ramsys_proto::preamble;
@@ -38,6 +38,9 @@ pub struct ClientSession {
     /// Auth was sent but AuthOk not yet read (pipelined connect): the
     /// session controller reads it before its first answer.
     pub auth_pending: bool,
+    /// The daemon's TCP buffer limits (ChallengeTcp); None from a daemon
+    /// that sent a plain Challenge.
+    pub peer_tcp: Option<ramsys_proto::control::TcpBuffers>,
 }
 
 fn auth_refused(addr: &str) -> EngineError {
@@ -93,7 +96,11 @@ pub fn client_handshake(
 ) -> Result<ClientSession, EngineError> {
     ctl.set_read_timeout(Some(timeout))?;
     let mut hs = ClientHandshake::new(key, user, random32());
-    send_batch(&mut *ctl, &preamble(ramsys_proto::VERSION), &[&hs.hello()])?;
+    // The flag asks for the daemon's TCP limits with the Challenge
+    // (transport::path); an older daemon ignores it.
+    let flags = ramsys_proto::frame::HELLO_PATH_FLAG;
+    let pre = preamble(ramsys_proto::VERSION);
+    send_batch_flagged(&mut *ctl, &pre, &[&hs.hello()], flags)?;
     read_preamble(&mut *ctl, addr)?;
     let reply = recv_control(&mut *ctl).map_err(|e| match e {
         EngineError::PeerClosed => auth_refused(addr),
@@ -109,6 +116,10 @@ pub fn client_handshake(
         other => other.into(),
     })?;
     send_control(&mut *ctl, &auth)?;
+    let peer_tcp = match reply {
+        Control::ChallengeTcp { tcp, .. } => Some(tcp),
+        _ => None,
+    };
     let (session, session_key) = hs
         .session()
         .ok_or_else(|| EngineError::local("handshake incomplete"))?;
@@ -118,6 +129,7 @@ pub fn client_handshake(
         session_key,
         addr: addr.to_string(),
         auth_pending: true,
+        peer_tcp,
     })
 }
 
@@ -252,6 +264,7 @@ pub struct PreLinks {
     transport: Arc<dyn Transport>,
     addr: String,
     timeout: Duration,
+    join_wait: Duration,
     session: u64,
 }
 
@@ -268,15 +281,33 @@ impl PreLinks {
         timeout: Duration,
         join_wait: Duration,
     ) -> PreLinks {
-        let mut handles = Vec::new();
-        let mut go = Vec::new();
-        let keep = (transport.clone(), addr.to_string());
-        for i in 0..n {
+        let mut p = PreLinks {
+            handles: Vec::new(),
+            go: Vec::new(),
+            key: None,
+            transport,
+            addr: addr.to_string(),
+            timeout,
+            join_wait,
+            session: 0,
+        };
+        p.resize(n);
+        p
+    }
+
+    /// Dial more links, or drop the last ones (they have not joined: their
+    /// dialers end without a word), before [`Self::join`]: the count
+    /// changed once the daemon's limits were known (transport::path).
+    pub fn resize(&mut self, n: u16) {
+        self.handles.truncate(n as usize);
+        self.go.truncate(n as usize);
+        let (timeout, join_wait) = (self.timeout, self.join_wait);
+        for i in self.handles.len() as u16..n {
             let (tx, rx) = crossbeam_channel::bounded::<(u64, Bytes32)>(1);
-            let t = transport.clone();
-            let a = addr.to_string();
-            go.push(tx);
-            handles.push(
+            let t = self.transport.clone();
+            let a = self.addr.clone();
+            self.go.push(tx);
+            self.handles.push(
                 std::thread::Builder::new()
                     .name(format!("dial-{i}"))
                     .spawn(move || {
@@ -296,15 +327,15 @@ impl PreLinks {
                     .expect("spawn dialer"),
             );
         }
-        PreLinks {
-            handles,
-            go,
-            key: None,
-            transport: keep.0,
-            addr: keep.1,
-            timeout,
-            session: 0,
-        }
+    }
+
+    /// Links dialled (or being dialled).
+    pub fn len(&self) -> usize {
+        self.handles.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.handles.is_empty()
     }
 
     /// The session is known: let every link join it.
@@ -438,5 +469,39 @@ impl LinkProvider for ServerLinks {
     }
     fn relinks(&mut self) -> crate::relink::Relinks {
         crate::relink::Relinks::Accept(self.rx.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Links dialled before the daemon's limits were known are re-sized
+    /// before they join: more dialled, the surplus dropped without a word
+    /// (the daemon sees a connection closed before its preamble).
+    #[test]
+    fn pre_dialled_links_grow_and_shrink_before_they_join() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let t: Arc<dyn Transport> = Arc::new(crate::transport::tcp::Tcp::default());
+        let s = Duration::from_secs(5);
+        let mut p = PreLinks::start(t, &addr, 2, s, s);
+        assert_eq!(p.len(), 2);
+        p.resize(5);
+        assert_eq!(p.len(), 5);
+        p.resize(3);
+        assert_eq!(p.len(), 3);
+        // Five connections arrive; two close before a byte.
+        let mut closed = 0;
+        for _ in 0..5 {
+            let (mut c, _) = l.accept().unwrap();
+            c.set_read_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+            let mut b = [0u8; 1];
+            if matches!(std::io::Read::read(&mut c, &mut b), Ok(0)) {
+                closed += 1;
+            }
+        }
+        assert_eq!(closed, 2);
     }
 }

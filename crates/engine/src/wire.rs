@@ -34,13 +34,18 @@ pub fn exchange_preamble(link: &mut dyn Link) -> Result<(), EngineError> {
     link.write_all(&preamble(VERSION))?;
     link.flush()?;
     let mut p = [0u8; PREAMBLE_LEN];
-    link.read_exact(&mut p).map_err(|e| {
-        if e.kind() == io::ErrorKind::UnexpectedEof {
-            EngineError::Proto(ProtoError::BadMagic)
-        } else {
-            e.into()
+    let mut got = 0;
+    while got < PREAMBLE_LEN {
+        match link.read(&mut p[got..]) {
+            // Closed before a byte: a client that dialled a link it then
+            // did not need (session::PreLinks::resize), not a stranger.
+            Ok(0) if got == 0 => return Err(EngineError::PeerClosed),
+            Ok(0) => return Err(ProtoError::BadMagic.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
         }
-    })?;
+    }
     let theirs = parse_preamble(&p)?;
     if theirs != VERSION {
         return Err(ProtoError::VersionMismatch {
@@ -78,6 +83,12 @@ pub fn read_header(link: &mut dyn Read, max_data: u32) -> Result<Option<FrameHea
 
 /// Receive one control message; end of stream is an error.
 pub fn recv_control(link: &mut dyn Read) -> Result<Control, EngineError> {
+    recv_control_flags(link).map(|(m, _)| m)
+}
+
+/// [`recv_control`] and its frame's flags (a Hello's
+/// frame::HELLO_PATH_FLAG).
+pub fn recv_control_flags(link: &mut dyn Read) -> Result<(Control, u8), EngineError> {
     let h = read_header(link, 0)?.ok_or(EngineError::PeerClosed)?;
     if h.kind != FrameKind::Control {
         return Err(ProtoError::Unexpected {
@@ -88,7 +99,7 @@ pub fn recv_control(link: &mut dyn Read) -> Result<Control, EngineError> {
     }
     let mut body = vec![0u8; h.len as usize];
     link.read_exact(&mut body)?;
-    Ok(Control::decode(&body)?)
+    Ok((Control::decode(&body)?, h.flags))
 }
 
 /// Send a CREDIT frame.
@@ -160,17 +171,27 @@ pub(crate) fn send_batch(
     prefix: &[u8],
     msgs: &[&Control],
 ) -> Result<(), EngineError> {
+    send_batch_flagged(link, prefix, msgs, 0)
+}
+
+/// [`send_batch`] with `flags` in every frame header (a Hello's
+/// frame::HELLO_PATH_FLAG).
+pub(crate) fn send_batch_flagged(
+    link: &mut dyn Link,
+    prefix: &[u8],
+    msgs: &[&Control],
+    flags: u8,
+) -> Result<(), EngineError> {
     let mut buf = prefix.to_vec();
     for m in msgs {
         let body = m.encode()?;
-        buf.extend_from_slice(
-            &ramsys_proto::frame::FrameHeader::new(
-                ramsys_proto::frame::FrameKind::Control,
-                0,
-                body.len() as u32,
-            )
-            .encode(),
+        let mut h = ramsys_proto::frame::FrameHeader::new(
+            ramsys_proto::frame::FrameKind::Control,
+            0,
+            body.len() as u32,
         );
+        h.flags = flags;
+        buf.extend_from_slice(&h.encode());
         buf.extend_from_slice(&body);
     }
     link.write_all(&buf)?;

@@ -169,13 +169,20 @@ impl ClientHandshake {
         }
     }
 
-    /// Handle the server's Challenge: verify its proof, return our Auth.
+    /// Handle the server's Challenge (or ChallengeTcp, which adds the
+    /// server's TCP limits): verify its proof, return our Auth.
     pub fn on_challenge(&mut self, msg: &Control) -> Result<Control, ProtoError> {
         match msg {
             Control::Challenge {
                 nonce,
                 proof,
                 session,
+            }
+            | Control::ChallengeTcp {
+                nonce,
+                proof,
+                session,
+                ..
             } => {
                 let expect = server_proof(&self.key, &self.nonce, nonce, &self.user);
                 if !bool::from(subtle::ConstantTimeEq::ct_eq(&expect[..], &proof[..])) {
@@ -248,6 +255,29 @@ impl ServerHandshake {
         }
     }
 
+    /// [`Self::on_hello`] for a client that asked for the path figures
+    /// (frame::HELLO_PATH_FLAG): the Challenge as ChallengeTcp with `tcp`.
+    pub fn on_hello_tcp(
+        &mut self,
+        msg: &Control,
+        session: u64,
+        tcp: crate::control::TcpBuffers,
+    ) -> Result<Control, ProtoError> {
+        match self.on_hello(msg, session)? {
+            Control::Challenge {
+                nonce,
+                proof,
+                session,
+            } => Ok(Control::ChallengeTcp {
+                nonce,
+                proof,
+                session,
+                tcp,
+            }),
+            other => Ok(other),
+        }
+    }
+
     /// Handle Auth; on success returns (user, session key).
     pub fn on_auth(&self, msg: &Control) -> Result<(String, Bytes32), ProtoError> {
         let Some((cn, user)) = &self.client else {
@@ -297,6 +327,25 @@ mod tests {
         let (_, sk_s) = s.on_auth(&auth)?;
         let (_, sk_c) = c.on_auth_ok(&Control::AuthOk { session: 1 })?;
         Ok((sk_c, sk_s))
+    }
+
+    #[test]
+    fn a_challenge_with_the_servers_limits_authenticates_the_same() {
+        let tcp = crate::control::TcpBuffers {
+            wmem_max: 1,
+            rmem_max: 2,
+        };
+        let mut c = ClientHandshake::new(b"k", "u", [1; 32]);
+        let mut s = ServerHandshake::new(b"k", [2; 32]);
+        let ch = s.on_hello_tcp(&c.hello(), 7, tcp).unwrap();
+        assert!(matches!(ch, Control::ChallengeTcp { tcp: t, session: 7, .. } if t == tcp));
+        let auth = c.on_challenge(&ch).unwrap();
+        let (_, sk_s) = s.on_auth(&auth).unwrap();
+        let (_, sk_c) = c.on_auth_ok(&Control::AuthOk { session: 7 }).unwrap();
+        assert_eq!(sk_c, sk_s);
+        // A wrong key fails as with Challenge.
+        let mut c = ClientHandshake::new(b"other", "u", [1; 32]);
+        assert_eq!(c.on_challenge(&ch), Err(ProtoError::AuthFailed));
     }
 
     #[test]

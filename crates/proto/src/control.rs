@@ -438,6 +438,44 @@ pub enum Control {
         /// Why it stopped; empty: the transfer ended first.
         stopped: String,
     },
+    /// Server to client, instead of Challenge when the Hello's frame
+    /// carried [`crate::frame::HELLO_PATH_FLAG`]: the Challenge's fields,
+    /// then the server's TCP buffer limits (issue 21), so the client sizes
+    /// its data links for both ends before it sends Open. Not covered by
+    /// the proof: a forged value can only change the stream count.
+    ChallengeTcp {
+        nonce: Bytes32,
+        proof: Bytes32,
+        session: u64,
+        tcp: TcpBuffers,
+    },
+    /// Instead of Grown, to a client whose Hello carried
+    /// [`crate::frame::HELLO_PATH_FLAG`]: the same stages and, for each,
+    /// what the links said (busy share, queueing).
+    GrownLinks {
+        stages: Vec<GrowStage>,
+        /// One per stage, in the same order.
+        links: Vec<StageLinks>,
+        stopped: String,
+    },
+}
+
+/// A host's TCP buffer limits ([`Control::ChallengeTcp`]): the maxima of
+/// `net.ipv4.tcp_wmem` and `net.ipv4.tcp_rmem`, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TcpBuffers {
+    pub wmem_max: u64,
+    pub rmem_max: u64,
+}
+
+/// What a stage's links said ([`Control::GrownLinks`]); None where the
+/// transport has no TCP_INFO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageLinks {
+    /// Share of the stage the links had data in flight, per mille.
+    pub busy_pm: Option<u16>,
+    /// The links' smoothed RTT over their minimum, hundredths.
+    pub rtt_x100: Option<u32>,
 }
 
 /// A third-party transfer request (RelayOpen).
@@ -684,6 +722,8 @@ impl Control {
             Control::RelayDone(_) => "RelayDone",
             Control::GrowStreams => "GrowStreams",
             Control::Grown { .. } => "Grown",
+            Control::ChallengeTcp { .. } => "ChallengeTcp",
+            Control::GrownLinks { .. } => "GrownLinks",
         }
     }
 
@@ -1021,6 +1061,29 @@ mod tests {
                     then: "add 2".into(),
                 }],
                 stopped: "stop: at the limit (32)".into(),
+            },
+            Control::ChallengeTcp {
+                nonce: [2; 32],
+                proof: [3; 32],
+                session: 9,
+                tcp: TcpBuffers {
+                    wmem_max: 4 << 20,
+                    rmem_max: 1 << 20,
+                },
+            },
+            Control::GrownLinks {
+                stages: vec![GrowStage {
+                    at_ms: 2500,
+                    streams: 4,
+                    kb_s: 120_000,
+                    link_kb_s: vec![],
+                    then: "add 2".into(),
+                }],
+                links: vec![StageLinks {
+                    busy_pm: Some(950),
+                    rtt_x100: None,
+                }],
+                stopped: String::new(),
             },
         ];
         for m in msgs {

@@ -255,7 +255,7 @@ impl SourceMachine {
             (Payload, Control::LinkDown { .. }) => Payload,
             (Payload, Control::AddStream { .. }) => Payload,
             // Right before EndOfData, once (a pull's growth, issue 21).
-            (Payload, Control::Grown { .. }) if !self.grown => {
+            (Payload, Control::Grown { .. } | Control::GrownLinks { .. }) if !self.grown => {
                 self.grown = true;
                 Payload
             }
@@ -479,6 +479,16 @@ impl SinkMachine {
                 self.grown = true;
                 Payload
             }
+            (Payload, Control::GrownLinks { stages, links, .. }) if !self.grown => {
+                if stages.len() > MAX_GROW_STAGES || links.len() != stages.len() {
+                    return Err(ProtoError::malformed(
+                        "grown",
+                        "too many stages, or not one links record per stage",
+                    ));
+                }
+                self.grown = true;
+                Payload
+            }
             (Payload, Control::EndOfData { .. }) => Completing,
             _ => return Err(self.unexpected(m)),
         };
@@ -596,10 +606,31 @@ mod tests {
             then: "add 2".into(),
         };
         let many = Control::Grown {
-            stages: vec![stage; MAX_GROW_STAGES + 1],
+            stages: vec![stage.clone(); MAX_GROW_STAGES + 1],
             stopped: String::new(),
         };
         assert!(flood.on_recv(&many).is_err());
+        // GrownLinks: one links record per stage, else refused.
+        let links = crate::control::StageLinks {
+            busy_pm: Some(900),
+            rtt_x100: Some(120),
+        };
+        let uneven = Control::GrownLinks {
+            stages: vec![stage.clone(); 2],
+            links: vec![links],
+            stopped: String::new(),
+        };
+        assert!(flood.on_recv(&uneven).is_err());
+        let mut one = SinkMachine::new();
+        one.phase = Phase::Payload;
+        let even = Control::GrownLinks {
+            stages: vec![stage.clone()],
+            links: vec![links],
+            stopped: String::new(),
+        };
+        one.on_recv(&even).unwrap();
+        // Once: neither a second GrownLinks nor a Grown after it.
+        assert!(one.on_recv(&even).is_err());
         // A server-side source reports its growth once, before EndOfData.
         let grown = Control::Grown {
             stages: vec![],

@@ -229,12 +229,12 @@ proptest! {
         }
     }
 
-    /// The stream-growth messages (issue 21) behind their own tags,
-    /// followed by arbitrary bytes, decode or fail, never panic; valid
-    /// ones round-trip.
+    /// The stream-growth and path messages (issue 21) behind their own
+    /// tags, followed by arbitrary bytes, decode or fail, never panic;
+    /// valid ones round-trip.
     #[test]
     fn growth_messages_decode_or_fail(
-        which in 0usize..4,
+        which in 0usize..6,
         rest in proptest::collection::vec(any::<u8>(), 0..300),
         stream in any::<u16>(),
         credits in any::<u32>(),
@@ -244,8 +244,19 @@ proptest! {
             0..8,
         ),
         stopped in ".{0,80}",
+        links in proptest::collection::vec(
+            (proptest::option::of(any::<u16>()), proptest::option::of(any::<u32>())),
+            0..8,
+        ),
+        tcp in any::<(u64, u64)>(),
+        nonces in any::<([u8; 32], [u8; 32], u64)>(),
     ) {
-        let stages = stages
+        use ramsys_proto::control::{StageLinks, TcpBuffers};
+        let links: Vec<StageLinks> = links
+            .into_iter()
+            .map(|(busy_pm, rtt_x100)| StageLinks { busy_pm, rtt_x100 })
+            .collect();
+        let stages: Vec<GrowStage> = stages
             .into_iter()
             .map(|(at_ms, streams, kb_s, link_kb_s, then)| GrowStage {
                 at_ms,
@@ -255,11 +266,19 @@ proptest! {
                 then,
             })
             .collect();
+        let (nonce, proof, session) = nonces;
         let msgs = [
             Control::AddStream { stream },
             Control::StreamAdded { stream, credits },
             Control::GrowStreams,
-            Control::Grown { stages, stopped },
+            Control::Grown { stages: stages.clone(), stopped: stopped.clone() },
+            Control::ChallengeTcp {
+                nonce,
+                proof,
+                session,
+                tcp: TcpBuffers { wmem_max: tcp.0, rmem_max: tcp.1 },
+            },
+            Control::GrownLinks { stages, links, stopped },
         ];
         let tag = msgs[which].encode().unwrap()[0];
         let mut b = vec![tag];

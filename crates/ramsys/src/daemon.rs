@@ -87,6 +87,10 @@ pub struct ServeArgs {
     /// inject a fake /proc).
     #[arg(long, value_name = "DIR", hide = true, default_value = "/")]
     pub site_sys_root: PathBuf,
+    /// Root holding proc/sys/net/ipv4/tcp_{w,r}mem, whose maxima the
+    /// daemon tells clients with the Challenge (tests inject limits).
+    #[arg(long, value_name = "DIR", hide = true)]
+    pub tcp_sys_root: Option<PathBuf>,
     /// In a site: at this many running sessions, redirect a new one to the
     /// least-loaded peer instead of queueing it (default: config's `[site]
     /// max_sessions`, else only full pools redirect; docs/SITE.md).
@@ -192,6 +196,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
         d.set_placement(p);
     }
     start_site(&mut d, a, &cfg);
+    if let Some(r) = &a.tcp_sys_root {
+        d.set_tcp_sys_root(r.clone());
+    }
     d.shared()
         .rates
         .daemon

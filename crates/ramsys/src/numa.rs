@@ -300,11 +300,28 @@ impl Numa {
                 "streams: {} chosen from the path ({}); the peer confirmed {}",
                 c.streams, c.why, rep.streams
             ));
+            let mib = |b: u64| b as f64 / (1 << 20) as f64;
+            let tcp = |l: &ramsys_engine::transport::path::TcpLimits| {
+                format!(
+                    "tcp_wmem max {:.1} MiB, tcp_rmem max {:.1} MiB",
+                    mib(l.wmem_max),
+                    mib(l.rmem_max)
+                )
+            };
+            let remote = match &c.tcp_remote {
+                Some(l) => tcp(l),
+                None => "did not say (taken as here)".into(),
+            };
+            self.lines.push(format!(
+                "streams: TCP buffers here {}; the daemon {remote}",
+                tcp(&c.tcp_local)
+            ));
             if let Some(g) = &c.growth {
                 for s in &g.stages {
                     let busy = match (s.busy_pct, s.rtt_x) {
                         (Some(b), Some(q)) => format!(" (links busy {b:.0} %, RTT x{q:.2})"),
                         (Some(b), None) => format!(" (links busy {b:.0} %)"),
+                        (None, Some(q)) => format!(" (links' RTT x{q:.2})"),
                         _ => String::new(),
                     };
                     self.lines.push(format!(

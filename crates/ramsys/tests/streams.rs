@@ -49,6 +49,99 @@ fn loopback_keeps_the_lan_count_and_says_why() {
     }
 }
 
+/// `proc/sys/net/ipv4/tcp_{w,r}mem` under `root` with these maxima.
+fn tcp_fixture(root: &std::path::Path, wmem: u64, rmem: u64) {
+    let p = root.join("proc/sys/net/ipv4");
+    std::fs::create_dir_all(&p).unwrap();
+    std::fs::write(p.join("tcp_wmem"), format!("4096\t16384\t{wmem}\n")).unwrap();
+    std::fs::write(p.join("tcp_rmem"), format!("4096\t131072\t{rmem}\n")).unwrap();
+}
+
+/// This host's `tcp_{w,r}mem` maximum (Linux's default where unreadable).
+fn tcp_here(name: &str, default: u64) -> u64 {
+    std::fs::read_to_string(format!("/proc/sys/net/ipv4/{name}"))
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(2)?.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The window transport::path derives from a sender's wmem and a
+/// receiver's rmem.
+fn window(wmem: u64, rmem: u64) -> u64 {
+    (wmem * 2 / 3).min(rmem / 2).clamp(64 << 10, 2_700_000)
+}
+
+/// Issue 21: the daemon tells the agent its TCP buffer limits with the
+/// Challenge (ChallengeTcp); the agent sizes one stream's window from the
+/// sender's wmem and the receiver's rmem, the daemon's on its side of the
+/// transfer, and reports both hosts' limits.
+#[test]
+fn the_daemons_tcp_limits_size_the_window_and_are_reported() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    make_varied_tree(&src, 65536);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let fixture = t.path().join("sys");
+    tcp_fixture(&fixture, 2 << 20, 1 << 20);
+    let fx = fixture.display().to_string();
+    let d = TestDaemon::start_with(&root, &key, &["--tcp-sys-root", &fx]);
+    let (w, r) = (tcp_here("tcp_wmem", 4 << 20), tcp_here("tcp_rmem", 6 << 20));
+    for pull in [false, true] {
+        let out = t.path().join(format!("out{}", pull as u8));
+        let (from, to) = if pull {
+            (d.url("in0"), out.display().to_string())
+        } else {
+            (src.display().to_string(), d.url("in0"))
+        };
+        let o = ramsys(&key, &["cp", "-r", "--json", &from, &to]);
+        assert_ok(&o);
+        let v = summary(&o);
+        let c = &v["stream_choice"];
+        assert_eq!(c["tcp_remote"]["wmem_max"], 2 << 20, "pull {pull}: {c}");
+        assert_eq!(c["tcp_remote"]["rmem_max"], 1 << 20, "pull {pull}: {c}");
+        assert_eq!(c["tcp_local"]["wmem_max"], w, "{c}");
+        assert_eq!(c["tcp_local"]["rmem_max"], r, "{c}");
+        // A push sends from here into the daemon's 1 MiB rmem; a pull
+        // from the daemon's 2 MiB wmem into ours.
+        let want = if pull {
+            window(2 << 20, r)
+        } else {
+            window(w, 1 << 20)
+        };
+        assert_eq!(c["window"], want, "pull {pull}: {c}");
+        // Loopback stays a LAN: the count does not change.
+        assert_eq!(c["streams"], 4, "{c}");
+        if pull {
+            assert_same_tree(&root.join("in0"), &out);
+        } else {
+            assert_same_tree(&src, &root.join("in0"));
+        }
+    }
+    // --explain names both hosts' limits.
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--explain",
+            &src.display().to_string(),
+            &d.url("e"),
+        ],
+    );
+    assert_ok(&o);
+    let explain = stderr(&o);
+    assert!(
+        explain.contains("the daemon tcp_wmem max 2.0 MiB, tcp_rmem max 1.0 MiB"),
+        "{explain}"
+    );
+    assert!(
+        explain.contains("half the daemon's tcp_rmem max 1.0 MiB") || w * 2 / 3 < 512 << 10,
+        "{explain}"
+    );
+}
+
 #[test]
 fn an_explicit_count_or_a_local_copy_is_not_sized() {
     let t = tree_and_daemon(65536);
@@ -275,6 +368,15 @@ fn a_long_path_gets_more_streams_during_the_transfer_but_never_past_an_explicit_
     big_file(&src.join("big"), 300, &mut rng);
     let v = wan.push(&[], "auto");
     assert_grew(&v);
+    // The daemon's 128 KiB tcp_rmem (its namespace's, sent with the
+    // Challenge) sets the window, 64 KiB: the push starts with the most
+    // streams a start takes (with this host's 64 MiB at both ends, as
+    // before ChallengeTcp, it started with 10).
+    let c = &v["stream_choice"];
+    assert_eq!(c["tcp_remote"]["rmem_max"], 131072, "{c}");
+    assert_eq!(c["window"], 65536, "{c}");
+    let start = c["max"].as_u64().unwrap().min(16);
+    assert_eq!(c["streams"], start, "{c}");
     // The receiver's window held every link back: busy (not waiting for
     // the ends), which is why streams were added (TCP_INFO busy_time).
     let busy = v["stream_choice"]["growth"]["stages"][0]["busy_pct"].as_f64();
@@ -307,6 +409,10 @@ fn a_pull_on_a_long_path_gets_more_streams_but_never_past_an_explicit_count() {
     assert_grew(&v);
     let why = v["stream_choice"]["growth"]["stopped"].as_str();
     assert!(why.is_some_and(|w| !w.is_empty()), "{v}");
+    // The daemon's stages carry what its links said (GrownLinks).
+    let s0 = &v["stream_choice"]["growth"]["stages"][0];
+    assert!(s0["busy_pct"].as_f64().is_some_and(|b| b > 0.0), "{v}");
+    assert!(s0["rtt_x"].as_f64().is_some_and(|q| q >= 0.5), "{v}");
     assert_same_tree(&root.join("data"), &out.join("auto"));
     // Sealed: the streams the agent dials for the daemon carry sealed
     // blocks and credits like the first ones.

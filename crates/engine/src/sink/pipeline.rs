@@ -483,7 +483,7 @@ impl<'s> SinkPipeline<'s> {
     fn on_control(&mut self, m: Result<ControlEvent, RecvError>) -> Step {
         match m {
             Ok(Ok(Control::AddStream { stream })) => self.on_add_stream(stream),
-            Ok(Ok(m @ Control::Grown { .. })) => {
+            Ok(Ok(m @ (Control::Grown { .. } | Control::GrownLinks { .. }))) => {
                 self.ctl.machine.on_recv(&m)?;
                 self.growth = grown(m);
                 Ok(())
@@ -669,20 +669,27 @@ impl<'s> SinkPipeline<'s> {
     }
 }
 
-/// A Grown as the report shows it (transport::grow's units).
+/// A Grown or GrownLinks as the report shows it (transport::grow's units).
 fn grown(m: Control) -> Option<Growth> {
-    let Control::Grown { stages, stopped } = m else {
-        return None;
+    let (stages, links, stopped) = match m {
+        Control::Grown { stages, stopped } => (stages, Vec::new(), stopped),
+        Control::GrownLinks {
+            stages,
+            links,
+            stopped,
+        } => (stages, links, stopped),
+        _ => return None,
     };
     let mb = |kb: u64| kb as f64 / 1e3;
-    let stages = stages.into_iter().map(|s| Stage {
+    // A plain Grown (an older daemon) carries no links' figures.
+    let links = links.into_iter().map(Some).chain(std::iter::repeat(None));
+    let stages = stages.into_iter().zip(links).map(|(s, l)| Stage {
         at_s: s.at_ms as f64 / 1e3,
         streams: s.streams,
         mb_s: mb(s.kb_s),
         link_mb_s: s.link_kb_s.into_iter().map(mb).collect(),
-        // Not carried by Grown (the decision text says what it decided).
-        busy_pct: None,
-        rtt_x: None,
+        busy_pct: l.and_then(|l| l.busy_pm).map(|b| b as f64 / 10.0),
+        rtt_x: l.and_then(|l| l.rtt_x100).map(|q| q as f64 / 100.0),
         then: s.then,
     });
     Some(Growth {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, never, select, unbounded, Receiver, RecvError, Sender};
-use ramsys_proto::control::{Bytes32, Complete, Entry, GrowStage};
+use ramsys_proto::control::{Bytes32, Complete, Entry, GrowStage, StageLinks};
 use ramsys_proto::relink::SentLog;
 use ramsys_proto::Control;
 use ramsys_resources::{Buf, BufferPool, JobHandle, Reservation, ThreadPool};
@@ -129,12 +129,14 @@ struct Adapt {
     joining: u16,
     refused: bool,
     next: u16,
+    /// Report as GrownLinks (opts.grown_links).
+    links: bool,
 }
 
 impl Adapt {
     /// Growth from `streams` up to the daemon's `max_streams`, judged in
     /// RTTs of the control link (transport::grow).
-    fn new(rtt: Option<Duration>, streams: u16, max_streams: usize) -> Adapt {
+    fn new(rtt: Option<Duration>, streams: u16, max_streams: usize, links: bool) -> Adapt {
         let most = max_streams.clamp(1, u16::MAX as usize) as u16;
         Adapt {
             grower: Grower::new(rtt, Duration::ZERO, streams, most),
@@ -143,6 +145,7 @@ impl Adapt {
             joining: 0,
             refused: false,
             next: streams,
+            links,
         }
     }
 }
@@ -286,8 +289,11 @@ impl<'s> Payload<'s> {
         let streams = Streams::new(o.relinks, clone_links(&shutdown)?, peer, stats.clone(), ab);
         // The inline path's link set is fixed. The client dials: a push's
         // source itself, a pull's sink (its daemon-side source asks).
-        let grow = (opts.auto_streams && streams.enabled() && path != SendPath::Inline)
-            .then(|| Adapt::new(s.ctl.link.rtt(), c.streams, res.config.max_streams));
+        let grow =
+            (opts.auto_streams && streams.enabled() && path != SendPath::Inline).then(|| {
+                let (rtt, max) = (s.ctl.link.rtt(), res.config.max_streams);
+                Adapt::new(rtt, c.streams, max, opts.grown_links)
+            });
         let null = opts.source_engine == crate::storage::DataEngine::Null;
         let requeue = Arc::new(Requeue {
             root: root.clone(),
@@ -488,10 +494,33 @@ impl<'s> Payload<'s> {
             link_kb_s: s.link_mb_s.iter().map(|&m| kb(m)).collect(),
             then: s.then.clone(),
         });
-        let stages = stages.take(ramsys_proto::session::MAX_GROW_STAGES);
-        self.ctl.send(&Control::Grown {
-            stages: stages.collect(),
-            stopped: a.grower.stopped.clone().unwrap_or_default(),
+        let stages: Vec<_> = stages
+            .take(ramsys_proto::session::MAX_GROW_STAGES)
+            .collect();
+        let stopped = a.grower.stopped.clone().unwrap_or_default();
+        if !a.links {
+            self.ctl.send(&Control::Grown { stages, stopped })?;
+            return Ok(());
+        }
+        // What the links said, for a client that takes it (GrownLinks).
+        let links = a
+            .grower
+            .stages
+            .iter()
+            .take(stages.len())
+            .map(|s| StageLinks {
+                busy_pm: s
+                    .busy_pct
+                    .map(|b| (b * 10.0).round().clamp(0.0, 1000.0) as u16),
+                rtt_x100: s
+                    .rtt_x
+                    .map(|q| (q * 100.0).round().clamp(0.0, u32::MAX as f64) as u32),
+            });
+        let links = links.collect();
+        self.ctl.send(&Control::GrownLinks {
+            stages,
+            links,
+            stopped,
         })?;
         Ok(())
     }

@@ -30,12 +30,21 @@
 //! 208 KiB on many distributions) and turns autotuning off, which is
 //! worse on exactly the paths this is for. Pure function plus a reader of
 //! the sysctls, so it is tested without sockets.
+//!
+//! Both hosts' limits count: on a push the agent sends (its `tcp_wmem`)
+//! and the daemon receives (its `tcp_rmem`), on a pull the reverse. The
+//! daemon sends its own with the Challenge (Control::ChallengeTcp), which
+//! arrives while the data links are being dialled; the agent dials for
+//! its own limits at both ends first and corrects the count (more links
+//! dialled, or the surplus dropped before they join) when the Challenge
+//! says otherwise, before Open carries it. A daemon that does not say
+//! (an older one) is taken to have the agent's limits.
 
 use std::path::Path;
 use std::time::Duration;
 
 /// The host's TCP buffer limits, bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct TcpLimits {
     /// `net.ipv4.tcp_wmem` maximum.
     pub wmem_max: u64,
@@ -70,11 +79,103 @@ impl TcpLimits {
         }
     }
 
-    /// Payload one stream keeps in flight on a long path.
+    /// Payload one stream keeps in flight on a long path when both ends
+    /// have these limits.
     pub fn window(&self) -> u64 {
-        (self.wmem_max * 2 / 3)
-            .min(self.rmem_max / 2)
-            .clamp(64 << 10, STREAM_WINDOW_CAP)
+        window(*self, *self)
+    }
+}
+
+impl From<ramsys_proto::control::TcpBuffers> for TcpLimits {
+    fn from(b: ramsys_proto::control::TcpBuffers) -> TcpLimits {
+        // Zero is no limit anyone runs with: Linux's default instead.
+        let d = TcpLimits::default();
+        let or = |v: u64, d: u64| if v == 0 { d } else { v };
+        TcpLimits {
+            wmem_max: or(b.wmem_max, d.wmem_max),
+            rmem_max: or(b.rmem_max, d.rmem_max),
+        }
+    }
+}
+
+impl From<TcpLimits> for ramsys_proto::control::TcpBuffers {
+    fn from(l: TcpLimits) -> Self {
+        ramsys_proto::control::TcpBuffers {
+            wmem_max: l.wmem_max,
+            rmem_max: l.rmem_max,
+        }
+    }
+}
+
+/// Payload one stream keeps in flight on a long path from `sender` to
+/// `receiver`: what the sender's send buffer holds of payload (about two
+/// thirds of `tcp_wmem`, the rest is skb overhead), at most the window
+/// the receiver advertises (half its `tcp_rmem`), within what one stream
+/// sustains ([`STREAM_WINDOW_CAP`]).
+pub fn window(sender: TcpLimits, receiver: TcpLimits) -> u64 {
+    (sender.wmem_max * 2 / 3)
+        .min(receiver.rmem_max / 2)
+        .clamp(64 << 10, STREAM_WINDOW_CAP)
+}
+
+/// Both ends' limits as the agent knows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ends {
+    /// This host's.
+    pub local: TcpLimits,
+    /// The daemon's (ChallengeTcp); None: it did not say.
+    pub remote: Option<TcpLimits>,
+    /// This host sends the payload (a push).
+    pub local_sends: bool,
+}
+
+impl Ends {
+    /// Both ends with this host's limits (before the daemon says).
+    pub fn here(local: TcpLimits, local_sends: bool) -> Ends {
+        Ends {
+            local,
+            remote: None,
+            local_sends,
+        }
+    }
+
+    /// (sender, receiver); a silent daemon is taken to be like us.
+    fn roles(&self) -> (TcpLimits, TcpLimits) {
+        let remote = self.remote.unwrap_or(self.local);
+        match self.local_sends {
+            true => (self.local, remote),
+            false => (remote, self.local),
+        }
+    }
+
+    pub fn window(&self) -> u64 {
+        let (s, r) = self.roles();
+        window(s, r)
+    }
+
+    /// What bounds the window, for the reason.
+    fn why(&self) -> String {
+        let (s, r) = self.roles();
+        let (sn, rn) = match self.local_sends {
+            true => ("this host", "the daemon"),
+            false => ("the daemon", "this host"),
+        };
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        let w = window(s, r);
+        let by = if w == STREAM_WINDOW_CAP {
+            "what one stream sustains".to_string()
+        } else if w == s.wmem_max * 2 / 3 {
+            format!("2/3 of {sn}'s tcp_wmem max {:.1} MiB", mib(s.wmem_max))
+        } else if w == r.rmem_max / 2 {
+            format!("half {rn}'s tcp_rmem max {:.1} MiB", mib(r.rmem_max))
+        } else {
+            "the 64 KiB floor".to_string()
+        };
+        let unknown = match self.remote {
+            Some(_) => "",
+            None => "; the daemon's limits unknown: taken as here",
+        };
+        format!("window {:.2} MB: {by}{unknown}", w as f64 / 1e6)
     }
 }
 
@@ -99,6 +200,11 @@ pub struct StreamChoice {
     pub target_bytes_s: u64,
     pub min: u16,
     pub max: u16,
+    /// This host's TCP buffer limits.
+    pub tcp_local: TcpLimits,
+    /// The daemon's (Control::ChallengeTcp); None: it did not say, taken
+    /// to be like this host's.
+    pub tcp_remote: Option<TcpLimits>,
     pub why: String,
     /// Streams added during the transfer (transport::grow; source side).
     pub growth: Option<super::grow::Growth>,
@@ -107,14 +213,14 @@ pub struct StreamChoice {
 /// Streams for a path of round trip `rtt`, between `min` and `max`.
 pub fn choose(
     rtt: Option<Duration>,
-    limits: TcpLimits,
+    ends: Ends,
     target_bytes_s: u64,
     min: u16,
     max: u16,
 ) -> StreamChoice {
     let max = max.max(1);
     let min = min.clamp(1, max);
-    let window = limits.window();
+    let window = ends.window();
     let (streams, why) = match rtt {
         None => (min, "no RTT sample: the LAN default".to_string()),
         Some(rtt) => {
@@ -122,7 +228,8 @@ pub fn choose(
             let need = bdp.div_ceil(window as u128).min(u16::MAX as u128) as u16;
             let n = need.clamp(min, max);
             let why = format!(
-                "{:.1} ms x {} MB/s = {:.1} MB in flight / {:.1} MB per stream = {need}{}",
+                "{:.1} ms x {} MB/s = {:.1} MB in flight / {:.1} MB per stream = {need}{} \
+                 ({})",
                 rtt.as_secs_f64() * 1e3,
                 target_bytes_s / 1_000_000,
                 bdp as f64 / 1e6,
@@ -131,7 +238,8 @@ pub fn choose(
                     std::cmp::Ordering::Less => format!(", capped at {max} (buffer pool)"),
                     std::cmp::Ordering::Greater => format!(", at least {min}"),
                     std::cmp::Ordering::Equal => String::new(),
-                }
+                },
+                ends.why()
             );
             (n, why)
         }
@@ -143,6 +251,8 @@ pub fn choose(
         target_bytes_s,
         min,
         max,
+        tcp_local: ends.local,
+        tcp_remote: ends.remote,
         why,
         growth: None,
     }
@@ -196,9 +306,14 @@ mod tests {
         rmem_max: 32 << 20,
     };
 
+    /// A push between two hosts with `l`.
+    fn same(l: TcpLimits) -> Ends {
+        Ends::here(l, true)
+    }
+
     fn n(rtt_ms: f64) -> u16 {
         let rtt = Duration::from_secs_f64(rtt_ms / 1e3);
-        choose(Some(rtt), HERE, DEFAULT_TARGET_BYTES_S, 4, 32).streams
+        choose(Some(rtt), same(HERE), DEFAULT_TARGET_BYTES_S, 4, 32).streams
     }
 
     #[test]
@@ -216,7 +331,7 @@ mod tests {
         assert_eq!(big.window(), STREAM_WINDOW_CAP);
         let c = choose(
             Some(Duration::from_millis(50)),
-            big,
+            same(big),
             DEFAULT_TARGET_BYTES_S,
             4,
             32,
@@ -225,7 +340,7 @@ mod tests {
         // Never past the pool's limit, and the reason says so.
         let c = choose(
             Some(Duration::from_millis(100)),
-            HERE,
+            same(HERE),
             DEFAULT_TARGET_BYTES_S,
             4,
             32,
@@ -239,7 +354,7 @@ mod tests {
     fn a_push_starts_low_and_says_why() {
         let mut c = choose(
             Some(Duration::from_millis(50)),
-            HERE,
+            same(HERE),
             DEFAULT_TARGET_BYTES_S,
             4,
             32,
@@ -251,18 +366,18 @@ mod tests {
             .why
             .ends_with("starting with 16, more added while the rate grows"));
         // A short path's count stands.
-        let mut c = choose(Some(Duration::from_millis(2)), HERE, 1, 4, 32);
+        let mut c = choose(Some(Duration::from_millis(2)), same(HERE), 1, 4, 32);
         c.start_low();
         assert_eq!(c.streams, 4);
     }
 
     #[test]
     fn no_sample_means_the_minimum() {
-        let c = choose(None, HERE, DEFAULT_TARGET_BYTES_S, 4, 32);
+        let c = choose(None, same(HERE), DEFAULT_TARGET_BYTES_S, 4, 32);
         assert_eq!(c.streams, 4);
         assert!(c.why.contains("no RTT"));
         // A pool that cannot feed the minimum wins over it.
-        let c = choose(Some(Duration::from_millis(50)), HERE, 1, 4, 2);
+        let c = choose(Some(Duration::from_millis(50)), same(HERE), 1, 4, 2);
         assert_eq!((c.min, c.streams), (2, 2));
     }
 
@@ -280,9 +395,96 @@ mod tests {
         };
         assert_eq!(tight.window(), (3 << 20) * 2 / 3);
         let rtt = Some(Duration::from_millis(20));
-        let a = choose(rtt, small, DEFAULT_TARGET_BYTES_S, 1, 64).streams;
-        let b = choose(rtt, HERE, DEFAULT_TARGET_BYTES_S, 1, 64).streams;
+        let a = choose(rtt, same(small), DEFAULT_TARGET_BYTES_S, 1, 64).streams;
+        let b = choose(rtt, same(HERE), DEFAULT_TARGET_BYTES_S, 1, 64).streams;
         assert!(a >= b, "{a} < {b}");
+    }
+
+    #[test]
+    fn the_window_is_the_senders_wmem_and_the_receivers_rmem() {
+        let lo = TcpLimits {
+            wmem_max: 1 << 20,
+            rmem_max: 1 << 20,
+        };
+        let hi = TcpLimits {
+            wmem_max: 64 << 20,
+            rmem_max: 64 << 20,
+        };
+        // Sender 1 MiB wmem: 2/3 of it, whatever the receiver.
+        assert_eq!(window(lo, hi), (1 << 20) * 2 / 3);
+        // Receiver 1 MiB rmem: half of it advertised.
+        assert_eq!(window(hi, lo), 512 << 10);
+        assert_eq!(window(hi, hi), STREAM_WINDOW_CAP);
+        // Tiny buffers still count 64 KiB (TCP's unscaled window).
+        let tiny = TcpLimits {
+            wmem_max: 4096,
+            rmem_max: 4096,
+        };
+        assert_eq!(window(tiny, tiny), 64 << 10);
+        // A push sends from here to the daemon, a pull from the daemon.
+        let push = Ends {
+            local: hi,
+            remote: Some(lo),
+            local_sends: true,
+        };
+        let pull = Ends {
+            local_sends: false,
+            ..push
+        };
+        assert_eq!(push.window(), 512 << 10);
+        assert_eq!(pull.window(), (1 << 20) * 2 / 3);
+        // A daemon that does not say is taken to be like this host.
+        assert_eq!(Ends::here(hi, true).window(), STREAM_WINDOW_CAP);
+        assert_eq!(Ends::here(lo, false).window(), window(lo, lo));
+        // A zero from the wire is Linux's default, not a zero window.
+        let z = ramsys_proto::control::TcpBuffers {
+            wmem_max: 0,
+            rmem_max: 1 << 20,
+        };
+        let l = TcpLimits::from(z);
+        assert_eq!((l.wmem_max, l.rmem_max), (4 << 20, 1 << 20));
+    }
+
+    #[test]
+    fn the_daemons_small_receive_buffer_asks_for_more_streams_and_says_so() {
+        let rtt = Some(Duration::from_millis(20));
+        let mine = |remote| Ends {
+            local: HERE,
+            remote,
+            local_sends: true,
+        };
+        let big = TcpLimits {
+            wmem_max: 8 << 20,
+            rmem_max: 8 << 20,
+        };
+        let small = TcpLimits {
+            wmem_max: 8 << 20,
+            rmem_max: 1 << 20,
+        };
+        let a = choose(rtt, mine(Some(big)), DEFAULT_TARGET_BYTES_S, 4, 64);
+        let b = choose(rtt, mine(Some(small)), DEFAULT_TARGET_BYTES_S, 4, 64);
+        // 25 MB in flight: 10 streams of 2.7 MB, 48 of 512 KiB.
+        assert_eq!((a.streams, b.streams), (10, 48));
+        assert!(
+            b.why.contains("half the daemon's tcp_rmem max 1.0 MiB"),
+            "{}",
+            b.why
+        );
+        assert_eq!(b.tcp_remote, Some(small));
+        assert_eq!(b.tcp_local, HERE);
+        // On a pull the daemon's small rmem does not matter: it sends.
+        let pull = Ends {
+            local_sends: false,
+            ..mine(Some(small))
+        };
+        let c = choose(rtt, pull, DEFAULT_TARGET_BYTES_S, 4, 64);
+        assert_eq!(c.streams, a.streams);
+        let silent = choose(rtt, mine(None), DEFAULT_TARGET_BYTES_S, 4, 64);
+        assert!(
+            silent.why.contains("unknown: taken as here"),
+            "{}",
+            silent.why
+        );
     }
 
     #[test]
