@@ -81,106 +81,10 @@ impl Store {
                 name,
                 capacity,
                 model,
-            } => {
-                check_name(&name)?;
-                if let Some(s) = self.segs.get(&name) {
-                    return if s.model == model {
-                        Ok(Reply::Allocated {
-                            model,
-                            capacity: s.capacity,
-                            created: false,
-                        })
-                    } else {
-                        Err(Error::Exists {
-                            name,
-                            model: s.model,
-                        })
-                    };
-                }
-                if capacity > MAX_SEGMENT {
-                    return Err(Error::TooLarge {
-                        len: capacity as u64,
-                        capacity: MAX_SEGMENT,
-                    });
-                }
-                let off = self
-                    .alloc
-                    .alloc(capacity as u64)
-                    .ok_or(Error::NoSpace(capacity))?;
-                self.segs.insert(
-                    name,
-                    Segment {
-                        off,
-                        capacity,
-                        len: 0,
-                        version: 0,
-                        model,
-                        lock: LockWord::default(),
-                    },
-                );
-                Ok(Reply::Allocated {
-                    model,
-                    capacity,
-                    created: true,
-                })
-            }
-            Op::Release { name } => {
-                let s = self.seg(&name)?;
-                if s.lock.excludes(who, now_ms) {
-                    return Err(Error::Busy {
-                        holder: s.lock.holder(now_ms).unwrap_or(0),
-                        remaining_ms: 0,
-                    });
-                }
-                let (off, cap) = (s.off, s.capacity);
-                self.segs.remove(&name);
-                self.alloc.release(off, cap as u64);
-                Ok(Reply::Released)
-            }
-            Op::Get { name, have, slack } => {
-                let s = self.segs.get(&name).ok_or(Error::NoSuchKey(name))?;
-                if s.model.lock_excludes_get() && s.lock.excludes(who, now_ms) {
-                    return Err(s.lock.clone().acquire(who, 0, now_ms).unwrap_err().into());
-                }
-                // `have` newer than ours cannot be current (a reallocated
-                // segment restarted its versions): send the data.
-                match have {
-                    Some(h) if h <= s.version && h.saturating_add(slack) >= s.version => {
-                        Ok(Reply::Unchanged {
-                            version: s.version,
-                            model: s.model,
-                        })
-                    }
-                    _ => Ok(Reply::Data {
-                        version: s.version,
-                        model: s.model,
-                        data: self.pool[s.off as usize..][..s.len as usize].to_vec(),
-                    }),
-                }
-            }
-            Op::Put { name, data, token } => {
-                let s = self.segs.get_mut(&name).ok_or(Error::NoSuchKey(name))?;
-                if token != 0 {
-                    s.lock.check(token, now_ms)?;
-                } else if s.model.lock_excludes_put() && s.lock.excludes(who, now_ms) {
-                    return Err(s.lock.clone().acquire(who, 0, now_ms).unwrap_err().into());
-                }
-                if data.len() > s.capacity as usize {
-                    return Err(Error::TooLarge {
-                        len: data.len() as u64,
-                        capacity: s.capacity,
-                    });
-                }
-                // Decision (docs/SITE.md): versions never wrap; the last
-                // one is terminal, so "same version = same data" holds.
-                if s.version == u64::MAX {
-                    return Err(Error::VersionExhausted);
-                }
-                self.pool[s.off as usize..][..data.len()].copy_from_slice(&data);
-                s.len = data.len() as u32;
-                s.version += 1;
-                Ok(Reply::Stored { version: s.version })
-            }
+            } => self.allocate(name, capacity, model),
+            Op::Release { name } => self.release(who, &name, now_ms),
+            Op::Get { name, have, slack } => self.get(who, name, have, slack, now_ms),
+            Op::Put { name, data, token } => self.put(who, name, &data, token, now_ms),
             Op::Lock { name, lease_ms } => {
                 let s = self.seg(&name)?;
                 let token = s.lock.acquire(who, lease_ms as u64, now_ms)?;
@@ -191,6 +95,131 @@ impl Store {
                 Ok(Reply::Unlocked)
             }
         }
+    }
+
+    /// Create `name`, or hand out the existing segment of that name when
+    /// its model is the same.
+    fn allocate(&mut self, name: String, capacity: u32, model: Model) -> Result<Reply, Error> {
+        check_name(&name)?;
+        if let Some(s) = self.segs.get(&name) {
+            return if s.model == model {
+                Ok(Reply::Allocated {
+                    model,
+                    capacity: s.capacity,
+                    created: false,
+                })
+            } else {
+                Err(Error::Exists {
+                    name,
+                    model: s.model,
+                })
+            };
+        }
+        if capacity > MAX_SEGMENT {
+            return Err(Error::TooLarge {
+                len: capacity as u64,
+                capacity: MAX_SEGMENT,
+            });
+        }
+        let off = self
+            .alloc
+            .alloc(capacity as u64)
+            .ok_or(Error::NoSpace(capacity))?;
+        self.segs.insert(
+            name,
+            Segment {
+                off,
+                capacity,
+                len: 0,
+                version: 0,
+                model,
+                lock: LockWord::default(),
+            },
+        );
+        Ok(Reply::Allocated {
+            model,
+            capacity,
+            created: true,
+        })
+    }
+
+    /// Free a segment nobody else holds locked.
+    fn release(&mut self, who: Holder, name: &str, now_ms: u64) -> Result<Reply, Error> {
+        let s = self.seg(name)?;
+        if s.lock.excludes(who, now_ms) {
+            return Err(Error::Busy {
+                holder: s.lock.holder(now_ms).unwrap_or(0),
+                remaining_ms: 0,
+            });
+        }
+        let (off, cap) = (s.off, s.capacity);
+        self.segs.remove(name);
+        self.alloc.release(off, cap as u64);
+        Ok(Reply::Released)
+    }
+
+    /// The data, or Unchanged when the requester's version `have` is
+    /// within `slack` of ours.
+    fn get(
+        &self,
+        who: Holder,
+        name: String,
+        have: Option<u64>,
+        slack: u64,
+        now_ms: u64,
+    ) -> Result<Reply, Error> {
+        let s = self.segs.get(&name).ok_or(Error::NoSuchKey(name))?;
+        if s.model.lock_excludes_get() && s.lock.excludes(who, now_ms) {
+            return Err(s.lock.clone().acquire(who, 0, now_ms).unwrap_err().into());
+        }
+        // `have` newer than ours cannot be current (a reallocated
+        // segment restarted its versions): send the data.
+        match have {
+            Some(h) if h <= s.version && h.saturating_add(slack) >= s.version => {
+                Ok(Reply::Unchanged {
+                    version: s.version,
+                    model: s.model,
+                })
+            }
+            _ => Ok(Reply::Data {
+                version: s.version,
+                model: s.model,
+                data: self.pool[s.off as usize..][..s.len as usize].to_vec(),
+            }),
+        }
+    }
+
+    /// Store `data` as the next version: under the lock's fencing `token`
+    /// (0: none claimed) where the model wants one.
+    fn put(
+        &mut self,
+        who: Holder,
+        name: String,
+        data: &[u8],
+        token: u64,
+        now_ms: u64,
+    ) -> Result<Reply, Error> {
+        let s = self.segs.get_mut(&name).ok_or(Error::NoSuchKey(name))?;
+        if token != 0 {
+            s.lock.check(token, now_ms)?;
+        } else if s.model.lock_excludes_put() && s.lock.excludes(who, now_ms) {
+            return Err(s.lock.clone().acquire(who, 0, now_ms).unwrap_err().into());
+        }
+        if data.len() > s.capacity as usize {
+            return Err(Error::TooLarge {
+                len: data.len() as u64,
+                capacity: s.capacity,
+            });
+        }
+        // Decision (docs/SITE.md): versions never wrap; the last
+        // one is terminal, so "same version = same data" holds.
+        if s.version == u64::MAX {
+            return Err(Error::VersionExhausted);
+        }
+        self.pool[s.off as usize..][..data.len()].copy_from_slice(data);
+        s.len = data.len() as u32;
+        s.version += 1;
+        Ok(Reply::Stored { version: s.version })
     }
 
     /// Test hook: set a segment's version (version exhaustion).

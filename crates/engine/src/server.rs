@@ -527,73 +527,22 @@ fn serve_control(
     let Some(first) = seal(link, &skey)? else {
         return Ok(());
     };
-    // A site peer relaying for one of its users (server::relay): the
-    // session runs with that user's grant here.
-    // It is never redirected: the agent chose this pair, and a peer of the
-    // site may serve another namespace (the source site's daemons).
-    let (relayed, first) = match first {
-        Control::OnBehalf { user } => {
-            let Some(g) = relay::on_behalf(sh, link, &auth.grant, &user) else {
-                return Ok(());
-            };
-            auth.grant = g;
-            (true, recv_control(&mut **link)?)
-        }
-        first => (false, first),
-    };
-    // `--bwlimit` of a client pulling from this daemon (daemon::rates).
-    let (bwlimit, first) = match first {
-        Control::BwLimit { bytes_per_s } => (
-            bytes_per_s.max(crate::data::rate::MIN_RATE),
-            recv_control(&mut **link)?,
-        ),
-        first => (0, first),
-    };
-    // A session another daemon of the site redirected here (issue 19).
-    let (redirected, first) = match first {
-        Control::Redirected { from } => (Some(from), recv_control(&mut **link)?),
-        first => (None, first),
-    };
-    // A pull that lets this daemon's source add streams (issue 21).
-    let (grow, first) = match first {
-        Control::GrowStreams => (true, recv_control(&mut **link)?),
-        first => (false, first),
+    let Some((pre, first)) = preamble(sh, link, &mut auth, first)? else {
+        return Ok(());
     };
     let Some(mut req) = serve_request(sh, link, &auth, first)? else {
         return Ok(());
     };
-    req.bwlimit = bwlimit;
-    req.grow = grow;
+    req.bwlimit = pre.bwlimit;
+    req.grow = pre.grow;
     req.grown_links = path;
     if !authorize(sh, link, &auth.grant, &req.open) {
         return Ok(());
     }
-    // Draining (SIGTERM): no new session; status still answers. In a
-    // site the session goes to the least-loaded peer instead.
-    if sh.life.draining() {
-        let peer = (redirected.is_none() && !relayed)
-            .then(|| sh.site.get())
-            .flatten();
-        match peer.and_then(|site| site.least_loaded_peer()) {
-            Some(addr) => {
-                sh.state.counters.redirects.fetch_add(1, Ordering::Relaxed);
-                let reason = "shutting down".to_string();
-                crate::wire::send_final(&mut **link, &Control::Redirect { addr, reason });
-            }
-            None => refuse(link, 5, crate::daemon::lifecycle::DRAINING.into()),
-        }
+    if sent_elsewhere(sh, link, session, &req, &pre) {
         return Ok(());
     }
-    // At its admission limit, a site member sends the session to a less
-    // loaded peer instead of queueing it; never one redirected here.
-    let may_redirect = redirected.is_none() && !relayed;
-    if let Some((addr, reason)) = may_redirect.then(|| busy(sh, &req.open)).flatten() {
-        tracing::info!("session {session:x}: busy ({reason}); redirected to {addr}");
-        sh.state.counters.redirects.fetch_add(1, Ordering::Relaxed);
-        crate::wire::send_final(&mut **link, &Control::Redirect { addr, reason });
-        return Ok(());
-    }
-    if let Some(from) = &redirected {
+    if let Some(from) = &pre.redirected {
         tracing::info!("session {session:x}: redirected here by {from}");
     }
     sh.active.fetch_add(1, Ordering::Relaxed);
@@ -615,6 +564,104 @@ fn serve_control(
         d.1 = r.as_ref().map(|_| ()).map_err(|e| e.to_string());
     }
     r
+}
+
+/// What a client may send before its request, each optional, in this
+/// order.
+struct Preamble {
+    /// A site peer relaying for one of its users (server::relay).
+    relayed: bool,
+    /// `--bwlimit` of a client pulling from this daemon (daemon::rates).
+    bwlimit: u64,
+    /// Another daemon of the site redirected the session here (issue 19).
+    redirected: Option<String>,
+    /// A pull that lets this daemon's source add streams (issue 21).
+    grow: bool,
+}
+
+impl Preamble {
+    /// Relayed and redirected sessions are never redirected: the agent
+    /// chose the pair, and a peer of the site may serve another namespace
+    /// (the source site's daemons); a redirect is followed once.
+    fn may_redirect(&self) -> bool {
+        self.redirected.is_none() && !self.relayed
+    }
+}
+
+/// Read the preamble; returns it with the message after it (the request).
+/// A relayed session runs with its user's grant here (put in `auth`).
+/// None: refused (answered on the link).
+fn preamble(
+    sh: &DaemonShared,
+    link: &mut Box<dyn Link>,
+    auth: &mut Authenticated,
+    first: Control,
+) -> Result<Option<(Preamble, Control)>, EngineError> {
+    let (relayed, first) = match first {
+        Control::OnBehalf { user } => {
+            let Some(g) = relay::on_behalf(sh, link, &auth.grant, &user) else {
+                return Ok(None);
+            };
+            auth.grant = g;
+            (true, recv_control(&mut **link)?)
+        }
+        first => (false, first),
+    };
+    let (bwlimit, first) = match first {
+        Control::BwLimit { bytes_per_s } => (
+            bytes_per_s.max(crate::data::rate::MIN_RATE),
+            recv_control(&mut **link)?,
+        ),
+        first => (0, first),
+    };
+    let (redirected, first) = match first {
+        Control::Redirected { from } => (Some(from), recv_control(&mut **link)?),
+        first => (None, first),
+    };
+    let (grow, first) = match first {
+        Control::GrowStreams => (true, recv_control(&mut **link)?),
+        first => (false, first),
+    };
+    let pre = Preamble {
+        relayed,
+        bwlimit,
+        redirected,
+        grow,
+    };
+    Ok(Some((pre, first)))
+}
+
+/// True when the session does not run here: draining (SIGTERM) refuses it,
+/// or in a site sends it to the least-loaded peer; at its admission limit,
+/// a site member sends it to a less loaded peer instead of queueing it.
+/// Answered on the link.
+fn sent_elsewhere(
+    sh: &DaemonShared,
+    link: &mut Box<dyn Link>,
+    session: u64,
+    req: &Request,
+    pre: &Preamble,
+) -> bool {
+    if sh.life.draining() {
+        let peer = pre.may_redirect().then(|| sh.site.get()).flatten();
+        match peer.and_then(|site| site.least_loaded_peer()) {
+            Some(addr) => {
+                sh.state.counters.redirects.fetch_add(1, Ordering::Relaxed);
+                let reason = "shutting down".to_string();
+                crate::wire::send_final(&mut **link, &Control::Redirect { addr, reason });
+            }
+            None => refuse(link, 5, crate::daemon::lifecycle::DRAINING.into()),
+        }
+        return true;
+    }
+    let redirect = pre.may_redirect().then(|| busy(sh, &req.open)).flatten();
+    let Some((addr, reason)) = redirect else {
+        return false;
+    };
+    tracing::info!("session {session:x}: busy ({reason}); redirected to {addr}");
+    sh.state.counters.redirects.fetch_add(1, Ordering::Relaxed);
+    crate::wire::send_final(&mut **link, &Control::Redirect { addr, reason });
+    true
 }
 
 /// Admission on site state (site::redirect): Some((peer, why)) when this

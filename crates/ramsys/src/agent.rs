@@ -20,7 +20,7 @@ use ramsys_engine::stats::process_cpu_seconds;
 use ramsys_engine::transport::path;
 use ramsys_engine::transport::tcp::Tcp;
 use ramsys_engine::transport::Transport;
-use ramsys_engine::{EngineResources, Report, Stats, TransferOptions};
+use ramsys_engine::{EngineError, EngineResources, Report, Stats, TransferOptions};
 
 use ramsys_topo::Role;
 
@@ -321,50 +321,7 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
     };
     let t0 = Instant::now();
     let cpu0 = process_cpu_seconds();
-    // A busy daemon may send the session to a peer of its site (issue 19):
-    // run it there instead, once.
-    let mut redirect: Option<crate::pick::Redirect> = None;
-    let result = loop {
-        let to = redirect.as_ref().map(|r| r.to.clone());
-        let (from, r) = match (&plan.dst, srcs.remote.is_empty()) {
-            (Endpoint::Daemon { addr, path }, true) => {
-                let addr = to.unwrap_or_else(|| addr.clone());
-                let r = run.push_to(&addr, path, &srcs.local)?;
-                (addr, r)
-            }
-            (Endpoint::Local(d), false) => {
-                let mut remote = srcs.remote.clone();
-                if let Some(to) = to {
-                    remote.iter_mut().for_each(|r| r.0 = to.clone());
-                }
-                let addr = remote[0].0.clone();
-                (addr, run.pull_from(d, remote)?)
-            }
-            (Endpoint::Local(d), true) => (String::new(), run.copy_locally(d, &srcs.local)?),
-            (Endpoint::Daemon { .. }, false) => {
-                bail!(
-                    "an ssh source to a daemon destination is not supported \
-                     (between two daemons, ramsys://A/SRC ramsys://B/DST is)"
-                )
-            }
-            // crate::ssh::open turned every ssh destination into a daemon.
-            (Endpoint::Ssh(e), _) => bail!("{}: ssh endpoint not resolved", e.display()),
-        };
-        let Err(ramsys_engine::EngineError::Redirected { to, reason }) = r else {
-            break r;
-        };
-        match crate::pick::follow(redirect.as_ref(), &from, &to, &reason) {
-            Ok(r) => {
-                if !plan.json {
-                    eprintln!("ramsys: {from} is busy ({reason}); redirected to {to}");
-                }
-                run.redirected_from = Some(from);
-                run.stats = Arc::new(Stats::default());
-                redirect = Some(r);
-            }
-            Err(e) => break Err(ramsys_engine::EngineError::Local(e)),
-        }
-    };
+    let (result, redirect) = run.following_redirect(&srcs)?;
     let wall = t0.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu0;
     ssh.finish();
@@ -557,6 +514,70 @@ fn raw_links(
 }
 
 impl Run<'_> {
+    /// The transfer; a busy daemon may send the session to a peer of its
+    /// site (issue 19): run it there instead, once. The outcome, and the
+    /// redirect followed.
+    fn following_redirect(
+        &mut self,
+        srcs: &Sources,
+    ) -> anyhow::Result<(Result<Report, EngineError>, Option<crate::pick::Redirect>)> {
+        let mut redirect: Option<crate::pick::Redirect> = None;
+        let result = loop {
+            let to = redirect.as_ref().map(|r| r.to.clone());
+            let (from, r) = self.attempt(srcs, to)?;
+            let Err(EngineError::Redirected { to, reason }) = r else {
+                break r;
+            };
+            match crate::pick::follow(redirect.as_ref(), &from, &to, &reason) {
+                Ok(r) => {
+                    if !self.plan.json {
+                        eprintln!("ramsys: {from} is busy ({reason}); redirected to {to}");
+                    }
+                    self.redirected_from = Some(from);
+                    self.stats = Arc::new(Stats::default());
+                    redirect = Some(r);
+                }
+                Err(e) => break Err(EngineError::Local(e)),
+            }
+        };
+        Ok((result, redirect))
+    }
+
+    /// One attempt: a push, a pull or a local copy, to the daemon `to` a
+    /// Redirect named when there is one; the daemon it went to, and how it
+    /// ended.
+    fn attempt(
+        &mut self,
+        srcs: &Sources,
+        to: Option<String>,
+    ) -> anyhow::Result<(String, Result<Report, EngineError>)> {
+        let plan = self.plan;
+        Ok(match (&plan.dst, srcs.remote.is_empty()) {
+            (Endpoint::Daemon { addr, path }, true) => {
+                let addr = to.unwrap_or_else(|| addr.clone());
+                let r = self.push_to(&addr, path, &srcs.local)?;
+                (addr, r)
+            }
+            (Endpoint::Local(d), false) => {
+                let mut remote = srcs.remote.clone();
+                if let Some(to) = to {
+                    remote.iter_mut().for_each(|r| r.0 = to.clone());
+                }
+                let addr = remote[0].0.clone();
+                (addr, self.pull_from(d, remote)?)
+            }
+            (Endpoint::Local(d), true) => (String::new(), self.copy_locally(d, &srcs.local)?),
+            (Endpoint::Daemon { .. }, false) => {
+                bail!(
+                    "an ssh source to a daemon destination is not supported \
+                     (between two daemons, ramsys://A/SRC ramsys://B/DST is)"
+                )
+            }
+            // crate::ssh::open turned every ssh destination into a daemon.
+            (Endpoint::Ssh(e), _) => bail!("{}: ssh endpoint not resolved", e.display()),
+        })
+    }
+
     /// Local sources to a daemon (or an ssh end turned daemon).
     fn push_to(&mut self, addr: &str, path: &[u8], local: &[PathBuf]) -> Attempt {
         let (plan, numa) = (self.plan, &mut self.numa);

@@ -19,7 +19,7 @@ use ramsys_engine::transport::tcp::Tcp;
 use ramsys_engine::{show, EngineError, Report, Stats};
 use ramsys_proto::control::{Relay, RelayReport, Share};
 
-use crate::stripe::{merge, Stripe};
+use crate::stripe::{Outcomes, Stripe};
 
 /// A third-party transfer as the agent resolved it.
 pub struct Job {
@@ -208,9 +208,8 @@ pub fn striped(job: Job) -> anyhow::Result<(Result<Report, EngineError>, Vec<Str
             .map(|h| h.join().expect("pair thread"))
             .collect::<Vec<_>>()
     });
-    let mut total: Option<Report> = None;
+    let mut outcomes = Outcomes::default();
     let mut stripes = Vec::new();
-    let mut first_err = None;
     let mut listings = Vec::new();
     for ((a, b, _), r) in pairs.iter().zip(results) {
         let mut s = Stripe {
@@ -222,56 +221,34 @@ pub fn striped(job: Job) -> anyhow::Result<(Result<Report, EngineError>, Vec<Str
             bytes: 0,
             error: None,
         };
-        match r {
-            Ok(rep) => {
-                (s.share_files, s.share_bytes) = (rep.share_files, rep.share_bytes);
-                (s.files, s.bytes) = (rep.files, rep.bytes);
-                if !job.split {
-                    listings.push(rep.listing);
-                }
-                let rep = to_report(&rep);
-                total = Some(match total.take() {
-                    None => rep,
-                    Some(t) => merge(t, rep),
-                });
+        let r = r.map(|rep| {
+            (s.share_files, s.share_bytes) = (rep.share_files, rep.share_bytes);
+            if !job.split {
+                listings.push(rep.listing);
             }
-            Err(e) => {
-                s.error = Some(e.to_string());
-                first_err.get_or_insert(e);
-            }
-        }
+            to_report(&rep)
+        });
+        outcomes.add(&mut s, r);
         stripes.push(s);
     }
-    let result = match total {
-        None => Err(first_err.expect("no pair ran without an error")),
-        Some(mut t) => {
-            for s in stripes.iter().filter(|s| s.error.is_some()) {
-                t.failed.push(FailedPath {
-                    path: format!(
-                        "(share of {} -> {})",
-                        s.daemon,
-                        s.sink.as_deref().unwrap_or_default()
-                    ),
-                    reason: format!(
-                        "{}; run again with --resume to finish",
-                        s.error.as_deref().unwrap_or_default()
-                    ),
-                });
-            }
-            // Every pair dealt its share from its own listing of the shared
-            // tree: if they differ, a file may be in no share.
-            if listings.windows(2).any(|w| w[0] != w[1]) {
-                t.failed.push(FailedPath {
-                    path: "(shares)".into(),
-                    reason: "the source daemons listed different trees under the source \
-                             (not one shared file system, or it changed meanwhile; \
-                             --split-sources if each holds its own part); \
-                             run again with --resume to finish"
-                        .into(),
-                });
-            }
-            Ok(t)
-        }
+    let share = |s: &Stripe| {
+        let sink = s.sink.as_deref().unwrap_or_default();
+        format!("(share of {} -> {sink})", s.daemon)
     };
+    let result = outcomes.report(&stripes, share).map(|mut t| {
+        // Every pair dealt its share from its own listing of the shared
+        // tree: if they differ, a file may be in no share.
+        if listings.windows(2).any(|w| w[0] != w[1]) {
+            t.failed.push(FailedPath {
+                path: "(shares)".into(),
+                reason: "the source daemons listed different trees under the source \
+                         (not one shared file system, or it changed meanwhile; \
+                         --split-sources if each holds its own part); \
+                         run again with --resume to finish"
+                    .into(),
+            });
+        }
+        t
+    });
     Ok((result, stripes))
 }

@@ -158,9 +158,8 @@ pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>,
             })?;
         handles.push(h);
     }
-    let mut total: Option<Report> = None;
+    let mut outcomes = Outcomes::default();
     let mut stripes = Vec::new();
-    let mut first_err = None;
     for h in handles {
         let (daemon, share_files, share_bytes, r) = h.join().expect("stripe thread");
         let mut s = Stripe {
@@ -172,38 +171,62 @@ pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>,
             bytes: 0,
             error: None,
         };
+        outcomes.add(&mut s, r);
+        stripes.push(s);
+    }
+    let share = |s: &Stripe| format!("(share of {}: {} files)", s.daemon, s.share_files);
+    Ok((outcomes.report(&stripes, share), stripes))
+}
+
+/// The stripes' reports merged as they come in (here and
+/// pairs::striped).
+#[derive(Default)]
+pub(crate) struct Outcomes {
+    total: Option<Report>,
+    first_err: Option<EngineError>,
+}
+
+impl Outcomes {
+    /// One stripe's result: its counts into `s` and its report into the
+    /// total, or its error into `s`.
+    pub(crate) fn add(&mut self, s: &mut Stripe, r: Result<Report, EngineError>) {
         match r {
             Ok(rep) => {
-                s.files = rep.files;
-                s.bytes = rep.bytes;
-                total = Some(match total.take() {
+                (s.files, s.bytes) = (rep.files, rep.bytes);
+                self.total = Some(match self.total.take() {
                     None => rep,
                     Some(t) => merge(t, rep),
                 });
             }
             Err(e) => {
                 s.error = Some(e.to_string());
-                first_err.get_or_insert(e);
+                self.first_err.get_or_insert(e);
             }
         }
-        stripes.push(s);
     }
-    let result = match total {
-        None => Err(first_err.expect("no stripe ran without an error")),
-        Some(mut t) => {
-            for s in stripes.iter().filter(|s| s.error.is_some()) {
-                t.failed.push(FailedPath {
-                    path: format!("(share of {}: {} files)", s.daemon, s.share_files),
-                    reason: format!(
-                        "{}; run again with --resume to finish",
-                        s.error.as_deref().unwrap_or_default()
-                    ),
-                });
-            }
-            Ok(t)
+
+    /// The merged report, with one failed entry per failed stripe (named
+    /// by `share`) to finish with --resume; the first error when no
+    /// stripe ran.
+    pub(crate) fn report(
+        self,
+        stripes: &[Stripe],
+        share: impl Fn(&Stripe) -> String,
+    ) -> Result<Report, EngineError> {
+        let Some(mut t) = self.total else {
+            return Err(self.first_err.expect("no stripe ran without an error"));
+        };
+        for s in stripes.iter().filter(|s| s.error.is_some()) {
+            t.failed.push(FailedPath {
+                path: share(s),
+                reason: format!(
+                    "{}; run again with --resume to finish",
+                    s.error.as_deref().unwrap_or_default()
+                ),
+            });
         }
-    };
-    Ok((result, stripes))
+        Ok(t)
+    }
 }
 
 /// One share: an ordinary push to `daemon` with the share's selection.

@@ -28,16 +28,6 @@ fn names(dir: &Path) -> BTreeSet<String> {
         .collect()
 }
 
-fn summary(o: &std::process::Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out
-        .lines()
-        .rev()
-        .find(|l| l.contains("\"summary\""))
-        .unwrap_or_else(|| panic!("no summary in {out:?}; stderr {}", stderr(o)));
-    serde_json::from_str(line).unwrap()
-}
-
 /// rsync's own verdict, where rsync is installed: nothing to itemize.
 fn rsync_agrees(src: &Path, copy: &Path) {
     let Ok(o) = Command::new("rsync")
@@ -296,7 +286,7 @@ fn resume_into_new_destination(pull: bool, first_resume: bool) {
         if !pull {
             c.envs(sink_env.iter().copied());
         }
-        daemon_from(c, &root)
+        TestDaemon::spawn(c, &root)
     };
     let (from, to, dst, watch) = if pull {
         let dst = out.join("x");
@@ -360,24 +350,6 @@ fn resume_into_new_destination(pull: bool, first_resume: bool) {
     assert_eq!(summary(&o)["bytes"], 0);
     assert_same_tree(&src, &dst);
     assert!(temp_files(&watch).is_empty(), "{:?}", temp_files(&watch));
-}
-
-fn daemon_from(mut c: Command, root: &Path) -> TestDaemon {
-    use std::io::BufRead;
-    let mut child = c.spawn().expect("start daemon");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    TestDaemon {
-        child,
-        addr: line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap()
-            .to_string(),
-        root: root.to_path_buf(),
-    }
 }
 
 #[test]

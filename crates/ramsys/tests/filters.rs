@@ -150,16 +150,6 @@ fn sync_like_rsync(kind: Kind, flags: &[&str]) {
     assert!(!want.is_empty());
 }
 
-fn summary(o: &std::process::Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out
-        .lines()
-        .rev()
-        .find(|l| l.contains("\"summary\""))
-        .unwrap();
-    serde_json::from_str(line).unwrap()
-}
-
 const RULE_SETS: &[&[&str]] = &[
     // Unanchored names at any depth; a directory-only rule that leaves
     // the file docs/build alone... but not the directory docs/build.

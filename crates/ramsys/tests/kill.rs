@@ -14,7 +14,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -36,21 +35,7 @@ fn daemon(root: &Path, key: &Path, env: &[(&str, String)], args: &[&str]) -> Tes
     for (k, v) in env {
         c.env(k, v);
     }
-    let mut child = c.spawn().expect("start daemon");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .expect("daemon prints its address");
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
-    TestDaemon {
-        child,
-        addr,
-        root: root.to_path_buf(),
-    }
+    TestDaemon::spawn(c, root)
 }
 
 /// A mixed tree: small files, a few MB-sized ones, empty files, a

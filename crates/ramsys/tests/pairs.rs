@@ -11,13 +11,8 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::stripe::striped_in_netns;
 use common::*;
-
-fn summary(o: &std::process::Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out.lines().find(|l| l.contains("\"summary\""));
-    serde_json::from_str(line.unwrap_or_else(|| panic!("no summary in {out}"))).unwrap()
-}
 
 /// A tree of awkward cases plus `big` files of `size` bytes.
 fn tree(src: &Path, big: usize, size: usize) {
@@ -647,13 +642,8 @@ fn serve_in(ns: &str, addr: &str, root: &Path, key: &Path, extra: &[&str]) -> Ki
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    assert!(line.starts_with("listening on 10.79."), "{line}");
+    let addr = listening_addr(&mut child);
+    assert!(addr.starts_with("10.79."), "{addr}");
     KillOnDrop(child)
 }
 
@@ -765,29 +755,7 @@ fn three_pairs_across_network_namespaces() {
         format!("ramsys://{},{},{}/src", addr(11), addr(12), addr(13)),
         format!("ramsys://{},{},{}/", addr(21), addr(22), addr(23)),
     );
-    let mut cmd = std::process::Command::new("ip");
-    cmd.args([
-        "netns",
-        "exec",
-        &hub,
-        bin(),
-        "cp",
-        "-r",
-        "--stripe",
-        "--json",
-        &s,
-        &d,
-    ])
-    .env("RAMSYS_KEY_FILE", &key);
-    let o = run_with_timeout(cmd, Duration::from_secs(120));
-    assert_ok(&o);
-    let j = summary(&o);
-    let stripes = j["stripes"].as_array().unwrap();
-    assert_eq!(stripes.len(), 3, "{j}");
-    assert!(
-        stripes.iter().all(|s| s["bytes"].as_u64().unwrap() > 0),
-        "{j}"
-    );
+    striped_in_netns(&hub, &key, &s, &d);
     assert_same_tree(&src, &rb.join("src"));
     drop(daemons);
 }

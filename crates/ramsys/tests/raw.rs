@@ -13,7 +13,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -102,15 +101,7 @@ impl NsDaemon {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start daemon");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
+        let addr = listening_addr(&mut child);
         NsDaemon { child, addr }
     }
     fn url(&self, p: &str) -> String {
@@ -151,16 +142,6 @@ fn same_file(a: &Path, b: &Path) {
         a.display(),
         b.display()
     );
-}
-
-fn summary(o: &Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out
-        .lines()
-        .rev()
-        .find(|l| l.contains("\"summary\""))
-        .unwrap_or_else(|| panic!("no summary in {out}"));
-    serde_json::from_str(line).unwrap()
 }
 
 /// The agent said which interface pairs its raw channels use, and every

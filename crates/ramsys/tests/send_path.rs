@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -16,31 +15,15 @@ use common::*;
 /// source sessions took.
 fn logged_daemon(root: &Path, key: &Path, extra: &[&str]) -> (TestDaemon, PathBuf) {
     let log = root.with_extension("log");
-    let mut child = Command::new(bin())
-        .args(["-v", "serve", "--listen", "127.0.0.1:0", "--root"])
+    let mut c = Command::new(bin());
+    c.args(["-v", "serve", "--listen", "127.0.0.1:0", "--root"])
         .arg(root)
         .arg("--key-file")
         .arg(key)
         .args(extra)
         .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("start daemon");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_string();
-    let d = TestDaemon {
-        child,
-        addr,
-        root: root.to_path_buf(),
-    };
-    (d, log)
+        .stderr(std::fs::File::create(&log).unwrap());
+    (TestDaemon::spawn(c, root), log)
 }
 
 fn summary(o: &std::process::Output) -> serde_json::Value {

@@ -477,13 +477,6 @@ fn site_links_use_the_users_table() {
     assert!(line.contains("authentication failed"), "{human}");
 }
 
-/// The `--json` summary line of a run.
-fn summary(o: &std::process::Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out.lines().find(|l| l.contains("\"summary\""));
-    serde_json::from_str(line.unwrap_or_else(|| panic!("no summary in {out}"))).unwrap()
-}
-
 /// `cp -r --json SRC URL`, which must succeed; its summary.
 fn push_json(key: &Path, src: &Path, url: &str) -> serde_json::Value {
     let o = ramsys(key, &["cp", "-r", "--json", src.to_str().unwrap(), url]);

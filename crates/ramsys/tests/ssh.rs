@@ -47,16 +47,6 @@ fn one_error_line(o: &Output) -> String {
     lines[0].to_string()
 }
 
-fn summary(o: &Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out
-        .lines()
-        .rev()
-        .find(|l| l.contains("\"summary\""))
-        .unwrap_or_else(|| panic!("no summary in {out:?}; stderr {}", stderr(o)));
-    serde_json::from_str(line).unwrap()
-}
-
 #[test]
 fn push_pull_and_rename_over_ssh() {
     let Some(sshd) = Sshd::start() else { return };

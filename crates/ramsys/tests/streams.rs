@@ -13,16 +13,6 @@ mod common;
 
 use common::*;
 
-fn summary(o: &std::process::Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out
-        .lines()
-        .rev()
-        .find(|l| l.contains("\"summary\""))
-        .unwrap();
-    serde_json::from_str(line).unwrap()
-}
-
 #[test]
 fn loopback_keeps_the_lan_count_and_says_why() {
     let t = tree_and_daemon(65536);
@@ -293,18 +283,8 @@ fn long_path(tag: &str, subnet: u8, held: Held) -> Option<Wan> {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(d.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    w.addr = listening_addr(&mut d);
     w.daemon = Some(d);
-    w.addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_string();
     Some(w)
 }
 

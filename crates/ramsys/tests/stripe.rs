@@ -6,15 +6,8 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
+use common::stripe::{push_losing_the_last_daemon, site, striped, striped_in_netns};
 use common::*;
-
-fn summary(o: &std::process::Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out.lines().find(|l| l.contains("\"summary\""));
-    serde_json::from_str(line.unwrap_or_else(|| panic!("no summary in {out}"))).unwrap()
-}
 
 /// A tree of awkward cases plus `big` files of `size` bytes.
 fn tree(src: &std::path::Path, big: usize, size: usize) {
@@ -29,28 +22,14 @@ fn tree(src: &std::path::Path, big: usize, size: usize) {
 fn striped_push_over_three_daemons() {
     let t = tempfile::tempdir().unwrap();
     let key = key_file(t.path());
+    let (ds, url) = site(t.path(), &key);
     let root = t.path().join("shared");
-    std::fs::create_dir(&root).unwrap();
     let src = t.path().join("src");
     tree(&src, 6, 1 << 20);
-    let ds: Vec<TestDaemon> = (0..3).map(|_| TestDaemon::start(&root, &key)).collect();
     let list: Vec<String> = ds.iter().map(|d| d.addr.clone()).collect();
-    let url = format!("ramsys://{}/", list.join(","));
-    let o = ramsys(
-        &key,
-        &[
-            "cp",
-            "-r",
-            "--stripe",
-            "--json",
-            src.to_str().unwrap(),
-            &url,
-        ],
-    );
-    assert_ok(&o);
+    let j = striped(&key, &["cp", "-r"], &src, &url);
     assert_same_tree(&src, &root.join("src"));
     assert!(temp_files(&root).is_empty());
-    let j = summary(&o);
     assert_eq!(j["ok"], true, "{j}");
     let stripes = j["stripes"].as_array().unwrap();
     assert_eq!(stripes.len(), 3, "{j}");
@@ -103,37 +82,13 @@ fn striped_push_over_three_daemons() {
 fn losing_a_daemon_then_resume_finishes() {
     let t = tempfile::tempdir().unwrap();
     let key = key_file(t.path());
+    let (mut ds, url) = site(t.path(), &key);
     let root = t.path().join("shared");
-    std::fs::create_dir(&root).unwrap();
     let src = t.path().join("src");
     tree(&src, 6, 1 << 20);
-    let mut ds: Vec<TestDaemon> = (0..3).map(|_| TestDaemon::start(&root, &key)).collect();
-    let list: Vec<String> = ds.iter().map(|d| d.addr.clone()).collect();
-    let url = format!("ramsys://{}/", list.join(","));
+    let dead = ds[2].addr.clone();
     // Paced so that the transfer is still running when C dies.
-    let mut cmd = std::process::Command::new(bin());
-    cmd.args(["cp", "-r", "--stripe", "--json", "--bwlimit", "1M"])
-        .arg(&src)
-        .arg(&url)
-        .env("RAMSYS_KEY_FILE", &key);
-    let child = std::thread::spawn(move || run_with_timeout(cmd, Duration::from_secs(120)));
-    // C dies once data is arriving (some big file under a temp name).
-    let start = Instant::now();
-    while temp_files(&root).is_empty() {
-        assert!(start.elapsed() < Duration::from_secs(20), "no data arrived");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    ds[2].kill();
-    let o = child.join().unwrap();
-    assert!(!o.status.success(), "the share of the dead daemon failed");
-    let j = summary(&o);
-    assert_eq!(j["ok"], false, "{j}");
-    let failed = j["failed"].to_string();
-    assert!(
-        failed.contains(&list[2]) && failed.contains("--resume"),
-        "{j}"
-    );
+    push_losing_the_last_daemon(&key, &src, &url, &root, "1M", &mut ds);
     // Nothing under its final name is half-written.
     for i in 0..6 {
         let (a, b) = (
@@ -161,7 +116,7 @@ fn losing_a_daemon_then_resume_finishes() {
     );
     assert_ok(&o);
     assert!(
-        stderr(&o).contains(&format!("{} does not answer", list[2])),
+        stderr(&o).contains(&format!("{dead} does not answer")),
         "{}",
         stderr(&o)
     );
@@ -234,39 +189,12 @@ fn striped_push_across_network_namespaces() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        assert!(line.starts_with("listening on 10.78."), "{line}");
+        let addr = listening_addr(&mut child);
+        assert!(addr.starts_with("10.78."), "{addr}");
         daemons.push(KillOnDrop(child));
     }
     let url = "ramsys://10.78.1.2:7070,10.78.2.2:7070,10.78.3.2:7070/";
-    let mut cmd = std::process::Command::new("ip");
-    cmd.args([
-        "netns",
-        "exec",
-        &agent,
-        bin(),
-        "cp",
-        "-r",
-        "--stripe",
-        "--json",
-    ])
-    .arg(&src)
-    .arg(url)
-    .env("RAMSYS_KEY_FILE", &key);
-    let o = run_with_timeout(cmd, Duration::from_secs(120));
-    assert_ok(&o);
-    let j = summary(&o);
-    let stripes = j["stripes"].as_array().unwrap();
-    assert_eq!(stripes.len(), 3, "{j}");
-    assert!(
-        stripes.iter().all(|s| s["bytes"].as_u64().unwrap() > 0),
-        "{j}"
-    );
+    striped_in_netns(&agent, &key, src.to_str().unwrap(), url);
     assert_same_tree(&src, &root.join("src"));
     drop(daemons);
 }

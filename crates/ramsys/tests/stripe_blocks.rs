@@ -8,39 +8,8 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
+use common::stripe::{push_losing_the_last_daemon, site, striped, stripes};
 use common::*;
-
-fn summary(o: &std::process::Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out.lines().find(|l| l.contains("\"summary\""));
-    serde_json::from_str(line.unwrap_or_else(|| panic!("no summary in {out}"))).unwrap()
-}
-
-fn stripes(j: &serde_json::Value) -> Vec<(String, u64)> {
-    j["stripes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no stripes in {j}"))
-        .iter()
-        .map(|s| {
-            (
-                s["daemon"].as_str().unwrap().to_string(),
-                s["bytes"].as_u64().unwrap(),
-            )
-        })
-        .collect()
-}
-
-/// Three daemons on loopback serving one shared root; the `--stripe` URL.
-fn site(t: &std::path::Path, key: &std::path::Path) -> (Vec<TestDaemon>, String) {
-    let root = t.join("shared");
-    std::fs::create_dir(&root).unwrap();
-    let ds: Vec<TestDaemon> = (0..3).map(|_| TestDaemon::start(&root, key)).collect();
-    let list: Vec<String> = ds.iter().map(|d| d.addr.clone()).collect();
-    let url = format!("ramsys://{}/", list.join(","));
-    (ds, url)
-}
 
 fn write_big(p: &std::path::Path, size: usize, seed: u64) {
     std::fs::write(p, Rng(seed).bytes(size)).unwrap();
@@ -57,20 +26,10 @@ fn one_huge_file_stripes_over_three_daemons_and_a_second_run_moves_nothing() {
     // 256 MiB and a bit: the last piece is short.
     let size = (256 << 20) + 12_345;
     write_big(&src.join("huge"), size, 11);
-    let args = [
-        "cp",
-        "-r",
-        "--stripe",
-        "--json",
-        src.to_str().unwrap(),
-        &url,
-    ];
-    let o = ramsys(&key, &args);
-    assert_ok(&o);
+    let j = striped(&key, &["cp", "-r"], &src, &url);
     let root = t.path().join("shared");
     assert_same_tree(&src, &root.join("src"));
     assert!(temp_files(&root).is_empty(), "{:?}", temp_files(&root));
-    let j = summary(&o);
     assert_eq!(j["ok"], true, "{j}");
     // Every daemon moved a part of the one file; the parts add up to it,
     // and the file counts once.
@@ -81,27 +40,12 @@ fn one_huge_file_stripes_over_three_daemons_and_a_second_run_moves_nothing() {
     assert_eq!(j["bytes"].as_u64().unwrap(), size as u64, "{j}");
     assert_eq!(j["files"].as_u64().unwrap(), 1, "{j}");
     // The same command again converges: nothing moves.
-    let o = ramsys(&key, &args);
-    assert_ok(&o);
-    let j = summary(&o);
+    let j = striped(&key, &["cp", "-r"], &src, &url);
     assert_eq!(j["bytes"].as_u64().unwrap(), 0, "{j}");
     assert!(stripes(&j).iter().all(|(_, b)| *b == 0), "{j}");
     // By content (`sync --checksum`): every piece is compared with the
     // file in place (hashed once per side), nothing moves either.
-    let o = ramsys(
-        &key,
-        &[
-            "sync",
-            "-r",
-            "--checksum",
-            "--stripe",
-            "--json",
-            src.to_str().unwrap(),
-            &url,
-        ],
-    );
-    assert_ok(&o);
-    let j = summary(&o);
+    let j = striped(&key, &["sync", "-r", "--checksum"], &src, &url);
     assert_eq!(j["bytes"].as_u64().unwrap(), 0, "{j}");
     assert_same_tree(&src, &root.join("src"));
     assert!(temp_files(&root).is_empty());
@@ -123,22 +67,10 @@ fn a_tree_of_one_big_file_and_many_small_stripes_evenly() {
         f.write_all_at(&Rng(3).bytes(3 << 20), 9 << 20).unwrap();
         set_mtime(&src.join("sparse"), 1_600_000_000, 0);
     }
-    let o = ramsys(
-        &key,
-        &[
-            "cp",
-            "-r",
-            "--stripe",
-            "--json",
-            src.to_str().unwrap(),
-            &url,
-        ],
-    );
-    assert_ok(&o);
+    let j = striped(&key, &["cp", "-r"], &src, &url);
     let root = t.path().join("shared");
     assert_same_tree(&src, &root.join("src"));
     assert!(temp_files(&root).is_empty(), "{:?}", temp_files(&root));
-    let j = summary(&o);
     // Whole files alone would give one daemon the 40 MiB: in pieces,
     // each moves about a third (holes count too).
     let s = stripes(&j);
@@ -168,25 +100,7 @@ fn a_daemon_killed_mid_file_leaves_no_final_name_and_resume_sends_the_rest() {
     write_big(&src.join("big"), size, 13);
     let root = t.path().join("shared");
     // Paced so that the file is still in flight when C dies.
-    let mut cmd = std::process::Command::new(bin());
-    cmd.args(["cp", "-r", "--stripe", "--json", "--bwlimit", "2M"])
-        .arg(&src)
-        .arg(&url)
-        .env("RAMSYS_KEY_FILE", &key);
-    let child = std::thread::spawn(move || run_with_timeout(cmd, Duration::from_secs(120)));
-    let start = Instant::now();
-    while temp_files(&root).is_empty() {
-        assert!(start.elapsed() < Duration::from_secs(20), "no data arrived");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    ds[2].kill();
-    let o = child.join().unwrap();
-    assert!(!o.status.success(), "the share of the dead daemon failed");
-    let j = summary(&o);
-    assert_eq!(j["ok"], false, "{j}");
-    let failed = j["failed"].to_string();
-    assert!(failed.contains(&dead) && failed.contains("--resume"), "{j}");
+    push_losing_the_last_daemon(&key, &src, &url, &root, "2M", &mut ds);
     // Nothing under the final name; the shared temp file stays, with the
     // markers of the pieces A and B verified.
     assert!(
@@ -201,20 +115,7 @@ fn a_daemon_killed_mid_file_leaves_no_final_name_and_resume_sends_the_rest() {
     assert!(left.iter().any(|n| n.ends_with(".done")), "{left:?}");
     // The same command with --resume: C does not answer, A and B send
     // only the pieces that are missing, and one of them places the file.
-    let o = ramsys(
-        &key,
-        &[
-            "cp",
-            "-r",
-            "--stripe",
-            "--resume",
-            "--json",
-            src.to_str().unwrap(),
-            &url,
-        ],
-    );
-    assert_ok(&o);
-    let j = summary(&o);
+    let j = striped(&key, &["cp", "-r", "--resume"], &src, &url);
     let s = stripes(&j);
     assert!(s.len() == 2 && s.iter().all(|(d, _)| *d != dead), "{j}");
     let moved = j["bytes"].as_u64().unwrap();

@@ -8,16 +8,6 @@ use std::path::Path;
 
 use common::*;
 
-fn summary(o: &std::process::Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out
-        .lines()
-        .rev()
-        .find(|l| l.contains("\"summary\""))
-        .unwrap_or_else(|| panic!("no summary in {out:?}; stderr {}", stderr(o)));
-    serde_json::from_str(line).unwrap()
-}
-
 fn sync(key: &Path, extra: &[&str], src: &str, dst: &str) -> serde_json::Value {
     let mut args = vec!["sync", "-r", "--json", "--block-size", "64K"];
     args.extend_from_slice(extra);

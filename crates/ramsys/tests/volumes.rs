@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -43,16 +43,6 @@ fn dense_image(p: &Path, size: usize, seed: u64) -> Vec<u8> {
 
 fn blank_image(p: &Path, size: u64, fill: u8) {
     std::fs::write(p, vec![fill; size as usize]).unwrap();
-}
-
-fn summary(o: &std::process::Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out
-        .lines()
-        .rev()
-        .find(|l| l.contains("\"summary\""))
-        .unwrap_or_else(|| panic!("no summary in {out}"));
-    serde_json::from_str(line).unwrap()
 }
 
 /// Image -> device -> image, locally: byte for byte; the device read back
@@ -314,15 +304,7 @@ fn daemon_env(root: &Path, key: &Path, env: &[(&str, &str)]) -> (std::process::C
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_string();
+    let addr = listening_addr(&mut child);
     (child, addr)
 }
 

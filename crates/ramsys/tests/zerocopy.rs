@@ -13,11 +13,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn summary(o: &std::process::Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    serde_json::from_str(out.lines().last().unwrap()).unwrap()
-}
-
 /// A tree of small files plus large ones (>= 1 MiB: multi-block, and one
 /// with a short last block).
 fn tree(src: &Path) {

@@ -45,8 +45,17 @@ fn node_str(n: Option<u32>) -> String {
     n.map_or("unknown".into(), |n| n.to_string())
 }
 
+/// The topology as `ramsys topo` prints it: NUMA nodes, NICs, block
+/// devices.
 pub fn render_text(t: &Topology) -> String {
     let mut s = String::new();
+    nodes_text(&mut s, t);
+    nics_text(&mut s, t);
+    devices_text(&mut s, t);
+    s
+}
+
+fn nodes_text(s: &mut String, t: &Topology) {
     let synth = if t.numa_synthetic {
         " (no NUMA exposed by the kernel: one synthetic node)"
     } else {
@@ -73,6 +82,9 @@ pub fn render_text(t: &Topology) -> String {
         let d: Vec<String> = n.distances.iter().map(|d| d.to_string()).collect();
         let _ = writeln!(s, "          distances {}", d.join(" "));
     }
+}
+
+fn nics_text(s: &mut String, t: &Topology) {
     let _ = writeln!(s, "NICs: {}", t.nics.len());
     for n in &t.nics {
         let speed = n
@@ -106,6 +118,9 @@ pub fn render_text(t: &Topology) -> String {
         );
         let _ = writeln!(s, "      {}", crate::rawnic::describe(n));
     }
+}
+
+fn devices_text(s: &mut String, t: &Topology) {
     let _ = writeln!(s, "Block devices: {}", t.block_devices.len());
     for d in t.block_devices.iter().chain(t.pseudo_devices.iter()) {
         let mounts: Vec<String> = d
@@ -145,7 +160,6 @@ pub fn render_text(t: &Topology) -> String {
             },
         );
     }
-    s
 }
 
 #[cfg(test)]

@@ -369,32 +369,7 @@ pub fn daemon_placement(
         Some(p) => apply(p, base),
         None => base,
     };
-    lines.push(format!(
-        "pools: readers {} writers {} (storage threads, CPUs {}), senders/receivers {} (CPUs {}), \
-         buffers {} MiB on {}",
-        resources.readers,
-        resources.writers,
-        cpus_or_os(&resources.storage_cpus),
-        resources.max_streams,
-        cpus_or_os(&resources.net_cpus),
-        resources.memory >> 20,
-        resources
-            .buffer_node
-            .map_or("the heap (OS placement)".into(), |n| format!("node {n}")),
-    ));
-    if let Some(p) = &plan {
-        lines.push(format!("storage threads: {}", p.storage_threads.reason));
-        if let Some(n) = &p.network_threads {
-            lines.push(format!("network threads: {}", n.reason));
-        }
-        lines.push(format!("buffers: {}", p.buffers.reason));
-    }
-    if let Some(s) = &sched {
-        lines.push(format!(
-            "scheduler: {:.1} Gbps predicted, bottleneck {}",
-            s.predicted.gbps, s.predicted.bottleneck
-        ));
-    }
+    lines.extend(describe_pools(&resources, plan.as_ref(), sched.as_ref()));
     Ok(DaemonPlacement {
         device_threads: cfg
             .devices
@@ -434,6 +409,42 @@ fn listening_nic(topo: &Topology, cfg: &DaemonConfig, listen: &str) -> Option<Ni
     }
     .filter(|n| cfg.purpose(&n.name) != Purpose::Ignore)
     .cloned()
+}
+
+/// The placement's lines after the first: the pools and where they run,
+/// why (the NUMA plan), and what the scheduler predicts.
+fn describe_pools(
+    resources: &ResourceConfig,
+    plan: Option<&TransferPlan>,
+    sched: Option<&ramsys_sched::Plan>,
+) -> Vec<String> {
+    let mut lines = vec![format!(
+        "pools: readers {} writers {} (storage threads, CPUs {}), senders/receivers {} (CPUs {}), \
+         buffers {} MiB on {}",
+        resources.readers,
+        resources.writers,
+        cpus_or_os(&resources.storage_cpus),
+        resources.max_streams,
+        cpus_or_os(&resources.net_cpus),
+        resources.memory >> 20,
+        resources
+            .buffer_node
+            .map_or("the heap (OS placement)".into(), |n| format!("node {n}")),
+    )];
+    if let Some(p) = plan {
+        lines.push(format!("storage threads: {}", p.storage_threads.reason));
+        if let Some(n) = &p.network_threads {
+            lines.push(format!("network threads: {}", n.reason));
+        }
+        lines.push(format!("buffers: {}", p.buffers.reason));
+    }
+    if let Some(s) = sched {
+        lines.push(format!(
+            "scheduler: {:.1} Gbps predicted, bottleneck {}",
+            s.predicted.gbps, s.predicted.bottleneck
+        ));
+    }
+    lines
 }
 
 /// The placement's first line: storage device, NIC, NUMA mode.

@@ -6,7 +6,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use super::status::Status;
+use super::rates::RateStatus;
+use super::status::{CopyOffload, NicStatus, PoolStatus, QueueStatus, Status, TaskStatus, Totals};
 
 fn esc(v: &str) -> String {
     v.replace('\\', "\\\\")
@@ -34,19 +35,45 @@ impl Out {
         }
         let _ = writeln!(self.0, " {v}");
     }
+    /// One value per direction, `in` then `out`, after `labels`.
+    fn in_out(&mut self, name: &str, labels: &[(&str, &str)], inv: f64, outv: f64) {
+        for (dir, v) in [("in", inv), ("out", outv)] {
+            let mut l = labels.to_vec();
+            l.push(("direction", dir));
+            self.val(name, &l, v);
+        }
+    }
     fn one(&mut self, name: &str, kind: &str, help: &str, v: f64) {
         self.head(name, kind, help);
         self.val(name, &[], v);
     }
 }
 
-/// Render every `ramsys_*` metric (docs/DAEMON.md has the reference).
-/// Long (issue 16 allows it with a reason): a flat list of metric
-/// families, a few lines each, in the order of the reference; split, the
-/// order would be scattered over functions with nothing else to say.
+/// Render every `ramsys_*` metric (docs/DAEMON.md has the reference), in
+/// the order of the reference: one section a function.
 pub fn render(s: &Status) -> String {
-    let t = &s.totals;
     let mut o = Out(String::with_capacity(8192));
+    daemon(&mut o, s);
+    totals(&mut o, &s.totals);
+    pools(&mut o, &s.pools);
+    devices(&mut o, &s.queues);
+    nics(&mut o, &s.nics);
+    tasks(&mut o, &s.tasks);
+    o.one(
+        "ramsys_draining",
+        "gauge",
+        "1 while the daemon drains (SIGTERM): new sessions are refused.",
+        f64::from(u8::from(s.draining)),
+    );
+    rates(&mut o, &s.rates);
+    site(&mut o, s);
+    site_shares(&mut o, s);
+    copy_offload(&mut o, &s.copy_offload);
+    o.0
+}
+
+/// The daemon itself: up, since when, its sessions (per user too).
+fn daemon(o: &mut Out, s: &Status) {
     o.one("ramsys_up", "gauge", "The daemon is serving.", 1.0);
     o.one(
         "ramsys_uptime_seconds",
@@ -60,27 +87,27 @@ pub fn render(s: &Status) -> String {
         "User sessions in the session list.",
         s.sessions.len() as f64,
     );
-    if !s.users.is_empty() {
-        o.head(
-            "ramsys_user_sessions",
-            "gauge",
-            "Sessions per configured user (users table), labelled with its export root.",
-        );
-        for u in &s.users {
-            o.val(
-                "ramsys_user_sessions",
-                &[("user", &u.name), ("root", &u.root)],
-                u.sessions as f64,
-            );
-        }
+    if s.users.is_empty() {
+        return;
     }
+    let name = "ramsys_user_sessions";
+    let help = "Sessions per configured user (users table), labelled with its export root.";
+    o.head(name, "gauge", help);
+    for u in &s.users {
+        let l = [("user", u.name.as_str()), ("root", &u.root)];
+        o.val(name, &l, u.sessions as f64);
+    }
+}
+
+/// The daemon's counters since it started, and its tasks by state.
+fn totals(o: &mut Out, t: &Totals) {
     o.one(
         "ramsys_sessions_total",
         "counter",
         "Sessions opened.",
         t.sessions as f64,
     );
-    for (name, help, inv, outv) in [
+    let moved: [(&str, &str, u64, u64); 3] = [
         (
             "ramsys_bytes_total",
             "File bytes moved (in: daemon is the sink; out: source).",
@@ -99,71 +126,62 @@ pub fn render(s: &Status) -> String {
             t.blocks_in,
             t.blocks_out,
         ),
-    ] {
+    ];
+    for (name, help, inv, outv) in moved {
         o.head(name, "counter", help);
-        o.val(name, &[("direction", "in")], inv as f64);
-        o.val(name, &[("direction", "out")], outv as f64);
+        o.in_out(name, &[], inv as f64, outv as f64);
     }
-    o.one(
-        "ramsys_retries_total",
-        "counter",
-        "Reservations retried by suspended tasks after a wake-up.",
-        t.retries as f64,
-    );
-    o.one(
-        "ramsys_suspensions_total",
-        "counter",
-        "Tasks suspended for lack of threads or buffers.",
-        t.suspensions as f64,
-    );
-    o.one(
-        "ramsys_steals_total",
-        "counter",
-        "Grants that used a starving device queue's thread budget.",
-        t.steals as f64,
-    );
-    o.one(
-        "ramsys_redirects_total",
-        "counter",
-        "New sessions sent to a less-loaded site peer (docs/SITE.md).",
-        t.redirects as f64,
-    );
-    o.one(
-        "ramsys_checksum_errors_total",
-        "counter",
-        "Blocks that failed their checksum.",
-        t.checksum_errors as f64,
-    );
-    o.one(
-        "ramsys_links_lost_total",
-        "counter",
-        "Data links that broke mid-transfer.",
-        t.links_lost as f64,
-    );
-    o.one(
-        "ramsys_links_replaced_total",
-        "counter",
-        "Broken data links replaced by a new one.",
-        t.links_replaced as f64,
-    );
-    o.one(
-        "ramsys_failed_files_total",
-        "counter",
-        "Files that failed.",
-        t.failed_files as f64,
-    );
-    o.one(
-        "ramsys_tasks_total",
-        "counter",
-        "Tasks created.",
-        t.tasks as f64,
-    );
-    o.one(
-        "ramsys_tasks_failed_total",
-        "counter",
-        "Tasks that ended in an error.",
-        t.tasks_failed as f64,
-    );
+    let counters: [(&str, &str, u64); 10] = [
+        (
+            "ramsys_retries_total",
+            "Reservations retried by suspended tasks after a wake-up.",
+            t.retries,
+        ),
+        (
+            "ramsys_suspensions_total",
+            "Tasks suspended for lack of threads or buffers.",
+            t.suspensions,
+        ),
+        (
+            "ramsys_steals_total",
+            "Grants that used a starving device queue's thread budget.",
+            t.steals,
+        ),
+        (
+            "ramsys_redirects_total",
+            "New sessions sent to a less-loaded site peer (docs/SITE.md).",
+            t.redirects,
+        ),
+        (
+            "ramsys_checksum_errors_total",
+            "Blocks that failed their checksum.",
+            t.checksum_errors,
+        ),
+        (
+            "ramsys_links_lost_total",
+            "Data links that broke mid-transfer.",
+            t.links_lost,
+        ),
+        (
+            "ramsys_links_replaced_total",
+            "Broken data links replaced by a new one.",
+            t.links_replaced,
+        ),
+        (
+            "ramsys_failed_files_total",
+            "Files that failed.",
+            t.failed_files,
+        ),
+        ("ramsys_tasks_total", "Tasks created.", t.tasks),
+        (
+            "ramsys_tasks_failed_total",
+            "Tasks that ended in an error.",
+            t.tasks_failed,
+        ),
+    ];
+    for (name, help, v) in counters {
+        o.one(name, "counter", help, v as f64);
+    }
     o.head(
         "ramsys_tasks",
         "gauge",
@@ -172,206 +190,147 @@ pub fn render(s: &Status) -> String {
     for (state, n) in &t.tasks_by_state {
         o.val("ramsys_tasks", &[("state", state)], *n as f64);
     }
-    o.head(
-        "ramsys_pool_size",
-        "gauge",
-        "Threads (or buffers) pre-allocated per pool.",
-    );
-    for p in &s.pools {
-        o.val("ramsys_pool_size", &[("pool", &p.pool)], p.size as f64);
+}
+
+/// Threads and buffers per pool: how many, how many held.
+fn pools(o: &mut Out, pools: &[PoolStatus]) {
+    type Get = fn(&PoolStatus) -> usize;
+    let series: [(&str, &str, Get); 2] = [
+        (
+            "ramsys_pool_size",
+            "Threads (or buffers) pre-allocated per pool.",
+            |p| p.size,
+        ),
+        (
+            "ramsys_pool_busy",
+            "Threads (or buffers) of a pool held by tasks.",
+            |p| p.busy,
+        ),
+    ];
+    for (name, help, get) in series {
+        o.head(name, "gauge", help);
+        for p in pools {
+            o.val(name, &[("pool", &p.pool)], get(p) as f64);
+        }
     }
-    o.head(
-        "ramsys_pool_busy",
-        "gauge",
-        "Threads (or buffers) of a pool held by tasks.",
-    );
-    for p in &s.pools {
-        o.val("ramsys_pool_busy", &[("pool", &p.pool)], p.busy as f64);
+}
+
+/// Per storage device: its queue, its threads, what it moved.
+fn devices(o: &mut Out, queues: &[QueueStatus]) {
+    let name = "ramsys_device_queue_waiting";
+    o.head(name, "gauge", "Tasks waiting on a device's queue.");
+    for q in queues {
+        let l = [("device", q.device.as_str()), ("kind", &q.kind)];
+        o.val(name, &l, q.waiting.len() as f64);
     }
-    o.head(
-        "ramsys_device_queue_waiting",
-        "gauge",
-        "Tasks waiting on a device's queue.",
-    );
-    for q in &s.queues {
-        o.val(
-            "ramsys_device_queue_waiting",
-            &[("device", &q.device), ("kind", &q.kind)],
-            q.waiting.len() as f64,
-        );
+    let name = "ramsys_device_threads_held";
+    o.head(name, "gauge", "Storage threads held by a device's tasks.");
+    for q in queues {
+        let l = [("device", q.device.as_str()), ("pool", "readers")];
+        o.val(name, &l, q.readers_held as f64);
+        let l = [("device", q.device.as_str()), ("pool", "writers")];
+        o.val(name, &l, q.writers_held as f64);
     }
-    o.head(
-        "ramsys_device_threads_held",
-        "gauge",
-        "Storage threads held by a device's tasks.",
-    );
-    for q in &s.queues {
-        o.val(
-            "ramsys_device_threads_held",
-            &[("device", &q.device), ("pool", "readers")],
-            q.readers_held as f64,
-        );
-        o.val(
-            "ramsys_device_threads_held",
-            &[("device", &q.device), ("pool", "writers")],
-            q.writers_held as f64,
-        );
+    let name = "ramsys_device_steals_total";
+    let help = "Grants to this device's tasks beyond its own budget.";
+    o.head(name, "counter", help);
+    for q in queues {
+        o.val(name, &[("device", &q.device)], q.steals as f64);
     }
-    o.head(
-        "ramsys_device_steals_total",
-        "counter",
-        "Grants to this device's tasks beyond its own budget.",
-    );
-    for q in &s.queues {
-        o.val(
-            "ramsys_device_steals_total",
+    let name = "ramsys_device_bytes_total";
+    o.head(name, "counter", "File bytes moved per storage device.");
+    for q in queues {
+        let (i, out) = (q.bytes_in as f64, q.bytes_out as f64);
+        o.in_out(name, &[("device", &q.device)], i, out);
+    }
+    let name = "ramsys_device_throughput_bytes_per_second";
+    o.head(name, "gauge", "Recent throughput per storage device.");
+    for q in queues {
+        o.in_out(
+            name,
             &[("device", &q.device)],
-            q.steals as f64,
-        );
-    }
-    o.head(
-        "ramsys_device_bytes_total",
-        "counter",
-        "File bytes moved per storage device.",
-    );
-    for q in &s.queues {
-        o.val(
-            "ramsys_device_bytes_total",
-            &[("device", &q.device), ("direction", "in")],
-            q.bytes_in as f64,
-        );
-        o.val(
-            "ramsys_device_bytes_total",
-            &[("device", &q.device), ("direction", "out")],
-            q.bytes_out as f64,
-        );
-    }
-    o.head(
-        "ramsys_device_throughput_bytes_per_second",
-        "gauge",
-        "Recent throughput per storage device.",
-    );
-    for q in &s.queues {
-        let d = &q.device;
-        o.val(
-            "ramsys_device_throughput_bytes_per_second",
-            &[("device", d), ("direction", "in")],
             q.rate_in_bps,
-        );
-        o.val(
-            "ramsys_device_throughput_bytes_per_second",
-            &[("device", d), ("direction", "out")],
             q.rate_out_bps,
         );
     }
-    o.head(
-        "ramsys_nic_bytes_total",
-        "counter",
-        "File bytes moved per NIC.",
-    );
-    for n in &s.nics {
-        o.val(
-            "ramsys_nic_bytes_total",
-            &[("nic", &n.nic), ("direction", "in")],
-            n.bytes_in as f64,
-        );
-        o.val(
-            "ramsys_nic_bytes_total",
-            &[("nic", &n.nic), ("direction", "out")],
-            n.bytes_out as f64,
-        );
+}
+
+/// Per NIC: what it moved, and how fast lately.
+fn nics(o: &mut Out, nics: &[NicStatus]) {
+    let name = "ramsys_nic_bytes_total";
+    o.head(name, "counter", "File bytes moved per NIC.");
+    for n in nics {
+        let (i, out) = (n.bytes_in as f64, n.bytes_out as f64);
+        o.in_out(name, &[("nic", &n.nic)], i, out);
     }
-    o.head(
-        "ramsys_nic_throughput_bytes_per_second",
-        "gauge",
-        "Recent throughput per NIC.",
-    );
-    for n in &s.nics {
-        o.val(
-            "ramsys_nic_throughput_bytes_per_second",
-            &[("nic", &n.nic), ("direction", "in")],
-            n.rate_in_bps,
-        );
-        o.val(
-            "ramsys_nic_throughput_bytes_per_second",
-            &[("nic", &n.nic), ("direction", "out")],
-            n.rate_out_bps,
-        );
+    let name = "ramsys_nic_throughput_bytes_per_second";
+    o.head(name, "gauge", "Recent throughput per NIC.");
+    for n in nics {
+        o.in_out(name, &[("nic", &n.nic)], n.rate_in_bps, n.rate_out_bps);
     }
-    o.head(
-        "ramsys_task_bytes",
-        "gauge",
-        "Bytes moved so far by a live task.",
-    );
-    for k in &s.tasks {
+}
+
+/// Per live task: bytes so far, and how fast lately.
+fn tasks(o: &mut Out, tasks: &[TaskStatus]) {
+    let name = "ramsys_task_bytes";
+    o.head(name, "gauge", "Bytes moved so far by a live task.");
+    for k in tasks {
         let id = k.id.to_string();
-        o.val(
-            "ramsys_task_bytes",
-            &[
-                ("task", &id),
-                ("session", &k.session),
-                ("state", k.state.name()),
-            ],
-            k.bytes as f64,
-        );
+        let l = [
+            ("task", id.as_str()),
+            ("session", &k.session),
+            ("state", k.state.name()),
+        ];
+        o.val(name, &l, k.bytes as f64);
     }
-    o.head(
-        "ramsys_task_throughput_bytes_per_second",
-        "gauge",
-        "Recent throughput of a live task.",
-    );
-    for k in &s.tasks {
+    let name = "ramsys_task_throughput_bytes_per_second";
+    o.head(name, "gauge", "Recent throughput of a live task.");
+    for k in tasks {
         let id = k.id.to_string();
-        o.val(
-            "ramsys_task_throughput_bytes_per_second",
-            &[("task", &id), ("session", &k.session)],
-            k.rate_bps,
-        );
+        o.val(name, &[("task", &id), ("session", &k.session)], k.rate_bps);
     }
-    o.one(
-        "ramsys_draining",
-        "gauge",
-        "1 while the daemon drains (SIGTERM): new sessions are refused.",
-        f64::from(u8::from(s.draining)),
-    );
-    // Rate limits (daemon::rates): one series per limited bucket.
-    for (name, kind, help) in [
+}
+
+/// Rate limits (daemon::rates): one series per limited bucket.
+fn rates(o: &mut Out, rates: &[RateStatus]) {
+    type Get = fn(&RateStatus) -> f64;
+    let series: [(&str, &str, &str, Get); 3] = [
         (
             "ramsys_rate_limit_bytes_per_second",
             "gauge",
             "A rate limit in force: the daemon's or a user's max_rate, a session's --bwlimit.",
+            |r| r.bytes_per_s as f64,
         ),
         (
             "ramsys_rate_limited_bytes_total",
             "counter",
             "Bytes sent under a rate limit.",
+            |r| r.bytes as f64,
         ),
         (
             "ramsys_rate_throttled_seconds_total",
             "counter",
             "Time senders waited for a rate limit.",
+            |r| r.throttled_s,
         ),
-    ] {
+    ];
+    for (name, kind, help, get) in series {
         o.head(name, kind, help);
-        for r in &s.rates {
-            let v = match kind {
-                "gauge" => r.bytes_per_s as f64,
-                _ if name.contains("bytes") => r.bytes as f64,
-                _ => r.throttled_s,
-            };
-            o.val(name, &[("scope", &r.scope), ("name", &r.name)], v);
+        for r in rates {
+            o.val(name, &[("scope", &r.scope), ("name", &r.name)], get(r));
         }
     }
-    site(&mut o, s);
-    site_shares(&mut o, s);
-    let c = &s.copy_offload;
+}
+
+/// The copy thread of raw channels (MCNI): on or off, what it copied.
+fn copy_offload(o: &mut Out, c: &CopyOffload) {
     o.one(
         "ramsys_copy_offload_enabled",
         "gauge",
         "Raw channels opened now copy large slots on the copy thread (MCNI).",
         f64::from(u8::from(c.enabled)),
     );
-    for (name, help, v) in [
+    let counters: [(&str, &str, u64); 4] = [
         (
             "ramsys_copy_offload_copies_total",
             "Slot copies done on the copy thread.",
@@ -392,10 +351,10 @@ pub fn render(s: &Status) -> String {
             "Bytes of those inline copies.",
             c.fallback_bytes,
         ),
-    ] {
+    ];
+    for (name, help, v) in counters {
         o.one(name, "counter", help, v as f64);
     }
-    o.0
 }
 
 /// Storage-thread budgets shared over the site (site::share): per device
@@ -445,7 +404,7 @@ fn site(o: &mut Out, s: &Status) {
         return;
     }
     type Get = fn(&super::status::SiteMember) -> f64;
-    let series: [(&str, &str, Get); 12] = [
+    let series: [(&str, &str, Get); 13] = [
         (
             "ramsys_site_cpu_load",
             "Busy fraction of a member's CPUs (0-1).",
@@ -506,24 +465,15 @@ fn site(o: &mut Out, s: &Status) {
             "Age of this daemon's view of a member.",
             |m| m.age_ms as f64 / 1e3,
         ),
+        ("ramsys_site_active_tasks", "Live tasks on a member.", |m| {
+            m.active_tasks as f64
+        }),
     ];
     for (name, help, get) in series {
         o.head(name, "gauge", help);
         for m in &s.site {
             o.val(name, &[("member", &m.addr)], get(m));
         }
-    }
-    o.head(
-        "ramsys_site_active_tasks",
-        "gauge",
-        "Live tasks on a member.",
-    );
-    for m in &s.site {
-        o.val(
-            "ramsys_site_active_tasks",
-            &[("member", &m.addr)],
-            m.active_tasks as f64,
-        );
     }
 }
 

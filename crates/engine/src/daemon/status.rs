@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::admit::{DaemonState, Dir, TaskRec, TaskState};
+use super::admit::{Counters, DaemonState, Dir, Inner, TaskRec, TaskState};
 use crate::resources::EngineResources;
 
 /// Version of the status document (bump on incompatible changes).
@@ -248,22 +248,74 @@ fn task_status(t: &TaskRec, now: Instant) -> TaskStatus {
     }
 }
 
-/// Take a consistent snapshot (one lock). Long (issue 16 allows it with
-/// a reason): every part of the status is copied under the same lock, and
-/// split, each piece would take the locked state and return its slice.
+/// Take a consistent snapshot: every part is read under one lock.
 pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &str) -> Status {
     let now = Instant::now();
     let g = st.lock();
-    let tasks: Vec<TaskStatus> = g.tasks.values().map(|t| task_status(t, now)).collect();
-    let finished: Vec<TaskStatus> = g.finished.iter().map(|t| task_status(t, now)).collect();
+    let live = Live::of(&g);
+    Status {
+        placement: Vec::new(),
+        users: Vec::new(),
+        rates: Vec::new(),
+        draining: false,
+        site: Vec::new(),
+        raw: Vec::new(),
+        copy_offload: CopyOffload::default(),
+        version: STATUS_VERSION,
+        listen: listen.into(),
+        root: root.into(),
+        uptime_s: now.duration_since(st.started).as_secs_f64(),
+        sessions: sessions(&g, now),
+        tasks: g.tasks.values().map(|t| task_status(t, now)).collect(),
+        finished: g.finished.iter().map(|t| task_status(t, now)).collect(),
+        queues: queues(&g, res, &live.devices),
+        pools: pools(res),
+        nics: nics(&g, &live.nics),
+        totals: totals(&st.counters, &g),
+    }
+}
+
+/// Per direction (in, out): bytes and rate.
+type InOut = [(u64, f64); 2];
+
+/// What the live tasks have moved so far and how fast, per device and per
+/// NIC.
+struct Live<'g> {
+    devices: BTreeMap<&'g str, InOut>,
+    nics: BTreeMap<&'g str, InOut>,
+}
+
+impl<'g> Live<'g> {
+    fn of(g: &'g Inner) -> Live<'g> {
+        let mut live = Live {
+            devices: BTreeMap::new(),
+            nics: BTreeMap::new(),
+        };
+        for t in g.tasks.values() {
+            let (i, b) = (t.info.dir as usize, t.info.stats.bytes.load(Relaxed));
+            for (map, key) in [
+                (&mut live.devices, &t.info.device),
+                (&mut live.nics, &t.info.nic),
+            ] {
+                let x = &mut map.entry(key.as_str()).or_default()[i];
+                x.0 += b;
+                x.1 += t.rate;
+            }
+        }
+        live
+    }
+}
+
+/// The counters since start: finished tasks' and live tasks' together.
+fn totals(c: &Counters, g: &Inner) -> Totals {
     let mut totals = Totals {
-        sessions: st.counters.sessions.load(Relaxed),
-        tasks: st.counters.tasks.load(Relaxed),
-        tasks_failed: st.counters.tasks_failed.load(Relaxed),
-        retries: st.counters.retries.load(Relaxed),
-        suspensions: st.counters.suspensions.load(Relaxed),
-        steals: st.counters.steals.load(Relaxed),
-        redirects: st.counters.redirects.load(Relaxed),
+        sessions: c.sessions.load(Relaxed),
+        tasks: c.tasks.load(Relaxed),
+        tasks_failed: c.tasks_failed.load(Relaxed),
+        retries: c.retries.load(Relaxed),
+        suspensions: c.suspensions.load(Relaxed),
+        steals: c.steals.load(Relaxed),
+        redirects: c.redirects.load(Relaxed),
         bytes_in: g.done.bytes[Dir::In as usize],
         bytes_out: g.done.bytes[Dir::Out as usize],
         files_in: g.done.files[Dir::In as usize],
@@ -280,11 +332,8 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
             .collect(),
     };
     *totals.tasks_by_state.get_mut("exit").unwrap() = g.finished.len() as u64;
-    let mut dev_live: BTreeMap<&str, [(u64, f64); 2]> = BTreeMap::new();
-    let mut nic_live: BTreeMap<&str, [(u64, f64); 2]> = BTreeMap::new();
     for t in g.tasks.values() {
         let s = &t.info.stats;
-        let i = t.info.dir as usize;
         let b = s.bytes.load(Relaxed);
         match t.info.dir {
             Dir::In => {
@@ -303,19 +352,17 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
         totals.links_replaced += s.links_replaced.load(Relaxed);
         totals.failed_files += s.failed.load(Relaxed);
         *totals.tasks_by_state.get_mut(t.state.name()).unwrap() += 1;
-        let d = &mut dev_live.entry(t.info.device.as_str()).or_default()[i];
-        d.0 += b;
-        d.1 += t.rate;
-        let n = &mut nic_live.entry(t.info.nic.as_str()).or_default()[i];
-        n.0 += b;
-        n.1 += t.rate;
     }
+    totals
+}
+
+/// Each device queue: its waiting tasks, threads, budget and traffic.
+fn queues(g: &Inner, res: &EngineResources, live: &BTreeMap<&str, InOut>) -> Vec<QueueStatus> {
     let budget_of = |size: usize| size.div_ceil(g.lanes.len().max(1));
-    let queues = g
-        .lanes
+    g.lanes
         .iter()
         .map(|(k, l)| {
-            let live = dev_live.get(k.as_str()).copied().unwrap_or_default();
+            let live = live.get(k.as_str()).copied().unwrap_or_default();
             QueueStatus {
                 device: k.clone(),
                 kind: l.kind.into(),
@@ -339,16 +386,20 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
                 }),
             }
         })
-        .collect();
-    let mut nic_names: Vec<&str> = g.nic_done.keys().map(|s| s.as_str()).collect();
-    nic_names.extend(nic_live.keys().copied());
-    nic_names.sort_unstable();
-    nic_names.dedup();
-    let nics = nic_names
+        .collect()
+}
+
+/// Every NIC that moved data, finished tasks' and live ones', by name.
+fn nics(g: &Inner, live: &BTreeMap<&str, InOut>) -> Vec<NicStatus> {
+    let mut names: Vec<&str> = g.nic_done.keys().map(|s| s.as_str()).collect();
+    names.extend(live.keys().copied());
+    names.sort_unstable();
+    names.dedup();
+    names
         .into_iter()
         .map(|n| {
             let done = g.nic_done.get(n).copied().unwrap_or_default();
-            let live = nic_live.get(n).copied().unwrap_or_default();
+            let live = live.get(n).copied().unwrap_or_default();
             NicStatus {
                 nic: n.into(),
                 bytes_in: done[0] + live[0].0,
@@ -357,21 +408,28 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
                 rate_out_bps: live[1].1,
             }
         })
-        .collect();
+        .collect()
+}
+
+/// The engine's pools: size and how much of it is held.
+fn pools(res: &EngineResources) -> Vec<PoolStatus> {
     let pool = |name: &str, size: usize, idle: usize| PoolStatus {
         pool: name.into(),
         size,
         busy: size.saturating_sub(idle),
     };
-    let pools = vec![
+    vec![
         pool("readers", res.readers.size(), res.readers.idle()),
         pool("writers", res.writers.size(), res.writers.idle()),
         pool("senders", res.senders.size(), res.senders.idle()),
         pool("receivers", res.receivers.size(), res.receivers.idle()),
         pool("buffers", res.buffers.count(), res.buffers.free()),
-    ];
-    let sessions = g
-        .sessions
+    ]
+}
+
+/// The session list.
+fn sessions(g: &Inner, now: Instant) -> Vec<SessionStatus> {
+    g.sessions
         .iter()
         .map(|(id, s)| SessionStatus {
             id: format!("{id:x}"),
@@ -382,27 +440,7 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
             age_s: now.duration_since(s.started).as_secs_f64(),
             tasks: s.tasks.clone(),
         })
-        .collect();
-    Status {
-        placement: Vec::new(),
-        users: Vec::new(),
-        rates: Vec::new(),
-        draining: false,
-        site: Vec::new(),
-        raw: Vec::new(),
-        copy_offload: CopyOffload::default(),
-        version: STATUS_VERSION,
-        listen: listen.into(),
-        root: root.into(),
-        uptime_s: now.duration_since(st.started).as_secs_f64(),
-        sessions,
-        tasks,
-        finished,
-        queues,
-        pools,
-        nics,
-        totals,
-    }
+        .collect()
 }
 
 impl Status {

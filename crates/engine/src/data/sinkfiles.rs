@@ -444,18 +444,36 @@ impl FileTable {
             return Ok(());
         };
         if let Some(fd) = fd {
-            let r = if seg.is_copy() {
-                self.copy_local(f, &fd, seg, &mut Vec::new())
-            } else if !seg.is_hole() {
-                self.write_data(f, &fd, data, seg.offset)
-            } else {
-                self.write_hole(f, &fd, seg)
-            };
-            if let Err(e) = r {
+            if let Some(r) = self.write_marker(f, &fd, seg, hash) {
+                return r;
+            }
+            if let Err(e) = self.write_data(f, &fd, data, seg.offset) {
                 return self.write_failed(f, e);
             }
         }
         self.account(f, seg, hash)
+    }
+
+    /// A segment without payload, written at once and accounted: a local
+    /// copy's range (storage::local) or a hole. None: a data segment.
+    pub fn write_marker(
+        &self,
+        f: &SinkFile,
+        fd: &SinkFd,
+        seg: &Segment,
+        hash: u64,
+    ) -> Option<Result<(), WriteError>> {
+        let r = if seg.is_copy() {
+            self.copy_local(f, fd, seg, &mut Vec::new())
+        } else if seg.is_hole() {
+            self.write_hole(f, fd, seg)
+        } else {
+            return None;
+        };
+        Some(match r {
+            Ok(()) => self.account(f, seg, hash),
+            Err(e) => self.write_failed(f, e),
+        })
     }
 
     /// A local-copy segment: copy its range from the source file in the

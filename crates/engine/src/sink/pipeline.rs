@@ -108,6 +108,28 @@ struct Credits {
 }
 
 impl Credits {
+    /// The first `streams` streams hold a window of `window` credits each;
+    /// the slots past them wait for streams the source may add.
+    fn new(
+        returns: Arc<Vec<CreditReturn>>,
+        keys: StreamKeys,
+        streams: u16,
+        window: u64,
+        buffers: u64,
+    ) -> Credits {
+        let windows = (0..returns.len())
+            .map(|i| if i < streams as usize { window } else { 0 })
+            .collect();
+        Credits {
+            keys,
+            windows,
+            buffers,
+            window,
+            accepted: vec![0u64; returns.len()],
+            returns,
+        }
+    }
+
     /// Room for stream `stream` (the `n`-th): a window of up to
     /// `buffers / (n + 1)` credits, taken from the buffers no window holds
     /// and then from the widest windows, one credit at a time (their
@@ -150,6 +172,58 @@ impl Credits {
     }
 }
 
+type Links = Vec<Box<dyn Link>>;
+
+/// The credit returns of the first links (and second handles on those
+/// links, to shut them down on error), plus slots for streams the source
+/// may add (issue 21): as many as the receiver pool (`most`) has threads,
+/// each linked once its link joins.
+fn credit_returns(
+    links: &[Box<dyn Link>],
+    batch: u64,
+    keys: StreamKeys,
+    most: usize,
+) -> Result<(Arc<Vec<CreditReturn>>, Links), EngineError> {
+    let mut returns = Vec::new();
+    let mut shutdown = Vec::new();
+    for (i, l) in links.iter().enumerate() {
+        let link = l.try_clone_link()?;
+        returns.push(CreditReturn::new(link, batch, keys.credits(i, 0)));
+        shutdown.push(l.try_clone_link()?);
+    }
+    while returns.len() < most {
+        let placeholder = Box::new(crate::transport::ClosedLink);
+        returns.push(CreditReturn::new(placeholder, batch, None));
+    }
+    Ok((Arc::new(returns), shutdown))
+}
+
+/// How many of the `reserved` writers run. SINK_WRITERS_MIN is for trees
+/// of small files (metadata-bound); a session of large files keeps the
+/// plan's count, `bulk` (4 x 1 GiB took ~10 % more sink CPU with the
+/// floor's second writer).
+fn writer_count(bulk: Option<usize>, table: &FileTable, reserved: usize) -> usize {
+    let small = table
+        .files()
+        .iter()
+        .filter(|f| f.size < crate::storage::DIRECT_MIN)
+        .count();
+    match bulk {
+        Some(b) if small < crate::config::MANY_SMALL_FILES => b.clamp(1, reserved),
+        _ => reserved,
+    }
+}
+
+/// Resume: the journal follows the written blocks (sync::journal) on a
+/// tick; without resume, never.
+fn journal_tick(resume: bool) -> Receiver<Instant> {
+    if resume {
+        crossbeam_channel::tick(Duration::from_millis(200))
+    } else {
+        never()
+    }
+}
+
 /// Progress of the payload phase as the sink's loop sees it.
 struct Progress {
     receivers_left: usize,
@@ -183,9 +257,9 @@ impl StreamKeys {
 
 impl<'s> SinkPipeline<'s> {
     /// Start writers and receivers on the opened links, grant the first
-    /// credits, start the control reader. (~120 lines, a third of it the
-    /// struct it returns: the order is the contract, writers before
-    /// receivers, credits granted only once every receiver runs.)
+    /// credits, start the control reader. The order is the contract:
+    /// writers before receivers, credits granted only once every receiver
+    /// runs.
     pub(super) fn start(
         s: &'s mut SinkSession<'_>,
         g: Grant<'s>,
@@ -212,40 +286,15 @@ impl<'s> SinkPipeline<'s> {
         let nbuf = pool.count() as u64;
         let keys = StreamKeys { key: o.key, cipher };
         let abort = Arc::new(AtomicBool::new(false));
-        let mut returns = Vec::new();
-        let mut shutdown = Vec::new();
         let batch = (credits_per_stream as u64 / 4).max(1);
-        for (i, l) in o.links.iter().enumerate() {
-            let link = l.try_clone_link()?;
-            returns.push(CreditReturn::new(link, batch, keys.credits(i, 0)));
-            shutdown.push(l.try_clone_link()?);
-        }
-        // Slots for streams the source may add (issue 21): as many as the
-        // receiver pool has threads, each linked once its link joins.
-        let most = receivers.pool().size().max(returns.len());
-        while returns.len() < most {
-            let placeholder = Box::new(crate::transport::ClosedLink);
-            returns.push(CreditReturn::new(placeholder, batch, None));
-        }
-        let returns = Arc::new(returns);
+        let most = receivers.pool().size();
+        let (returns, shutdown) = credit_returns(&o.links, batch, keys, most)?;
         let (recv_tx, recv_rx) = bounded::<Buf>(pool.count());
         let (wev_tx, wev_rx) = unbounded::<WriterEvent>();
         let (rev_tx, rev_rx) = unbounded::<ReceiverEvent>();
         let (rdone_tx, rdone_rx) = unbounded::<ReceiverDone>();
         let mut writer_jobs = Vec::new();
-        // SINK_WRITERS_MIN is for trees of small files (metadata-bound);
-        // a session of large files keeps the plan's count (4 x 1 GiB took
-        // ~10 % more sink CPU with the floor's second writer).
-        let small = table
-            .files()
-            .iter()
-            .filter(|f| f.size < crate::storage::DIRECT_MIN)
-            .count();
-        let nwriters = match s.opts.bulk_writers {
-            Some(b) if small < crate::config::MANY_SMALL_FILES => b.clamp(1, writers.len()),
-            _ => writers.len(),
-        };
-        for i in 0..nwriters {
+        for i in 0..writer_count(s.opts.bulk_writers, &table, writers.len()) {
             let (t, rx, p) = (table.clone(), recv_rx.clone(), pool.clone());
             let (c, ev, a) = (returns.clone(), wev_tx.clone(), abort.clone());
             let gate = gate.clone().map(|g| (i, g));
@@ -279,11 +328,7 @@ impl<'s> SinkPipeline<'s> {
             c.grant(credits_per_stream as u64)?;
         }
         let control = s.ctl.spawn_reader("sink-ctl")?;
-        let journal_tick = if table.resume {
-            crossbeam_channel::tick(Duration::from_millis(200))
-        } else {
-            never()
-        };
+        let journal_tick = journal_tick(table.resume);
         Ok(SinkPipeline {
             ctl: &mut s.ctl,
             table,
@@ -310,22 +355,7 @@ impl<'s> SinkPipeline<'s> {
                 shutdown,
                 idle,
             },
-            credits: Credits {
-                keys,
-                windows: (0..returns.len())
-                    .map(|i| {
-                        if i < streams as usize {
-                            credits_per_stream as u64
-                        } else {
-                            0
-                        }
-                    })
-                    .collect(),
-                buffers: nbuf,
-                window: credits_per_stream as u64,
-                accepted: vec![0u64; returns.len()],
-                returns,
-            },
+            credits: Credits::new(returns, keys, streams, credits_per_stream as u64, nbuf),
             progress: Progress {
                 receivers_left: streams as usize,
                 eod: false,

@@ -163,6 +163,29 @@ struct Facts {
     deleted: Vec<String>,
 }
 
+impl Facts {
+    fn new(
+        c: &Confirmed,
+        links: Vec<(String, String)>,
+        path: SendPath,
+        read_storage: Arc<StorageCfg>,
+        plan: Option<SyncPlan>,
+        entries: Vec<Entry>,
+    ) -> Facts {
+        Facts {
+            streams: c.streams,
+            block_size: c.block_size,
+            links,
+            path,
+            read_storage,
+            plan,
+            entries,
+            local_failed: Vec::new(),
+            deleted: Vec::new(),
+        }
+    }
+}
+
 /// The per-stream keys: seal blocks, open the sink's credits; and the
 /// rate limits every stream draws from (data::rate).
 #[derive(Clone)]
@@ -188,12 +211,10 @@ impl StreamKeys {
 }
 
 impl<'s> Payload<'s> {
-    /// Start readers and senders on the opened links. Longer than the
-    /// rest (~170 lines, half of it the struct it returns) because the
-    /// order is the contract: the buffer share before any thread, readers
-    /// before senders, the sending ends' report channel closed on our side
-    /// before the link supervisor starts, the control reader last; split
-    /// further, each piece would take and return most of the others.
+    /// Start readers and senders on the opened links. The order is the
+    /// contract: the buffer share before any thread, readers before
+    /// senders, the sending ends' report channel closed on our side before
+    /// the link supervisor starts, the control reader last.
     pub(super) fn start(
         s: &'s mut SourceSession<'_>,
         threads: Threads,
@@ -214,31 +235,16 @@ impl<'s> Payload<'s> {
         let Walk { entries, files, .. } = w;
         let files = Arc::new(files);
         let queues = queues(&root, &files, opts, c.block_size, plan.as_ref());
-        // A rotational device found cached is read by as many readers as
-        // memory gets (request::tasks::mostly_cached), unless --readers
-        // fixed the count.
-        let cached: usize = queues.iter().filter(|q| q.cached).map(|q| q.threads).sum();
-        let short = cached.saturating_sub(readers.len());
-        if !opts.readers_fixed && short > 0 {
-            s.adm.more_readers(res, &mut readers, short);
-        }
+        more_readers_if_cached(s, &queues, &mut readers);
         let nread = readers.len();
-        let want = c.streams as usize * 2 + nread + 2;
-        let share = res
-            .take_buffers(2, want, Duration::from_secs(30))
-            .ok_or_else(|| EngineError::local("no buffers free"))?;
-        let share = ShareGuard::new(res, share);
+        let share = take_share(res, c.streams, nread)?;
         let pool = share.pool().clone();
         let (filled_tx, filled_rx) = bounded::<Buf>(pool.count());
         let (rev_tx, rev_rx) = unbounded::<ReaderEvent>();
         let abort = Arc::new(AtomicBool::new(false));
         // Every sending end reports on `sdone` (data::sender::LinkDone).
         let (sdone_tx, sdone_rx) = unbounded::<LinkDone>();
-        let shutdown = o
-            .links
-            .iter()
-            .map(|l| l.try_clone_link())
-            .collect::<Result<Vec<_>, _>>()?;
+        let shutdown = clone_links(&o.links)?;
         let keys = StreamKeys {
             key: o.key,
             cipher: c.cipher,
@@ -258,22 +264,12 @@ impl<'s> Payload<'s> {
             && o.links.iter().all(|l| l.can_send_file());
         let mut data_links = o.links;
         let inline = (path == SendPath::Inline).then(|| {
-            let outs = data_links
-                .drain(..)
-                .enumerate()
-                .map(|(i, l)| keys.out(i, 0, l))
-                .collect();
+            let outs = data_links.drain(..).enumerate();
+            let outs = outs.map(|(i, l)| keys.out(i, 0, l)).collect();
             let (tx, pool, abort) = (sdone_tx.clone(), pool.clone(), abort.clone());
             Arc::new(InlineLinks::new(outs, tx, pool, abort, stats.clone()))
         });
-        // Nothing to read: empty files, and delta files with no differing
-        // block (their digest is the sum over no segment).
-        for f in nothing_to_read(&files, plan.as_ref()) {
-            let _ = rev_tx.send(ReaderEvent::FileDone {
-                id: f.id,
-                digest: 0,
-            });
-        }
+        report_nothing_to_read(&files, plan.as_ref(), &rev_tx);
         let ctx = ReaderCtx {
             root: root.clone(),
             files: files.clone(),
@@ -294,24 +290,14 @@ impl<'s> Payload<'s> {
         let read_storage = ctx.storage.clone();
         let (mut jobs, rdone_rx) = spawn_readers(&mut readers, ctx);
         let make = sender_factory(keys, &filled_rx, &pool, &abort, &stats, &sdone_tx, &inline);
-        let mut closers = HashMap::new();
-        for (i, l) in data_links.into_iter().enumerate() {
-            if let Some((c, job)) = make(i, 0, l) {
-                closers.insert((i, 0), c);
-                jobs.push(senders.spawn(job));
-            }
-        }
+        let closers = spawn_senders(&make, data_links, &mut senders, &mut jobs);
         let mut extra = Vec::new();
         if let Some(links) = &inline {
             extra.push(spawn_inline_resender(links.clone(), filled_rx.clone())?);
         }
         drop(sdone_tx);
-        let handles = shutdown
-            .iter()
-            .map(|h| h.try_clone_link())
-            .collect::<Result<_, _>>()?;
         let (peer, ab) = (s.ctl.link.peer(), abort.clone());
-        let streams = Streams::new(o.relinks, handles, peer, stats.clone(), ab);
+        let streams = Streams::new(o.relinks, clone_links(&shutdown)?, peer, stats.clone(), ab);
         // The inline path's link set is fixed. The client dials: a push's
         // source itself, a pull's sink (its daemon-side source asks).
         let grow =
@@ -328,7 +314,17 @@ impl<'s> Payload<'s> {
             null,
             abort: abort.clone(),
         });
-        let sender_pool = senders.pool().clone();
+        let senders_set = SenderSet {
+            make,
+            pool: senders.pool().clone(),
+            closers,
+            shutdown,
+            kept: Vec::new(),
+            evicting: HashSet::new(),
+            inline,
+            extra,
+            idle: opts.idle_timeout,
+        };
         senders.release_unused();
         readers.release_unused();
         // Control reader: sink messages become events.
@@ -352,37 +348,12 @@ impl<'s> Payload<'s> {
                 control,
             },
             streams,
-            senders: SenderSet {
-                make,
-                pool: sender_pool,
-                closers,
-                shutdown,
-                kept: Vec::new(),
-                evicting: HashSet::new(),
-                inline,
-                extra,
-                idle: opts.idle_timeout,
-            },
-            resends: Resends {
-                tx: Some(filled_tx),
-                requeue,
-                events: rev_tx,
-                lost: LostLinks::new(),
-            },
+            senders: senders_set,
+            resends: Resends::new(filled_tx, requeue, rev_tx),
             progress: Pipeline::new(nread, c.streams as usize),
             jobs,
             grow,
-            facts: Facts {
-                streams: c.streams,
-                block_size: c.block_size,
-                links: o.desc,
-                path,
-                read_storage,
-                plan,
-                entries,
-                local_failed: Vec::new(),
-                deleted: Vec::new(),
-            },
+            facts: Facts::new(&c, o.desc, path, read_storage, plan, entries),
             _threads: Threads { senders, readers },
         })
     }
@@ -919,6 +890,17 @@ impl SenderSet {
 }
 
 impl Resends {
+    /// Resends go into `filled`, the senders' queue; re-read blocks of
+    /// unreadable files report on `events`.
+    fn new(filled: Sender<Buf>, requeue: Arc<Requeue>, events: Sender<ReaderEvent>) -> Resends {
+        Resends {
+            tx: Some(filled),
+            requeue,
+            events,
+            lost: LostLinks::new(),
+        }
+    }
+
     /// Re-queue the blocks each lost link sent that the sink did not
     /// accept, for the links whose log and count are both known
     /// (crate::relink); only while the queue to the senders is open.
@@ -1013,6 +995,73 @@ fn send_path(s: &SourceSession<'_>, nread: usize, streams: u16) -> SendPath {
         ))
     );
     path
+}
+
+/// A rotational device found cached is read by as many readers as memory
+/// gets (request::tasks::mostly_cached), unless --readers fixed the count.
+fn more_readers_if_cached(
+    s: &SourceSession<'_>,
+    queues: &[DeviceQueue],
+    readers: &mut Reservation,
+) {
+    let cached: usize = queues.iter().filter(|q| q.cached).map(|q| q.threads).sum();
+    let short = cached.saturating_sub(readers.len());
+    if !s.opts.readers_fixed && short > 0 {
+        s.adm.more_readers(s.res, readers, short);
+    }
+}
+
+/// The session's buffers: two a stream (credits) and one a reader, plus
+/// two; at least two, or none free within 30 s.
+fn take_share<'r>(
+    res: &'r crate::resources::EngineResources,
+    streams: u16,
+    nread: usize,
+) -> Result<ShareGuard<'r>, EngineError> {
+    let want = streams as usize * 2 + nread + 2;
+    let share = res
+        .take_buffers(2, want, Duration::from_secs(30))
+        .ok_or_else(|| EngineError::local("no buffers free"))?;
+    Ok(ShareGuard::new(res, share))
+}
+
+/// Second handles on links, to shut them down from another thread.
+fn clone_links(links: &[Box<dyn Link>]) -> Result<Vec<Box<dyn Link>>, EngineError> {
+    let clones = links.iter().map(|l| l.try_clone_link());
+    Ok(clones.collect::<Result<Vec<_>, _>>()?)
+}
+
+/// Files with nothing to read are done before any reader starts: their
+/// digest is that of no data.
+fn report_nothing_to_read(
+    files: &[SourceFile],
+    plan: Option<&SyncPlan>,
+    events: &Sender<ReaderEvent>,
+) {
+    for f in nothing_to_read(files, plan) {
+        let _ = events.send(ReaderEvent::FileDone {
+            id: f.id,
+            digest: 0,
+        });
+    }
+}
+
+/// A sender on each first link, from the sender pool (none on the inline
+/// path); returns the closers that stop them.
+fn spawn_senders(
+    make: &SenderFactory,
+    links: Vec<Box<dyn Link>>,
+    senders: &mut Reservation,
+    jobs: &mut Vec<JobHandle>,
+) -> HashMap<(usize, u16), Sender<()>> {
+    let mut closers = HashMap::new();
+    for (i, l) in links.into_iter().enumerate() {
+        if let Some((c, job)) = make(i, 0, l) {
+            closers.insert((i, 0), c);
+            jobs.push(senders.spawn(job));
+        }
+    }
+    closers
 }
 
 /// One reader thread per reserved reader; each says when it ends.

@@ -39,6 +39,28 @@ impl SyncPlan {
             Some(r) => r.iter().map(|x| x.1).sum(),
         }
     }
+
+    /// File `i` (entry `id`) after its comparison.
+    fn note(&mut self, i: usize, id: u64, v: Verdict) {
+        match v {
+            Verdict::Whole => {}
+            Verdict::Keep => {
+                self.skip[i] = true;
+                self.unchanged += 1;
+                self.reuse.push(Reuse {
+                    id,
+                    what: ReuseKind::Keep,
+                });
+            }
+            Verdict::Base(r, reused) => {
+                self.ranges[i] = Some(r);
+                self.reuse.push(Reuse {
+                    id,
+                    what: ReuseKind::Base { bytes: reused },
+                });
+            }
+        }
+    }
 }
 
 enum Job {
@@ -62,12 +84,49 @@ pub fn plan(
     dry: bool,
     max_run: u64,
 ) -> SyncPlan {
-    let by_id: HashMap<u64, usize> = files.iter().enumerate().map(|(i, f)| (f.id, i)).collect();
     let mut p = SyncPlan {
         ranges: vec![None; files.len()],
         skip: vec![false; files.len()],
         ..Default::default()
     };
+    let jobs = comparisons(files, haves, dry, &mut p);
+    let same = same_file(files, &jobs);
+    let idx: Vec<usize> = (0..jobs.len()).collect();
+    let mut verdicts = super::par_map(&idx, super::hash_threads(), |&k| {
+        let (i, job) = &jobs[k];
+        if same[k].is_some() {
+            return Verdict::Whole;
+        }
+        compare(root, &files[*i], job, max_run)
+    });
+    for (k, j) in same.iter().enumerate() {
+        if let Some(j) = *j {
+            verdicts[k] = verdicts[j].clone();
+        }
+    }
+    for ((i, _), v) in jobs.iter().zip(verdicts) {
+        p.note(*i, files[*i].id, v);
+    }
+    if dry {
+        for (i, s) in p.skip.iter_mut().enumerate() {
+            if !*s {
+                p.planned.push(i);
+            }
+            *s = true;
+        }
+    }
+    p
+}
+
+/// What to compare per file the sink holds, by index into `files`; files
+/// it says are unchanged are skipped in `p` at once.
+fn comparisons(
+    files: &[SourceFile],
+    haves: Vec<Have>,
+    dry: bool,
+    p: &mut SyncPlan,
+) -> Vec<(usize, Job)> {
+    let by_id: HashMap<u64, usize> = files.iter().enumerate().map(|(i, f)| (f.id, i)).collect();
     let mut jobs: Vec<(usize, Job)> = Vec::new();
     for h in haves {
         let Some(&i) = by_id.get(&h.id) else { continue };
@@ -89,10 +148,14 @@ pub fn plan(
             }
         }
     }
-    // The pieces of one big file (issue 19) compare the same whole file
-    // (`-c`): hashed once, by the first.
+    jobs
+}
+
+/// The pieces of one big file (issue 19) compare the same whole file
+/// (`-c`): hashed once, by the first; per job, that first one.
+fn same_file(files: &[SourceFile], jobs: &[(usize, Job)]) -> Vec<Option<usize>> {
     let mut first: HashMap<(&[u8], u64), usize> = HashMap::new();
-    let same: Vec<Option<usize>> = (jobs.iter().enumerate())
+    (jobs.iter().enumerate())
         .map(|(k, (i, job))| match job {
             Job::Digest(d) => match first.get(&(&files[*i].rel[..], *d)) {
                 Some(&j) => Some(j),
@@ -103,69 +166,31 @@ pub fn plan(
             },
             Job::Blocks(..) => None,
         })
-        .collect();
-    let idx: Vec<usize> = (0..jobs.len()).collect();
-    let mut verdicts = super::par_map(&idx, super::hash_threads(), |&k| {
-        let (i, job) = (&jobs[k].0, &jobs[k].1);
-        if same[k].is_some() {
-            return Verdict::Whole;
-        }
-        let f = &files[*i];
-        let Ok(file) = root.open_read(&f.rel, false) else {
-            return Verdict::Whole;
-        };
-        match job {
-            Job::Digest(d) => match super::content_digest(file) {
-                Ok(x) if x == *d => Verdict::Keep,
-                _ => Verdict::Whole,
-            },
-            Job::Blocks(bs, base_size, sums) => {
-                match super::block_sums(&file, f.id, f.size, *bs, &|_| true) {
-                    Ok(ours) => {
-                        let (r, reused) =
-                            super::diff_ranges(&ours, sums, *bs, f.size, *base_size, max_run);
-                        Verdict::Base(r, reused)
-                    }
-                    Err(_) => Verdict::Whole,
+        .collect()
+}
+
+/// Our side of one comparison: the whole file matches, differs, or
+/// differs in the ranges to send.
+fn compare(root: &Root, f: &SourceFile, job: &Job, max_run: u64) -> Verdict {
+    let Ok(file) = root.open_read(&f.rel, false) else {
+        return Verdict::Whole;
+    };
+    match job {
+        Job::Digest(d) => match super::content_digest(file) {
+            Ok(x) if x == *d => Verdict::Keep,
+            _ => Verdict::Whole,
+        },
+        Job::Blocks(bs, base_size, sums) => {
+            match super::block_sums(&file, f.id, f.size, *bs, &|_| true) {
+                Ok(ours) => {
+                    let (r, reused) =
+                        super::diff_ranges(&ours, sums, *bs, f.size, *base_size, max_run);
+                    Verdict::Base(r, reused)
                 }
-            }
-        }
-    });
-    for (k, j) in same.iter().enumerate() {
-        if let Some(j) = *j {
-            verdicts[k] = verdicts[j].clone();
-        }
-    }
-    for ((i, _), v) in jobs.iter().zip(verdicts) {
-        let id = files[*i].id;
-        match v {
-            Verdict::Whole => {}
-            Verdict::Keep => {
-                p.skip[*i] = true;
-                p.unchanged += 1;
-                p.reuse.push(Reuse {
-                    id,
-                    what: ReuseKind::Keep,
-                });
-            }
-            Verdict::Base(r, reused) => {
-                p.ranges[*i] = Some(r);
-                p.reuse.push(Reuse {
-                    id,
-                    what: ReuseKind::Base { bytes: reused },
-                });
+                Err(_) => Verdict::Whole,
             }
         }
     }
-    if dry {
-        for (i, s) in p.skip.iter_mut().enumerate() {
-            if !*s {
-                p.planned.push(i);
-            }
-            *s = true;
-        }
-    }
-    p
 }
 
 /// Restrict the read queues to the plan: skipped files vanish, delta files

@@ -4,6 +4,7 @@
 
 pub mod loopdev;
 pub mod sshd;
+pub mod stripe;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -29,25 +30,22 @@ impl TestDaemon {
     }
 
     pub fn start_with(root: &Path, key: &Path, extra: &[&str]) -> TestDaemon {
-        let mut child = Command::new(bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--root"])
+        let mut c = Command::new(bin());
+        c.args(["serve", "--listen", "127.0.0.1:0", "--root"])
             .arg(root)
             .arg("--key-file")
             .arg(key)
             .args(extra)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start daemon");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .expect("daemon prints its address");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
+            .stderr(Stdio::inherit());
+        Self::spawn(c, root)
+    }
+
+    /// Run the daemon command `c` (stdout piped) serving `root`, once it
+    /// says where it listens.
+    pub fn spawn(mut c: Command, root: &Path) -> TestDaemon {
+        let mut child = c.spawn().expect("start daemon");
+        let addr = listening_addr(&mut child);
         TestDaemon {
             child,
             addr,
@@ -69,6 +67,19 @@ impl Drop for TestDaemon {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A daemon's address, from the first line of its stdout ("listening on
+/// ADDR"); the rest of stdout is not read.
+pub fn listening_addr(child: &mut Child) -> String {
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("daemon prints its address");
+    line.trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string()
 }
 
 /// Run `ramsys ARGS` with a key file, with a time limit.
@@ -113,6 +124,17 @@ pub fn assert_ok(o: &Output) {
         String::from_utf8_lossy(&o.stdout),
         stderr(o)
     );
+}
+
+/// The summary of a `--json` run: its last `"summary"` line.
+pub fn summary(o: &Output) -> serde_json::Value {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.contains("\"summary\""))
+        .unwrap_or_else(|| panic!("no summary in {out:?}; stderr {}", stderr(o)));
+    serde_json::from_str(line).unwrap()
 }
 
 /// Small deterministic PRNG (xorshift) so trees are reproducible.

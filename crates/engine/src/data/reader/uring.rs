@@ -265,10 +265,9 @@ impl UringReader<'_> {
         }
     }
 
-    /// Queue reads until the ring or the in-flight bound is full. Long
-    /// (issue 16 allows it with a reason): the per-block path of one
-    /// reader thread, kept in one loop so nothing is allocated or looked
-    /// up per block.
+    /// Queue reads until the ring or the in-flight bound is full; the
+    /// per-block path of one reader thread, nothing allocated or looked up
+    /// per block.
     fn fill(&mut self) {
         while !self.gone && self.ring.sq_room() > 0 && self.ops.live < MAX_INFLIGHT {
             let Some((u, piece)) = self.next_piece() else {
@@ -280,130 +279,140 @@ impl UringReader<'_> {
             };
             let idx = self.units.get_mut(u).unit.file as usize;
             match piece {
-                Piece::Hole { off, len } | Piece::Copy { off, len } => {
-                    let copy = matches!(piece, Piece::Copy { .. });
-                    let slot = self.slots.get_mut(s);
-                    if slot.buf.segs.len() == MAX_SEGMENTS {
-                        self.push_front(piece);
-                        self.seal(s);
-                        continue;
-                    }
-                    let n = len.min(MAX_HOLE as u64);
-                    let id = self.ctx.files[idx].id;
-                    let seg = if copy {
-                        Segment::copy(id, off, n as u32)
-                    } else {
-                        Segment::hole(id, off, n as u32)
-                    };
-                    slot.buf.segs.push(seg);
-                    if self.ctx.checksum {
-                        let h = marker_hash(&seg);
-                        slot.buf.hashes.push(h);
-                        slot.buf.checksum = slot.buf.checksum.wrapping_add(h);
-                        self.ctx.state[idx].digest.fetch_add(h, Ordering::AcqRel);
-                    }
-                    self.ctx.stats.add_bytes(n);
-                    if n < len {
-                        let (off, len) = (off + n, len - n);
-                        self.push_front(if copy {
-                            Piece::Copy { off, len }
-                        } else {
-                            Piece::Hole { off, len }
-                        });
-                    }
-                }
-                Piece::Data { off, len } => {
-                    if self.ctx.is_failed(idx) {
-                        continue; // drop the rest of a failed file
-                    }
-                    let bs = self.ctx.block_size;
-                    let open = self.units.get_mut(u).open.clone();
-                    let slot = self.slots.get_mut(s);
-                    let start = slot.buf.len;
-                    let room = bs - start;
-                    if room == 0 || slot.buf.segs.len() == MAX_SEGMENTS {
-                        self.push_front(piece);
-                        self.seal(s);
-                        continue;
-                    }
-                    let direct = open.direct.is_some() && is_aligned(off);
-                    if direct && !start.is_multiple_of(ALIGN) {
-                        self.push_front(piece);
-                        self.seal(s);
-                        continue;
-                    }
-                    let want = room.min(len as usize);
-                    let f = &self.ctx.files[idx];
-                    if let Err(e) = self.ctx.storage.hook.check(IoOp::Read, &f.rel, off, want) {
-                        self.ctx
-                            .fail(idx, format!("read error at offset {off}: {e}"));
-                        continue;
-                    }
-                    // A fresh block of a mapped file: zero-copy, no read.
-                    if start == 0
-                        && !direct
-                        && self.ctx.push_mapped(&mut slot.buf, &open, off, want)
-                    {
-                        if (want as u64) < len {
-                            self.push_front(Piece::Data {
-                                off: off + want as u64,
-                                len: len - want as u64,
-                            });
-                        }
-                        self.seal(s);
-                        continue;
-                    }
-                    let io_len = if direct {
-                        round_up(want).min(slot.buf.capacity() - start)
-                    } else {
-                        want
-                    };
-                    let seg = slot.buf.segs.len();
-                    slot.buf.segs.push(Segment {
-                        file_id: f.id,
-                        offset: off,
-                        len: want as u32,
-                    });
-                    if self.ctx.checksum {
-                        slot.buf.hashes.push(0);
-                    }
-                    slot.buf.len = start + want;
-                    slot.pending += 1;
-                    let p = slot.buf.space()[start..].as_mut_ptr();
-                    let fd = if direct {
-                        open.direct.as_ref().unwrap().as_raw_fd()
-                    } else {
-                        open.file.as_raw_fd()
-                    };
-                    self.units.get_mut(u).outstanding += 1;
-                    let op = self.ops.insert(ReadOp {
-                        slot: s,
-                        seg,
-                        unit: u,
-                        idx,
-                        off,
-                        start,
-                        want,
-                        direct,
-                    });
-                    if !self.ring.read(fd, p, io_len, off, op as u64) {
-                        // Cannot happen with SQ room checked; complete it as failed.
-                        self.complete(op, -libc::EIO);
-                    }
-                    if (want as u64) < len {
-                        self.push_front(Piece::Data {
-                            off: off + want as u64,
-                            len: len - want as u64,
-                        });
-                    }
-                    // A direct read of a file's unaligned tail transfers whole
-                    // blocks, past `want`: nothing may be packed after it
-                    // while it is in flight, so the block ends here.
-                    if self.slots.get_mut(s).buf.len == bs || io_len > want {
-                        self.seal(s);
-                    }
-                }
+                Piece::Hole { off, len } => self.queue_marker(s, idx, false, off, len),
+                Piece::Copy { off, len } => self.queue_marker(s, idx, true, off, len),
+                Piece::Data { off, len } => self.queue_read(u, s, idx, off, len),
             }
+        }
+    }
+
+    /// A hole (or, `copy`, a local-copy range) of file `idx` as a segment
+    /// without payload in slot `s`, at most MAX_HOLE of it; the rest goes
+    /// back to the front of the queue.
+    fn queue_marker(&mut self, s: usize, idx: usize, copy: bool, off: u64, len: u64) {
+        let piece = |off, len| {
+            if copy {
+                Piece::Copy { off, len }
+            } else {
+                Piece::Hole { off, len }
+            }
+        };
+        let slot = self.slots.get_mut(s);
+        if slot.buf.segs.len() == MAX_SEGMENTS {
+            self.push_front(piece(off, len));
+            self.seal(s);
+            return;
+        }
+        let n = len.min(MAX_HOLE as u64);
+        let id = self.ctx.files[idx].id;
+        let seg = if copy {
+            Segment::copy(id, off, n as u32)
+        } else {
+            Segment::hole(id, off, n as u32)
+        };
+        slot.buf.segs.push(seg);
+        if self.ctx.checksum {
+            let h = marker_hash(&seg);
+            slot.buf.hashes.push(h);
+            slot.buf.checksum = slot.buf.checksum.wrapping_add(h);
+            self.ctx.state[idx].digest.fetch_add(h, Ordering::AcqRel);
+        }
+        self.ctx.stats.add_bytes(n);
+        if n < len {
+            self.push_front(piece(off + n, len - n));
+        }
+    }
+
+    /// A read of file `idx` (unit `u`) at `off` into slot `s`: as much of
+    /// `len` as the block has room for; the rest goes back to the front of
+    /// the queue. A full slot, or one a direct read cannot start in, is
+    /// sealed first.
+    fn queue_read(&mut self, u: usize, s: usize, idx: usize, off: u64, len: u64) {
+        if self.ctx.is_failed(idx) {
+            return; // drop the rest of a failed file
+        }
+        let bs = self.ctx.block_size;
+        let open = self.units.get_mut(u).open.clone();
+        let slot = self.slots.get_mut(s);
+        let start = slot.buf.len;
+        let room = bs - start;
+        if room == 0 || slot.buf.segs.len() == MAX_SEGMENTS {
+            self.push_front(Piece::Data { off, len });
+            self.seal(s);
+            return;
+        }
+        let direct = open.direct.is_some() && is_aligned(off);
+        if direct && !start.is_multiple_of(ALIGN) {
+            self.push_front(Piece::Data { off, len });
+            self.seal(s);
+            return;
+        }
+        let want = room.min(len as usize);
+        let f = &self.ctx.files[idx];
+        if let Err(e) = self.ctx.storage.hook.check(IoOp::Read, &f.rel, off, want) {
+            self.ctx
+                .fail(idx, format!("read error at offset {off}: {e}"));
+            return;
+        }
+        // A fresh block of a mapped file: zero-copy, no read.
+        if start == 0 && !direct && self.ctx.push_mapped(&mut slot.buf, &open, off, want) {
+            if (want as u64) < len {
+                self.push_front(Piece::Data {
+                    off: off + want as u64,
+                    len: len - want as u64,
+                });
+            }
+            self.seal(s);
+            return;
+        }
+        let io_len = if direct {
+            round_up(want).min(slot.buf.capacity() - start)
+        } else {
+            want
+        };
+        let seg = slot.buf.segs.len();
+        slot.buf.segs.push(Segment {
+            file_id: f.id,
+            offset: off,
+            len: want as u32,
+        });
+        if self.ctx.checksum {
+            slot.buf.hashes.push(0);
+        }
+        slot.buf.len = start + want;
+        slot.pending += 1;
+        let p = slot.buf.space()[start..].as_mut_ptr();
+        let fd = if direct {
+            open.direct.as_ref().unwrap().as_raw_fd()
+        } else {
+            open.file.as_raw_fd()
+        };
+        self.units.get_mut(u).outstanding += 1;
+        let op = self.ops.insert(ReadOp {
+            slot: s,
+            seg,
+            unit: u,
+            idx,
+            off,
+            start,
+            want,
+            direct,
+        });
+        if !self.ring.read(fd, p, io_len, off, op as u64) {
+            // Cannot happen with SQ room checked; complete it as failed.
+            self.complete(op, -libc::EIO);
+        }
+        if (want as u64) < len {
+            self.push_front(Piece::Data {
+                off: off + want as u64,
+                len: len - want as u64,
+            });
+        }
+        // A direct read of a file's unaligned tail transfers whole
+        // blocks, past `want`: nothing may be packed after it
+        // while it is in flight, so the block ends here.
+        if self.slots.get_mut(s).buf.len == bs || io_len > want {
+            self.seal(s);
         }
     }
 

@@ -167,22 +167,8 @@ fn queue_block(
                 break;
             }
         };
-        if seg.is_copy() {
-            // Local copy: done in the kernel, synchronously (storage::local).
-            let r = match table.copy_local(f, &fd, &seg, &mut Vec::new()) {
-                Ok(()) => table.account(f, &seg, hash),
-                Err(e) => table.write_failed(f, e),
-            };
-            if !w.check(r) {
-                break;
-            }
-            continue;
-        }
-        if seg.is_hole() {
-            let r = match table.write_hole(f, &fd, &seg) {
-                Ok(()) => table.account(f, &seg, hash),
-                Err(e) => table.write_failed(f, e),
-            };
+        // A local copy (in the kernel) or a hole: done synchronously.
+        if let Some(r) = table.write_marker(f, &fd, &seg, hash) {
             if !w.check(r) {
                 break;
             }
