@@ -76,6 +76,10 @@ pub struct TransferOptions {
     /// Where this end is the source: readers send their own blocks
     /// (inline) or hand them to sender threads (queued); seed 002 sec. 7.
     pub send_path: crate::config::SendPath,
+    /// Where this end is the source: blocks of large cached files go
+    /// zero-copy (sendfile from the page cache) where the links allow it
+    /// (storage::zerocopy; `--send-zerocopy off`, RAMSYS_SENDFILE=0).
+    pub send_zerocopy: bool,
     /// Where this end is the source: the rate limits its senders draw
     /// from (`--bwlimit`, a daemon's and a user's `max_rate`; data::rate).
     pub rate: crate::data::rate::Limits,
@@ -125,6 +129,7 @@ impl Default for TransferOptions {
             preserve: 0,
             archive_policy: crate::archive::Policy::default(),
             send_path: crate::config::SendPath::default(),
+            send_zerocopy: true,
             rate: Default::default(),
             redirected_from: None,
             on_behalf: None,

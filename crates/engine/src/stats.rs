@@ -29,6 +29,9 @@ pub struct Stats {
     /// Blocks handed from a reader to a sender thread through the filled
     /// queue (0 on the inline send path; crate::data::inline).
     pub handoffs: AtomicU64,
+    /// Blocks sent zero-copy, from the page cache with sendfile
+    /// (storage::zerocopy, issue 17).
+    pub zerocopy_blocks: AtomicU64,
     /// Pieces of big files verified at a sink (data::bigfile; the file
     /// counts in `files` once, where it was placed).
     pub pieces: AtomicU64,
@@ -80,6 +83,9 @@ pub struct Report {
     /// sec. 7) and the blocks it passed through the filled queue.
     pub send_path: Option<crate::config::sendpath::SendPath>,
     pub handoffs: u64,
+    /// Where this end was the source: blocks it sent zero-copy
+    /// (storage::zerocopy).
+    pub zerocopy_blocks: u64,
     /// This end's O_DIRECT policy at work (storage::cache, issue 17).
     pub storage: Option<crate::storage::StorageUse>,
     /// The agent sized the stream count from the path (issue 21).

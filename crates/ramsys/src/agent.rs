@@ -862,6 +862,7 @@ fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
             "link_retries": faults.retries,
             "send_path": rep.send_path,
             "handoffs": rep.handoffs,
+            "zerocopy_blocks": rep.zerocopy_blocks,
             "storage": rep.storage,
             "redirect": run.extra.redirect,
         });

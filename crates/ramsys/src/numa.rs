@@ -336,9 +336,11 @@ impl Numa {
         }
         if let Some(p) = rep.send_path {
             self.lines.push(format!(
-                "send path: {} ({} blocks through the sender queue)",
+                "send path: {} ({} blocks through the sender queue, {} sent zero-copy \
+                 from the page cache)",
                 p.name(),
-                rep.handoffs
+                rep.handoffs,
+                rep.zerocopy_blocks
             ));
         }
         if let Some(u) = &rep.storage {

@@ -304,5 +304,6 @@ pub(crate) fn merge(mut a: Report, b: Report) -> Report {
     a.links.extend(b.links);
     a.unchanged += b.unchanged;
     a.handoffs += b.handoffs;
+    a.zerocopy_blocks += b.zerocopy_blocks;
     a
 }

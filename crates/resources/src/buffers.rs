@@ -103,6 +103,11 @@ pub struct Buf {
     pub checksum: u64,
     /// Data link the block arrived on (sink side, for credit return).
     pub stream: u16,
+    /// A zero-copy block (source side, issue 17): its `len` payload bytes
+    /// are not in the buffer but in this file at this offset, sent from
+    /// the page cache with sendfile(2). The buffer still counts against
+    /// the pool (credits and back-pressure are per buffer).
+    pub file: Option<(Arc<std::fs::File>, u64)>,
 }
 
 // SAFETY: a Buf is the only handle to its slice of the region.
@@ -136,6 +141,7 @@ impl Buf {
         self.hashes.clear();
         self.checksum = 0;
         self.stream = 0;
+        self.file = None;
     }
     /// NUMA node of the memory, if bound.
     pub fn node(&self) -> Option<u32> {
@@ -197,6 +203,7 @@ impl BufferPool {
                 len: 0,
                 segs: Vec::with_capacity(MAX_SEGMENTS),
                 hashes: Vec::with_capacity(MAX_SEGMENTS),
+                file: None,
                 checksum: 0,
                 stream: 0,
             };
@@ -287,7 +294,9 @@ impl BufferPool {
     }
 
     /// Return a buffer.
-    pub fn put(&self, b: Buf) {
+    pub fn put(&self, mut b: Buf) {
+        // A free buffer holds no file open (a zero-copy block's source).
+        b.file = None;
         // Cannot fail: the pool never holds more than `count` buffers.
         let _ = self.tx.try_send(b);
     }

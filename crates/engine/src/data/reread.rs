@@ -91,13 +91,28 @@ impl<'a> Rereader<'a> {
             if self.null {
                 return Err("cannot re-send from the null source engine".into());
             }
-            self.root
+            let file = self
+                .root
                 .open_read(&f.rel, false)
-                .and_then(|file| file.read_exact_at(&mut buf.space()[p..p + len], s.offset))
+                .map_err(|e| format!("cannot re-read: {e}"))?;
+            // Changed since the scan (the first read, or for a zero-copy
+            // block the send from the page cache, saw other bytes): say so,
+            // rather than let the digest fail as corruption in transit.
+            if !f.volume && !unchanged(&file, f) {
+                return Err("file changed while being read".into());
+            }
+            file.read_exact_at(&mut buf.space()[p..p + len], s.offset)
                 .map_err(|e| format!("cannot re-read: {e}"))?;
         }
         Ok(len)
     }
+}
+
+/// Size and mtime as the scan saw them (a failed stat counts as changed).
+fn unchanged(file: &std::fs::File, f: &SourceFile) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata()
+        .is_ok_and(|m| m.len() == f.size && (m.mtime(), m.mtime_nsec() as u32) == f.mtime)
 }
 
 #[cfg(test)]
@@ -125,7 +140,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("a"), b"0123456789").unwrap();
         let root = Root::open(d.path(), Confinement::Strict).unwrap();
-        let files = [file(7, "a", 10)];
+        let mut files = [file(7, "a", 10)];
+        let md = std::fs::metadata(d.path().join("a")).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        files[0].mtime = (md.mtime(), md.mtime_nsec() as u32);
         let pool = BufferPool::allocate(4, 4096).unwrap();
         let rr = Rereader::new(&root, &files, true, false);
         let mut buf = pool.get();
@@ -174,6 +192,12 @@ mod tests {
         let null = Rereader::new(&root, &files, true, true);
         let e = null.fill(&mut buf, &segs).unwrap_err();
         assert!(e.1.contains("null"), "{e:?}");
+        // Changed since the scan (same size, other mtime): that file fails
+        // as changed, not as corrupted in transit.
+        files[0].mtime.0 -= 10;
+        let rr = Rereader::new(&root, &files, true, false);
+        let e = rr.fill(&mut buf, &segs).unwrap_err();
+        assert_eq!(e, (7, "file changed while being read".to_string()));
         pool.put(buf);
     }
 }

@@ -38,6 +38,12 @@ fn flip_every() -> u64 {
             .unwrap_or(0)
     })
 }
+/// Whether the fault hook flips payload bits (zero-copy blocks have none
+/// in memory to flip, so such a session keeps them in buffers).
+pub fn flips_bits() -> bool {
+    flip_every() > 0
+}
+
 static SENT: AtomicU64 = AtomicU64::new(0);
 
 /// How a data link ended: the link (kept open until the session ends) or
@@ -76,6 +82,8 @@ pub struct StreamOut {
     /// session's other links and, for daemon/user limits, other sessions).
     rate: crate::data::rate::Limits,
     flip: u64,
+    /// The link takes zero-copy blocks (Link::can_send_file), asked once.
+    send_file: bool,
 }
 
 impl StreamOut {
@@ -91,7 +99,6 @@ impl StreamOut {
         StreamOut {
             stream,
             epoch,
-            link,
             log: SentLog::new(window + 1),
             credits: CreditWindow::new(window),
             head: vec![0u8; HEADER_LEN + table_len(MAX_SEGMENTS)],
@@ -99,6 +106,8 @@ impl StreamOut {
             credit_open: None,
             rate: Default::default(),
             flip: flip_every(),
+            send_file: link.can_send_file(),
+            link,
         }
     }
 
@@ -176,6 +185,25 @@ impl StreamOut {
         }
         head[..HEADER_LEN].copy_from_slice(&h.encode());
         let len = buf.len;
+        if let Some((file, off)) = &buf.file {
+            if self.send_file && self.seal.is_none() && self.flip == 0 {
+                let sent = self
+                    .link
+                    .send_file(&head[..HEADER_LEN + tl], file, *off, len)?;
+                if sent < len {
+                    // The file was cut short after the reader hashed it:
+                    // finish the frame with zeros, so the stream stays in
+                    // step and the sink's check fails the block (its
+                    // re-read then reports the file).
+                    pad_zeros(&mut *self.link, len - sent)?;
+                }
+                stats.blocks.fetch_add(1, Ordering::Relaxed);
+                stats.zerocopy_blocks.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            // A link that needs the payload in memory: read it in.
+            materialize(buf)?;
+        }
         let tag = match self.seal.as_mut() {
             Some(s) => s.seal(&head[..HEADER_LEN + tl], &mut buf.space()[..len]),
             None => [0u8; TAG_LEN],
@@ -214,6 +242,29 @@ impl StreamOut {
         };
         (self.stream, self.epoch, outcome, self.log)
     }
+}
+
+/// Read a zero-copy block's payload into its buffer (a link that cannot
+/// send from the file; rare: the session decides once).
+fn materialize(buf: &mut Buf) -> std::io::Result<()> {
+    if let Some((file, off)) = buf.file.take() {
+        let len = buf.len;
+        let n = crate::fsops::pread_full(&file, &mut buf.space()[..len], off)?;
+        // A file cut short: zeros, which fail the sink's check.
+        buf.space()[n..len].fill(0);
+    }
+    Ok(())
+}
+
+/// Write `n` zero bytes (the rest of a frame whose file ended early).
+fn pad_zeros(w: &mut dyn Write, mut n: usize) -> std::io::Result<()> {
+    static ZEROS: [u8; 64 << 10] = [0u8; 64 << 10];
+    while n > 0 {
+        let k = n.min(ZEROS.len());
+        w.write_all(&ZEROS[..k])?;
+        n -= k;
+    }
+    Ok(())
 }
 
 /// Sender thread body (queued send path): drains `filled` onto `out`'s
@@ -330,6 +381,73 @@ mod tests {
         send_credit(&mut plain, 4).unwrap();
         let e = send_after(&plain).unwrap_err();
         assert!(e.to_string().contains("unsealed credit"), "{e}");
+    }
+
+    /// Read one DATA frame (header, table, payload) off `peer`.
+    fn frame(peer: &mut TcpStream) -> Vec<u8> {
+        use std::io::Read;
+        let mut h = [0u8; HEADER_LEN];
+        peer.read_exact(&mut h).unwrap();
+        let len = FrameHeader::decode(&h, u32::MAX).unwrap().len as usize;
+        let mut v = h.to_vec();
+        v.resize(HEADER_LEN + len, 0);
+        peer.read_exact(&mut v[HEADER_LEN..]).unwrap();
+        v
+    }
+
+    /// A zero-copy block is the same frame on the wire as the buffered
+    /// one; a file cut short after the hash still makes a whole frame
+    /// (zeros where the bytes were), so the stream stays in step and the
+    /// sink's check fails the block.
+    #[test]
+    fn a_zero_copy_block_is_the_same_frame_and_a_short_file_is_padded() {
+        let (l, mut peer) = pair();
+        let mut credit = Vec::new();
+        send_credit(&mut credit, 8).unwrap();
+        peer.write_all(&credit).unwrap();
+        let mut out = StreamOut::new(0, 0, l, 8, None);
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 13 + 1) as u8).collect();
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&data).unwrap();
+        let f = Arc::new(f);
+        let pool = BufferPool::allocate(2, 256 << 10).unwrap();
+        let seg = Segment {
+            file_id: 3,
+            offset: 4096,
+            len: 200_000,
+        };
+        let block = |file: bool| {
+            let mut b = pool.get();
+            b.segs.push(seg);
+            b.len = 200_000;
+            b.checksum = 42;
+            if file {
+                b.file = Some((f.clone(), 4096));
+            } else {
+                b.space()[..200_000].copy_from_slice(&data[4096..204_096]);
+            }
+            b
+        };
+        let stats = Stats::default();
+        for file in [false, true] {
+            let mut b = block(file);
+            out.send_block(&mut b, &stats).unwrap();
+            pool.put(b);
+        }
+        let (a, b) = (frame(&mut peer), frame(&mut peer));
+        assert_eq!(a, b);
+        assert_eq!(stats.zerocopy_blocks.load(Ordering::Relaxed), 1);
+        // Cut the file 1000 bytes into the block: the frame keeps its
+        // length, the rest is zeros.
+        f.set_len(5096).unwrap();
+        let mut b = block(true);
+        out.send_block(&mut b, &stats).unwrap();
+        pool.put(b);
+        let c = frame(&mut peer);
+        assert_eq!(c.len(), a.len());
+        let p = c.len() - 200_000;
+        assert_eq!(&c[p..p + 1000], &data[4096..5096]);
+        assert!(c[p + 1000..].iter().all(|&x| x == 0));
     }
 
     /// On a plain link a sealed-looking credit is refused too.

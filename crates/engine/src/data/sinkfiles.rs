@@ -1178,6 +1178,12 @@ impl FileTable {
         first == self.files.len()
     }
 
+    /// Whether file `id` is in place or failed (nothing more to ask for).
+    pub fn is_settled(&self, id: u64) -> bool {
+        self.get(id)
+            .is_some_and(|f| f.flags.load(Ordering::Acquire) & (FINAL | FAILED) != 0)
+    }
+
     /// Whether a file made it to its final name.
     pub fn is_final(&self, f: &SinkFile) -> bool {
         f.flags.load(Ordering::Acquire) & FINAL != 0 && f.piece.is_none()

@@ -140,14 +140,24 @@ pub(super) fn on_corrupt(
             "corrupt block on stream {stream} with an unusable segment table"
         )));
     }
+    // Segments of files already failed (or in place) are not asked for:
+    // a file the source failed (e.g. it changed while being read, and a
+    // zero-copy block sent its new bytes) can still have blocks in flight
+    // after the sink settled, and no Resend may follow Settled.
+    let v: Vec<_> = segs
+        .iter()
+        .filter(|s| !table.is_settled(s.file_id))
+        .map(|s| (s.file_id, s.offset, s.len))
+        .collect();
+    if v.is_empty() {
+        tracing::debug!("block on stream {stream} failed verification; its files are settled");
+        return Ok(());
+    }
     tracing::warn!(
         "block on stream {stream} failed verification; asking for {} segments again",
-        segs.len()
+        v.len()
     );
-    stats
-        .resends
-        .fetch_add(segs.len() as u64, Ordering::Relaxed);
-    let v = segs.iter().map(|s| (s.file_id, s.offset, s.len)).collect();
+    stats.resends.fetch_add(v.len() as u64, Ordering::Relaxed);
     ctl.send(&Control::Resend(v))
 }
 

@@ -252,6 +252,16 @@ impl<'s> Payload<'s> {
             rate: opts.rate.clone(),
         };
         let path = send_path(s, nread, c.streams);
+        // Zero-copy sends (storage::zerocopy), decided once: plain TCP
+        // links, payload not sealed, the sink checks every block.
+        let zerocopy = opts.send_zerocopy
+            && crate::storage::zerocopy::allowed_by_env()
+            && o.key
+                .is_none_or(|k| StreamSeal::new(c.cipher, &k, 0, 0).is_none())
+            && c.checksum
+            && !crate::data::sender::flips_bits()
+            && !o.links.is_empty()
+            && o.links.iter().all(|l| l.can_send_file());
         let mut data_links = o.links;
         let inline = (path == SendPath::Inline).then(|| {
             let outs = data_links.drain(..).enumerate();
@@ -275,6 +285,7 @@ impl<'s> Payload<'s> {
             stats: stats.clone(),
             block_size: c.block_size,
             storage: Arc::new(StorageCfg::source(opts, c.block_size)),
+            zerocopy,
         };
         let read_storage = ctx.storage.clone();
         let (mut jobs, rdone_rx) = spawn_readers(&mut readers, ctx);
@@ -766,6 +777,7 @@ impl<'s> Payload<'s> {
             links: std::mem::take(&mut f.links),
             send_path: Some(f.path),
             handoffs: self.stats.handoffs.load(Ordering::Relaxed),
+            zerocopy_blocks: self.stats.zerocopy_blocks.load(Ordering::Relaxed),
             storage: f.read_storage.usage(false),
             stream_choice: None,
             growth: self.grow.as_ref().map(|a| Growth {

@@ -28,6 +28,7 @@ pub mod sparse;
 pub mod tmpfile;
 pub mod uring;
 pub mod volume;
+pub mod zerocopy;
 
 use std::fmt;
 use std::io;

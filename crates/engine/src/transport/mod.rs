@@ -10,6 +10,7 @@ pub mod rawlink;
 pub mod sealed;
 pub mod tcp;
 
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::time::Duration;
 
@@ -63,6 +64,21 @@ pub trait Link: Read + Write + Send {
     /// its packets wait in queues on the path.
     fn srtt(&self) -> Option<Duration> {
         None
+    }
+    /// Whether [`Link::send_file`] works on this link (asked once per
+    /// link, not per block). Only plain TCP: raw-Ethernet channels, ssh
+    /// tunnels and sealed links need the payload in memory.
+    fn can_send_file(&self) -> bool {
+        false
+    }
+    /// Zero-copy send (storage::zerocopy, issue 17): write `head`, then
+    /// `len` bytes of `file` from offset `off` straight from the page
+    /// cache (sendfile(2)), as one stream of bytes with no copy in user
+    /// space. Returns the file bytes sent: fewer than `len` only if the
+    /// file ended first (the caller completes the frame).
+    fn send_file(&mut self, head: &[u8], file: &File, off: u64, len: usize) -> io::Result<usize> {
+        let _ = (head, file, off, len);
+        Err(io::ErrorKind::Unsupported.into())
     }
 }
 

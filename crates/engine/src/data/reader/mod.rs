@@ -29,6 +29,7 @@ use crate::storage::direct::{is_aligned, pread_direct, round_up, ALIGN};
 use crate::storage::local::LOCAL_COPY_MIN;
 use crate::storage::sparse::{map_range, Piece};
 use crate::storage::volume::{max_runs, zero_runs, ZERO_GRAIN};
+use crate::storage::zerocopy::{populate_works, FileMap, ZEROCOPY_MIN};
 use crate::storage::{is_direct_refusal, IoEngine, IoOp, StorageCfg, DIRECT_MIN};
 
 /// Progress of one source file across readers.
@@ -77,17 +78,25 @@ pub struct ReaderCtx {
     /// Home queue of each reader, by reader index (tasks::assign_homes);
     /// empty = reader i serves queue i % queues.
     pub homes: Vec<Option<usize>>,
+    /// Blocks of large files read buffered go zero-copy: hashed through
+    /// a mapping, sent from the page cache (storage::zerocopy). Decided
+    /// once per session from its links and options.
+    pub zerocopy: bool,
 }
 
 /// A source file opened for reading.
 pub struct SrcOpen {
     pub idx: u32,
-    /// Buffered descriptor (unaligned pieces, metadata, holes).
-    pub file: File,
+    /// Buffered descriptor (unaligned pieces, metadata, holes); shared
+    /// with the zero-copy blocks that send from it.
+    pub file: Arc<File>,
     /// O_DIRECT descriptor for large files where the file system takes it.
     pub direct: Option<File>,
     /// Fewer blocks than bytes: map holes before reading.
     pub sparse: bool,
+    /// A large file read buffered on a zero-copy session: its mapping,
+    /// through which blocks are hashed without a copy.
+    pub map: Option<FileMap>,
 }
 
 impl ReaderCtx {
@@ -180,11 +189,23 @@ impl ReaderCtx {
                 Err(e) => return Err(format!("cannot open: {e}")),
             }
         }
+        // Zero-copy where the pages come from the page cache anyway (not
+        // O_DIRECT) and a block holds one file (large files only; a
+        // volume's zero runs and local copies are made from the data).
+        let map = (self.zerocopy
+            && direct.is_none()
+            && !copied
+            && !f.volume
+            && f.size >= ZEROCOPY_MIN
+            && populate_works())
+        .then(|| FileMap::new(&file, f.size).ok())
+        .flatten();
         Ok(Some(SrcOpen {
             idx,
-            file,
+            file: Arc::new(file),
             direct,
             sparse,
+            map,
         }))
     }
 
@@ -226,6 +247,36 @@ impl ReaderCtx {
             }
         }
         Ok(())
+    }
+
+    /// Make `buf` (empty) a zero-copy block of `n` bytes of `o`'s file at
+    /// `off`: hashed through the mapping, sent from the file. False when
+    /// the file has no mapping or the range is not mapped (read it into
+    /// the buffer instead).
+    pub fn push_mapped(&self, buf: &mut Buf, o: &SrcOpen, off: u64, n: usize) -> bool {
+        // One file's bytes from payload offset 0: the whole payload.
+        if buf.len != 0 || !buf.segs.is_empty() {
+            return false;
+        }
+        let idx = o.idx as usize;
+        let f = &self.files[idx];
+        let Some(map) = o.map.as_ref() else {
+            return false;
+        };
+        // Checksums are on (a zero-copy session needs them).
+        let Some(h) = map.hash(off, n, |b| segment_hash(f.id, off, b)) else {
+            return false;
+        };
+        self.add_hash(buf, idx, h);
+        buf.segs.push(Segment {
+            file_id: f.id,
+            offset: off,
+            len: n as u32,
+        });
+        buf.len = n;
+        buf.file = Some((o.file.clone(), off));
+        self.stats.add_bytes(n as u64);
+        true
     }
 
     /// Record one segment already in `buf` at payload offset `start`.
@@ -455,7 +506,7 @@ pub fn run_reader_sync(ctx: &ReaderCtx, home: usize) {
                 }
             }
         }
-        ctx.unit_done(&u, open.as_ref().map(|o| &o.file));
+        ctx.unit_done(&u, open.as_ref().map(|o| &*o.file));
     }
     if let Some(b) = cur {
         ctx.ship(b);
@@ -496,6 +547,18 @@ fn read_data(
         if let Err(e) = ctx.storage.hook.check(IoOp::Read, &f.rel, off, want) {
             *cur = Some(buf);
             return Err(format!("read error at offset {off}: {e}"));
+        }
+        // A fresh block of a mapped file: zero-copy, sent as it is.
+        if start == 0 && !use_direct {
+            if let Some(o) = open.as_deref() {
+                if ctx.push_mapped(&mut buf, o, off, want) {
+                    off += want as u64;
+                    if !ctx.ship(buf) {
+                        return Ok(false);
+                    }
+                    continue;
+                }
+            }
         }
         let got = match open.as_deref_mut() {
             None => Ok(want), // null source: the block's bytes are whatever it holds

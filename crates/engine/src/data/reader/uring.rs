@@ -354,6 +354,17 @@ impl UringReader<'_> {
                 .fail(idx, format!("read error at offset {off}: {e}"));
             return;
         }
+        // A fresh block of a mapped file: zero-copy, no read.
+        if start == 0 && !direct && self.ctx.push_mapped(&mut slot.buf, &open, off, want) {
+            if (want as u64) < len {
+                self.push_front(Piece::Data {
+                    off: off + want as u64,
+                    len: len - want as u64,
+                });
+            }
+            self.seal(s);
+            return;
+        }
         let io_len = if direct {
             round_up(want).min(slot.buf.capacity() - start)
         } else {
@@ -475,7 +486,7 @@ impl UringReader<'_> {
         let rec = self.units.get_mut(u);
         if rec.planned && rec.outstanding == 0 {
             let rec = self.units.remove(u);
-            self.ctx.unit_done(&rec.unit, Some(&rec.open.file));
+            self.ctx.unit_done(&rec.unit, Some(&*rec.open.file));
         }
     }
 }
