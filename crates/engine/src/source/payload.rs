@@ -24,6 +24,7 @@ use crate::crypto::{Cipher, StreamSeal};
 use crate::data::inline::InlineLinks;
 use crate::data::reader::{run_reader, ReaderCtx, ReaderEvent, SrcFileState};
 use crate::data::reread::Rereader;
+use crate::data::sinkdirs::ReadDirs;
 use crate::data::sender::{run_sender, LinkDone, StreamOut};
 use crate::fsops::Root;
 use crate::relink::{Joined, LinkEvent, Requeue, State, Streams};
@@ -286,6 +287,7 @@ impl<'s> Payload<'s> {
             block_size: c.block_size,
             storage: Arc::new(StorageCfg::source(opts, c.block_size)),
             zerocopy,
+            dirs: Arc::new(ReadDirs::new(files.iter().map(|f| &f.rel[..]))),
         };
         let read_storage = ctx.storage.clone();
         let (mut jobs, rdone_rx) = spawn_readers(&mut readers, ctx);

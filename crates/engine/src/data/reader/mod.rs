@@ -20,6 +20,7 @@ use crossbeam_channel::Sender;
 use ramsys_proto::data::{marker_hash, segment_hash, Segment, MAX_HOLE, MAX_SEGMENTS};
 use ramsys_resources::{Buf, BufferPool};
 
+use crate::data::sinkdirs::ReadDirs;
 use crate::fsops::{pread_full, Root};
 use crate::request::tasks::{DeviceQueue, ReadUnit};
 use crate::request::walk::SourceFile;
@@ -82,6 +83,8 @@ pub struct ReaderCtx {
     /// a mapping, sent from the page cache (storage::zerocopy). Decided
     /// once per session from its links and options.
     pub zerocopy: bool,
+    /// Each file's directory, opened once (data::sinkdirs::ReadDirs).
+    pub dirs: Arc<ReadDirs>,
 }
 
 /// A source file opened for reading.
@@ -140,6 +143,20 @@ impl ReaderCtx {
         self.state[idx].failed.load(Ordering::Acquire)
     }
 
+    /// Open file `idx` for reading (never through a final symlink),
+    /// relative to its directory; a volume by its path.
+    fn open_file(&self, idx: u32, direct: bool) -> std::io::Result<File> {
+        let f = &self.files[idx as usize];
+        if f.volume {
+            return self.root.open_read(&f.rel, direct);
+        }
+        let mut fl = libc::O_RDONLY | libc::O_NOFOLLOW;
+        if direct {
+            fl |= libc::O_DIRECT;
+        }
+        Ok(File::from(self.dirs.open(&self.root, idx as usize, &f.rel, fl)?))
+    }
+
     /// Open file `idx` (None for the null source, which reads nothing).
     pub fn open(&self, idx: u32) -> Result<Option<SrcOpen>, String> {
         if self.storage.null {
@@ -147,8 +164,7 @@ impl ReaderCtx {
         }
         let f = &self.files[idx as usize];
         let file = self
-            .root
-            .open_read(&f.rel, false)
+            .open_file(idx, false)
             .map_err(|e| format!("cannot open: {e}"))?;
         // Sparse or not comes from the scan's stat: no fstat per open
         // (unit_done still checks size and mtime once the file is read).
@@ -180,7 +196,7 @@ impl ReaderCtx {
                 .storage
                 .hook
                 .check(IoOp::OpenDirect, &f.rel, 0, 0)
-                .and_then(|_| self.root.open_read(&f.rel, true));
+                .and_then(|_| self.open_file(idx, true));
             match r {
                 Ok(d) => direct = Some(d),
                 Err(e) if is_direct_refusal(&e) => {
