@@ -161,6 +161,56 @@ fn twenty_thousand_small_files_through_daemon() {
     assert_same_tree(&src, &root.join("many"));
 }
 
+/// Readers open each file relative to its directory (ReadDirs) and buffer
+/// pools ask for huge pages: a deep tree with files at every level, a
+/// file beside the top directory and names that only differ in their
+/// directory goes through a daemon and back, with the agent's pool on
+/// huge pages and off (RAMSYS_THP=0), byte for byte.
+#[test]
+fn deep_tree_through_daemon_with_and_without_huge_pages() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("deep");
+    let mut r = Rng(7);
+    let mut dir = src.clone();
+    for level in 0..8 {
+        dir = dir.join(format!("l{level}"));
+        for side in 0..3 {
+            let d = dir.join(format!("s{side}"));
+            std::fs::create_dir_all(&d).unwrap();
+            for f in 0..20 {
+                let n = (r.next() % 20_000) as usize;
+                std::fs::write(d.join(format!("same{f}")), r.bytes(n)).unwrap();
+            }
+        }
+        std::fs::write(dir.join("here"), r.bytes(level * 1000)).unwrap();
+    }
+    std::fs::create_dir_all(src.join("empty")).unwrap();
+    std::fs::write(src.join("top"), b"top").unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = TestDaemon::start(&root, &key);
+    for (thp, name) in [("1", "on"), ("0", "off")] {
+        let mut c = std::process::Command::new(bin());
+        c.args(["cp", "-r", "--streams", "2"])
+            .arg(&src)
+            .arg(d.url(name))
+            .env("RAMSYS_KEY_FILE", &key)
+            .env("RAMSYS_THP", thp);
+        let o = run_with_timeout(c, std::time::Duration::from_secs(120));
+        assert_ok(&o);
+        assert_same_tree(&src, &root.join(name));
+    }
+    // The daemon's readers: pulled back.
+    let back = t.path().join("back");
+    assert_ok(&ramsys(
+        &key,
+        &["cp", "-r", &d.url("on"), back.to_str().unwrap()],
+    ));
+    assert_same_tree(&src, &back);
+    assert!(temp_files(&root).is_empty());
+}
+
 #[test]
 fn no_checksum_mode_still_copies_correctly() {
     let t = tempfile::tempdir().unwrap();
