@@ -154,7 +154,12 @@ impl ReaderCtx {
         if direct {
             fl |= libc::O_DIRECT;
         }
-        Ok(File::from(self.dirs.open(&self.root, idx as usize, &f.rel, fl)?))
+        Ok(File::from(self.dirs.open(
+            &self.root,
+            idx as usize,
+            &f.rel,
+            fl,
+        )?))
     }
 
     /// Open file `idx` (None for the null source, which reads nothing).
