@@ -354,15 +354,18 @@ impl UringReader<'_> {
                 .fail(idx, format!("read error at offset {off}: {e}"));
             return;
         }
-        // A fresh block of a mapped file: zero-copy, no read.
-        if start == 0 && !direct && self.ctx.push_mapped(&mut slot.buf, &open, off, want) {
+        // A mapped file: a zero-copy piece, no read.
+        if !direct && self.ctx.push_mapped(&mut slot.buf, &open, off, want) {
+            let full = slot.buf.len == bs || slot.buf.segs.len() == MAX_SEGMENTS;
             if (want as u64) < len {
                 self.push_front(Piece::Data {
                     off: off + want as u64,
                     len: len - want as u64,
                 });
             }
-            self.seal(s);
+            if full {
+                self.seal(s);
+            }
             return;
         }
         let io_len = if direct {
