@@ -494,7 +494,9 @@ mod tests {
         let ((da, fa), (db, fb)) = (mk(13), mk(29));
         // Payload: 1000 own bytes, a[0..50000], 3000 own, b[10..70010],
         // a[60000..90000], 500 own.
-        let pieces: [(Option<(&Arc<std::fs::File>, &[u8])>, usize, usize); 6] = [
+        // (file and its bytes, or the buffer's own; offset; length)
+        type Piece<'a> = (Option<(&'a Arc<std::fs::File>, &'a [u8])>, usize, usize);
+        let pieces: [Piece; 6] = [
             (None, 0, 1000),
             (Some((&fa, &da)), 0, 50_000),
             (None, 0, 3000),
