@@ -26,7 +26,7 @@ use crate::request::walk::SourceFile;
 use crate::stats::Stats;
 use crate::storage::cache::{read_direct, resident_fraction, DirectMode};
 use crate::storage::direct::{is_aligned, pread_direct, round_up, ALIGN};
-use crate::storage::local::LOCAL_COPY_MIN;
+use crate::storage::local::{LOCAL_COPY_CHUNK, LOCAL_COPY_MIN};
 use crate::storage::sparse::{map_range, Piece};
 use crate::storage::volume::{max_runs, zero_runs, ZERO_GRAIN};
 use crate::storage::zerocopy::{populate_works, FileMap, ZEROCOPY_MIN};
@@ -372,7 +372,12 @@ impl ReaderCtx {
                 }
                 continue;
             }
-            let n = (end - off).min(MAX_HOLE as u64) as u32;
+            let most = if copy {
+                LOCAL_COPY_CHUNK
+            } else {
+                MAX_HOLE as u64
+            };
+            let n = (end - off).min(most) as u32;
             let seg = if copy {
                 Segment::copy(id, off, n)
             } else {
@@ -384,6 +389,13 @@ impl ReaderCtx {
             buf.segs.push(seg);
             self.stats.add_bytes(n as u64);
             off += n as u64;
+            if copy {
+                // A block per copy range, so every writer takes some.
+                if !self.ship(buf) {
+                    return false;
+                }
+                continue;
+            }
             *cur = Some(buf);
         }
         true
