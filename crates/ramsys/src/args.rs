@@ -435,9 +435,10 @@ pub struct StorageArgs {
     /// A pull's source is the daemon: its --send-path or config decides.
     #[arg(long, value_name = "inline|queued|auto")]
     pub send_path: Option<ramsys_engine::config::SendPath>,
-    /// Where this process is the source: blocks of large files in the
-    /// page cache go from the file to a TCP link with sendfile, with no
-    /// copy in user space (auto), or through a buffer like the rest (off;
+    /// Where this process is the source: the bytes of files of 64 KiB and
+    /// more in the page cache go from the file to a TCP link with
+    /// sendfile, with no copy in user space (auto), or through a buffer
+    /// like the rest (off;
     /// RAMSYS_SENDFILE=0 does the same). docs/STORAGE.md.
     #[arg(long, value_name = "auto|off", value_parser = ["auto", "off"])]
     pub send_zerocopy: Option<String>,

@@ -1,4 +1,5 @@
-//! Zero-copy sends of large files' blocks (issue 17, storage::zerocopy):
+//! Zero-copy sends (issue 17, storage::zerocopy): blocks of large files,
+//! and packed blocks of files of 64 KiB and more mixed with copied ones:
 //! the copy is identical on either send path, the count of blocks sent
 //! from the page cache is in the stats, `--send-zerocopy off`,
 //! RAMSYS_SENDFILE=0 and `--encrypt` keep every block in a buffer, and a
@@ -67,9 +68,66 @@ fn large_files_go_zero_copy_unless_turned_off_or_sealed() {
         let n = push(&key, &src, &d.url(name), extra, env);
         assert_same_tree(&src, &root.join(name));
         if want {
-            // 9 blocks of `large` and 2 of `tail` at most; small files
-            // never (they share blocks).
-            assert!((1..=11).contains(&n), "{name}: {n} zero-copy blocks");
+            // 9-10 blocks of `large` and 2-3 of `tail` (one more each
+            // when it starts in a block of small files), and at most one
+            // for each of the 4 small files of 64 KiB and more.
+            assert!((11..=17).contains(&n), "{name}: {n} zero-copy blocks");
+        } else {
+            assert_eq!(n, 0, "{name}");
+        }
+    }
+    assert!(temp_files(&root).is_empty());
+}
+
+/// Files of 64 KiB to 1 MiB interleaved with smaller ones: many share a
+/// block, as zero-copy pieces between the copied bytes of the small files
+/// (at most 16 pieces a block, the rest copied); the copy is identical on
+/// both engines and both send paths, and with zero-copy off.
+#[test]
+fn packed_blocks_mix_zero_copy_pieces_with_copied_files() {
+    let TreeAndDaemon {
+        t,
+        key,
+        src: _,
+        root,
+        d,
+    } = tree_and_daemon(65536);
+    let src = t.path().join("psrc");
+    std::fs::create_dir(&src).unwrap();
+    let mut r = Rng(77);
+    let mut mapped = 0;
+    for i in 0..120u64 {
+        // Every third file below 64 KiB (copied), the others 64 KiB to
+        // 1 MiB (zero-copy pieces), in one queue.
+        let n = if i % 3 == 0 {
+            1 + (i * 997 % 60_000) as usize
+        } else {
+            mapped += 1;
+            65536 + (i * 7919 % (960 << 10)) as usize
+        };
+        std::fs::write(src.join(format!("f{i:03}")), r.bytes(n)).unwrap();
+    }
+    let cases: [Case; 4] = [
+        ("queued", &["--send-path", "queued"], None, true),
+        (
+            "inline",
+            &["--send-path", "inline", "--readers", "3"],
+            None,
+            true,
+        ),
+        ("sync", &["--io-engine", "sync"], None, true),
+        ("off", &["--send-zerocopy", "off"], None, false),
+    ];
+    for (name, extra, env, want) in cases {
+        let n = push(&key, &src, &d.url(name), extra, env);
+        assert_same_tree(&src, &root.join(name));
+        if want {
+            // 80 files of 64 KiB+ in 1 MiB blocks: several to a block
+            // (at least 80 / 16 blocks), not one block each.
+            assert!(
+                n >= mapped / 16 && n < mapped,
+                "{name}: {n} zero-copy blocks for {mapped} files"
+            );
         } else {
             assert_eq!(n, 0, "{name}");
         }

@@ -129,11 +129,27 @@ pub struct Buf {
     pub checksum: u64,
     /// Data link the block arrived on (sink side, for credit return).
     pub stream: u16,
-    /// A zero-copy block (source side, issue 17): its `len` payload bytes
-    /// are not in the buffer but in this file at this offset, sent from
-    /// the page cache with sendfile(2). The buffer still counts against
-    /// the pool (credits and back-pressure are per buffer).
-    pub file: Option<(Arc<std::fs::File>, u64)>,
+    /// Zero-copy pieces (source side, issue 17): payload ranges whose
+    /// bytes are not in the buffer but in a file, sent from the page cache
+    /// with sendfile(2); the bytes between them are the buffer's own. In
+    /// payload order, at most [`MAX_FILE_RANGES`] (capacity reserved at
+    /// pool creation: nothing allocated per block; each holds a descriptor
+    /// open until the block is sent). The buffer still counts against the
+    /// pool (credits and back-pressure are per buffer).
+    pub files: Vec<FileRange>,
+}
+
+/// Most zero-copy pieces per block: bounds the descriptors that blocks in
+/// flight keep open (a packed block of small files holds one per file).
+pub const MAX_FILE_RANGES: usize = 16;
+
+/// `len` payload bytes at payload offset `at` that are `file`'s bytes at
+/// `off` (a zero-copy piece of a block).
+pub struct FileRange {
+    pub file: Arc<std::fs::File>,
+    pub off: u64,
+    pub at: usize,
+    pub len: usize,
 }
 
 // SAFETY: a Buf is the only handle to its slice of the region.
@@ -167,7 +183,7 @@ impl Buf {
         self.hashes.clear();
         self.checksum = 0;
         self.stream = 0;
-        self.file = None;
+        self.files.clear();
     }
     /// NUMA node of the memory, if bound.
     pub fn node(&self) -> Option<u32> {
@@ -229,7 +245,7 @@ impl BufferPool {
                 len: 0,
                 segs: Vec::with_capacity(MAX_SEGMENTS),
                 hashes: Vec::with_capacity(MAX_SEGMENTS),
-                file: None,
+                files: Vec::with_capacity(MAX_FILE_RANGES),
                 checksum: 0,
                 stream: 0,
             };
@@ -322,7 +338,7 @@ impl BufferPool {
     /// Return a buffer.
     pub fn put(&self, mut b: Buf) {
         // A free buffer holds no file open (a zero-copy block's source).
-        b.file = None;
+        b.files.clear();
         // Cannot fail: the pool never holds more than `count` buffers.
         let _ = self.tx.try_send(b);
     }

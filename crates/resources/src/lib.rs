@@ -11,5 +11,5 @@ pub mod buffers;
 pub mod keys;
 pub mod threads;
 
-pub use buffers::{Buf, BufferPool, Memory};
+pub use buffers::{Buf, BufferPool, FileRange, Memory, MAX_FILE_RANGES};
 pub use threads::{JobHandle, Reservation, ThreadPool};

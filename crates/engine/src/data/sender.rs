@@ -185,17 +185,30 @@ impl StreamOut {
         }
         head[..HEADER_LEN].copy_from_slice(&h.encode());
         let len = buf.len;
-        if let Some((file, off)) = &buf.file {
+        if !buf.files.is_empty() {
             if self.send_file && self.seal.is_none() && self.flip == 0 {
-                let sent = self
-                    .link
-                    .send_file(&head[..HEADER_LEN + tl], file, *off, len)?;
-                if sent < len {
-                    // The file was cut short after the reader hashed it:
-                    // finish the frame with zeros, so the stream stays in
-                    // step and the sink's check fails the block (its
-                    // re-read then reports the file).
-                    pad_zeros(&mut *self.link, len - sent)?;
+                // Payload order: the buffer's own bytes before each file
+                // piece go out with it (MSG_MORE), the piece by sendfile,
+                // whatever follows the last piece by a plain write.
+                let data = buf.data();
+                let mut head: &[u8] = &head[..HEADER_LEN + tl];
+                let mut pos = 0;
+                for r in &buf.files {
+                    let sent =
+                        self.link
+                            .send_file(&[head, &data[pos..r.at]], &r.file, r.off, r.len)?;
+                    if sent < r.len {
+                        // The file was cut short after the reader hashed
+                        // it: finish its piece with zeros, so the stream
+                        // stays in step and the sink's check fails the
+                        // block (its re-read then reports the file).
+                        pad_zeros(&mut *self.link, r.len - sent)?;
+                    }
+                    head = &[];
+                    pos = r.at + r.len;
+                }
+                if pos < len {
+                    self.link.write_all(&data[pos..len])?;
                 }
                 stats.blocks.fetch_add(1, Ordering::Relaxed);
                 stats.zerocopy_blocks.fetch_add(1, Ordering::Relaxed);
@@ -247,13 +260,18 @@ impl StreamOut {
 /// Read a zero-copy block's payload into its buffer (a link that cannot
 /// send from the file; rare: the session decides once).
 fn materialize(buf: &mut Buf) -> std::io::Result<()> {
-    if let Some((file, off)) = buf.file.take() {
-        let len = buf.len;
-        let n = crate::fsops::pread_full(&file, &mut buf.space()[..len], off)?;
+    let mut files = std::mem::take(&mut buf.files);
+    let r = files.iter().try_for_each(|r| {
+        let dst = &mut buf.space()[r.at..r.at + r.len];
+        let n = crate::fsops::pread_full(&r.file, dst, r.off)?;
         // A file cut short: zeros, which fail the sink's check.
-        buf.space()[n..len].fill(0);
-    }
-    Ok(())
+        dst[n..].fill(0);
+        Ok(())
+    });
+    // Keep the reserved capacity with the buffer.
+    files.clear();
+    buf.files = files;
+    r
 }
 
 /// Write `n` zero bytes (the rest of a frame whose file ended early).
@@ -306,6 +324,7 @@ mod tests {
     use crate::crypto::Cipher;
     use crate::wire::{send_credit, send_credit_sealed};
     use ramsys_proto::data::Segment;
+    use ramsys_resources::{FileRange, MAX_FILE_RANGES};
     use std::net::{TcpListener, TcpStream};
 
     const KEY: [u8; 32] = [5u8; 32];
@@ -422,7 +441,12 @@ mod tests {
             b.len = 200_000;
             b.checksum = 42;
             if file {
-                b.file = Some((f.clone(), 4096));
+                b.files.push(FileRange {
+                    file: f.clone(),
+                    off: 4096,
+                    at: 0,
+                    len: 200_000,
+                });
             } else {
                 b.space()[..200_000].copy_from_slice(&data[4096..204_096]);
             }
@@ -448,6 +472,84 @@ mod tests {
         let p = c.len() - 200_000;
         assert_eq!(&c[p..p + 1000], &data[4096..5096]);
         assert!(c[p + 1000..].iter().all(|&x| x == 0));
+    }
+
+    /// A packed block mixing the buffer's own bytes with zero-copy pieces
+    /// of two files (and of one file twice) is the frame the same block
+    /// makes from memory; on a link that cannot send files, the pieces are
+    /// read into the buffer first.
+    #[test]
+    fn a_packed_block_of_file_pieces_and_buffer_bytes_is_the_same_frame() {
+        let (l, mut peer) = pair();
+        let mut credit = Vec::new();
+        send_credit(&mut credit, 8).unwrap();
+        peer.write_all(&credit).unwrap();
+        let mut out = StreamOut::new(0, 0, l, 8, None);
+        let mk = |seed: u32| -> (Vec<u8>, Arc<std::fs::File>) {
+            let d: Vec<u8> = (0..100_000u32).map(|i| (i * seed + 7) as u8).collect();
+            let mut f = tempfile::tempfile().unwrap();
+            f.write_all(&d).unwrap();
+            (d, Arc::new(f))
+        };
+        let ((da, fa), (db, fb)) = (mk(13), mk(29));
+        // Payload: 1000 own bytes, a[0..50000], 3000 own, b[10..70010],
+        // a[60000..90000], 500 own.
+        // (file and its bytes, or the buffer's own; offset; length)
+        type Piece<'a> = (Option<(&'a Arc<std::fs::File>, &'a [u8])>, usize, usize);
+        let pieces: [Piece; 6] = [
+            (None, 0, 1000),
+            (Some((&fa, &da)), 0, 50_000),
+            (None, 0, 3000),
+            (Some((&fb, &db)), 10, 60_000),
+            (Some((&fa, &da)), 60_000, 30_000),
+            (None, 0, 500),
+        ];
+        let pool = BufferPool::allocate(2, 256 << 10).unwrap();
+        let block = |zc: bool| {
+            let mut b = pool.get();
+            let mut at = 0;
+            for (i, (src, off, len)) in pieces.iter().enumerate() {
+                b.segs.push(Segment {
+                    file_id: i as u64,
+                    offset: *off as u64,
+                    len: *len as u32,
+                });
+                match src {
+                    Some((f, d)) if zc => {
+                        // Garbage where the piece would be: must not be sent.
+                        b.space()[at..at + len].fill(0xee);
+                        b.files.push(FileRange {
+                            file: (*f).clone(),
+                            off: *off as u64,
+                            at,
+                            len: *len,
+                        })
+                    }
+                    Some((_, d)) => b.space()[at..at + len].copy_from_slice(&d[*off..off + len]),
+                    None => b.space()[at..at + len].fill(i as u8),
+                }
+                at += len;
+            }
+            b.len = at;
+            b.checksum = 7;
+            b
+        };
+        let stats = Stats::default();
+        for zc in [false, true] {
+            let mut b = block(zc);
+            out.send_block(&mut b, &stats).unwrap();
+            pool.put(b);
+        }
+        let (a, b) = (frame(&mut peer), frame(&mut peer));
+        assert_eq!(a, b);
+        assert_eq!(stats.zerocopy_blocks.load(Ordering::Relaxed), 1);
+        // Read into the buffer where the link needs the payload in memory.
+        let mut b = block(true);
+        materialize(&mut b).unwrap();
+        assert!(b.files.is_empty() && b.files.capacity() >= MAX_FILE_RANGES);
+        let p = a.len() - b.len;
+        assert_eq!(b.data(), &a[p..]);
+        pool.put(b);
     }
 
     /// On a plain link a sealed-looking credit is refused too.

@@ -201,8 +201,13 @@ fn credit_returns(
 /// How many of the `reserved` writers run. SINK_WRITERS_MIN is for trees
 /// of small files (metadata-bound); a session of large files keeps the
 /// plan's count, `bulk` (4 x 1 GiB took ~10 % more sink CPU with the
-/// floor's second writer).
+/// floor's second writer). A local copy keeps them all: its writers do
+/// the copying itself (copy_file_range, storage::local), and one writer
+/// left 4 x 1 GiB on one core.
 fn writer_count(bulk: Option<usize>, table: &FileTable, reserved: usize) -> usize {
+    if table.storage.local.is_some() {
+        return reserved;
+    }
     let small = table
         .files()
         .iter()

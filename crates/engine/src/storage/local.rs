@@ -28,6 +28,15 @@ use crate::fsops::Root;
 /// system calls than a copy_file_range per file).
 pub const LOCAL_COPY_MIN: u64 = 1 << 20;
 
+/// Largest range one local-copy segment names, and each such segment
+/// travels in a block of its own: blocks go to whichever writer is free,
+/// so a large file is copied by every writer at once (one block of
+/// 1 GiB segments kept 4 x 1 GiB on one writer's copy_file_range, one
+/// core, while `cp -a` gets the same core: BENCHMARKS "Local copies").
+/// 64 MiB: 16 blocks per GiB, each call long enough that its setup does
+/// not count.
+pub const LOCAL_COPY_CHUNK: u64 = 64 << 20;
+
 /// The source's files, by entry id, shared with the in-process sink.
 #[derive(Default)]
 pub struct LocalBridge {

@@ -23,9 +23,12 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-/// Files at least this large are sent zero-copy (smaller ones are packed
-/// into shared blocks, which must be in memory).
-pub const ZEROCOPY_MIN: u64 = super::DIRECT_MIN;
+/// Files at least this large are sent zero-copy, packed several to a
+/// block below the block size (data::reader::ReaderCtx::push_mapped).
+/// Below it a mapping (mmap, page-table fill, munmap: some 10 us) costs
+/// about what copying the file into the block does; most files of a
+/// source tree are smaller and stay copied.
+pub const ZEROCOPY_MIN: u64 = 64 * 1024;
 
 /// Whether the environment allows zero-copy sends (`RAMSYS_SENDFILE=0`
 /// turns them off; read once).

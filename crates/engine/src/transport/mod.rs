@@ -71,12 +71,18 @@ pub trait Link: Read + Write + Send {
     fn can_send_file(&self) -> bool {
         false
     }
-    /// Zero-copy send (storage::zerocopy, issue 17): write `head`, then
-    /// `len` bytes of `file` from offset `off` straight from the page
-    /// cache (sendfile(2)), as one stream of bytes with no copy in user
-    /// space. Returns the file bytes sent: fewer than `len` only if the
-    /// file ended first (the caller completes the frame).
-    fn send_file(&mut self, head: &[u8], file: &File, off: u64, len: usize) -> io::Result<usize> {
+    /// Zero-copy send (storage::zerocopy, issue 17): write the `head`
+    /// slices, then `len` bytes of `file` from offset `off` straight from
+    /// the page cache (sendfile(2)), as one stream of bytes with no copy
+    /// in user space. Returns the file bytes sent: fewer than `len` only
+    /// if the file ended first (the caller completes the frame).
+    fn send_file(
+        &mut self,
+        head: &[&[u8]],
+        file: &File,
+        off: u64,
+        len: usize,
+    ) -> io::Result<usize> {
         let _ = (head, file, off, len);
         Err(io::ErrorKind::Unsupported.into())
     }

@@ -76,32 +76,39 @@ impl Link for TcpStream {
     fn can_send_file(&self) -> bool {
         true
     }
-    fn send_file(&mut self, head: &[u8], file: &File, off: u64, len: usize) -> io::Result<usize> {
+    fn send_file(
+        &mut self,
+        head: &[&[u8]],
+        file: &File,
+        off: u64,
+        len: usize,
+    ) -> io::Result<usize> {
         let fd = self.as_raw_fd();
         // The head waits for the payload (MSG_MORE): they leave in the
         // same segments, as the vectored write of the buffer path does.
-        let mut h = head;
-        while !h.is_empty() {
-            // SAFETY: send from a valid slice on our socket.
-            let n = unsafe {
-                libc::send(
-                    fd,
-                    h.as_ptr() as *const libc::c_void,
-                    h.len(),
-                    libc::MSG_MORE | libc::MSG_NOSIGNAL,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
+        for mut h in head.iter().copied() {
+            while !h.is_empty() {
+                // SAFETY: send from a valid slice on our socket.
+                let n = unsafe {
+                    libc::send(
+                        fd,
+                        h.as_ptr() as *const libc::c_void,
+                        h.len(),
+                        libc::MSG_MORE | libc::MSG_NOSIGNAL,
+                    )
+                };
+                if n < 0 {
+                    let e = io::Error::last_os_error();
+                    if e.kind() == io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return Err(e);
                 }
-                return Err(e);
+                if n == 0 {
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                h = &h[n as usize..];
             }
-            if n == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
-            }
-            h = &h[n as usize..];
         }
         let mut pos = off as libc::off_t;
         let mut sent = 0;

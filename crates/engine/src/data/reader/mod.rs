@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::Sender;
 use ramsys_proto::data::{marker_hash, segment_hash, Segment, MAX_HOLE, MAX_SEGMENTS};
-use ramsys_resources::{Buf, BufferPool};
+use ramsys_resources::{Buf, BufferPool, FileRange, MAX_FILE_RANGES};
 
 use crate::data::sinkdirs::ReadDirs;
 use crate::fsops::{pread_full, Root};
@@ -27,7 +27,7 @@ use crate::request::walk::SourceFile;
 use crate::stats::Stats;
 use crate::storage::cache::{read_direct, resident_fraction, DirectMode};
 use crate::storage::direct::{is_aligned, pread_direct, round_up, ALIGN};
-use crate::storage::local::LOCAL_COPY_MIN;
+use crate::storage::local::{LOCAL_COPY_CHUNK, LOCAL_COPY_MIN};
 use crate::storage::sparse::{map_range, Piece};
 use crate::storage::volume::{max_runs, zero_runs, ZERO_GRAIN};
 use crate::storage::zerocopy::{populate_works, FileMap, ZEROCOPY_MIN};
@@ -211,8 +211,9 @@ impl ReaderCtx {
             }
         }
         // Zero-copy where the pages come from the page cache anyway (not
-        // O_DIRECT) and a block holds one file (large files only; a
-        // volume's zero runs and local copies are made from the data).
+        // O_DIRECT), for files large enough that a mapping costs less
+        // than the copy it saves (a volume's zero runs and local copies
+        // are made from the data).
         let map = (self.zerocopy
             && direct.is_none()
             && !copied
@@ -270,13 +271,13 @@ impl ReaderCtx {
         Ok(())
     }
 
-    /// Make `buf` (empty) a zero-copy block of `n` bytes of `o`'s file at
-    /// `off`: hashed through the mapping, sent from the file. False when
-    /// the file has no mapping or the range is not mapped (read it into
-    /// the buffer instead).
+    /// Append `n` bytes of `o`'s file at `off` to `buf` (at payload
+    /// offset `buf.len`, which has room for them) as a zero-copy piece:
+    /// hashed through the mapping, sent from the file. False when the file
+    /// has no mapping, the range is not mapped or the block holds its most
+    /// pieces or segments (read it into the buffer instead).
     pub fn push_mapped(&self, buf: &mut Buf, o: &SrcOpen, off: u64, n: usize) -> bool {
-        // One file's bytes from payload offset 0: the whole payload.
-        if buf.len != 0 || !buf.segs.is_empty() {
+        if buf.files.len() == MAX_FILE_RANGES || buf.segs.len() == MAX_SEGMENTS {
             return false;
         }
         let idx = o.idx as usize;
@@ -294,8 +295,14 @@ impl ReaderCtx {
             offset: off,
             len: n as u32,
         });
-        buf.len = n;
-        buf.file = Some((o.file.clone(), off));
+        let at = buf.len;
+        buf.files.push(FileRange {
+            file: o.file.clone(),
+            off,
+            at,
+            len: n,
+        });
+        buf.len = at + n;
         self.stats.add_bytes(n as u64);
         true
     }
@@ -386,7 +393,12 @@ impl ReaderCtx {
                 }
                 continue;
             }
-            let n = (end - off).min(MAX_HOLE as u64) as u32;
+            let most = if copy {
+                LOCAL_COPY_CHUNK
+            } else {
+                MAX_HOLE as u64
+            };
+            let n = (end - off).min(most) as u32;
             let seg = if copy {
                 Segment::copy(id, off, n)
             } else {
@@ -398,6 +410,13 @@ impl ReaderCtx {
             buf.segs.push(seg);
             self.stats.add_bytes(n as u64);
             off += n as u64;
+            if copy {
+                // A block per copy range, so every writer takes some.
+                if !self.ship(buf) {
+                    return false;
+                }
+                continue;
+            }
             *cur = Some(buf);
         }
         true
@@ -569,13 +588,17 @@ fn read_data(
             *cur = Some(buf);
             return Err(format!("read error at offset {off}: {e}"));
         }
-        // A fresh block of a mapped file: zero-copy, sent as it is.
-        if start == 0 && !use_direct {
+        // A mapped file: a zero-copy piece, packed like any other.
+        if !use_direct {
             if let Some(o) = open.as_deref() {
                 if ctx.push_mapped(&mut buf, o, off, want) {
                     off += want as u64;
-                    if !ctx.ship(buf) {
-                        return Ok(false);
+                    if buf.len == ctx.block_size || buf.segs.len() == MAX_SEGMENTS {
+                        if !ctx.ship(buf) {
+                            return Ok(false);
+                        }
+                    } else {
+                        *cur = Some(buf);
                     }
                     continue;
                 }

@@ -14,6 +14,7 @@ use super::{ReaderCtx, SrcOpen};
 use crate::fsops::pread_full;
 use crate::request::tasks::ReadUnit;
 use crate::storage::direct::{is_aligned, round_up, ALIGN};
+use crate::storage::local::LOCAL_COPY_CHUNK;
 use crate::storage::sparse::Piece;
 use crate::storage::uring::{Ring, Slab, FIXED_MIN_BYTES, MAX_INFLIGHT, RING_ENTRIES};
 use crate::storage::{is_direct_refusal, IoOp};
@@ -303,7 +304,12 @@ impl UringReader<'_> {
             self.seal(s);
             return;
         }
-        let n = len.min(MAX_HOLE as u64);
+        let most = if copy {
+            LOCAL_COPY_CHUNK
+        } else {
+            MAX_HOLE as u64
+        };
+        let n = len.min(most);
         let id = self.ctx.files[idx].id;
         let seg = if copy {
             Segment::copy(id, off, n as u32)
@@ -320,6 +326,10 @@ impl UringReader<'_> {
         self.ctx.stats.add_bytes(n);
         if n < len {
             self.push_front(piece(off + n, len - n));
+        }
+        if copy {
+            // A block per copy range, so every writer takes some.
+            self.seal(s);
         }
     }
 
@@ -354,15 +364,18 @@ impl UringReader<'_> {
                 .fail(idx, format!("read error at offset {off}: {e}"));
             return;
         }
-        // A fresh block of a mapped file: zero-copy, no read.
-        if start == 0 && !direct && self.ctx.push_mapped(&mut slot.buf, &open, off, want) {
+        // A mapped file: a zero-copy piece, no read.
+        if !direct && self.ctx.push_mapped(&mut slot.buf, &open, off, want) {
+            let full = slot.buf.len == bs || slot.buf.segs.len() == MAX_SEGMENTS;
             if (want as u64) < len {
                 self.push_front(Piece::Data {
                     off: off + want as u64,
                     len: len - want as u64,
                 });
             }
-            self.seal(s);
+            if full {
+                self.seal(s);
+            }
             return;
         }
         let io_len = if direct {
