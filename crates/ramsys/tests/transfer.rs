@@ -301,30 +301,38 @@ fn local_copies_move_large_files_in_the_kernel() {
     assert_eq!(s["storage"]["copied_bytes"], 0, "{s}");
 }
 
-/// A local copy names each 64 MiB of a large file in a block of its own
-/// (storage::local::LOCAL_COPY_CHUNK), so the sink's writers share one
-/// file instead of one writer copying everything: a 130 MiB file takes
-/// three blocks through the sender queue, and arrives whole, twice.
+/// A local copy ships each large file's copy ranges in a block of its own
+/// (storage::local::joins_copy_block), so the sink's writers copy
+/// different files at once instead of one writer copying all: three
+/// 40 MiB files take three blocks through the sender queue (one before),
+/// and arrive whole, twice.
 #[test]
-fn a_large_local_copy_is_split_over_blocks() {
+fn large_local_copies_travel_a_file_a_block() {
     let t = tempfile::tempdir().unwrap();
     let key = key_file(t.path());
     let src = t.path().join("big");
-    let data: Vec<u8> = (0..130u32 << 20).map(|i| (i % 253) as u8).collect();
-    std::fs::write(&src, &data).unwrap();
-    drop(data);
+    std::fs::create_dir(&src).unwrap();
+    for k in 0..3u32 {
+        let data: Vec<u8> = (0..40u32 << 20).map(|i| ((i + k) % 253) as u8).collect();
+        std::fs::write(src.join(format!("f{k}")), &data).unwrap();
+    }
     let dst = t.path().join("out");
     for _ in 0..2 {
-        let args = ["cp", "--json", "--send-path", "queued"];
+        let args = ["cp", "-r", "--json", "--send-path", "queued"];
         let mut args = args.to_vec();
         args.extend_from_slice(&[src.to_str().unwrap(), dst.to_str().unwrap()]);
         let o = ramsys(&key, &args);
         assert_ok(&o);
         let out = String::from_utf8(o.stdout).unwrap();
         let s: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
-        assert_eq!(s["storage"]["copied_bytes"], 130u64 << 20, "{s}");
+        assert_eq!(s["storage"]["copied_bytes"], 120u64 << 20, "{s}");
         assert!(s["handoffs"].as_u64().unwrap() >= 3, "{s}");
-        assert!(std::fs::read(&dst).unwrap() == std::fs::read(&src).unwrap());
+    }
+    // The first run made dst, the second copied into it (cp).
+    for k in 0..3 {
+        let want = std::fs::read(src.join(format!("f{k}"))).unwrap();
+        assert!(std::fs::read(dst.join(format!("f{k}"))).unwrap() == want);
+        assert!(std::fs::read(dst.join(format!("big/f{k}"))).unwrap() == want);
     }
 }
 

@@ -503,6 +503,7 @@ impl FileTable {
             }
         };
         crate::storage::local::copy_range(src, &fd.buffered, seg.offset, len, scratch)?;
+        fd.written(seg.offset, len as usize);
         self.storage
             .copied_bytes
             .fetch_add(len, std::sync::atomic::Ordering::Relaxed);

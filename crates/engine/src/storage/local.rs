@@ -28,14 +28,17 @@ use crate::fsops::Root;
 /// system calls than a copy_file_range per file).
 pub const LOCAL_COPY_MIN: u64 = 1 << 20;
 
-/// Largest range one local-copy segment names, and each such segment
-/// travels in a block of its own: blocks go to whichever writer is free,
-/// so a large file is copied by every writer at once (one block of
-/// 1 GiB segments kept 4 x 1 GiB on one writer's copy_file_range, one
-/// core, while `cp -a` gets the same core: BENCHMARKS "Local copies").
-/// 64 MiB: 16 blocks per GiB, each call long enough that its setup does
-/// not count.
-pub const LOCAL_COPY_CHUNK: u64 = 64 << 20;
+/// Whether a local-copy segment of file `id` may join a block whose
+/// segments are `segs`: only the same file's copy ranges. Each large
+/// file's copy then travels in a block of its own and goes to whichever
+/// sink writer is free, so the writers copy different files at once. One
+/// block of every file's ranges kept 4 x 1 GiB on one writer, one core;
+/// 64 MiB blocks of one file on two writers doubled the CPU for the same
+/// wall (the writers wait on the file's inode lock, spinning) (BENCHMARKS
+/// "Local copies").
+pub fn joins_copy_block(segs: &[ramsys_proto::data::Segment], id: u64) -> bool {
+    segs.last().is_none_or(|l| l.is_copy() && l.file_id == id)
+}
 
 /// The source's files, by entry id, shared with the in-process sink.
 #[derive(Default)]

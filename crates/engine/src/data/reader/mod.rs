@@ -27,7 +27,7 @@ use crate::request::walk::SourceFile;
 use crate::stats::Stats;
 use crate::storage::cache::{read_direct, resident_fraction, DirectMode};
 use crate::storage::direct::{is_aligned, pread_direct, round_up, ALIGN};
-use crate::storage::local::{LOCAL_COPY_CHUNK, LOCAL_COPY_MIN};
+use crate::storage::local::{joins_copy_block, LOCAL_COPY_MIN};
 use crate::storage::sparse::{map_range, Piece};
 use crate::storage::volume::{max_runs, zero_runs, ZERO_GRAIN};
 use crate::storage::zerocopy::{populate_works, FileMap, ZEROCOPY_MIN};
@@ -387,18 +387,14 @@ impl ReaderCtx {
         let id = self.files[idx].id;
         while off < end {
             let mut buf = cur.take().unwrap_or_else(|| self.pool.get());
-            if buf.segs.len() == MAX_SEGMENTS {
+            let full = buf.segs.len() == MAX_SEGMENTS;
+            if full || (copy && !joins_copy_block(&buf.segs, id)) {
                 if !self.ship(buf) {
                     return false;
                 }
                 continue;
             }
-            let most = if copy {
-                LOCAL_COPY_CHUNK
-            } else {
-                MAX_HOLE as u64
-            };
-            let n = (end - off).min(most) as u32;
+            let n = (end - off).min(MAX_HOLE as u64) as u32;
             let seg = if copy {
                 Segment::copy(id, off, n)
             } else {
@@ -410,13 +406,6 @@ impl ReaderCtx {
             buf.segs.push(seg);
             self.stats.add_bytes(n as u64);
             off += n as u64;
-            if copy {
-                // A block per copy range, so every writer takes some.
-                if !self.ship(buf) {
-                    return false;
-                }
-                continue;
-            }
             *cur = Some(buf);
         }
         true

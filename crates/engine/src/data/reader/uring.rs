@@ -14,7 +14,7 @@ use super::{ReaderCtx, SrcOpen};
 use crate::fsops::pread_full;
 use crate::request::tasks::ReadUnit;
 use crate::storage::direct::{is_aligned, round_up, ALIGN};
-use crate::storage::local::LOCAL_COPY_CHUNK;
+use crate::storage::local::joins_copy_block;
 use crate::storage::sparse::Piece;
 use crate::storage::uring::{Ring, Slab, FIXED_MIN_BYTES, MAX_INFLIGHT, RING_ENTRIES};
 use crate::storage::{is_direct_refusal, IoOp};
@@ -298,19 +298,15 @@ impl UringReader<'_> {
                 Piece::Hole { off, len }
             }
         };
+        let id = self.ctx.files[idx].id;
         let slot = self.slots.get_mut(s);
-        if slot.buf.segs.len() == MAX_SEGMENTS {
+        let full = slot.buf.segs.len() == MAX_SEGMENTS;
+        if full || (copy && !joins_copy_block(&slot.buf.segs, id)) {
             self.push_front(piece(off, len));
             self.seal(s);
             return;
         }
-        let most = if copy {
-            LOCAL_COPY_CHUNK
-        } else {
-            MAX_HOLE as u64
-        };
-        let n = len.min(most);
-        let id = self.ctx.files[idx].id;
+        let n = len.min(MAX_HOLE as u64);
         let seg = if copy {
             Segment::copy(id, off, n as u32)
         } else {
@@ -326,10 +322,6 @@ impl UringReader<'_> {
         self.ctx.stats.add_bytes(n);
         if n < len {
             self.push_front(piece(off + n, len - n));
-        }
-        if copy {
-            // A block per copy range, so every writer takes some.
-            self.seal(s);
         }
     }
 
