@@ -225,11 +225,7 @@ impl Root {
 
     /// Open a regular file for reading (never through a final symlink).
     pub fn open_read(&self, rel: &[u8], direct: bool) -> io::Result<File> {
-        let mut fl = libc::O_RDONLY | libc::O_NOFOLLOW;
-        if direct {
-            fl |= libc::O_DIRECT;
-        }
-        Ok(File::from(self.openat(rel, fl, 0)?))
+        Ok(File::from(self.openat(rel, read_flags(direct), 0)?))
     }
 
     /// lstat of `rel` (None if it does not exist).
@@ -533,6 +529,17 @@ pub fn pread_full(f: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
         }
     }
     Ok(got)
+}
+
+/// Flags a source file is opened for reading with: never through a final
+/// symlink, O_DIRECT when `direct`.
+pub fn read_flags(direct: bool) -> i32 {
+    let fl = libc::O_RDONLY | libc::O_NOFOLLOW;
+    if direct {
+        fl | libc::O_DIRECT
+    } else {
+        fl
+    }
 }
 
 #[cfg(test)]

@@ -88,26 +88,15 @@ impl Link for TcpStream {
         // same segments, as the vectored write of the buffer path does.
         for mut h in head.iter().copied() {
             while !h.is_empty() {
+                let flags = libc::MSG_MORE | libc::MSG_NOSIGNAL;
                 // SAFETY: send from a valid slice on our socket.
-                let n = unsafe {
-                    libc::send(
-                        fd,
-                        h.as_ptr() as *const libc::c_void,
-                        h.len(),
-                        libc::MSG_MORE | libc::MSG_NOSIGNAL,
-                    )
-                };
-                if n < 0 {
-                    let e = io::Error::last_os_error();
-                    if e.kind() == io::ErrorKind::Interrupted {
-                        continue;
-                    }
-                    return Err(e);
-                }
+                let n = retry_eintr(|| unsafe {
+                    libc::send(fd, h.as_ptr() as *const libc::c_void, h.len(), flags)
+                })?;
                 if n == 0 {
                     return Err(io::ErrorKind::WriteZero.into());
                 }
-                h = &h[n as usize..];
+                h = &h[n..];
             }
         }
         let mut pos = off as libc::off_t;
@@ -115,18 +104,13 @@ impl Link for TcpStream {
         while sent < len {
             // SAFETY: sendfile between two descriptors we hold; the kernel
             // advances `pos`.
-            let n = unsafe { libc::sendfile(fd, file.as_raw_fd(), &mut pos, len - sent) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
+            let n = retry_eintr(|| unsafe {
+                libc::sendfile(fd, file.as_raw_fd(), &mut pos, len - sent)
+            })?;
             if n == 0 {
                 break; // the file ended (truncated since the scan)
             }
-            sent += n as usize;
+            sent += n;
         }
         Ok(sent)
     }
@@ -273,6 +257,20 @@ impl Transport for Tcp {
     }
     fn name(&self) -> &'static str {
         "tcp"
+    }
+}
+
+/// A system call's byte count, called again while a signal interrupts it.
+fn retry_eintr(mut call: impl FnMut() -> isize) -> io::Result<usize> {
+    loop {
+        let n = call();
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }
 

@@ -150,10 +150,7 @@ impl ReaderCtx {
         if f.volume {
             return self.root.open_read(&f.rel, direct);
         }
-        let mut fl = libc::O_RDONLY | libc::O_NOFOLLOW;
-        if direct {
-            fl |= libc::O_DIRECT;
-        }
+        let fl = crate::fsops::read_flags(direct);
         Ok(File::from(self.dirs.open(
             &self.root,
             idx as usize,
