@@ -403,7 +403,7 @@ impl UringReader<'_> {
             want,
             direct,
         });
-        if !self.ring.read(fd, p, io_len, off, op as u64) {
+        if !self.ring.read(fd, (p, io_len), off, direct, op as u64) {
             // Cannot happen with SQ room checked; complete it as failed.
             self.complete(op, -libc::EIO);
         }

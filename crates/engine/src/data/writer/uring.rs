@@ -218,13 +218,8 @@ fn queue_block(
                 direct,
             });
             segs.get_mut(sw).pending += 1;
-            if !ring.write(
-                rawfd,
-                (addr + o) as *const u8,
-                l,
-                seg.offset + o as u64,
-                op as u64,
-            ) {
+            let io = ((addr + o) as *const u8, l);
+            if !ring.write(rawfd, io, seg.offset + o as u64, direct, op as u64) {
                 write_done(w, slots, segs, ops, op, -libc::EIO);
             }
         }
