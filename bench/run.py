@@ -831,6 +831,12 @@ def measure(ctx, tool, env, workload, src, cache, extra=(), label=None):
             res["error"] = "cannot drop caches"
             return res
     else:
+        # The previous tool's copy may still be dirty: without a sync the
+        # tool that follows a fast writer pays for that writeback (local
+        # bulk copies, 2026-11-26: 1.24-1.62 s with a sync before each run,
+        # ramsys and cp -a alike, against 2.4-4.3 s in a headline without;
+        # whoever ran second paid). Not timed.
+        os.sync()
         warm(src)
     spids = tool.server_pids()
     reset_hwm(subtree(spids)[0])
