@@ -814,7 +814,11 @@ impl FileTable {
                 }
             }
         }
-        pwrite_all_fd(fd.buffered.as_raw_fd(), &data[done..], off + done as u64)?;
+        crate::storage::cache::pwrite_cached(
+            fd.buffered.as_raw_fd(),
+            &data[done..],
+            off + done as u64,
+        )?;
         fd.written(off, data.len());
         Ok(())
     }

@@ -376,10 +376,37 @@ impl<'s> Payload<'s> {
                 // Pending digests come due by age (pipeline::DIGEST_WAIT).
                 default(self.progress.flush_wait()) => Ok(None),
             };
-            if let Some(c) = step? {
-                return Ok(c);
+            match step {
+                Ok(Some(c)) => return Ok(c),
+                Ok(None) => {}
+                Err(e) => return Err(self.sink_reason(e, Duration::from_millis(500))),
             }
         }
+    }
+
+    /// Our error `e`, unless the sink said why it gave up: its Abort often
+    /// crosses our next write on the link it closed (which then fails with
+    /// a broken pipe), and "disk full" is what the user needs to read.
+    /// Waits up to `wait` for the sink's messages, stopping when its link
+    /// reports closed.
+    fn sink_reason(&self, e: EngineError, wait: Duration) -> EngineError {
+        if matches!(
+            e,
+            EngineError::PeerAborted(_) | EngineError::Refused(_) | EngineError::Redirected { .. }
+        ) {
+            return e;
+        }
+        let deadline = Instant::now() + wait;
+        while let Ok(Ok(m)) = self
+            .events
+            .control
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            if let Err(said) = crate::control::check_abort(&m) {
+                return said;
+            }
+        }
+        e
     }
 
     /// Between two events: close the resend queue, flush digests, send
@@ -641,11 +668,8 @@ impl<'s> Payload<'s> {
                 self.senders.kept.push(link);
                 // The sink usually says why it dropped the stream
                 // (disk full, protocol error): prefer its reason.
-                let said = self.events.control.recv_timeout(Duration::from_secs(2));
-                if let Ok(Ok(Control::Abort { reason })) = said {
-                    return Err(EngineError::PeerAborted(reason));
-                }
-                return Err(EngineError::local(format!("data stream {i} failed: {e}")));
+                let e = EngineError::local(format!("data stream {i} failed: {e}"));
+                return Err(self.sink_reason(e, Duration::from_secs(2)));
             }
         }
         Ok(None)

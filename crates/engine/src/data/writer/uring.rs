@@ -12,9 +12,17 @@ use ramsys_resources::Buf;
 
 use super::WriterIo;
 use crate::data::sinkfiles::SinkFd;
-use crate::storage::direct::{direct_prefix, pwrite_all_fd};
+use crate::storage::cache::pwrite_cached;
+use crate::storage::direct::direct_prefix;
 use crate::storage::uring::{Ring, Slab, FIXED_MIN_BYTES, MAX_INFLIGHT, RING_ENTRIES};
 use crate::storage::{is_direct_refusal, IoOp};
+
+/// Most write SQEs one block can need: a direct prefix and a buffered
+/// tail per segment, plus the pieces a buffered segment is cut into.
+fn block_ops_max() -> usize {
+    let body = ramsys_proto::frame::MAX_DATA_BODY as usize;
+    2 * MAX_SEGMENTS + body / crate::storage::cache::write_piece()
+}
 
 /// A received buffer whose writes are in flight.
 struct WSlot {
@@ -61,7 +69,7 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
     loop {
         // Take every block that is ready; block on the channel only when
         // no write is in flight (the receivers are the bottleneck).
-        while ops.live + 2 * MAX_SEGMENTS <= MAX_INFLIGHT {
+        while ops.live == 0 || ops.live + block_ops_max() <= MAX_INFLIGHT {
             if closed {
                 break;
             }
@@ -191,7 +199,14 @@ fn queue_block(
         } else {
             0
         };
-        let parts: [(usize, usize, bool); 2] = [(0, pre, true), (pre, len - pre, false)];
+        // The direct prefix in one write, the buffered rest in pieces
+        // (cache::write_piece: smaller page-cache folios fill faster).
+        let piece = crate::storage::cache::write_piece();
+        let direct_part = std::iter::once((0, pre, true));
+        let cached_parts = (pre..len)
+            .step_by(piece)
+            .map(|o| (o, piece.min(len - o), false));
+        let parts = direct_part.chain(cached_parts);
         let sw = segs.insert(SegWrite {
             slot: s,
             seg,
@@ -277,7 +292,7 @@ fn write_done(
             crate::storage::log_direct_fallback("sink write", &e);
             // SAFETY: the block is alive until its slot is released below.
             let data = unsafe { std::slice::from_raw_parts(o.p as *const u8, o.len) };
-            pwrite_all_fd(sw.fd.buffered.as_raw_fd(), data, o.off)
+            pwrite_cached(sw.fd.buffered.as_raw_fd(), data, o.off)
         } else {
             Err(e)
         }
@@ -285,7 +300,7 @@ fn write_done(
         let n = res as usize;
         // SAFETY: as above.
         let data = unsafe { std::slice::from_raw_parts((o.p + n) as *const u8, o.len - n) };
-        pwrite_all_fd(sw.fd.buffered.as_raw_fd(), data, o.off + n as u64)
+        pwrite_cached(sw.fd.buffered.as_raw_fd(), data, o.off + n as u64)
     } else {
         Ok(())
     };
