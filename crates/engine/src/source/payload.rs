@@ -379,7 +379,7 @@ impl<'s> Payload<'s> {
             match step {
                 Ok(Some(c)) => return Ok(c),
                 Ok(None) => {}
-                Err(e) => return Err(self.sink_reason(e, Duration::from_millis(500))),
+                Err(e) => return Err(self.sink_reason(e)),
             }
         }
     }
@@ -387,16 +387,16 @@ impl<'s> Payload<'s> {
     /// Our error `e`, unless the sink said why it gave up: its Abort often
     /// crosses our next write on the link it closed (which then fails with
     /// a broken pipe), and "disk full" is what the user needs to read.
-    /// Waits up to `wait` for the sink's messages, stopping when its link
+    /// Waits up to 2 s for the sink's messages, stopping when its link
     /// reports closed.
-    fn sink_reason(&self, e: EngineError, wait: Duration) -> EngineError {
+    fn sink_reason(&self, e: EngineError) -> EngineError {
         if matches!(
             e,
             EngineError::PeerAborted(_) | EngineError::Refused(_) | EngineError::Redirected { .. }
         ) {
             return e;
         }
-        let deadline = Instant::now() + wait;
+        let deadline = Instant::now() + Duration::from_secs(2);
         while let Ok(Ok(m)) = self
             .events
             .control
@@ -666,10 +666,9 @@ impl<'s> Payload<'s> {
             }
             Err((link, e)) => {
                 self.senders.kept.push(link);
-                // The sink usually says why it dropped the stream
-                // (disk full, protocol error): prefer its reason.
-                let e = EngineError::local(format!("data stream {i} failed: {e}"));
-                return Err(self.sink_reason(e, Duration::from_secs(2)));
+                // The sink usually says why it dropped the stream (disk
+                // full, protocol error): run() prefers its reason.
+                return Err(EngineError::local(format!("data stream {i} failed: {e}")));
             }
         }
         Ok(None)
