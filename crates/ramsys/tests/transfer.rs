@@ -348,3 +348,68 @@ fn walk_files(root: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// The sink's direct lane (`RAMSYS_DIRECT_LANE`, docs/STORAGE.md "Direct
+/// lane"): blocks of one large file go O_DIRECT while the writer's lane has
+/// room and through the page cache past it; the copy is the same either
+/// way, tails that end mid-page included.
+#[test]
+fn direct_lane_mixes_direct_and_cached_blocks_of_one_file() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let mut r = Rng(0x1a9e);
+    for (i, size) in [9 << 20, (5 << 20) + 4097, (3 << 20) + 1]
+        .iter()
+        .enumerate()
+    {
+        std::fs::write(src.join(format!("f{i}")), r.bytes(*size)).unwrap();
+    }
+    std::fs::write(src.join("small"), r.bytes(1000)).unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let log = t.path().join("daemon.log");
+    let mut c = std::process::Command::new(bin());
+    c.args(["serve", "--listen", "127.0.0.1:0", "-v", "--root"])
+        .arg(&root)
+        .arg("--key-file")
+        .arg(&key)
+        .env("RAMSYS_DIRECT_LANE", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let d = TestDaemon::spawn(c, &root);
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--block-size",
+            "256K",
+            src.to_str().unwrap(),
+            &d.url("dst"),
+        ],
+    );
+    assert_ok(&o);
+    assert_same_tree(&src, &root.join("dst"));
+    assert!(temp_files(&root).is_empty());
+    // The sink says how its large files went: all 17 MiB, some direct
+    // (the lane starts empty), unless the file system refuses O_DIRECT.
+    let t0 = std::time::Instant::now();
+    let line = loop {
+        let text = std::fs::read_to_string(&log).unwrap();
+        if let Some(l) = text.lines().find(|l| l.contains("sink: large files")) {
+            break (l.to_string(), text.contains("O_DIRECT refused"));
+        }
+        assert!(t0.elapsed().as_secs() < 10, "no storage line in:\n{text}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let nums: Vec<u64> = line
+        .0
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(nums.len(), 2, "{}", line.0);
+    assert!(nums[0] + nums[1] >= 16, "{}", line.0);
+    assert!(line.1 || nums[0] >= 1, "{}", line.0);
+}

@@ -140,6 +140,10 @@ pub type Prepared<'a> = Option<(&'a SinkFile, Option<Arc<SinkFd>>)>;
 pub struct SinkFd {
     pub buffered: File,
     pub direct: Option<File>,
+    /// `direct` is the writer's direct lane, not the file's rule: a block
+    /// goes to it only while the lane has room, else through the page cache
+    /// (StorageCfg::lane_bytes). Counted per write, not at open.
+    pub lane: bool,
     /// Local copies: the source file, opened at the first local-copy
     /// segment (storage::local).
     pub source: std::sync::OnceLock<File>,
@@ -649,7 +653,9 @@ impl FileTable {
                 buffered.set_len(f.size)?;
             }
             let mut direct = None;
-            if self.storage.write_direct(f.size) {
+            let forced = self.storage.write_direct(f.size);
+            let lane = !forced && f.piece.is_none() && self.storage.lane(f.size);
+            if forced || lane {
                 let dev = buffered.metadata()?.dev();
                 if !self.storage.refusals.refused(dev) {
                     let mut rel = parent.to_vec();
@@ -677,16 +683,20 @@ impl FileTable {
                     }
                 }
             }
-            Ok(direct)
+            Ok((direct, lane))
         })();
         match made {
-            Ok(direct) => {
-                self.storage.count(f.size, f.want(), direct.is_some());
+            Ok((direct, lane)) => {
+                let lane = lane && direct.is_some();
+                if !lane {
+                    self.storage.count(f.size, f.want(), direct.is_some());
+                }
                 Ok(SinkFd {
                     source: std::sync::OnceLock::new(),
                     writeback: direct.is_none() && self.storage.writeback && f.size >= DIRECT_MIN,
                     buffered,
                     direct,
+                    lane,
                     anon: false,
                     sized,
                 })
@@ -724,6 +734,7 @@ impl FileTable {
                 Ok(Some(SinkFd {
                     buffered,
                     direct: None,
+                    lane: false,
                     source: std::sync::OnceLock::new(),
                     writeback: false,
                     anon: true,
@@ -784,6 +795,7 @@ impl FileTable {
             writeback: false,
             buffered,
             direct,
+            lane: false,
             anon: false,
             sized: true,
         })
@@ -801,7 +813,10 @@ impl FileTable {
             .hook
             .check(IoOp::Write, &f.rel, off, data.len())?;
         let mut done = 0;
-        if let Some(d) = &fd.direct {
+        if fd.lane {
+            // No lane on this path (the sync engine waits for each write).
+            self.storage.count(f.size, data.len() as u64, false);
+        } else if let Some(d) = &fd.direct {
             let pre = direct_prefix(data.as_ptr() as usize, off, data.len());
             if pre > 0 {
                 match pwrite_all_fd(d.as_raw_fd(), &data[..pre], off) {

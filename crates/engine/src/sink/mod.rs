@@ -370,6 +370,16 @@ impl SinkSession<'_> {
             self.stats.files.load(Ordering::Relaxed)
         };
         let bytes: u64 = table.bytes_moved();
+        if let Some(u) = table.storage.usage(true) {
+            if u.direct_bytes + u.cached_bytes > 0 {
+                tracing::info!(
+                    "sink: large files {} MiB direct, {} MiB through the page cache ({:?})",
+                    u.direct_bytes >> 20,
+                    u.cached_bytes >> 20,
+                    u.mode
+                );
+            }
+        }
         let report = Report {
             unchanged: outcome.unchanged,
             deleted: outcome.deleted.iter().map(|p| show(p)).collect(),

@@ -262,6 +262,14 @@ pub struct StorageCfg {
     /// write through the page cache (cache::write_absorb); files that do
     /// not fit go O_DIRECT.
     pub buffered_left: std::sync::atomic::AtomicU64,
+    /// Sink, `--direct auto`, io_uring writers: bytes of O_DIRECT writes
+    /// each writer keeps in flight on large files the budget lets it
+    /// write buffered (0: none). A block goes to the disk direct while
+    /// that lane has room and through the page cache past it, so the disk
+    /// takes what it can without a CPU copy and the CPU the rest
+    /// (docs/STORAGE.md "Direct lane"; `RAMSYS_DIRECT_LANE=MiB`, off by
+    /// default: cache::direct_lane).
+    pub lane_bytes: usize,
     /// Start writeback behind the write front of buffered large files
     /// (cache::start_writeback). Off: measured 1.5-2.5x slower on 4 x 1 GiB
     /// here (the writer threads then do the file system's block allocation
@@ -342,6 +350,11 @@ impl StorageCfg {
                 .is_err(),
         }
     }
+    /// Sink: a large file the budget lets through the page cache is
+    /// still opened O_DIRECT, for the writers' direct lane (`lane_bytes`).
+    pub fn lane(&self, size: u64) -> bool {
+        self.direct && self.lane_bytes > 0 && size >= DIRECT_MIN
+    }
     fn new(opts: &crate::TransferOptions, block_size: usize, data: DataEngine) -> StorageCfg {
         StorageCfg {
             direct: opts.direct && block_size.is_multiple_of(direct::ALIGN),
@@ -351,6 +364,13 @@ impl StorageCfg {
             hook: opts.io_hook.clone(),
             refusals: DirectRefusals::default(),
             buffered_left: Default::default(),
+            lane_bytes: if opts.direct_mode == cache::DirectMode::Auto
+                && uring::effective(opts.io_engine) == IoEngine::Uring
+            {
+                cache::direct_lane()
+            } else {
+                0
+            },
             writeback: std::env::var("RAMSYS_WRITEBACK").is_ok_and(|v| v == "1"),
             direct_bytes: Default::default(),
             cached_bytes: Default::default(),
@@ -370,6 +390,7 @@ impl StorageCfg {
             hook: Hook::default(),
             refusals: DirectRefusals::default(),
             buffered_left: Default::default(),
+            lane_bytes: 0,
             writeback: false,
             direct_bytes: Default::default(),
             cached_bytes: Default::default(),

@@ -49,6 +49,26 @@ struct WriteOp {
     direct: bool,
 }
 
+/// The writer's in-flight state, lent to the queueing and completion steps.
+struct Queues<'a> {
+    slots: &'a mut Slab<WSlot>,
+    segs: &'a mut Slab<SegWrite>,
+    ops: &'a mut Slab<WriteOp>,
+    /// O_DIRECT bytes in flight: the direct lane's fill.
+    lane: &'a mut usize,
+}
+
+impl Queues<'_> {
+    fn reborrow(&mut self) -> Queues<'_> {
+        Queues {
+            slots: self.slots,
+            segs: self.segs,
+            ops: self.ops,
+            lane: self.lane,
+        }
+    }
+}
+
 /// Writer body for the io_uring engine; false if no ring could be made.
 pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
     // Make the ring (and register the session's buffers) before data
@@ -66,6 +86,8 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
     let mut ops: Slab<WriteOp> = Slab::new();
     let mut cqes = Vec::with_capacity(RING_ENTRIES as usize);
     let mut closed = false;
+    // O_DIRECT bytes in flight (StorageCfg::lane_bytes).
+    let mut lane = 0usize;
     loop {
         // Take every block that is ready; block on the channel only when
         // no write is in flight (the receivers are the bottleneck).
@@ -90,7 +112,13 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
                 }
             };
             let s = slots.insert(WSlot { buf, pending: 0 });
-            queue_block(w, &mut ring, &mut slots, &mut segs, &mut ops, s);
+            let q = Queues {
+                slots: &mut slots,
+                segs: &mut segs,
+                ops: &mut ops,
+                lane: &mut lane,
+            };
+            queue_block(w, &mut ring, q, s);
         }
         if closed && ops.live == 0 && slots.live == 0 {
             break;
@@ -106,7 +134,13 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
                 cqes.clear();
                 ring.reap(&mut cqes);
                 for &(ud, res) in &cqes {
-                    write_done(w, &mut slots, &mut segs, &mut ops, ud as usize, res);
+                    let q = Queues {
+                        slots: &mut slots,
+                        segs: &mut segs,
+                        ops: &mut ops,
+                        lane: &mut lane,
+                    };
+                    write_done(w, q, ud as usize, res);
                 }
             }
             break;
@@ -114,7 +148,13 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
         cqes.clear();
         ring.reap(&mut cqes);
         for &(ud, res) in &cqes {
-            write_done(w, &mut slots, &mut segs, &mut ops, ud as usize, res);
+            let q = Queues {
+                slots: &mut slots,
+                segs: &mut segs,
+                ops: &mut ops,
+                lane: &mut lane,
+            };
+            write_done(w, q, ud as usize, res);
         }
     }
     // Drain (after an error): free what is left.
@@ -132,27 +172,20 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
 
 /// Queue the writes of block `s`; holes and skipped segments are
 /// accounted at once.
-fn queue_block(
-    w: &WriterIo<'_>,
-    ring: &mut Ring,
-    slots: &mut Slab<WSlot>,
-    segs: &mut Slab<SegWrite>,
-    ops: &mut Slab<WriteOp>,
-    s: usize,
-) {
+fn queue_block(w: &WriterIo<'_>, ring: &mut Ring, mut q: Queues<'_>, s: usize) {
     let table = w.table;
     let mut p = 0usize;
-    let nseg = slots.get_mut(s).buf.segs.len();
+    let nseg = q.slots.get_mut(s).buf.segs.len();
     let aborted = w.abort.load(Ordering::Relaxed);
     // Guard counts (slot and segment) keep both alive while queueing, even
     // if a write completes (fails) synchronously below.
-    slots.get_mut(s).pending += 1;
+    q.slots.get_mut(s).pending += 1;
     for i in 0..nseg {
         if aborted {
             break;
         }
         let (seg, hash, base) = {
-            let b = &slots.get_mut(s).buf;
+            let b = &q.slots.get_mut(s).buf;
             (
                 b.segs[i],
                 b.hashes.get(i).copied().unwrap_or(0),
@@ -194,11 +227,17 @@ fn queue_block(
             continue;
         }
         let addr = base + start;
-        let pre = if fd.direct.is_some() {
-            direct_prefix(addr, seg.offset, len)
-        } else {
-            0
+        // A lane file goes direct only while the lane has room.
+        let pre = match &fd.direct {
+            Some(_) if !fd.lane || *q.lane < table.storage.lane_bytes => {
+                direct_prefix(addr, seg.offset, len)
+            }
+            _ => 0,
         };
+        if fd.lane {
+            table.storage.count(f.size, pre as u64, true);
+            table.storage.count(f.size, (len - pre) as u64, false);
+        }
         // The direct prefix in one write, the buffered rest in pieces
         // (cache::write_piece: smaller page-cache folios fill faster).
         let piece = crate::storage::cache::write_piece();
@@ -207,7 +246,7 @@ fn queue_block(
             .step_by(piece)
             .map(|o| (o, piece.min(len - o), false));
         let parts = direct_part.chain(cached_parts);
-        let sw = segs.insert(SegWrite {
+        let sw = q.segs.insert(SegWrite {
             slot: s,
             seg,
             hash,
@@ -215,7 +254,7 @@ fn queue_block(
             pending: 1,
             error: None,
         });
-        slots.get_mut(s).pending += 1;
+        q.slots.get_mut(s).pending += 1;
         for (o, l, direct) in parts {
             if l == 0 {
                 continue;
@@ -225,22 +264,25 @@ fn queue_block(
             } else {
                 fd.buffered.as_raw_fd()
             };
-            let op = ops.insert(WriteOp {
+            let op = q.ops.insert(WriteOp {
                 segw: sw,
                 p: addr + o,
                 len: l,
                 off: seg.offset + o as u64,
                 direct,
             });
-            segs.get_mut(sw).pending += 1;
+            q.segs.get_mut(sw).pending += 1;
+            if direct {
+                *q.lane += l;
+            }
             let io = ((addr + o) as *const u8, l);
             if !ring.write(rawfd, io, seg.offset + o as u64, direct, op as u64) {
-                write_done(w, slots, segs, ops, op, -libc::EIO);
+                write_done(w, q.reborrow(), op, -libc::EIO);
             }
         }
-        seg_step(w, slots, segs, sw);
+        seg_step(w, q.slots, q.segs, sw);
     }
-    slot_step(w, slots, s);
+    slot_step(w, q.slots, s);
 }
 
 /// One of a segment's writes (or its queueing guard) is done.
@@ -275,16 +317,12 @@ fn slot_step(w: &WriterIo<'_>, slots: &mut Slab<WSlot>, s: usize) {
     }
 }
 
-fn write_done(
-    w: &WriterIo<'_>,
-    slots: &mut Slab<WSlot>,
-    segs: &mut Slab<SegWrite>,
-    ops: &mut Slab<WriteOp>,
-    op: usize,
-    res: i32,
-) {
-    let o = ops.remove(op);
-    let sw = segs.get_mut(o.segw);
+fn write_done(w: &WriterIo<'_>, q: Queues<'_>, op: usize, res: i32) {
+    let o = q.ops.remove(op);
+    if o.direct {
+        *q.lane -= o.len;
+    }
+    let sw = q.segs.get_mut(o.segw);
     // Short writes and refused O_DIRECT finish synchronously (buffered).
     let r = if res < 0 {
         let e = io::Error::from_raw_os_error(-res);
@@ -307,5 +345,5 @@ fn write_done(
     if let Err(e) = r {
         sw.error.get_or_insert(e);
     }
-    seg_step(w, slots, segs, o.segw);
+    seg_step(w, q.slots, q.segs, o.segw);
 }
