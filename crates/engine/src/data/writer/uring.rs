@@ -49,24 +49,14 @@ struct WriteOp {
     direct: bool,
 }
 
-/// The writer's in-flight state, lent to the queueing and completion steps.
-struct Queues<'a> {
-    slots: &'a mut Slab<WSlot>,
-    segs: &'a mut Slab<SegWrite>,
-    ops: &'a mut Slab<WriteOp>,
-    /// O_DIRECT bytes in flight: the direct lane's fill.
-    lane: &'a mut usize,
-}
-
-impl Queues<'_> {
-    fn reborrow(&mut self) -> Queues<'_> {
-        Queues {
-            slots: self.slots,
-            segs: self.segs,
-            ops: self.ops,
-            lane: self.lane,
-        }
-    }
+/// The writer's in-flight state.
+struct Queues {
+    slots: Slab<WSlot>,
+    segs: Slab<SegWrite>,
+    ops: Slab<WriteOp>,
+    /// O_DIRECT bytes in flight: the direct lane's fill
+    /// (StorageCfg::lane_bytes).
+    lane: usize,
 }
 
 /// Writer body for the io_uring engine; false if no ring could be made.
@@ -81,21 +71,22 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
             return false;
         }
     };
-    let mut slots: Slab<WSlot> = Slab::new();
-    let mut segs: Slab<SegWrite> = Slab::new();
-    let mut ops: Slab<WriteOp> = Slab::new();
+    let mut q = Queues {
+        slots: Slab::new(),
+        segs: Slab::new(),
+        ops: Slab::new(),
+        lane: 0,
+    };
     let mut cqes = Vec::with_capacity(RING_ENTRIES as usize);
     let mut closed = false;
-    // O_DIRECT bytes in flight (StorageCfg::lane_bytes).
-    let mut lane = 0usize;
     loop {
         // Take every block that is ready; block on the channel only when
         // no write is in flight (the receivers are the bottleneck).
-        while ops.live == 0 || ops.live + block_ops_max() <= MAX_INFLIGHT {
+        while q.ops.live == 0 || q.ops.live + block_ops_max() <= MAX_INFLIGHT {
             if closed {
                 break;
             }
-            let got = if ops.live == 0 {
+            let got = if q.ops.live == 0 {
                 w.next(rx).map_err(|_| TryRecvError::Disconnected)
             } else if !w.admitted() {
                 // Over the site share: finish what is in flight, then park.
@@ -111,36 +102,24 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
                     break;
                 }
             };
-            let s = slots.insert(WSlot { buf, pending: 0 });
-            let q = Queues {
-                slots: &mut slots,
-                segs: &mut segs,
-                ops: &mut ops,
-                lane: &mut lane,
-            };
-            queue_block(w, &mut ring, q, s);
+            let s = q.slots.insert(WSlot { buf, pending: 0 });
+            queue_block(w, &mut ring, &mut q, s);
         }
-        if closed && ops.live == 0 && slots.live == 0 {
+        if closed && q.ops.live == 0 && q.slots.live == 0 {
             break;
         }
-        let block =
-            ops.live > 0 && (closed || rx.is_empty() || ops.live + 2 * MAX_SEGMENTS > MAX_INFLIGHT);
+        let block = q.ops.live > 0
+            && (closed || rx.is_empty() || q.ops.live + 2 * MAX_SEGMENTS > MAX_INFLIGHT);
         if let Err(e) = ring.submit(block as usize) {
             tracing::warn!("io_uring submit: {e}");
             w.check(Err(crate::data::sinkfiles::WriteError::Fatal(format!(
                 "io_uring: {e}"
             ))));
-            while ops.live > 0 && ring.submit(1).is_ok() {
+            while q.ops.live > 0 && ring.submit(1).is_ok() {
                 cqes.clear();
                 ring.reap(&mut cqes);
                 for &(ud, res) in &cqes {
-                    let q = Queues {
-                        slots: &mut slots,
-                        segs: &mut segs,
-                        ops: &mut ops,
-                        lane: &mut lane,
-                    };
-                    write_done(w, q, ud as usize, res);
+                    write_done(w, &mut q, ud as usize, res);
                 }
             }
             break;
@@ -148,19 +127,13 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
         cqes.clear();
         ring.reap(&mut cqes);
         for &(ud, res) in &cqes {
-            let q = Queues {
-                slots: &mut slots,
-                segs: &mut segs,
-                ops: &mut ops,
-                lane: &mut lane,
-            };
-            write_done(w, q, ud as usize, res);
+            write_done(w, &mut q, ud as usize, res);
         }
     }
     // Drain (after an error): free what is left.
-    for i in 0..slots.items.len() {
-        if slots.items[i].is_some() {
-            let s = slots.remove(i);
+    for i in 0..q.slots.items.len() {
+        if q.slots.items[i].is_some() {
+            let s = q.slots.remove(i);
             w.release(s.buf);
         }
     }
@@ -172,7 +145,7 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
 
 /// Queue the writes of block `s`; holes and skipped segments are
 /// accounted at once.
-fn queue_block(w: &WriterIo<'_>, ring: &mut Ring, mut q: Queues<'_>, s: usize) {
+fn queue_block(w: &WriterIo<'_>, ring: &mut Ring, q: &mut Queues, s: usize) {
     let table = w.table;
     let mut p = 0usize;
     let nseg = q.slots.get_mut(s).buf.segs.len();
@@ -229,7 +202,7 @@ fn queue_block(w: &WriterIo<'_>, ring: &mut Ring, mut q: Queues<'_>, s: usize) {
         let addr = base + start;
         // A lane file goes direct only while the lane has room.
         let pre = match &fd.direct {
-            Some(_) if !fd.lane || *q.lane < table.storage.lane_bytes => {
+            Some(_) if !fd.lane || q.lane < table.storage.lane_bytes => {
                 direct_prefix(addr, seg.offset, len)
             }
             _ => 0,
@@ -273,16 +246,16 @@ fn queue_block(w: &WriterIo<'_>, ring: &mut Ring, mut q: Queues<'_>, s: usize) {
             });
             q.segs.get_mut(sw).pending += 1;
             if direct {
-                *q.lane += l;
+                q.lane += l;
             }
             let io = ((addr + o) as *const u8, l);
             if !ring.write(rawfd, io, seg.offset + o as u64, direct, op as u64) {
-                write_done(w, q.reborrow(), op, -libc::EIO);
+                write_done(w, q, op, -libc::EIO);
             }
         }
-        seg_step(w, q.slots, q.segs, sw);
+        seg_step(w, &mut q.slots, &mut q.segs, sw);
     }
-    slot_step(w, q.slots, s);
+    slot_step(w, &mut q.slots, s);
 }
 
 /// One of a segment's writes (or its queueing guard) is done.
@@ -317,10 +290,10 @@ fn slot_step(w: &WriterIo<'_>, slots: &mut Slab<WSlot>, s: usize) {
     }
 }
 
-fn write_done(w: &WriterIo<'_>, q: Queues<'_>, op: usize, res: i32) {
+fn write_done(w: &WriterIo<'_>, q: &mut Queues, op: usize, res: i32) {
     let o = q.ops.remove(op);
     if o.direct {
-        *q.lane -= o.len;
+        q.lane -= o.len;
     }
     let sw = q.segs.get_mut(o.segw);
     // Short writes and refused O_DIRECT finish synchronously (buffered).
@@ -345,5 +318,5 @@ fn write_done(w: &WriterIo<'_>, q: Queues<'_>, op: usize, res: i32) {
     if let Err(e) = r {
         sw.error.get_or_insert(e);
     }
-    seg_step(w, q.slots, q.segs, o.segw);
+    seg_step(w, &mut q.slots, &mut q.segs, o.segw);
 }
