@@ -267,8 +267,8 @@ pub struct StorageCfg {
     /// write buffered (0: none). A block goes to the disk direct while
     /// that lane has room and through the page cache past it, so the disk
     /// takes what it can without a CPU copy and the CPU the rest
-    /// (docs/STORAGE.md "Direct lane"; `RAMSYS_DIRECT_LANE=MiB`, off by
-    /// default: cache::direct_lane).
+    /// (docs/STORAGE.md "Direct lane"; 16 MiB, `RAMSYS_DIRECT_LANE=MiB`:
+    /// cache::direct_lane).
     pub lane_bytes: usize,
     /// Start writeback behind the write front of buffered large files
     /// (cache::start_writeback). Off: measured 1.5-2.5x slower on 4 x 1 GiB

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, TryRecvError};
-use ramsys_proto::data::{Segment, MAX_SEGMENTS};
+use ramsys_proto::data::Segment;
 use ramsys_resources::Buf;
 
 use super::WriterIo;
@@ -17,11 +17,10 @@ use crate::storage::direct::direct_prefix;
 use crate::storage::uring::{Ring, Slab, FIXED_MIN_BYTES, MAX_INFLIGHT, RING_ENTRIES};
 use crate::storage::{is_direct_refusal, IoOp};
 
-/// Most write SQEs one block can need: a direct prefix and a buffered
-/// tail per segment, plus the pieces a buffered segment is cut into.
-fn block_ops_max() -> usize {
-    let body = ramsys_proto::frame::MAX_DATA_BODY as usize;
-    2 * MAX_SEGMENTS + body / crate::storage::cache::write_piece()
+/// Most write SQEs block `b` can need: a direct prefix and a buffered tail
+/// per segment, plus the pieces its buffered bytes are cut into.
+fn block_ops(b: &Buf) -> usize {
+    2 * b.segs.len() + b.data().len() / crate::storage::cache::write_piece() + 1
 }
 
 /// A received buffer whose writes are in flight.
@@ -79,37 +78,50 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
     };
     let mut cqes = Vec::with_capacity(RING_ENTRIES as usize);
     let mut closed = false;
+    // A block taken from the channel that did not fit yet.
+    let mut held: Option<Buf> = None;
     loop {
         // Take every block that is ready; block on the channel only when
         // no write is in flight (the receivers are the bottleneck).
-        while q.ops.live == 0 || q.ops.live + block_ops_max() <= MAX_INFLIGHT {
-            if closed {
-                break;
-            }
-            let got = if q.ops.live == 0 {
-                w.next(rx).map_err(|_| TryRecvError::Disconnected)
-            } else if !w.admitted() {
-                // Over the site share: finish what is in flight, then park.
-                break;
-            } else {
-                rx.try_recv()
-            };
-            let buf = match got {
-                Ok(b) => b,
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    closed = true;
-                    break;
+        loop {
+            let buf = match held.take() {
+                Some(b) => b,
+                None if closed => break,
+                None => {
+                    let got = if q.ops.live == 0 {
+                        w.next(rx).map_err(|_| TryRecvError::Disconnected)
+                    } else if !w.admitted() {
+                        // Over the site share: finish what is in flight, then park.
+                        break;
+                    } else {
+                        rx.try_recv()
+                    };
+                    match got {
+                        Ok(b) => b,
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => {
+                            closed = true;
+                            break;
+                        }
+                    }
                 }
             };
+            // Room for this block's own writes in the completion queue. The
+            // worst case of any block exceeds the bound by itself, so
+            // checking that let one block be in flight at a time and O_DIRECT
+            // writes ran one deep, at the disk's latency (docs/STORAGE.md
+            // "Direct lane").
+            if q.ops.live > 0 && q.ops.live + block_ops(&buf) > MAX_INFLIGHT {
+                held = Some(buf);
+                break;
+            }
             let s = q.slots.insert(WSlot { buf, pending: 0 });
             queue_block(w, &mut ring, &mut q, s);
         }
-        if closed && q.ops.live == 0 && q.slots.live == 0 {
+        if closed && held.is_none() && q.ops.live == 0 && q.slots.live == 0 {
             break;
         }
-        let block = q.ops.live > 0
-            && (closed || rx.is_empty() || q.ops.live + 2 * MAX_SEGMENTS > MAX_INFLIGHT);
+        let block = q.ops.live > 0 && (closed || held.is_some() || rx.is_empty());
         if let Err(e) = ring.submit(block as usize) {
             tracing::warn!("io_uring submit: {e}");
             w.check(Err(crate::data::sinkfiles::WriteError::Fatal(format!(
@@ -131,6 +143,9 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
         }
     }
     // Drain (after an error): free what is left.
+    if let Some(b) = held {
+        w.release(b);
+    }
     for i in 0..q.slots.items.len() {
         if q.slots.items[i].is_some() {
             let s = q.slots.remove(i);
