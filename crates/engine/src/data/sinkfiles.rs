@@ -654,7 +654,7 @@ impl FileTable {
             }
             let mut direct = None;
             let forced = self.storage.write_direct(f.size);
-            let lane = !forced && f.piece.is_none() && self.storage.lane(f.size);
+            let lane = !forced && self.storage.lane(f.size);
             if forced || lane {
                 let dev = buffered.metadata()?.dev();
                 if !self.storage.refusals.refused(dev) {
