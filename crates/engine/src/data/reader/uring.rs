@@ -13,11 +13,11 @@ use ramsys_resources::Buf;
 use super::{ReaderCtx, SrcOpen};
 use crate::fsops::pread_full;
 use crate::request::tasks::ReadUnit;
-use crate::storage::direct::{is_aligned, round_up, ALIGN};
+use crate::storage::direct::{is_aligned, round_down, round_up, ALIGN};
 use crate::storage::local::joins_copy_block;
 use crate::storage::sparse::Piece;
 use crate::storage::uring::{Ring, Slab, FIXED_MIN_BYTES, MAX_INFLIGHT, RING_ENTRIES};
-use crate::storage::{is_direct_refusal, IoOp};
+use crate::storage::{is_direct_refusal, IoOp, DIRECT_MIN};
 
 /// A buffer being filled or in flight.
 struct Slot {
@@ -26,6 +26,18 @@ struct Slot {
     pending: usize,
     /// No more segments will be added.
     sealed: bool,
+}
+
+/// Which block a piece fills. Large files' whole pages go to blocks of
+/// their own, where every segment starts page-aligned in the payload, so
+/// the sink can write them with O_DIRECT from its receive buffer (its
+/// direct lane, docs/STORAGE.md); small files and the large files' last
+/// partial pages are packed together (seed 000 sec. 6.1.4). Both are open
+/// at once, so neither costs the other a half-empty block.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    Packed = 0,
+    Aligned = 1,
 }
 
 /// A unit being read.
@@ -56,8 +68,10 @@ struct UringReader<'a> {
     batch: usize,
     active: Vec<Buf>,
     slots: Slab<Slot>,
-    /// Slot being filled.
-    cur: Option<usize>,
+    /// Slots being filled, by [`Fill`].
+    cur: [Option<usize>; 2],
+    /// fill() stopped for want of a buffer.
+    starved: bool,
     units: Slab<UnitRec>,
     ops: Slab<ReadOp>,
     /// Unit being planned, its pieces left.
@@ -94,7 +108,8 @@ pub(super) fn run_reader_uring(ctx: &ReaderCtx, home: usize) -> bool {
         batch: (total / 2).max(1),
         active: vec![first],
         slots: Slab::new(),
-        cur: None,
+        cur: [None; 2],
+        starved: false,
         units: Slab::new(),
         ops: Slab::new(),
         plan: None,
@@ -109,7 +124,7 @@ pub(super) fn run_reader_uring(ctx: &ReaderCtx, home: usize) -> bool {
 
 impl UringReader<'_> {
     fn posted(&self) -> usize {
-        self.slots.live - self.cur.is_some() as usize
+        self.slots.live - self.cur.iter().flatten().count()
     }
 
     fn work_left(&self) -> bool {
@@ -128,20 +143,28 @@ impl UringReader<'_> {
             // nothing of ours is in flight (the senders hold them all).
             if self.work_left()
                 && self.active.is_empty()
-                && self.cur.is_none()
+                && (self.starved || self.cur == [None; 2])
                 && self.slots.live < self.total
             {
                 let want = self.batch.min(self.total - self.slots.live);
                 self.ctx
                     .pool
                     .get_many(&mut self.active, want, self.ops.live == 0);
+                self.starved &= self.active.is_empty();
+            }
+            // Every buffer of ours held and one more wanted: ship the
+            // partly filled block(s) rather than wait for ourselves.
+            if self.starved
+                && self.active.is_empty()
+                && self.ops.live == 0
+                && self.slots.live >= self.total
+            {
+                self.seal_all();
             }
             // Lines 9-13: plan and queue reads while buffers and SQ room last.
             self.fill();
             if !self.work_left() {
-                if let Some(c) = self.cur.take() {
-                    self.seal(c);
-                }
+                self.seal_all();
             }
             if self.ops.live == 0 && !self.work_left() && self.slots.live == 0 {
                 break;
@@ -149,7 +172,7 @@ impl UringReader<'_> {
             // Lines 14-19: block for completions when this stage is the
             // bottleneck (every buffer posted, or nothing more to plan, or
             // the SQ is full); otherwise just poll.
-            let stuck = self.active.is_empty() && (self.cur.is_none() || self.ring.sq_room() == 0);
+            let stuck = self.active.is_empty() && (self.starved || self.ring.sq_room() == 0);
             let block =
                 self.ops.live > 0 && (stuck || !self.work_left() || self.posted() >= self.total);
             if let Err(e) = self.ring.submit(block as usize) {
@@ -181,22 +204,35 @@ impl UringReader<'_> {
         self.ctx.pool.put_many(&mut self.active);
     }
 
-    /// The slot being filled, taking a fresh buffer if needed.
-    fn cur_slot(&mut self) -> Option<usize> {
-        if self.cur.is_none() {
-            let buf = self.active.pop()?;
-            self.cur = Some(self.slots.insert(Slot {
+    /// The slot being filled for `fill`, taking a fresh buffer if needed.
+    fn cur_slot(&mut self, fill: Fill) -> Option<usize> {
+        let c = &mut self.cur[fill as usize];
+        if c.is_none() {
+            let Some(buf) = self.active.pop() else {
+                self.starved = true;
+                return None;
+            };
+            *c = Some(self.slots.insert(Slot {
                 buf,
                 pending: 0,
                 sealed: false,
             }));
         }
-        self.cur
+        *c
+    }
+
+    /// Seal both slots being filled.
+    fn seal_all(&mut self) {
+        for c in self.cur.into_iter().flatten() {
+            self.seal(c);
+        }
     }
 
     fn seal(&mut self, s: usize) {
-        if self.cur == Some(s) {
-            self.cur = None;
+        for c in &mut self.cur {
+            if *c == Some(s) {
+                *c = None;
+            }
         }
         let slot = self.slots.get_mut(s);
         slot.sealed = true;
@@ -274,17 +310,41 @@ impl UringReader<'_> {
             let Some((u, piece)) = self.next_piece() else {
                 return;
             };
-            let Some(s) = self.cur_slot() else {
+            let idx = self.units.get_mut(u).unit.file as usize;
+            // A large file's whole pages go to the aligned block, its
+            // last partial page (queued right behind) to the packed one.
+            let (piece, fill) = match piece {
+                Piece::Data { off, len } if self.aligns(idx, off, len) => {
+                    let body = round_down(len as usize) as u64;
+                    if body < len {
+                        self.push_front(Piece::Data {
+                            off: off + body,
+                            len: len - body,
+                        });
+                    }
+                    (Piece::Data { off, len: body }, Fill::Aligned)
+                }
+                p => (p, Fill::Packed),
+            };
+            let Some(s) = self.cur_slot(fill) else {
                 self.push_front(piece);
                 return;
             };
-            let idx = self.units.get_mut(u).unit.file as usize;
             match piece {
                 Piece::Hole { off, len } => self.queue_marker(s, idx, false, off, len),
                 Piece::Copy { off, len } => self.queue_marker(s, idx, true, off, len),
-                Piece::Data { off, len } => self.queue_read(u, s, idx, off, len),
+                Piece::Data { off, len } => self.queue_read(u, s, fill, idx, off, len),
             }
         }
+    }
+
+    /// Does a data piece of file `idx` at `off` go (its whole pages) to
+    /// the aligned block? Files the sink may write with O_DIRECT
+    /// (storage::DIRECT_MIN and up), read from a page boundary, at least
+    /// one page long.
+    fn aligns(&self, idx: usize, off: u64, len: u64) -> bool {
+        let f = &self.ctx.files[idx];
+        f.size >= DIRECT_MIN && !f.volume && is_aligned(off) && len >= ALIGN as u64
     }
 
     /// A hole (or, `copy`, a local-copy range) of file `idx` as a segment
@@ -329,7 +389,7 @@ impl UringReader<'_> {
     /// `len` as the block has room for; the rest goes back to the front of
     /// the queue. A full slot, or one a direct read cannot start in, is
     /// sealed first.
-    fn queue_read(&mut self, u: usize, s: usize, idx: usize, off: u64, len: u64) {
+    fn queue_read(&mut self, u: usize, s: usize, fill: Fill, idx: usize, off: u64, len: u64) {
         if self.ctx.is_failed(idx) {
             return; // drop the rest of a failed file
         }
@@ -343,7 +403,9 @@ impl UringReader<'_> {
             self.seal(s);
             return;
         }
-        let direct = open.direct.is_some() && is_aligned(off);
+        // Only whole pages are read with O_DIRECT: a direct read of a
+        // partial page would fill the rest of its page and end the block.
+        let direct = open.direct.is_some() && fill == Fill::Aligned;
         if direct && !start.is_multiple_of(ALIGN) {
             self.push_front(Piece::Data { off, len });
             self.seal(s);
