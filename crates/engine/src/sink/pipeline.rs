@@ -19,7 +19,7 @@ use crate::control::ControlEvent;
 use crate::crypto::{Cipher, StreamSeal};
 use crate::data::receiver::{run_receiver, ReceiverEvent};
 use crate::data::sinkfiles::FileTable;
-use crate::data::writer::{run_writer, CreditReturn, WriterEvent};
+use crate::data::writer::{direct_lane, run_writer, CreditReturn, WriterEvent, WriterIo};
 use crate::relink::{Joined, LinkEvent, Streams};
 use crate::resources::ShareGuard;
 use crate::stats::Stats;
@@ -299,11 +299,23 @@ impl<'s> SinkPipeline<'s> {
         let (rev_tx, rev_rx) = unbounded::<ReceiverEvent>();
         let (rdone_tx, rdone_rx) = unbounded::<ReceiverDone>();
         let mut writer_jobs = Vec::new();
-        for i in 0..writer_count(s.opts.bulk_writers, &table, writers.len()) {
+        let nw = writer_count(s.opts.bulk_writers, &table, writers.len());
+        for i in 0..nw {
             let (t, rx, p) = (table.clone(), recv_rx.clone(), pool.clone());
             let (c, ev, a) = (returns.clone(), wev_tx.clone(), abort.clone());
             let gate = gate.clone().map(|g| (i, g));
-            writer_jobs.push(writers.spawn(move || run_writer(&t, rx, p, c, ev, a, gate)));
+            writer_jobs.push(writers.spawn(move || {
+                let w = WriterIo {
+                    table: &t,
+                    lane: direct_lane(t.storage.lane_bytes, &p, nw),
+                    pool: p,
+                    credits: c,
+                    events: ev,
+                    abort: a,
+                    gate,
+                };
+                run_writer(w, rx)
+            }));
         }
         drop(recv_rx);
         drop(wev_tx);

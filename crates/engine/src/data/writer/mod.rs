@@ -132,23 +132,8 @@ pub enum WriterEvent {
 
 /// Writer thread body: the io_uring engine when configured and
 /// available, else the synchronous loop.
-pub fn run_writer(
-    table: &FileTable,
-    received: Receiver<Buf>,
-    pool: Arc<BufferPool>,
-    credits: Arc<Vec<CreditReturn>>,
-    events: Sender<WriterEvent>,
-    abort: Arc<AtomicBool>,
-    gate: Option<(usize, Arc<crate::site::share::ThreadGate>)>,
-) {
-    let w = WriterIo {
-        table,
-        pool,
-        credits,
-        events,
-        abort,
-        gate,
-    };
+pub fn run_writer(w: WriterIo<'_>, received: Receiver<Buf>) {
+    let table = w.table;
     if table.storage.engine == crate::storage::IoEngine::Uring
         && !table.storage.null
         && uring::run_writer_uring(&w, &received)
@@ -182,6 +167,19 @@ pub struct WriterIo<'a> {
     /// This writer's index and its task's gate (a site share: writers
     /// past the limit park; site::share).
     pub gate: Option<(usize, Arc<crate::site::share::ThreadGate>)>,
+    /// Most bytes of O_DIRECT writes this writer keeps in flight on the
+    /// large files it may also write buffered (its direct lane).
+    pub lane: usize,
+}
+
+/// One writer's direct lane: the configured one (StorageCfg::lane_bytes),
+/// but never more than half of this writer's share of the receive
+/// buffers. A block waiting for the disk holds its buffer; a lane as
+/// large as the pool would take every block and run the whole push at the
+/// disk's pace (measured: 4 x 1 GiB with O_DIRECT writes throttled to
+/// 200 MB/s, a 256 MiB lane 20.7 s, 64 MiB 3.4-3.6 s; docs/STORAGE.md).
+pub fn direct_lane(configured: usize, pool: &BufferPool, writers: usize) -> usize {
+    configured.min(pool.count() * pool.buf_size() / (2 * writers.max(1)))
 }
 
 impl WriterIo<'_> {

@@ -54,7 +54,7 @@ struct Queues {
     segs: Slab<SegWrite>,
     ops: Slab<WriteOp>,
     /// O_DIRECT bytes in flight: the direct lane's fill
-    /// (StorageCfg::lane_bytes).
+    /// (WriterIo::lane).
     lane: usize,
 }
 
@@ -217,9 +217,7 @@ fn queue_block(w: &WriterIo<'_>, ring: &mut Ring, q: &mut Queues, s: usize) {
         let addr = base + start;
         // A lane file goes direct only while the lane has room.
         let pre = match &fd.direct {
-            Some(_) if !fd.lane || q.lane < table.storage.lane_bytes => {
-                direct_prefix(addr, seg.offset, len)
-            }
+            Some(_) if !fd.lane || q.lane < w.lane => direct_prefix(addr, seg.offset, len),
             _ => 0,
         };
         if fd.lane {
