@@ -277,6 +277,44 @@ fn mincore_fraction(file: &File, len: u64) -> Option<f64> {
 mod tests {
     use super::*;
 
+    /// The read signal from a fixture sysfs tree: busy until sampled,
+    /// quiet, then 64 MiB read in 100 ms (busy, held 500 ms), quiet again;
+    /// no stat file, no signal.
+    #[test]
+    fn disk_reads_from_a_fixture_counter() {
+        use std::os::unix::fs::MetadataExt;
+        use std::time::{Duration, Instant};
+        let t = tempfile::tempdir().unwrap();
+        let dev = std::fs::metadata(t.path()).unwrap().dev();
+        let sys = t.path().join("sys");
+        assert!(DiskReads::for_dir(&sys, t.path()).is_none());
+        let d = sys.join(format!(
+            "dev/block/{}:{}",
+            libc::major(dev),
+            libc::minor(dev)
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        let write = |sectors: u64| {
+            let line = format!("  100 0 {sectors} 5 200 0 4000 9 0 10 20 0 0 0 0 0 0\n");
+            std::fs::write(d.join("stat"), line).unwrap();
+        };
+        write(1000);
+        let mut r = DiskReads::for_dir(&sys, t.path()).unwrap();
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        assert!(r.busy(t0), "busy until two samples say otherwise");
+        assert!(!r.busy(at(100)), "quiet: no reads in 100 ms");
+        write(1000 + (64 << 20) / 512);
+        assert!(!r.busy(at(150)), "sampled at most every 100 ms");
+        assert!(r.busy(at(200)), "640 MiB/s of reads");
+        assert!(r.busy(at(250)), "kept between samples");
+        assert!(r.busy(at(300)), "no reads since, but held");
+        assert!(r.busy(at(600)), "held 500 ms");
+        assert!(!r.busy(at(700)), "quiet for 500 ms");
+        std::fs::remove_file(d.join("stat")).unwrap();
+        assert!(!r.busy(at(900)), "counter gone: no signal");
+    }
+
     #[test]
     fn cached_writes_land_whole_across_pieces() {
         // A length that is no multiple of the piece, at an odd offset, so
@@ -395,5 +433,86 @@ mod tests {
         ]);
         assert_eq!(cgroup_room("4:memory:/\n", f), None);
         assert_eq!(cgroup_room("", |_| None), None);
+    }
+}
+
+/// The direct lane's width while the sink's disk is also serving reads
+/// (DiskReads): O_DIRECT writes then compete with those reads for the
+/// disk, where buffered ones would wait for writeback after them.
+pub const LANE_CONTENDED: usize = 16 << 20;
+/// Reads at or above this rate make the disk count as busy reading.
+pub const READS_BUSY: u64 = 32 << 20;
+/// How often the read counter is sampled.
+const READS_SAMPLE: std::time::Duration = std::time::Duration::from_millis(100);
+/// How long the disk counts as busy after the last busy sample: a cold
+/// reader pauses while its blocks wait for credits, and a lane that widens
+/// in each pause starves the reads again.
+const READS_HOLD: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Reads on one disk, from its block-layer counters
+/// (`SYS/dev/block/MAJ:MIN/stat`, field 3: sectors read): the sink's
+/// signal that its direct writes compete with reads (a cold source on the
+/// same disk, or anyone else's). Measured here (docs/STORAGE.md "Direct
+/// lane"): 4 x 1 GiB read cold from the sink's own disk took 4.79-4.90 s
+/// with a 64 MiB lane against 4.25-4.38 s with 16 MiB, while a warm
+/// source ran faster with 64.
+#[derive(Debug)]
+pub struct DiskReads {
+    stat: std::path::PathBuf,
+    last: Option<(std::time::Instant, u64)>,
+    /// The last sample that saw reads.
+    seen: Option<std::time::Instant>,
+    busy: bool,
+}
+
+impl DiskReads {
+    /// The counters of the disk holding `dir`, under the sysfs root `sys`
+    /// (`/sys`; a fixture tree in tests). None where there are none
+    /// (tmpfs, overlay and other file systems without a block device).
+    pub fn for_dir(sys: &std::path::Path, dir: &std::path::Path) -> Option<DiskReads> {
+        use std::os::unix::fs::MetadataExt;
+        let dev = std::fs::metadata(dir).ok()?.dev();
+        let (major, minor) = (libc::major(dev), libc::minor(dev));
+        let stat = sys.join(format!("dev/block/{major}:{minor}/stat"));
+        // Busy until the first sample says otherwise: a lane that starts
+        // wide fills the disk's queue before the first sample is in.
+        stat.is_file().then_some(DiskReads {
+            stat,
+            last: None,
+            seen: None,
+            busy: true,
+        })
+    }
+
+    /// Whether the disk read at least READS_BUSY bytes/s between two
+    /// samples in the last READS_HOLD (and until the first two samples);
+    /// samples at most every READS_SAMPLE, so a call per block costs
+    /// nothing most of the time.
+    pub fn busy(&mut self, now: std::time::Instant) -> bool {
+        if self
+            .last
+            .is_some_and(|(t, _)| now.duration_since(t) < READS_SAMPLE)
+        {
+            return self.busy;
+        }
+        let Some(sectors) = std::fs::read_to_string(&self.stat)
+            .ok()
+            .and_then(|s| s.split_whitespace().nth(2)?.parse::<u64>().ok())
+        else {
+            self.busy = false;
+            return false;
+        };
+        if let Some((t, s0)) = self.last {
+            let secs = now.duration_since(t).as_secs_f64();
+            let rate = sectors.saturating_sub(s0) as f64 * 512.0 / secs;
+            if rate >= READS_BUSY as f64 {
+                self.seen = Some(now);
+            }
+            self.busy = self
+                .seen
+                .is_some_and(|s| now.duration_since(s) < READS_HOLD);
+        }
+        self.last = Some((now, sectors));
+        self.busy
     }
 }

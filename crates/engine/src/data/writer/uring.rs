@@ -12,7 +12,7 @@ use ramsys_resources::Buf;
 
 use super::WriterIo;
 use crate::data::sinkfiles::SinkFd;
-use crate::storage::cache::pwrite_cached;
+use crate::storage::cache::{pwrite_cached, DiskReads, LANE_CONTENDED};
 use crate::storage::direct::direct_prefix;
 use crate::storage::uring::{Ring, Slab, FIXED_MIN_BYTES, MAX_INFLIGHT, RING_ENTRIES};
 use crate::storage::{is_direct_refusal, IoOp};
@@ -56,6 +56,22 @@ struct Queues {
     /// O_DIRECT bytes in flight: the direct lane's fill
     /// (WriterIo::lane).
     lane: usize,
+    /// Reads on the destination's disk: while it serves them the lane
+    /// narrows to cache::LANE_CONTENDED.
+    disk: Option<DiskReads>,
+}
+
+impl Queues {
+    /// The lane's width for the next block.
+    fn lane_width(&mut self, lane: usize) -> usize {
+        let now = std::time::Instant::now();
+        let busy = lane > LANE_CONTENDED && self.disk.as_mut().is_some_and(|d| d.busy(now));
+        if busy {
+            LANE_CONTENDED
+        } else {
+            lane
+        }
+    }
 }
 
 /// Writer body for the io_uring engine; false if no ring could be made.
@@ -75,6 +91,7 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
         segs: Slab::new(),
         ops: Slab::new(),
         lane: 0,
+        disk: DiskReads::for_dir(std::path::Path::new("/sys"), w.table.root.path()),
     };
     let mut cqes = Vec::with_capacity(RING_ENTRIES as usize);
     let mut closed = false;
@@ -162,6 +179,7 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
 /// accounted at once.
 fn queue_block(w: &WriterIo<'_>, ring: &mut Ring, q: &mut Queues, s: usize) {
     let table = w.table;
+    let lane = q.lane_width(w.lane);
     let mut p = 0usize;
     let nseg = q.slots.get_mut(s).buf.segs.len();
     let aborted = w.abort.load(Ordering::Relaxed);
@@ -217,7 +235,7 @@ fn queue_block(w: &WriterIo<'_>, ring: &mut Ring, q: &mut Queues, s: usize) {
         let addr = base + start;
         // A lane file goes direct only while the lane has room.
         let pre = match &fd.direct {
-            Some(_) if !fd.lane || q.lane < w.lane => direct_prefix(addr, seg.offset, len),
+            Some(_) if !fd.lane || q.lane < lane => direct_prefix(addr, seg.offset, len),
             _ => 0,
         };
         if fd.lane {
