@@ -72,6 +72,10 @@ struct UringReader<'a> {
     cur: [Option<usize>; 2],
     /// fill() stopped for want of a buffer.
     starved: bool,
+    /// The pool has at least two buffers per reader, so a reader may wait
+    /// for one while it holds a partly filled block (with fewer, every
+    /// reader could hold one and wait for the others).
+    may_hold: bool,
     units: Slab<UnitRec>,
     ops: Slab<ReadOp>,
     /// Unit being planned, its pieces left.
@@ -110,6 +114,7 @@ pub(super) fn run_reader_uring(ctx: &ReaderCtx, home: usize) -> bool {
         slots: Slab::new(),
         cur: [None; 2],
         starved: false,
+        may_hold: ctx.pool.count() >= 2 * readers,
         units: Slab::new(),
         ops: Slab::new(),
         plan: None,
@@ -147,17 +152,18 @@ impl UringReader<'_> {
                 && self.slots.live < self.total
             {
                 let want = self.batch.min(self.total - self.slots.live);
-                self.ctx
-                    .pool
-                    .get_many(&mut self.active, want, self.ops.live == 0);
+                let wait = self.ops.live == 0 && (self.may_hold || self.cur == [None; 2]);
+                self.ctx.pool.get_many(&mut self.active, want, wait);
                 self.starved &= self.active.is_empty();
             }
-            // Every buffer of ours held and one more wanted: ship the
-            // partly filled block(s) rather than wait for ourselves.
+            // A buffer wanted, none to be had and nothing of ours in flight
+            // (all our buffers in our open blocks, or the pool too small for
+            // every reader to hold one while it waits): ship the partly
+            // filled block(s) rather than wait for ourselves.
             if self.starved
                 && self.active.is_empty()
                 && self.ops.live == 0
-                && self.slots.live >= self.total
+                && (self.slots.live >= self.total || !self.may_hold)
             {
                 self.seal_all();
             }
