@@ -356,7 +356,6 @@ fn walk_files(root: &Path) -> Vec<std::path::PathBuf> {
 #[test]
 fn direct_lane_mixes_direct_and_cached_blocks_of_one_file() {
     let t = tempfile::tempdir().unwrap();
-    let key = key_file(t.path());
     let src = t.path().join("src");
     std::fs::create_dir(&src).unwrap();
     let mut r = Rng(0x1a9e);
@@ -367,37 +366,45 @@ fn direct_lane_mixes_direct_and_cached_blocks_of_one_file() {
         std::fs::write(src.join(format!("f{i}")), r.bytes(*size)).unwrap();
     }
     std::fs::write(src.join("small"), r.bytes(1000)).unwrap();
-    let root = t.path().join("root");
+    let (direct, cached, refused) = push_with_lane(t.path(), &src, "1", &["--block-size", "256K"]);
+    // The sink says how its large files went: all 17 MiB, some direct
+    // (the lane starts empty), unless the file system refuses O_DIRECT.
+    assert!(direct + cached >= 16, "{direct} + {cached}");
+    assert!(refused || direct >= 1, "{direct} + {cached}");
+}
+
+/// Push `src` (`cp -r` plus `args`) to a fresh `serve -v` under `dir`
+/// whose direct lane is `lane` MiB; checks the copy (identical, no temp
+/// file left) and returns the sink's split of its large files
+/// (sink_large_files).
+fn push_with_lane(
+    dir: &std::path::Path,
+    src: &std::path::Path,
+    lane: &str,
+    args: &[&str],
+) -> (u64, u64, bool) {
+    let key = key_file(dir);
+    let root = dir.join("root");
     std::fs::create_dir(&root).unwrap();
-    let log = t.path().join("daemon.log");
+    let log = dir.join("daemon.log");
     let mut c = std::process::Command::new(bin());
     c.args(["serve", "--listen", "127.0.0.1:0", "-v", "--root"])
         .arg(&root)
         .arg("--key-file")
         .arg(&key)
-        .env("RAMSYS_DIRECT_LANE", "1")
+        .env("RAMSYS_DIRECT_LANE", lane)
         .stdout(std::process::Stdio::piped())
         .stderr(std::fs::File::create(&log).unwrap());
     let d = TestDaemon::spawn(c, &root);
-    let o = ramsys(
-        &key,
-        &[
-            "cp",
-            "-r",
-            "--block-size",
-            "256K",
-            src.to_str().unwrap(),
-            &d.url("dst"),
-        ],
-    );
+    let mut cmd = vec!["cp", "-r"];
+    cmd.extend_from_slice(args);
+    let dst = d.url("dst");
+    cmd.extend([src.to_str().unwrap(), dst.as_str()]);
+    let o = ramsys(&key, &cmd);
     assert_ok(&o);
-    assert_same_tree(&src, &root.join("dst"));
+    assert_same_tree(src, &root.join("dst"));
     assert!(temp_files(&root).is_empty());
-    // The sink says how its large files went: all 17 MiB, some direct
-    // (the lane starts empty), unless the file system refuses O_DIRECT.
-    let (direct, cached, refused) = sink_large_files(&log);
-    assert!(direct + cached >= 16, "{direct} + {cached}");
-    assert!(refused || direct >= 1, "{direct} + {cached}");
+    sink_large_files(&log)
 }
 
 /// The sink's "large files N MiB direct, M MiB through the page cache"
@@ -427,7 +434,6 @@ fn sink_large_files(log: &std::path::Path) -> (u64, u64, bool) {
 #[test]
 fn packed_large_files_reach_the_direct_lane() {
     let t = tempfile::tempdir().unwrap();
-    let key = key_file(t.path());
     let src = t.path().join("src");
     std::fs::create_dir(&src).unwrap();
     let mut r = Rng(0x9a11);
@@ -436,34 +442,8 @@ fn packed_large_files_reach_the_direct_lane() {
         std::fs::write(src.join(format!("f{i}a")), r.bytes(big as usize)).unwrap();
         std::fs::write(src.join(format!("f{i}b")), r.bytes(100 + 777 * i as usize)).unwrap();
     }
-    let root = t.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let log = t.path().join("daemon.log");
-    let mut c = std::process::Command::new(bin());
-    c.args(["serve", "--listen", "127.0.0.1:0", "-v", "--root"])
-        .arg(&root)
-        .arg("--key-file")
-        .arg(&key)
-        .env("RAMSYS_DIRECT_LANE", "256")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap());
-    let d = TestDaemon::spawn(c, &root);
-    let o = ramsys(
-        &key,
-        &[
-            "cp",
-            "-r",
-            "--streams",
-            "1",
-            src.to_str().unwrap(),
-            &d.url("dst"),
-        ],
-    );
-    assert_ok(&o);
-    assert_same_tree(&src, &root.join("dst"));
-    assert!(temp_files(&root).is_empty());
+    let (direct, cached, refused) = push_with_lane(t.path(), &src, "256", &["--streams", "1"]);
     // 12 MiB of large files; the tails and small files are packed apart.
-    let (direct, cached, refused) = sink_large_files(&log);
     assert!(direct + cached >= 11, "{direct} + {cached}");
     assert!(refused || direct >= 11, "{direct} direct, {cached} cached");
 }

@@ -450,7 +450,8 @@ const READS_SAMPLE: std::time::Duration = std::time::Duration::from_millis(100);
 const READS_HOLD: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Reads on one disk, from its block-layer counters
-/// (`SYS/dev/block/MAJ:MIN/stat`, field 3: sectors read): the sink's
+/// (the whole disk's `stat` under `SYS/dev/block/MAJ:MIN`, field 3:
+/// sectors read): the sink's
 /// signal that its direct writes compete with reads (a cold source on the
 /// same disk, or anyone else's). Measured here (docs/STORAGE.md "Direct
 /// lane"): 4 x 1 GiB read cold from the sink's own disk took 4.79-4.90 s
@@ -466,14 +467,14 @@ pub struct DiskReads {
 }
 
 impl DiskReads {
-    /// The counters of the disk holding `dir`, under the sysfs root `sys`
+    /// The counters of the disk holding `dir` (the whole disk, for a
+    /// partition: storage::device::disk_dir), under the sysfs root `sys`
     /// (`/sys`; a fixture tree in tests). None where there are none
     /// (tmpfs, overlay and other file systems without a block device).
     pub fn for_dir(sys: &std::path::Path, dir: &std::path::Path) -> Option<DiskReads> {
         use std::os::unix::fs::MetadataExt;
         let dev = std::fs::metadata(dir).ok()?.dev();
-        let (major, minor) = (libc::major(dev), libc::minor(dev));
-        let stat = sys.join(format!("dev/block/{major}:{minor}/stat"));
+        let stat = super::device::disk_dir(sys, dev)?.join("stat");
         // Busy until the first sample says otherwise: a lane that starts
         // wide fills the disk's queue before the first sample is in.
         stat.is_file().then_some(DiskReads {

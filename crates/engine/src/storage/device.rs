@@ -32,8 +32,7 @@ const RAMFS_MAGIC: i64 = 0x8584_58f6;
 
 /// Kind of the device `dev` (st_dev) holding `path`.
 pub fn device_kind(dev: u64, path: &Path) -> DeviceKind {
-    let (maj, min) = (libc::major(dev), libc::minor(dev));
-    if maj == 0 {
+    if libc::major(dev) == 0 {
         // Anonymous device: a virtual file system. Memory if tmpfs/ramfs,
         // otherwise (overlay, NFS, FUSE) assume flash-like behaviour.
         return match fs_magic(path) {
@@ -41,16 +40,7 @@ pub fn device_kind(dev: u64, path: &Path) -> DeviceKind {
             _ => DeviceKind::Ssd,
         };
     }
-    let sys = format!("/sys/dev/block/{maj}:{min}");
-    let real = std::fs::canonicalize(&sys).ok();
-    // A partition's queue/ lives in its parent disk's directory.
-    let disk = real.as_ref().and_then(|r| {
-        if r.join("partition").exists() {
-            r.parent().map(|p| p.to_path_buf())
-        } else {
-            Some(r.clone())
-        }
-    });
+    let disk = disk_dir(Path::new("/sys"), dev);
     let name = disk
         .as_ref()
         .and_then(|d| d.file_name())
@@ -61,6 +51,19 @@ pub fn device_kind(dev: u64, path: &Path) -> DeviceKind {
         .and_then(|d| std::fs::read_to_string(d.join("queue/rotational")).ok())
         .map(|s| s.trim() == "1");
     classify(&name, rotational)
+}
+
+/// The sysfs directory of the whole disk behind device number `dev` (a
+/// partition's parent: its queue/ and the counters that matter for
+/// contention live there), under the sysfs root `sys`; None without one.
+pub fn disk_dir(sys: &Path, dev: u64) -> Option<std::path::PathBuf> {
+    let (maj, min) = (libc::major(dev), libc::minor(dev));
+    let real = std::fs::canonicalize(sys.join(format!("dev/block/{maj}:{min}"))).ok()?;
+    if real.join("partition").exists() {
+        real.parent().map(|p| p.to_path_buf())
+    } else {
+        Some(real)
+    }
 }
 
 /// Kind from the block device's name and its queue/rotational flag.
@@ -91,6 +94,27 @@ fn fs_magic(path: &Path) -> Option<i64> {
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
+
+    /// A partition's device number leads to its disk's directory, a
+    /// disk's to its own; an unknown number to none (fixture sysfs tree).
+    #[test]
+    fn disk_dir_of_a_partition_is_its_disk() {
+        let t = tempfile::tempdir().unwrap();
+        let sys = t.path();
+        let disk = sys.join("devices/virtual/block/vdz");
+        std::fs::create_dir_all(disk.join("vdz1")).unwrap();
+        std::fs::write(disk.join("vdz1/partition"), "1\n").unwrap();
+        std::fs::create_dir_all(sys.join("dev/block")).unwrap();
+        let link = |mm: &str, to: &str| {
+            std::os::unix::fs::symlink(to, sys.join("dev/block").join(mm)).unwrap()
+        };
+        link("254:0", "../../devices/virtual/block/vdz");
+        link("254:1", "../../devices/virtual/block/vdz/vdz1");
+        let real = std::fs::canonicalize(&disk).unwrap();
+        assert_eq!(disk_dir(sys, libc::makedev(254, 1)), Some(real.clone()));
+        assert_eq!(disk_dir(sys, libc::makedev(254, 0)), Some(real));
+        assert_eq!(disk_dir(sys, libc::makedev(8, 0)), None);
+    }
 
     #[test]
     fn classifies_names_and_flags() {
