@@ -427,6 +427,27 @@ fn sink_large_files(log: &std::path::Path) -> (u64, u64, bool) {
     (nums[0], nums[1], refused)
 }
 
+/// Files of 64 KiB to 1 MiB (storage::lane_min) take the direct lane too:
+/// nameless temp files with a second, O_DIRECT descriptor, their whole
+/// pages read into aligned blocks; the copies are whole and nothing is
+/// left under a temp name.
+#[test]
+fn mid_size_files_take_the_direct_lane() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    let mut r = Rng(0x3d1d);
+    for i in 0..24u64 {
+        let mid = (400 << 10) + 4099 * i + 1; // ~400-500 KiB, odd tails
+        std::fs::write(src.join(format!("d/m{i}")), r.bytes(mid as usize)).unwrap();
+        std::fs::write(src.join(format!("s{i}")), r.bytes(10 + 333 * i as usize)).unwrap();
+    }
+    let (direct, cached, refused) = push_with_lane(t.path(), &src, "256", &["--streams", "2"]);
+    // ~10.5 MiB in mid-size files, all but their last partial pages direct.
+    assert!(direct + cached >= 9, "{direct} + {cached}");
+    assert!(refused || direct >= 9, "{direct} direct, {cached} cached");
+}
+
 /// Large files smaller than a block, packed among small ones, still start
 /// page-aligned in their blocks (the source's aligned fill), so the sink's
 /// direct lane takes their whole pages: with a lane wider than the data,

@@ -750,14 +750,22 @@ impl FileTable {
         match made {
             Ok(buffered) => {
                 self.anon_open.fetch_add(1, Ordering::AcqRel);
+                // Also a direct lane file: sized now (its O_DIRECT pages and
+                // buffered tail then write disjoint pages of a file that
+                // has its size, as a large file's), with a second,
+                // O_DIRECT descriptor.
+                let direct = match self.storage.lane(f.size) {
+                    true => self.anon_direct(f, &buffered)?,
+                    false => None,
+                };
                 Ok(Some(SinkFd {
                     buffered,
-                    direct: None,
-                    lane: false,
+                    sized: direct.is_some(),
+                    lane: direct.is_some(),
+                    direct,
                     source: std::sync::OnceLock::new(),
                     writeback: false,
                     anon: true,
-                    sized: false,
                 }))
             }
             Err(e) if tmpfile::is_unsupported(&e) => {
@@ -766,6 +774,32 @@ impl FileTable {
                 }
                 Ok(None)
             }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The O_DIRECT descriptor of a nameless lane file, sized; None where
+    /// the device refuses O_DIRECT (or /proc is not there to reopen it).
+    fn anon_direct(&self, f: &SinkFile, buffered: &File) -> std::io::Result<Option<File>> {
+        let dev = buffered.metadata()?.dev();
+        if self.storage.refusals.refused(dev) {
+            return Ok(None);
+        }
+        let r = self
+            .storage
+            .hook
+            .check(IoOp::OpenDirect, &f.rel, 0, 0)
+            .and_then(|_| tmpfile::reopen_direct(buffered));
+        match r {
+            Ok(d) => {
+                buffered.set_len(f.size)?;
+                Ok(Some(d))
+            }
+            Err(e) if is_direct_refusal(&e) => {
+                self.storage.refusals.refuse(dev, "sink", &e);
+                Ok(None)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
             Err(e) => Err(e),
         }
     }

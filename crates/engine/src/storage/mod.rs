@@ -198,6 +198,24 @@ impl Hook {
 /// page cache costs little next to the per-file open/close anyway.
 pub const DIRECT_MIN: u64 = 1 << 20;
 
+/// Files at least this large may also take the sink's direct lane (their
+/// whole pages, read into page-aligned blocks: data::reader::uring), under
+/// the forced rule's DIRECT_MIN: the page-cache copy of a file of 64 KiB to
+/// 1 MiB costs the same per byte as of a larger one, and on the mixed set
+/// those files hold 1.3 of 3.5 GB (issue 17: the io-wq workers' copies were
+/// 40 % of a warm mixed push's CPU). `RAMSYS_LANE_MIN` (bytes, >= 4096)
+/// overrides it, to repeat the measurement.
+pub fn lane_min() -> u64 {
+    static V: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("RAMSYS_LANE_MIN")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&v| v >= direct::ALIGN as u64)
+            .unwrap_or(64 << 10)
+    })
+}
+
 /// Devices that refused O_DIRECT (so each is tried once per session).
 #[derive(Debug, Default)]
 pub struct DirectRefusals(Mutex<Vec<u64>>);
@@ -277,7 +295,8 @@ pub struct StorageCfg {
     /// does behind the transfer; docs/STORAGE.md). `RAMSYS_WRITEBACK=1`
     /// turns it on to repeat that measurement.
     pub writeback: bool,
-    /// Bytes of large files (>= DIRECT_MIN) this side moved with O_DIRECT
+    /// Bytes of files the direct policy covers (from [`lane_min`] or
+    /// DIRECT_MIN, the smaller) this side moved with O_DIRECT
     /// and through the page cache: what `--explain` and the JSON summary
     /// report of the policy.
     pub direct_bytes: std::sync::atomic::AtomicU64,
@@ -308,7 +327,7 @@ impl StorageCfg {
     /// Count `len` bytes of a file of `size` bytes moved direct or not.
     pub fn count(&self, size: u64, len: u64, direct: bool) {
         use std::sync::atomic::Ordering::Relaxed;
-        if size >= DIRECT_MIN {
+        if size >= lane_min().min(DIRECT_MIN) {
             let c = if direct {
                 &self.direct_bytes
             } else {
@@ -350,10 +369,11 @@ impl StorageCfg {
                 .is_err(),
         }
     }
-    /// Sink: a large file the budget lets through the page cache is
-    /// still opened O_DIRECT, for the writers' direct lane (`lane_bytes`).
+    /// Sink: a file of [`lane_min`] bytes or more that the budget lets
+    /// through the page cache is still opened O_DIRECT, for the writers'
+    /// direct lane (`lane_bytes`).
     pub fn lane(&self, size: u64) -> bool {
-        self.direct && self.lane_bytes > 0 && size >= DIRECT_MIN
+        self.direct && self.lane_bytes > 0 && size >= lane_min()
     }
     fn new(opts: &crate::TransferOptions, block_size: usize, data: DataEngine) -> StorageCfg {
         StorageCfg {

@@ -120,6 +120,25 @@ fn link_proc(file: &File, dir: BorrowedFd<'_>, name: &CString) -> io::Result<()>
     Ok(())
 }
 
+/// A second descriptor of the nameless `file`, for O_DIRECT writes (the
+/// sink's direct lane), through its /proc/self/fd link: a nameless inode
+/// has no other name to open it by.
+pub fn reopen_direct(file: &File) -> io::Result<File> {
+    let p = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd())).unwrap();
+    // SAFETY: a valid C string.
+    let fd = unsafe {
+        libc::open(
+            p.as_ptr(),
+            libc::O_WRONLY | libc::O_DIRECT | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptor.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
 /// Set mtime (and with `chmod`, the mode) through the descriptor.
 pub fn set_attrs(file: &File, chmod: Option<u32>, mtime: (i64, u32)) -> io::Result<()> {
     let fd = file.as_raw_fd();
