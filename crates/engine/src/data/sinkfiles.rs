@@ -55,8 +55,9 @@ const DIRTY: u8 = 64;
 /// nor unlinked.
 const ANON: u8 = 128;
 
-/// Most nameless temp files a session keeps open: half the open-file
-/// limit (raised to its hard maximum at start), at least 1,024. Each stays
+/// Most descriptors of nameless temp files a session keeps open (a lane
+/// file has two): half the open-file limit (raised to its hard maximum at
+/// start), at least 1,024. Each file stays
 /// open from its first byte until its digest has arrived too; past the cap,
 /// files get named temp files (closed when their data is written, renamed
 /// when the digest comes). The cap is not the in-flight bound: the io_uring
@@ -220,7 +221,8 @@ pub struct FileTable {
     dirs: SinkDirs,
     /// O_TMPFILE works here (cleared at the first refusal).
     anon_ok: AtomicBool,
-    /// Nameless temp files open now, and how many may be ([`anon_cap`]).
+    /// Descriptors of nameless temp files open now (two for a lane file),
+    /// and how many may be ([`anon_cap`]).
     anon_open: AtomicUsize,
     anon_cap: usize,
 }
@@ -444,8 +446,9 @@ impl FileTable {
     /// Take the file's descriptors out of the table.
     fn take_fd(&self, f: &SinkFile) -> Option<Arc<SinkFd>> {
         let fd = f.fd.lock().unwrap().take();
-        if fd.as_ref().is_some_and(|d| d.anon) {
-            self.anon_open.fetch_sub(1, Ordering::AcqRel);
+        if let Some(d) = fd.as_ref().filter(|d| d.anon) {
+            let fds = 1 + d.direct.is_some() as usize;
+            self.anon_open.fetch_sub(fds, Ordering::AcqRel);
         }
         fd
     }
@@ -749,7 +752,6 @@ impl FileTable {
             .and_then(|_| tmpfile::create(dir.fd(), f.mode));
         match made {
             Ok(buffered) => {
-                self.anon_open.fetch_add(1, Ordering::AcqRel);
                 // Also a direct lane file: sized now (its O_DIRECT pages and
                 // buffered tail then write disjoint pages of a file that
                 // has its size, as a large file's), with a second,
@@ -758,6 +760,8 @@ impl FileTable {
                     true => self.anon_direct(f, &buffered)?,
                     false => None,
                 };
+                let fds = 1 + direct.is_some() as usize;
+                self.anon_open.fetch_add(fds, Ordering::AcqRel);
                 Ok(Some(SinkFd {
                     buffered,
                     sized: direct.is_some(),
@@ -1454,6 +1458,40 @@ mod tests {
         for n in ["a", "b", "c"] {
             assert_eq!(std::fs::read(d.path().join(n)).unwrap(), b"xyz");
         }
+    }
+
+    /// A nameless file of the lane's size gets a second, O_DIRECT
+    /// descriptor (counted against the cap) and its size at creation; it
+    /// lands whole, and both descriptors are given back.
+    #[test]
+    fn a_nameless_lane_file_has_two_descriptors() {
+        let d = tempfile::tempdir_in("/var/tmp").unwrap();
+        let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
+        let mut cfg = StorageCfg::plain(true, crate::storage::IoEngine::Sync);
+        cfg.lane_bytes = 1 << 20;
+        let mut t =
+            FileTable::new(root, 1, true, false, Arc::new(Stats::default())).with_storage(cfg);
+        t.anon_ok.store(true, Ordering::Relaxed);
+        let size = crate::storage::lane_min() as usize + 5000;
+        t.push_entry(0, Some((b"mid".to_vec(), size as u64, 0o644, (7, 0))));
+        let data: Vec<u8> = (0..size).map(|i| (i * 31 + 7) as u8).collect();
+        let h = send(&t, 0, 0, &data);
+        if !t.anon_ok.load(Ordering::Relaxed) {
+            return; // no O_TMPFILE here
+        }
+        let fd = t.get(0).unwrap().fd.lock().unwrap().clone().unwrap();
+        if fd.direct.is_some() {
+            assert!(fd.lane && fd.sized);
+            assert_eq!(t.anon_open.load(Ordering::Relaxed), 2);
+            assert_eq!(fd.buffered.metadata().unwrap().len(), size as u64);
+        } else {
+            assert_eq!(t.anon_open.load(Ordering::Relaxed), 1); // O_DIRECT refused here
+        }
+        drop(fd);
+        t.digest_known(0, h).unwrap();
+        assert!(t.finish().is_empty());
+        assert_eq!(t.anon_open.load(Ordering::Relaxed), 0);
+        assert_eq!(std::fs::read(d.path().join("mid")).unwrap(), data);
     }
 
     struct NoTmpFile;
