@@ -57,10 +57,9 @@ const ANON: u8 = 128;
 
 /// Most descriptors of nameless temp files a session keeps open (a lane
 /// file has two): half the open-file limit (raised to its hard maximum at
-/// start), at least 1,024. Each file stays
-/// open from its first byte until its digest has arrived too; past the cap,
-/// files get named temp files (closed when their data is written, renamed
-/// when the digest comes). The cap is not the in-flight bound: the io_uring
+/// start), at least 1,024. Each file stays open from its first byte until
+/// its digest has arrived too; past the cap, files get named temp files
+/// (closed when their data is written, renamed when the digest comes). The cap is not the in-flight bound: the io_uring
 /// writers keep up to 4,096 segments each in flight, every one with its
 /// file open, so on the 48k-file tree 10,041 nameless files were open at
 /// the peak, and a fixed cap of 1,024 sent 85 % of the files down the named
