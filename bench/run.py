@@ -844,7 +844,6 @@ def settle_round(ctx, workload, run):
     if run > 0 and room > need:
         ctx.keep_trash = True
         return
-    ctx.keep_trash = False
     settle(ctx, wait=False)
     log(f"rest: ext4 without a journal at {ctx.scratch}; waiting {RECENTLY_DELETED_S} s for "
         f"recently freed inodes to age out before the {workload} rounds")

@@ -677,32 +677,15 @@ impl FileTable {
             let forced = self.storage.write_direct(f.size);
             let lane = !forced && self.storage.lane(f.size);
             if forced || lane {
-                let dev = buffered.metadata()?.dev();
-                if !self.storage.refusals.refused(dev) {
-                    let mut rel = parent.to_vec();
-                    if !rel.is_empty() {
-                        rel.push(b'/');
-                    }
-                    rel.extend_from_slice(&tmp);
-                    let r = self
-                        .storage
-                        .hook
-                        .check(IoOp::OpenDirect, &f.rel, 0, 0)
-                        .and_then(|_| {
-                            self.root.openat(
-                                &rel,
-                                libc::O_WRONLY | libc::O_DIRECT | libc::O_NOFOLLOW,
-                                0,
-                            )
-                        });
-                    match r {
-                        Ok(d) => direct = Some(File::from(d)),
-                        Err(e) if is_direct_refusal(&e) => {
-                            self.storage.refusals.refuse(dev, "sink", &e)
-                        }
-                        Err(e) => return Err(e),
-                    }
+                let mut rel = parent.to_vec();
+                if !rel.is_empty() {
+                    rel.push(b'/');
                 }
+                rel.extend_from_slice(&tmp);
+                direct = self.open_direct(f, &buffered, || {
+                    let fl = libc::O_WRONLY | libc::O_DIRECT | libc::O_NOFOLLOW;
+                    self.root.openat(&rel, fl, 0).map(File::from)
+                })?;
             }
             Ok((direct, lane))
         })();
@@ -784,6 +767,25 @@ impl FileTable {
     /// The O_DIRECT descriptor of a nameless lane file, sized; None where
     /// the device refuses O_DIRECT (or /proc is not there to reopen it).
     fn anon_direct(&self, f: &SinkFile, buffered: &File) -> std::io::Result<Option<File>> {
+        match self.open_direct(f, buffered, || tmpfile::reopen_direct(buffered)) {
+            Ok(Some(d)) => {
+                buffered.set_len(f.size)?;
+                Ok(Some(d))
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            r => r,
+        }
+    }
+
+    /// A second, O_DIRECT descriptor of the temp file `buffered`, made by
+    /// `open`; None where its device refuses O_DIRECT (remembered per
+    /// device, so each is tried once per session).
+    fn open_direct(
+        &self,
+        f: &SinkFile,
+        buffered: &File,
+        open: impl FnOnce() -> std::io::Result<File>,
+    ) -> std::io::Result<Option<File>> {
         let dev = buffered.metadata()?.dev();
         if self.storage.refusals.refused(dev) {
             return Ok(None);
@@ -792,17 +794,13 @@ impl FileTable {
             .storage
             .hook
             .check(IoOp::OpenDirect, &f.rel, 0, 0)
-            .and_then(|_| tmpfile::reopen_direct(buffered));
+            .and_then(|_| open());
         match r {
-            Ok(d) => {
-                buffered.set_len(f.size)?;
-                Ok(Some(d))
-            }
+            Ok(d) => Ok(Some(d)),
             Err(e) if is_direct_refusal(&e) => {
                 self.storage.refusals.refuse(dev, "sink", &e);
                 Ok(None)
             }
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
             Err(e) => Err(e),
         }
     }

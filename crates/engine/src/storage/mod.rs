@@ -216,6 +216,14 @@ pub fn lane_min() -> u64 {
     })
 }
 
+/// The smallest file the direct policy covers: the lane's start or the
+/// forced rule's, whichever is lower. Such files' whole pages are read into
+/// page-aligned blocks, and their bytes are counted in the direct/cached
+/// split ([`StorageCfg::count`]).
+pub fn policy_min() -> u64 {
+    lane_min().min(DIRECT_MIN)
+}
+
 /// Devices that refused O_DIRECT (so each is tried once per session).
 #[derive(Debug, Default)]
 pub struct DirectRefusals(Mutex<Vec<u64>>);
@@ -295,8 +303,8 @@ pub struct StorageCfg {
     /// does behind the transfer; docs/STORAGE.md). `RAMSYS_WRITEBACK=1`
     /// turns it on to repeat that measurement.
     pub writeback: bool,
-    /// Bytes of files the direct policy covers (from [`lane_min`] or
-    /// DIRECT_MIN, the smaller) this side moved with O_DIRECT
+    /// Bytes of files the direct policy covers ([`policy_min`] and up)
+    /// this side moved with O_DIRECT
     /// and through the page cache: what `--explain` and the JSON summary
     /// report of the policy.
     pub direct_bytes: std::sync::atomic::AtomicU64,
@@ -327,7 +335,7 @@ impl StorageCfg {
     /// Count `len` bytes of a file of `size` bytes moved direct or not.
     pub fn count(&self, size: u64, len: u64, direct: bool) {
         use std::sync::atomic::Ordering::Relaxed;
-        if size >= lane_min().min(DIRECT_MIN) {
+        if size >= policy_min() {
             let c = if direct {
                 &self.direct_bytes
             } else {

@@ -103,7 +103,7 @@ fn link_empty_path(file: &File, dir: BorrowedFd<'_>, name: &CString) -> io::Resu
 }
 
 fn link_proc(file: &File, dir: BorrowedFd<'_>, name: &CString) -> io::Result<()> {
-    let p = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd())).unwrap();
+    let p = CString::new(proc_path(file)).unwrap();
     // SAFETY: valid descriptors and C strings.
     let r = unsafe {
         libc::linkat(
@@ -124,19 +124,16 @@ fn link_proc(file: &File, dir: BorrowedFd<'_>, name: &CString) -> io::Result<()>
 /// sink's direct lane), through its /proc/self/fd link: a nameless inode
 /// has no other name to open it by.
 pub fn reopen_direct(file: &File) -> io::Result<File> {
-    let p = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd())).unwrap();
-    // SAFETY: a valid C string.
-    let fd = unsafe {
-        libc::open(
-            p.as_ptr(),
-            libc::O_WRONLY | libc::O_DIRECT | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh descriptor.
-    Ok(unsafe { File::from_raw_fd(fd) })
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(proc_path(file))
+}
+
+/// The /proc/self/fd link that names `file`.
+fn proc_path(file: &File) -> String {
+    format!("/proc/self/fd/{}", file.as_raw_fd())
 }
 
 /// Set mtime (and with `chmod`, the mode) through the descriptor.

@@ -17,7 +17,7 @@ use crate::storage::direct::{is_aligned, round_down, round_up, ALIGN};
 use crate::storage::local::joins_copy_block;
 use crate::storage::sparse::Piece;
 use crate::storage::uring::{Ring, Slab, FIXED_MIN_BYTES, MAX_INFLIGHT, RING_ENTRIES};
-use crate::storage::{is_direct_refusal, lane_min, IoOp, DIRECT_MIN};
+use crate::storage::{is_direct_refusal, policy_min, IoOp};
 
 /// A buffer being filled or in flight.
 struct Slot {
@@ -76,9 +76,6 @@ struct UringReader<'a> {
     /// for one while it holds a partly filled block (with fewer, every
     /// reader could hold one and wait for the others).
     may_hold: bool,
-    /// Files at least this large have their whole pages read into the
-    /// aligned block: storage::lane_min (or DIRECT_MIN, the smaller).
-    align_min: u64,
     units: Slab<UnitRec>,
     ops: Slab<ReadOp>,
     /// Unit being planned, its pieces left.
@@ -118,7 +115,6 @@ pub(super) fn run_reader_uring(ctx: &ReaderCtx, home: usize) -> bool {
         cur: [None; 2],
         starved: false,
         may_hold: ctx.pool.count() >= 2 * readers,
-        align_min: lane_min().min(DIRECT_MIN),
         units: Slab::new(),
         ops: Slab::new(),
         plan: None,
@@ -349,12 +345,12 @@ impl UringReader<'_> {
     }
 
     /// Does a data piece of file `idx` at `off` go (its whole pages) to
-    /// the aligned block? Files the sink may write with O_DIRECT (its
-    /// direct lane: storage::lane_min and up), read from a page boundary,
-    /// at least one page long.
+    /// the aligned block? Files the sink may write with O_DIRECT
+    /// (storage::policy_min and up), read from a page boundary, at least
+    /// one page long.
     fn aligns(&self, idx: usize, off: u64, len: u64) -> bool {
         let f = &self.ctx.files[idx];
-        f.size >= self.align_min && !f.volume && is_aligned(off) && len >= ALIGN as u64
+        f.size >= policy_min() && !f.volume && is_aligned(off) && len >= ALIGN as u64
     }
 
     /// A hole (or, `copy`, a local-copy range) of file `idx` as a segment
