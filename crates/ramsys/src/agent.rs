@@ -781,10 +781,13 @@ fn report(
         }
         Err(e) => {
             if json {
+                // What moved before the failure, as the progress line had it.
+                let bytes = stats.bytes.load(std::sync::atomic::Ordering::Relaxed);
+                let mb_s = bytes as f64 / 1e6 / wall.max(1e-9);
                 let line = serde_json::json!({
                     "event": "summary", "ok": false, "error": e.to_string(),
                     "files": stats.files.load(std::sync::atomic::Ordering::Relaxed),
-                    "bytes": 0, "wall_s": wall, "mb_s": 0.0, "cpu_s": cpu, "failed": [],
+                    "bytes": bytes, "wall_s": wall, "mb_s": mb_s, "cpu_s": cpu, "failed": [],
                     "redirect": extra.redirect, "stripes": extra.stripes,
                 });
                 println!("{line}");

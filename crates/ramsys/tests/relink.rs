@@ -242,6 +242,9 @@ fn no_reconnect_possible_fails_with_one_line_and_no_half_file(path: &str) {
     );
     assert!(!msg.contains('\n'));
     assert!(p.seen.refused.load(Ordering::Relaxed) >= 1);
+    // The summary says what moved before the failure (1 MB per link at
+    // least went through the proxy), not 0.
+    assert!(j["bytes"].as_u64().unwrap() >= MB as u64, "{j}");
     // Whatever made it under a final name is complete; no temp file stays.
     let dst = s.root.join("dst");
     wait_no_temp(&s.root);
