@@ -26,12 +26,12 @@ use crate::request::tasks::{DeviceQueue, ReadUnit};
 use crate::request::walk::SourceFile;
 use crate::stats::Stats;
 use crate::storage::cache::{read_direct, resident_fraction, DirectMode};
-use crate::storage::direct::{is_aligned, pread_direct, round_up, ALIGN};
+use crate::storage::direct::{is_aligned, pread_direct, round_down, round_up, ALIGN};
 use crate::storage::local::{joins_copy_block, LOCAL_COPY_MIN};
 use crate::storage::sparse::{map_range, Piece};
 use crate::storage::volume::{max_runs, zero_runs, ZERO_GRAIN};
 use crate::storage::zerocopy::{populate_works, FileMap, ZEROCOPY_MIN};
-use crate::storage::{is_direct_refusal, IoEngine, IoOp, StorageCfg, DIRECT_MIN};
+use crate::storage::{is_direct_refusal, policy_min, IoEngine, IoOp, StorageCfg, DIRECT_MIN};
 
 /// Progress of one source file across readers.
 #[derive(Debug)]
@@ -141,6 +141,17 @@ impl ReaderCtx {
 
     pub fn is_failed(&self, idx: usize) -> bool {
         self.state[idx].failed.load(Ordering::Acquire)
+    }
+
+    /// Does a data piece of file `idx` at `off` go (its whole pages) to
+    /// an aligned block? Files the sink may write with O_DIRECT
+    /// (storage::policy_min and up), read from a page boundary, at least
+    /// one page long. Both engines keep such pages page-aligned in their
+    /// blocks; packed behind another file's tail they could only go
+    /// through the sink's page cache.
+    pub fn aligns(&self, idx: usize, off: u64, len: u64) -> bool {
+        let f = &self.files[idx];
+        f.size >= policy_min() && !f.volume && is_aligned(off) && len >= ALIGN as u64
     }
 
     /// Open file `idx` for reading (never through a final symlink),
@@ -485,9 +496,33 @@ pub fn run_reader(ctx: &ReaderCtx, i: usize) {
     run_reader_sync(ctx, home);
 }
 
-/// The synchronous engine: one blocking read per segment.
+/// The synchronous engine: one blocking read per segment. Like the
+/// io_uring reader it fills two blocks: large files' whole pages go to
+/// `aligned` (page-aligned in the block, so the sink can write them with
+/// O_DIRECT), everything else is packed into `packed`.
 pub fn run_reader_sync(ctx: &ReaderCtx, home: usize) {
-    let mut cur: Option<Buf> = None;
+    let mut blocks = SyncBlocks::default();
+    let mut live = read_units(ctx, home, &mut blocks);
+    // What is left goes out; once the links are gone, back to the pool.
+    for b in [blocks.aligned, blocks.packed].into_iter().flatten() {
+        if live {
+            live = ctx.ship(b);
+        } else {
+            ctx.pool.put(b);
+        }
+    }
+}
+
+/// The blocks a synchronous reader is filling.
+#[derive(Default)]
+struct SyncBlocks {
+    aligned: Option<Buf>,
+    packed: Option<Buf>,
+}
+
+/// Read units from queue `home` until none is left (true) or the senders
+/// are gone (false).
+fn read_units(ctx: &ReaderCtx, home: usize, blocks: &mut SyncBlocks) -> bool {
     let mut open: Option<SrcOpen> = None;
     let mut pieces = Vec::new();
     'units: while let Some(u) = ctx.next_unit(home) {
@@ -516,17 +551,34 @@ pub fn run_reader_sync(ctx: &ReaderCtx, home: usize) {
             match *p {
                 Piece::Hole { off, len } | Piece::Copy { off, len } => {
                     let copy = matches!(p, Piece::Copy { .. });
-                    if !ctx.push_hole(&mut cur, idx, off, len, copy) {
-                        return;
+                    if !ctx.push_hole(&mut blocks.packed, idx, off, len, copy) {
+                        return false;
                     }
                 }
                 Piece::Data { off, len } => {
-                    match read_data(ctx, &mut cur, open.as_mut(), idx, off, off + len) {
-                        Ok(true) => {}
-                        Ok(false) => return,
-                        Err(e) => {
-                            ctx.fail(idx, e);
-                            continue 'units;
+                    // A volume keeps its one block (its direct reads
+                    // ship the packed block first).
+                    let volume = ctx.files[idx].volume;
+                    let body = if ctx.aligns(idx, off, len) {
+                        round_down(len as usize) as u64
+                    } else {
+                        0
+                    };
+                    let parts = [
+                        (&mut blocks.aligned, off, off + body, true),
+                        (&mut blocks.packed, off + body, off + len, volume),
+                    ];
+                    for (buf, from, to, direct) in parts {
+                        if from == to {
+                            continue;
+                        }
+                        match read_data(ctx, buf, open.as_mut(), idx, (from, to), direct) {
+                            Ok(true) => {}
+                            Ok(false) => return false,
+                            Err(e) => {
+                                ctx.fail(idx, e);
+                                continue 'units;
+                            }
                         }
                     }
                 }
@@ -534,19 +586,19 @@ pub fn run_reader_sync(ctx: &ReaderCtx, home: usize) {
         }
         ctx.unit_done(&u, open.as_ref().map(|o| &*o.file));
     }
-    if let Some(b) = cur {
-        ctx.ship(b);
-    }
+    true
 }
 
-/// Read `[off, end)` of file `idx` into blocks. Ok(false): senders gone.
+/// Read `[off, end)` of file `idx` into blocks, through the O_DIRECT
+/// descriptor where it has one and `direct` allows (only a block kept
+/// page-aligned does). Ok(false): senders gone.
 fn read_data(
     ctx: &ReaderCtx,
     cur: &mut Option<Buf>,
     mut open: Option<&mut SrcOpen>,
     idx: usize,
-    mut off: u64,
-    end: u64,
+    (mut off, end): (u64, u64),
+    direct: bool,
 ) -> Result<bool, String> {
     let f = &ctx.files[idx];
     while off < end {
@@ -562,7 +614,8 @@ fn read_data(
             continue;
         }
         let start = buf.len;
-        let use_direct = open.as_ref().is_some_and(|o| o.direct.is_some()) && is_aligned(off);
+        let use_direct =
+            direct && open.as_ref().is_some_and(|o| o.direct.is_some()) && is_aligned(off);
         if use_direct && !start.is_multiple_of(ALIGN) {
             // Keep the large read aligned: send the packed block first.
             if !ctx.ship(buf) {

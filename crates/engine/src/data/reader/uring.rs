@@ -13,11 +13,11 @@ use ramsys_resources::Buf;
 use super::{ReaderCtx, SrcOpen};
 use crate::fsops::pread_full;
 use crate::request::tasks::ReadUnit;
-use crate::storage::direct::{is_aligned, round_down, round_up, ALIGN};
+use crate::storage::direct::{round_down, round_up, ALIGN};
 use crate::storage::local::joins_copy_block;
 use crate::storage::sparse::Piece;
 use crate::storage::uring::{Ring, Slab, FIXED_MIN_BYTES, MAX_INFLIGHT, RING_ENTRIES};
-use crate::storage::{is_direct_refusal, policy_min, IoOp};
+use crate::storage::{is_direct_refusal, IoOp};
 
 /// A buffer being filled or in flight.
 struct Slot {
@@ -320,7 +320,7 @@ impl UringReader<'_> {
             // A large file's whole pages go to the aligned block, its
             // last partial page (queued right behind) to the packed one.
             let (piece, fill) = match piece {
-                Piece::Data { off, len } if self.aligns(idx, off, len) => {
+                Piece::Data { off, len } if self.ctx.aligns(idx, off, len) => {
                     let body = round_down(len as usize) as u64;
                     if body < len {
                         self.push_front(Piece::Data {
@@ -342,15 +342,6 @@ impl UringReader<'_> {
                 Piece::Data { off, len } => self.queue_read(u, s, fill, idx, off, len),
             }
         }
-    }
-
-    /// Does a data piece of file `idx` at `off` go (its whole pages) to
-    /// the aligned block? Files the sink may write with O_DIRECT
-    /// (storage::policy_min and up), read from a page boundary, at least
-    /// one page long.
-    fn aligns(&self, idx: usize, off: u64, len: u64) -> bool {
-        let f = &self.ctx.files[idx];
-        f.size >= policy_min() && !f.volume && is_aligned(off) && len >= ALIGN as u64
     }
 
     /// A hole (or, `copy`, a local-copy range) of file `idx` as a segment
