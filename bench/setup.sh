@@ -13,7 +13,8 @@ BUILD=1
 PKGS=(rsync openssh-server openssh-client globus-gridftp-server-progs
       globus-gass-copy-progs xrootd-server xrootd-client iperf3 fio
       python3-matplotlib iputils-ping iproute2 procps
-      python3-fusepy fuse3)   # fusepy: bench/hddemu (rotational emulation)
+      python3-fusepy fuse3    # fusepy: bench/hddemu (rotational emulation)
+      xfsprogs)               # bench/other_fs.sh
 
 missing=()
 for p in "${PKGS[@]}"; do
