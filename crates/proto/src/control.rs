@@ -623,7 +623,13 @@ pub mod sync {
     /// A block device DST may be written, in place (`--write-devices`;
     /// docs/STORAGE.md "Volumes"). Without it the sink refuses a device.
     pub const WRITE_DEVICES: u32 = 64;
-    pub const ALL: u32 = 127;
+    /// Leave every entry DST already has as it is (rsync's
+    /// `--ignore-existing`, cp's `--no-clobber`); send only missing files.
+    pub const IGNORE_EXISTING: u32 = 128;
+    /// Leave files that are newer at the sink (rsync's and cp's
+    /// `--update`): a regular file whose mtime is later than the source's.
+    pub const UPDATE: u32 = 256;
+    pub const ALL: u32 = 511;
 }
 
 /// What the sink holds of one announced file.

@@ -81,11 +81,11 @@ pub fn run_sync(a: &SyncArgs) -> anyhow::Result<i32> {
     if a.dry_run {
         f |= DRY_RUN;
     }
-    run_with(&a.cp, f | a.cp.resume_flags())
+    run_with(&a.cp, f | a.cp.sink_flags())
 }
 
 pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
-    run_with(a, a.resume_flags())
+    run_with(a, a.sink_flags())
 }
 
 /// A transfer resolved once from cp's or sync's arguments (issue 16): the

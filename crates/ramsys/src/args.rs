@@ -117,6 +117,15 @@ pub struct CpArgs {
     /// those of files of 64 MiB and more for a later --resume).
     #[arg(long)]
     pub no_resume: bool,
+    /// Leave every file DST already has as it is, whatever its content;
+    /// copy only what is missing (rsync's --ignore-existing, cp's
+    /// --no-clobber).
+    #[arg(long, visible_alias = "no-clobber")]
+    pub ignore_existing: bool,
+    /// Leave files that are newer in DST than in SRC (by mtime; rsync's
+    /// and cp's --update).
+    #[arg(short = 'u', long)]
+    pub update: bool,
     /// Write into an existing block device named as DST, in place (rsync's
     /// --write-devices): it must be at least as large as the source, is
     /// never truncated, and is read back and verified after writing. Without
@@ -143,12 +152,15 @@ pub struct CpArgs {
 }
 
 impl CpArgs {
+    /// The sync flags cp's own options set (SyncOpen, docs/SYNC.md).
     /// `--resume` reuses what an interrupted run left; the journal that
     /// makes that possible is on unless `--no-resume` (issue 15).
-    pub fn resume_flags(&self) -> u32 {
-        use ramsys_engine::sync::flags::{JOURNAL, RESUME, WRITE_DEVICES};
-        let devices = if self.write_devices { WRITE_DEVICES } else { 0 };
-        devices
+    pub fn sink_flags(&self) -> u32 {
+        use ramsys_engine::sync::flags::*;
+        let bit = |on: bool, b: u32| if on { b } else { 0 };
+        bit(self.write_devices, WRITE_DEVICES)
+            | bit(self.ignore_existing, IGNORE_EXISTING)
+            | bit(self.update, UPDATE)
             | match (self.resume, self.no_resume) {
                 (true, _) => RESUME | JOURNAL,
                 (false, false) => JOURNAL,

@@ -682,6 +682,8 @@ fn source_cp_args(a: &CpArgs, sync: u32, srcs: &[&SshEndpoint], url: &str) -> Ve
         ("--resume", sync & RESUME != 0),
         ("--no-resume", sync & JOURNAL == 0),
         ("--write-devices", sync & WRITE_DEVICES != 0),
+        ("--ignore-existing", sync & IGNORE_EXISTING != 0),
+        ("--update", sync & UPDATE != 0),
         ("-r", a.recursive || a.archive.archive),
         ("--no-checksum", a.no_checksum),
     ] {

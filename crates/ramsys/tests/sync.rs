@@ -321,3 +321,86 @@ fn file_changing_while_read_is_reported_not_corrupted() {
     assert!(!dst.join("src/growing").exists());
     assert!(temp_files(&dst).is_empty());
 }
+
+/// `--ignore-existing` (`--no-clobber`) and `--update` (`-u`), rsync's and
+/// cp's: what DST has stays byte for byte (and keeps its mtime); only what
+/// is missing, or with `-u` older, moves. Push to a daemon, pull from it,
+/// with `cp` and `sync`, each run twice (the second changes nothing).
+#[test]
+fn ignore_existing_and_update_leave_what_dst_has() {
+    use std::os::unix::fs::MetadataExt;
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = TestDaemon::start(&root, &key);
+    let read = |p: &Path| std::fs::read(p).unwrap();
+    let make_src = |src: &Path| {
+        std::fs::create_dir_all(src.join("d")).unwrap();
+        for name in ["a", "b", "c", "d/e"] {
+            std::fs::write(src.join(name), format!("source {name}").repeat(100)).unwrap();
+            set_mtime(&src.join(name), 1_700_000_000, 0);
+        }
+    };
+    // DST as the sink found it: `a` edited (older than the source), `b`
+    // edited and newer, `c` and `d/e` missing.
+    let prepare = |dst: &Path| {
+        std::fs::create_dir_all(dst).unwrap();
+        std::fs::write(dst.join("a"), b"edited at the sink, older").unwrap();
+        set_mtime(&dst.join("a"), 1_600_000_000, 0);
+        std::fs::write(dst.join("b"), b"edited at the sink, newer").unwrap();
+        set_mtime(&dst.join("b"), 1_800_000_000, 0);
+    };
+    let cases = [
+        ("ignore", "sync", "--ignore-existing"),
+        ("noclobber", "cp", "--no-clobber"),
+        ("update", "sync", "-u"),
+        ("cpupdate", "cp", "--update"),
+    ];
+    for (name, cmd, flag) in cases {
+        for pull in [false, true] {
+            let tag = format!("{name}-{}", if pull { "pull" } else { "push" });
+            // `SRC PARENT` lands in PARENT/src by cp's rule (PARENT
+            // exists) and by rsync's alike.
+            let (src_top, parent) = (root.join(&tag), t.path().join(&tag));
+            let (src, dst) = if pull {
+                (src_top.join("src"), parent.join("src"))
+            } else {
+                (parent.join("src"), src_top.join("src"))
+            };
+            make_src(&src);
+            prepare(&dst);
+            let (from, to) = if pull {
+                (
+                    d.url(&format!("{tag}/src")),
+                    parent.to_str().unwrap().to_string(),
+                )
+            } else {
+                (src.to_str().unwrap().to_string(), d.url(&tag))
+            };
+            let update = flag.contains('u') && !flag.contains("clobber");
+            for round in 0..2 {
+                let o = ramsys(&key, &[cmd, "-r", "--json", flag, &from, &to]);
+                assert_ok(&o);
+                let j = summary(&o);
+                let moved = match (round, update) {
+                    (0, true) => 3,
+                    (0, false) => 2,
+                    _ => 0,
+                };
+                assert_eq!(n(&j, "files"), moved, "{tag} round {round}: {j}");
+                assert_eq!(read(&dst.join("c")), read(&src.join("c")), "{tag}");
+                assert_eq!(read(&dst.join("d/e")), read(&src.join("d/e")), "{tag}");
+                assert_eq!(read(&dst.join("b")), b"edited at the sink, newer", "{tag}");
+                let b = std::fs::metadata(dst.join("b")).unwrap();
+                assert_eq!(b.mtime(), 1_800_000_000, "{tag}: b's mtime changed");
+                if update {
+                    assert_eq!(read(&dst.join("a")), read(&src.join("a")), "{tag}");
+                } else {
+                    assert_eq!(read(&dst.join("a")), b"edited at the sink, older", "{tag}");
+                }
+            }
+            assert!(temp_files(&dst).is_empty(), "{tag}");
+        }
+    }
+}

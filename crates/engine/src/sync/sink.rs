@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ramsys_proto::control::{Have, HaveState, Reuse, ReuseKind};
 
-use super::flags::{CHECKSUM, DELETE, DRY_RUN, JOURNAL, RESUME, SYNC};
+use super::flags::{CHECKSUM, DELETE, DRY_RUN, IGNORE_EXISTING, JOURNAL, RESUME, SYNC, UPDATE};
 use super::journal::{Journal, PartRec};
 use crate::data::sinkfiles::{Base, FileTable, WriteError};
 use crate::fsops::{split_parent, Root};
@@ -143,6 +143,29 @@ impl SinkSync {
         self.flags & super::COMPARE != 0
     }
 
+    /// `--ignore-existing` / `--update`: true (and the file counts as
+    /// unchanged, left exactly as it is) when DST's entry is to stay:
+    /// it exists, or it is a regular file newer than the source's.
+    fn leaves(&mut self, table: &FileTable, id: u64, target: &[u8], mtime: (i64, u32)) -> bool {
+        if self.flags & (IGNORE_EXISTING | UPDATE) == 0 {
+            return false;
+        }
+        let Some(st) = self.lstat(target) else {
+            return false;
+        };
+        let newer = is_reg(&st) && (st.st_mtime, st.st_mtime_nsec as u32) > mtime;
+        if self.flags & IGNORE_EXISTING == 0 && !newer {
+            return false;
+        }
+        self.haves.push(Have {
+            id,
+            state: HaveState::Unchanged,
+        });
+        table.keep(id, false);
+        self.dry_kept.insert(id);
+        true
+    }
+
     /// A file record, already in `table` (unless dry run): unchanged,
     /// to compare, or to send whole.
     pub fn on_file(
@@ -154,7 +177,7 @@ impl SinkSync {
         mode: u32,
         mtime: (i64, u32),
     ) {
-        if !self.note_data(id, target) {
+        if !self.note_data(id, target) || self.leaves(table, id, target, mtime) {
             return;
         }
         if self.resume() {
@@ -247,7 +270,7 @@ impl SinkSync {
         mode: u32,
         mtime: (i64, u32),
     ) {
-        if !self.note_data(id, target) {
+        if !self.note_data(id, target) || self.leaves(table, id, target, mtime) {
             return;
         }
         if let Some(st) = self.lstat(target).filter(is_reg) {
