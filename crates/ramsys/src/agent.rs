@@ -904,12 +904,15 @@ fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
             );
             return i32::from(!rep.failed.is_empty());
         }
-        if sync & ramsys_engine::sync::COMPARE != 0 {
+        use ramsys_engine::sync::{flags::DELETE, COMPARE};
+        if sync & DELETE != 0 {
             println!(
                 "{} files unchanged, {} entries deleted",
                 rep.unchanged,
                 rep.deleted.len()
             );
+        } else if sync & COMPARE != 0 {
+            println!("{} files unchanged", rep.unchanged);
         }
         println!(
             "copied {} files, {:.1} MB in {:.2} s ({:.1} MB/s), cpu {:.2} s{}",
