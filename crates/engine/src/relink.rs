@@ -620,11 +620,12 @@ impl Streams {
         // Given-up streams are Done; any other Done stream ended normally.
         // A replacement on its way through the event queue is hope on
         // either side (CI, 2026-11-27: the sink failed a push at once,
-        // "did not reconnect", with the replacement already accepted).
+        // "did not reconnect", with the replacement already accepted). A
+        // Lost stream holds no `pending` one: lost() hands it out.
         let coming = self
             .slots
             .iter()
-            .any(|s| s.state == State::Lost && (s.pending.is_some() || s.requeued));
+            .any(|s| s.state == State::Lost && s.requeued);
         let hope = coming
             || match &self.relinks {
                 Relinks::Dial(_) => self

@@ -59,11 +59,12 @@ const ANON: u8 = 128;
 /// file has two): half the open-file limit (raised to its hard maximum at
 /// start), at least 1,024. Each file stays open from its first byte until
 /// its digest has arrived too; past the cap, files get named temp files
-/// (closed when their data is written, renamed when the digest comes). The cap is not the in-flight bound: the io_uring
-/// writers keep up to 4,096 segments each in flight, every one with its
-/// file open, so on the 48k-file tree 10,041 nameless files were open at
-/// the peak, and a fixed cap of 1,024 sent 85 % of the files down the named
-/// path (40,897 renames, fchmodat, ~0.4 CPU-s of 3.8 per push; issue 17).
+/// (closed when their data is written, renamed when the digest comes).
+/// The cap is not the in-flight bound: the io_uring writers keep up to
+/// 4,096 segments each in flight, every one with its file open, so on the
+/// 48k-file tree 10,041 nameless files were open at the peak, and a fixed
+/// cap of 1,024 sent 85 % of the files down the named path (40,897
+/// renames, fchmodat, ~0.4 CPU-s of 3.8 per push; issue 17).
 pub fn anon_cap() -> usize {
     static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *CAP.get_or_init(|| {
@@ -175,6 +176,11 @@ pub struct SinkFd {
 }
 
 impl SinkFd {
+    /// Descriptors it holds open (counted against [`anon_cap`]).
+    fn fds(&self) -> usize {
+        1 + self.direct.is_some() as usize
+    }
+
     /// `len` bytes at `off` were written through the buffered descriptor.
     pub fn written(&self, off: u64, len: usize) {
         if self.writeback && len > 0 {
@@ -446,8 +452,7 @@ impl FileTable {
     fn take_fd(&self, f: &SinkFile) -> Option<Arc<SinkFd>> {
         let fd = f.fd.lock().unwrap().take();
         if let Some(d) = fd.as_ref().filter(|d| d.anon) {
-            let fds = 1 + d.direct.is_some() as usize;
-            self.anon_open.fetch_sub(fds, Ordering::AcqRel);
+            self.anon_open.fetch_sub(d.fds(), Ordering::AcqRel);
         }
         fd
     }
@@ -742,9 +747,7 @@ impl FileTable {
                     true => self.anon_direct(f, &buffered)?,
                     false => None,
                 };
-                let fds = 1 + direct.is_some() as usize;
-                self.anon_open.fetch_add(fds, Ordering::AcqRel);
-                Ok(Some(SinkFd {
+                let fd = SinkFd {
                     buffered,
                     sized: direct.is_some(),
                     lane: direct.is_some(),
@@ -752,7 +755,9 @@ impl FileTable {
                     source: std::sync::OnceLock::new(),
                     writeback: false,
                     anon: true,
-                }))
+                };
+                self.anon_open.fetch_add(fd.fds(), Ordering::AcqRel);
+                Ok(Some(fd))
             }
             Err(e) if tmpfile::is_unsupported(&e) => {
                 if self.anon_ok.swap(false, Ordering::AcqRel) {

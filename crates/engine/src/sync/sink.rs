@@ -143,27 +143,24 @@ impl SinkSync {
         self.flags & super::COMPARE != 0
     }
 
-    /// `--ignore-existing` / `--update`: true (and the file counts as
-    /// unchanged, left exactly as it is) when DST's entry is to stay:
-    /// it exists, or it is a regular file newer than the source's.
-    fn leaves(&mut self, table: &FileTable, id: u64, target: &[u8], mtime: (i64, u32)) -> bool {
-        if self.flags & (IGNORE_EXISTING | UPDATE) == 0 {
-            return false;
-        }
-        let Some(st) = self.lstat(target) else {
-            return false;
-        };
-        let newer = is_reg(&st) && (st.st_mtime, st.st_mtime_nsec as u32) > mtime;
-        if self.flags & IGNORE_EXISTING == 0 && !newer {
-            return false;
-        }
+    /// `--ignore-existing` / `--update`: DST's entry `st` is to stay as it
+    /// is: it exists, or (`-u`) it is a regular file newer than the source.
+    fn leaves(&self, st: &libc::stat, mtime: (i64, u32)) -> bool {
+        self.flags & IGNORE_EXISTING != 0
+            || self.flags & UPDATE != 0
+                && is_reg(st)
+                && (st.st_mtime, st.st_mtime_nsec as u32) > mtime
+    }
+
+    /// File `id` needs no data: tell the source, keep DST's file (applying
+    /// the mode and mtime if `attrs`).
+    fn unchanged(&mut self, table: &FileTable, id: u64, attrs: bool) {
         self.haves.push(Have {
             id,
             state: HaveState::Unchanged,
         });
-        table.keep(id, false);
+        table.keep(id, attrs);
         self.dry_kept.insert(id);
-        true
     }
 
     /// A file record, already in `table` (unless dry run): unchanged,
@@ -177,8 +174,15 @@ impl SinkSync {
         mode: u32,
         mtime: (i64, u32),
     ) {
-        if !self.note_data(id, target) || self.leaves(table, id, target, mtime) {
+        if !self.note_data(id, target) {
             return;
+        }
+        // `--ignore-existing` / `-u` look at DST first (one lstat, reused).
+        let early = (self.flags & (IGNORE_EXISTING | UPDATE) != 0).then(|| self.lstat(target));
+        if let Some(Some(st)) = &early {
+            if self.leaves(st, mtime) {
+                return self.unchanged(table, id, false);
+            }
         }
         if self.resume() {
             if self.journal.is_none() {
@@ -212,7 +216,7 @@ impl SinkSync {
                 }
             }
         }
-        let Some(st) = self.lstat(target) else {
+        let Some(st) = early.unwrap_or_else(|| self.lstat(target)) else {
             return;
         };
         if crate::storage::volume::is_block_stat(&st) {
@@ -240,13 +244,8 @@ impl SinkSync {
         if self.flags & CHECKSUM != 0 && osize == size {
             self.checks.push((id, target.to_vec(), size, Check::Digest));
         } else if self.flags & CHECKSUM == 0 && osize == size && omtime == mtime {
-            self.haves.push(Have {
-                id,
-                state: HaveState::Unchanged,
-            });
             // A mode change alone is applied here: no data moves.
-            table.keep(id, st.st_mode & 0o7777 != mode);
-            self.dry_kept.insert(id);
+            self.unchanged(table, id, st.st_mode & 0o7777 != mode);
         } else if delta_ok {
             let check = Check::Blocks {
                 base_size: osize,
@@ -270,10 +269,14 @@ impl SinkSync {
         mode: u32,
         mtime: (i64, u32),
     ) {
-        if !self.note_data(id, target) || self.leaves(table, id, target, mtime) {
+        if !self.note_data(id, target) {
             return;
         }
-        if let Some(st) = self.lstat(target).filter(is_reg) {
+        let st = self.lstat(target);
+        if st.as_ref().is_some_and(|st| self.leaves(st, mtime)) {
+            return self.unchanged(table, id, false);
+        }
+        if let Some(st) = st.filter(is_reg) {
             let same_size = st.st_size as u64 == size;
             if self.flags & CHECKSUM != 0 && same_size {
                 self.checks.push((id, target.to_vec(), size, Check::Digest));
@@ -281,13 +284,7 @@ impl SinkSync {
             }
             let omtime = (st.st_mtime, st.st_mtime_nsec as u32);
             if self.flags & CHECKSUM == 0 && same_size && omtime == mtime {
-                self.haves.push(Have {
-                    id,
-                    state: HaveState::Unchanged,
-                });
-                table.keep(id, st.st_mode & 0o7777 != mode);
-                self.dry_kept.insert(id);
-                return;
+                return self.unchanged(table, id, st.st_mode & 0o7777 != mode);
             }
         }
         if !self.dry() && table.piece_done(id) {
