@@ -299,6 +299,10 @@ fn transfer_options(a: &ServeArgs, cfg: &DaemonConfig, rcfg: &ResourceConfig) ->
         fsync: a.fsync,
         // Where the daemon is the source (pulls): flag, else config.
         send_path: a.storage.send_path.or(cfg.send_path).unwrap_or_default(),
+        // Its senders are not its own OS user: set-ID bits only with the
+        // source's owner (archive::SetId::Owner; a users table confines
+        // further, server::archive_options).
+        archive_policy: ramsys_engine::archive::Policy::daemon(),
         ..a.storage.options()
     };
     // O_DIRECT policy: flag, else config (docs/STORAGE.md, issue 17).

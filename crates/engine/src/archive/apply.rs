@@ -99,6 +99,15 @@ fn cstr(b: &[u8]) -> io::Result<CString> {
     CString::new(b).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in path"))
 }
 
+/// What [`ArchiveSink::owners`] did.
+struct Owned {
+    chowned: bool,
+    /// The file has the owner the source named.
+    owner: bool,
+    /// The file has the group the source named.
+    group: bool,
+}
+
 fn denied(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
@@ -132,13 +141,13 @@ impl ArchiveSink {
     /// set-user-ID and set-group-ID bits when owners follow, so the file
     /// never carries them under the sink user's ownership (rsync chowns
     /// its temp file before the rename; here the chown comes after it).
-    /// [`ArchiveSink::place`] puts them back after the chown.
+    /// [`ArchiveSink::apply`] puts back what the policy allows after it.
+    pub fn flags(&self) -> u32 {
+        self.flags
+    }
+
     pub fn placed_mode(&self, mode: u32) -> u32 {
-        if self.flags & (preserve::OWNER | preserve::GROUP) != 0 {
-            mode & !0o6000
-        } else {
-            mode
-        }
+        self.policy.placed_mode(mode, Some(self.flags))
     }
 
     /// A record as it arrives, its path mapped to `target` under the
@@ -317,15 +326,18 @@ impl ArchiveSink {
         }
         let numeric = self.flags & preserve::NUMERIC_IDS != 0;
         let n = cstr(if name.is_empty() { b"." } else { name })?;
-        let chowned = self.owners(&dir, &n, a, &st, numeric)?;
+        let own = self.owners(&dir, &n, a, &st, numeric)?;
         // chown clears set-user-ID and set-group-ID bits of a file, and
-        // files were placed without them (placed_mode): put them back
-        // (directories get their mode in the directory pass).
-        let suid = r.mode & 0o6000 != 0 && matches!(r.kind, Kind::File | Kind::Special);
-        if suid && (chowned || st.st_mode & 0o7777 != r.mode) {
+        // files were placed without them (placed_mode): put back what the
+        // policy allows now that the owner is known (issue 34: never a
+        // set-ID file owned by someone other than the sender's identity).
+        // Directories get their mode in the directory pass.
+        let mode = self.policy.setid.allow(r.mode, own.owner, own.group);
+        let setid = mode & (super::SUID | super::SGID) != 0;
+        let file = matches!(r.kind, Kind::File | Kind::Special);
+        if file && setid && (own.chowned || st.st_mode & 0o7777 != mode) {
             // SAFETY: valid dirfd and C string; the entry is not a symlink.
-            if unsafe { libc::fchmodat(dir.as_raw_fd(), n.as_ptr(), r.mode as libc::mode_t, 0) }
-                != 0
+            if unsafe { libc::fchmodat(dir.as_raw_fd(), n.as_ptr(), mode as libc::mode_t, 0) } != 0
             {
                 return Err(io::Error::last_os_error());
             }
@@ -344,7 +356,8 @@ impl ArchiveSink {
         Ok(())
     }
 
-    /// Owner and group as asked and allowed; whether a chown happened.
+    /// Owner and group as asked and allowed: whether a chown happened, and
+    /// whether the file now has the owner / group the source named.
     fn owners(
         &mut self,
         dir: &OwnedFd,
@@ -352,18 +365,24 @@ impl ArchiveSink {
         a: &Attrs,
         st: &libc::stat,
         numeric: bool,
-    ) -> io::Result<bool> {
+    ) -> io::Result<Owned> {
         let uid = a.owner.as_ref().map(|p| self.names.uid(p, numeric));
         let gid = a.group.as_ref().map(|p| self.names.gid(p, numeric));
+        // Already as named (or nothing named: not "kept").
+        let mut own = Owned {
+            chowned: false,
+            owner: uid == Some(st.st_uid),
+            group: gid == Some(st.st_gid),
+        };
         let mut uid = uid.filter(|&u| u != st.st_uid);
         let gid = gid.filter(|&g| g != st.st_gid);
         if uid.is_none() && gid.is_none() {
-            return Ok(false);
+            return Ok(own);
         }
         if !self.policy.owners {
             self.not_kept.owners += uid.is_some() as u64;
             self.not_kept.groups += gid.is_some() as u64;
-            return Ok(false);
+            return Ok(own);
         }
         if !self.root_user {
             // Another owner needs root; a group the user belongs to can
@@ -372,7 +391,7 @@ impl ArchiveSink {
                 self.not_kept.owners += 1;
             }
             if gid.is_none() {
-                return Ok(false);
+                return Ok(own);
             }
         }
         let (u, g) = (uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX));
@@ -384,11 +403,14 @@ impl ArchiveSink {
             if denied(&e) {
                 self.not_kept.owners += uid.is_some() as u64;
                 self.not_kept.groups += gid.is_some() as u64;
-                return Ok(false);
+                return Ok(own);
             }
             return Err(e);
         }
-        Ok(true)
+        own.chowned = true;
+        own.owner |= uid.is_some();
+        own.group |= gid.is_some();
+        Ok(own)
     }
 
     fn xattrs(&mut self, dir: &OwnedFd, name: &[u8], a: &Attrs) -> io::Result<()> {

@@ -149,25 +149,29 @@ impl Tree {
     }
 
     /// One record, its path mapped to `target` under the sink's root.
-    fn entry(&mut self, e: ramsys_proto::control::Entry, target: Vec<u8>, root: &Arc<Root>) {
+    fn entry(&mut self, mut e: ramsys_proto::control::Entry, target: Vec<u8>, root: &Arc<Root>) {
         let mtime = (e.mtime_s, e.mtime_ns);
         let dry = self.dry();
+        // Set-ID bits only where the policy lets the file keep them (issue
+        // 34, archive::SetId); sync compares against what may be kept, so a
+        // stripped file is not "changed" on the next run.
+        let archive = self.deferred.archive.as_ref().map(|a| a.flags());
+        if !matches!(e.kind, EntryKind::Dir) {
+            e.mode = self.archive_policy.wanted_mode(e.mode, archive);
+        }
+        // An archive copy chowns after the rename: until then no set-ID
+        // bit under the sink user's ownership.
+        let placed = self.archive_policy.placed_mode(e.mode, archive);
         let file = match e.kind {
             EntryKind::File { size } if !dry => {
                 self.total_bytes += size;
-                // An archive copy chowns after the rename: until then no
-                // set-user/group-ID bit under the sink user's ownership.
-                let mode = match &self.deferred.archive {
-                    Some(a) => a.placed_mode(e.mode),
-                    None => e.mode,
-                };
-                Some((target.clone(), size, mode, mtime))
+                Some((target.clone(), size, placed, mtime))
             }
             // A piece of a big file (issue 19, data::bigfile): registered
             // with the whole file's size, writing only its range.
             EntryKind::Piece { size, .. } if !dry => {
                 self.total_bytes += e.kind.piece_range().map_or(0, |r| r.1);
-                Some((target.clone(), size, e.mode, mtime))
+                Some((target.clone(), size, placed, mtime))
             }
             _ => None,
         };

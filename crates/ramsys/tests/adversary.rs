@@ -1,0 +1,222 @@
+//! A daemon and a site that hold against their own users (issue 34): a
+//! user with a valid key tries what docs/SECURITY.md's threat model says it
+//! cannot do, and each test checks the daemon did not do it.
+//!
+//! - Set-ID files: no user lands a set-user-ID or set-group-ID file owned
+//!   by anyone but its own identity (users table as root, a single-key
+//!   daemon as a service user); root to root keeps rsync's behaviour.
+//!
+//! Needs root for the owner cases (CI runs as root); those skip with the
+//! reason printed otherwise.
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+fn is_root() -> bool {
+    // SAFETY: no failure mode.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn write_key(p: &Path, text: &str) -> PathBuf {
+    std::fs::write(p, format!("{text}\n")).unwrap();
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p.to_path_buf()
+}
+
+/// `ramsys ARGS` as `user` with `key`.
+fn as_user(user: &str, key: &Path, args: &[&str]) -> Output {
+    let mut c = Command::new(bin());
+    c.args(args)
+        .env("RAMSYS_KEY_FILE", key)
+        .env("RAMSYS_USER", user);
+    run_with_timeout(c, Duration::from_secs(120))
+}
+
+/// A source tree of set-ID files: `u` 4755 and `g` 2755 (owned by root),
+/// `n` 6755 owned by nobody:nogroup (as root), and `plain` 0755.
+fn setid_tree(src: &Path) {
+    std::fs::create_dir_all(src).unwrap();
+    for (name, mode) in [("u", 0o4755), ("g", 0o2755), ("plain", 0o755)] {
+        std::fs::write(src.join(name), b"#!/bin/sh\nid\n").unwrap();
+        std::fs::set_permissions(src.join(name), std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    if is_root() {
+        std::fs::write(src.join("n"), b"#!/bin/sh\nid\n").unwrap();
+        std::os::unix::fs::chown(src.join("n"), Some(65534), Some(65534)).unwrap();
+        std::fs::set_permissions(src.join("n"), std::fs::Permissions::from_mode(0o6755)).unwrap();
+    }
+}
+
+/// (mode & 0o7777, uid) of every file under `dir`, by name.
+fn modes(dir: &Path) -> Vec<(String, u32, u32)> {
+    let mut v: Vec<(String, u32, u32)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let md = e.metadata().unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                md.mode() & 0o7777,
+                md.uid(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// No file under `dir` carries a set-ID bit while owned by someone other
+/// than `owner_ok(uid)`.
+fn assert_no_foreign_setid(dir: &Path, owner_ok: impl Fn(u32) -> bool, what: &str) {
+    for (name, mode, uid) in modes(dir) {
+        assert!(
+            mode & 0o6000 == 0 || owner_ok(uid),
+            "{what}: {name} is {mode:o} owned by uid {uid}"
+        );
+    }
+}
+
+#[test]
+fn plain_copies_drop_set_id_bits_everywhere() {
+    // cp and rsync without -p drop them (checked against both below).
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    setid_tree(&src);
+    let key = key_file(t.path());
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = TestDaemon::start(&root, &key);
+    let s = format!("{}/", src.display());
+    assert_ok(&ramsys(&key, &["cp", "-r", &s, &d.url("push")]));
+    let local = t.path().join("local");
+    assert_ok(&ramsys(&key, &["cp", "-r", &s, local.to_str().unwrap()]));
+    let pulled = t.path().join("pulled");
+    assert_ok(&ramsys(
+        &key,
+        &["cp", "-r", &d.url("push/"), pulled.to_str().unwrap()],
+    ));
+    for dir in [root.join("push"), local, pulled] {
+        for (name, mode, _) in modes(&dir) {
+            assert_eq!(mode & 0o6000, 0, "{}: {name} {mode:o}", dir.display());
+        }
+    }
+    let rs = t.path().join("rsync");
+    // The oracle agrees (where rsync is installed: scripts/install-deps.sh).
+    let o = Command::new("rsync").args(["-r", &s]).arg(&rs).output();
+    if o.is_ok_and(|o| o.status.success()) {
+        assert!(modes(&rs).iter().all(|m| m.1 & 0o6000 == 0), "rsync -r");
+    }
+}
+
+/// A users-table daemon running as root: alice's plain and archive pushes
+/// of set-ID files (one owned by nobody) land none owned by root or
+/// anyone but... nobody: files stay the daemon's, so no bit at all.
+#[test]
+fn users_daemon_lands_no_set_id_file() {
+    let t = tempfile::tempdir().unwrap();
+    let p = t.path();
+    for d in ["a", "shared", "keys"] {
+        std::fs::create_dir(p.join(d)).unwrap();
+    }
+    let ka = write_key(&p.join("keys/alice"), "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    std::fs::write(
+        p.join("users.toml"),
+        "[[user]]\nname = \"alice\"\nkey_file = \"keys/alice\"\nroot = \"a\"\n",
+    )
+    .unwrap();
+    let shared = key_file(p);
+    let users = p.join("users.toml");
+    let d = TestDaemon::start_with(
+        &p.join("shared"),
+        &shared,
+        &["--users", users.to_str().unwrap()],
+    );
+    let src = p.join("src");
+    setid_tree(&src);
+    let s = format!("{}/", src.display());
+    for (flags, dest) in [("-r", "plain"), ("-a", "archive")] {
+        for round in 0..2 {
+            let o = as_user("alice", &ka, &["cp", flags, &s, &d.url(dest)]);
+            assert_ok(&o);
+            assert_no_foreign_setid(&p.join("a").join(dest), |_| false, dest);
+            // The second run finds nothing to change (sync converges on
+            // what may be kept).
+            if round == 1 && flags == "-a" {
+                let o = as_user("alice", &ka, &["sync", flags, "--json", &s, &d.url(dest)]);
+                assert_ok(&o);
+                let j = summary(&o);
+                assert_eq!(j["files"].as_u64(), Some(0), "second sync moved files: {j}");
+            }
+        }
+    }
+}
+
+/// A single-key daemon run as a service user (the package's `ramsys`
+/// user; here nobody): an archive push cannot give files the source's
+/// owner, so they stay the service user's, without set-ID bits.
+#[test]
+fn service_user_daemon_lands_no_foreign_set_id_file() {
+    if !is_root() {
+        eprintln!("skipped: needs root to start a daemon as another user");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let p = t.path();
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = p.join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::os::unix::fs::chown(&root, Some(65534), Some(65534)).unwrap();
+    let key = key_file(p);
+    std::os::unix::fs::chown(&key, Some(65534), Some(65534)).unwrap();
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups", bin()])
+        .args(["serve", "--listen", "127.0.0.1:0", "--root"])
+        .arg(&root)
+        .arg("--key-file")
+        .arg(&key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let d = TestDaemon::spawn(c, &root);
+    let src = p.join("src");
+    setid_tree(&src);
+    let s = format!("{}/", src.display());
+    assert_ok(&ramsys(&key, &["cp", "-a", &s, &d.url("archive")]));
+    // nobody is the service user here: a file the source named as owned
+    // by nobody may keep its bits; nothing else may carry any.
+    for (name, mode, uid) in modes(&root.join("archive")) {
+        assert_eq!(uid, 65534, "{name}: the service user owns every file");
+        if name != "n" {
+            assert_eq!(mode & 0o6000, 0, "{name}: {mode:o}");
+        }
+    }
+}
+
+/// Root to root with `-a` keeps rsync's behaviour: the owner follows, so
+/// do the bits (through a single-key daemon and locally).
+#[test]
+fn archive_root_to_root_keeps_set_id_bits_with_their_owner() {
+    if !is_root() {
+        eprintln!("skipped: needs root to keep owners");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    setid_tree(&src);
+    let key = key_file(t.path());
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = TestDaemon::start(&root, &key);
+    let s = format!("{}/", src.display());
+    assert_ok(&ramsys(&key, &["cp", "-a", &s, &d.url("push")]));
+    let local = t.path().join("local");
+    assert_ok(&ramsys(&key, &["cp", "-a", &s, local.to_str().unwrap()]));
+    let want = modes(&src);
+    assert_eq!(modes(&root.join("push")), want);
+    assert_eq!(modes(&local), want);
+}
