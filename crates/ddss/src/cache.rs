@@ -150,6 +150,11 @@ impl Cache {
         );
     }
 
+    /// Drop every cached segment of `home` (a member that left).
+    pub fn forget_home(&mut self, home: &str) {
+        self.entries.retain(|(h, _), _| h != home);
+    }
+
     /// Drop a copy (segment released, home gone).
     pub fn forget(&mut self, home: &str, name: &str) {
         self.entries.remove(&(home.to_string(), name.to_string()));

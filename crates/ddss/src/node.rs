@@ -116,6 +116,13 @@ impl Node {
         }
     }
 
+    /// Forget a member (aged out by its owner's policy): its link closes
+    /// and its cached segments go; a later call to it would dial again.
+    pub fn remove_member(&self, addr: &str) {
+        self.peers.lock().unwrap().remove(addr);
+        self.cache.lock().unwrap().forget_home(addr);
+    }
+
     /// Members other than self, sorted.
     pub fn members(&self) -> Vec<String> {
         let mut v: Vec<String> = self.peers.lock().unwrap().keys().cloned().collect();

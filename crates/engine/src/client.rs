@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ramsys_proto::control::{Open, Role};
+use ramsys_proto::control::{Bytes32, Open, Role};
 use ramsys_proto::Control;
 
 use crate::crypto::Cipher;
@@ -215,7 +215,13 @@ pub fn push(
 ) -> Result<Report, EngineError> {
     let (mut s, mut links, opts, choice) = connect(remote, opts, res, true)?;
     let opts = &opts;
-    seal_control(&mut s, opts.encrypt)?;
+    // A relay's link (daemon to daemon) is always sealed: OnBehalf names a
+    // user, and the sink grants that user's rights on it (issue 34).
+    let control = match (opts.encrypt, &opts.on_behalf) {
+        (Cipher::None, Some(_)) => Cipher::preferred(),
+        (c, _) => c,
+    };
+    seal_control(&mut s, control)?;
     if let Some(user) = &opts.on_behalf {
         let user = user.clone();
         send_control(&mut *s.ctl, &Control::OnBehalf { user })?;
@@ -227,13 +233,31 @@ pub fn push(
         tops,
         pending_auth: Some((s.addr.clone(), s.session)),
     };
-    run_source(s.ctl, &mut links, spec, opts, res, stats).map(|mut r| {
+    let key = s.session_key;
+    let r = run_source(s.ctl, &mut links, spec, opts, res, stats).map(|mut r| {
         r.stream_choice = choice.map(|mut c| {
             c.growth = r.growth.take();
             c
         });
         r
-    })
+    });
+    redirect_checked(r, &key)
+}
+
+/// A Redirect is followed only if our own daemon sent it (its MAC under
+/// the session key, issue 34): a forged one ends the session in one line.
+fn redirect_checked(r: Result<Report, EngineError>, key: &Bytes32) -> Result<Report, EngineError> {
+    match r {
+        Err(EngineError::Redirected { to, reason, mac })
+            if !ramsys_proto::auth::verify_redirect(key, &to, &reason, &mac) =>
+        {
+            Err(EngineError::local(format!(
+                "refused a redirect to {} that the daemon did not authenticate",
+                crate::show(to.as_bytes())
+            )))
+        }
+        r => r,
+    }
 }
 
 /// Fetch `paths` from the daemon into `dest` under the local `root`.
@@ -266,14 +290,16 @@ pub fn pull(
         session: s.session,
         pending_auth: Some(s.addr.clone()),
     };
-    run_sink(s.ctl, &mut links, spec, opts, res, stats).map(|mut r| {
+    let key = s.session_key;
+    let r = run_sink(s.ctl, &mut links, spec, opts, res, stats).map(|mut r| {
         r.stream_choice = choice.map(|mut c| {
             // What the daemon's source reported (Control::Grown).
             c.growth = r.growth.take();
             c
         });
         r
-    })
+    });
+    redirect_checked(r, &key)
 }
 
 /// The daemon's raw-channel interfaces (RawQuery on a control connection
@@ -409,5 +435,39 @@ pub fn relay(
                 .into())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a Redirect our own daemon authenticated reaches the agent (who
+    /// would follow it); a forged or altered one is a one-line error.
+    #[test]
+    fn only_authenticated_redirects_are_followed() {
+        let key = [5u8; 32];
+        let good = ramsys_proto::auth::redirect_mac(&key, "10.0.0.2:7070", "busy");
+        let r = |to: &str, mac| {
+            redirect_checked(
+                Err(EngineError::Redirected {
+                    to: to.into(),
+                    reason: "busy".into(),
+                    mac,
+                }),
+                &key,
+            )
+        };
+        assert!(matches!(
+            r("10.0.0.2:7070", good),
+            Err(EngineError::Redirected { .. })
+        ));
+        let e = r("10.6.6.6:7070", good).unwrap_err().to_string();
+        assert!(e.contains("did not authenticate"), "{e}");
+        assert!(matches!(
+            r("10.0.0.2:7070", [0; 32]),
+            Err(EngineError::Local(_))
+        ));
+        assert!(redirect_checked(Ok(Report::default()), &key).is_ok());
     }
 }

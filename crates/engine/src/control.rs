@@ -119,9 +119,10 @@ pub fn check_abort(m: &Control) -> Result<(), EngineError> {
     match m {
         Control::Abort { reason } => Err(EngineError::PeerAborted(reason.clone())),
         Control::Error { message, .. } => Err(EngineError::Refused(message.clone())),
-        Control::Redirect { addr, reason } => Err(EngineError::Redirected {
+        Control::Redirect { addr, reason, mac } => Err(EngineError::Redirected {
             to: addr.clone(),
             reason: reason.clone(),
+            mac: *mac,
         }),
         _ => Ok(()),
     }

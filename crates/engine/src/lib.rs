@@ -63,9 +63,14 @@ pub enum EngineError {
     Local(String),
     /// The daemon is at its admission limit and sent the session to a peer
     /// of its site (Control::Redirect, docs/SITE.md): the agent opens it
-    /// there instead, once.
+    /// there instead, once. `mac` is checked where the session key is
+    /// known (client::redirect_checked) before anyone follows it.
     #[error("redirected to {to}: {reason}")]
-    Redirected { to: String, reason: String },
+    Redirected {
+        to: String,
+        reason: String,
+        mac: ramsys_proto::control::Bytes32,
+    },
 }
 
 impl EngineError {

@@ -524,10 +524,10 @@ fn serve_control(
     let (session, skey) = (auth.session, auth.key);
     // Removed again on every exit from here on.
     let (registered, rx) = register(sh, link, &auth)?;
-    let Some(first) = seal(link, &skey)? else {
+    let Some((first, sealed)) = seal(link, &skey)? else {
         return Ok(());
     };
-    let Some((pre, first)) = preamble(sh, link, &mut auth, first)? else {
+    let Some((pre, first)) = preamble(sh, link, &mut auth, (first, sealed))? else {
         return Ok(());
     };
     let Some(mut req) = serve_request(sh, link, &auth, first)? else {
@@ -539,7 +539,7 @@ fn serve_control(
     if !authorize(sh, link, &auth.grant, &req.open) {
         return Ok(());
     }
-    if sent_elsewhere(sh, link, session, &req, &pre) {
+    if sent_elsewhere(sh, link, (session, &skey), &req, &pre) {
         return Ok(());
     }
     if let Some(from) = &pre.redirected {
@@ -595,11 +595,11 @@ fn preamble(
     sh: &DaemonShared,
     link: &mut Box<dyn Link>,
     auth: &mut Authenticated,
-    first: Control,
+    (first, sealed): (Control, bool),
 ) -> Result<Option<(Preamble, Control)>, EngineError> {
     let (relayed, first) = match first {
         Control::OnBehalf { user } => {
-            let Some(g) = relay::on_behalf(sh, link, &auth.grant, &user) else {
+            let Some(g) = relay::on_behalf(sh, link, &auth.grant, &user, sealed) else {
                 return Ok(None);
             };
             auth.grant = g;
@@ -638,7 +638,7 @@ fn preamble(
 fn sent_elsewhere(
     sh: &DaemonShared,
     link: &mut Box<dyn Link>,
-    session: u64,
+    (session, key): (u64, &Bytes32),
     req: &Request,
     pre: &Preamble,
 ) -> bool {
@@ -647,8 +647,7 @@ fn sent_elsewhere(
         match peer.and_then(|site| site.least_loaded_peer()) {
             Some(addr) => {
                 sh.state.counters.redirects.fetch_add(1, Ordering::Relaxed);
-                let reason = "shutting down".to_string();
-                crate::wire::send_final(&mut **link, &Control::Redirect { addr, reason });
+                send_redirect(link, key, addr, "shutting down".into());
             }
             None => refuse(link, 5, crate::daemon::lifecycle::DRAINING.into()),
         }
@@ -660,8 +659,15 @@ fn sent_elsewhere(
     };
     tracing::info!("session {session:x}: busy ({reason}); redirected to {addr}");
     sh.state.counters.redirects.fetch_add(1, Ordering::Relaxed);
-    crate::wire::send_final(&mut **link, &Control::Redirect { addr, reason });
+    send_redirect(link, key, addr, reason);
     true
+}
+
+/// A Redirect to a verified member of the site (site::Site only lists
+/// those), authenticated under the session key (issue 34).
+fn send_redirect(link: &mut Box<dyn Link>, key: &Bytes32, addr: String, reason: String) {
+    let mac = ramsys_proto::auth::redirect_mac(key, &addr, &reason);
+    crate::wire::send_final(&mut **link, &Control::Redirect { addr, reason, mac });
 }
 
 /// Admission on site state (site::redirect): Some((peer, why)) when this
@@ -783,13 +789,14 @@ fn register<'a>(
     Ok((registered, rx))
 }
 
-/// The request, behind SealControl if the client asked for one (--encrypt:
-/// everything after it is sealed both ways, transport/sealed.rs; AuthOk
-/// was the last clear frame). None: refused.
-fn seal(link: &mut Box<dyn Link>, key: &Bytes32) -> Result<Option<Control>, EngineError> {
+/// The request, behind SealControl if the client asked for one (--encrypt,
+/// or a relaying daemon: everything after it is sealed both ways,
+/// transport/sealed.rs; AuthOk was the last clear frame), and whether it
+/// was sealed. None: refused.
+fn seal(link: &mut Box<dyn Link>, key: &Bytes32) -> Result<Option<(Control, bool)>, EngineError> {
     let first = recv_control(&mut **link)?;
     let Control::SealControl { cipher } = first else {
-        return Ok(Some(first));
+        return Ok(Some((first, false)));
     };
     let cipher = match crate::crypto::Cipher::from_id(cipher) {
         Ok(c) if c != crate::crypto::Cipher::None => c,
@@ -804,7 +811,7 @@ fn seal(link: &mut Box<dyn Link>, key: &Bytes32) -> Result<Option<Control>, Engi
     *link = Box::new(crate::transport::sealed::SealedLink::new(
         inner, cipher, key, end, 0,
     )?);
-    recv_control(&mut **link).map(Some)
+    recv_control(&mut **link).map(|m| Some((m, true)))
 }
 
 /// Serve a status query or a token request at once; a transfer request

@@ -89,6 +89,24 @@ pub fn seal_token_key(session_key: &Bytes32, user: &str, key: &Bytes32) -> Bytes
     std::array::from_fn(|i| key[i] ^ pad[i])
 }
 
+/// MAC a server puts on its Redirect (issue 34): the client follows only
+/// a redirect its own daemon sent, whatever the path did to the link.
+pub fn redirect_mac(session_key: &Bytes32, addr: &str, reason: &str) -> Bytes32 {
+    mac(
+        session_key,
+        &[b"ramsys-v1 redirect", addr.as_bytes(), reason.as_bytes()],
+    )
+}
+
+/// Check a Redirect's MAC in constant time.
+pub fn verify_redirect(session_key: &Bytes32, addr: &str, reason: &str, tag: &Bytes32) -> bool {
+    verify(
+        session_key,
+        &[b"ramsys-v1 redirect", addr.as_bytes(), reason.as_bytes()],
+        tag,
+    )
+}
+
 fn rejoin_parts<'a>(
     session: &'a [u8; 8],
     stream: &'a [u8; 2],
@@ -305,6 +323,18 @@ impl ServerHandshake {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redirect_mac_binds_address_reason_and_key() {
+        let k = [7u8; 32];
+        let m = redirect_mac(&k, "10.0.0.2:7070", "busy");
+        assert!(verify_redirect(&k, "10.0.0.2:7070", "busy", &m));
+        assert!(!verify_redirect(&k, "10.6.6.6:7070", "busy", &m));
+        assert!(!verify_redirect(&k, "10.0.0.2:7070", "idle", &m));
+        assert!(!verify_redirect(&[8u8; 32], "10.0.0.2:7070", "busy", &m));
+        // Parts are length-prefixed: moving a byte between them fails.
+        assert!(!verify_redirect(&k, "10.0.0.2:7070b", "usy", &m));
+    }
 
     #[test]
     fn rejoin_mac_binds_stream_epoch_and_label() {

@@ -361,10 +361,13 @@ pub enum Control {
     /// admission limit (`reason`, one line) and `addr` (a peer of its
     /// site, less loaded in its site view) should serve it instead
     /// (issue 19, docs/SITE.md). The client opens the session again at
-    /// `addr`, once, announcing it with Redirected.
+    /// `addr`, once, announcing it with Redirected. `mac` authenticates
+    /// both under the session key (auth::redirect_mac, issue 34): the
+    /// control link may be unsealed, and a redirect moves the user's data.
     Redirect {
         addr: String,
         reason: String,
+        mac: Bytes32,
     },
     /// Client to server, right before the request (and after BwLimit, if
     /// any): this session was redirected here by the daemon at `from`.
@@ -990,6 +993,7 @@ mod tests {
             Control::Redirect {
                 addr: "10.0.0.2:7070".into(),
                 reason: "4 sessions running (max_sessions = 4)".into(),
+                mac: [6; 32],
             },
             Control::Redirected {
                 from: "10.0.0.1:7070".into(),

@@ -152,7 +152,7 @@ proptest! {
         reason in ".{0,200}",
     ) {
         let msgs = [
-            Control::Redirect { addr: addr.clone(), reason },
+            Control::Redirect { addr: addr.clone(), reason, mac: [9; 32] },
             Control::Redirected { from: addr },
         ];
         let tag = msgs[which].encode().unwrap()[0];

@@ -525,14 +525,17 @@ impl Run<'_> {
         let result = loop {
             let to = redirect.as_ref().map(|r| r.to.clone());
             let (from, r) = self.attempt(srcs, to)?;
-            let Err(EngineError::Redirected { to, reason }) = r else {
+            let Err(EngineError::Redirected { to, reason, .. }) = r else {
                 break r;
             };
             match crate::pick::follow(redirect.as_ref(), &from, &to, &reason) {
                 Ok(r) => {
-                    if !self.plan.json {
-                        eprintln!("ramsys: {from} is busy ({reason}); redirected to {to}");
-                    }
+                    // Every mode says where the data goes (issue 34); the
+                    // JSON summary names it too ("redirect").
+                    eprintln!(
+                        "ramsys: {}",
+                        crate::pick::redirect_line(&from, &to, &reason)
+                    );
                     self.redirected_from = Some(from);
                     self.stats = Arc::new(Stats::default());
                     redirect = Some(r);

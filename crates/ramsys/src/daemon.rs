@@ -362,6 +362,9 @@ fn start_site(d: &mut Daemon, a: &ServeArgs, cfg: &DaemonConfig) {
             .site_share_storage
             .or(cfg.site_share_storage)
             .unwrap_or(true),
+        max_members: cfg
+            .site_max_members
+            .unwrap_or(ramsys_engine::site::membership::MAX_MEMBERS),
     });
 }
 

@@ -56,6 +56,17 @@ pub struct Redirect {
     pub reason: String,
 }
 
+/// The one line the agent prints for a redirect it follows, control
+/// characters escaped (the names come from the network).
+pub fn redirect_line(from: &str, to: &str, reason: &str) -> String {
+    format!(
+        "{} is busy ({}); redirected to {}",
+        from.escape_debug(),
+        reason.escape_debug(),
+        to.escape_debug()
+    )
+}
+
 /// Follow the redirect `from` -> `to`, unless the session was redirected
 /// already: the agent follows one redirect only, so a loop (or a chain of
 /// busy daemons) ends in one line instead of bouncing.

@@ -265,16 +265,21 @@ fn one(
     );
     // A busy daemon may send its share to a peer (Control::Redirect):
     // follow it once, as a plain push does (crate::pick::follow).
-    let Err(EngineError::Redirected { to, reason }) = r else {
+    let Err(EngineError::Redirected { to, reason, .. }) = r else {
         return r;
     };
     crate::pick::follow(None, daemon, &to, &reason).map_err(EngineError::Local)?;
+    // Said in every mode (issue 34): a share of the files goes elsewhere.
+    eprintln!(
+        "ramsys: stripe: {}",
+        crate::pick::redirect_line(daemon, &to, &reason)
+    );
     let remote = Remote { addr: to, ..remote };
     let mut opts = opts.clone();
     opts.redirected_from = Some(daemon.to_string());
     let stats = Arc::new(Stats::default());
     match push(&remote, root, tops, dest, &opts, &res, stats) {
-        Err(EngineError::Redirected { to, reason }) => Err(EngineError::Local(
+        Err(EngineError::Redirected { to, reason, .. }) => Err(EngineError::Local(
             crate::pick::follow(
                 Some(&crate::pick::Redirect {
                     from: daemon.into(),

@@ -220,3 +220,224 @@ fn archive_root_to_root_keeps_set_id_bits_with_their_owner() {
     assert_eq!(modes(&root.join("push")), want);
     assert_eq!(modes(&local), want);
 }
+
+// ---------------------------------------------------------------------
+// The site: daemon identity, verified members, sealed links (issue 34).
+// ---------------------------------------------------------------------
+
+const KEY_ALICE: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+const KEY_BOB: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+const KEY_SITE: &str = "ssssssssssssssssssssssssssssssss";
+
+/// A users table with alice, bob and the site identity, each its own key
+/// and root; returns (dir, users.toml, shared key file).
+fn users_site() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let p = t.path();
+    for d in ["a", "b", "site", "shared", "keys"] {
+        std::fs::create_dir(p.join(d)).unwrap();
+    }
+    write_key(&p.join("keys/alice"), KEY_ALICE);
+    write_key(&p.join("keys/bob"), KEY_BOB);
+    write_key(&p.join("keys/site"), KEY_SITE);
+    let users = p.join("users.toml");
+    std::fs::write(
+        &users,
+        "[[user]]\nname = \"alice\"\nkey_file = \"keys/alice\"\nroot = \"a\"\n\n\
+         [[user]]\nname = \"bob\"\nkey_file = \"keys/bob\"\nroot = \"b\"\n\n\
+         [[user]]\nname = \"site\"\nkey_file = \"keys/site\"\nroot = \"site\"\n",
+    )
+    .unwrap();
+    let shared = key_file(p);
+    (t, users, shared)
+}
+
+fn site_daemon(t: &Path, users: &Path, shared: &Path, extra: &[&str]) -> TestDaemon {
+    let mut args = vec!["--users", users.to_str().unwrap(), "--site-interval", "50"];
+    args.extend_from_slice(extra);
+    TestDaemon::start_with(&t.join("shared"), shared, &args)
+}
+
+/// `addr`'s site view as alice sees it (`status --site --json`).
+fn view_as(user: &str, key: &Path, addr: &str) -> serde_json::Value {
+    let o = as_user(user, key, &["status", "--site", "--json", addr]);
+    assert_ok(&o);
+    serde_json::from_slice(&o.stdout).expect("status --site --json is JSON")
+}
+
+fn member_addrs(v: &serde_json::Value) -> Vec<String> {
+    v["members"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|m| m["addr"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A listener that accepts and holds connections without a word (a
+/// tarpit, or a rogue address someone wants data sent to); counts them.
+fn silent_listener() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let n = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let n2 = n.clone();
+    std::thread::spawn(move || {
+        let mut held = vec![];
+        for c in l.incoming().flatten() {
+            n2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            held.push(c);
+        }
+    });
+    (addr, n)
+}
+
+/// alice, holding only her own key, cannot join the site (she once could,
+/// and then had sessions redirected and relays sent to her address).
+#[test]
+fn a_user_key_cannot_join_the_site() {
+    let (t, users, shared) = users_site();
+    let d = site_daemon(t.path(), &users, &shared, &[]);
+    let (rogue, _) = silent_listener();
+    let e = ramsys_engine::site::dial(&d.addr, &rogue, "alice", KEY_ALICE.as_bytes())
+        .err()
+        .expect("alice's SiteHello is refused");
+    assert!(
+        e.to_string().contains("only the site identity may join"),
+        "{e}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let ka = t.path().join("keys/alice");
+    let v = view_as("alice", &ka, &d.addr);
+    assert!(!member_addrs(&v).contains(&rogue), "{v:#}");
+}
+
+/// The site credential joins, but the address it announces becomes a
+/// member only if it answers the site handshake itself: a silent or
+/// third-party address never does; a real daemon of the site does.
+#[test]
+fn an_announced_address_must_answer_the_site_handshake() {
+    let (t, users, shared) = users_site();
+    let a = site_daemon(t.path(), &users, &shared, &[]);
+    let b = site_daemon(t.path(), &users, &shared, &[]);
+    let (rogue, dialled) = silent_listener();
+    let _l = ramsys_engine::site::dial(&a.addr, &rogue, "site", KEY_SITE.as_bytes())
+        .expect("the site identity joins");
+    let _l2 = ramsys_engine::site::dial(&a.addr, &b.addr, "site", KEY_SITE.as_bytes())
+        .expect("the site identity joins");
+    let ka = t.path().join("keys/alice");
+    let start = std::time::Instant::now();
+    loop {
+        let v = view_as("alice", &ka, &a.addr);
+        let m = member_addrs(&v);
+        if m.contains(&b.addr) {
+            assert!(!m.contains(&rogue), "{v:#}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "B never admitted: {v:#}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The check dialled the rogue address (and got no answer); it stays out.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(dialled.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    let v = view_as("alice", &ka, &a.addr);
+    assert!(!member_addrs(&v).contains(&rogue), "{v:#}");
+}
+
+/// OnBehalf on a link that is not sealed is refused, even from the site
+/// identity: unsealed, it could have been rewritten on the path (alice's
+/// relay turned OnBehalf{alice} into OnBehalf{bob}). A user's own sealed
+/// link cannot claim another user either.
+#[test]
+fn on_behalf_needs_a_sealed_link_and_the_site_identity() {
+    use ramsys_proto::Control;
+    let (t, users, shared) = users_site();
+    let d = site_daemon(t.path(), &users, &shared, &[]);
+    let tcp = ramsys_engine::transport::tcp::Tcp {
+        socket_buffer: None,
+    };
+    let try_behalf = |user: &str, key: &str, seal: bool| -> String {
+        let mut s = ramsys_engine::session::client_connect_as(
+            &tcp,
+            &d.addr,
+            user,
+            key.as_bytes(),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        if seal {
+            let c = ramsys_engine::crypto::Cipher::preferred();
+            ramsys_engine::wire::send_control(
+                &mut *s.ctl,
+                &Control::SealControl { cipher: c.id() },
+            )
+            .unwrap();
+            let inner =
+                std::mem::replace(&mut s.ctl, Box::new(ramsys_engine::transport::ClosedLink));
+            s.ctl = Box::new(
+                ramsys_engine::transport::sealed::SealedLink::new(
+                    inner,
+                    c,
+                    &s.session_key,
+                    ramsys_engine::transport::sealed::End::Client,
+                    u32::from(s.auth_pending),
+                )
+                .unwrap(),
+            );
+        }
+        ramsys_engine::wire::send_control(&mut *s.ctl, &Control::OnBehalf { user: "bob".into() })
+            .unwrap();
+        loop {
+            match ramsys_engine::wire::recv_control(&mut *s.ctl) {
+                Ok(Control::Error { message, .. }) => return message,
+                Ok(_) => continue,
+                Err(e) => return e.to_string(),
+            }
+        }
+    };
+    let m = try_behalf("site", KEY_SITE, false);
+    assert!(m.contains("sealed"), "{m}");
+    let m = try_behalf("alice", KEY_ALICE, true);
+    assert!(m.contains("may not act for another user"), "{m}");
+    assert_eq!(std::fs::read_dir(t.path().join("b")).unwrap().count(), 0);
+}
+
+/// Ten configured members that accept and never answer (tarpits) cost
+/// the real member nothing: its view stays fresh (under 1 s), and a
+/// redirect never goes to a tarpit.
+#[test]
+fn tarpit_members_do_not_stall_the_site() {
+    let (t, users, shared) = users_site();
+    let b = site_daemon(t.path(), &users, &shared, &[]);
+    let mut extra: Vec<String> = vec!["--peer".into(), b.addr.clone()];
+    let mut tarpits = vec![];
+    for _ in 0..10 {
+        let (addr, _) = silent_listener();
+        extra.extend(["--peer".into(), addr.clone()]);
+        tarpits.push(addr);
+    }
+    let args: Vec<&str> = extra.iter().map(|s| s.as_str()).collect();
+    let a = site_daemon(t.path(), &users, &shared, &args);
+    let ka = t.path().join("keys/alice");
+    std::thread::sleep(Duration::from_secs(3));
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(3) {
+        let v = view_as("alice", &ka, &a.addr);
+        let age = |addr: &str| {
+            v["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["addr"] == addr)
+                .and_then(|m| m["age_ms"].as_u64())
+                .unwrap_or(u64::MAX)
+        };
+        assert!(age(&a.addr) < 1000, "own view stale: {v:#}");
+        assert!(age(&b.addr) < 1000, "B's view stale: {v:#}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -109,6 +109,9 @@ pub struct DaemonConfig {
     /// `[site] share_storage` (default true): share the storage-thread
     /// budget of devices other members use too (site::share).
     pub site_share_storage: Option<bool>,
+    /// `[site] max_members`: members that joined by dialling in, at most
+    /// (site::membership; configured peers aside).
+    pub site_max_members: Option<usize>,
     /// `[raw] ifaces = ["IFACE", ...]`: interfaces offering raw-Ethernet
     /// channels (transport::rawlink, docs/TYCHE.md), as `--raw-iface`.
     pub raw_ifaces: Vec<String>,
@@ -694,6 +697,7 @@ fn parse_site(c: &mut DaemonConfig, v: &::toml::Value) -> Result<(), String> {
                 );
             }
             "user" => c.site_user = Some(string("site.user", v)?.to_string()),
+            "max_members" => c.site_max_members = Some(positive("site.max_members", v)?),
             "max_sessions" => {
                 let n = positive("site.max_sessions", v)?;
                 c.site_limits.max_sessions = Some(n.min(u32::MAX as usize) as u32);
@@ -713,7 +717,7 @@ fn parse_site(c: &mut DaemonConfig, v: &::toml::Value) -> Result<(), String> {
             _ => {
                 return Err(format!(
                     "unknown key `site.{k}` (expected peers, interval_ms, user, \
-                     max_sessions, max_load or share_storage)"
+                     max_sessions, max_load, share_storage or max_members)"
                 ))
             }
         }

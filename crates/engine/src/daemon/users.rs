@@ -548,11 +548,7 @@ impl Credentials {
     /// users table, refused by a daemon that has one.
     pub fn on_behalf(&self, link: &Grant, site_user: &str, user: &str) -> Result<Grant, String> {
         let users = self.users();
-        let site = match &users {
-            None => !link.token,
-            Some(_) => !link.token && link.account.as_deref() == Some(site_user),
-        };
-        if !site {
+        if !self.is_site(link, site_user) {
             return Err(format!(
                 "user {} may not act for another user (only the site identity may)",
                 link.shown
@@ -575,6 +571,19 @@ impl Credentials {
         .map_err(|r| match r {
             Refusal::Auth(m) | Refusal::Limit(m) => m,
         })
+    }
+
+    /// Is `g` the site identity (issue 34)? With a users table, the
+    /// `[site] user` itself; with one shared key, any holder of it (who
+    /// is as good as the operator). Never a one-time credential. Only the
+    /// site identity may join the site (SiteHello) or act for a user
+    /// (OnBehalf).
+    pub fn is_site(&self, g: &Grant, site_user: &str) -> bool {
+        !g.token
+            && match self.users() {
+                None => true,
+                Some(_) => g.account.as_deref() == Some(site_user),
+            }
     }
 
     /// Mint a one-time credential for the holder of `g`: (user name, raw

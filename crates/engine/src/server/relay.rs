@@ -32,14 +32,27 @@ use crate::{show, EngineError, TransferOptions};
 /// agent's sign that A is alive while a long file moves.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
-/// B's side: a site peer's OnBehalf on a freshly authenticated link.
-/// Some(grant of the named user); None: refused (answered on the link).
+/// B's side: a site peer's OnBehalf on a freshly authenticated link,
+/// which must be sealed (`sealed`): a claim about a user travels only
+/// authenticated (issue 34; an unsealed OnBehalf could have been rewritten
+/// on the path). Some(grant of the named user); None: refused (answered
+/// on the link).
 pub(crate) fn on_behalf(
     sh: &DaemonShared,
     link: &mut Box<dyn Link>,
     grant: &Grant,
     user: &str,
+    sealed: bool,
 ) -> Option<Grant> {
+    if !sealed {
+        tracing::warn!("{}: OnBehalf on an unsealed link refused", link.peer());
+        refuse(
+            link,
+            3,
+            "OnBehalf needs a sealed control link (SealControl first)".into(),
+        );
+        return None;
+    }
     let Some(site) = sh.site.get() else {
         refuse(
             link,
@@ -334,7 +347,7 @@ fn push_to_sink(
         &sh.res,
         stats,
     ) {
-        Err(EngineError::Redirected { to, reason }) => Err(EngineError::local(format!(
+        Err(EngineError::Redirected { to, reason, .. }) => Err(EngineError::local(format!(
             "sink {} is busy ({reason}) and redirected to {to}; a relay goes to its own sink only",
             relay.sink
         ))),

@@ -6,13 +6,20 @@
 //! at its default T = 50 ms).
 //!
 //! Links: a daemon dials each member and sends SiteHello as its first
-//! message (the same challenge/response as every ramsys connection, with
-//! the daemon's key or the `[site] user`'s key from the users table);
-//! the dialed daemon's dispatcher hands the link to [`Site::serve_peer`],
+//! message (the same handshake as every ramsys connection, with the
+//! daemon's key or the `[site] user`'s key from the users table), then
+//! seals the link (SealControl, transport/sealed.rs): site links are
+//! daemon identity, so only the site credential joins (issue 34), and
+//! nothing on the path reads or alters what members tell each other.
+//! The dialed daemon's dispatcher hands the link to [`Site::serve_peer`],
 //! which answers DDSS requests against its store (the responder thread
-//! standing in for one-sided RDMA).
+//! standing in for one-sided RDMA). Who becomes a member: [`membership`].
+//!
+//! Monitoring pulls each member's load on a thread of its own (a poller),
+//! so a member that is slow or gone costs the others nothing.
 
 pub mod member;
+pub mod membership;
 pub mod redirect;
 pub mod sample;
 pub mod share;
@@ -20,16 +27,21 @@ pub mod storage;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ramsys_ddss::{Error as DdssError, Key, Model, Node, Placement};
 use ramsys_proto::auth::{ClientHandshake, ServerHandshake};
+use ramsys_proto::control::Bytes32;
 use ramsys_proto::Control;
 
+use crate::crypto::Cipher;
 use crate::daemon::users::Credentials;
 use crate::session::random32;
 use crate::site::member::SiteMember;
+use crate::site::membership::Membership;
+use crate::transport::sealed::{End, SealedLink};
 use crate::transport::tcp::Tcp;
 use crate::transport::{Link, Transport};
 use crate::wire::{exchange_preamble, recv_control, send_control};
@@ -66,6 +78,9 @@ pub struct SiteOptions {
     /// Share the storage-thread budget of devices several members use
     /// (`[site] share_storage`, `--site-share-storage`; site::share).
     pub share_storage: bool,
+    /// Members that joined by dialling in, at most (`[site] max_members`,
+    /// site::membership).
+    pub max_members: usize,
 }
 
 impl Default for SiteOptions {
@@ -77,6 +92,7 @@ impl Default for SiteOptions {
             user: "site".into(),
             limits: Default::default(),
             share_storage: true,
+            max_members: membership::MAX_MEMBERS,
         }
     }
 }
@@ -114,13 +130,26 @@ pub struct LocalLoad {
 /// the daemon re-reads its storage shares from it (site::share).
 pub type OnView = Box<dyn Fn(&str, &[SiteMember]) + Send + Sync>;
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct View {
     load: Load,
     last_ok: Option<Instant>,
     error: Option<String>,
-    retry_at: Option<Instant>,
     fails: u32,
+    /// When this member was first seen (it may never have answered).
+    since: Instant,
+}
+
+impl Default for View {
+    fn default() -> View {
+        View {
+            load: Load::default(),
+            last_ok: None,
+            error: None,
+            fails: 0,
+            since: Instant::now(),
+        }
+    }
 }
 
 /// This daemon's membership in a site.
@@ -137,6 +166,9 @@ pub struct Site {
     /// relay, server::relay, opens its sessions to a peer with them).
     user: String,
     key: Vec<u8>,
+    membership: Membership,
+    /// The running pollers, by member: set a flag to stop one.
+    pollers: Mutex<BTreeMap<String, Arc<AtomicBool>>>,
 }
 
 /// Open an authenticated site link to `addr` as `me` (SiteHello; the
@@ -166,14 +198,27 @@ pub fn dial(addr: &str, me: &str, user: &str, key: &[u8]) -> Result<Box<dyn Link
     }
     let auth = hs.on_challenge(&ch)?;
     send_control(&mut *l, &auth)?;
-    match recv_control(&mut *l)? {
-        Control::AuthOk { .. } => Ok(l),
-        Control::Error { message, .. } => Err(EngineError::Refused(message)),
-        other => Err(EngineError::local(format!(
-            "site peer {addr} answered {} to Auth",
-            other.name()
-        ))),
-    }
+    let ok = recv_control(&mut *l)?;
+    let key = match &ok {
+        Control::AuthOk { .. } => hs.on_auth_ok(&ok)?.1,
+        Control::Error { message, .. } => return Err(EngineError::Refused(message.clone())),
+        other => {
+            return Err(EngineError::local(format!(
+                "site peer {addr} answered {} to Auth",
+                other.name()
+            )))
+        }
+    };
+    // Always sealed (issue 34): loads, addresses and segment data travel
+    // between daemons only authenticated.
+    let cipher = Cipher::preferred();
+    send_control(
+        &mut *l,
+        &Control::SealControl {
+            cipher: cipher.id(),
+        },
+    )?;
+    Ok(Box::new(SealedLink::new(l, cipher, &key, End::Client, 0)?))
 }
 
 impl Site {
@@ -210,6 +255,8 @@ impl Site {
             sent: Mutex::new(Default::default()),
             user: opts.user.clone(),
             key: site_key,
+            membership: Membership::new(&opts.peers, opts.max_members),
+            pollers: Mutex::new(BTreeMap::new()),
         });
         let s = site.clone();
         std::thread::Builder::new()
@@ -225,7 +272,8 @@ impl Site {
         (&self.user, &self.key)
     }
 
-    /// Is `addr` another member of the site (configured or dialled in)?
+    /// Is `addr` another member of the site (configured, or dialled in and
+    /// verified: site::membership)?
     pub fn is_peer(&self, addr: &str) -> bool {
         addr != self.node.me() && self.node.members().iter().any(|m| m == addr)
     }
@@ -238,9 +286,10 @@ impl Site {
         self.interval
     }
 
-    /// Publish ours and pull everyone's, every interval, forever.
+    /// Publish ours every interval, forever; keep one poller per member
+    /// (pulling its load) and drop members that aged out.
     fn monitor(
-        &self,
+        self: &Arc<Self>,
         mut sampler: Sampler,
         local: Box<dyn Fn() -> LocalLoad + Send + Sync>,
         on_view: OnView,
@@ -267,33 +316,81 @@ impl Site {
                 last = bytes;
             }
             self.update(self.node.me(), Ok(load));
-            for m in self.node.members() {
-                let due = {
-                    let v = self.views.lock().unwrap();
-                    v.get(&m).and_then(|v| v.retry_at).is_none_or(|t| t <= t0)
-                };
-                if !due {
-                    continue;
-                }
-                let k = Key {
-                    name: LOAD_SEGMENT.into(),
-                    home: m.clone(),
-                };
-                let r = match self.node.get(&k) {
-                    Ok(v) => postcard::from_bytes::<Load>(&v.data)
-                        .map_err(|e| format!("malformed load: {e}")),
-                    // Up, but has not published yet.
-                    Err(DdssError::NoSuchKey(_)) => Err(String::new()),
-                    Err(e) => Err(e.to_string()),
-                };
-                self.update(&m, r);
-            }
+            self.reconcile();
             on_view(self.node.me(), &self.members());
             std::thread::sleep(self.interval.saturating_sub(t0.elapsed()));
         }
     }
 
-    fn update(&self, m: &str, r: Result<Load, String>) {
+    /// One poller per member; members that dialled in and have not
+    /// answered for membership::AGE_OUT go (their poller with them).
+    fn reconcile(self: &Arc<Self>) {
+        let members = self.node.members();
+        let mut pollers = self.pollers.lock().unwrap();
+        for m in &members {
+            if !self.membership.is_configured(m) && self.aged_out(m) {
+                tracing::warn!(
+                    "site member {}: no answer for {} s; dropped",
+                    m.escape_debug(),
+                    membership::AGE_OUT.as_secs()
+                );
+                self.node.remove_member(m);
+                self.views.lock().unwrap().remove(m);
+                continue;
+            }
+            if !pollers.contains_key(m) {
+                let stop = Arc::new(AtomicBool::new(false));
+                let (s, m2, st) = (self.clone(), m.clone(), stop.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("site-poll".into())
+                    .spawn(move || s.poll(&m2, &st));
+                if spawned.is_ok() {
+                    pollers.insert(m.clone(), stop);
+                }
+            }
+        }
+        let live = self.node.members();
+        pollers.retain(|m, stop| {
+            let keep = live.contains(m);
+            if !keep {
+                stop.store(true, Ordering::Relaxed);
+            }
+            keep
+        });
+    }
+
+    fn aged_out(&self, m: &str) -> bool {
+        let views = self.views.lock().unwrap();
+        views.get(m).is_some_and(|v| {
+            v.error.is_some() && v.last_ok.unwrap_or(v.since).elapsed() > membership::AGE_OUT
+        })
+    }
+
+    /// Pull `m`'s load every interval (backing off while it fails) until
+    /// `stop`. Its own thread: a member that does not answer delays only
+    /// its own view (issue 34).
+    fn poll(&self, m: &str, stop: &AtomicBool) {
+        let k = Key {
+            name: LOAD_SEGMENT.into(),
+            home: m.to_string(),
+        };
+        while !stop.load(Ordering::Relaxed) {
+            let t0 = Instant::now();
+            let r = match self.node.get(&k) {
+                Ok(v) => postcard::from_bytes::<Load>(&v.data)
+                    .map_err(|e| format!("malformed load: {e}")),
+                // Up, but has not published yet.
+                Err(DdssError::NoSuchKey(_)) => Err(String::new()),
+                Err(e) => Err(e.to_string()),
+            };
+            let wait = self.update(m, r);
+            std::thread::sleep(wait.saturating_sub(t0.elapsed()));
+        }
+    }
+
+    /// Record a pull of `m`; returns how long its poller waits before the
+    /// next one (the interval, or a back-off of up to 1 s while it fails).
+    fn update(&self, m: &str, r: Result<Load, String>) -> Duration {
         let mut views = self.views.lock().unwrap();
         let v = views.entry(m.to_string()).or_default();
         match r {
@@ -302,21 +399,18 @@ impl Site {
                 v.last_ok = Some(Instant::now());
                 v.error = None;
                 v.fails = 0;
-                v.retry_at = None;
             }
             Err(e) if e.is_empty() => v.last_ok = Some(Instant::now()),
             Err(e) => {
-                // Back off a dead member (up to 1 s) so it cannot stall
-                // the monitoring of the others.
                 v.fails += 1;
-                let wait = (self.interval * v.fails.min(20)).min(Duration::from_secs(1));
-                v.retry_at = Some(Instant::now() + wait);
                 if v.error.is_none() {
-                    tracing::warn!("site member {m}: {e}");
+                    tracing::warn!("site member {}: {}", m.escape_debug(), e.escape_debug());
                 }
                 v.error = Some(e);
+                return (self.interval * v.fails.min(20)).min(Duration::from_secs(1));
             }
         }
+        self.interval
     }
 
     /// The site as `ramsys status --site` shows it: every member, self
@@ -385,9 +479,11 @@ impl Site {
     }
 
     /// A peer's SiteHello (first message of a connection): authenticate it
-    /// like a Hello, then serve its DDSS requests until it closes.
+    /// like a Hello, as the site identity only (issue 34), seal the link,
+    /// check the address it announces (site::membership), then serve its
+    /// DDSS requests until it closes.
     pub fn serve_peer(
-        &self,
+        self: &Arc<Self>,
         creds: &Credentials,
         link: &mut Box<dyn Link>,
         hello: &Control,
@@ -406,32 +502,98 @@ impl Site {
         )?;
         send_control(&mut **link, &ch)?;
         let auth = recv_control(&mut **link)?;
-        let grant = match hs.on_auth(&auth) {
-            Ok(_) => creds.admit(pending).ok(),
-            Err(_) => None,
+        let (grant, key) = match hs.on_auth(&auth) {
+            Ok((_, key)) => (creds.admit(pending).ok(), key),
+            Err(_) => (None, [0; 32]),
         };
-        // One-time credentials are for transfers, not site membership.
-        let Some(_grant) = grant.filter(|g| !g.token) else {
+        let Some(grant) = grant else {
             tracing::warn!("{}: site peer failed authentication; closing", link.peer());
-            crate::wire::send_final(
-                &mut **link,
-                &Control::Error {
-                    code: 1,
-                    message: "authentication failed".into(),
-                },
-            );
+            refuse_peer(link, "authentication failed");
             return Ok(());
         };
+        // Site links are daemon identity: a user's own key (or a one-time
+        // credential) authenticates, but joins nothing.
+        if !creds.is_site(&grant, &self.user) {
+            tracing::warn!(
+                "{}: user {} tried to join the site; only the site identity ({}) may",
+                link.peer(),
+                grant.shown.escape_debug(),
+                self.user
+            );
+            refuse_peer(link, "only the site identity may join the site");
+            return Ok(());
+        }
         send_control(&mut **link, &Control::AuthOk { session: 0 })?;
-        if !addr.is_empty() && addr.len() <= 256 {
-            self.node.add_member(addr);
+        if !self.sealed(link, &key)? {
+            return Ok(());
+        }
+        if !addr.is_empty() {
+            self.propose(addr);
         }
         // A member pulls at least every second (its back-off's cap), so a
         // link silent this long belongs to a peer that died without
         // closing it: end the responder thread.
         link.set_read_timeout(Some(PEER_IDLE))?;
-        tracing::info!("{}: site link from {addr}", link.peer());
+        tracing::info!("{}: site link from {}", link.peer(), addr.escape_debug());
         self.node.serve_peer(link)?;
         Ok(())
     }
+
+    /// The dialler's SealControl, then the link sealed both ways; false:
+    /// refused (a site link is never clear after AuthOk).
+    fn sealed(&self, link: &mut Box<dyn Link>, key: &Bytes32) -> Result<bool, EngineError> {
+        let cipher = match recv_control(&mut **link)? {
+            Control::SealControl { cipher } => Cipher::from_id(cipher).ok(),
+            _ => None,
+        };
+        let Some(cipher) = cipher.filter(|c| *c != Cipher::None) else {
+            refuse_peer(link, "a site link must be sealed (SealControl)");
+            return Ok(false);
+        };
+        let inner = std::mem::replace(link, Box::new(crate::transport::ClosedLink));
+        *link = Box::new(SealedLink::new(inner, cipher, key, End::Server, 0)?);
+        Ok(true)
+    }
+
+    /// A daemon holding the site credential dialled in and announced
+    /// `addr`: admit it once `addr` answers the site handshake, dialled
+    /// back from here on a thread of its own (site::membership).
+    fn propose(self: &Arc<Self>, addr: &str) {
+        if addr == self.node.me() || self.is_peer(addr) {
+            return;
+        }
+        if let Err(why) = self.membership.begin(addr, &self.node.members()) {
+            tracing::warn!("site member {} not admitted: {why}", addr.escape_debug());
+            return;
+        }
+        let (s, a) = (self.clone(), addr.to_string());
+        let r = std::thread::Builder::new()
+            .name("site-verify".into())
+            .spawn(move || {
+                match dial(&a, s.node.me(), &s.user, &s.key) {
+                    Ok(_) => {
+                        s.node.add_member(&a);
+                        tracing::info!("site member {a} admitted: it answered the site handshake");
+                    }
+                    Err(e) => tracing::warn!(
+                        "site member {a} not admitted: it did not answer the site handshake: {}",
+                        e.to_string().escape_debug()
+                    ),
+                }
+                s.membership.end(&a);
+            });
+        if r.is_err() {
+            self.membership.end(addr);
+        }
+    }
+}
+
+fn refuse_peer(link: &mut Box<dyn Link>, message: &str) {
+    crate::wire::send_final(
+        &mut **link,
+        &Control::Error {
+            code: 1,
+            message: message.into(),
+        },
+    );
 }
