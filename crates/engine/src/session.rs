@@ -225,13 +225,6 @@ impl ClientLinks {
     }
 }
 
-fn is_timeout(e: &std::io::Error) -> bool {
-    matches!(
-        e.kind(),
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-    )
-}
-
 /// Send preamble + Join in one segment and wait for JoinOk.
 fn join_link(
     l: Box<dyn Link>,
@@ -256,9 +249,15 @@ fn join_link(
 /// session id and key are known, so links are ready when Confirm arrives
 /// instead of costing two more round trips after it. Links beyond the
 /// confirmed count are simply dropped.
+///
+/// A link's JoinOk comes only once the peer takes it, after the whole
+/// metadata exchange (a scan and a comparison that grow with the tree), so
+/// the dialers wait for it without a clock of their own: [`Self::open`]
+/// bounds the wait from the moment the session needs the links (issue 36:
+/// no fixed timeout a big tree can outgrow), and a link given up on is
+/// shut down so its dialer ends.
 pub struct PreLinks {
-    handles: Vec<std::thread::JoinHandle<Result<Box<dyn Link>, EngineError>>>,
-    go: Vec<crossbeam_channel::Sender<(u64, Bytes32)>>,
+    dialers: Vec<Dialing>,
     key: Option<Bytes32>,
     /// For replacements (crate::relink).
     transport: Arc<dyn Transport>,
@@ -268,12 +267,30 @@ pub struct PreLinks {
     session: u64,
 }
 
+/// One link being dialled on a thread of its own.
+struct Dialing {
+    result: crossbeam_channel::Receiver<Result<Box<dyn Link>, EngineError>>,
+    go: crossbeam_channel::Sender<(u64, Bytes32)>,
+    /// A clone of the connection while it waits for JoinOk, to end that
+    /// wait when the session gives up on the link.
+    conn: Arc<std::sync::Mutex<Option<Box<dyn Link>>>>,
+}
+
+impl Drop for Dialing {
+    fn drop(&mut self) {
+        if let Some(l) = self.conn.lock().unwrap().take() {
+            let _ = l.shutdown_both();
+        }
+    }
+}
+
 impl PreLinks {
-    /// Start connecting `n` links to `addr`. Each waits up to `join_wait`
-    /// for its JoinOk: the server answers only once the session has its
-    /// threads, and a daemon may hold the task suspended until then
-    /// (docs/DAEMON.md), so this is the wait for Confirm (the idle
-    /// timeout), not the connect timeout.
+    /// Start connecting `n` links to `addr` (each connect within
+    /// `timeout`). Once the session needs them, [`Self::open`] waits up to
+    /// `join_wait` (at least `timeout`) for their JoinOk: the server
+    /// answers only once the session has its threads, and a daemon may
+    /// hold the task suspended until then (docs/DAEMON.md), so this is the
+    /// wait for Confirm (the idle timeout), not the connect timeout.
     pub fn start(
         transport: Arc<dyn Transport>,
         addr: &str,
@@ -282,8 +299,7 @@ impl PreLinks {
         join_wait: Duration,
     ) -> PreLinks {
         let mut p = PreLinks {
-            handles: Vec::new(),
-            go: Vec::new(),
+            dialers: Vec::new(),
             key: None,
             transport,
             addr: addr.to_string(),
@@ -299,73 +315,86 @@ impl PreLinks {
     /// dialers end without a word), before [`Self::join`]: the count
     /// changed once the daemon's limits were known (transport::path).
     pub fn resize(&mut self, n: u16) {
-        self.handles.truncate(n as usize);
-        self.go.truncate(n as usize);
-        let (timeout, join_wait) = (self.timeout, self.join_wait);
-        for i in self.handles.len() as u16..n {
-            let (tx, rx) = crossbeam_channel::bounded::<(u64, Bytes32)>(1);
-            let t = self.transport.clone();
-            let a = self.addr.clone();
-            self.go.push(tx);
-            self.handles.push(
-                std::thread::Builder::new()
-                    .name(format!("dial-{i}"))
-                    .spawn(move || {
+        self.dialers.truncate(n as usize);
+        for i in self.dialers.len() as u16..n {
+            let (go, go_rx) = crossbeam_channel::bounded::<(u64, Bytes32)>(1);
+            let (tx, result) = crossbeam_channel::bounded(1);
+            let conn = Arc::new(std::sync::Mutex::new(None));
+            let (t, a, c, timeout) = (
+                self.transport.clone(),
+                self.addr.clone(),
+                conn.clone(),
+                self.timeout,
+            );
+            std::thread::Builder::new()
+                .name(format!("dial-{i}"))
+                .spawn(move || {
+                    let r = (|| {
                         let l = t.connect(&a, timeout).map_err(|e| connect_err(&a, e))?;
-                        l.set_read_timeout(Some(timeout.max(join_wait)))?;
-                        let (session, key) = rx
+                        *c.lock().unwrap() = l.try_clone_link().ok();
+                        l.set_read_timeout(None)?;
+                        let (session, key) = go_rx
                             .recv()
                             .map_err(|_| EngineError::local("session setup abandoned"))?;
-                        join_link(l, &a, session, &key, i).map_err(|e| match e {
-                            EngineError::Io(e) if is_timeout(&e) => EngineError::local(format!(
-                                "{a} did not accept data connection {i} within {} s",
-                                timeout.max(join_wait).as_secs()
-                            )),
-                            e => e,
-                        })
-                    })
-                    .expect("spawn dialer"),
-            );
+                        join_link(l, &a, session, &key, i)
+                    })();
+                    let _ = tx.send(r);
+                })
+                .expect("spawn dialer");
+            self.dialers.push(Dialing { result, go, conn });
         }
     }
 
     /// Links dialled (or being dialled).
     pub fn len(&self) -> usize {
-        self.handles.len()
+        self.dialers.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.handles.is_empty()
+        self.dialers.is_empty()
     }
 
     /// The session is known: let every link join it.
     pub fn join(&mut self, session: u64, key: Bytes32) {
         self.key = Some(key);
         self.session = session;
-        for g in self.go.drain(..) {
-            let _ = g.send((session, key));
+        for d in &self.dialers {
+            let _ = d.go.send((session, key));
         }
     }
 }
 
 impl LinkProvider for PreLinks {
     fn open(&mut self, streams: u16) -> Result<Vec<Box<dyn Link>>, EngineError> {
-        if streams as usize > self.handles.len() {
+        if streams as usize > self.dialers.len() {
             return Err(EngineError::local(format!(
                 "peer confirmed {streams} streams, more than the {} proposed",
-                self.handles.len()
+                self.dialers.len()
             )));
         }
-        let rest = self.handles.split_off(streams as usize);
+        // Surplus links: dropped; the daemon refuses their stream numbers.
+        self.dialers.truncate(streams as usize);
+        let wait = self.timeout.max(self.join_wait);
+        let deadline = std::time::Instant::now() + wait;
         let mut out = Vec::new();
-        for h in self.handles.drain(..) {
-            out.push(
-                h.join()
-                    .unwrap_or_else(|_| Err(EngineError::local("dial thread panicked")))?,
-            );
+        for (i, d) in self.dialers.drain(..).enumerate() {
+            match d.result.recv_deadline(deadline) {
+                Ok(r) => {
+                    // Joined (or failed on its own): nothing to shut down.
+                    d.conn.lock().unwrap().take();
+                    out.push(r?);
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    return Err(EngineError::local(format!(
+                        "{} did not accept data connection {i} within {} s of the session \
+                         asking for it",
+                        self.addr,
+                        wait.as_secs()
+                    )))
+                }
+                Err(_) => return Err(EngineError::local("dial thread ended without a word")),
+            }
         }
-        // Surplus links: detach; the daemon refuses their stream numbers.
-        drop(rest);
         Ok(out)
     }
     fn session_key(&self) -> Option<Bytes32> {

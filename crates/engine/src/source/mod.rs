@@ -87,8 +87,13 @@ pub fn run_source_with(
     let walk = s.stream_metadata()?;
     let mut failures = walk.failures.clone();
     let confirmed = s.confirm(&mut threads.senders)?;
-    let opened = s.open_links(links, &confirmed)?;
+    // The sink's answer before its data links: a sink streams its Have
+    // records before it takes the links, so a source that waited for the
+    // links first would leave the answer unread, and past the socket
+    // buffers both ends would wait for each other (a no-change sync of
+    // 1 M files, issue 36).
     let plan = s.sync_answer(&walk, confirmed.block_size, &mut failures)?;
+    let opened = s.open_links(links, &confirmed)?;
     let mut data = payload::Payload::start(&mut s, threads, walk, plan, confirmed, opened)?;
     let verdict = data.run();
     data.finish(verdict, failures)
