@@ -279,7 +279,7 @@ struct Dialing {
 impl Drop for Dialing {
     fn drop(&mut self) {
         if let Some(l) = self.conn.lock().unwrap().take() {
-            let _ = l.shutdown_both();
+            l.shutdown_both();
         }
     }
 }
