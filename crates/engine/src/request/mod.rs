@@ -8,3 +8,4 @@ pub mod pieces;
 pub mod shares;
 pub mod tasks;
 pub mod walk;
+pub mod wildmatch;
