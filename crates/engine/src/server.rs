@@ -1098,7 +1098,7 @@ pub(crate) fn session_options(
     if !select.is_empty() {
         // A source applies the selection to its scan, a sink to --delete.
         if let Err(e) = crate::request::filter::Filter::new(&select) {
-            return Err(format!("--exclude/--include: {e}"));
+            return Err(format!("filter rules: {e}"));
         }
         opts.select = select;
     }

@@ -583,7 +583,9 @@ pub struct RawIface {
 }
 
 /// What a source sends of its tree (rsync's filter rules, engine
-/// `request::filter`): `rules` in command-line order, first match wins;
+/// `request::filter`): `rules` in command-line order, first match wins,
+/// each in rsync's short form (`-` or `+`, modifiers from `!sr`, one
+/// space, the pattern's bytes; engine `request::rules`);
 /// regular files outside [`min_size`, `max_size`] are skipped
 /// (`max_size` 0 = no upper limit); with `files` (`--files-from`) only
 /// those paths (relative to each source top) and the directories leading
@@ -592,8 +594,8 @@ pub struct RawIface {
 /// deletes what the rules exclude, as rsync does.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Selection {
-    /// (include?, pattern)
-    pub rules: Vec<(bool, Vec<u8>)>,
+    /// `- PATTERN`, `+ PATTERN`, `-! PATTERN`, `-s PATTERN`, ...
+    pub rules: Vec<Vec<u8>>,
     pub min_size: u64,
     pub max_size: u64,
     pub files: Vec<Vec<u8>>,
@@ -931,7 +933,7 @@ mod tests {
                 },
                 flags: 1,
                 select: Selection {
-                    rules: vec![(true, b"*.c".to_vec()), (false, b"/build/".to_vec())],
+                    rules: vec![b"+ *.c".to_vec(), b"- /build/".to_vec()],
                     min_size: 1,
                     max_size: 1 << 30,
                     files: vec![b"a/b".to_vec()],
@@ -1024,7 +1026,7 @@ mod tests {
                 checksum: true,
                 flags: sync::SYNC | sync::RESUME,
                 select: Selection {
-                    rules: vec![(false, b"*.tmp".to_vec())],
+                    rules: vec![b"- *.tmp".to_vec()],
                     ..Default::default()
                 },
                 preserve: 3,

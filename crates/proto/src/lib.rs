@@ -30,8 +30,10 @@ pub mod session;
 pub use control::Control;
 pub use frame::{FrameHeader, FrameKind};
 
-/// Protocol version spoken by this build. Bumped on any incompatible change.
-pub const VERSION: u16 = 1;
+/// Protocol version spoken by this build. Bumped on any incompatible change
+/// (docs/PROTOCOL.md "Versions"): 2 = Selection rules are rsync filter
+/// rules in its short text form, matched as rsync's wildmatch (issue 35).
+pub const VERSION: u16 = 2;
 
 /// Bytes every connection starts with, in both directions: magic + version.
 pub const PREAMBLE_MAGIC: [u8; 6] = *b"RAMSYS";

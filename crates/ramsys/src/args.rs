@@ -272,24 +272,38 @@ impl ArchiveArgs {
     }
 }
 
-/// What to send (issue 20): rsync's include/exclude rules, applied by the
-/// source's scan (locally, or by a daemon or ssh source), and size limits.
+/// What to send (issue 20): rsync's filter rules (issue 35, docs/SYNC.md
+/// "Filters"), applied by the source's scan (locally, or by a daemon or
+/// ssh source), and size limits.
 #[derive(Args, Debug, Clone, Default)]
 pub struct SelectArgs {
-    /// Leave out what matches PATTERN (rsync's rules: `*` stops at `/`,
-    /// `**` does not; a leading `/` anchors at the transfer root; a
-    /// trailing `/` matches directories only; first matching rule wins,
-    /// in command-line order with --include). Repeatable. `sync --delete`
-    /// leaves excluded destination files alone, as rsync does.
-    #[arg(long, value_name = "PATTERN")]
+    /// Leave out what matches PATTERN (rsync's rules and wildmatch: `*`
+    /// stops at `/`, `**` does not, `dir/***` is dir and all in it; a
+    /// leading `/` anchors at the transfer root; a trailing `/` matches
+    /// directories only; `- ` or `+ ` before the pattern picks the kind).
+    /// Rules apply in command-line order with the other rule options, first
+    /// match wins. A PATTERN may begin with `-` (`--exclude -foo-` or
+    /// `--exclude=-foo-`). `sync --delete` leaves excluded destination
+    /// files alone, as rsync does.
+    #[arg(long, value_name = "PATTERN", allow_hyphen_values = true)]
     pub exclude: Vec<String>,
-    /// Keep what matches PATTERN even if a later --exclude matches it.
-    #[arg(long, value_name = "PATTERN")]
+    /// Keep what matches PATTERN even if a later rule excludes it.
+    #[arg(long, value_name = "PATTERN", allow_hyphen_values = true)]
     pub include: Vec<String>,
-    /// Read patterns from FILE, one per line (`+ PAT` includes, `- PAT`
-    /// excludes, anything else excludes; `#` and `;` start comments).
+    /// An rsync filter rule: `- PAT`/`exclude PAT`, `+ PAT`/`include PAT`,
+    /// `!`/`clear` (forget the rules so far), `. FILE`/`merge FILE`,
+    /// hide/show (sender only), protect/risk (--delete only), modifiers
+    /// `!` (not matching) `s` `r` (`-! */`, `exclude,! */`).
+    #[arg(long, short = 'f', value_name = "RULE", allow_hyphen_values = true)]
+    pub filter: Vec<String>,
+    /// Read exclude patterns from FILE, one per line (`+ PAT` includes,
+    /// `- PAT` excludes, `!` clears; `#` and `;` start comments; `-` is
+    /// stdin).
     #[arg(long, value_name = "FILE")]
     pub exclude_from: Vec<PathBuf>,
+    /// Read include patterns from FILE (as --exclude-from).
+    #[arg(long, value_name = "FILE")]
+    pub include_from: Vec<PathBuf>,
     /// Send only the paths listed in FILE (one per line, relative to the
     /// source directory; `-` reads stdin) and the directories leading to
     /// them; the contents of a listed directory only with -r. As in rsync,
@@ -302,48 +316,50 @@ pub struct SelectArgs {
     /// Skip regular files larger than SIZE.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_size: Option<u64>,
-    /// The rules in command-line order ([`SelectArgs::order`]).
+    /// The rules in command-line order ([`SelectArgs::order`]), in their
+    /// wire form (engine request::rules).
     #[arg(skip)]
-    pub rules: Vec<(bool, Vec<u8>)>,
+    pub rules: Vec<Vec<u8>>,
 }
 
 impl SelectArgs {
-    /// Put --include, --exclude and --exclude-from rules in command-line
-    /// order (first match wins, so their order matters, as in rsync); clap
-    /// keeps each flag's values apart, its indices tell the order.
+    /// Put the rule options in command-line order (first match wins, so
+    /// their order matters, as in rsync; clap keeps each flag's values
+    /// apart, its indices tell the order), read their files and apply
+    /// clears and merges. A bad rule is one line naming it.
     pub fn order(&mut self, m: &clap::ArgMatches) -> anyhow::Result<()> {
-        use ramsys_engine::request::filter::rules_from_text;
-        let mut at: Vec<(usize, bool, Option<String>, Option<&PathBuf>)> = Vec::new();
-        for (id, include) in [("exclude", false), ("include", true)] {
-            let vals = if include {
-                &self.include
-            } else {
-                &self.exclude
-            };
+        use ramsys_engine::request::rules::{RuleList, Syntax};
+        enum Item<'a> {
+            Rule(&'a str, Syntax),
+            File(&'a PathBuf, Syntax),
+        }
+        let mut at: Vec<(usize, Item)> = Vec::new();
+        let old = |include| Syntax::Old { include };
+        for (id, vals, syn) in [
+            ("exclude", &self.exclude, old(false)),
+            ("include", &self.include, old(true)),
+            ("filter", &self.filter, Syntax::Filter),
+        ] {
             let idx = m.indices_of(id).into_iter().flatten();
-            at.extend(
-                idx.zip(vals)
-                    .map(|(i, v)| (i, include, Some(v.clone()), None)),
-            );
+            at.extend(idx.zip(vals).map(|(i, v)| (i, Item::Rule(v, syn))));
         }
-        let idx = m.indices_of("exclude_from").into_iter().flatten();
-        at.extend(
-            idx.zip(&self.exclude_from)
-                .map(|(i, f)| (i, false, None, Some(f))),
-        );
+        for (id, files, syn) in [
+            ("exclude_from", &self.exclude_from, old(false)),
+            ("include_from", &self.include_from, old(true)),
+        ] {
+            let idx = m.indices_of(id).into_iter().flatten();
+            at.extend(idx.zip(files).map(|(i, f)| (i, Item::File(f, syn))));
+        }
         at.sort_by_key(|a| a.0);
-        self.rules.clear();
-        for (_, include, pat, file) in at {
-            match (pat, file) {
-                (Some(p), _) => self.rules.push((include, p.into_bytes())),
-                (None, Some(f)) => {
-                    let text = std::fs::read_to_string(f)
-                        .with_context(|| format!("--exclude-from {}", f.display()))?;
-                    self.rules.extend(rules_from_text(&text));
-                }
-                (None, None) => {}
+        let mut list = RuleList::default();
+        for (_, item) in at {
+            match item {
+                Item::Rule(r, syn) => list.add(r.as_bytes(), syn),
+                Item::File(f, syn) => list.add_file(f, syn),
             }
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         }
+        self.rules = list.rules.iter().map(|r| r.to_wire()).collect();
         Ok(())
     }
 
@@ -381,7 +397,7 @@ impl SelectArgs {
             files,
             files_recursive: recursive,
         };
-        Filter::new(&sel).map_err(|e| anyhow::anyhow!("--exclude/--include: {e}"))?;
+        Filter::new(&sel).map_err(|e| anyhow::anyhow!("filter rules: {e}"))?;
         Ok(sel)
     }
 }

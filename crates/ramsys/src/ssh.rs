@@ -693,10 +693,10 @@ fn source_cp_args(a: &CpArgs, sync: u32, srcs: &[&SshEndpoint], url: &str) -> Ve
     }
     v.push(format!("--block-size={}", a.block_size));
     v.extend(a.archive.to_args());
-    // The selection, rules in order (HOST1's scan applies it).
-    for (include, p) in &a.select.rules {
-        let flag = if *include { "include" } else { "exclude" };
-        v.push(format!("--{flag}={}", String::from_utf8_lossy(p)));
+    // The selection, rules in order (HOST1's scan applies it), each as the
+    // --filter rule it is on the wire (clears and merges already applied).
+    for r in &a.select.rules {
+        v.push(format!("--filter={}", String::from_utf8_lossy(r)));
     }
     if let Some(n) = a.select.min_size {
         v.push(format!("--min-size={n}"));

@@ -279,7 +279,7 @@ fn bad_selections_are_one_line_before_any_data() {
     let s = setup(Kind::Push);
     let from = format!("{}/", s.src.0);
     for (flags, says) in [
-        (vec!["--exclude", "a["], "unclosed character class"),
+        (vec!["--exclude", "a["], "never closed"),
         (vec!["--exclude-from", "/nonexistent/x"], "--exclude-from"),
         (vec!["--files-from", "/nonexistent/x"], "--files-from"),
         (vec!["--delete", "--max-size", "1K"], "--max-size"),

@@ -2,16 +2,21 @@
 //! limits (issue 20), applied while walking, so an excluded directory is
 //! never descended and its files never stat'ed.
 //!
-//! rsync's rules, as `rsync(1)` "INCLUDE/EXCLUDE PATTERN RULES" states
-//! them: rules are tried in the order given and the first match decides
-//! (nothing matching = included); a pattern starting with `/` is anchored
-//! at the transfer root (for `SRC` that is SRC's parent, so `/SRC/x`; for
-//! `SRC/` it is SRC itself); a pattern ending in `/` matches directories
-//! only; a pattern with no other `/` matches the last component at any
-//! depth, one with a `/` matches the end of the path at a component
-//! boundary; `*` and `?` stop at `/`, `**` crosses it. Patterns are
-//! compiled with the maintained `globset` crate (ripgrep's), with literal
-//! separators, which is that `*`/`**` distinction.
+//! rsync's rules (issue 35; rsync(1) "INCLUDE/EXCLUDE PATTERN RULES" and
+//! its `exclude.c`), on the path from the transfer root (for `SRC` that is
+//! SRC's parent, so `SRC/x`; for `SRC/` it is SRC itself, so `x`): rules
+//! are tried in order and the first that matches decides (none = sent); a
+//! trailing `/` matches directories only; a leading `/` anchors the
+//! pattern at the transfer root; a pattern with neither `/` nor `**`
+//! matches the last component; one with a `/` but no `**` matches the
+//! last as many components as it has; one with `**` (not leading) is
+//! tried at the start and after every `/`; a leading `**` matches from the
+//! start, with `**/` also taking the top level; `dir/***` matches the
+//! directory itself and everything in it. A pattern with none of `*?[` is
+//! compared byte for byte (so `f\oo` is literal there, as in rsync);
+//! otherwise it is rsync's wildmatch (request::wildmatch). An excluded
+//! directory is not descended (walk), so nothing below it is sent even
+//! if an include matches it.
 //!
 //! `--files-from` (rsync's): only the listed paths, relative to the
 //! source directory, and the directories leading to them; below a listed
@@ -23,8 +28,10 @@
 
 use std::collections::HashSet;
 
-use globset::{GlobBuilder, GlobMatcher};
 use ramsys_proto::control::Selection;
+
+use super::rules::{RuleSpec, Side};
+use super::wildmatch::{Pattern, Start};
 
 /// A compiled [`Selection`].
 #[derive(Debug, Default)]
@@ -91,15 +98,30 @@ fn normalize(p: &[u8]) -> Vec<u8> {
     parts.join(&b'/')
 }
 
+/// A compiled rule (rsync's `filter_rule` and its flags).
 #[derive(Debug)]
 struct Rule {
     include: bool,
+    negate: bool,
+    side: Side,
+    /// A trailing `/`: directories only.
     dir_only: bool,
-    /// Matches the whole path (anchored) or, unanchored, any tail of it
-    /// that starts at a component (`**/` prefixed).
-    matcher: GlobMatcher,
-    /// Unanchored pattern without `/`: matched against the last component.
+    /// A leading `/`: from the transfer root only.
+    anchored: bool,
+    /// Neither `/` nor `**`: the last component only.
     last_only: bool,
+    /// Where the pattern may start (for one with `/` or `**`).
+    start: Start,
+    /// Starts with `**`: a `/` is put before the path, so `**/x` also
+    /// matches `x` at the top.
+    lead_slash: bool,
+    /// Ends with `***`: a directory is matched with a `/` after it, so
+    /// `dir/***` matches `dir` itself.
+    dir_slash: bool,
+    /// The pattern (without the leading and trailing `/`); None when it
+    /// has no wildcard and is compared byte for byte.
+    wild: Option<Pattern>,
+    literal: Vec<u8>,
 }
 
 impl Filter {
@@ -111,10 +133,8 @@ impl Filter {
     /// Compile; a bad pattern is a one-line error naming it.
     pub fn new(sel: &Selection) -> Result<Filter, String> {
         let mut rules = Vec::with_capacity(sel.rules.len());
-        for (include, pat) in &sel.rules {
-            let p = std::str::from_utf8(pat)
-                .map_err(|_| format!("pattern {:?} is not UTF-8", String::from_utf8_lossy(pat)))?;
-            rules.push(Rule::new(*include, p)?);
+        for r in &sel.rules {
+            rules.push(Rule::new(&RuleSpec::from_wire(r)?)?);
         }
         if let Some(bad) = sel
             .files
@@ -139,7 +159,8 @@ impl Filter {
         self.rules.is_empty() && self.min_size == 0 && self.max_size == 0 && self.files.is_none()
     }
 
-    /// Is `path` (relative to the transfer root, `/`-separated) left out?
+    /// Is `path` (relative to the transfer root, `/`-separated) left out
+    /// of what the source sends?
     pub fn excluded(&self, path: &[u8], is_dir: bool) -> bool {
         if path.is_empty() {
             return false;
@@ -147,29 +168,29 @@ impl Filter {
         if self.files.as_ref().is_some_and(|f| !f.selects(path)) {
             return true;
         }
-        if self.rules.is_empty() {
+        self.first_hit(path, is_dir, Side::Receiver) == Some(false)
+    }
+
+    /// Does `--delete` leave the destination's `path` alone (an exclude,
+    /// or a protect rule, matches it first)?
+    /// Outside a `--files-from` list counts as excluded too.
+    pub fn protects(&self, path: &[u8], is_dir: bool) -> bool {
+        if path.is_empty() {
             return false;
         }
-        let Ok(path) = std::str::from_utf8(path) else {
-            // Patterns are UTF-8; a name that is not cannot match one
-            // spelled in it except through wildcards: match lossily.
-            return self.excluded(String::from_utf8_lossy(path).as_bytes(), is_dir);
-        };
-        let last = path.rsplit('/').next().unwrap_or(path);
-        for r in &self.rules {
-            if r.dir_only && !is_dir {
-                continue;
-            }
-            let hit = if r.last_only {
-                r.matcher.is_match(last)
-            } else {
-                r.matcher.is_match(path)
-            };
-            if hit {
-                return !r.include;
-            }
+        if self.files.as_ref().is_some_and(|f| !f.selects(path)) {
+            return true;
         }
-        false
+        self.first_hit(path, is_dir, Side::Sender) == Some(false)
+    }
+
+    /// The first rule (not for side `skip`) that matches: include?
+    fn first_hit(&self, path: &[u8], is_dir: bool, skip: Side) -> Option<bool> {
+        self.rules
+            .iter()
+            .filter(|r| r.side != skip)
+            .find(|r| r.hits(path, is_dir))
+            .map(|r| r.include)
     }
 
     /// Is a regular file of `size` bytes left out by --min-size/--max-size?
@@ -179,48 +200,99 @@ impl Filter {
 }
 
 impl Rule {
-    fn new(include: bool, pat: &str) -> Result<Rule, String> {
+    /// Compile; a pattern that can never match is a one-line error
+    /// naming it.
+    fn new(spec: &RuleSpec) -> Result<Rule, String> {
+        let mut pat = spec.pattern.as_slice();
         if pat.is_empty() {
             return Err("empty pattern".into());
         }
-        let dir_only = pat.len() > 1 && pat.ends_with('/');
-        let body = pat.strip_suffix('/').filter(|_| dir_only).unwrap_or(pat);
-        let anchored = body.starts_with('/');
-        let body = body.trim_start_matches('/');
-        let last_only = !anchored && !body.contains('/') && !body.contains("**");
-        let glob = if anchored || last_only {
-            body.to_string()
+        let dir_only = pat.len() > 1 && pat.ends_with(b"/");
+        if dir_only {
+            pat = &pat[..pat.len() - 1];
+        }
+        // rsync counts the slashes with the leading one, and looks for
+        // `**` and `***` in the pattern as written.
+        let slashes = pat.iter().filter(|&&c| c == b'/').count();
+        let wild = pat.iter().any(|c| b"*?[".contains(c));
+        let wild2 = wild && pat.windows(2).any(|w| w == b"**");
+        let lead_slash = wild2 && pat.starts_with(b"**");
+        let dir_slash = wild2 && pat.ends_with(b"***");
+        let anchored = pat.starts_with(b"/");
+        let body = if anchored { &pat[1..] } else { pat };
+        let start = if !anchored && slashes > 0 && !wild2 {
+            Start::Tail(slashes + 1)
+        } else if !anchored && wild2 && !lead_slash {
+            Start::AnySlash
         } else {
-            format!("{{{body},**/{body}}}")
+            Start::Whole
         };
-        let matcher = GlobBuilder::new(&glob)
-            .literal_separator(true)
-            .backslash_escape(true)
-            .build()
-            .map_err(|e| format!("bad pattern {pat:?}: {e}"))?
-            .compile_matcher();
+        let compiled = if wild {
+            Some(Pattern::new(body).map_err(|e| {
+                format!(
+                    "bad pattern {:?}: {e}",
+                    String::from_utf8_lossy(&spec.pattern)
+                )
+            })?)
+        } else {
+            None
+        };
         Ok(Rule {
-            include,
+            include: spec.include,
+            negate: spec.negate,
+            side: spec.side,
             dir_only,
-            matcher,
-            last_only,
+            anchored,
+            last_only: slashes == 0 && !wild2,
+            start,
+            lead_slash,
+            dir_slash,
+            wild: compiled,
+            literal: body.to_vec(),
         })
     }
-}
 
-/// Read an `--exclude-from` file: one pattern per line; blank lines and
-/// lines starting with `#` or `;` are skipped; `+ PAT` includes and
-/// `- PAT` excludes (rsync's rule prefixes), anything else excludes.
-pub fn rules_from_text(text: &str) -> Vec<(bool, Vec<u8>)> {
-    text.lines()
-        .map(|l| l.trim_end_matches('\r'))
-        .filter(|l| !l.trim().is_empty() && !l.starts_with('#') && !l.starts_with(';'))
-        .map(|l| match l.split_at_checked(2) {
-            Some(("+ ", p)) => (true, p.as_bytes().to_vec()),
-            Some(("- ", p)) => (false, p.as_bytes().to_vec()),
-            _ => (false, l.as_bytes().to_vec()),
-        })
-        .collect()
+    /// Does the rule apply to `path` (rsync's `rule_matches`)?
+    fn hits(&self, path: &[u8], is_dir: bool) -> bool {
+        if path.is_empty() {
+            return false;
+        }
+        if self.dir_only && !is_dir {
+            // A negated directory rule takes every non-directory.
+            return self.negate;
+        }
+        self.matches(path, is_dir) != self.negate
+    }
+
+    fn matches(&self, path: &[u8], is_dir: bool) -> bool {
+        let name = if self.last_only {
+            path.rsplit(|&c| c == b'/').next().unwrap_or(path)
+        } else {
+            path
+        };
+        let Some(p) = &self.wild else {
+            // No wildcard: the whole path, or its tail at a component
+            // boundary.
+            let l = &self.literal;
+            return if self.anchored {
+                name == l.as_slice()
+            } else {
+                name.ends_with(l) && (name.len() == l.len() || name[name.len() - l.len() - 1] == b'/')
+            };
+        };
+        if !self.lead_slash && !(self.dir_slash && is_dir) {
+            return p.matches_at(name, self.start);
+        }
+        let mut text = Vec::with_capacity(name.len() + 2);
+        if self.lead_slash {
+            text.push(b'/');
+        }
+        text.extend_from_slice(name);
+        if self.dir_slash && is_dir {
+            text.push(b'/');
+        }
+        p.matches_at(&text, self.start)
+    }
 }
 
 #[cfg(test)]
@@ -231,7 +303,7 @@ mod tests {
         Filter::new(&Selection {
             rules: rules
                 .iter()
-                .map(|(i, p)| (*i, p.as_bytes().to_vec()))
+                .map(|(i, p)| [if *i { "+ " } else { "- " }, p].concat().into_bytes())
                 .collect(),
             ..Default::default()
         })
@@ -306,7 +378,7 @@ mod tests {
         assert!(x.size_excluded(101));
         assert!(!Filter::all().size_excluded(u64::MAX));
         let e = Filter::new(&Selection {
-            rules: vec![(false, b"a[".to_vec())],
+            rules: vec![b"- a[".to_vec()],
             ..Default::default()
         })
         .unwrap_err();
@@ -328,7 +400,7 @@ mod tests {
         assert!(!out(&x, "d/inside") && !out(&x, "d/sub/deeper") && out(&x, "dd/x"));
         // Rules still apply to what the list selects.
         let mut s = sel(true);
-        s.rules = vec![(false, b"*.tmp".to_vec())];
+        s.rules = vec![b"- *.tmp".to_vec()];
         let x = Filter::new(&s).unwrap();
         assert!(out(&x, "d/x.tmp") && !out(&x, "d/x.dat"));
         // A path that climbs out is refused.
@@ -340,16 +412,91 @@ mod tests {
         assert!(e.contains("leaves the source"), "{e}");
     }
 
+    fn wire(rules: &[&str]) -> Filter {
+        Filter::new(&Selection {
+            rules: rules.iter().map(|r| r.as_bytes().to_vec()).collect(),
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
     #[test]
-    fn exclude_from_files_take_rsync_prefixes_and_comments() {
-        let r = rules_from_text("# comment\n\n+ *.c\n- *.o\nbuild/\n; also a comment\r\n");
-        assert_eq!(
-            r,
-            vec![
-                (true, b"*.c".to_vec()),
-                (false, b"*.o".to_vec()),
-                (false, b"build/".to_vec())
-            ]
-        );
+    fn rsyncs_pattern_forms_from_its_exclude_test() {
+        // `**` inside a pattern without `/`: tried after every slash.
+        let x = wire(&["- foo**too"]);
+        assert!(x.excluded(b"bar/down/to/foo/too", true));
+        assert!(x.excluded(b"foo/x/too", false) && !x.excluded(b"bar/foo/tool", false));
+        // `***`: the directory and everything in it; `**`: only inside.
+        let x = wire(&["- new/keep/**", "- new/lose/***"]);
+        assert!(!x.excluded(b"new/keep", true) && x.excluded(b"new/keep/this", true));
+        assert!(x.excluded(b"new/lose", true) && x.excluded(b"new/lose/this", true));
+        assert!(x.excluded(b"a/new/lose", true));
+        // A `/` inside floats at the end of the path: as many components.
+        let x = wire(&["+ foo/s?b/", "- foo/*/"]);
+        assert!(!x.excluded(b"foo/sub", true) && x.excluded(b"foo/down", true));
+        assert!(x.excluded(b"x/foo/down", true) && !x.excluded(b"foo/down", false));
+        // Classes, ranges, negated classes.
+        let x = wire(&["+ t[o]/", "- to", "+ file4", "- file[2-9]"]);
+        assert!(!x.excluded(b"a/to", true) && x.excluded(b"a/to", false));
+        assert!(!x.excluded(b"file4", false) && x.excluded(b"d/file3", false));
+        assert!(!x.excluded(b"file1", false));
+    }
+
+    #[test]
+    fn a_pattern_without_wildcards_is_literal_backslash_and_all() {
+        let x = wire(&["- f\\oo"]);
+        assert!(x.excluded(b"f\\oo", false) && !x.excluded(b"foo", false));
+        // With a wildcard, `\` escapes.
+        let x = wire(&["- f\\o*"]);
+        assert!(x.excluded(b"foo", false) && !x.excluded(b"f\\oo", false));
+    }
+
+    #[test]
+    fn anchored_directory_rules_and_the_transfer_root() {
+        // `SRC/`: paths start inside SRC.
+        let x = wire(&["- /skip/"]);
+        assert!(x.excluded(b"skip", true) && !x.excluded(b"skip", false));
+        assert!(!x.excluded(b"a/skip", true));
+        // `SRC`: paths start with SRC's name.
+        let x = wire(&["- /src/skip/"]);
+        assert!(x.excluded(b"src/skip", true) && !x.excluded(b"skip", true));
+        // `**/` at the start also takes the top level.
+        let x = wire(&["- **/cache/"]);
+        assert!(x.excluded(b"cache", true) && x.excluded(b"a/b/cache", true));
+    }
+
+    #[test]
+    fn negated_rules_and_sides() {
+        // `-! */`: every non-directory.
+        let x = wire(&["-! */"]);
+        assert!(x.excluded(b"a/f", false) && !x.excluded(b"a/d", true));
+        let x = wire(&["-! *.c"]);
+        assert!(x.excluded(b"a.h", false) && !x.excluded(b"a.c", false));
+        // hide (sender only) does not protect from --delete; protect
+        // (receiver only) does not hide from the scan.
+        let x = wire(&["-s h", "-r p", "- both"]);
+        assert!(x.excluded(b"h", false) && !x.protects(b"h", false));
+        assert!(!x.excluded(b"p", false) && x.protects(b"p", false));
+        assert!(x.excluded(b"both", false) && x.protects(b"both", false));
+        // risk: an include for the receiver only.
+        let x = wire(&["+r *.o", "- *.o"]);
+        assert!(x.excluded(b"a.o", false) && !x.protects(b"a.o", false));
+    }
+
+    #[test]
+    fn bad_wire_rules_and_patterns_are_refused() {
+        for (r, says) in [
+            ("merge /etc/passwd", "bad rule from peer"),
+            ("- [a", "a '[' is never closed"),
+            ("- x*\\", "lone"),
+            ("- [[:nope:]]", "[:nope:]"),
+        ] {
+            let e = Filter::new(&Selection {
+                rules: vec![r.as_bytes().to_vec()],
+                ..Default::default()
+            })
+            .unwrap_err();
+            assert!(e.contains(says) && !e.contains('\n'), "{r}: {e}");
+        }
     }
 }

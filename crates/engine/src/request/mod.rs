@@ -5,6 +5,7 @@
 
 pub mod filter;
 pub mod pieces;
+pub mod rules;
 pub mod shares;
 pub mod tasks;
 pub mod walk;

@@ -188,7 +188,7 @@ impl SourceSession<'_> {
                 // What the user selected (request::filter); checked before the
                 // session started, so an error here is the peer's malformed rule.
                 let mut filter = crate::request::filter::Filter::new(&opts.select)
-                    .map_err(|e| EngineError::local(format!("--exclude/--include: {e}")))?;
+                    .map_err(|e| EngineError::local(format!("filter rules: {e}")))?;
                 // A striped push's pieces of big files (request::shares).
                 filter.pieces.clone_from(&opts.pieces);
                 let (root, tops) = (spec.root.path(), &spec.tops);

@@ -537,7 +537,7 @@ impl SinkSync {
                     } else {
                         [w.as_slice(), b"/", name].concat()
                     };
-                    f.excluded(&wire, is_dir)
+                    f.protects(&wire, is_dir)
                 };
                 super::delete::extraneous(&self.root, &self.dirs, &self.keep, Some(&protected))
             }
