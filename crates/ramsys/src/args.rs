@@ -331,7 +331,7 @@ impl SelectArgs {
         use ramsys_engine::request::rules::{RuleList, Syntax};
         enum Item<'a> {
             Rule(&'a str, Syntax),
-            File(&'a PathBuf, Syntax),
+            File(&'static str, &'a PathBuf, Syntax),
         }
         let mut at: Vec<(usize, Item)> = Vec::new();
         let old = |include| Syntax::Old { include };
@@ -343,19 +343,19 @@ impl SelectArgs {
             let idx = m.indices_of(id).into_iter().flatten();
             at.extend(idx.zip(vals).map(|(i, v)| (i, Item::Rule(v, syn))));
         }
-        for (id, files, syn) in [
-            ("exclude_from", &self.exclude_from, old(false)),
-            ("include_from", &self.include_from, old(true)),
+        for (id, opt, files, syn) in [
+            ("exclude_from", "--exclude-from", &self.exclude_from, old(false)),
+            ("include_from", "--include-from", &self.include_from, old(true)),
         ] {
             let idx = m.indices_of(id).into_iter().flatten();
-            at.extend(idx.zip(files).map(|(i, f)| (i, Item::File(f, syn))));
+            at.extend(idx.zip(files).map(|(i, f)| (i, Item::File(opt, f, syn))));
         }
         at.sort_by_key(|a| a.0);
         let mut list = RuleList::default();
         for (_, item) in at {
             match item {
                 Item::Rule(r, syn) => list.add(r.as_bytes(), syn),
-                Item::File(f, syn) => list.add_file(f, syn),
+                Item::File(opt, f, syn) => list.add_file(f, syn).map_err(|e| format!("{opt}: {e}")),
             }
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         }

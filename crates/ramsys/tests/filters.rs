@@ -162,7 +162,35 @@ const RULE_SETS: &[&[&str]] = &[
     &["--exclude", "*.c", "--include", "a/x.c"],
     // Sizes.
     &["--min-size", "1K", "--max-size", "4K"],
+    // Issue 35: an anchored directory rule with `SRC/` (nothing of it
+    // lands, not even an empty directory); `**` inside a name; `***`; a
+    // pattern that starts with `-`; --filter forms.
+    &["--exclude", "/build/"],
+    &["--exclude", "a**c", "--exclude", "docs/***", "--exclude", "-x-"],
+    &["--filter", "- *.o", "-f", "exclude,! */", "--filter", "+ *.c"],
 ];
+
+/// `--exclude /src/build/` with `SRC` (no slash: the transfer root is
+/// SRC's parent, so the rule anchors with SRC's name), in every mode, as
+/// rsync.
+#[test]
+fn anchors_start_at_the_parent_of_a_source_without_slash() {
+    for kind in [Kind::Local, Kind::Push, Kind::Pull] {
+        let s = setup(kind);
+        let flags = ["--exclude", "/src/build/", "--exclude", "/src/a/b/"];
+        let mut args = vec!["sync", "-r"];
+        args.extend_from_slice(&flags);
+        args.extend_from_slice(&[&s.src.0, &s.dst.0]);
+        for _ in 0..2 {
+            assert_ok(&ramsys(&s.key, &args));
+        }
+        rsync(&flags, &s.plain_src, &s.reference);
+        let got = listing(&s.dst.1);
+        assert_eq!(got, listing(&s.reference), "{kind:?}");
+        assert!(got.contains(&"src/docs/build/".into()), "{kind:?}: {got:?}");
+        assert!(!got.iter().any(|p| p.starts_with("src/build")), "{kind:?}");
+    }
+}
 
 #[test]
 fn rules_give_rsyncs_tree_locally() {

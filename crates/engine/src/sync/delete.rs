@@ -115,6 +115,47 @@ pub fn remove(root: &Root, rel: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Remove `rel` (whose path from the transfer root is `wire`) as
+/// [`remove`] does, but leave every entry inside it that `keep(wire,
+/// is_dir)` protects, and the directories holding one (rsync deletes an
+/// extraneous directory's contents through its filter rules, so what they
+/// exclude stays; issue 35). Ok(false): something was kept.
+pub fn remove_unprotected(
+    root: &Root,
+    rel: &[u8],
+    wire: &[u8],
+    keep: &dyn Fn(&[u8], bool) -> bool,
+) -> std::io::Result<bool> {
+    let (parent, name) = crate::fsops::split_parent(rel);
+    let dir = root.open_dir(parent)?;
+    let is_dir = crate::fsops::lstat_at(dir.as_fd(), name)?
+        .is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+    if !is_dir {
+        remove(root, rel)?;
+        return Ok(true);
+    }
+    let sub = root.open_dir(rel)?;
+    let mut all = true;
+    for n in crate::fsops::list_dir(sub.as_fd())? {
+        let st = crate::fsops::lstat_at(sub.as_fd(), &n)?;
+        let n_dir = st.is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+        let w = join(wire, &n);
+        if keep(&w, n_dir) {
+            all = false;
+            continue;
+        }
+        all &= remove_unprotected(root, &join(rel, &n), &w, keep)?;
+    }
+    if all {
+        let c = CString::new(name).map_err(|_| std::io::Error::other("NUL in path"))?;
+        // SAFETY: valid dirfd and C string.
+        if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(all)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,5 +192,24 @@ mod tests {
         assert!(!t.join("old").exists() && !t.join("gone").exists());
         assert!(std::fs::symlink_metadata(t.join("link")).is_err());
         assert!(outside.path().join("keep").exists());
+    }
+
+    #[test]
+    fn a_directory_holding_protected_entries_keeps_them_and_itself() {
+        let d = tempfile::tempdir().unwrap();
+        let t = d.path().join("t");
+        std::fs::create_dir_all(t.join("old/deep")).unwrap();
+        std::fs::create_dir_all(t.join("gone/sub")).unwrap();
+        for f in ["old/keep.o", "old/x", "old/deep/y.o", "old/deep/z", "gone/sub/w"] {
+            std::fs::write(t.join(f), b"x").unwrap();
+        }
+        let root = Root::open(d.path(), Confinement::Strict).unwrap();
+        // The wire path is the one from the transfer root ("src/...").
+        let keep = |w: &[u8], _dir: bool| w.ends_with(b".o") && w.starts_with(b"src/");
+        assert!(!remove_unprotected(&root, b"t/old", b"src/old", &keep).unwrap());
+        assert!(t.join("old/keep.o").exists() && t.join("old/deep/y.o").exists());
+        assert!(!t.join("old/x").exists() && !t.join("old/deep/z").exists());
+        assert!(remove_unprotected(&root, b"t/gone", b"src/gone", &keep).unwrap());
+        assert!(!t.join("gone").exists());
     }
 }

@@ -548,12 +548,33 @@ impl SinkSync {
         let mut done = Vec::new();
         let mut failed = Vec::new();
         for p in gone {
-            match super::delete::remove(&self.root, &p) {
-                Ok(()) => done.push(p),
+            let r = match &self.protect {
+                None => super::delete::remove(&self.root, &p).map(|()| true),
+                // What the rules exclude inside a directory that goes
+                // stays, with the directory (rsync's rule).
+                Some(f) => super::delete::remove_unprotected(
+                    &self.root,
+                    &p,
+                    &self.wire_of(&p),
+                    &|w, is_dir| f.protects(w, is_dir),
+                ),
+            };
+            match r {
+                Ok(true) => done.push(p),
+                Ok(false) => {}
                 Err(e) => failed.push((p, format!("delete: {e}"))),
             }
         }
         (done, failed)
+    }
+
+    /// The path from the transfer root of `p`, an entry of one of `dirs`.
+    fn wire_of(&self, p: &[u8]) -> Vec<u8> {
+        let (parent, name) = crate::fsops::split_parent(p);
+        match self.dirs.iter().position(|d| d == parent) {
+            Some(i) if !self.wires[i].is_empty() => [&self.wires[i][..], b"/", name].concat(),
+            _ => name.to_vec(),
+        }
     }
 
     /// Dry run: files that would be sent, and how many were unchanged.
