@@ -695,8 +695,9 @@ fn source_cp_args(a: &CpArgs, sync: u32, srcs: &[&SshEndpoint], url: &str) -> Ve
     v.extend(a.archive.to_args());
     // The selection, rules in order (HOST1's scan applies it), each as the
     // --filter rule it is on the wire (clears and merges already applied).
+    // These words go through HOST1's shell: quoted.
     for r in &a.select.rules {
-        v.push(format!("--filter={}", String::from_utf8_lossy(r)));
+        v.push(shell_quote(&format!("--filter={}", String::from_utf8_lossy(r))));
     }
     if let Some(n) = a.select.min_size {
         v.push(format!("--min-size={n}"));
@@ -913,6 +914,15 @@ mod tests {
         };
         let v = source_cp_args(&w.a, 0, &[&src], "ramsys://h2:1/b");
         assert!(v.contains(&format!("--bwlimit={}B", 20 << 20)), "{v:?}");
+        // Rules travel as quoted --filter words (issue 35).
+        let mut w = <W as clap::Parser>::try_parse_from([
+            "x", "--exclude", "-a b", "-f", "+ *.c", "h1:a", "h2:b",
+        ])
+        .unwrap();
+        w.a.select.rules = vec![b"- -a b".to_vec(), b"+ *.c".to_vec()];
+        let v = source_cp_args(&w.a, 0, &[&src], "ramsys://h2:1/b");
+        assert!(v.contains(&"'--filter=- -a b'".to_string()), "{v:?}");
+        assert!(v.contains(&"'--filter=+ *.c'".to_string()), "{v:?}");
         assert_eq!(
             ramsys_engine::data::rate::parse_rate(&format!("{}B", 20 << 20)),
             Ok(20 << 20)

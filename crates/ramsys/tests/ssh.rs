@@ -316,6 +316,47 @@ fn selection_rules_apply_over_ssh_push_pull_and_third_party() {
     assert_ok(&o);
     assert_eq!(summary(&o)["deleted"], 1);
     assert!(push.join("mine.o").exists() && !push.join("sub/stale.c").exists());
+    // Issue 35: rsync's wildmatch and rule forms give rsync's tree over
+    // ssh too, in each direction and third-party (the rules travel as
+    // --filter rules to HOST1).
+    std::fs::write(src.join("-x-"), b"dash").unwrap();
+    let rules = [
+        "--exclude",
+        "-x-",
+        "-f",
+        "- deep/**/d1[0-5]/***",
+        "--filter",
+        "exclude,! */",
+        "--include",
+        "this never matters",
+    ];
+    let reference = t.path().join("ref");
+    let o = std::process::Command::new("rsync")
+        .arg("-r")
+        .args(rules)
+        .arg(&from)
+        .arg(&reference)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let want = snapshot(&reference).into_keys().collect::<Vec<_>>();
+    assert!(want.iter().any(|p| p.ends_with("d9")) && !want.iter().any(|p| p.ends_with("d10")));
+    for (i, (a, b)) in [
+        (from.clone(), "p35"),
+        (rfrom.clone(), "l35"),
+        (rfrom.clone(), "t35"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dst = t.path().join(b);
+        let b = if i == 1 { s(&dst) } else { remote(&dst) };
+        let mut pre = vec!["sync", "-r", "--json"];
+        pre.extend_from_slice(&rules);
+        assert_ok(&run(&sshd, &pre, &sshd.opts(), &[&a, &b]));
+        let got = snapshot(&dst).into_keys().collect::<Vec<_>>();
+        assert_eq!(got, want, "{a} -> {b}");
+    }
 }
 
 #[test]
