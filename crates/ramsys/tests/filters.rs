@@ -168,6 +168,9 @@ const RULE_SETS: &[&[&str]] = &[
     &["--exclude", "/build/"],
     &["--exclude", "a**c", "--exclude", "docs/***", "--exclude", "-x-"],
     &["--filter", "- *.o", "-f", "exclude,! */", "--filter", "+ *.c"],
+    // An excluded directory is not descended: the include of a file in
+    // it never sees the file.
+    &["--include", "b/y.c", "--exclude", "/a/b/"],
 ];
 
 /// `--exclude /src/build/` with `SRC` (no slash: the transfer root is

@@ -329,6 +329,8 @@ fn selection_rules_apply_over_ssh_push_pull_and_third_party() {
         "exclude,! */",
         "--include",
         "this never matters",
+        "--exclude",
+        "/empty dir/",
     ];
     let reference = t.path().join("ref");
     let o = std::process::Command::new("rsync")
@@ -341,6 +343,7 @@ fn selection_rules_apply_over_ssh_push_pull_and_third_party() {
     assert!(o.status.success(), "{}", stderr(&o));
     let want = snapshot(&reference).into_keys().collect::<Vec<_>>();
     assert!(want.iter().any(|p| p.ends_with("d9")) && !want.iter().any(|p| p.ends_with("d10")));
+    assert!(!want.iter().any(|p| p.starts_with("empty dir")), "{want:?}");
     for (i, (a, b)) in [
         (from.clone(), "p35"),
         (rfrom.clone(), "l35"),
