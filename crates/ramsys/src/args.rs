@@ -344,8 +344,18 @@ impl SelectArgs {
             at.extend(idx.zip(vals).map(|(i, v)| (i, Item::Rule(v, syn))));
         }
         for (id, opt, files, syn) in [
-            ("exclude_from", "--exclude-from", &self.exclude_from, old(false)),
-            ("include_from", "--include-from", &self.include_from, old(true)),
+            (
+                "exclude_from",
+                "--exclude-from",
+                &self.exclude_from,
+                old(false),
+            ),
+            (
+                "include_from",
+                "--include-from",
+                &self.include_from,
+                old(true),
+            ),
         ] {
             let idx = m.indices_of(id).into_iter().flatten();
             at.extend(idx.zip(files).map(|(i, f)| (i, Item::File(opt, f, syn))));

@@ -697,7 +697,10 @@ fn source_cp_args(a: &CpArgs, sync: u32, srcs: &[&SshEndpoint], url: &str) -> Ve
     // --filter rule it is on the wire (clears and merges already applied).
     // These words go through HOST1's shell: quoted.
     for r in &a.select.rules {
-        v.push(shell_quote(&format!("--filter={}", String::from_utf8_lossy(r))));
+        v.push(shell_quote(&format!(
+            "--filter={}",
+            String::from_utf8_lossy(r)
+        )));
     }
     if let Some(n) = a.select.min_size {
         v.push(format!("--min-size={n}"));
@@ -916,7 +919,13 @@ mod tests {
         assert!(v.contains(&format!("--bwlimit={}B", 20 << 20)), "{v:?}");
         // Rules travel as quoted --filter words (issue 35).
         let mut w = <W as clap::Parser>::try_parse_from([
-            "x", "--exclude", "-a b", "-f", "+ *.c", "h1:a", "h2:b",
+            "x",
+            "--exclude",
+            "-a b",
+            "-f",
+            "+ *.c",
+            "h1:a",
+            "h2:b",
         ])
         .unwrap();
         w.a.select.rules = vec![b"- -a b".to_vec(), b"+ *.c".to_vec()];

@@ -166,8 +166,22 @@ const RULE_SETS: &[&[&str]] = &[
     // lands, not even an empty directory); `**` inside a name; `***`; a
     // pattern that starts with `-`; --filter forms.
     &["--exclude", "/build/"],
-    &["--exclude", "a**c", "--exclude", "docs/***", "--exclude", "-x-"],
-    &["--filter", "- *.o", "-f", "exclude,! */", "--filter", "+ *.c"],
+    &[
+        "--exclude",
+        "a**c",
+        "--exclude",
+        "docs/***",
+        "--exclude",
+        "-x-",
+    ],
+    &[
+        "--filter",
+        "- *.o",
+        "-f",
+        "exclude,! */",
+        "--filter",
+        "+ *.c",
+    ],
     // An excluded directory is not descended: the include of a file in
     // it never sees the file.
     &["--include", "b/y.c", "--exclude", "/a/b/"],

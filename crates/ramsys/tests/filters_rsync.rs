@@ -113,7 +113,10 @@ fn rule(r: &mut Rng) -> (Vec<String>, String) {
         3 => (vec![format!("--exclude={p}")], format!("exclude {p}")),
         4 => (vec!["--filter".into(), format!("- {p}")], format!("-_{p}")),
         5 => (vec!["-f".into(), format!("+ {p}")], format!("include,_{p}")),
-        _ => (vec!["--filter".into(), format!("-! {p}")], format!("-! {p}")),
+        _ => (
+            vec!["--filter".into(), format!("-! {p}")],
+            format!("-! {p}"),
+        ),
     }
 }
 
@@ -160,7 +163,8 @@ fn run(mode: Mode, cases: usize, salt: u64) -> usize {
     let d = TestDaemon::start(&root, &key);
     let mut filtered = 0;
     for case in 0..cases {
-        let mut r = Rng(seed ^ (salt << 32) ^ (case as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut r =
+            Rng(seed ^ (salt << 32) ^ (case as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let c = t.path().join(format!("case{case}"));
         std::fs::create_dir_all(&c).unwrap();
         // The source lives where the mode reads it from.
@@ -220,7 +224,10 @@ fn run(mode: Mode, cases: usize, salt: u64) -> usize {
         let (from, to) = match mode {
             Mode::Local => (from, dst.display().to_string()),
             Mode::Push => (from, d.url(&format!("dst{case}"))),
-            Mode::Pull => (d.url(&format!("src{case}{slash}")), dst.display().to_string()),
+            Mode::Pull => (
+                d.url(&format!("src{case}{slash}")),
+                dst.display().to_string(),
+            ),
         };
         let mut a: Vec<&str> = vec!["sync", "-r"];
         a.extend(args.iter().map(|s| s.as_str()));
@@ -232,7 +239,10 @@ fn run(mode: Mode, cases: usize, salt: u64) -> usize {
         let only = |a: &BTreeMap<_, _>, b: &BTreeMap<_, _>| -> Vec<String> {
             a.keys().filter(|k| !b.contains_key(*k)).cloned().collect()
         };
-        let differ: Vec<&String> = got.keys().filter(|k| want.get(*k).is_some_and(|w| w != &got[*k])).collect();
+        let differ: Vec<&String> = got
+            .keys()
+            .filter(|k| want.get(*k).is_some_and(|w| w != &got[*k]))
+            .collect();
         assert!(
             got == want,
             "{what}\nonly ramsys: {:?}\nonly rsync: {:?}\ndiffer: {differ:?}",
@@ -266,7 +276,12 @@ fn merge_junk(junk: &Path, src: &Path, to: &Path) {
 }
 
 fn copy_tree(from: &Path, to: &Path) {
-    let o = Command::new("cp").arg("-a").arg(from).arg(to).output().unwrap();
+    let o = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "cp -a: {}", stderr(&o));
 }
 

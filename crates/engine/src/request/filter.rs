@@ -277,7 +277,8 @@ impl Rule {
             return if self.anchored {
                 name == l.as_slice()
             } else {
-                name.ends_with(l) && (name.len() == l.len() || name[name.len() - l.len() - 1] == b'/')
+                name.ends_with(l)
+                    && (name.len() == l.len() || name[name.len() - l.len() - 1] == b'/')
             };
         };
         if !self.lead_slash && !(self.dir_slash && is_dir) {

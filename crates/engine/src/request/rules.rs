@@ -102,7 +102,10 @@ impl RuleList {
 
     /// [`RuleList::add_file`] on text already read.
     pub fn add_text(&mut self, text: &[u8], syntax: Syntax) -> Result<(), String> {
-        for line in text.split(|&c| c == b'\n').flat_map(|l| l.split(|&c| c == b'\r')) {
+        for line in text
+            .split(|&c| c == b'\n')
+            .flat_map(|l| l.split(|&c| c == b'\r'))
+        {
             if line.is_empty() || line[0] == b'#' || line[0] == b';' {
                 continue;
             }
@@ -121,9 +124,7 @@ impl RuleList {
                 exclude_self,
             } => {
                 if self.depth >= MAX_MERGE_DEPTH {
-                    return Err(format!(
-                        "merge files nest more than {MAX_MERGE_DEPTH} deep"
-                    ));
+                    return Err(format!("merge files nest more than {MAX_MERGE_DEPTH} deep"));
                 }
                 if exclude_self {
                     let base = file.rsplit(|&c| c == b'/').next().unwrap_or(&file);
@@ -414,7 +415,13 @@ mod tests {
 
     #[test]
     fn old_prefixes_for_exclude_and_include() {
-        let got = list(&[("- a", IN), ("+ b", EX), ("-foo-", EX), ("c d", IN), ("", EX)]);
+        let got = list(&[
+            ("- a", IN),
+            ("+ b", EX),
+            ("-foo-", EX),
+            ("c d", IN),
+            ("", EX),
+        ]);
         assert_eq!(got.unwrap(), ["- a", "+ b", "- -foo-", "+ c d"]);
     }
 
@@ -445,9 +452,7 @@ mod tests {
         let text = b"# comment\n\n+ *.c\r\n- *.o\rbuild/\n; also\n- -foo-\n!x\n \n";
         l.add_text(text, EX).unwrap();
         let got: Vec<_> = l.rules.iter().map(|r| r.to_wire()).collect();
-        let want: Vec<&[u8]> = vec![
-            b"+ *.c", b"- *.o", b"- build/", b"- -foo-", b"- !x", b"-  ",
-        ];
+        let want: Vec<&[u8]> = vec![b"+ *.c", b"- *.o", b"- build/", b"- -foo-", b"- !x", b"-  "];
         assert_eq!(got, want);
         // `!` in a file clears what came before it.
         let mut l = RuleList::default();
@@ -486,7 +491,17 @@ mod tests {
             let r = RuleSpec::from_wire(ok.as_bytes()).unwrap();
             assert_eq!(r.to_wire(), ok.as_bytes());
         }
-        for bad in ["merge /etc/shadow", ". /etc/shadow", "!", ": .f", "-", "- ", "-x a", "-!! a", "a"] {
+        for bad in [
+            "merge /etc/shadow",
+            ". /etc/shadow",
+            "!",
+            ": .f",
+            "-",
+            "- ",
+            "-x a",
+            "-!! a",
+            "a",
+        ] {
             assert!(RuleSpec::from_wire(bad.as_bytes()).is_err(), "{bad:?}");
         }
     }

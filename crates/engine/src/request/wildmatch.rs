@@ -31,7 +31,9 @@ enum Tok {
     /// `?`.
     One,
     /// A run of stars; `cross`: two or more (`**`), which may match `/`.
-    Star { cross: bool },
+    Star {
+        cross: bool,
+    },
     /// A class as the set of bytes it takes (before the `/` rule).
     Class(Box<[bool; 256]>),
 }

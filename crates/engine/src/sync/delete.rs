@@ -200,7 +200,13 @@ mod tests {
         let t = d.path().join("t");
         std::fs::create_dir_all(t.join("old/deep")).unwrap();
         std::fs::create_dir_all(t.join("gone/sub")).unwrap();
-        for f in ["old/keep.o", "old/x", "old/deep/y.o", "old/deep/z", "gone/sub/w"] {
+        for f in [
+            "old/keep.o",
+            "old/x",
+            "old/deep/y.o",
+            "old/deep/z",
+            "gone/sub/w",
+        ] {
             std::fs::write(t.join(f), b"x").unwrap();
         }
         let root = Root::open(d.path(), Confinement::Strict).unwrap();
