@@ -281,15 +281,16 @@ impl Rule {
                     && (name.len() == l.len() || name[name.len() - l.len() - 1] == b'/')
             };
         };
-        if !self.lead_slash && !(self.dir_slash && is_dir) {
+        let (before, after) = (self.lead_slash, self.dir_slash && is_dir);
+        if !before && !after {
             return p.matches_at(name, self.start);
         }
         let mut text = Vec::with_capacity(name.len() + 2);
-        if self.lead_slash {
+        if before {
             text.push(b'/');
         }
         text.extend_from_slice(name);
-        if self.dir_slash && is_dir {
+        if after {
             text.push(b'/');
         }
         p.matches_at(&text, self.start)
