@@ -14,8 +14,7 @@
 use aes_gcm::Aes256Gcm;
 use chacha20poly1305::aead::{AeadInPlace, KeyInit};
 use chacha20poly1305::ChaCha20Poly1305;
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use ramsys_proto::auth::keys::{derive, label};
 
 use ramsys_proto::control::Bytes32;
 use ramsys_proto::ProtoError;
@@ -108,26 +107,14 @@ pub enum Direction {
     SinkToSource,
 }
 
-/// Key for `cipher` in `dir`, derived from the session key (HMAC-SHA256
-/// with length-prefixed parts, like every other derivation in proto::auth).
+/// Key for `cipher` in `dir`, derived from the session key (HKDF-Expand
+/// under a label of its own, proto::auth::keys).
 pub fn data_key(session_key: &Bytes32, cipher: Cipher, dir: Direction) -> Bytes32 {
-    let label: &[u8] = match dir {
+    let dir: &[u8] = match dir {
         Direction::SourceToSink => b"source to sink",
         Direction::SinkToSource => b"sink to source",
     };
-    derive_key(session_key, b"ramsys-v1 data key", cipher, label)
-}
-
-/// HMAC-SHA256(session_key, purpose, cipher, direction), length-prefixed
-/// parts like every other derivation in proto::auth.
-fn derive_key(session_key: &Bytes32, purpose: &[u8], cipher: Cipher, label: &[u8]) -> Bytes32 {
-    let mut m =
-        <Hmac<Sha256> as Mac>::new_from_slice(session_key).expect("HMAC accepts any key length");
-    for p in [purpose, &[cipher.id()], label] {
-        m.update(&(p.len() as u64).to_le_bytes());
-        m.update(p);
-    }
-    m.finalize().into_bytes().into()
+    derive(session_key, label::DATA_KEY, &[&[cipher.id()], dir])
 }
 
 enum Aead {
@@ -249,7 +236,7 @@ pub fn control_key(session_key: &Bytes32, cipher: Cipher, client_to_server: bool
     } else {
         b"server to client"
     };
-    derive_key(session_key, b"ramsys-v1 control key", cipher, label)
+    derive(session_key, label::CONTROL_KEY, &[&[cipher.id()], label])
 }
 
 /// AEAD of one direction of a record stream (the sealed control link,

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use ramsys_proto::auth::{seal_token_key, verify_join, ServerHandshake};
+use ramsys_proto::auth::{seal_token_key, verify_join};
 use ramsys_proto::control::{Bytes32, Role};
 use ramsys_proto::path::validate_relative;
 use ramsys_proto::Control;
@@ -22,7 +22,7 @@ use crate::daemon::users::{Credentials, ExportRoot, Grant, Refusal, Users};
 use crate::daemon::{netdev, DaemonState};
 use crate::request::walk::Top;
 use crate::resources::EngineResources;
-use crate::session::{random32, ServerLinks};
+use crate::session::{random32, serve_handshake, ServerLinks};
 use crate::sink::{run_sink_with, SinkSpec};
 use crate::source::{run_source_with, SourceSpec};
 use crate::stats::Stats;
@@ -706,11 +706,12 @@ struct Authenticated<'a> {
     _announced: Unannounce,
 }
 
-/// Challenge and Auth (seed 000 sec. 6.2.1). The Hello's name selects the
-/// key (daemon::users); unknown names get a decoy key and fail at Auth
-/// like a wrong key. A one-shot daemon's credential is consumed here.
-/// With `path` (the Hello's frame::HELLO_PATH_FLAG) the Challenge carries
-/// this host's TCP buffer limits (ChallengeTcp, transport::path).
+/// The handshake (seed 000 sec. 6.2.1; proto::auth, issue 34). The
+/// Hello's name selects the key (daemon::users); an unknown name gets a
+/// decoy key and fails like a wrong key, at the same step. A one-shot
+/// daemon's credential is consumed here. With `path` (the Hello's
+/// frame::HELLO_PATH_FLAG) the Challenge carries this host's TCP buffer
+/// limits (transport::path).
 fn authenticate<'a>(
     sh: &'a Arc<DaemonShared>,
     link: &mut Box<dyn Link>,
@@ -719,23 +720,18 @@ fn authenticate<'a>(
     path: bool,
 ) -> Result<Option<Authenticated<'a>>, EngineError> {
     let pending = sh.creds.lookup(user);
-    let mut hs = ServerHandshake::new(&pending.key, random32());
     let session = sh.next_session.fetch_add(1, Ordering::Relaxed);
-    let ch = if path {
+    let tcp = path.then(|| {
         let root = sh.tcp_root.get().map_or(Path::new("/"), |p| p.as_path());
-        let tcp = crate::transport::path::TcpLimits::read(root);
-        hs.on_hello_tcp(hello, session, tcp.into())?
-    } else {
-        hs.on_hello(hello, session)?
-    };
+        crate::transport::path::TcpLimits::read(root).into()
+    });
     // Announced but not yet authenticated: early joins may wait.
     sh.announced.lock().unwrap().insert(session);
     let announced = Unannounce(sh.clone(), session);
-    send_control(&mut **link, &ch)?;
-    let auth = recv_control(&mut **link)?;
-    let admitted = match hs.on_auth(&auth) {
-        Ok((_, k)) => sh.creds.admit(pending).map(|g| (g, k)),
-        Err(e) => Err(Refusal::Auth(e.to_string())),
+    let accept = ramsys_proto::auth::Accept { session, tcp };
+    let admitted = match serve_handshake(&mut **link, hello, &pending.key, accept)? {
+        Some(k) => sh.creds.admit(pending).map(|g| (g, k)),
+        None => Err(Refusal::Auth("key not proven".into())),
     };
     let (grant, key) = match admitted {
         Ok(v) => v,

@@ -1,12 +1,12 @@
-//! Connection setup: version preamble, challenge/response authentication
-//! and data-link joins, for both the connecting (client) and accepting
-//! (server) side.
+//! Connection setup: version preamble, the handshake (proto::auth: Noise
+//! NNpsk0, issue 34) and data-link joins, for both the connecting (client)
+//! and accepting (server) side.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::Receiver;
-use ramsys_proto::auth::{join_mac, ClientHandshake};
+use ramsys_proto::auth::{join_mac, ClientHandshake, ServerHandshake};
 use ramsys_proto::control::Bytes32;
 use ramsys_proto::{Control, ProtoError};
 
@@ -38,8 +38,8 @@ pub struct ClientSession {
     /// Auth was sent but AuthOk not yet read (pipelined connect): the
     /// session controller reads it before its first answer.
     pub auth_pending: bool,
-    /// The daemon's TCP buffer limits (ChallengeTcp); None from a daemon
-    /// that sent a plain Challenge.
+    /// The daemon's TCP buffer limits (in its Challenge's Accept); None
+    /// when it did not send them.
     pub peer_tcp: Option<ramsys_proto::control::TcpBuffers>,
 }
 
@@ -86,28 +86,61 @@ pub fn dial(
         .map_err(|e| connect_err(addr, e))
 }
 
+/// What a client's first message opens: a session (Hello) or a site link
+/// (SiteHello, announcing `me`, the dialling daemon's listen address).
+#[derive(Debug, Clone, Copy)]
+pub enum Greeting<'a> {
+    Session,
+    Site { me: &'a str },
+}
+
 /// [`client_connect_pipelined_as`] on a link already dialled.
 pub fn client_handshake(
-    mut ctl: Box<dyn Link>,
+    ctl: Box<dyn Link>,
     addr: &str,
     user: &str,
     key: &[u8],
     timeout: Duration,
 ) -> Result<ClientSession, EngineError> {
+    client_handshake_as(ctl, addr, (user, key), timeout, Greeting::Session)
+}
+
+/// The client side of the handshake (proto::auth, issue 34), for every
+/// caller: the agent's sessions, status and token queries, relays, site
+/// links. Preamble and Hello travel in one segment; the daemon's
+/// Challenge proves it holds the key (checked here, before anything else
+/// is sent), and we return as soon as our Auth is out: one round trip,
+/// AuthOk is read later ([`finish_auth`]), and data links may join now.
+pub fn client_handshake_as(
+    mut ctl: Box<dyn Link>,
+    addr: &str,
+    (user, key): (&str, &[u8]),
+    timeout: Duration,
+    greeting: Greeting,
+) -> Result<ClientSession, EngineError> {
     ctl.set_read_timeout(Some(timeout))?;
-    let mut hs = ClientHandshake::new(key, user, random32());
     // The flag asks for the daemon's TCP limits with the Challenge
-    // (transport::path); an older daemon ignores it.
-    let flags = ramsys_proto::frame::HELLO_PATH_FLAG;
+    // (transport::path); a site link has no use for them.
+    let (mut hs, flags) = match greeting {
+        Greeting::Session => (
+            ClientHandshake::new(key, user),
+            ramsys_proto::frame::HELLO_PATH_FLAG,
+        ),
+        Greeting::Site { me } => (ClientHandshake::site(key, user, me), 0),
+    };
     let pre = preamble(ramsys_proto::VERSION);
-    send_batch_flagged(&mut *ctl, &pre, &[&hs.hello()], flags)?;
+    send_batch_flagged(&mut *ctl, &pre, &[&hs.hello()?], flags)?;
     read_preamble(&mut *ctl, addr)?;
     let reply = recv_control(&mut *ctl).map_err(|e| match e {
         EngineError::PeerClosed => auth_refused(addr),
         other => other,
     })?;
     if let Control::Error { message, .. } = &reply {
-        return Err(EngineError::Refused(message.clone()));
+        // A wrong key (or an unknown name) is refused right at the Hello.
+        return Err(match message.contains("authentication") {
+            true => auth_refused(addr),
+            false => EngineError::Refused(message.clone()),
+        });
     }
     let auth = hs.on_challenge(&reply).map_err(|e| match e {
         ProtoError::AuthFailed => EngineError::local(format!(
@@ -116,10 +149,9 @@ pub fn client_handshake(
         other => other.into(),
     })?;
     send_control(&mut *ctl, &auth)?;
-    let peer_tcp = match reply {
-        Control::ChallengeTcp { tcp, .. } => Some(tcp),
-        _ => None,
-    };
+    let accept = hs
+        .accepted()
+        .ok_or_else(|| EngineError::local("handshake incomplete"))?;
     let (session, session_key) = hs
         .session()
         .ok_or_else(|| EngineError::local("handshake incomplete"))?;
@@ -129,8 +161,33 @@ pub fn client_handshake(
         session_key,
         addr: addr.to_string(),
         auth_pending: true,
-        peer_tcp,
+        peer_tcp: accept.tcp,
     })
+}
+
+/// The server side of the handshake (proto::auth), for every listener:
+/// daemon sessions (server.rs, ssh-serve's one-session daemon) and site
+/// links (site::Site::serve_peer). `first` is the Hello or SiteHello just
+/// read, `key` the one its user name selects (daemon::users: a decoy for
+/// an unknown name), `accept` what the Challenge tells the client.
+/// Some(session key): the client proved the key and this handshake's
+/// ephemeral secret. None: it did not (wrong key, unknown name, a
+/// replayed Hello, anything but a valid Auth); nothing was answered, the
+/// caller refuses as for any failed authentication.
+pub fn serve_handshake(
+    link: &mut dyn Link,
+    first: &Control,
+    key: &[u8],
+    accept: ramsys_proto::auth::Accept,
+) -> Result<Option<Bytes32>, EngineError> {
+    let mut hs = match ServerHandshake::accept(key, first) {
+        Ok(hs) => hs,
+        Err(ProtoError::AuthFailed) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    send_control(link, &hs.challenge(accept)?)?;
+    let auth = recv_control(link)?;
+    Ok(hs.on_auth(&auth).ok().map(|(_, k)| k))
 }
 
 /// Read the AuthOk that [`client_connect_pipelined`] left pending.

@@ -37,13 +37,14 @@ impl Rng {
 fn seeds() -> Vec<Control> {
     vec![
         Control::Hello {
-            nonce: [1; 32],
             user: "u".into(),
+            noise: vec![1; 48],
         },
-        Control::Challenge {
-            nonce: [2; 32],
-            proof: [3; 32],
-            session: 9,
+        Control::Challenge { noise: vec![2; 80] },
+        Control::SiteHello {
+            user: "site".into(),
+            addr: "127.0.0.1:7070".into(),
+            noise: vec![3; 48],
         },
         Control::Auth { proof: [4; 32] },
         Control::AuthOk { session: 9 },
@@ -325,7 +326,7 @@ fn network_decoders_survive_mutated_input() {
                 }
             }
             let _ = decode_credit(&rng.next().to_le_bytes()[..rng.below(9)]);
-            let mut p = preamble(1);
+            let mut p = preamble(ramsys_proto::VERSION);
             p[rng.below(PREAMBLE_LEN)] ^= 1 << rng.below(8);
             let _ = parse_preamble(&p);
             // Sealed blocks: any change must fail authentication.
@@ -434,4 +435,69 @@ fn mutated_sealed_credits_never_grant() {
         }
     }
     eprintln!("credit fuzz: {n} iterations, {accepted} accepted unchanged frames");
+}
+
+/// The handshake (proto::auth, issue 34) under mutation: a valid Hello,
+/// Challenge or Auth with any change (bit flips, truncation, insertion,
+/// splicing in another handshake's bytes) never authenticates: the Hello
+/// through the daemon's own helper (session::serve_handshake), the
+/// Challenge at the client that sent the Hello, the Auth at the server
+/// that sent the Challenge (which accepts the unmutated one).
+#[test]
+fn mutated_handshakes_never_authenticate() {
+    use ramsys_engine::session::serve_handshake;
+    use ramsys_proto::auth::{Accept, ClientHandshake, ServerHandshake};
+    let secs: u64 = std::env::var("RAMSYS_FUZZ_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let key = b"0123456789abcdef0123456789abcdef";
+    let accept = Accept {
+        session: 5,
+        tcp: None,
+    };
+    let mut rng = Rng(0xa11ce ^ secs);
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let (mut n, mut decoded) = (0u64, 0u64);
+    let mut pool: Vec<Vec<u8>> = Vec::new();
+    while Instant::now() < deadline {
+        n += 1;
+        let mut c = ClientHandshake::new(key, "u");
+        let hello = c.hello().unwrap();
+        let mut s = ServerHandshake::accept(key, &hello).unwrap();
+        let ch = s.challenge(accept).unwrap();
+        // The client keeps its state for a mutated Challenge.
+        let which = rng.below(3);
+        let auth = match which {
+            1 => Control::Auth { proof: [0; 32] },
+            _ => c.on_challenge(&ch).unwrap(),
+        };
+        let honest = [hello, ch, auth];
+        pool.extend(honest.iter().map(|m| m.encode().unwrap()));
+        pool.drain(..pool.len().saturating_sub(30));
+        let original = honest[which].encode().unwrap();
+        let mut v = original.clone();
+        mutate(&mut rng, &mut v, &pool);
+        let Ok(m) = Control::decode(&v) else {
+            continue;
+        };
+        if m.encode().unwrap() == original {
+            continue; // the mutation undid itself
+        }
+        decoded += 1;
+        let ok = match which {
+            0 => {
+                let input = framed(&honest[2]);
+                let mut link = MemLink(std::io::Cursor::new(input));
+                matches!(serve_handshake(&mut link, &m, key, accept), Ok(Some(_)))
+            }
+            1 => c.on_challenge(&m).is_ok(),
+            _ => {
+                assert!(s.on_auth(&honest[2]).is_ok());
+                s.on_auth(&m).is_ok()
+            }
+        };
+        assert!(!ok, "a mutated {} authenticated", honest[which].name());
+    }
+    eprintln!("handshake fuzz: {n} iterations, {decoded} decoded, none authenticated");
 }

@@ -158,20 +158,23 @@ pub struct Complete {
 /// Every control message. Variant order is the wire tag; append only.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Control {
-    /// Client to server: start authentication.
+    /// Client to server: start authentication (crate::auth). `user`
+    /// selects the key; `noise` is the Noise handshake's first message
+    /// (the client's ephemeral key and a tag under the PSK).
     Hello {
-        nonce: Bytes32,
         user: String,
+        noise: Vec<u8>,
     },
-    /// Server to client: server nonce, the server's proof of the key, and
-    /// the id the session will have once the client proves itself (so the
-    /// client can open data links without waiting for AuthOk).
+    /// Server to client: the Noise handshake's second message (the
+    /// server's ephemeral key and, encrypted and authenticated,
+    /// [`crate::auth::Accept`]: the id the session will have once the
+    /// client proves itself, so data links need not wait for AuthOk).
+    /// Only a holder of the key can produce it: the server's proof.
     Challenge {
-        nonce: Bytes32,
-        proof: Bytes32,
-        session: u64,
+        noise: Vec<u8>,
     },
-    /// Client to server: the client's proof of the key.
+    /// Client to server: the client's proof of the key and of this
+    /// handshake's ephemeral secret (an HMAC of the handshake hash).
     Auth {
         proof: Bytes32,
     },
@@ -324,11 +327,12 @@ pub enum Control {
     /// site link (issue 19, docs/SITE.md). Authenticated exactly as Hello
     /// (Challenge, Auth, AuthOk with session 0); after AuthOk the link
     /// carries DDSS frames (crates/ddss) for the rest of its life. `addr`
-    /// is the dialing daemon's listen address, its name in the site.
+    /// is the dialing daemon's listen address, its name in the site, bound
+    /// into the handshake (crate::auth's prologue).
     SiteHello {
-        nonce: Bytes32,
         user: String,
         addr: String,
+        noise: Vec<u8>,
     },
     /// Client to server, instead of the opens above, when the client asks
     /// for an archive copy from a server source (`-a`, `-X`, `-A`, ...):
@@ -441,17 +445,11 @@ pub enum Control {
         /// Why it stopped; empty: the transfer ended first.
         stopped: String,
     },
-    /// Server to client, instead of Challenge when the Hello's frame
-    /// carried [`crate::frame::HELLO_PATH_FLAG`]: the Challenge's fields,
-    /// then the server's TCP buffer limits (issue 21), so the client sizes
-    /// its data links for both ends before it sends Open. Not covered by
-    /// the proof: a forged value can only change the stream count.
-    ChallengeTcp {
-        nonce: Bytes32,
-        proof: Bytes32,
-        session: u64,
-        tcp: TcpBuffers,
-    },
+    /// The ChallengeTcp of protocols 1 and 2, kept so later variants keep their tags:
+    /// never sent, refused wherever it arrives. Since protocol 3 the
+    /// server's TCP limits travel inside the Challenge
+    /// ([`crate::auth::Accept`]), authenticated.
+    RetiredChallengeTcp,
     /// Instead of Grown, to a client whose Hello carried
     /// [`crate::frame::HELLO_PATH_FLAG`]: the same stages and, for each,
     /// what the links said (busy share, queueing).
@@ -463,7 +461,7 @@ pub enum Control {
     },
 }
 
-/// A host's TCP buffer limits ([`Control::ChallengeTcp`]): the maxima of
+/// A host's TCP buffer limits ([`crate::auth::Accept`]): the maxima of
 /// `net.ipv4.tcp_wmem` and `net.ipv4.tcp_rmem`, bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TcpBuffers {
@@ -733,7 +731,7 @@ impl Control {
             Control::RelayDone(_) => "RelayDone",
             Control::GrowStreams => "GrowStreams",
             Control::Grown { .. } => "Grown",
-            Control::ChallengeTcp { .. } => "ChallengeTcp",
+            Control::RetiredChallengeTcp => "RetiredChallengeTcp",
             Control::GrownLinks { .. } => "GrownLinks",
         }
     }
@@ -784,14 +782,10 @@ mod tests {
     fn roundtrip_every_variant() {
         let msgs = vec![
             Control::Hello {
-                nonce: [1; 32],
                 user: "alice".into(),
+                noise: vec![1; 48],
             },
-            Control::Challenge {
-                nonce: [2; 32],
-                proof: [3; 32],
-                session: 9,
-            },
+            Control::Challenge { noise: vec![2; 80] },
             Control::Auth { proof: [4; 32] },
             Control::AuthOk { session: 77 },
             Control::Open(Open {
@@ -941,9 +935,9 @@ mod tests {
                 },
             },
             Control::SiteHello {
-                nonce: [4; 32],
                 user: "site".into(),
                 addr: "127.0.0.1:4000".into(),
+                noise: vec![4; 48],
             },
             Control::Entries(vec![Entry {
                 id: 3,
@@ -1074,15 +1068,7 @@ mod tests {
                 }],
                 stopped: "stop: at the limit (32)".into(),
             },
-            Control::ChallengeTcp {
-                nonce: [2; 32],
-                proof: [3; 32],
-                session: 9,
-                tcp: TcpBuffers {
-                    wmem_max: 4 << 20,
-                    rmem_max: 1 << 20,
-                },
-            },
+            Control::RetiredChallengeTcp,
             Control::GrownLinks {
                 stages: vec![GrowStage {
                     at_ms: 2500,

@@ -13,7 +13,8 @@
 //!   completion), encoded with postcard.
 //! - [`attrs`]: archive attributes (owners, xattrs, ACLs, specials).
 //! - [`data`]: payload blocks (segment table + checksum) and credits.
-//! - [`auth`]: challenge/response authentication with a shared key.
+//! - [`auth`]: the Noise NNpsk0 handshake with a shared key, and the
+//!   HKDF key schedule of everything the session key keys.
 //! - [`path`]: validation of relative paths received from a peer.
 //! - [`session`]: state machines for the source and sink ends of a session.
 //! - [`relink`]: lost data links: what to send again, credits, back-off.
@@ -32,8 +33,10 @@ pub use frame::{FrameHeader, FrameKind};
 
 /// Protocol version spoken by this build. Bumped on any incompatible change
 /// (docs/PROTOCOL.md "Versions"): 2 = Selection rules are rsync filter
-/// rules in its short text form, matched as rsync's wildmatch (issue 35).
-pub const VERSION: u16 = 2;
+/// rules in its short text form, matched as rsync's wildmatch (issue 35);
+/// 3 = the Noise handshake with forward secrecy (issue 34; until 2 the
+/// PSK-only challenge/response).
+pub const VERSION: u16 = 3;
 
 /// Bytes every connection starts with, in both directions: magic + version.
 pub const PREAMBLE_MAGIC: [u8; 6] = *b"RAMSYS";
@@ -61,7 +64,7 @@ pub fn parse_preamble(p: &[u8; PREAMBLE_LEN]) -> Result<u16, ProtoError> {
 pub enum ProtoError {
     #[error("peer does not speak the ramsys protocol (bad magic)")]
     BadMagic,
-    #[error("protocol version mismatch: we speak {ours}, peer speaks {theirs}")]
+    #[error("protocol version mismatch: we speak {ours}, peer speaks {theirs} (upgrade the older ramsys)")]
     VersionMismatch { ours: u16, theirs: u16 },
     #[error("unknown frame type {0}")]
     UnknownFrame(u8),

@@ -248,10 +248,8 @@ proptest! {
             (proptest::option::of(any::<u16>()), proptest::option::of(any::<u32>())),
             0..8,
         ),
-        tcp in any::<(u64, u64)>(),
-        nonces in any::<([u8; 32], [u8; 32], u64)>(),
     ) {
-        use ramsys_proto::control::{StageLinks, TcpBuffers};
+        use ramsys_proto::control::StageLinks;
         let links: Vec<StageLinks> = links
             .into_iter()
             .map(|(busy_pm, rtt_x100)| StageLinks { busy_pm, rtt_x100 })
@@ -266,18 +264,12 @@ proptest! {
                 then,
             })
             .collect();
-        let (nonce, proof, session) = nonces;
         let msgs = [
             Control::AddStream { stream },
             Control::StreamAdded { stream, credits },
             Control::GrowStreams,
             Control::Grown { stages: stages.clone(), stopped: stopped.clone() },
-            Control::ChallengeTcp {
-                nonce,
-                proof,
-                session,
-                tcp: TcpBuffers { wmem_max: tcp.0, rmem_max: tcp.1 },
-            },
+            Control::RetiredChallengeTcp,
             Control::GrownLinks { stages, links, stopped },
         ];
         let tag = msgs[which].encode().unwrap()[0];
@@ -290,6 +282,92 @@ proptest! {
         for m in msgs {
             prop_assert_eq!(Control::decode(&m.encode().unwrap()).unwrap(), m);
         }
+    }
+
+    /// The handshake messages (issue 34) behind their own tags, followed
+    /// by arbitrary bytes: decode or fail, never panic; valid ones
+    /// round-trip.
+    #[test]
+    fn handshake_messages_decode_or_fail(
+        which in 0usize..4,
+        rest in proptest::collection::vec(any::<u8>(), 0..300),
+        user in ".{0,40}",
+        noise in proptest::collection::vec(any::<u8>(), 0..128),
+        proof in any::<[u8; 32]>(),
+    ) {
+        let msgs = [
+            Control::Hello { user: user.clone(), noise: noise.clone() },
+            Control::Challenge { noise: noise.clone() },
+            Control::Auth { proof },
+            Control::SiteHello { user, addr: "127.0.0.1:1".into(), noise },
+        ];
+        let tag = msgs[which].encode().unwrap()[0];
+        let mut b = vec![tag];
+        b.extend_from_slice(&rest);
+        if let Ok(m) = Control::decode(&b) {
+            prop_assert_eq!(m.name(), msgs[which].name());
+            prop_assert_eq!(Control::decode(&m.encode().unwrap()).unwrap(), m);
+        }
+        for m in msgs {
+            prop_assert_eq!(Control::decode(&m.encode().unwrap()).unwrap(), m);
+        }
+    }
+
+    /// Arbitrary Noise bytes in a Hello or a Challenge are refused as a
+    /// failed authentication (or a malformed message), never accepted,
+    /// never a panic; any Auth proof but the one is refused.
+    #[test]
+    fn arbitrary_handshake_bytes_never_authenticate(
+        noise in proptest::collection::vec(any::<u8>(), 0..200),
+        user in ".{0,300}",
+        proof in any::<[u8; 32]>(),
+    ) {
+        use ramsys_proto::auth::{Accept, ClientHandshake, ServerHandshake};
+        use ramsys_proto::ProtoError;
+        let hello = Control::Hello { user: user.clone(), noise: noise.clone() };
+        prop_assert!(ServerHandshake::accept(b"k", &hello).is_err());
+        let mut c = ClientHandshake::new(b"k", "u");
+        let honest = c.hello().unwrap();
+        let r = c.on_challenge(&Control::Challenge { noise });
+        prop_assert_eq!(r, Err(ProtoError::AuthFailed));
+        prop_assert!(c.session().is_none());
+        let mut s = ServerHandshake::accept(b"k", &honest).unwrap();
+        s.challenge(Accept { session: 1, tcp: None }).unwrap();
+        prop_assert_eq!(s.on_auth(&Control::Auth { proof }), Err(ProtoError::AuthFailed));
+    }
+
+    /// One changed bit anywhere in a valid Hello, Challenge or Auth fails
+    /// the handshake.
+    #[test]
+    fn a_flipped_bit_fails_the_handshake(which in 0usize..3, at in any::<usize>(), bit in 0u8..8) {
+        use ramsys_proto::auth::{Accept, ClientHandshake, ServerHandshake};
+        let flip = |v: &mut [u8]| {
+            let i = at % v.len();
+            v[i] ^= 1 << bit;
+        };
+        let mut c = ClientHandshake::new(b"k", "u");
+        let mut hello = c.hello().unwrap();
+        if which == 0 {
+            if let Control::Hello { noise, .. } = &mut hello {
+                flip(noise);
+            }
+            prop_assert!(ServerHandshake::accept(b"k", &hello).is_err());
+            return Ok(());
+        }
+        let mut s = ServerHandshake::accept(b"k", &hello).unwrap();
+        let mut ch = s.challenge(Accept { session: 3, tcp: None }).unwrap();
+        if which == 1 {
+            if let Control::Challenge { noise } = &mut ch {
+                flip(noise);
+            }
+            prop_assert!(c.on_challenge(&ch).is_err());
+            return Ok(());
+        }
+        let mut auth = c.on_challenge(&ch).unwrap();
+        if let Control::Auth { proof } = &mut auth {
+            flip(proof);
+        }
+        prop_assert!(s.on_auth(&auth).is_err());
     }
 
     /// Sealing a credential key is its own inverse for any session key and

@@ -25,10 +25,10 @@ fn dial(addr: &str) -> Box<dyn Link> {
 
 /// A full handshake; returns the control link (session alive), the
 /// Hello and Auth as sent, and the session id and key.
-fn handshake(addr: &str, nonce: [u8; 32]) -> (Box<dyn Link>, Control, Control, u64, [u8; 32]) {
+fn handshake(addr: &str) -> (Box<dyn Link>, Control, Control, u64, [u8; 32]) {
     let mut l = dial(addr);
-    let mut hs = ClientHandshake::new(KEY, "tester", nonce);
-    let hello = hs.hello();
+    let mut hs = ClientHandshake::new(KEY, "tester");
+    let hello = hs.hello().unwrap();
     send_control(&mut *l, &hello).unwrap();
     let ch = recv_control(&mut *l).unwrap();
     let auth = hs.on_challenge(&ch).unwrap();
@@ -66,10 +66,11 @@ fn replayed_auth_and_join_are_refused() {
     std::fs::create_dir(&root).unwrap();
     let d = TestDaemon::start(&root, &key);
 
-    let (ctl_a, hello, auth, sa, ka) = handshake(&d.addr, [1; 32]);
+    let (ctl_a, hello, auth, sa, ka) = handshake(&d.addr);
 
     // 1. The captured Hello and Auth replayed on a new connection: the
-    //    server's fresh nonce makes the old proof worthless.
+    //    Hello still shows the key (the daemon answers it), but the Auth
+    //    proves the old session's ephemeral secret, not this one's.
     let mut l = dial(&d.addr);
     send_control(&mut *l, &hello).unwrap();
     assert!(matches!(
@@ -86,7 +87,7 @@ fn replayed_auth_and_join_are_refused() {
 
     // 3. A Join of session A presented for a live session B (id swapped):
     //    the MAC binds the session id and key.
-    let (ctl_b, _, _, sb, _kb) = handshake(&d.addr, [2; 32]);
+    let (ctl_b, _, _, sb, _kb) = handshake(&d.addr);
     let Control::Join {
         stream, nonce, mac, ..
     } = join(sa, &ka, 0, [3; 32])

@@ -32,19 +32,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ramsys_ddss::{Error as DdssError, Key, Model, Node, Placement};
-use ramsys_proto::auth::{ClientHandshake, ServerHandshake};
+use ramsys_proto::auth::Accept;
 use ramsys_proto::control::Bytes32;
 use ramsys_proto::Control;
 
 use crate::crypto::Cipher;
 use crate::daemon::users::Credentials;
-use crate::session::random32;
+use crate::session::{client_handshake_as, finish_auth, random32, serve_handshake, Greeting};
 use crate::site::member::SiteMember;
 use crate::site::membership::Membership;
 use crate::transport::sealed::{End, SealedLink};
 use crate::transport::tcp::Tcp;
 use crate::transport::{Link, Transport};
-use crate::wire::{exchange_preamble, recv_control, send_control};
+use crate::wire::{recv_control, send_control};
 use crate::EngineError;
 
 pub use sample::{Load, Sampler};
@@ -172,43 +172,16 @@ pub struct Site {
 }
 
 /// Open an authenticated site link to `addr` as `me` (SiteHello; the
-/// same challenge/response as a client session).
+/// same handshake as a client session, session::client_handshake_as).
 pub fn dial(addr: &str, me: &str, user: &str, key: &[u8]) -> Result<Box<dyn Link>, EngineError> {
     let t = Tcp {
         socket_buffer: None,
     };
-    let mut l = t.connect(addr, DIAL_TIMEOUT)?;
-    l.set_read_timeout(Some(REPLY_TIMEOUT))?;
-    exchange_preamble(&mut *l)?;
-    let mut hs = ClientHandshake::new(key, user, random32());
-    let Control::Hello { nonce, user } = hs.hello() else {
-        unreachable!("hello() returns Hello")
-    };
-    send_control(
-        &mut *l,
-        &Control::SiteHello {
-            nonce,
-            user,
-            addr: me.to_string(),
-        },
-    )?;
-    let ch = recv_control(&mut *l)?;
-    if let Control::Error { message, .. } = &ch {
-        return Err(EngineError::Refused(message.clone()));
-    }
-    let auth = hs.on_challenge(&ch)?;
-    send_control(&mut *l, &auth)?;
-    let ok = recv_control(&mut *l)?;
-    let key = match &ok {
-        Control::AuthOk { .. } => hs.on_auth_ok(&ok)?.1,
-        Control::Error { message, .. } => return Err(EngineError::Refused(message.clone())),
-        other => {
-            return Err(EngineError::local(format!(
-                "site peer {addr} answered {} to Auth",
-                other.name()
-            )))
-        }
-    };
+    let l = t.connect(addr, DIAL_TIMEOUT)?;
+    let site = Greeting::Site { me };
+    let mut s = client_handshake_as(l, addr, (user, key), REPLY_TIMEOUT, site)?;
+    finish_auth(&mut *s.ctl, addr, s.session)?;
+    let (mut l, key) = (s.ctl, s.session_key);
     // Always sealed (issue 34): loads, addresses and segment data travel
     // between daemons only authenticated.
     let cipher = Cipher::preferred();
@@ -488,23 +461,17 @@ impl Site {
         link: &mut Box<dyn Link>,
         hello: &Control,
     ) -> Result<(), EngineError> {
-        let Control::SiteHello { nonce, user, addr } = hello else {
+        let Control::SiteHello { user, addr, .. } = hello else {
             return Err(EngineError::local("serve_peer without SiteHello"));
         };
         let pending = creds.lookup(user);
-        let mut hs = ServerHandshake::new(&pending.key, random32());
-        let ch = hs.on_hello(
-            &Control::Hello {
-                nonce: *nonce,
-                user: user.clone(),
-            },
-            0,
-        )?;
-        send_control(&mut **link, &ch)?;
-        let auth = recv_control(&mut **link)?;
-        let (grant, key) = match hs.on_auth(&auth) {
-            Ok((_, key)) => (creds.admit(pending).ok(), key),
-            Err(_) => (None, [0; 32]),
+        let accept = Accept {
+            session: 0,
+            tcp: None,
+        };
+        let (grant, key) = match serve_handshake(&mut **link, hello, &pending.key, accept)? {
+            Some(key) => (creds.admit(pending).ok(), key),
+            None => (None, [0; 32]),
         };
         let Some(grant) = grant else {
             tracing::warn!("{}: site peer failed authentication; closing", link.peer());
