@@ -2,7 +2,7 @@
 //! seed's RDMA and atomics, lines ~575-577, become one request/response
 //! each): length-prefixed frames, the home's responder loop, and the
 //! requester's blocking call. Authentication happens before these run
-//! (engine `site`: the same challenge/response as every ramsys link).
+//! (engine `site`: the same Noise handshake as every ramsys link).
 
 use std::io::{self, Read, Write};
 use std::sync::Mutex;

@@ -4,12 +4,12 @@
 //! AES-256-GCM) in place in its buffer; the 16-byte tag follows the
 //! payload on the wire. The frame header and the segment table (checksum,
 //! file ids, offsets, lengths) are the associated data, so they are
-//! authenticated but readable. Keys: one per session and direction, derived
-//! from the session key of the challenge/response handshake (which never
-//! crosses the wire). Nonces: stream number, link epoch and a per-stream
-//! block counter that both ends keep themselves, so a nonce is never used
-//! twice under one key and a block replayed, dropped or moved between
-//! links fails authentication.
+//! authenticated but readable. Keys: one per session and direction, HKDF
+//! from the session key of the handshake (proto::auth: forward-secret, it
+//! never crosses the wire). Nonces: stream number, link epoch and a
+//! per-stream block counter that both ends keep themselves, so a nonce is
+//! never used twice under one key and a block replayed, dropped or moved
+//! between links fails authentication.
 
 use aes_gcm::Aes256Gcm;
 use chacha20poly1305::aead::{AeadInPlace, KeyInit};

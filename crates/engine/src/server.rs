@@ -73,7 +73,7 @@ pub struct DaemonShared {
     pub life: crate::daemon::lifecycle::Lifecycle,
     /// Raw-channel interfaces offered (`serve --raw-iface`, RawOffer).
     raw: std::sync::OnceLock<Vec<ramsys_proto::control::RawIface>>,
-    /// Root of the `proc/sys/net/ipv4/tcp_{w,r}mem` read for ChallengeTcp
+    /// Root of the `proc/sys/net/ipv4/tcp_{w,r}mem` read for the Challenge
     /// ("/" unless set: tests inject limits, `serve --tcp-sys-root`).
     tcp_root: std::sync::OnceLock<PathBuf>,
 }
@@ -320,7 +320,7 @@ impl Daemon {
         l.spawn(Arc::new(move |link| handle(sh.clone(), link)));
     }
 
-    /// Read the TCP buffer limits sent to clients (ChallengeTcp) under
+    /// Read the TCP buffer limits sent to clients (in the Challenge) under
     /// `root` instead of "/" (tests).
     pub fn set_tcp_sys_root(&self, root: PathBuf) {
         let _ = self.shared.tcp_root.set(root);

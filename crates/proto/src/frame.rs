@@ -119,11 +119,9 @@ impl FrameHeader {
 /// its AEAD tag).
 pub const CREDIT_SEALED_FLAG: u8 = 1;
 /// Header flag of the CONTROL frame carrying a client's Hello: the client
-/// takes [`crate::Control::ChallengeTcp`] in place of Challenge and
-/// [`crate::Control::GrownLinks`] in place of Grown (issue 21). A daemon
-/// that predates it ignores a CONTROL frame's flags and answers as
-/// before, and a daemon never sends either to a client that did not set
-/// it, so neither end needs to be newer than the other.
+/// takes the daemon's TCP limits in its Challenge ([`crate::auth::Accept`])
+/// and [`crate::Control::GrownLinks`] in place of Grown (issue 21). A
+/// daemon never sends either to a client that did not set it.
 pub const HELLO_PATH_FLAG: u8 = 1;
 
 /// Body of a sealed CREDIT: n (u32 LE) and a 16-byte tag over header + n.

@@ -72,7 +72,7 @@ fn window(wmem: u64, rmem: u64) -> u64 {
 }
 
 /// Issue 21: the daemon tells the agent its TCP buffer limits with the
-/// Challenge (ChallengeTcp); the agent sizes one stream's window from the
+/// Challenge (HELLO_PATH_FLAG); the agent sizes one stream's window from the
 /// sender's wmem and the receiver's rmem, the daemon's on its side of the
 /// transfer, and reports both hosts' limits.
 #[test]
@@ -371,7 +371,7 @@ fn a_long_path_gets_more_streams_during_the_transfer_but_never_past_an_explicit_
     // The daemon's 128 KiB tcp_rmem (its namespace's, sent with the
     // Challenge) sets the window, 64 KiB: the push starts with the most
     // streams a start takes (with this host's 64 MiB at both ends, as
-    // before ChallengeTcp, it started with 10).
+    // before the daemon sent its limits, it started with 10).
     let c = &v["stream_choice"];
     assert_eq!(c["tcp_remote"]["rmem_max"], 131072, "{c}");
     assert_eq!(c["window"], 65536, "{c}");

@@ -33,7 +33,7 @@
 //!
 //! Both hosts' limits count: on a push the agent sends (its `tcp_wmem`)
 //! and the daemon receives (its `tcp_rmem`), on a pull the reverse. The
-//! daemon sends its own with the Challenge (Control::ChallengeTcp), which
+//! daemon sends its own with the Challenge (proto::auth::Accept), which
 //! arrives while the data links are being dialled; the agent dials for
 //! its own limits at both ends first and corrects the count (more links
 //! dialled, or the surplus dropped before they join) when the Challenge
@@ -123,7 +123,7 @@ pub fn window(sender: TcpLimits, receiver: TcpLimits) -> u64 {
 pub struct Ends {
     /// This host's.
     pub local: TcpLimits,
-    /// The daemon's (ChallengeTcp); None: it did not say.
+    /// The daemon's (its Challenge's); None: it did not say.
     pub remote: Option<TcpLimits>,
     /// This host sends the payload (a push).
     pub local_sends: bool,
@@ -202,7 +202,7 @@ pub struct StreamChoice {
     pub max: u16,
     /// This host's TCP buffer limits.
     pub tcp_local: TcpLimits,
-    /// The daemon's (Control::ChallengeTcp); None: it did not say, taken
+    /// The daemon's (its Challenge's); None: it did not say, taken
     /// to be like this host's.
     pub tcp_remote: Option<TcpLimits>,
     pub why: String,
