@@ -305,14 +305,6 @@ impl ClientHandshake {
     }
 }
 
-/// The user name a Hello or SiteHello claims: it selects the key.
-pub fn claimed_user(msg: &Control) -> Option<&str> {
-    match msg {
-        Control::Hello { user, .. } | Control::SiteHello { user, .. } => Some(user),
-        _ => None,
-    }
-}
-
 /// Server side of the handshake.
 pub struct ServerHandshake {
     /// Between Hello and Challenge: holds our ephemeral private key.
