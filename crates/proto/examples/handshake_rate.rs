@@ -86,7 +86,12 @@ fn main() {
     for r in 0..rounds {
         a.push(rate(secs, &mut |n| hmac(n)));
         b.push(rate(secs, &mut |_| noise()));
-        println!("round {}: hmac {:>9.0}/s  noise {:>7.0}/s", r + 1, a[r], b[r]);
+        println!(
+            "round {}: hmac {:>9.0}/s  noise {:>7.0}/s",
+            r + 1,
+            a[r],
+            b[r]
+        );
     }
     let (m1, m2) = (median(a), median(b));
     println!(
