@@ -19,7 +19,7 @@
 //! - **The server proves its key** with the Challenge: its AEAD tag is
 //!   under a key derived from the PSK and the fresh DH, which only a holder
 //!   of the PSK can compute. The client checks it before it sends Auth or
-//!   opens a data link, exactly where it checked the v1 proof.
+//!   opens a data link, where it checked the old handshake's proof.
 //! - **The client proves its key and its ephemeral**: the Hello's tag shows
 //!   the PSK but can be replayed; Auth is an HMAC under a key only the two
 //!   ends of *this* handshake can derive (it needs an ephemeral private
