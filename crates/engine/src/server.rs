@@ -26,11 +26,12 @@ use crate::session::{random32, serve_handshake, ServerLinks};
 use crate::sink::{run_sink_with, SinkSpec};
 use crate::source::{run_source_with, SourceSpec};
 use crate::stats::Stats;
-use crate::transport::tcp::tune;
 use crate::transport::Link;
-use crate::wire::{exchange_preamble, recv_control, recv_control_flags, send_control};
+use crate::wire::{recv_control, send_control};
 use crate::{show, EngineError, TransferOptions};
 
+mod accept;
+pub mod limits;
 mod relay;
 
 /// A data link for a session: (stream, epoch, link), epoch 0 from Join,
@@ -76,6 +77,8 @@ pub struct DaemonShared {
     /// Root of the `proc/sys/net/ipv4/tcp_{w,r}mem` read for the Challenge
     /// ("/" unless set: tests inject limits, `serve --tcp-sys-root`).
     tcp_root: std::sync::OnceLock<PathBuf>,
+    /// Connections held, in all and per source (server::limits).
+    pub conns: Arc<limits::Gate>,
 }
 
 /// A daemon that serves one session only (`ramsys ssh-serve`,
@@ -222,6 +225,7 @@ impl Daemon {
                 life: Default::default(),
                 raw: std::sync::OnceLock::new(),
                 tcp_root: std::sync::OnceLock::new(),
+                conns: Default::default(),
             }),
         })
     }
@@ -326,23 +330,15 @@ impl Daemon {
         let _ = self.shared.tcp_root.set(root);
     }
 
-    /// Accept connections forever.
+    /// Limit the connections held at once and the time to a first
+    /// message (server::limits, issue 34).
+    pub fn set_limits(&self, l: limits::ConnLimits) {
+        self.shared.conns.set_limits(l);
+    }
+
+    /// Accept connections forever (server::accept).
     pub fn serve(self) {
-        for c in self.listener.incoming() {
-            match c {
-                Ok(s) => {
-                    tune(&s, None);
-                    let sh = self.shared.clone();
-                    let _ = std::thread::Builder::new()
-                        .name("conn".into())
-                        .spawn(move || handle(sh, Box::new(s)));
-                }
-                Err(e) => {
-                    tracing::warn!("accept: {e}");
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-            }
-        }
+        accept::run(self.listener, self.shared);
     }
 
     /// Serve on a background thread.
@@ -354,13 +350,27 @@ impl Daemon {
     }
 }
 
+/// How long a read on a connection past its first message may wait.
+const IDLE_READ: Duration = Duration::from_secs(30);
+
+/// A link from a raw-Ethernet listener (transport::rawlink): its first
+/// message is read here, under the same limits as a TCP connection's
+/// (server::accept).
 fn handle(sh: Arc<DaemonShared>, mut link: Box<dyn Link>) {
     let peer = link.peer();
-    if let Err(e) = handle_inner(&sh, &mut link) {
-        match e {
-            EngineError::PeerClosed => tracing::debug!("{peer}: closed"),
-            e => tracing::warn!("{peer}: {e}"),
-        }
+    let timeout = sh.conns.limits().handshake_timeout;
+    let r = accept::read_first_blocking(&mut *link, timeout).and_then(|(first, flags)| {
+        link.set_read_timeout(Some(IDLE_READ))?;
+        handle_first(&sh, &mut link, first, flags)
+    });
+    log_outcome(&peer, r);
+}
+
+fn log_outcome(peer: &str, r: Result<(), EngineError>) {
+    match r {
+        Ok(()) => {}
+        Err(EngineError::PeerClosed) => tracing::debug!("{peer}: closed"),
+        Err(e) => tracing::warn!("{peer}: {e}"),
     }
 }
 
@@ -393,10 +403,12 @@ pub(crate) fn refuse(link: &mut Box<dyn Link>, code: u16, message: String) {
 /// Dispatch on a connection's first message (seed 000 sec. 6.2.1): a
 /// data link joining its session, a replacement link rejoining one, a
 /// control connection's Hello, or a site peer's SiteHello.
-fn handle_inner(sh: &Arc<DaemonShared>, link: &mut Box<dyn Link>) -> Result<(), EngineError> {
-    link.set_read_timeout(Some(Duration::from_secs(30)))?;
-    exchange_preamble(&mut **link)?;
-    let (first, flags) = recv_control_flags(&mut **link)?;
+fn handle_first(
+    sh: &Arc<DaemonShared>,
+    link: &mut Box<dyn Link>,
+    first: Control,
+    flags: u8,
+) -> Result<(), EngineError> {
     match &first {
         Control::Join {
             session,

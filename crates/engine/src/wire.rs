@@ -97,9 +97,20 @@ pub fn recv_control_flags(link: &mut dyn Read) -> Result<(Control, u8), EngineEr
         }
         .into());
     }
-    let mut body = vec![0u8; h.len as usize];
-    link.read_exact(&mut body)?;
+    let body = read_body(link, h.len as usize)?;
     Ok((Control::decode(&body)?, h.flags))
+}
+
+/// Read a `len`-byte frame body. The buffer grows with what arrives
+/// (issue 34): a peer announcing a 1 MiB message and sending nothing
+/// makes the daemon allocate nothing for it.
+fn read_body(link: &mut dyn Read, len: usize) -> Result<Vec<u8>, EngineError> {
+    let mut body = Vec::with_capacity(len.min(64 << 10));
+    link.take(len as u64).read_to_end(&mut body)?;
+    if body.len() < len {
+        return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+    }
+    Ok(body)
 }
 
 /// Send a CREDIT frame.

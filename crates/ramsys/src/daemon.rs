@@ -8,6 +8,7 @@ use clap::Args;
 use ramsys_engine::config::{daemon_placement, DaemonConfig, DaemonPlacement, ServeInputs};
 use ramsys_engine::daemon::users::load_users_file;
 use ramsys_engine::resources::ResourceConfig;
+use ramsys_engine::server::limits::ConnLimits;
 use ramsys_engine::server::Daemon;
 use ramsys_engine::{EngineResources, TransferOptions};
 
@@ -122,6 +123,19 @@ pub struct ServeArgs {
     /// docs/TYCHE.md).
     #[arg(long, value_name = "on|off|auto")]
     pub copy_offload: Option<ramsys_rawnet::offload::Mode>,
+    /// Connections held at once, all sources together (default: config's
+    /// `max_connections`, else 1024): one more is refused with an Error
+    /// and one log line (docs/SECURITY.md "Bounded connections").
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: Option<u64>,
+    /// Connections held at once from one source address, an IPv6 source
+    /// by its /64 (default: config's `max_connections_per_addr`, else 256).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections_per_addr: Option<u64>,
+    /// Seconds a connection gets to send its first message (default:
+    /// config's `handshake_timeout`, else 10); closed after it.
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub handshake_timeout: Option<u64>,
     /// On SIGTERM/SIGINT: seconds running sessions get to finish before
     /// they are stopped (resumably); new sessions are refused meanwhile.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
@@ -195,6 +209,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     if let Some(p) = placement {
         d.set_placement(p);
     }
+    d.set_limits(conn_limits(a, &cfg));
     start_site(&mut d, a, &cfg);
     if let Some(r) = &a.tcp_sys_root {
         d.set_tcp_sys_root(r.clone());
@@ -233,6 +248,28 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     tracing::info!("serving {} on {}", root.display(), d.local_addr());
     d.serve();
     Ok(0)
+}
+
+/// The connection limits: flags, else the config, else the defaults
+/// (server::limits).
+fn conn_limits(a: &ServeArgs, cfg: &DaemonConfig) -> ConnLimits {
+    let d = ConnLimits::default();
+    ConnLimits {
+        max_connections: a
+            .max_connections
+            .map(|n| n as usize)
+            .or(cfg.max_connections)
+            .unwrap_or(d.max_connections),
+        max_per_addr: a
+            .max_connections_per_addr
+            .map(|n| n as usize)
+            .or(cfg.max_connections_per_addr)
+            .unwrap_or(d.max_per_addr),
+        handshake_timeout: a
+            .handshake_timeout
+            .or(cfg.handshake_timeout)
+            .map_or(d.handshake_timeout, Duration::from_secs),
+    }
 }
 
 /// The exported root: --root, else the first user's root of the users

@@ -16,6 +16,9 @@
 //! direct = "auto"            # O_DIRECT for large files: auto | always | never
 //! max_rate = "200M"          # what the daemon sends, all sessions together
 //!                            # (bytes/s or rsync units; data::rate; 0 = none)
+//! max_connections = 1024     # connections held at once (server::limits)
+//! max_connections_per_addr = 256   # ... from one source address
+//! handshake_timeout = 10     # seconds to a connection's first message
 //!
 //! [devices.sda]
 //! capacity_gbps = 4.0        # what the device really sustains
@@ -93,6 +96,11 @@ pub struct DaemonConfig {
     /// `max_rate`: bytes per second the daemon sends in all sessions
     /// together (data::rate); reloaded on SIGHUP.
     pub max_rate: Option<u64>,
+    /// `max_connections`, `max_connections_per_addr`, `handshake_timeout`
+    /// (seconds): the connection limits (server::limits, issue 34).
+    pub max_connections: Option<usize>,
+    pub max_connections_per_addr: Option<usize>,
+    pub handshake_timeout: Option<u64>,
     pub devices: BTreeMap<String, DeviceConfig>,
     /// `[users.NAME]` tables (crate::daemon::users): per-user keys and
     /// export roots.
@@ -145,6 +153,9 @@ impl DaemonConfig {
                     })
                 }
                 "max_streams" => c.max_streams = Some(positive(k, v)?),
+                "max_connections" => c.max_connections = Some(positive(k, v)?),
+                "max_connections_per_addr" => c.max_connections_per_addr = Some(positive(k, v)?),
+                "handshake_timeout" => c.handshake_timeout = Some(positive(k, v)? as u64),
                 "readers" => c.readers = Some(positive(k, v)?),
                 "writers" => c.writers = Some(positive(k, v)?),
                 "model" => c.model = Some(base.join(string(k, v)?)),
@@ -180,7 +191,8 @@ impl DaemonConfig {
                 _ => {
                     return Err(format!(
                         "unknown key `{k}` (expected numa, memory, max_streams, readers, \
-                         writers, model, send_path, direct, max_rate, [devices.NAME], \
+                         writers, model, send_path, direct, max_rate, max_connections, \
+                         max_connections_per_addr, handshake_timeout, [devices.NAME], \
                          [users.NAME], [site] or [raw])"
                     ))
                 }
@@ -767,5 +779,24 @@ mod raw_tests {
         let e = DaemonConfig::parse("[raw]\nifaces = \"eth2\"\n", Path::new(".")).unwrap_err();
         assert!(e.contains("raw.ifaces"), "{e}");
         assert!(DaemonConfig::parse("[raw]\nmtu = 9000\n", Path::new(".")).is_err());
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    #[test]
+    fn connection_limits() {
+        let c = DaemonConfig::parse(
+            "max_connections = 300\nmax_connections_per_addr = 20\nhandshake_timeout = 3\n",
+            Path::new("."),
+        )
+        .unwrap();
+        assert_eq!(c.max_connections, Some(300));
+        assert_eq!(c.max_connections_per_addr, Some(20));
+        assert_eq!(c.handshake_timeout, Some(3));
+        let e = DaemonConfig::parse("max_connections = 0\n", Path::new(".")).unwrap_err();
+        assert!(e.contains("max_connections"), "{e}");
     }
 }

@@ -477,42 +477,160 @@ fn site(o: &mut Out, s: &Status) {
     }
 }
 
-/// Serve `GET /metrics` on `addr` from a background thread; returns the
-/// bound address. `snap` renders the current state.
+/// Connections the metrics server holds at once (issue 34); a new one
+/// beyond this closes the oldest, so a scraper still gets through a flood
+/// of idle or slow connections.
+const MAX_CONNS: usize = 64;
+/// Time a connection gets to send its request and read the answer,
+/// however slowly it trickles bytes.
+const DEADLINE: Duration = Duration::from_secs(5);
+/// Largest request read (the request line is all that matters).
+const MAX_REQUEST: usize = 16 << 10;
+
+/// Serve `GET /metrics` on `addr` from one background thread (issue 34:
+/// no thread per connection; at most MAX_CONNS held, each for at most
+/// DEADLINE); returns the bound address. `snap` renders the current state.
 pub fn serve(
     addr: &str,
     snap: impl Fn() -> Status + Send + Sync + 'static,
 ) -> std::io::Result<SocketAddr> {
     let l = TcpListener::bind(addr)?;
     let local = l.local_addr()?;
-    let snap = std::sync::Arc::new(snap);
+    l.set_nonblocking(true)?;
     std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || {
-            for c in l.incoming().flatten() {
-                let snap = snap.clone();
-                // One short-lived thread per scrape; a slow client cannot
-                // block the next one.
-                let _ = std::thread::Builder::new()
-                    .name("metrics-conn".into())
-                    .spawn(move || answer(c, &*snap));
+            let mut conns: Vec<Conn> = Vec::new();
+            loop {
+                poll(&l, &mut conns);
+                accept(&l, &mut conns);
+                conns.retain_mut(|c| c.step(&snap));
             }
         })?;
     Ok(local)
 }
 
-fn answer(mut c: TcpStream, snap: &dyn Fn() -> Status) {
-    let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = c.set_write_timeout(Some(Duration::from_secs(5)));
-    let mut req = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 16 << 10 {
-        match c.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => req.extend_from_slice(&buf[..n]),
+/// One scrape: reading its request, then writing its answer.
+struct Conn {
+    s: TcpStream,
+    req: Vec<u8>,
+    out: Option<Vec<u8>>,
+    sent: usize,
+    deadline: std::time::Instant,
+    ready: bool,
+}
+
+impl Conn {
+    /// Make what progress the socket allows; false when the connection is
+    /// done (answered, gone or out of time).
+    fn step(&mut self, snap: &dyn Fn() -> Status) -> bool {
+        if std::time::Instant::now() >= self.deadline {
+            return false;
+        }
+        if !std::mem::take(&mut self.ready) {
+            return true;
+        }
+        if self.out.is_none() {
+            let mut buf = [0u8; 2048];
+            loop {
+                match self.s.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        self.req.extend_from_slice(&buf[..n]);
+                        if self.req.windows(4).any(|w| w == b"\r\n\r\n")
+                            || self.req.len() >= MAX_REQUEST
+                        {
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+                    Err(_) => return false,
+                }
+            }
+            self.out = Some(response(&self.req, snap));
+        }
+        let out = self.out.as_deref().unwrap_or_default();
+        while self.sent < out.len() {
+            match self.s.write(&out[self.sent..]) {
+                Ok(0) => return false,
+                Ok(n) => self.sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+}
+
+/// Wait until the listener or a connection is ready (or a deadline
+/// passes); marks the ready connections.
+fn poll(l: &TcpListener, conns: &mut [Conn]) {
+    use std::os::fd::AsRawFd;
+    let mut fds = vec![libc::pollfd {
+        fd: l.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    fds.extend(conns.iter().map(|c| libc::pollfd {
+        fd: c.s.as_raw_fd(),
+        events: if c.out.is_some() {
+            libc::POLLOUT
+        } else {
+            libc::POLLIN
+        },
+        revents: 0,
+    }));
+    let next = conns.iter().map(|c| c.deadline).min();
+    let wait = next.map_or(Duration::from_secs(1), |t| {
+        t.saturating_duration_since(std::time::Instant::now())
+    });
+    let ms = wait.as_millis().clamp(1, 1000) as libc::c_int;
+    // SAFETY: fds is a valid array of fds.len() pollfd structs.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if n > 0 {
+        for (c, f) in conns.iter_mut().zip(&fds[1..]) {
+            c.ready = f.revents != 0;
         }
     }
-    let line = String::from_utf8_lossy(&req);
+}
+
+/// Take every waiting connection; the oldest make room for new ones.
+fn accept(l: &TcpListener, conns: &mut Vec<Conn>) {
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                if s.set_nonblocking(true).is_err() {
+                    continue;
+                }
+                if conns.len() >= MAX_CONNS {
+                    conns.remove(0);
+                }
+                conns.push(Conn {
+                    s,
+                    req: Vec::new(),
+                    out: None,
+                    sent: 0,
+                    deadline: std::time::Instant::now() + DEADLINE,
+                    // Try at once: the request is often there already.
+                    ready: true,
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(_) => {
+                // Out of descriptors: pause instead of spinning.
+                std::thread::sleep(Duration::from_millis(50));
+                return;
+            }
+        }
+    }
+}
+
+/// The HTTP answer to `req`.
+fn response(req: &[u8], snap: &dyn Fn() -> Status) -> Vec<u8> {
+    let line = String::from_utf8_lossy(req);
     let mut parts = line.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = path.split('?').next().unwrap_or("");
@@ -529,14 +647,15 @@ fn answer(mut c: TcpStream, snap: &dyn Fn() -> Status) {
         ),
         _ => ("405 Method Not Allowed", "text/plain", "only GET\n".into()),
     };
-    let head = format!(
+    let mut out = format!(
         "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
-    );
-    let _ = c.write_all(head.as_bytes());
+    )
+    .into_bytes();
     if method != "HEAD" {
-        let _ = c.write_all(body.as_bytes());
+        out.extend_from_slice(body.as_bytes());
     }
+    out
 }
 
 #[cfg(test)]
@@ -614,6 +733,35 @@ mod tests {
         let mut s = String::new();
         c.read_to_string(&mut s).unwrap();
         assert!(s.starts_with("HTTP/1.1 404"));
+    }
+
+    /// Issue 34: idle connections beyond MAX_CONNS neither hold threads
+    /// nor keep a scraper out; each is closed by its deadline at the
+    /// latest.
+    #[test]
+    fn idle_connections_do_not_keep_a_scrape_out() {
+        let a = serve("127.0.0.1:0", empty).unwrap();
+        let idle: Vec<TcpStream> = (0..MAX_CONNS + 20)
+            .map(|_| {
+                let mut c = TcpStream::connect(a).unwrap();
+                c.write_all(b"GET /met").unwrap();
+                c
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut c = TcpStream::connect(a).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        let mut s = String::new();
+        c.read_to_string(&mut s).unwrap();
+        assert!(s.contains("ramsys_up 1\n"), "{s}");
+        // The oldest idle ones were closed to make room.
+        let mut first = &idle[0];
+        first
+            .set_read_timeout(Some(Duration::from_secs(1)))
+            .unwrap();
+        let mut b = [0u8; 16];
+        assert_eq!(first.read(&mut b).unwrap_or(0), 0);
     }
 
     #[test]
