@@ -28,6 +28,7 @@ pub mod options;
 pub mod placement;
 pub mod relink;
 pub mod request;
+pub mod reserved;
 pub mod resources;
 pub mod server;
 pub mod session;

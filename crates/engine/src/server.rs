@@ -1066,6 +1066,15 @@ pub(crate) fn request_paths(
         if !p.is_empty() {
             validate_relative(p)?;
         }
+        // Our own working files are neither read nor written through a
+        // session (issue 34, crate::reserved).
+        if crate::reserved::names_reserved(p) {
+            return Err(ramsys_proto::ProtoError::BadPath(format!(
+                "{}: {}",
+                show(p),
+                crate::reserved::REFUSED
+            )));
+        }
         rels.push(p.to_vec());
     }
     Ok((rels, contents))

@@ -336,3 +336,327 @@ fn a_flood_of_hostile_connections_is_bounded_and_copies_still_work() {
     assert!(log.contains("connection refused"), "{log}");
     assert!(log.contains("no complete first message"), "{log}");
 }
+
+// ---------------------------------------------------------------------
+// Reserved names (docs/SECURITY.md "Reserved names").
+
+use std::sync::Arc;
+
+use ramsys_engine::session::{client_connect, ClientLinks, LinkProvider};
+use ramsys_engine::transport::tcp::Tcp;
+use ramsys_engine::transport::Link;
+use ramsys_engine::wire::{read_header, recv_control, send_control};
+use ramsys_proto::control::{Entry, EntryKind, Open, Propose, Role};
+use ramsys_proto::data::{encode_table, hash_block, table_len, Segment};
+
+const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+fn entry(id: u64, path: &[u8], kind: EntryKind) -> Entry {
+    Entry {
+        id,
+        path: path.to_vec(),
+        kind,
+        mode: 0o644,
+        mtime_s: 0,
+        mtime_ns: 0,
+    }
+}
+
+/// A peer that speaks the protocol by hand: pushes `entries` into the
+/// daemon's root and sends `files` (id, bytes) as payload; returns the
+/// SyncDone and Complete failures as (path, reason).
+fn hostile_push(addr: &str, entries: Vec<Entry>, files: &[(u64, &[u8])]) -> Vec<(String, String)> {
+    let t = Tcp::default();
+    let s = client_connect(&t, addr, KEY, Duration::from_secs(5)).unwrap();
+    let mut ctl = s.ctl;
+    let open = Open {
+        server_role: Role::Sink,
+        paths: vec![Vec::new()],
+        recursive: true,
+        streams: 1,
+        block_size: 1 << 16,
+        checksum: true,
+    };
+    send_control(&mut *ctl, &Control::Open(open)).unwrap();
+    let propose = Propose {
+        roots: 1,
+        streams: 1,
+        block_size: 1 << 16,
+        capacity_mbps: 0,
+        checksum: true,
+        cipher: 0,
+    };
+    send_control(&mut *ctl, &Control::Propose(propose)).unwrap();
+    let Control::Confirm(confirm) = recv_control(&mut *ctl).unwrap() else {
+        panic!("expected Confirm")
+    };
+    let n = entries.len() as u64;
+    let bytes: u64 = files.iter().map(|f| f.1.len() as u64).sum();
+    send_control(&mut *ctl, &Control::Entries(entries)).unwrap();
+    let end = Control::MetaEnd {
+        entries: n,
+        files: files.len() as u64,
+        bytes,
+    };
+    send_control(&mut *ctl, &end).unwrap();
+    let mut out = Vec::new();
+    let Control::SyncDone { failures } = recv_control(&mut *ctl).unwrap() else {
+        panic!("expected SyncDone")
+    };
+    out.extend(failures.into_iter().map(|f| (lossy(&f.path), f.reason)));
+    let mut links = ClientLinks {
+        transport: Arc::new(Tcp::default()),
+        addr: addr.to_string(),
+        session: s.session,
+        session_key: s.session_key,
+        timeout: Duration::from_secs(5),
+    };
+    let mut data = links.open(confirm.streams).unwrap();
+    let link = &mut data[0];
+    let h = read_header(&mut **link, 0).unwrap().unwrap();
+    assert_eq!(h.kind, FrameKind::Credit);
+    let mut c = [0u8; 4];
+    link.read_exact(&mut c).unwrap();
+    let mut done = Vec::new();
+    for (id, payload) in files {
+        let segs = [Segment {
+            file_id: *id,
+            offset: 0,
+            len: payload.len() as u32,
+        }];
+        let mut hashes = [0u64];
+        let ck = hash_block(&segs, payload, &mut hashes);
+        send_block(&mut **link, &segs, ck, payload);
+        done.push((*id, hashes[0]));
+    }
+    link.write_all(&FrameHeader::new(FrameKind::End, 0, 0).encode())
+        .unwrap();
+    send_control(&mut *ctl, &Control::FilesDone(done)).unwrap();
+    let eod = Control::EndOfData {
+        files: files.len() as u64,
+        bytes,
+    };
+    send_control(&mut *ctl, &eod).unwrap();
+    loop {
+        match recv_control(&mut *ctl).unwrap() {
+            Control::Settled => {}
+            Control::Complete(c) => {
+                out.extend(c.failures.into_iter().map(|f| (lossy(&f.path), f.reason)));
+                return out;
+            }
+            m => panic!("expected Complete, got {m:?}"),
+        }
+    }
+}
+
+fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn send_block(link: &mut dyn Link, segs: &[Segment], ck: u64, payload: &[u8]) {
+    let mut table = vec![0u8; table_len(segs.len())];
+    let tl = encode_table(ck, segs, &mut table);
+    let h = FrameHeader::new(
+        FrameKind::Data,
+        segs.len() as u16,
+        (tl + payload.len()) as u32,
+    );
+    link.write_all(&h.encode()).unwrap();
+    link.write_all(&table).unwrap();
+    link.write_all(payload).unwrap();
+}
+
+/// The names ramsys makes inside a destination, as a hostile peer would
+/// send them.
+const RESERVED: [&str; 5] = [
+    ".ramsys-journal.sqlite",
+    ".ramsys-journal.sqlite-wal",
+    ".f.ramsys-00000000000000ab.part",
+    ".g.ramsys-0123456789abcdef.big",
+    ".ramsys-0000000000000001-0.lnk",
+];
+
+/// Issue 34, reserved names, written by a peer: a hand-made push of files
+/// and a symlink named like the journal, a temp file, a big file's temp
+/// file and a temp link is refused entry by entry (one failure line
+/// each), nothing is created under those names and the rest lands (main
+/// 0449507 wrote them all, the journal's name included).
+#[test]
+fn a_peer_cannot_write_reserved_names() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = TestDaemon::start(&root, &key);
+    let mut es = vec![entry(0, b"d", EntryKind::Dir)];
+    let mut files: Vec<(u64, &[u8])> = Vec::new();
+    for (i, n) in RESERVED.iter().enumerate() {
+        let id = es.len() as u64;
+        let path = if i % 2 == 0 {
+            n.to_string()
+        } else {
+            format!("d/{n}")
+        };
+        es.push(entry(id, path.as_bytes(), EntryKind::File { size: 5 }));
+        files.push((id, b"pwned"));
+    }
+    let id = es.len() as u64;
+    es.push(entry(
+        id,
+        b".ramsys-journal.sqlite-shm",
+        EntryKind::Symlink {
+            target: b"/etc/passwd".to_vec(),
+        },
+    ));
+    es.push(entry(id + 1, b"d/fine", EntryKind::File { size: 2 }));
+    files.push((id + 1, b"ok"));
+    let failed = hostile_push(&d.addr, es, &files);
+    for n in RESERVED.iter().chain([&".ramsys-journal.sqlite-shm"]) {
+        assert!(
+            failed
+                .iter()
+                .any(|(p, r)| p.ends_with(n) && r.contains("reserves")),
+            "{n} not refused: {failed:?}"
+        );
+        assert!(std::fs::symlink_metadata(root.join(n)).is_err(), "{n} made");
+        assert!(
+            std::fs::symlink_metadata(root.join("d").join(n)).is_err(),
+            "d/{n} made"
+        );
+    }
+    // Each once (a symlink refused before the payload is in SyncDone and
+    // in Complete, like every entry the sink could not prepare).
+    let paths: std::collections::BTreeSet<&String> = failed.iter().map(|f| &f.0).collect();
+    assert_eq!(paths.len(), RESERVED.len() + 1, "{failed:?}");
+    assert_eq!(std::fs::read(root.join("d/fine")).unwrap(), b"ok");
+}
+
+/// Issue 34, reserved names through the agent: a tree holding them sends
+/// everything else (they are not part of what a session reads); naming one
+/// as a source or as DST is refused in one line; a pull can neither name
+/// the daemon's journal nor get it with a tree; `--delete` leaves them.
+#[test]
+fn reserved_names_are_neither_read_nor_written_nor_deleted() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = TestDaemon::start(&root, &key);
+    let src = t.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("a"), b"a").unwrap();
+    for n in RESERVED {
+        std::fs::write(src.join(n), b"x").unwrap();
+        std::fs::write(src.join("sub").join(n), b"x").unwrap();
+    }
+    // A tree: all but the reserved names.
+    let o = ramsys(&key, &["cp", "-r", src.to_str().unwrap(), &d.url("t")]);
+    assert_ok(&o);
+    let got: Vec<PathBuf> = walk_paths(&root.join("t"));
+    assert!(got.iter().all(|p| {
+        let n = p.file_name().unwrap().to_str().unwrap();
+        !RESERVED.contains(&n)
+    }));
+    assert!(root.join("t/a").exists());
+    // A reserved name as the source, or as DST: one line, non-zero.
+    let j = src.join(RESERVED[0]);
+    let o = ramsys(&key, &["cp", j.to_str().unwrap(), &d.url("x")]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("reserves"), "{}", stderr(&o));
+    assert!(!root.join("x").exists());
+    let a = src.join("a");
+    let o = ramsys(&key, &["cp", a.to_str().unwrap(), &d.url(RESERVED[0])]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("reserves") && e.lines().count() == 1, "{e}");
+    assert!(!root.join(RESERVED[0]).exists());
+    // The daemon's own journal: not by name, not with the tree.
+    std::fs::write(root.join(RESERVED[0]), b"rows naming other files").unwrap();
+    let out = t.path().join("out");
+    let o = ramsys(&key, &["cp", &d.url(RESERVED[0]), out.to_str().unwrap()]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("reserves"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!out.exists());
+    let o = ramsys(&key, &["cp", "-r", &d.url(""), out.to_str().unwrap()]);
+    assert_ok(&o);
+    assert!(out.join("t/a").exists());
+    assert!(!out.join(RESERVED[0]).exists());
+    // --delete leaves every reserved name in DST.
+    for n in RESERVED {
+        std::fs::write(root.join("t/sub").join(n), b"ours").unwrap();
+    }
+    let src_slash = format!("{}/", src.display());
+    let o = ramsys(&key, &["sync", "-r", "--delete", &src_slash, &d.url("t")]);
+    assert_ok(&o);
+    for n in RESERVED {
+        assert_eq!(
+            std::fs::read(root.join("t/sub").join(n)).unwrap(),
+            b"ours",
+            "{n}"
+        );
+    }
+}
+
+/// Issue 34: the daemon's resume journal is 0600 (main 0449507: 0644, and
+/// it names the user's files), and one that is corrupt is moved aside
+/// with one log line instead of failing every later resume.
+#[test]
+fn journal_is_private_and_a_corrupt_one_is_moved_aside() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let log = t.path().join("log");
+    let d = serve(&root, &key, &log, &[]);
+    let url = format!("ramsys://{}/big", d.addr);
+    let big = t.path().join("big");
+    std::fs::write(&big, vec![7u8; 8 << 20]).unwrap();
+    // Interrupt a resumable push: the journal stays behind.
+    let mut c = Command::new(bin());
+    c.args([
+        "cp",
+        "--resume",
+        "--bwlimit",
+        "1M",
+        big.to_str().unwrap(),
+        &url,
+    ])
+    .env("RAMSYS_KEY_FILE", &key)
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let _ = child.kill();
+    let _ = child.wait();
+    // The daemon's session ends when it sees the agent gone; then the
+    // journal is closed (its -wal file goes with the last connection).
+    let j = root.join(".ramsys-journal.sqlite");
+    let wal = root.join(".ramsys-journal.sqlite-wal");
+    let t0 = Instant::now();
+    while !(j.exists() && !wal.exists()) && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mode = std::fs::metadata(&j).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "journal mode {mode:o}");
+    // Corrupt it: the next resume moves it aside, says so once, and works.
+    std::fs::write(&j, vec![0x5au8; 4096]).unwrap();
+    for s in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(root.join(format!(".ramsys-journal.sqlite{s}")));
+    }
+    let o = ramsys(&key, &["cp", "--resume", big.to_str().unwrap(), &url]);
+    assert_ok(&o);
+    assert_eq!(std::fs::read(root.join("big")).unwrap().len(), 8 << 20);
+    let aside = root.join(".ramsys-journal.sqlite.corrupt");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        std::fs::read(&aside).ok(),
+        Some(vec![0x5au8; 4096]),
+        "{text}"
+    );
+    let said: Vec<&str> = text.lines().filter(|l| l.contains("moved aside")).collect();
+    assert_eq!(said.len(), 1, "{text}");
+}

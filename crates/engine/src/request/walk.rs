@@ -243,6 +243,15 @@ fn first_pass(
     let mut failures = Vec::new();
     for t in tops {
         let path = abs(base, &t.rel);
+        // Our own working files are not read through a session (issue 34).
+        let (_, last) = crate::fsops::split_parent(&t.rel);
+        if crate::reserved::is_reserved(last) || crate::reserved::is_reserved(&t.name) {
+            failures.push(FailedPath {
+                path: path.display().to_string(),
+                reason: crate::reserved::REFUSED.into(),
+            });
+            continue;
+        }
         match fs::symlink_metadata(&path) {
             Ok(md) if filter.excluded(&t.name, md.is_dir()) => {}
             // A device named as a source means its contents (issue 18);
@@ -577,6 +586,11 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
         };
         let name = de.file_name();
         let name = name.as_bytes();
+        // Our own working files (crate::reserved): never part of a tree
+        // sent, as `--delete` never removes them (issue 34).
+        if crate::reserved::is_reserved(name) {
+            continue;
+        }
         // The type comes with the name (d_type); where the file system
         // gives none, std stats it here.
         let is_dir = match de.file_type() {

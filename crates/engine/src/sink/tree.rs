@@ -150,6 +150,9 @@ impl Tree {
 
     /// One record, its path mapped to `target` under the sink's root.
     fn entry(&mut self, mut e: ramsys_proto::control::Entry, target: Vec<u8>, root: &Arc<Root>) {
+        if crate::reserved::names_reserved(&target) {
+            return self.refuse_reserved(e, target);
+        }
         let mtime = (e.mtime_s, e.mtime_ns);
         let dry = self.dry();
         // Set-ID bits only where the policy lets the file keep them (issue
@@ -213,6 +216,33 @@ impl Tree {
             EntryKind::File { .. } | EntryKind::Special { .. } | EntryKind::Piece { .. } => {}
             EntryKind::Symlink { target: t } => d.symlinks.push((target, t, mtime)),
             EntryKind::HardLink { target_id } => d.hardlinks.push((target, target_id)),
+        }
+    }
+}
+
+impl Tree {
+    /// A record naming one of our own working files (issue 34,
+    /// crate::reserved): nothing is made; a file's data, if sent anyway,
+    /// is dropped; the path is reported failed.
+    fn refuse_reserved(&mut self, e: ramsys_proto::control::Entry, target: Vec<u8>) {
+        let reason = crate::reserved::REFUSED.to_string();
+        let size = match e.kind {
+            EntryKind::File { size } | EntryKind::Piece { size, .. } if !self.dry() => Some(size),
+            _ => None,
+        };
+        match size {
+            Some(size) => {
+                let file = (target, size, 0o600, (e.mtime_s, e.mtime_ns));
+                self.table.push_entry(e.id, Some(file));
+                self.table.fail_id(e.id, reason);
+            }
+            None => {
+                self.table.push_entry(e.id, None);
+                self.prep_failures.push(Failure {
+                    path: target,
+                    reason,
+                });
+            }
         }
     }
 }

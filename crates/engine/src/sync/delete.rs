@@ -13,12 +13,10 @@ use std::os::unix::ffi::OsStrExt;
 use crate::fsops::Root;
 
 /// Our own working files, never deleted: temp files and links of running
-/// or interrupted sessions, and the resume journal.
+/// or interrupted sessions, big files' pieces, and the resume journal
+/// (crate::reserved).
 pub fn is_ours(name: &[u8]) -> bool {
-    let has = |pat: &[u8]| name.windows(pat.len()).any(|w| w == pat);
-    name.starts_with(super::journal::JOURNAL_NAME.as_bytes())
-        || (name.starts_with(b".") && has(b".ramsys-") && name.ends_with(b".part"))
-        || (name.starts_with(b".ramsys-") && name.ends_with(b".lnk"))
+    crate::reserved::is_reserved(name)
 }
 
 fn join(a: &[u8], b: &[u8]) -> Vec<u8> {

@@ -47,10 +47,84 @@ fn err(e: rusqlite::Error) -> std::io::Error {
     std::io::Error::other(format!("resume journal: {e}"))
 }
 
+/// Why a journal could not be opened: it is not a sound journal (moved
+/// aside), or the file system said no.
+enum OpenError {
+    Corrupt(String),
+    Io(std::io::Error),
+}
+
+impl From<rusqlite::Error> for OpenError {
+    fn from(e: rusqlite::Error) -> Self {
+        use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
+        match e.sqlite_error_code() {
+            Some(DatabaseCorrupt | NotADatabase) => OpenError::Corrupt(e.to_string()),
+            _ => OpenError::Io(err(e)),
+        }
+    }
+}
+
 impl Journal {
+    /// Open (or create) the journal at `root`. One that is not a sound
+    /// SQLite database, or not a regular file (a symlink put there), is
+    /// moved aside to `.ramsys-journal.sqlite.corrupt` with one log line
+    /// and a new one started (issue 34).
     pub fn open(root: &std::path::Path) -> std::io::Result<Journal> {
         let path = root.join(JOURNAL_NAME);
-        let conn = Connection::open(&path).map_err(err)?;
+        match Self::open_at(&path) {
+            Ok(j) => Ok(j),
+            Err(OpenError::Io(e)) => Err(e),
+            Err(OpenError::Corrupt(why)) => {
+                let aside = Self::move_aside(&path)?;
+                tracing::warn!(
+                    "resume journal {} is unusable ({why}); moved aside to {}",
+                    path.display(),
+                    aside.display()
+                );
+                match Self::open_at(&path) {
+                    Ok(j) => Ok(j),
+                    Err(OpenError::Io(e)) => Err(e),
+                    Err(OpenError::Corrupt(why)) => Err(std::io::Error::other(format!(
+                        "resume journal {}: {why}",
+                        path.display()
+                    ))),
+                }
+            }
+        }
+    }
+
+    fn open_at(path: &std::path::Path) -> Result<Journal, OpenError> {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        // Created 0600 here, before SQLite (which would make it 0644 and
+        // its -wal/-shm files like it): it names the user's files. Never
+        // through a symlink.
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(path);
+        let f = match f {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(OpenError::Corrupt("a symlink".into()))
+            }
+            Err(e) => return Err(OpenError::Io(e)),
+        };
+        let md = f.metadata().map_err(OpenError::Io)?;
+        if !md.is_file() {
+            return Err(OpenError::Corrupt("not a regular file".into()));
+        }
+        // One made 0644 by an older version.
+        if md.permissions().mode() & 0o077 != 0 {
+            f.set_permissions(std::fs::Permissions::from_mode(0o600))
+                .map_err(OpenError::Io)?;
+        }
+        drop(f);
+        use rusqlite::OpenFlags as F;
+        let flags = F::SQLITE_OPEN_READ_WRITE | F::SQLITE_OPEN_NO_MUTEX | F::SQLITE_OPEN_NOFOLLOW;
+        let conn = Connection::open_with_flags(path, flags)?;
         // Survives the process being killed (the OS has the pages). No
         // fsync ever (synchronous=OFF, set before WAL so that the switch
         // does not sync either): on ext4 an fsync of this small file at the
@@ -65,9 +139,42 @@ impl Journal {
                mtime_ns INTEGER NOT NULL, part BLOB NOT NULL, block_size INTEGER NOT NULL,
                written BLOB NOT NULL);
              CREATE TABLE IF NOT EXISTS dests(dest BLOB PRIMARY KEY, top BLOB NOT NULL);",
-        )
-        .map_err(err)?;
-        Ok(Journal { conn, path })
+        )?;
+        // Damage past the header shows here, not at the first lookup.
+        let check: String = conn.query_row("PRAGMA quick_check(1)", [], |r| r.get(0))?;
+        if check != "ok" {
+            return Err(OpenError::Corrupt(check));
+        }
+        Ok(Journal {
+            conn,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Rename the journal and its -wal/-shm files to `.corrupt` names
+    /// (replacing an older set); returns the new name of the journal.
+    fn move_aside(path: &std::path::Path) -> std::io::Result<PathBuf> {
+        let named = |p: &std::path::Path, suffix: &str| {
+            let mut s = p.as_os_str().to_owned();
+            s.push(suffix);
+            PathBuf::from(s)
+        };
+        let aside = named(path, ".corrupt");
+        for suffix in ["-wal", "-shm", ""] {
+            match std::fs::rename(named(path, suffix), named(&aside, suffix)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    let _ = std::fs::remove_file(named(&aside, suffix));
+                }
+                Err(e) => {
+                    return Err(std::io::Error::other(format!(
+                        "resume journal {} is unusable and cannot be moved aside: {e}",
+                        path.display()
+                    )))
+                }
+            }
+        }
+        Ok(aside)
     }
 
     pub fn lookup(&self, dest: &[u8]) -> std::io::Result<Option<PartRec>> {
@@ -264,5 +371,57 @@ mod tests {
         assert!(j.lookup(b"a/b").unwrap().is_none());
         j.close();
         assert!(!d.path().join(JOURNAL_NAME).exists());
+    }
+
+    fn mode(p: &std::path::Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    /// Issue 34: the journal names the user's files: 0600, and its WAL
+    /// and shared-memory files too; an older 0644 one is made 0600.
+    #[test]
+    fn created_0600_with_its_wal() {
+        let d = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(d.path()).unwrap();
+        j.mark_dest(b"x", b"y").unwrap();
+        for suffix in ["", "-wal", "-shm"] {
+            let p = d.path().join(format!("{JOURNAL_NAME}{suffix}"));
+            assert_eq!(mode(&p), 0o600, "{}", p.display());
+        }
+        drop(j);
+        use std::os::unix::fs::PermissionsExt;
+        let p = d.path().join(JOURNAL_NAME);
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let j = Journal::open(d.path()).unwrap();
+        assert_eq!(mode(&p), 0o600);
+        assert_eq!(j.dest_top(b"x").unwrap().as_deref(), Some(&b"y"[..]));
+    }
+
+    /// Issue 34: a corrupt journal, or a symlink in its place, is moved
+    /// aside (never followed, never left to fail every later run) and a
+    /// new one works.
+    #[test]
+    fn unusable_journal_moved_aside() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join(JOURNAL_NAME);
+        let aside = d.path().join(format!("{JOURNAL_NAME}.corrupt"));
+        std::fs::write(&p, vec![0x5a; 8192]).unwrap();
+        let mut j = Journal::open(d.path()).unwrap();
+        j.mark_dest(b"a", b"b").unwrap();
+        assert_eq!(std::fs::read(&aside).unwrap(), vec![0x5a; 8192]);
+        drop(j);
+        // A symlink planted there: renamed, its target untouched.
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        for s in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(d.path().join(format!("{JOURNAL_NAME}{s}")));
+        }
+        std::os::unix::fs::symlink(&victim, &p).unwrap();
+        let j = Journal::open(d.path()).unwrap();
+        assert_eq!(j.count().unwrap(), 0);
+        assert!(std::fs::symlink_metadata(&aside).unwrap().is_symlink());
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert!(std::fs::symlink_metadata(&p).unwrap().is_file());
     }
 }
