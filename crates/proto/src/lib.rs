@@ -18,6 +18,7 @@
 //! - [`path`]: validation of relative paths received from a peer.
 //! - [`session`]: state machines for the source and sink ends of a session.
 //! - [`relink`]: lost data links: what to send again, credits, back-off.
+//! - [`text`]: names from a peer made safe to print (control characters).
 
 pub mod attrs;
 pub mod auth;
@@ -27,6 +28,7 @@ pub mod frame;
 pub mod path;
 pub mod relink;
 pub mod session;
+pub mod text;
 
 pub use control::Control;
 pub use frame::{FrameHeader, FrameKind};

@@ -378,7 +378,7 @@ fn run_striped(a: &CpArgs, plan: &Plan, sync: u32) -> anyhow::Result<i32> {
     let (wall, cpu) = (t0.elapsed().as_secs_f64(), process_cpu_seconds() - cpu0);
     if a.explain && !plan.json {
         for s in &stripes {
-            eprintln!(
+            say!(
                 "stripe {}: share {} files, {} bytes; moved {} files, {} bytes{}",
                 s.daemon,
                 s.share_files,
@@ -464,7 +464,7 @@ fn run_pairs(a: &CpArgs, plan: &mut Plan, sync: u32) -> anyhow::Result<i32> {
     let (wall, cpu) = (t0.elapsed().as_secs_f64(), process_cpu_seconds() - cpu0);
     if a.explain && !plan.json {
         for s in stripes.iter().flatten() {
-            eprintln!(
+            say!(
                 "pair {} -> {}: share {} files, {} bytes; moved {} files, {} bytes{}",
                 s.daemon,
                 s.sink.as_deref().unwrap_or_default(),
@@ -532,7 +532,7 @@ impl Run<'_> {
                 Ok(r) => {
                     // Every mode says where the data goes (issue 34); the
                     // JSON summary names it too ("redirect").
-                    eprintln!(
+                    say!(
                         "ramsys: {}",
                         crate::pick::redirect_line(&from, &to, &reason)
                     );
@@ -762,15 +762,15 @@ fn report(
         Ok(rep) => {
             let resent = stats.resends.load(std::sync::atomic::Ordering::Relaxed);
             if resent > 0 && !json {
-                eprintln!(
-                    "ramsys: {resent} segments failed verification in flight and were sent again"
-                );
+                say!("ramsys: {resent} segments failed verification in flight and were sent again");
             }
             let faults = LinkFaults::of(stats);
             if faults.lost > 0 && !json {
-                eprintln!(
+                say!(
                     "ramsys: {} data links lost, {} replaced ({} failed reconnect attempts)",
-                    faults.lost, faults.replaced, faults.retries
+                    faults.lost,
+                    faults.replaced,
+                    faults.retries
                 );
             }
             let run = RunFacts {
@@ -890,14 +890,14 @@ fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
         let _ = writeln!(o, "{line}");
     } else {
         for f in &rep.failed {
-            eprintln!("ramsys: failed: {}: {}", f.path, f.reason);
+            say!("ramsys: failed: {}: {}", f.path, f.reason);
         }
         if dry {
             for p in &rep.planned {
-                println!("would send {p}");
+                tell!("would send {p}");
             }
             for p in &rep.deleted {
-                println!("would delete {p}");
+                tell!("would delete {p}");
             }
             println!(
                 "dry run: {} files would be sent, {} unchanged, {} entries would be deleted",

@@ -1,6 +1,9 @@
 //! `ramsys`: one binary for the daemon (`serve`), the agent (`cp`) and the
 //! hardware tools (`topo`, `iomodel`).
 
+#[macro_use]
+mod say;
+
 mod agent;
 mod args;
 mod daemon;
@@ -111,11 +114,12 @@ fn init_logging(verbose: u8, agent: bool) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    // No colour codes when stderr is the journal or a file (a service).
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // No colour codes when stderr is the journal or a file (a service).
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(move || say::LogWriter { ansi })
+        .with_ansi(ansi)
         .with_target(false)
         .try_init();
 }
@@ -132,7 +136,7 @@ fn parse() -> Cli {
         _ => Ok(()),
     };
     if let Err(e) = ordered {
-        eprintln!("ramsys: {e:#}");
+        say!("ramsys: {e:#}");
         std::process::exit(2);
     }
     cli
@@ -166,7 +170,7 @@ fn main() {
                     msg.push_str(&s);
                 }
             }
-            eprintln!("ramsys: error: {msg}");
+            say!("ramsys: error: {msg}");
             std::process::exit(1);
         }
     }

@@ -378,7 +378,7 @@ impl Numa {
     pub fn print(&self) {
         if self.explain {
             for l in &self.lines {
-                eprintln!("explain: {l}");
+                say!("explain: {l}");
             }
         }
     }

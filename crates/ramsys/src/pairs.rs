@@ -138,9 +138,7 @@ fn answering(job: &Job) -> Vec<(String, String, f64)> {
             }
             (Err(e), _) | (_, Some(Err(e))) => {
                 if !job.json {
-                    eprintln!(
-                        "ramsys: pair {a} -> {b} does not answer ({e:#}); striping without it"
-                    );
+                    say!("ramsys: pair {a} -> {b} does not answer ({e:#}); striping without it");
                 }
             }
             (Ok(_), None) => unreachable!("a sink is queried when its source answered"),

@@ -228,7 +228,7 @@ impl SshArgs {
         let exe = std::env::current_exe().context("--remote-ramsys auto: our own binary")?;
         let bin = std::fs::File::open(&exe)
             .with_context(|| format!("--remote-ramsys auto: {}", exe.display()))?;
-        eprintln!("ramsys: {where_}: no ramsys {version} there; copying this one to {path}");
+        say!("ramsys: {where_}: no ramsys {version} there; copying this one to {path}");
         self.run_sh(host, &upload_script(version, &path), Some(bin))
             .map_err(|e| {
                 e.context(format!(
@@ -404,7 +404,7 @@ impl SshSession {
         // not keep there, engine archive::apply) reach the user.
         for l in self.ssh.stderr.lock().unwrap().iter() {
             if l.starts_with("ramsys: note: ") {
-                eprintln!("{}: {}", self.ssh.host, &l["ramsys: ".len()..]);
+                say!("{}: {}", self.ssh.host, &l["ramsys: ".len()..]);
             }
         }
     }
@@ -657,7 +657,7 @@ pub fn third_party(
             p.wait(Duration::from_secs(10));
             let err = p.stderr_text();
             if !err.is_empty() && c != 0 {
-                eprintln!("ramsys: {}: {err}", p.host);
+                say!("ramsys: {}: {err}", p.host);
             }
             c
         }
@@ -796,11 +796,11 @@ fn relay(a: &CpArgs, p: &mut SshProc) -> Option<i32> {
 
 fn print_summary(v: &serde_json::Value, host: &str) {
     if let Some(e) = v["error"].as_str() {
-        eprintln!("ramsys: error: {host}: {e}");
+        say!("ramsys: error: {host}: {e}");
         return;
     }
     for f in v["failed"].as_array().into_iter().flatten() {
-        eprintln!(
+        say!(
             "ramsys: failed: {}: {}",
             f["path"].as_str().unwrap_or("?"),
             f["reason"].as_str().unwrap_or("?")
@@ -813,7 +813,7 @@ fn print_summary(v: &serde_json::Value, host: &str) {
             v["deleted"].as_u64().unwrap_or(0)
         );
     }
-    println!(
+    tell!(
         "copied {} files, {:.1} MB in {:.2} s ({:.1} MB/s), from {host}",
         v["files"].as_u64().unwrap_or(0),
         v["bytes"].as_u64().unwrap_or(0) as f64 / 1e6,

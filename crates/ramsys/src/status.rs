@@ -103,8 +103,33 @@ fn rate(bps: f64) -> String {
     format!("{:.1}MB/s", bps / 1e6)
 }
 
+/// `st` with every string in it escaped for a terminal (issue 34,
+/// ramsys_proto::text): a path, user name or member address holding a
+/// newline or an escape sequence cannot forge rows. Every string field,
+/// present and future, by a round trip through its JSON form.
+fn printable(st: &Status) -> Status {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::String(s) => {
+                if let std::borrow::Cow::Owned(e) = ramsys_proto::text::escape(s) {
+                    *s = e;
+                }
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(walk),
+            serde_json::Value::Object(o) => o.values_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let Ok(mut v) = serde_json::to_value(st) else {
+        return st.clone();
+    };
+    walk(&mut v);
+    serde_json::from_value(v).unwrap_or_else(|_| st.clone())
+}
+
 /// The human-readable report: totals, then a table per kind of state.
 pub fn human(st: &Status) -> String {
+    let st = &printable(st);
     let mut s = String::new();
     totals(&mut s, st);
     rate_limits(&mut s, st);
@@ -309,6 +334,7 @@ pub fn site_json(st: &Status) -> serde_json::Value {
 
 fn site_human(st: &Status) -> String {
     use std::fmt::Write as _;
+    let st = &printable(st);
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -354,5 +380,35 @@ mod tests {
         );
         assert_eq!(daemon_addr("127.0.0.1:7000").unwrap(), "127.0.0.1:7000");
         assert!(daemon_addr("ramsys://host").is_err());
+    }
+
+    /// Issue 34: a member address, root or raw interface line holding a
+    /// newline or an escape sequence neither forges a row nor reaches the
+    /// terminal, in `status` and `status --site`.
+    #[test]
+    fn names_cannot_forge_rows_or_drive_the_terminal() {
+        let forged = "10.0.0.1:4000\n10.6.6.6:4000          0%    0       0.0       0.0     0     0      0.0MB        0  up";
+        let member = serde_json::json!({
+            "addr": forged, "cpu_load": 0.1, "run_queue": 0, "intr_per_s": 0,
+            "softirq_per_s": 0, "net_rx_bps": 0, "net_tx_bps": 0, "disk_read_bps": 0,
+            "disk_write_bps": 0, "sessions": 0, "active_tasks": 0, "queued_tasks": 0,
+            "free_buffer_bytes": 0, "age_ms": 0, "error": "reset\r\x1b[2Kup"
+        });
+        let doc = serde_json::json!({
+            "version": 1, "listen": "127.0.0.1:1", "root": "/r\nDRAINING: forged",
+            "uptime_s": 1.0, "sessions": [], "tasks": [], "finished": [], "queues": [],
+            "pools": [], "nics": [],
+            "totals": serde_json::to_value(ramsys_engine::daemon::status::Totals::default()).unwrap(),
+            "raw": ["eth0\u{1b}]0;pwned\u{7}"], "site": [member],
+        });
+        let st: Status = serde_json::from_value(doc).unwrap();
+        let h = human(&st);
+        assert!(!h.contains('\x1b') && !h.contains('\r'), "{h}");
+        assert!(!h.lines().any(|l| l.starts_with("DRAINING")), "{h}");
+        assert!(h.contains("/r\\nDRAINING: forged"), "{h}");
+        let s = site_human(&st);
+        assert_eq!(s.lines().count(), 2, "one header, one member:\n{s}");
+        assert!(!s.contains('\x1b') && !s.contains('\r'), "{s}");
+        assert!(s.contains("10.0.0.1:4000\\n10.6.6.6:4000"), "{s}");
     }
 }

@@ -85,7 +85,7 @@ fn answering(
             }
             Err(e) => {
                 if !json {
-                    eprintln!("ramsys: {d} does not answer ({e:#}); striping without it");
+                    say!("ramsys: {d} does not answer ({e:#}); striping without it");
                 }
                 false
             }
@@ -270,7 +270,7 @@ fn one(
     };
     crate::pick::follow(None, daemon, &to, &reason).map_err(EngineError::Local)?;
     // Said in every mode (issue 34): a share of the files goes elsewhere.
-    eprintln!(
+    say!(
         "ramsys: stripe: {}",
         crate::pick::redirect_line(daemon, &to, &reason)
     );

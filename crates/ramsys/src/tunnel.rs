@@ -302,7 +302,7 @@ impl Transport for Fallback {
                 Err(e) if self.direct_ok.load(Ordering::Acquire) => return Err(e),
                 Err(e) => {
                     if !self.tunneled.swap(true, Ordering::AcqRel) {
-                        eprintln!(
+                        say!(
                             "ramsys: {}: no direct connection to {addr} ({e}); carrying the data \
                              through ssh (slower; --ssh-tunnel asks for this at once)",
                             self.host

@@ -660,3 +660,99 @@ fn journal_is_private_and_a_corrupt_one_is_moved_aside() {
     let said: Vec<&str> = text.lines().filter(|l| l.contains("moved aside")).collect();
     assert_eq!(said.len(), 1, "{text}");
 }
+
+// ---------------------------------------------------------------------
+// Control characters (docs/SECURITY.md "Control characters").
+
+/// A name that would forge a row of `ramsys status`, a line of the log or
+/// of the agent's output, and drive the terminal.
+const FORGE: &str = "x\nSESSION 1 sink root 6.6.6.6:1 0s forged\r\x1b[2J\x1b]0;pwned\x07";
+
+/// No line of `out` starts with something `ok` rejects, and nothing in it
+/// drives a terminal.
+fn clean(what: &str, out: &str, ok: impl Fn(&str) -> bool) {
+    for bad in ['\x1b', '\r', '\x07'] {
+        assert!(!out.contains(bad), "{what}: {bad:?} in {out:?}");
+    }
+    for l in out.lines() {
+        assert!(ok(l), "{what}: forged line {l:?} in:\n{out}");
+    }
+}
+
+/// Issue 34, control characters: a destination, a file name and a missing
+/// path holding a newline, a carriage return and escape sequences appear
+/// escaped in `ramsys status`, the agent's dry-run lines, its error line
+/// and the daemon's log: no forged row, no escape sequence (main 0449507
+/// printed them raw).
+#[test]
+fn names_with_control_characters_are_escaped_everywhere() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let log = t.path().join("log");
+    let d = serve(&root, &key, &log, &[]);
+    let url = |p: &str| format!("ramsys://{}/{p}", d.addr);
+    // `status` while a session to a forged DST runs.
+    let big = t.path().join("big");
+    std::fs::write(&big, vec![1u8; 4 << 20]).unwrap();
+    let mut c = Command::new(bin());
+    c.args(["cp", "--bwlimit", "1M", big.to_str().unwrap(), &url(FORGE)])
+        .env("RAMSYS_KEY_FILE", &key)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut slow = c.spawn().unwrap();
+    let addr = d.addr.to_string();
+    let t0 = Instant::now();
+    let status = loop {
+        let o = ramsys(&key, &["status", &addr]);
+        assert_ok(&o);
+        let s = String::from_utf8_lossy(&o.stdout).into_owned();
+        if s.contains("forged") || t0.elapsed() > Duration::from_secs(10) {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = slow.kill();
+    let _ = slow.wait();
+    assert!(status.contains("x\\nSESSION 1 sink"), "{status}");
+    clean("status", &status, |l| {
+        !l.starts_with("SESSION 1 sink root 6.6.6.6")
+    });
+    // Dry-run lines name files: one line each.
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join(FORGE), b"x").unwrap();
+    let src_slash = format!("{}/", src.display());
+    let o = ramsys(&key, &["sync", "-r", "--dry-run", &src_slash, &url("dry")]);
+    assert_ok(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    clean("dry run", &out, |l| {
+        l.starts_with("would ") || l.starts_with("dry run:")
+    });
+    assert!(out.contains("would send x\\nSESSION"), "{out}");
+    // A refused request: the agent's error line and the daemon's log line
+    // name the path, one line each however it is named.
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            big.to_str().unwrap(),
+            &url(&format!("{FORGE}/.ramsys-journal.sqlite")),
+        ],
+    );
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    clean("error", &err, |l| l.starts_with("ramsys: "));
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("x\\nSESSION 1 sink"), "{err}");
+    drop(d);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("SESSION 1 sink"),
+        "the log names the path:\n{text}"
+    );
+    clean("daemon log", &text, |l| {
+        l.starts_with("20") && l.as_bytes().get(4) == Some(&b'-')
+    });
+}

@@ -248,7 +248,7 @@ impl ArchiveSink {
         };
         let line = self.not_kept.line(why)?;
         tracing::warn!("{line}");
-        eprintln!("ramsys: note: {line}");
+        eprintln!("ramsys: note: {}", ramsys_proto::text::escape(&line));
         Some(line)
     }
 
