@@ -8,6 +8,7 @@ mod agent;
 mod args;
 mod daemon;
 mod docgen;
+mod harden;
 mod numa;
 mod pairs;
 mod pick;

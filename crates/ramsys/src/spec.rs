@@ -140,6 +140,8 @@ pub fn parse_endpoint(s: &str) -> anyhow::Result<Endpoint> {
 /// rsync's rule, engine sync::dest), so the root, and with it the resume
 /// journal, is the same whether or not DST exists yet (issue 15).
 pub fn local_sink(dst: &Path) -> anyhow::Result<(PathBuf, Vec<u8>)> {
+    // As root: no symlink a user put on the way (issue 34, crate::harden).
+    crate::harden::check_destination(dst)?;
     let full = match dst.canonicalize() {
         Ok(c) => c,
         Err(_) => {

@@ -756,3 +756,85 @@ fn names_with_control_characters_are_escaped_everywhere() {
         l.starts_with("20") && l.as_bytes().get(4) == Some(&b'-')
     });
 }
+
+// ---------------------------------------------------------------------
+// Symlinked destinations as root (docs/SECURITY.md).
+
+/// Issue 34, rsync 3.5's hardening: running as root, a DST that is (or
+/// goes through) a symlink owned by nobody pointing at root's directory is
+/// refused in one line, for a local copy, a pull and the ssh-serve sink;
+/// nothing lands in the directory the link points to. The same link owned
+/// by root, or a user's link to its own directory, is followed (main
+/// 0449507 followed them all).
+#[test]
+fn a_strangers_symlink_as_root_destination_is_refused() {
+    if !is_root() {
+        eprintln!("skipped: needs root (chowns a symlink to nobody)");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let victim = t.path().join("victim");
+    std::fs::create_dir_all(victim.join("sub")).unwrap();
+    let link = t.path().join("link");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+    let f = t.path().join("f");
+    std::fs::write(&f, b"data").unwrap();
+    let refused = |o: &std::process::Output, what: &str| {
+        assert!(!o.status.success(), "{what}: copied");
+        let e = stderr(o);
+        assert!(
+            e.contains("refusing to follow") && e.contains("uid 65534"),
+            "{what}: {e}"
+        );
+        assert_eq!(e.lines().count(), 1, "{what}: {e}");
+    };
+    let (lk, fs) = (link.to_str().unwrap(), f.to_str().unwrap());
+    // Local copy: the link as DST, and as a parent of DST.
+    refused(
+        &ramsys(&key, &["cp", fs, &format!("{lk}/")]),
+        "cp into the link",
+    );
+    refused(
+        &ramsys(&key, &["cp", fs, &format!("{lk}/sub/g")]),
+        "cp below it",
+    );
+    let src_slash = format!("{}/", t.path().join("victim").display());
+    let o = ramsys(&key, &["sync", "-r", &src_slash, &format!("{lk}/sub")]);
+    refused(&o, "sync below it");
+    // A pull to it.
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("p"), b"pulled").unwrap();
+    let d = TestDaemon::start(&root, &key);
+    refused(&ramsys(&key, &["cp", &d.url("p"), lk]), "pull into it");
+    // The ssh-serve sink (what `cp f host:LINK` runs on the remote host).
+    let mut c = Command::new(bin());
+    c.args(["ssh-serve", "--role", "sink", "--own-daemon", lk])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{}\n", "ab".repeat(32)).as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    refused(&o, "ssh-serve sink");
+    assert_eq!(walk_paths(&victim).len(), 1, "only victim/sub is there");
+    // Root's own link, and nobody's link to nobody's directory: followed.
+    std::os::unix::fs::lchown(&link, Some(0), Some(0)).unwrap();
+    assert_ok(&ramsys(&key, &["cp", fs, &format!("{lk}/")]));
+    assert_eq!(std::fs::read(victim.join("f")).unwrap(), b"data");
+    let theirs = t.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let own = t.path().join("own");
+    std::os::unix::fs::symlink(&theirs, &own).unwrap();
+    std::os::unix::fs::lchown(&own, Some(65534), Some(65534)).unwrap();
+    assert_ok(&ramsys(&key, &["cp", fs, &format!("{}/", own.display())]));
+    assert!(theirs.join("f").exists());
+}
