@@ -637,7 +637,8 @@ fn journal_is_private_and_a_corrupt_one_is_moved_aside() {
     let j = root.join(".ramsys-journal.sqlite");
     let wal = root.join(".ramsys-journal.sqlite-wal");
     let t0 = Instant::now();
-    while !(j.exists() && !wal.exists()) && t0.elapsed() < Duration::from_secs(30) {
+    let closed = || j.exists() && !wal.exists();
+    while !closed() && t0.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(50));
     }
     let mode = std::fs::metadata(&j).unwrap().permissions().mode() & 0o777;
