@@ -480,8 +480,8 @@ mod tests {
     #[test]
     fn a_first_message_byte_by_byte_asks_for_exactly_what_is_missing() {
         let m = Control::Hello {
-            nonce: [7; 32],
             user: "alice".into(),
+            noise: vec![7; 48],
         };
         let b = framed(&m, 3);
         let mut got = Vec::new();
