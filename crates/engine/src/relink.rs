@@ -29,6 +29,7 @@ use ramsys_resources::{Buf, BufferPool};
 use crate::data::reread::Rereader;
 use crate::fsops::Root;
 use crate::stats::Stats;
+use crate::transport::clock::Clock;
 use crate::transport::{Link, Transport};
 use crate::wire::send_control;
 use crate::EngineError;
@@ -115,11 +116,13 @@ impl Dialer {
         let _ = std::thread::Builder::new()
             .name(format!("redial-{stream}"))
             .spawn(move || {
-                let t0 = Instant::now();
+                // The transport's clock: simulated in tests (transport::mem).
+                let clock = d.transport.clock();
+                let t0 = clock.now();
                 let mut reason = String::from("no attempt made");
                 let mut attempt = 0u32;
-                while let Some(wait) = d.backoff.delay(attempt, t0.elapsed()) {
-                    std::thread::sleep(wait);
+                while let Some(wait) = d.backoff.delay(attempt, clock.since(t0)) {
+                    clock.sleep(wait);
                     if abort.load(Ordering::Relaxed) {
                         return;
                     }
@@ -202,9 +205,11 @@ pub struct Streams {
     /// First error that broke a link, and failed dial attempts.
     first_error: Option<String>,
     attempts: u32,
-    /// Since when no link has been live (server side budget).
+    /// Since when no link has been live (server side budget), on the
+    /// links' clock (simulated in tests, transport::mem).
     all_down_since: Option<Instant>,
     budget: Duration,
+    clock: Clock,
     /// Streams that ended normally.
     normal: usize,
     /// Every (stream, epoch) a thread ran on here.
@@ -222,6 +227,7 @@ impl Streams {
     ) -> Streams {
         let (tx, events) = unbounded();
         let n = handles.len();
+        let clock = handles.first().map_or_else(Clock::default, |h| h.clock());
         let budget = match &relinks {
             Relinks::Dial(d) => d.backoff.budget,
             _ => Backoff::default().budget,
@@ -275,6 +281,7 @@ impl Streams {
             attempts: 0,
             all_down_since: None,
             budget: budget + Duration::from_secs(5),
+            clock,
             normal: 0,
             last_dial_error: None,
             ran: (0..n as u16).map(|i| (i, 0)).collect(),
@@ -460,7 +467,7 @@ impl Streams {
 
     fn note_down(&mut self) {
         if self.live() == 0 && self.all_down_since.is_none() {
-            self.all_down_since = Some(Instant::now());
+            self.all_down_since = Some(self.clock.now());
         }
     }
 
@@ -634,7 +641,7 @@ impl Streams {
                     .any(|s| s.state == State::Lost && s.dialing),
                 _ => self
                     .all_down_since
-                    .is_some_and(|t| t.elapsed() <= self.budget),
+                    .is_some_and(|t| self.clock.since(t) <= self.budget),
             };
         if hope {
             return Ok(());

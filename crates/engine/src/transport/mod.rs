@@ -3,7 +3,9 @@
 //! touching the data path.
 
 pub mod channels;
+pub mod clock;
 pub mod grow;
+pub mod mem;
 pub mod path;
 pub mod raw;
 pub mod rawlink;
@@ -30,6 +32,11 @@ pub trait Link: Read + Write + Send {
     fn local(&self) -> String;
     /// Idle timeout for reads (None = block forever).
     fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()>;
+    /// The clock its read timeouts run on (a simulated one in tests,
+    /// transport::mem); lost-link recovery measures its budget with it.
+    fn clock(&self) -> clock::Clock {
+        clock::Clock::default()
+    }
     /// Whether the peer has closed or reset the stream, checked without
     /// consuming or waiting for input (false when unknown).
     fn peer_gone(&self) -> bool {
@@ -92,6 +99,10 @@ pub trait Link: Read + Write + Send {
 pub trait Transport: Send + Sync {
     fn connect(&self, addr: &str, timeout: Duration) -> io::Result<Box<dyn Link>>;
     fn name(&self) -> &'static str;
+    /// The clock of its links (see [`Link::clock`]).
+    fn clock(&self) -> clock::Clock {
+        clock::Clock::default()
+    }
     /// A different transport for the session's data links (raw channels
     /// while the control link stays TCP, rawlink::Split); None: this one.
     fn data_links(&self) -> Option<std::sync::Arc<dyn Transport>> {
