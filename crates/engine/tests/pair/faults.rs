@@ -1,0 +1,140 @@
+//! Faults on the links that the protocol absorbs: blocks reordered on a
+//! link, a corrupt block sent again, latency, a stalled link given up
+//! after the idle timeout (on a simulated clock) and replaced; and one it
+//! does not: a cut control link ends both sessions cleanly.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use ramsys_engine::transport::clock::Clock;
+use ramsys_engine::transport::mem::{Fate, Fault};
+
+use crate::common::pair::{Pair, SINK, SOURCE};
+use crate::common::tree::{files, same_tree, tmp};
+
+fn setup(seed: u64) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let t = tmp();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    files(&src, 80, 16 << 10, seed);
+    std::fs::create_dir(&dst).unwrap();
+    (t, src, dst)
+}
+
+#[test]
+fn blocks_reordered_on_a_link_land_by_their_offsets() {
+    let (_t, src, dst) = setup(10);
+    let p = Pair::new(&src, &dst);
+    for (link, n) in [("data0.0", 1), ("data0.0", 4), ("data1.0", 0)] {
+        p.net.fault(link, SOURCE, Fault::Swap(n));
+    }
+    let o = p.run();
+    o.reports();
+    let overtaken = o.transcript.iter().filter(|r| r.fate == Fate::Overtaken);
+    assert_eq!(overtaken.count(), 3);
+    same_tree(&src, &dst.join("src"));
+}
+
+#[test]
+fn a_corrupt_block_is_asked_for_again() {
+    let (_t, src, dst) = setup(11);
+    let p = Pair::new(&src, &dst);
+    p.net.fault("data0.0", SOURCE, Fault::Corrupt(2));
+    let o = p.run();
+    o.reports();
+    assert_eq!(p.sink.stats.checksum_errors.load(Relaxed), 1);
+    assert!(o.control(SINK).iter().any(|r| r.name() == "Resend"));
+    same_tree(&src, &dst.join("src"));
+}
+
+/// 3 ms each way on every link: a copy takes at least its control round
+/// trips (metadata, settle, verdict) of latency.
+#[test]
+fn latency_on_every_link_costs_round_trips_not_correctness() {
+    let (_t, src, dst) = setup(12);
+    let p = Pair::new(&src, &dst);
+    let d = Duration::from_millis(3);
+    for link in ["ctl", "data0.0", "data1.0"] {
+        for from in [SOURCE, SINK] {
+            p.net.fault(link, from, Fault::Delay(d));
+        }
+    }
+    let o = p.run();
+    o.reports();
+    assert!(o.elapsed >= 6 * d, "{:?}", o.elapsed);
+    same_tree(&src, &dst.join("src"));
+}
+
+/// data0.0 stops delivering after 40 KB. Once its bytes pile up, the
+/// simulated clock jumps past the idle timeout: the sink gives the link
+/// up, the source rejoins and the copy completes, in far less real time
+/// than the timeout.
+#[test]
+fn a_stalled_link_is_given_up_after_the_idle_timeout_and_replaced() {
+    let (_t, src, dst) = setup(13);
+    let clock = Clock::simulated();
+    let p = Pair::with_clock(&src, &dst, clock.clone());
+    const AT: u64 = 40_000;
+    p.net.fault("data0.0", SOURCE, Fault::StallAfter(AT));
+    let net = p.net.clone();
+    let jump = std::thread::spawn(move || {
+        // The stall holds: bytes written past it, none read.
+        while !net
+            .offsets("data0.0", SOURCE)
+            .is_some_and(|(w, r)| r == AT && w > AT)
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        clock.advance(Duration::from_secs(11));
+    });
+    let o = p.run();
+    jump.join().unwrap();
+    o.reports();
+    assert!(p.sink.stats.links_lost.load(Relaxed) >= 1);
+    assert!(o.transcript.iter().any(|r| r.link == "data0.1"));
+    assert!(o.elapsed < Duration::from_secs(5), "{:?}", o.elapsed);
+    same_tree(&src, &dst.join("src"));
+}
+
+/// The control link cut during the payload: both ends fail with one
+/// line, and every file the sink left under its name is whole (the
+/// others are gone with their temp files).
+#[test]
+fn a_cut_control_link_ends_both_sessions_cleanly() {
+    let (_t, src, dst) = setup(14);
+    let p = Pair::new(&src, &dst);
+    p.net.fault("ctl", SOURCE, Fault::CutAfter(3000));
+    let o = p.run();
+    assert!(!o.stuck);
+    for e in [o.source.as_ref().err(), o.sink.as_ref().err()] {
+        let e = e.expect("a session survived its control link").to_string();
+        assert!(!e.is_empty() && !e.contains('\n'), "{e}");
+    }
+    let metadata_done = o.control(SOURCE).iter().any(|r| r.name() == "MetaEnd");
+    assert!(metadata_done, "cut before the payload");
+    let left = walk(&dst.join("src"));
+    assert!(left.len() < 80, "every file arrived");
+    for f in left {
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(!name.starts_with(".ramsys"), "temp file left: {name}");
+        let rel = f.strip_prefix(dst.join("src")).unwrap();
+        let whole = std::fs::read(src.join(rel)).unwrap() == std::fs::read(&f).unwrap();
+        assert!(whole, "{} half-written", f.display());
+    }
+}
+
+fn walk(d: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(d) else {
+        return out;
+    };
+    for e in rd {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
