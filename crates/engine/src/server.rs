@@ -324,6 +324,27 @@ impl Daemon {
         l.spawn(Arc::new(move |link| handle(sh.clone(), link)));
     }
 
+    /// Serve connections that arrive other than on the TCP listener
+    /// (in-memory links in tests, transport::mem; issue 37): each goes
+    /// through the same dispatch as an accepted connection.
+    pub fn serve_links<I>(&self, incoming: I)
+    where
+        I: IntoIterator<Item = Box<dyn Link>>,
+        I::IntoIter: Send + 'static,
+    {
+        let (sh, incoming) = (self.shared.clone(), incoming.into_iter());
+        let _ = std::thread::Builder::new()
+            .name("dispatcher-links".into())
+            .spawn(move || {
+                for link in incoming {
+                    let sh = sh.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("conn".into())
+                        .spawn(move || handle(sh, link));
+                }
+            });
+    }
+
     /// Read the TCP buffer limits sent to clients (in the Challenge) under
     /// `root` instead of "/" (tests).
     pub fn set_tcp_sys_root(&self, root: PathBuf) {

@@ -8,6 +8,7 @@
 mod common;
 
 mod credits;
+mod daemon;
 mod deadlock;
 mod faults;
 mod metadata;

@@ -28,6 +28,9 @@ use super::clock::Clock;
 use super::{Link, Transport};
 use link::LinkCore;
 
+/// Where a listener's connections go.
+type Incoming = Sender<Box<dyn Link>>;
+
 /// Socket-buffer-sized queues unless set otherwise.
 pub const DEFAULT_BUFFER: usize = 64 << 10;
 
@@ -38,7 +41,8 @@ pub struct Net(Arc<NetInner>);
 pub(crate) struct NetInner {
     clock: Clock,
     buffer: AtomicUsize,
-    listeners: Mutex<HashMap<String, (String, Sender<Box<dyn Link>>)>>,
+    /// Per address: the listening host, and where its connections go.
+    listeners: Mutex<HashMap<String, (String, Incoming)>>,
     /// Faults for links not yet named: (label, from host, fault).
     rules: Mutex<Vec<(String, String, Fault)>>,
     /// Per address: connects still to let through, then to refuse.
@@ -244,6 +248,15 @@ impl Listener {
     /// [`Self::accept`] waiting at most `d` (real time).
     pub fn accept_timeout(&self, d: Duration) -> Result<Box<dyn Link>, RecvTimeoutError> {
         self.rx.recv_timeout(d)
+    }
+}
+
+/// Connections until the net stops listening (a daemon's dispatch loop,
+/// server::Daemon::serve_links).
+impl Iterator for Listener {
+    type Item = Box<dyn Link>;
+    fn next(&mut self) -> Option<Box<dyn Link>> {
+        self.accept()
     }
 }
 
