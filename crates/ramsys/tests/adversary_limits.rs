@@ -310,9 +310,12 @@ fn a_flood_of_hostile_connections_is_bounded_and_copies_still_work() {
     }
     eprintln!("{told:?}");
     let n = |k: &str, g: &str| told.get(&(k.to_string(), g)).copied().unwrap_or(0);
+    // Each kind comes from one address: 375 connections against a limit of
+    // 200, so up to 200 of the slow kinds meet the deadline (fewer when
+    // the flood is slow to open and the limit is reached later).
     assert!(n("Huge", "oversized prefix") > 200, "{told:?}");
-    assert!(n("Idle", "handshake deadline") > 200, "{told:?}");
-    assert!(n("Slowloris", "handshake deadline") > 200, "{told:?}");
+    assert!(n("Idle", "handshake deadline") >= 150, "{told:?}");
+    assert!(n("Slowloris", "handshake deadline") >= 150, "{told:?}");
     let limited: usize = kinds
         .iter()
         .map(|k| n(&format!("{k:?}"), "per-address limit"))
