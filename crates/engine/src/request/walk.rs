@@ -8,7 +8,7 @@
 //! storage::volume): a file record of the device's size; met inside a
 //! tree, a device node is a special file as before.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -179,7 +179,18 @@ pub fn walk_archive<E>(
         failures,
         ..Default::default()
     };
-    for (i, d) in dirs.iter().enumerate() {
+    // Several tops may name one path (`a/ b/ DST`, or one source named
+    // twice): the list keeps one entry per path, as rsync's does (its
+    // flist_sort_and_clean): a directory over anything else, else the
+    // first; a directory named again merges its contents and keeps the
+    // first one's attributes (issue 35). All directories are known before
+    // any other record goes out, so a later directory still wins.
+    let mut dup = Dedup::new(tops.len() > 1);
+    for d in dirs.iter() {
+        if !dup.dir(&d.wire) {
+            continue;
+        }
+        let i = w.entries.len();
         w.entries.push(Entry {
             id: i as u64,
             path: d.wire.clone(),
@@ -206,6 +217,9 @@ pub fn walk_archive<E>(
             }
         };
         let Some(o) = p else { continue };
+        if !dup.other(&o.wire) {
+            continue;
+        }
         let id = w.entries.len() as u64;
         let symlink = matches!(o.kind, PendingKind::Symlink(_));
         let attrs_of = col.wanted().then(|| (abs(base, &o.rel), o.owners));
@@ -226,6 +240,35 @@ pub fn walk_archive<E>(
         emit(&w.entries[emitted..], &w.attrs[attrs_emitted..])?;
     }
     Ok(w)
+}
+
+/// Which wire paths are listed already, when several tops could name the
+/// same one (see [`walk_archive`]).
+struct Dedup {
+    on: bool,
+    dirs: HashSet<Vec<u8>>,
+    others: HashSet<Vec<u8>>,
+}
+
+impl Dedup {
+    fn new(on: bool) -> Dedup {
+        Dedup {
+            on,
+            dirs: HashSet::new(),
+            others: HashSet::new(),
+        }
+    }
+
+    /// Whether to list a directory at `wire` (not listed yet).
+    fn dir(&mut self, wire: &[u8]) -> bool {
+        !self.on || self.dirs.insert(wire.to_vec())
+    }
+
+    /// Whether to list a non-directory at `wire`: no directory and no
+    /// earlier entry has that path.
+    fn other(&mut self, wire: &[u8]) -> bool {
+        !self.on || (!self.dirs.contains(wire) && self.others.insert(wire.to_vec()))
+    }
 }
 
 /// First pass over the tops: directories (stat'ed and recursed into) and
@@ -785,6 +828,59 @@ mod tests {
         });
         assert_eq!(r.err(), Some("peer gone"));
         assert_eq!(n, 2);
+    }
+
+    #[test]
+    fn several_tops_list_each_path_once_as_rsync_does() {
+        // a/: x (file), y (dir with y/in), z (file), same (file);
+        // b/: x (file), y (file), z (dir with z/deep), same (hard link to
+        // a/same); the same tops named three times.
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (d.path().join("a"), d.path().join("b"));
+        fs::create_dir_all(a.join("y")).unwrap();
+        fs::create_dir_all(b.join("z")).unwrap();
+        fs::write(a.join("x"), b"first").unwrap();
+        fs::write(b.join("x"), b"second").unwrap();
+        fs::write(a.join("y/in"), b"in").unwrap();
+        fs::write(b.join("y"), b"file").unwrap();
+        fs::write(a.join("z"), b"file").unwrap();
+        fs::write(b.join("z/deep"), b"deep").unwrap();
+        fs::write(a.join("same"), b"s").unwrap();
+        fs::hard_link(a.join("same"), b.join("same")).unwrap();
+        let top = |n: &str| Top {
+            rel: n.as_bytes().to_vec(),
+            name: Vec::new(),
+        };
+        let w = walk(d.path(), &[top("a"), top("b"), top("a"), top("b")], true);
+        assert!(w.failures.is_empty(), "{:?}", w.failures);
+        let mut paths: Vec<(String, bool)> = w
+            .entries
+            .iter()
+            .map(|e| (crate::show(&e.path), e.kind == EntryKind::Dir))
+            .collect();
+        paths.sort();
+        let want = [
+            ("", true),
+            ("same", false),
+            ("x", false),
+            ("y", true),
+            ("y/in", false),
+            ("z", true),
+            ("z/deep", false),
+        ];
+        let want: Vec<(String, bool)> = want.iter().map(|(p, d)| (p.to_string(), *d)).collect();
+        assert_eq!(paths, want);
+        // The first x; ids dense and ascending; a second name of an inode
+        // listed once is not a hard link to itself.
+        let x = w.files.iter().find(|f| f.rel == b"a/x").unwrap();
+        assert_eq!(x.size, 5);
+        let ids: Vec<u64> = w.entries.iter().map(|e| e.id).collect();
+        assert_eq!(ids, (0..w.entries.len() as u64).collect::<Vec<_>>());
+        assert!(!w
+            .entries
+            .iter()
+            .any(|e| matches!(e.kind, EntryKind::HardLink { .. })));
+        assert_eq!(w.total_bytes, 5 + 2 + 4 + 1);
     }
 
     #[test]
