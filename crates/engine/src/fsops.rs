@@ -49,6 +49,41 @@ fn cstr(b: &[u8]) -> io::Result<CString> {
     CString::new(b).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in path"))
 }
 
+/// openat2(2) relative to `dir`; the error is the raw errno.
+fn openat2(
+    dir: std::os::fd::BorrowedFd<'_>,
+    rel: &[u8],
+    flags: i32,
+    mode: u32,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
+    let c = cstr(rel)?;
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: mode as u64,
+        resolve,
+    };
+    // SAFETY: openat2 with a valid dirfd, C string and open_how.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+fn show_rel(rel: &[u8]) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(rel)
+}
+
 fn errno() -> io::Error {
     io::Error::last_os_error()
 }
@@ -181,41 +216,47 @@ impl Root {
         mode: u32,
     ) -> io::Result<OwnedFd> {
         let rel = if rel.is_empty() { &b"."[..] } else { rel };
-        let c = cstr(rel)?;
-        let how = OpenHow {
-            flags: (flags | libc::O_CLOEXEC) as u64,
-            mode: if flags & libc::O_CREAT != 0 {
-                mode as u64
-            } else {
-                0
-            },
-            resolve: self.resolve_flags(),
-        };
-        // SAFETY: openat2 with a valid dirfd, C string and open_how.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                dir.as_raw_fd(),
-                c.as_ptr(),
-                &how as *const OpenHow,
-                std::mem::size_of::<OpenHow>(),
-            )
-        };
-        if fd < 0 {
-            let e = errno();
-            let shown = String::from_utf8_lossy(rel);
-            return Err(match e.raw_os_error() {
-                Some(libc::ELOOP) | Some(libc::EXDEV) if self.confine != Confinement::None => {
-                    io::Error::new(
-                        io::ErrorKind::PermissionDenied,
-                        format!("refusing to follow a symlink or leave the root at {shown:?}"),
-                    )
-                }
-                _ => io::Error::new(e.kind(), format!("{shown}: {e}")),
-            });
+        let mode = if flags & libc::O_CREAT != 0 { mode } else { 0 };
+        match openat2(dir, rel, flags, mode, self.resolve_flags()) {
+            Ok(fd) => Ok(fd),
+            Err(e) => {
+                let shown = String::from_utf8_lossy(rel);
+                Err(match e.raw_os_error() {
+                    Some(libc::ELOOP) | Some(libc::EXDEV) if self.confine != Confinement::None => {
+                        io::Error::new(
+                            io::ErrorKind::PermissionDenied,
+                            format!("refusing to follow a symlink or leave the root at {shown:?}"),
+                        )
+                    }
+                    _ => io::Error::new(e.kind(), format!("{shown}: {e}")),
+                })
+            }
         }
-        // SAFETY: fresh descriptor.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    }
+
+    /// Where `rel` leads, following symlinks that stay beneath the root
+    /// (openat2 RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS for the whole
+    /// walk, whatever this root's confinement), as a path relative to the
+    /// root with no symlink left (a daemon source's top; issue 35). The
+    /// error keeps its errno: EXDEV or ELOOP when the walk would leave the
+    /// root (`..` above it, an absolute link, a magic link), ENOENT, ...
+    pub fn resolve_beneath(&self, rel: &[u8]) -> io::Result<Vec<u8>> {
+        let rel = if rel.is_empty() { &b"."[..] } else { rel };
+        let fd = openat2(
+            self.fd.as_fd(),
+            rel,
+            libc::O_PATH,
+            0,
+            RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+        )?;
+        let at = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+        // The root's own path as the kernel names it (the daemon opened it
+        // by its canonical path).
+        let root = std::fs::read_link(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))?;
+        let inside = at
+            .strip_prefix(&root)
+            .map_err(|_| io::Error::from_raw_os_error(libc::EXDEV))?;
+        Ok(inside.as_os_str().as_encoded_bytes().to_vec())
     }
 
     /// Open a directory under the root.
@@ -278,6 +319,33 @@ impl Root {
             ));
         }
         Ok(())
+    }
+
+    /// [`Root::mkdir`], but a non-directory in the way (a symlink, a file,
+    /// a special file) is removed first, never followed: rsync's receiver
+    /// does the same, so a sync converges where a link sits in DST in
+    /// place of a source directory (issue 35). True when something was
+    /// removed.
+    pub fn mkdir_over(&self, rel: &[u8], mode: u32) -> io::Result<bool> {
+        match self.mkdir(rel, mode) {
+            Ok(()) => return Ok(false),
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+            Err(_) => {}
+        }
+        let (parent, name) = split_parent(rel);
+        let dir = self.open_dir(parent)?;
+        let c = cstr(name)?;
+        // SAFETY: valid dirfd and C string; flags 0 removes the entry
+        // itself (unlinkat never follows a symlink).
+        if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) } != 0 {
+            let e = errno();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("cannot replace {} by a directory: {e}", show_rel(rel)),
+            ));
+        }
+        self.mkdir(rel, mode)?;
+        Ok(true)
     }
 
     /// Create a new temporary file `tmp` in directory `parent`.
@@ -545,6 +613,63 @@ pub fn read_flags(direct: bool) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mkdir_over_removes_a_link_in_the_way_never_following_it() {
+        // issue 35: a symlink (or a file) where the source has a directory
+        // is replaced by the directory; its target is untouched.
+        let d = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("keep"), b"keep").unwrap();
+        std::os::unix::fs::symlink(outside.path(), d.path().join("link")).unwrap();
+        std::fs::write(d.path().join("file"), b"f").unwrap();
+        std::fs::create_dir(d.path().join("dir")).unwrap();
+        let r = Root::open(d.path(), Confinement::Strict).unwrap();
+        assert!(r.mkdir(b"link", 0o755).is_err());
+        assert!(r.mkdir_over(b"link", 0o755).unwrap());
+        assert!(r.mkdir_over(b"file", 0o755).unwrap());
+        assert!(!r.mkdir_over(b"dir", 0o755).unwrap());
+        assert!(!r.mkdir_over(b"new", 0o755).unwrap());
+        for n in ["link", "file", "dir", "new"] {
+            let md = std::fs::symlink_metadata(d.path().join(n)).unwrap();
+            assert!(md.is_dir(), "{n}");
+        }
+        assert_eq!(std::fs::read(outside.path().join("keep")).unwrap(), b"keep");
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 1);
+        // Never through a link on the way.
+        std::os::unix::fs::symlink(outside.path(), d.path().join("l2")).unwrap();
+        assert!(r.mkdir_over(b"l2/x", 0o755).is_err());
+        assert!(!outside.path().join("x").exists());
+    }
+
+    #[test]
+    fn resolve_beneath_follows_links_inside_only() {
+        let d = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("mod/inner/sub")).unwrap();
+        let sym = |t: &Path, l: &str| std::os::unix::fs::symlink(t, d.path().join(l)).unwrap();
+        sym(Path::new("inner"), "mod/in-link");
+        sym(Path::new(".."), "mod/inner/up");
+        sym(outside.path(), "mod/out-link");
+        sym(Path::new("../../.."), "mod/up-link");
+        sym(&d.path().join("mod/inner"), "mod/abs-link");
+        let r = Root::open(&d.path().canonicalize().unwrap(), Confinement::Beneath).unwrap();
+        assert_eq!(r.resolve_beneath(b"mod/in-link").unwrap(), b"mod/inner");
+        assert_eq!(
+            r.resolve_beneath(b"mod/in-link/up/in-link/sub").unwrap(),
+            b"mod/inner/sub"
+        );
+        assert_eq!(r.resolve_beneath(b"").unwrap(), b"");
+        for bad in ["mod/out-link", "mod/up-link", "mod/abs-link", "mod/../.."] {
+            let e = r.resolve_beneath(bad.as_bytes()).unwrap_err();
+            assert!(
+                matches!(e.raw_os_error(), Some(libc::EXDEV | libc::ELOOP)),
+                "{bad}: {e}"
+            );
+        }
+        let e = r.resolve_beneath(b"mod/nope").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
 
     #[test]
     fn strict_root_refuses_symlinks_and_escapes() {

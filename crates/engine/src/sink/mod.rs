@@ -318,12 +318,12 @@ impl SinkSession<'_> {
         })
     }
 
-    /// Links and directory attributes once the files are in place, sync's
-    /// deletions, then Complete: the session's verdict.
+    /// Links once the files are in place, sync's deletions, directory
+    /// attributes, then Complete: the session's verdict.
     fn verdict(
         &mut self,
         d: Drained,
-        deferred: Deferred,
+        mut deferred: Deferred,
         prep_failures: Vec<Failure>,
         mut dest: DestMap,
     ) -> Result<Report, EngineError> {
@@ -356,6 +356,9 @@ impl SinkSession<'_> {
                 spec.session,
             )?;
         }
+        // Last: --delete changed the mtimes of the directories it removed
+        // from (issue 35).
+        failures.extend(deferred.finish_dirs(&spec.root));
         if failures.is_empty() && !dry {
             dest.finished(&spec.root);
         }

@@ -2,8 +2,9 @@
 //! round trip of metadata before the payload): rebuild the tree as the
 //! source's records arrive (directories made at once, files registered in
 //! the [`FileTable`], links and directory attributes deferred), and, once
-//! the files are in place, create the links, set the directories'
-//! attributes and run sync's deletions.
+//! the files are in place, create the links, run sync's deletions and set
+//! the directories' attributes (last: a deletion changes its directory's
+//! mtime).
 
 use std::sync::Arc;
 
@@ -182,7 +183,10 @@ impl Tree {
         if let (EntryKind::Piece { piece, index, .. }, false) = (&e.kind, dry) {
             self.table.set_piece(e.id, *piece, *index);
         }
+        // Sync replaces what is in the way of another type (issue 35).
+        let mut replace = false;
         if let Some(s) = &mut self.sync {
+            replace = s.replaces();
             match e.kind {
                 EntryKind::Dir => s.on_dir(&target, &e.path),
                 EntryKind::File { size } => {
@@ -191,7 +195,15 @@ impl Tree {
                 EntryKind::Piece { size, .. } => {
                     s.on_piece(&self.table, e.id, &target, size, e.mode, mtime)
                 }
-                _ => s.on_other(&target),
+                _ => {
+                    if let Err(reason) = s.on_other(&target) {
+                        self.prep_failures.push(Failure {
+                            path: target,
+                            reason,
+                        });
+                        return;
+                    }
+                }
             }
         }
         if dry {
@@ -205,7 +217,7 @@ impl Tree {
             // "" is the sink's root itself (`SRC/` into the root): it
             // exists and keeps its attributes.
             EntryKind::Dir if target.is_empty() => {}
-            EntryKind::Dir => match root.mkdir(&target, e.mode) {
+            EntryKind::Dir => match mkdir(root, &target, e.mode, replace) {
                 Ok(()) => d.dirs.push((target, e.mode, mtime)),
                 Err(err) => self.prep_failures.push(Failure {
                     path: target,
@@ -247,12 +259,23 @@ impl Tree {
     }
 }
 
+/// Make a directory record's directory; a sync replaces a non-directory
+/// in its way (a symlink is removed, never followed; fsops::Root::mkdir_over).
+fn mkdir(root: &Root, target: &[u8], mode: u32, replace: bool) -> std::io::Result<()> {
+    if replace {
+        root.mkdir_over(target, mode).map(|_| ())
+    } else {
+        root.mkdir(target, mode)
+    }
+}
+
 impl Deferred {
     /// Hard links, symlinks (through temp names `tmp(i)`), an archive
-    /// copy's special files and attributes, then directory attributes
-    /// deepest first; what failed.
+    /// copy's special files and attributes; what failed. Directory
+    /// attributes wait for [`Deferred::finish_dirs`]: sync's deletions
+    /// come in between (issue 35).
     pub fn place(
-        mut self,
+        &mut self,
         root: &Root,
         table: &FileTable,
         tmp: impl Fn(usize) -> Vec<u8>,
@@ -281,20 +304,31 @@ impl Deferred {
             }
         }
         let m = self.symlinks.len();
-        let mut archive = self.archive.take();
-        if let Some(a) = &mut archive {
+        if let Some(a) = &mut self.archive {
             let mut fs = Vec::new();
             a.place(root, |i| tmp(n + m + i), &mut fs);
             for f in fs {
                 fail(&f.path, f.reason);
             }
         }
+        failures
+    }
+
+    /// Directory attributes, deepest first, once nothing else will change
+    /// a directory: after the entries are placed and after `--delete`
+    /// (a removal sets its directory's mtime, which rsync restores too;
+    /// issue 35). What failed.
+    pub fn finish_dirs(self, root: &Root) -> Vec<Failure> {
+        let mut failures = Vec::new();
         for (path, mode, mtime) in self.dirs.iter().rev() {
             if let Err(e) = root.set_dir_attrs(path, *mode, *mtime) {
-                fail(path, format!("directory attributes: {e}"));
+                failures.push(Failure {
+                    path: path.clone(),
+                    reason: format!("directory attributes: {e}"),
+                });
             }
         }
-        if let Some(a) = archive {
+        if let Some(a) = self.archive {
             a.dir_atimes(root);
             a.note();
         }
@@ -323,14 +357,17 @@ pub(super) fn sync_epilogue(
     mut unchanged: u64,
     session: u64,
 ) -> Result<SyncOutcome, EngineError> {
-    let mut deleted = Vec::new();
+    let deleted;
     let mut planned = Vec::new();
     if failures.is_empty() {
         let (d, f) = s.delete();
         deleted = d;
         failures.extend(f.into_iter().map(|(p, r)| Failure { path: p, reason: r }));
-    } else if s.flags & sync_flags::DELETE != 0 {
-        tracing::warn!("session {session}: errors, deletions skipped");
+    } else {
+        deleted = s.made_way();
+        if s.flags & sync_flags::DELETE != 0 {
+            tracing::warn!("session {session}: errors, deletions skipped");
+        }
     }
     if failures.is_empty() && !s.dry() {
         s.clean_orphans(dest, started);

@@ -154,6 +154,29 @@ pub fn remove_unprotected(
     Ok(all)
 }
 
+/// Make way for a non-directory at `rel` where DST has a directory
+/// (rsync's receiver does the same; issue 35): an empty directory is
+/// removed; a non-empty one only with `tree` (`--delete`, which rsync's
+/// `--force` implies), through [`remove`], never following a symlink.
+pub fn make_way(root: &Root, rel: &[u8], tree: bool) -> std::io::Result<()> {
+    let (parent, name) = crate::fsops::split_parent(rel);
+    let dir = root.open_dir(parent)?;
+    let c = CString::new(name).map_err(|_| std::io::Error::other("NUL in path"))?;
+    // SAFETY: valid dirfd and C string.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENOTEMPTY | libc::EEXIST) if tree => remove(root, rel),
+        Some(libc::ENOTEMPTY | libc::EEXIST) => Err(std::io::Error::new(
+            std::io::ErrorKind::DirectoryNotEmpty,
+            "a non-empty directory is in the way (--delete replaces it)",
+        )),
+        _ => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,5 +238,25 @@ mod tests {
         assert!(!t.join("old/x").exists() && !t.join("old/deep/z").exists());
         assert!(remove_unprotected(&root, b"t/gone", b"src/gone", &keep).unwrap());
         assert!(!t.join("gone").exists());
+    }
+
+    #[test]
+    fn make_way_removes_an_empty_directory_and_a_full_one_only_with_delete() {
+        let d = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("keep"), b"x").unwrap();
+        std::fs::create_dir_all(d.path().join("empty")).unwrap();
+        std::fs::create_dir_all(d.path().join("full/sub")).unwrap();
+        std::fs::write(d.path().join("full/sub/f"), b"x").unwrap();
+        std::os::unix::fs::symlink(outside.path(), d.path().join("full/link")).unwrap();
+        let root = Root::open(d.path(), Confinement::Strict).unwrap();
+        make_way(&root, b"empty", false).unwrap();
+        assert!(!d.path().join("empty").exists());
+        let e = make_way(&root, b"full", false).unwrap_err();
+        assert!(e.to_string().contains("--delete"), "{e}");
+        assert!(d.path().join("full/sub/f").exists());
+        make_way(&root, b"full", true).unwrap();
+        assert!(!d.path().join("full").exists());
+        assert!(outside.path().join("keep").exists());
     }
 }

@@ -49,6 +49,9 @@ pub struct SinkSync {
     /// order, so one confined open per directory instead of per file
     /// (None: it does not exist here).
     dir: Option<(Vec<u8>, Option<std::os::fd::OwnedFd>)>,
+    /// Directories removed to make way for a non-directory (issue 35),
+    /// reported with the deletions.
+    made_way: Vec<Vec<u8>>,
 }
 
 /// `.NAME.ramsys-SESSION.part`: the only names orphan cleaning removes.
@@ -61,6 +64,10 @@ fn is_temp_name(n: &[u8]) -> bool {
 
 fn is_reg(st: &libc::stat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFREG
+}
+
+fn is_dir(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 
 impl SinkSync {
@@ -79,6 +86,7 @@ impl SinkSync {
             dry_kept: HashSet::new(),
             used_parts: HashSet::new(),
             dir: None,
+            made_way: Vec::new(),
         }
     }
 
@@ -128,8 +136,40 @@ impl SinkSync {
         self.wires.push(wire.to_vec());
     }
 
-    pub fn on_other(&mut self, target: &[u8]) {
+    /// A symlink, hard link or special file record. Err: a directory is
+    /// in its way and stays (the reason; the caller reports it and skips
+    /// the record).
+    pub fn on_other(&mut self, target: &[u8]) -> Result<(), String> {
         self.remember(target);
+        if !self.replaces() {
+            return Ok(());
+        }
+        match self.lstat(target) {
+            Some(st) if is_dir(&st) => self.make_way(target),
+            _ => Ok(()),
+        }
+    }
+
+    /// A sync (not a copy, not `--ignore-existing`) replaces what is in
+    /// the way of a source entry of another type, as rsync does (issue 35).
+    pub fn replaces(&self) -> bool {
+        self.flags & SYNC != 0 && self.flags & IGNORE_EXISTING == 0
+    }
+
+    /// Remove the directory at `target` so a non-directory can take its
+    /// place (sync::delete::make_way); nothing changes in a dry run.
+    fn make_way(&mut self, target: &[u8]) -> Result<(), String> {
+        self.dir = None;
+        if self.dry() {
+            return Ok(());
+        }
+        match super::delete::make_way(&self.root, target, self.flags & DELETE != 0) {
+            Ok(()) => {
+                self.made_way.push(target.to_vec());
+                Ok(())
+            }
+            Err(e) => Err(format!("cannot replace the directory: {e}")),
+        }
     }
 
     /// What every file and piece record does first: remember its name,
@@ -232,6 +272,12 @@ impl SinkSync {
             }
             return;
         }
+        if is_dir(&st) && self.replaces() {
+            if let Err(e) = self.make_way(target) {
+                table.fail_id(id, e);
+            }
+            return;
+        }
         if !is_reg(&st) {
             return;
         }
@@ -275,6 +321,13 @@ impl SinkSync {
         let st = self.lstat(target);
         if st.as_ref().is_some_and(|st| self.leaves(st, mtime)) {
             return self.unchanged(table, id, false);
+        }
+        if st.as_ref().is_some_and(is_dir) && self.replaces() {
+            // The first piece makes way for all of them.
+            if let Err(e) = self.make_way(target) {
+                table.fail_id(id, e);
+            }
+            return;
         }
         if let Some(st) = st.filter(is_reg) {
             let same_size = st.st_size as u64 == size;
@@ -525,7 +578,7 @@ impl SinkSync {
     /// does not have (removed unless dry run). Returns (removed, failures).
     pub fn delete(&self) -> (Vec<Vec<u8>>, PathFailures) {
         if self.flags & DELETE == 0 {
-            return (Vec::new(), Vec::new());
+            return (self.made_way.clone(), Vec::new());
         }
         let gone = match &self.protect {
             None => super::delete::extraneous(&self.root, &self.dirs, &self.keep, None),
@@ -545,7 +598,7 @@ impl SinkSync {
         if self.dry() {
             return (gone, Vec::new());
         }
-        let mut done = Vec::new();
+        let mut done = self.made_way.clone();
         let mut failed = Vec::new();
         for p in gone {
             let r = match &self.protect {
@@ -575,6 +628,12 @@ impl SinkSync {
             Some(i) if !self.wires[i].is_empty() => [&self.wires[i][..], b"/", name].concat(),
             _ => name.to_vec(),
         }
+    }
+
+    /// Directories removed to make way for a non-directory (reported
+    /// with the deletions, also where `--delete` did not run).
+    pub fn made_way(&self) -> Vec<Vec<u8>> {
+        self.made_way.clone()
     }
 
     /// Dry run: files that would be sent, and how many were unchanged.
