@@ -632,7 +632,13 @@ pub mod sync {
     /// Leave files that are newer at the sink (rsync's and cp's
     /// `--update`): a regular file whose mtime is later than the source's.
     pub const UPDATE: u32 = 256;
-    pub const ALL: u32 = 511;
+    /// DST was written with a trailing `/` (issue 35): it names a
+    /// directory. A sync makes it when it is missing, even for one file
+    /// (rsync's rule); a copy of one file refuses (cp's). Read by the sink
+    /// from SyncOpen or its own options; a source leaves it out of
+    /// SyncMode (a sink of before this bit rejects unknown SyncMode bits).
+    pub const DEST_DIR: u32 = 512;
+    pub const ALL: u32 = 1023;
 }
 
 /// What the sink holds of one announced file.

@@ -271,6 +271,11 @@ struct Run<'a> {
 }
 
 fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
+    // `DST/` names a directory (issue 35): the sink reads it so.
+    let sync = match a.paths.last() {
+        Some(d) if crate::spec::names_dir(d) => sync | ramsys_engine::sync::flags::DEST_DIR,
+        _ => sync,
+    };
     let mut plan = Plan::resolve(a, sync)?;
     // Before any link is opened: every TCP link of this process uses it.
     ramsys_engine::transport::tcp::use_congestion(a.congestion.as_deref())

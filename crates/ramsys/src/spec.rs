@@ -191,6 +191,14 @@ pub fn names_contents(arg: &str) -> bool {
     path.ends_with('/') || path == "." || path.ends_with("/.")
 }
 
+/// Whether a destination argument names a directory by its trailing `/`
+/// (`out/newdir/`, `ramsys://H:P/dir/`, `host:dir/`): the sink then makes
+/// a missing DST a directory in a sync, as rsync does, and a copy of one
+/// file refuses it (issue 35; sync flag DEST_DIR).
+pub fn names_dir(arg: &str) -> bool {
+    arg.ends_with('/')
+}
+
 /// "4M", "4MiB", "512k", "1G", "65536".
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -288,6 +296,20 @@ mod tests {
             ("[::1]:/data/", true),
         ] {
             assert_eq!(names_contents(arg), want, "{arg}");
+        }
+    }
+
+    #[test]
+    fn a_trailing_slash_on_dst_names_a_directory() {
+        for (arg, want) in [
+            ("out/newdir/", true),
+            ("out/newdir", false),
+            ("ramsys://h:1/x/", true),
+            ("ramsys://h:1/x", false),
+            ("host:dir/", true),
+            ("host:dir", false),
+        ] {
+            assert_eq!(names_dir(arg), want, "{arg}");
         }
     }
 

@@ -161,9 +161,11 @@ impl SourceSession<'_> {
             checksum: opts.checksum,
             cipher: opts.encrypt.id(),
         }))?;
-        if opts.sync != 0 {
+        // DEST_DIR is the sink's own (SyncOpen, or its agent's options).
+        let mode = opts.sync & !crate::sync::flags::DEST_DIR;
+        if mode != 0 {
             // Sync (docs/SYNC.md): the sink answers with what it holds.
-            self.ctl.send(&Control::SyncMode { flags: opts.sync })?;
+            self.ctl.send(&Control::SyncMode { flags: mode })?;
         }
         if opts.preserve != 0 {
             // An archive copy (crate::archive): Attrs follow the records.

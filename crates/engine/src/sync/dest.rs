@@ -23,7 +23,7 @@
 use crate::fsops::{split_parent, Root};
 use crate::show;
 
-use super::flags::{JOURNAL, RESUME, SYNC, WRITE_DEVICES};
+use super::flags::{DEST_DIR, JOURNAL, RESUME, SYNC, WRITE_DEVICES};
 use super::journal::{Journal, JOURNAL_NAME};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +102,14 @@ impl DestMap {
                     State::Into
                 }
             }
+            // `DST/` names a directory (rsync: "cannot stat destination:
+            // Not a directory"; cp: the same).
+            Some(_) if flags & DEST_DIR != 0 => {
+                return Err(format!(
+                    "destination {}/ is not a directory",
+                    show_dest(dest)
+                ))
+            }
             Some(_) if roots <= 1 => State::OverFile,
             Some(_) => {
                 return Err(format!(
@@ -128,6 +136,12 @@ impl DestMap {
                     }
                 }
                 match (sync, roots <= 1) {
+                    // `DST/`: a directory, whatever the one top is (rsync
+                    // makes it and puts a file inside; issue 35).
+                    (true, true) if flags & DEST_DIR != 0 => {
+                        mkdir(root, dest)?;
+                        State::Into
+                    }
                     (true, true) => State::SyncFirst,
                     (true, false) => {
                         mkdir(root, dest)?;
@@ -180,6 +194,15 @@ impl DestMap {
                 self.state = State::Into;
             }
             State::SyncFirst => self.state = State::AsTop,
+            // cp's rule: a file is not copied to a missing `DIR/` (GNU cp:
+            // "cannot create regular file 'DIR/': Not a directory").
+            State::CopyFirst | State::AsTop if !first.dir && self.flags & DEST_DIR != 0 => {
+                return Err(format!(
+                    "destination {}/ does not exist (a trailing / names a directory; \
+                     make it first, or use sync, which makes it)",
+                    show_dest(&self.dest)
+                ))
+            }
             State::OverFile if first.dir => {
                 return Err(format!(
                     "destination {} exists and is not a directory",
@@ -392,6 +415,38 @@ mod tests {
         let m = DestMap::resolve(&r, b"many", 3, SYNC).unwrap();
         assert!(d.path().join("many").is_dir());
         assert_eq!(m.map(b"a/b"), b"many/a/b");
+    }
+
+    #[test]
+    fn a_trailing_slash_names_a_directory() {
+        // issue 35: `sync file out/newdir/` makes newdir and puts the file
+        // in it (rsync); `cp file out/newdir/` refuses (cp); an existing
+        // non-directory `g/` is refused by both.
+        let (d, r) = root();
+        for _ in 0..2 {
+            let mut m = DestMap::resolve(&r, b"newdir", 1, SYNC | DEST_DIR).unwrap();
+            m.settle(&r, &file(b"file")).unwrap();
+            assert_eq!(m.map(b"file"), b"newdir/file");
+            assert!(d.path().join("newdir").is_dir());
+        }
+        let mut m = DestMap::resolve(&r, b"nd2", 1, SYNC | DEST_DIR).unwrap();
+        m.settle(&r, &dir(b"src")).unwrap();
+        assert_eq!(m.map(b"src/a"), b"nd2/src/a");
+        for flags in [DEST_DIR, JOURNAL | DEST_DIR] {
+            let mut m = DestMap::resolve(&r, b"cpdir", 1, flags).unwrap();
+            let e = m.settle(&r, &file(b"file")).unwrap_err();
+            assert!(e.starts_with("destination cpdir/ does not exist"), "{e}");
+            assert!(!d.path().join("cpdir").exists());
+            // A directory top still becomes the copy (cp -r dir new/).
+            let mut m = DestMap::resolve(&r, b"cpdir", 1, flags).unwrap();
+            m.settle(&r, &dir(b"src")).unwrap();
+            assert_eq!(m.map(b"src/a"), b"cpdir/a");
+        }
+        std::fs::write(d.path().join("g"), b"x").unwrap();
+        for flags in [SYNC | DEST_DIR, DEST_DIR] {
+            let e = DestMap::resolve(&r, b"g", 1, flags).unwrap_err();
+            assert_eq!(e, "destination g/ is not a directory");
+        }
     }
 
     #[test]

@@ -48,8 +48,9 @@ pub fn journal_min() -> u64 {
 }
 
 /// Flags that make a session compare with what the sink holds (all but
-/// the default journal, which only keeps what an interruption leaves).
-pub const COMPARE: u32 = flags::ALL & !(flags::JOURNAL | flags::WRITE_DEVICES);
+/// the default journal, which only keeps what an interruption leaves, and
+/// the two that only say how to read DST).
+pub const COMPARE: u32 = flags::ALL & !(flags::JOURNAL | flags::WRITE_DEVICES | flags::DEST_DIR);
 
 /// Files below this size that changed in size are sent whole: their old
 /// version is not worth reading and hashing.
