@@ -1185,14 +1185,6 @@ pub(crate) fn source_tops(
 ) -> Result<Vec<Top>, String> {
     let mut tops = Vec::new();
     for (r, c) in rels.into_iter().zip(contents) {
-        // Symlinks inside the export may be read through, but the
-        // top-level path must resolve inside the root.
-        let abs = ex.path.join(std::ffi::OsStr::new(&show(&r)));
-        if let Ok(c) = abs.canonicalize() {
-            if !c.starts_with(&ex.path) {
-                return Err(format!("{} resolves outside the daemon root", show(&r)));
-            }
-        }
         let name = match r.iter().rposition(|&b| b == b'/') {
             _ if c => Vec::new(),
             Some(i) => r[i + 1..].to_vec(),
@@ -1203,9 +1195,49 @@ pub(crate) fn source_tops(
                 .unwrap_or_else(|| b"root".to_vec()),
             None => r.clone(),
         };
-        tops.push(Top { rel: r, name });
+        let rel = resolve_top(ex, &r, c)?;
+        tops.push(Top { rel, name });
     }
     Ok(tops)
+}
+
+/// Where a source path is inside the export (issue 35): symlinks on the
+/// way are followed when they stay inside the root, as rsync's daemon
+/// does (`mod/in-link/` with `in-link -> inner` sends inner's contents),
+/// the whole resolution confined by openat2 RESOLVE_BENEATH (the source
+/// root's Beneath rule: `..` above the root, an absolute link and a
+/// magic link all fail). The last component is followed only for a
+/// contents path (`DIR/`); otherwise a symlink is sent as what it is. The
+/// resolved path has no symlink left, and is what the scan reads. Err:
+/// one line naming the path that leads outside.
+fn resolve_top(ex: &ExportRoot, rel: &[u8], contents: bool) -> Result<Vec<u8>, String> {
+    let (dir, last) = match (contents, rel.iter().rposition(|&b| b == b'/')) {
+        (true, _) => (rel, &b""[..]),
+        (false, Some(i)) => (&rel[..i], &rel[i + 1..]),
+        (false, None) => return Ok(rel.to_vec()),
+    };
+    if dir.is_empty() {
+        return Ok(rel.to_vec());
+    }
+    let mut out = match ex.source.resolve_beneath(dir) {
+        Ok(p) => p,
+        // Missing: the scan reports it, as for any missing source.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(rel.to_vec()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EXDEV | libc::ELOOP)) => {
+            return Err(format!(
+                "{} resolves outside the daemon root (a symlink on the way leads out of it)",
+                show(rel)
+            ))
+        }
+        Err(e) => return Err(format!("{}: {e}", show(rel))),
+    };
+    if !last.is_empty() {
+        if !out.is_empty() {
+            out.push(b'/');
+        }
+        out.extend_from_slice(last);
+    }
+    Ok(out)
 }
 
 /// The daemon as the source.
