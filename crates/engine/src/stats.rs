@@ -51,6 +51,17 @@ impl Stats {
     }
 }
 
+/// One data link (issue 35: the summary says what carried the data).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct LinkDesc {
+    /// Local end: an address, or "raw:MAC@IFACE" for a raw channel.
+    pub local: String,
+    pub peer: String,
+    /// "tcp", "raw" (a raw-Ethernet channel) or "ssh" (tunnelled through
+    /// the ssh connection); transport::Link::kind.
+    pub kind: &'static str,
+}
+
 /// One failed path and why.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct FailedPath {
@@ -71,8 +82,8 @@ pub struct Report {
     /// Streams and block size agreed.
     pub streams: u16,
     pub block_size: u32,
-    /// Data links as (local address, peer address), for --explain.
-    pub links: Vec<(String, String)>,
+    /// The data links (local, peer, kind), for the summary and --explain.
+    pub links: Vec<LinkDesc>,
     /// Sync: files the sink already had (nothing sent).
     pub unchanged: u64,
     /// Sync: sink entries removed (--delete), or that would be.

@@ -268,6 +268,8 @@ struct Run<'a> {
     via_ssh: Option<Arc<dyn Transport>>,
     /// The daemon that redirected this transfer here (Control::Redirected).
     redirected_from: Option<String>,
+    /// `--transport auto` fell back to TCP: why (the summary says so).
+    raw_fallback: Option<String>,
 }
 
 fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
@@ -323,6 +325,7 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
         key: &load_key,
         via_ssh: ssh.transport(a),
         redirected_from: None,
+        raw_fallback: None,
     };
     let t0 = Instant::now();
     let cpu0 = process_cpu_seconds();
@@ -333,10 +336,21 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
     if let Ok(rep) = &result {
         run.numa.streams(rep);
     }
+    let transport = Carried {
+        requested: plan.raw.transport,
+        fallback: run.raw_fallback.clone(),
+        local: matches!(plan.dst, Endpoint::Local(_)) && srcs.remote.is_empty(),
+    };
+    if let Some(why) = &transport.fallback {
+        run.numa.note(format!(
+            "transport: auto: raw channels not used ({why}); TCP"
+        ));
+    }
     run.numa.print();
     let extra = Extra {
         redirect,
         stripes: None,
+        transport,
     };
     report(result, &run.stats, wall, cpu, plan.json, sync, extra)
 }
@@ -399,8 +413,8 @@ fn run_striped(a: &CpArgs, plan: &Plan, sync: u32) -> anyhow::Result<i32> {
     }
     let stats = Stats::default();
     let extra = Extra {
-        redirect: None,
         stripes: Some(stripes),
+        ..Default::default()
     };
     report(result, &stats, wall, cpu, plan.json, sync, extra)
 }
@@ -485,8 +499,8 @@ fn run_pairs(a: &CpArgs, plan: &mut Plan, sync: u32) -> anyhow::Result<i32> {
         }
     }
     let extra = Extra {
-        redirect: None,
         stripes,
+        ..Default::default()
     };
     report(result, &stats, wall, cpu, plan.json, sync, extra)
 }
@@ -498,6 +512,47 @@ struct Extra {
     redirect: Option<crate::pick::Redirect>,
     /// `--stripe`: each daemon's share.
     stripes: Option<Vec<crate::stripe::Stripe>>,
+    /// What carried the data (issue 35).
+    transport: Carried,
+}
+
+/// What carried a run's data, as the summary names it (issue 35).
+#[derive(Default)]
+struct Carried {
+    /// `--transport`.
+    requested: ramsys_engine::transport::rawlink::Mode,
+    /// `auto` found no raw channel: why.
+    fallback: Option<String>,
+    /// Both ends on this host (the in-process sink; links on loopback).
+    local: bool,
+}
+
+impl Carried {
+    /// "local", or the data links' kinds ("tcp", "raw", "ssh"; several
+    /// joined with "+"); a run without links of its own (daemon to
+    /// daemon) is "tcp".
+    fn used(&self, rep: &Report) -> String {
+        if self.local {
+            return "local".into();
+        }
+        let mut kinds: Vec<&str> = rep.links.iter().map(|l| l.kind).collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        if kinds.is_empty() {
+            "tcp".into()
+        } else {
+            kinds.join("+")
+        }
+    }
+
+    fn requested(&self) -> &'static str {
+        use ramsys_engine::transport::rawlink::Mode;
+        match self.requested {
+            Mode::Tcp => "tcp",
+            Mode::Raw => "raw",
+            Mode::Auto => "auto",
+        }
+    }
 }
 
 /// `--transport raw|auto`: data links as raw channels (crate::rawpick).
@@ -508,7 +563,7 @@ fn raw_links(
     key: &[u8],
     buffer_node: Option<u32>,
     control: Arc<dyn Transport>,
-) -> anyhow::Result<Arc<dyn Transport>> {
+) -> anyhow::Result<(Arc<dyn Transport>, Option<String>)> {
     let d = crate::rawpick::Daemon {
         addr,
         key,
@@ -601,7 +656,7 @@ impl Run<'_> {
             Some(t) => t.clone(),
             None => numa.channels(addr, plan.channels, cfg.buffer_node, tcp()),
         };
-        let transport = raw_links(
+        let (transport, fallback) = raw_links(
             plan,
             self.via_ssh.is_some(),
             addr,
@@ -609,6 +664,7 @@ impl Run<'_> {
             cfg.buffer_node,
             transport,
         )?;
+        self.raw_fallback = fallback;
         let remote = Remote {
             transport,
             addr: addr.to_string(),
@@ -648,7 +704,7 @@ impl Run<'_> {
             Some(t) => t.clone(),
             None => numa.channels(&addr, plan.channels, cfg.buffer_node, tcp()),
         };
-        let transport = raw_links(
+        let (transport, fallback) = raw_links(
             plan,
             self.via_ssh.is_some(),
             &addr,
@@ -656,6 +712,7 @@ impl Run<'_> {
             cfg.buffer_node,
             transport,
         )?;
+        self.raw_fallback = fallback;
         let remote_end = Remote {
             transport,
             addr,
@@ -851,6 +908,8 @@ fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
     } = *run;
     let mb_s = rep.bytes as f64 / 1e6 / wall.max(1e-9);
     let dry = sync & ramsys_engine::sync::flags::DRY_RUN != 0;
+    let carried = &run.extra.transport;
+    let transport = carried.used(rep);
     if json {
         let mut line = serde_json::json!({
             "event": "summary",
@@ -876,6 +935,13 @@ fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
             "zerocopy_blocks": rep.zerocopy_blocks,
             "storage": rep.storage,
             "redirect": run.extra.redirect,
+            // What carried the data (issue 35): "local", "tcp", "raw",
+            // "ssh"; what was asked; why `auto` did not use raw channels;
+            // each data link with its kind.
+            "transport": transport,
+            "transport_requested": carried.requested(),
+            "transport_fallback": carried.fallback,
+            "links": rep.links,
         });
         if let Some(s) = &run.extra.stripes {
             line["stripes"] = serde_json::json!(s);
@@ -897,6 +963,11 @@ fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
         for f in &rep.failed {
             say!("ramsys: failed: {}: {}", f.path, f.reason);
         }
+        if let Some(why) = &carried.fallback {
+            eprintln!(
+                "ramsys: --transport auto: raw channels not used ({why}); data went over TCP"
+            );
+        }
         if dry {
             for p in &rep.planned {
                 tell!("would send {p}");
@@ -905,40 +976,133 @@ fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
                 tell!("would delete {p}");
             }
             println!(
-                "dry run: {} files would be sent, {} unchanged, {} entries would be deleted",
-                rep.planned.len(),
+                "dry run: {} would be sent, {} unchanged, {} would be deleted",
+                count(rep.planned.len() as u64, "file", "files"),
                 rep.unchanged,
-                rep.deleted.len()
+                count(rep.deleted.len() as u64, "entry", "entries")
             );
             return i32::from(!rep.failed.is_empty());
         }
-        use ramsys_engine::sync::{flags::DELETE, COMPARE};
-        if sync & DELETE != 0 {
-            println!(
-                "{} files unchanged, {} entries deleted",
-                rep.unchanged,
-                rep.deleted.len()
-            );
-        } else if sync & COMPARE != 0 {
-            println!("{} files unchanged", rep.unchanged);
-        }
-        println!(
-            "copied {} files, {:.1} MB in {:.2} s ({:.1} MB/s), cpu {:.2} s{}",
-            rep.files,
-            rep.bytes as f64 / 1e6,
-            wall,
-            mb_s,
-            cpu,
-            if rep.failed.is_empty() {
-                String::new()
-            } else {
-                format!(", {} failed", rep.failed.len())
-            }
-        );
+        println!("{}", human_line(rep, run, sync, &transport));
     }
     if rep.failed.is_empty() {
         0
     } else {
         1
+    }
+}
+
+/// `n thing` or `n things`.
+fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The one summary line of a run (a sync's counts on the same line; issue
+/// 35), e.g. `copied 1 file, 0.0 MB in 0.01 s (0.0 MB/s) over tcp (4
+/// streams), cpu 0.01 s; 2 unchanged, 1 deleted`.
+fn human_line(rep: &Report, run: &RunFacts, sync: u32, transport: &str) -> String {
+    use ramsys_engine::sync::{flags::DELETE, COMPARE};
+    let mb_s = rep.bytes as f64 / 1e6 / run.wall.max(1e-9);
+    let over = match transport {
+        "local" => "locally".to_string(),
+        t if rep.streams > 0 => format!(
+            "over {t} ({})",
+            count(rep.streams as u64, "stream", "streams")
+        ),
+        t => format!("over {t}"),
+    };
+    let mut line = format!(
+        "copied {}, {:.1} MB in {:.2} s ({:.1} MB/s) {over}, cpu {:.2} s",
+        count(rep.files, "file", "files"),
+        rep.bytes as f64 / 1e6,
+        run.wall,
+        mb_s,
+        run.cpu,
+    );
+    let mut tail = Vec::new();
+    if sync & COMPARE != 0 {
+        tail.push(format!("{} unchanged", rep.unchanged));
+    }
+    if sync & DELETE != 0 || !rep.deleted.is_empty() {
+        tail.push(format!("{} deleted", rep.deleted.len()));
+    }
+    if !rep.failed.is_empty() {
+        tail.push(format!("{} failed", rep.failed.len()));
+    }
+    if !tail.is_empty() {
+        line.push_str("; ");
+        line.push_str(&tail.join(", "));
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(transport: Carried) -> RunFacts {
+        RunFacts {
+            wall: 0.5,
+            cpu: 0.25,
+            resent: 0,
+            faults: LinkFaults {
+                lost: 0,
+                replaced: 0,
+                retries: 0,
+            },
+            extra: Extra {
+                transport,
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn one_summary_line_in_english_naming_the_transport() {
+        use ramsys_engine::stats::LinkDesc;
+        use ramsys_engine::sync::flags::{DELETE, SYNC};
+        let link = |kind| LinkDesc {
+            local: "a".into(),
+            peer: "b".into(),
+            kind,
+        };
+        let mut rep = Report {
+            files: 1,
+            bytes: 2_000_000,
+            streams: 4,
+            unchanged: 3,
+            deleted: vec!["x".into()],
+            links: vec![link("raw"), link("raw")],
+            ..Default::default()
+        };
+        let run = facts(Carried::default());
+        let t = run.extra.transport.used(&rep);
+        assert_eq!(t, "raw");
+        assert_eq!(
+            human_line(&rep, &run, SYNC | DELETE, &t),
+            "copied 1 file, 2.0 MB in 0.50 s (4.0 MB/s) over raw (4 streams), cpu 0.25 s; \
+             3 unchanged, 1 deleted"
+        );
+        rep.files = 2;
+        rep.deleted.clear();
+        rep.links = vec![link("tcp")];
+        let t = run.extra.transport.used(&rep);
+        assert_eq!(
+            human_line(&rep, &run, SYNC, &t),
+            "copied 2 files, 2.0 MB in 0.50 s (4.0 MB/s) over tcp (4 streams), cpu 0.25 s; \
+             3 unchanged"
+        );
+        assert_eq!(human_line(&rep, &run, 0, &t).matches("copied").count(), 1);
+        assert!(!human_line(&rep, &run, 0, &t).contains(';'));
+        let local = facts(Carried {
+            local: true,
+            ..Default::default()
+        });
+        assert_eq!(local.extra.transport.used(&rep), "local");
+        assert!(human_line(&rep, &local, 0, "local").contains(" locally, "));
+        rep.links = vec![link("raw"), link("tcp")];
+        assert_eq!(run.extra.transport.used(&rep), "raw+tcp");
+        assert_eq!(count(1, "entry", "entries"), "1 entry");
+        assert_eq!(count(0, "entry", "entries"), "0 entries");
     }
 }

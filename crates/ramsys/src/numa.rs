@@ -354,7 +354,8 @@ impl Numa {
                 mb(u.cached_bytes)
             ));
         }
-        for (i, (local, peer)) in rep.links.iter().enumerate() {
+        for (i, l) in rep.links.iter().enumerate() {
+            let (local, peer) = (&l.local, &l.peer);
             // A raw channel's local end names its interface: "raw:MAC@IF".
             let nic = self
                 .topo
@@ -364,7 +365,8 @@ impl Numa {
                     _ => nic_for_addr(t, local),
                 });
             self.lines.push(format!(
-                "stream {i}: {local} -> {peer} via {}",
+                "stream {i} ({}): {local} -> {peer} via {}",
+                l.kind,
                 nic.map(|n| format!(
                     "{} (node {})",
                     n.name,
@@ -373,6 +375,11 @@ impl Numa {
                 .unwrap_or_else(|| "unknown NIC".into())
             ));
         }
+    }
+
+    /// A line of the run's own for --explain.
+    pub fn note(&mut self, line: String) {
+        self.lines.push(line);
     }
 
     pub fn print(&self) {

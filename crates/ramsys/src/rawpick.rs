@@ -45,16 +45,17 @@ pub struct Daemon<'a> {
 }
 
 /// `control` as is (`tcp`, or `auto` when raw is not possible), or a
-/// transport whose data links are raw channels.
+/// transport whose data links are raw channels; with `auto`, why raw was
+/// not used (the summary says so: issue 35).
 pub fn data_transport(
     a: &RawArgs,
     d: &Daemon,
     policy: ramsys_topo::ChannelPolicy,
     buffer_node: Option<u32>,
     control: Arc<dyn Transport>,
-) -> anyhow::Result<Arc<dyn Transport>> {
+) -> anyhow::Result<(Arc<dyn Transport>, Option<String>)> {
     if a.transport == Mode::Tcp {
-        return Ok(control);
+        return Ok((control, None));
     }
     if let Some(m) = a.copy_offload {
         ramsys_rawnet::offload::set_mode(m);
@@ -67,11 +68,11 @@ pub fn data_transport(
                 .collect();
             tracing::info!("raw channels: {}", shown.join(", "));
             let data = Arc::new(RawTransport::new(pairs, policy, buffer_node)?);
-            Ok(Arc::new(Split { control, data }))
+            Ok((Arc::new(Split { control, data }), None))
         }
         Err(e) if a.transport == Mode::Auto => {
-            tracing::warn!("{e}; data links over TCP");
-            Ok(control)
+            tracing::info!("{e}; data links over TCP");
+            Ok((control, Some(e)))
         }
         Err(e) => Err(anyhow::anyhow!(e)),
     }

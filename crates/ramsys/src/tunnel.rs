@@ -261,6 +261,9 @@ impl Link for TunnelLink {
     fn local(&self) -> String {
         "ssh".into()
     }
+    fn kind(&self) -> &'static str {
+        "ssh"
+    }
     fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
         self.s.set_read_timeout(d)
     }

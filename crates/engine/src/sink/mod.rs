@@ -141,8 +141,8 @@ struct Opened {
     links: Vec<Box<dyn Link>>,
     key: Option<Bytes32>,
     relinks: Relinks,
-    /// (local, peer) addresses, for the report.
-    desc: Vec<(String, String)>,
+    /// The data links (local, peer, kind), for the report.
+    desc: Vec<crate::stats::LinkDesc>,
 }
 
 /// What the data pipeline leaves for the verdict.
@@ -152,7 +152,7 @@ struct Drained {
     file_failures: Vec<(Vec<u8>, String)>,
     streams: u16,
     block_size: u32,
-    links: Vec<(String, String)>,
+    links: Vec<crate::stats::LinkDesc>,
     /// A daemon-side source's stream adaptation (Control::Grown).
     growth: Option<crate::transport::grow::Growth>,
     /// The control reader's events: the source's close is awaited there.
@@ -303,7 +303,10 @@ impl SinkSession<'_> {
                 })
             })
             .and_then(|_| links.open(streams))?;
-        let desc = data_links.iter().map(|l| (l.local(), l.peer())).collect();
+        let desc = data_links
+            .iter()
+            .map(|l| crate::transport::describe(&**l))
+            .collect();
         for l in &data_links {
             l.set_read_timeout(Some(self.opts.idle_timeout))?;
         }

@@ -59,7 +59,7 @@ pub(super) struct SinkPipeline<'s> {
     writer_jobs: Vec<JobHandle>,
     _writers: ramsys_resources::Reservation,
     session: u64,
-    facts: (u16, u32, Vec<(String, String)>),
+    facts: (u16, u32, Vec<crate::stats::LinkDesc>),
     /// What a daemon-side source's stream adaptation did (Control::Grown).
     growth: Option<Growth>,
 }

@@ -130,8 +130,8 @@ struct Opened {
     links: Vec<Box<dyn Link>>,
     key: Option<Bytes32>,
     relinks: Relinks,
-    /// (local, peer) addresses, for the report.
-    desc: Vec<(String, String)>,
+    /// The data links (local, peer, kind), for the report.
+    desc: Vec<crate::stats::LinkDesc>,
 }
 
 impl SourceSession<'_> {
@@ -283,7 +283,10 @@ impl SourceSession<'_> {
         if c.cipher != Cipher::None && key.is_none() {
             return Err(EngineError::local("encryption without a session key"));
         }
-        let desc = data_links.iter().map(|l| (l.local(), l.peer())).collect();
+        let desc = data_links
+            .iter()
+            .map(|l| crate::transport::describe(&**l))
+            .collect();
         for l in &data_links {
             l.set_read_timeout(Some(self.opts.idle_timeout))?;
         }

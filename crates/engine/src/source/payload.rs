@@ -155,7 +155,7 @@ impl Adapt {
 struct Facts {
     streams: u16,
     block_size: usize,
-    links: Vec<(String, String)>,
+    links: Vec<crate::stats::LinkDesc>,
     path: SendPath,
     read_storage: Arc<StorageCfg>,
     plan: Option<SyncPlan>,
@@ -167,7 +167,7 @@ struct Facts {
 impl Facts {
     fn new(
         c: &Confirmed,
-        links: Vec<(String, String)>,
+        links: Vec<crate::stats::LinkDesc>,
         path: SendPath,
         read_storage: Arc<StorageCfg>,
         plan: Option<SyncPlan>,

@@ -30,6 +30,11 @@ pub trait Link: Read + Write + Send {
     fn peer(&self) -> String;
     /// Local address description (which NIC the stream uses).
     fn local(&self) -> String;
+    /// What carries the stream, for the summary (issue 35): "tcp", "raw"
+    /// (a raw-Ethernet channel), "ssh" (tunnelled through ssh).
+    fn kind(&self) -> &'static str {
+        "tcp"
+    }
     /// Idle timeout for reads (None = block forever).
     fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()>;
     /// The clock its read timeouts run on (a simulated one in tests,
@@ -127,6 +132,15 @@ impl std::io::Write for ClosedLink {
         Ok(())
     }
 }
+/// A link as the report shows it.
+pub fn describe(l: &dyn Link) -> crate::stats::LinkDesc {
+    crate::stats::LinkDesc {
+        local: l.local(),
+        peer: l.peer(),
+        kind: l.kind(),
+    }
+}
+
 impl Link for ClosedLink {
     fn try_clone_link(&self) -> std::io::Result<Box<dyn Link>> {
         Ok(Box::new(ClosedLink))
@@ -137,6 +151,9 @@ impl Link for ClosedLink {
     }
     fn local(&self) -> String {
         "closed".into()
+    }
+    fn kind(&self) -> &'static str {
+        "closed"
     }
     fn set_read_timeout(&self, _: Option<Duration>) -> std::io::Result<()> {
         Ok(())

@@ -27,6 +27,9 @@ impl Link for Channel {
     fn local(&self) -> String {
         self.describe_local()
     }
+    fn kind(&self) -> &'static str {
+        "raw"
+    }
     fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
         Channel::set_read_timeout(self, d);
         Ok(())

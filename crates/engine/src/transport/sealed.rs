@@ -285,6 +285,9 @@ impl Link for SealedLink {
     fn local(&self) -> String {
         self.inner.local()
     }
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
     fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
         self.inner.set_read_timeout(d)
     }
