@@ -49,6 +49,25 @@ fn cstr(b: &[u8]) -> io::Result<CString> {
     CString::new(b).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in path"))
 }
 
+/// The target of symlink `name` in `dir`.
+fn readlink_at(dir: std::os::fd::BorrowedFd<'_>, name: &CString) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: valid dirfd, C string and buffer of buf.len() bytes.
+    let n = unsafe {
+        libc::readlinkat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_char,
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(errno());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
 /// openat2(2) relative to `dir`; the error is the raw errno.
 fn openat2(
     dir: std::os::fd::BorrowedFd<'_>,
@@ -418,8 +437,24 @@ impl Root {
         Self::set_attrs(dir.as_raw_fd(), &n, Some(mode), mtime)
     }
 
+    /// [`Root::set_dir_attrs`], unless the directory has them already: a
+    /// sync run again changes nothing, not even a ctime (issue 35).
+    pub fn ensure_dir_attrs(&self, rel: &[u8], mode: u32, mtime: (i64, u32)) -> io::Result<()> {
+        let (parent, name) = split_parent(rel);
+        let dir = self.open_dir(parent)?;
+        if let Some(st) = lstat_at(dir.as_fd(), name)? {
+            if st.st_mode & 0o7777 == mode && (st.st_mtime, st.st_mtime_nsec as u32) == mtime {
+                return Ok(());
+            }
+        }
+        let n = cstr(if name.is_empty() { b"." } else { name })?;
+        Self::set_attrs(dir.as_raw_fd(), &n, Some(mode), mtime)
+    }
+
     /// Create (or replace) symlink `rel` pointing at `target`, atomically:
-    /// a temp link is renamed over the final name.
+    /// a temp link is renamed over the final name. A link already there
+    /// with that target is kept (its mtime set if it differs), as rsync
+    /// keeps it: a second sync changes nothing (issue 35).
     pub fn symlink(
         &self,
         rel: &[u8],
@@ -432,6 +467,16 @@ impl Root {
         let t = cstr(target)?;
         let tm = cstr(tmp)?;
         let n = cstr(name)?;
+        if let Some(st) = lstat_at(dir.as_fd(), name)? {
+            if st.st_mode & libc::S_IFMT == libc::S_IFLNK
+                && readlink_at(dir.as_fd(), &n).is_ok_and(|old| old == target)
+            {
+                if (st.st_mtime, st.st_mtime_nsec as u32) != mtime {
+                    Self::set_attrs(dir.as_raw_fd(), &n, None, mtime)?;
+                }
+                return Ok(());
+            }
+        }
         // SAFETY: valid dirfd and C strings.
         if unsafe { libc::symlinkat(t.as_ptr(), dir.as_raw_fd(), tm.as_ptr()) } != 0 {
             return Err(errno());

@@ -321,7 +321,7 @@ impl Deferred {
     pub fn finish_dirs(self, root: &Root) -> Vec<Failure> {
         let mut failures = Vec::new();
         for (path, mode, mtime) in self.dirs.iter().rev() {
-            if let Err(e) = root.set_dir_attrs(path, *mode, *mtime) {
+            if let Err(e) = root.ensure_dir_attrs(path, *mode, *mtime) {
                 failures.push(Failure {
                     path: path.clone(),
                     reason: format!("directory attributes: {e}"),
