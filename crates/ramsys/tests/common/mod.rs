@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod loopdev;
+pub mod oracle;
 pub mod sshd;
 pub mod stripe;
 
