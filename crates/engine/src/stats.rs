@@ -35,6 +35,11 @@ pub struct Stats {
     /// Pieces of big files verified at a sink (data::bigfile; the file
     /// counts in `files` once, where it was placed).
     pub pieces: AtomicU64,
+    /// Files sent without an archive copy whose set-user-ID or
+    /// set-group-ID bits the sink drops (issue 34's rule; counted by this
+    /// process's end, the source of a push or the sink of a pull, so the
+    /// agent can say so: rsync -p would keep them, issue 35).
+    pub setid_dropped: AtomicU64,
 }
 
 impl Stats {

@@ -341,9 +341,15 @@ fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
         fallback: run.raw_fallback.clone(),
         local: matches!(plan.dst, Endpoint::Local(_)) && srcs.remote.is_empty(),
     };
-    if let Some(why) = &transport.fallback {
+    if let Ok(rep) = &result {
+        let why = match &transport.fallback {
+            Some(why) => format!("; raw channels not used: {why}"),
+            None => String::new(),
+        };
         run.numa.note(format!(
-            "transport: auto: raw channels not used ({why}); TCP"
+            "transport: {} (--transport {}){why}",
+            transport.used(rep),
+            transport.requested()
         ));
     }
     run.numa.print();
@@ -825,6 +831,17 @@ fn report(
             let resent = stats.resends.load(std::sync::atomic::Ordering::Relaxed);
             if resent > 0 && !json {
                 say!("ramsys: {resent} segments failed verification in flight and were sent again");
+            }
+            let setid = stats
+                .setid_dropped
+                .load(std::sync::atomic::Ordering::Relaxed);
+            if setid > 0 {
+                // A deliberate difference from rsync -p (issue 34; docs/SYNC.md).
+                eprintln!(
+                    "ramsys: note: set-user-ID/set-group-ID bits not kept on {} (they are kept \
+                     with -a only; rsync -p keeps them; docs/SYNC.md \"Set-ID bits\")",
+                    count(setid, "file", "files")
+                );
             }
             let faults = LinkFaults::of(stats);
             if faults.lost > 0 && !json {

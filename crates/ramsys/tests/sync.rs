@@ -404,3 +404,75 @@ fn ignore_existing_and_update_leave_what_dst_has() {
         }
     }
 }
+
+#[test]
+fn the_summary_names_the_transport_in_one_line() {
+    // issue 35: with --transport auto the summary did not say that TCP
+    // carried the data (raw channels need an Ethernet segment, not
+    // loopback), and sync printed two lines ("copied 1 files").
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let (src, root) = (t.path().join("src"), t.path().join("root"));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("one"), b"one file").unwrap();
+    let d = TestDaemon::start(&root, &key);
+    let src_s = format!("{}/", src.display());
+    let r = sync(&key, &["--transport", "auto"], &src_s, &d.url("a"));
+    assert_eq!(r["transport"], "tcp", "{r}");
+    assert_eq!(r["transport_requested"], "auto", "{r}");
+    let why = r["transport_fallback"].as_str().unwrap_or_default();
+    assert!(why.contains("loopback"), "{r}");
+    let links = r["links"].as_array().unwrap();
+    assert_eq!(links.len() as u64, n(&r, "streams"), "{r}");
+    assert!(links.iter().all(|l| l["kind"] == "tcp"), "{r}");
+    let r = sync(&key, &[], &src_s, &d.url("a"));
+    assert_eq!(
+        (r["transport"].as_str(), r["transport_fallback"].is_null()),
+        (Some("tcp"), true)
+    );
+    // Human: one line, in English, naming the transport; the fallback is
+    // one line of its own on stderr.
+    std::fs::write(src.join("two"), b"two").unwrap();
+    let o = ramsys(
+        &key,
+        &[
+            "sync",
+            "-r",
+            "--delete",
+            "--transport",
+            "auto",
+            &src_s,
+            &d.url("a"),
+        ],
+    );
+    assert_ok(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 1, "{out}");
+    assert!(
+        lines[0].starts_with("copied 1 file, ") && lines[0].contains(" over tcp ("),
+        "{out}"
+    );
+    assert!(lines[0].ends_with("; 1 unchanged, 0 deleted"), "{out}");
+    let err = stderr(&o);
+    assert!(
+        err.contains("--transport auto: raw channels not used") && err.contains("over TCP"),
+        "{err}"
+    );
+    // A local copy says so.
+    let o = ramsys(
+        &key,
+        &[
+            "sync",
+            "-r",
+            &src_s,
+            t.path().join("local").to_str().unwrap(),
+        ],
+    );
+    assert_ok(&o);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(" locally, "),
+        "{o:?}"
+    );
+}

@@ -274,6 +274,9 @@ impl SinkSession<'_> {
         stats.total_bytes.store(tree.total_bytes, Ordering::Relaxed);
         let files = tree.table.files().len() as u64;
         stats.total_files.store(files, Ordering::Relaxed);
+        stats
+            .setid_dropped
+            .store(tree.setid_dropped, Ordering::Relaxed);
         Ok(tree)
     }
 

@@ -54,6 +54,8 @@ pub(super) struct Tree {
     /// The user's selection, handed to sync: `--delete` leaves what it
     /// excludes.
     pub protect: Option<crate::request::filter::Filter>,
+    /// Files whose set-ID bits a plain (not archive) copy drops.
+    pub setid_dropped: u64,
 }
 
 impl Tree {
@@ -68,6 +70,7 @@ impl Tree {
             dest_open: true,
             archive_policy: Default::default(),
             protect: None,
+            setid_dropped: 0,
         }
     }
 
@@ -161,7 +164,11 @@ impl Tree {
         // stripped file is not "changed" on the next run.
         let archive = self.deferred.archive.as_ref().map(|a| a.flags());
         if !matches!(e.kind, EntryKind::Dir) {
-            e.mode = self.archive_policy.wanted_mode(e.mode, archive);
+            let mode = self.archive_policy.wanted_mode(e.mode, archive);
+            if archive.is_none() && mode != e.mode {
+                self.setid_dropped += 1;
+            }
+            e.mode = mode;
         }
         // An archive copy chowns after the rename: until then no set-ID
         // bit under the sink user's ownership.
@@ -344,6 +351,19 @@ pub(super) struct SyncOutcome {
     pub unchanged: u64,
 }
 
+/// `p` (under the sink's root) named from DST: DST's own name where it
+/// is DST itself (one file copied as DST).
+fn from_dest(dest: &[u8], p: &[u8]) -> Vec<u8> {
+    if dest.is_empty() {
+        return p.to_vec();
+    }
+    match p.strip_prefix(dest) {
+        Some(b"") => crate::fsops::split_parent(dest).1.to_vec(),
+        Some(rest) if rest.first() == Some(&b'/') => rest[1..].to_vec(),
+        _ => p.to_vec(),
+    }
+}
+
 /// Sync's epilogue: `--delete` only after a session without failures (a
 /// file that could not be written must not cost the copy the sink still
 /// has), orphan cleanup, the dry run's plan; deletions reported to the
@@ -357,7 +377,7 @@ pub(super) fn sync_epilogue(
     mut unchanged: u64,
     session: u64,
 ) -> Result<SyncOutcome, EngineError> {
-    let deleted;
+    let deleted: Vec<Vec<u8>>;
     let mut planned = Vec::new();
     if failures.is_empty() {
         let (d, f) = s.delete();
@@ -377,6 +397,11 @@ pub(super) fn sync_epilogue(
         planned = p;
         unchanged = u;
     }
+    // Named from DST, as rsync names them and as a pushing source names
+    // what it would send (issue 35); a daemon's root or a local sink's
+    // parent directory mean nothing to the user.
+    let deleted: Vec<Vec<u8>> = deleted.iter().map(|p| from_dest(dest, p)).collect();
+    let planned = planned.iter().map(|p| from_dest(dest, p)).collect();
     let mut batch = Vec::new();
     let mut size = 0;
     for p in &deleted {

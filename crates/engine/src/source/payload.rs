@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, never, select, unbounded, Receiver, RecvError, Sender};
-use ramsys_proto::control::{Bytes32, Complete, Entry, GrowStage, StageLinks};
+use ramsys_proto::control::{Bytes32, Complete, Entry, EntryKind, GrowStage, StageLinks};
 use ramsys_proto::relink::SentLog;
 use ramsys_proto::Control;
 use ramsys_resources::{Buf, BufferPool, JobHandle, Reservation, ThreadPool};
@@ -234,6 +234,15 @@ impl<'s> Payload<'s> {
             bridge.publish(root.clone(), rels_by_id(&w));
         }
         let Walk { entries, files, .. } = w;
+        if opts.preserve == 0 {
+            // The sink keeps no set-ID bit without an archive copy
+            // (archive::Policy::wanted_mode); the agent says so.
+            let n = entries
+                .iter()
+                .filter(|e| e.kind != EntryKind::Dir && e.mode & 0o6000 != 0)
+                .count();
+            stats.setid_dropped.store(n as u64, Ordering::Relaxed);
+        }
         let files = Arc::new(files);
         let queues = queues(&root, &files, opts, c.block_size, plan.as_ref());
         more_readers_if_cached(s, &queues, &mut readers);

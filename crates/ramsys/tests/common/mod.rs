@@ -14,8 +14,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// The ramsys binary under test: this build's, or `RAMSYS_TEST_BIN`
+/// (e.g. to show that a conformance scenario fails on another build).
 pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_ramsys")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("RAMSYS_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_ramsys").into())
+    })
 }
 
 /// A daemon process on an ephemeral loopback port, killed on drop.
