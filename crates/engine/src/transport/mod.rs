@@ -31,7 +31,8 @@ pub trait Link: Read + Write + Send {
     /// Local address description (which NIC the stream uses).
     fn local(&self) -> String;
     /// What carries the stream, for the summary (issue 35): "tcp", "raw"
-    /// (a raw-Ethernet channel), "ssh" (tunnelled through ssh).
+    /// (a raw-Ethernet channel), "ssh" (tunnelled through ssh), "mem" (an
+    /// in-memory link of one process, transport::mem).
     fn kind(&self) -> &'static str {
         "tcp"
     }

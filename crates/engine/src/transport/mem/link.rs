@@ -208,6 +208,9 @@ impl Link for MemLink {
         let c = &self.0.core;
         format!("mem:{}/{}", c.hosts[self.0.side], c.label())
     }
+    fn kind(&self) -> &'static str {
+        "mem"
+    }
     fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
         *self.0.read_timeout.lock().unwrap() = d;
         Ok(())
