@@ -74,6 +74,16 @@ pub struct FailedPath {
     pub reason: String,
 }
 
+impl FailedPath {
+    /// The path was not there (ENOENT: a missing source, or one removed
+    /// while the tree was read): rsync's IOERR_VANISHED, which does not
+    /// stop --delete, unlike an unreadable directory (IOERR_GENERAL).
+    pub fn vanished(&self) -> bool {
+        let gone = std::io::Error::from(std::io::ErrorKind::NotFound).to_string();
+        self.reason.ends_with("(os error 2)") || self.reason.ends_with(&gone)
+    }
+}
+
 /// The outcome of a session end.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {

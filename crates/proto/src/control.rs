@@ -459,6 +459,15 @@ pub enum Control {
         links: Vec<StageLinks>,
         stopped: String,
     },
+    /// Source to sink, right before MetaEnd: source paths its scan could
+    /// not read (a missing top, an unreadable directory). The sink reports
+    /// them as failures; when `io_error` (anything but a vanished path:
+    /// rsync's IOERR_GENERAL), it deletes nothing, as rsync does: an
+    /// unreadable source directory must not empty its copy.
+    ScanFailed {
+        failures: Vec<Failure>,
+        io_error: bool,
+    },
 }
 
 /// A host's TCP buffer limits ([`crate::auth::Accept`]): the maxima of
@@ -739,6 +748,7 @@ impl Control {
             Control::Grown { .. } => "Grown",
             Control::RetiredChallengeTcp => "RetiredChallengeTcp",
             Control::GrownLinks { .. } => "GrownLinks",
+            Control::ScanFailed { .. } => "ScanFailed",
         }
     }
 
@@ -1088,6 +1098,13 @@ mod tests {
                     rtt_x100: None,
                 }],
                 stopped: String::new(),
+            },
+            Control::ScanFailed {
+                failures: vec![Failure {
+                    path: b"sub/dir".to_vec(),
+                    reason: "cannot read directory: Permission denied".into(),
+                }],
+                io_error: true,
             },
         ];
         for m in msgs {

@@ -246,6 +246,7 @@ impl SourceMachine {
                 Metadata
             }
             (Metadata, Control::Attrs(_)) if self.preserve => Metadata,
+            (Negotiate | Metadata, Control::ScanFailed { .. }) if self.proposed => self.phase,
             (Negotiate | Metadata, Control::MetaEnd { .. }) if self.proposed => {
                 self.sent_entries = true;
                 Syncing
@@ -429,6 +430,7 @@ impl SinkMachine {
                 }
                 Metadata
             }
+            (Metadata, Control::ScanFailed { .. }) => Metadata,
             (Metadata, Control::Attrs(v)) if self.preserve.is_some() => {
                 check_attrs(v, self.entries.next_id)?;
                 Metadata

@@ -968,6 +968,7 @@ fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
             // unchanged = files skipped (issue 10).
             line["unchanged"] = rep.unchanged.into();
             line["deleted"] = rep.deleted.len().into();
+            line["deletions_skipped"] = deletions_skipped(rep, sync).into();
             line["dry_run"] = dry.into();
             if dry {
                 line["would_send"] = serde_json::json!(rep.planned);
@@ -1009,6 +1010,13 @@ fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
     }
 }
 
+/// --delete was asked for and a failure (at either end, the source's scan
+/// included) made the sink delete nothing (sink::tree::sync_epilogue):
+/// any but a vanished source path (rsync's IOERR_VANISHED).
+fn deletions_skipped(rep: &Report, sync: u32) -> bool {
+    sync & ramsys_engine::sync::flags::DELETE != 0 && rep.failed.iter().any(|f| !f.vanished())
+}
+
 /// `n thing` or `n things`.
 fn count(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
@@ -1040,7 +1048,11 @@ fn human_line(rep: &Report, run: &RunFacts, sync: u32, transport: &str) -> Strin
     if sync & COMPARE != 0 {
         tail.push(format!("{} unchanged", rep.unchanged));
     }
-    if sync & DELETE != 0 || !rep.deleted.is_empty() {
+    if deletions_skipped(rep, sync) {
+        // rsync's "IO error encountered -- skipping file deletion": an
+        // unreadable source directory must not empty its copy.
+        tail.push("nothing deleted after errors".to_string());
+    } else if sync & DELETE != 0 || !rep.deleted.is_empty() {
         tail.push(format!("{} deleted", rep.deleted.len()));
     }
     if !rep.failed.is_empty() {

@@ -212,7 +212,9 @@ pub fn listen_addr(ssh_connection: Option<&str>) -> String {
 }
 
 /// Sources as the daemon (root "/") names them: absolute path without
-/// the leading '/', last component as typed (not a symlink's target).
+/// the leading '/', last component as typed (not a symlink's target). A
+/// missing source is kept, as typed, for the scan to report as a failure
+/// of this path alone (rsync goes on with the other sources).
 fn source_paths(paths: &[PathBuf]) -> anyhow::Result<Vec<Vec<u8>>> {
     let mut out = Vec::new();
     for p in paths {
@@ -221,7 +223,16 @@ fn source_paths(paths: &[PathBuf]) -> anyhow::Result<Vec<Vec<u8>>> {
         } else {
             p.as_path()
         };
-        std::fs::symlink_metadata(p).with_context(|| format!("{}", p.display()))?;
+        let missing = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+        match std::fs::symlink_metadata(p) {
+            Err(e) if missing(&e) => {
+                let abs = std::env::current_dir()?.join(p);
+                let b = abs.as_os_str().as_bytes();
+                out.push(b.strip_prefix(b"/").unwrap_or(b).to_vec());
+                continue;
+            }
+            r => r.with_context(|| format!("{}", p.display()))?,
+        };
         let abs = match (p.parent(), p.file_name()) {
             (Some(parent), Some(name)) => {
                 let parent = if parent.as_os_str().is_empty() {

@@ -754,6 +754,39 @@ fn without_delete_a_full_directory_stays_and_both_fail() {
 }
 
 #[test]
+fn a_missing_source_fails_and_delete_still_runs() {
+    // A missing source: rsync reports it and exits 23, and, the path
+    // having vanished rather than failed to read (IOERR_VANISHED, not
+    // IOERR_GENERAL), still deletes. A pull of a missing path from a
+    // daemon exited 0 with "copied 0 files". (An unreadable directory
+    // stops --delete: failures.rs, as it needs a user other than root.)
+    check(Scenario {
+        name: "missing-source-delete",
+        from: "flist.c send_file_list link_stat (IOERR_VANISHED)",
+        setup: |w| {
+            write(&w.join("src/kept"), b"sent\n");
+            write(&w.join("dst/extra"), b"not in the source, kept\n");
+            age(w);
+        },
+        ramsys: &["-r", "--delete"],
+        rsync: &["-rlptH", "--delete"],
+        srcs: &["src/", "missing"],
+        fails: true,
+        summary: Some(|s| {
+            assert_eq!(s["deletions_skipped"], false, "{s}");
+            let failed = s["failed"].as_array().unwrap();
+            assert!(
+                failed
+                    .iter()
+                    .any(|f| f["path"].as_str().unwrap().ends_with("missing")),
+                "{s}"
+            );
+        }),
+        ..BASE
+    });
+}
+
+#[test]
 fn one_source_named_ten_times_is_sent_once() {
     // issue 35: ramsys sent the files ten times.
     check(Scenario {

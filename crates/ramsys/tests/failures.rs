@@ -292,3 +292,129 @@ fn killing_the_sink_daemon_mid_transfer() {
     assert!(!root.join("big").exists(), "no final-named partial file");
     assert_eq!(std::fs::metadata(&src).unwrap().len(), 48 * (8 << 20));
 }
+
+/// An unreadable source directory stops `--delete` (rsync: "IO error
+/// encountered -- skipping file deletion"), locally, pushed and pulled:
+/// ramsys deleted the directory's copy at DST, because the sink never
+/// heard of the source's failure. The run fails, names the directory,
+/// and DST keeps everything, extras included. Root cannot be refused a
+/// read, so the reading end runs as nobody (setpriv).
+#[test]
+fn an_unreadable_source_directory_stops_delete() {
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 || Command::new("setpriv").arg("--help").output().is_err() {
+        eprintln!("skipping: needs root and setpriv");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let w = t.path();
+    let open = |p: &std::path::Path, m| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    open(w, 0o755);
+    let key = key_file(w);
+    // The same key, private to nobody (a key others can read is refused).
+    let ukey = w.join("nobody.key");
+    std::fs::copy(&key, &ukey).unwrap();
+    std::os::unix::fs::chown(&ukey, Some(65534), Some(65534)).unwrap();
+    let exe = w.join("ramsys");
+    std::fs::copy(bin(), &exe).unwrap();
+    open(&exe, 0o755);
+    let nobody = |args: &[&str]| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&exe)
+            .args(args)
+            .env("RAMSYS_KEY_FILE", &ukey);
+        c
+    };
+    let src = w.join("src");
+    for (p, d) in [("a/f", "one\n"), ("b/g", "two\n")] {
+        std::fs::create_dir_all(src.join(p).parent().unwrap()).unwrap();
+        std::fs::write(src.join(p), d).unwrap();
+    }
+    let root = w.join("root");
+    std::fs::create_dir(&root).unwrap();
+    let dsts = [w.join("local"), root.join("pushed"), w.join("pulled")];
+    for d in &dsts {
+        assert_ok(&ramsys(
+            &key,
+            &[
+                "sync",
+                "-r",
+                &format!("{}/", src.display()),
+                d.to_str().unwrap(),
+            ],
+        ));
+        std::fs::write(d.join("extra"), "only at DST\n").unwrap();
+    }
+    for p in [&src, &src.join("a"), &dsts[0]] {
+        open(p, 0o777);
+    }
+    open(&src.join("a/f"), 0o644);
+    open(&src.join("b"), 0o000);
+    let daemon = TestDaemon::start(&root, &key);
+    let puller = TestDaemon::spawn(
+        {
+            let mut c = nobody(&["serve", "--listen", "127.0.0.1:0", "--root"]);
+            c.arg(&src).arg("--key-file").arg(&ukey);
+            c.stdout(Stdio::piped()).stderr(Stdio::inherit());
+            c
+        },
+        &src,
+    );
+    let s = format!("{}/", src.display());
+    let runs = [
+        run_with_timeout(
+            nobody(&[
+                "sync",
+                "-r",
+                "--delete",
+                "--json",
+                &s,
+                dsts[0].to_str().unwrap(),
+            ]),
+            Duration::from_secs(60),
+        ),
+        run_with_timeout(
+            nobody(&[
+                "sync",
+                "-r",
+                "--delete",
+                "--json",
+                &s,
+                &daemon.url("pushed"),
+            ]),
+            Duration::from_secs(60),
+        ),
+        ramsys(
+            &key,
+            &[
+                "sync",
+                "-r",
+                "--delete",
+                "--json",
+                &puller.url(""),
+                dsts[2].to_str().unwrap(),
+            ],
+        ),
+    ];
+    open(&src.join("b"), 0o755);
+    for (o, d) in runs.iter().zip(&dsts) {
+        let what = d.display();
+        assert!(!o.status.success(), "{what}: must fail: {}", stderr(o));
+        let s = summary(o);
+        assert_eq!(s["deletions_skipped"], true, "{what}: {s}");
+        assert_eq!(s["deleted"], 0, "{what}: {s}");
+        assert!(
+            s["failed"].to_string().contains("cannot read directory"),
+            "{what}: {s}"
+        );
+        assert_eq!(std::fs::read(d.join("b/g")).unwrap(), b"two\n", "{what}");
+        assert_eq!(
+            std::fs::read(d.join("extra")).unwrap(),
+            b"only at DST\n",
+            "{what}"
+        );
+    }
+}

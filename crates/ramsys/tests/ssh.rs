@@ -432,15 +432,19 @@ fn remote_failures_are_one_line_and_nonzero() {
     assert!(l.contains("127.0.0.1:/nonexistent/dir/x"), "{l}");
     assert!(l.contains("does not exist"), "{l}");
 
-    // A source that does not exist.
+    // A source that does not exist: a failure of that path (the other
+    // sources would still be copied), named as typed, as for a local one.
     let o = run(
         &sshd,
         &["cp"],
         &sshd.opts(),
         &["127.0.0.1:/nonexistent/y", &s(t.path())],
     );
-    let l = one_error_line(&o);
-    assert!(l.contains("/nonexistent/y"), "{l}");
+    assert!(!o.status.success(), "{o:?}");
+    assert_eq!(
+        stderr(&o).trim(),
+        "ramsys: failed: /nonexistent/y: No such file or directory (os error 2)"
+    );
 
     // ramsys missing on the remote.
     let o = run(

@@ -97,7 +97,10 @@ pub fn run_sink_with(
     let Tree {
         table,
         deferred,
-        prep_failures,
+        mut prep_failures,
+        scan_failures,
+        scan_failures_dropped,
+        scan_io_error,
         mut sync,
         dest,
         ..
@@ -106,7 +109,20 @@ pub fn run_sink_with(
     let mut data = pipeline::SinkPipeline::start(&mut s, grant, Arc::new(table), sync, opened)?;
     let result = data.run();
     let done = data.teardown(result)?;
-    s.verdict(done, deferred, prep_failures, dest)
+    // The source's own failures count in this end's verdict: the report
+    // names them; an I/O error among them (not just a vanished path)
+    // makes sync's --delete delete nothing, as rsync's IOERR_GENERAL does.
+    let mut scan = scan_failures;
+    if scan_failures_dropped > 0 {
+        scan.push(Failure {
+            path: b"(more)".to_vec(),
+            reason: format!("{scan_failures_dropped} more source paths failed"),
+        });
+    }
+    if scan_io_error {
+        prep_failures.append(&mut scan);
+    }
+    s.verdict(done, deferred, prep_failures, scan, dest)
 }
 
 /// The sink end of one session, between its phases.
@@ -331,6 +347,7 @@ impl SinkSession<'_> {
         d: Drained,
         mut deferred: Deferred,
         prep_failures: Vec<Failure>,
+        vanished: Vec<Failure>,
         mut dest: DestMap,
     ) -> Result<Report, EngineError> {
         let Drained {
@@ -362,6 +379,8 @@ impl SinkSession<'_> {
                 spec.session,
             )?;
         }
+        // Source paths that vanished: failures, but after --delete ran.
+        failures.extend(vanished);
         // Last: --delete changed the mtimes of the directories it removed
         // from (issue 35).
         failures.extend(deferred.finish_dirs(&spec.root));

@@ -18,6 +18,10 @@ use crate::fsops::Root;
 use crate::sync::dest::DestMap;
 use crate::sync::flags as sync_flags;
 use crate::sync::sink::SinkSync;
+
+/// Source failures a sink keeps to report (Control::ScanFailed); past it
+/// only a count.
+pub const MAX_SCAN_FAILURES: usize = 10_000;
 use crate::EngineError;
 
 /// (path, link target, mtime)
@@ -43,6 +47,12 @@ pub(super) struct Tree {
     pub deferred: Deferred,
     /// Directories that could not be made (reported, not fatal).
     pub prep_failures: Vec<Failure>,
+    /// What the source could not read (Control::ScanFailed), and how many
+    /// more it named past MAX_SCAN_FAILURES.
+    pub scan_failures: Vec<Failure>,
+    pub scan_failures_dropped: u64,
+    /// One of them was more than a vanished path: --delete deletes nothing.
+    pub scan_io_error: bool,
     pub total_bytes: u64,
     /// Sync (docs/SYNC.md): set by a SyncMode right behind Propose.
     pub sync: Option<SinkSync>,
@@ -64,6 +74,9 @@ impl Tree {
             table,
             deferred: Deferred::default(),
             prep_failures: Vec::new(),
+            scan_failures: Vec::new(),
+            scan_failures_dropped: 0,
+            scan_io_error: false,
             total_bytes: 0,
             sync: None,
             dest,
@@ -93,6 +106,18 @@ impl Tree {
                     if let (Some(a), false) = (&mut self.deferred.archive, dry) {
                         a.attrs(v)
                     }
+                }
+                // The source's unreadable paths (crate::source): reported,
+                // and --delete then deletes nothing. Kept up to a bound: a
+                // hostile source must not grow this end without limit.
+                Control::ScanFailed {
+                    failures: f,
+                    io_error,
+                } => {
+                    self.scan_io_error |= io_error;
+                    let room = MAX_SCAN_FAILURES.saturating_sub(self.scan_failures.len());
+                    self.scan_failures_dropped += f.len().saturating_sub(room) as u64;
+                    self.scan_failures.extend(f.into_iter().take(room));
                 }
                 Control::MetaEnd { .. } => return Ok(()),
                 // SinkMachine admits only these three in this phase.

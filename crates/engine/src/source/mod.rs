@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ramsys_proto::control::{entry_wire_size, Bytes32, Entry, Propose};
+use ramsys_proto::control::{entry_wire_size, Bytes32, Entry, Failure, Propose};
 use ramsys_proto::frame::MAX_CONTROL_BODY;
 use ramsys_proto::session::{Phase, SourceMachine};
 use ramsys_proto::Control;
@@ -206,7 +206,7 @@ impl SourceSession<'_> {
                     },
                 )
             };
-        let sent = scanned.and_then(|w| send_meta_end(ctl, &w).map(|_| w));
+        let sent = scanned.and_then(|w| send_meta_end(ctl, &w, &spec.root).map(|_| w));
         let w = match sent {
             Ok(w) => w,
             // The peer may have refused and closed while we were still
@@ -357,12 +357,44 @@ fn send_entries(ctl: &mut Ctl, entries: &[Entry]) -> Result<(), EngineError> {
     Ok(())
 }
 
-fn send_meta_end(ctl: &mut Ctl, w: &Walk) -> Result<(), EngineError> {
+fn send_meta_end(ctl: &mut Ctl, w: &Walk, root: &Root) -> Result<(), EngineError> {
+    send_scan_failures(ctl, &w.failures, &root.path().to_string_lossy())?;
     ctl.send(&Control::MetaEnd {
         entries: w.entries.len() as u64,
         files: w.files.len() as u64,
         bytes: w.total_bytes,
     })
+}
+
+/// The scan's failures, for the sink's report and its --delete rule
+/// (Control::ScanFailed), named relative to the source root: a daemon's
+/// paths mean nothing to its client. Batched as Entries are.
+fn send_scan_failures(ctl: &mut Ctl, failed: &[FailedPath], root: &str) -> Result<(), EngineError> {
+    // A daemon's root is stripped; "/" (an ssh source) keeps paths whole.
+    let root = root.trim_end_matches('/');
+    let io_error = failed.iter().any(|f| !f.vanished());
+    let send = |ctl: &mut Ctl, failures| ctl.send(&Control::ScanFailed { failures, io_error });
+    let mut batch = Vec::new();
+    let mut size = 0;
+    for f in failed {
+        let rel = match f.path.strip_prefix(root) {
+            Some(r) if !root.is_empty() => r.trim_start_matches('/'),
+            _ => &f.path,
+        };
+        size += rel.len() + f.reason.len() + 16;
+        batch.push(Failure {
+            path: rel.as_bytes().to_vec(),
+            reason: f.reason.clone(),
+        });
+        if size > MAX_CONTROL_BODY as usize / 2 {
+            send(ctl, std::mem::take(&mut batch))?;
+            size = 0;
+        }
+    }
+    if !batch.is_empty() {
+        send(ctl, batch)?;
+    }
+    Ok(())
 }
 
 /// After a failed send: the reason the peer gave, if it sent one.
