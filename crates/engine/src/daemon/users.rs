@@ -42,9 +42,9 @@ use hmac::{Hmac, Mac};
 use ramsys_proto::control::Bytes32;
 use sha2::Sha256;
 
-use crate::crypto::random32;
 use crate::data::rate::Bucket;
-use crate::fsops::{Confinement, Root};
+use crate::storage::fsops::{Confinement, Root};
+use crate::transport::crypto::random32;
 
 /// Prefix of minted credential names; no configured user may use it.
 pub const TOKEN_PREFIX: &str = "otp-";
@@ -185,7 +185,7 @@ pub fn parse_user(
 pub fn parse_users_file(text: &str, base: &Path) -> Result<Vec<UserSpec>, String> {
     let table: toml::Table = text
         .parse()
-        .map_err(|e: toml::de::Error| crate::config::toml::toml_error(text, &e))?;
+        .map_err(|e: toml::de::Error| crate::daemon::toml::toml_error(text, &e))?;
     let mut out = Vec::new();
     for (k, v) in &table {
         match k.as_str() {

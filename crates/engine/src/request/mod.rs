@@ -5,8 +5,10 @@
 
 pub mod filter;
 pub mod pieces;
+pub mod reserved;
 pub mod rules;
 pub mod shares;
+pub mod sync;
 pub mod tasks;
 pub mod walk;
 pub mod wildmatch;

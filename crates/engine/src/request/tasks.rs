@@ -23,8 +23,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::walk::SourceFile;
-use crate::fsops::Root;
 use crate::storage::extents::ExtentSource;
+use crate::storage::fsops::Root;
 use crate::storage::{DeviceKind, DeviceThreads};
 
 /// A byte range of one file to read.
@@ -409,7 +409,7 @@ mod tests {
     #[test]
     fn sorted_by_fixture_extent_map_then_inode() {
         let d = tempfile::tempdir().unwrap();
-        let root = Root::open(d.path(), crate::fsops::Confinement::None).unwrap();
+        let root = Root::open(d.path(), crate::storage::fsops::Confinement::None).unwrap();
         let mk = |name: &str, ino: u64| SourceFile {
             id: 0,
             rel: name.as_bytes().to_vec(),
@@ -464,7 +464,7 @@ mod tests {
     #[test]
     fn a_cached_rotational_queue_is_read_like_memory_without_fiemap() {
         let d = tempfile::tempdir().unwrap();
-        let root = Root::open(d.path(), crate::fsops::Confinement::None).unwrap();
+        let root = Root::open(d.path(), crate::storage::fsops::Confinement::None).unwrap();
         let mk = |name: &str, ino: u64| SourceFile {
             rel: name.as_bytes().to_vec(),
             ino,
@@ -525,7 +525,7 @@ mod tests {
         use std::io::Write;
         use std::os::fd::AsRawFd;
         let d = tempfile::tempdir().unwrap();
-        let root = Root::open(d.path(), crate::fsops::Confinement::None).unwrap();
+        let root = Root::open(d.path(), crate::storage::fsops::Confinement::None).unwrap();
         let mut files = Vec::new();
         for i in 0..40u32 {
             let name = format!("f{i}");

@@ -18,10 +18,13 @@
 //! - [`null`]: null source and sink engines, to measure the network alone
 //!   (seed 004 Fig. 4, /dev/zero to /dev/null).
 
+pub mod archive;
 pub mod cache;
 pub mod device;
 pub mod direct;
+pub mod dirs;
 pub mod extents;
+pub mod fsops;
 pub mod local;
 pub mod null;
 pub mod sparse;

@@ -1,0 +1,4 @@
+//! Plain types every layer shares (issue 37): nothing here imports a layer
+//! above it, so any layer may use them.
+
+pub mod stats;

@@ -1,0 +1,107 @@
+//! Counters shared by the data threads and whoever reports progress.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use serde::Serialize;
+
+/// Live counters of one session end (relaxed atomics; read by a progress
+/// thread, never locked).
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub bytes: AtomicU64,
+    pub files: AtomicU64,
+    pub blocks: AtomicU64,
+    pub total_bytes: AtomicU64,
+    pub total_files: AtomicU64,
+    pub failed: AtomicU64,
+    pub checksum_errors: AtomicU64,
+    /// Encrypted blocks that failed authentication (crate::transport::crypto).
+    pub auth_failures: AtomicU64,
+    /// Segments of failed blocks sent again: requested (sink) or re-read
+    /// and re-sent (source).
+    pub resends: AtomicU64,
+    /// Data links that broke mid-transfer (crate::session::relink).
+    pub links_lost: AtomicU64,
+    /// Broken data links replaced by a new one.
+    pub links_replaced: AtomicU64,
+    /// Failed attempts to dial a replacement link.
+    pub link_retries: AtomicU64,
+    /// Blocks handed from a reader to a sender thread through the filled
+    /// queue (0 on the inline send path; crate::data::inline).
+    pub handoffs: AtomicU64,
+    /// Blocks sent zero-copy, from the page cache with sendfile
+    /// (storage::zerocopy, issue 17).
+    pub zerocopy_blocks: AtomicU64,
+    /// Pieces of big files verified at a sink (data::bigfile; the file
+    /// counts in `files` once, where it was placed).
+    pub pieces: AtomicU64,
+}
+
+impl Stats {
+    pub fn add_bytes(&self, n: u64) {
+        self.bytes.fetch_add(n, Relaxed);
+    }
+    pub fn snapshot(&self) -> (u64, u64, u64, u64) {
+        (
+            self.bytes.load(Relaxed),
+            self.files.load(Relaxed),
+            self.total_bytes.load(Relaxed),
+            self.total_files.load(Relaxed),
+        )
+    }
+}
+
+/// One failed path and why.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FailedPath {
+    pub path: String,
+    pub reason: String,
+}
+
+/// The outcome of a session end.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// Files written and verified at the sink.
+    pub files: u64,
+    /// File bytes moved.
+    pub bytes: u64,
+    pub failed: Vec<FailedPath>,
+    /// CPU seconds of the peer process during the session, if reported.
+    pub peer_cpu_s: Option<f64>,
+    /// Streams and block size agreed.
+    pub streams: u16,
+    pub block_size: u32,
+    /// Data links as (local address, peer address), for --explain.
+    pub links: Vec<(String, String)>,
+    /// Sync: files the sink already had (nothing sent).
+    pub unchanged: u64,
+    /// Sync: sink entries removed (--delete), or that would be.
+    pub deleted: Vec<String>,
+    /// Dry run: files that would be sent.
+    pub planned: Vec<String>,
+    /// Where this end was the source: the send path it took (seed 002
+    /// sec. 7) and the blocks it passed through the filled queue.
+    pub send_path: Option<crate::daemon::config::sendpath::SendPath>,
+    pub handoffs: u64,
+    /// Where this end was the source: blocks it sent zero-copy
+    /// (storage::zerocopy).
+    pub zerocopy_blocks: u64,
+    /// This end's O_DIRECT policy at work (storage::cache, issue 17).
+    pub storage: Option<crate::storage::StorageUse>,
+    /// The agent sized the stream count from the path (issue 21).
+    pub stream_choice: Option<crate::transport::path::StreamChoice>,
+    /// Streams added during the transfer (transport::grow): the source's
+    /// own, or on a pull's sink what the daemon's source reported.
+    pub growth: Option<crate::transport::grow::Growth>,
+}
+
+/// CPU seconds (user + system) of this process so far.
+pub fn process_cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills a plain struct.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+        t(ru.ru_utime) + t(ru.ru_stime)
+    }
+}
