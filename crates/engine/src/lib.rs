@@ -27,7 +27,8 @@ pub mod types;
 
 pub use data::resources::EngineResources;
 pub use session::options::TransferOptions;
-pub use types::stats::{Report, Stats};
+pub use session::report::Report;
+pub use types::stats::Stats;
 
 use ramsys_proto::ProtoError;
 

@@ -4,8 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use ramsys_engine::daemon::config::{
-    daemon_placement, task_counts, DaemonConfig, Purpose, SendPath, ServeInputs,
+    daemon_placement, task_counts, DaemonConfig, Purpose, ServeInputs,
 };
+use ramsys_engine::types::sendpath::SendPath;
 use ramsys_topo::{NumaMode, Topology};
 
 fn fixture(name: &str) -> Topology {

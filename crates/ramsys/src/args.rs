@@ -472,7 +472,7 @@ pub struct StorageArgs {
     /// 1 ms, else queued (seed 002 sec. 7; docs/NUMA.md sec. 8).
     /// A pull's source is the daemon: its --send-path or config decides.
     #[arg(long, value_name = "inline|queued|auto")]
-    pub send_path: Option<ramsys_engine::daemon::config::SendPath>,
+    pub send_path: Option<ramsys_engine::types::sendpath::SendPath>,
     /// Where this process is the source: the bytes of files of 64 KiB and
     /// more in the page cache go from the file to a TCP link with
     /// sendfile, with no copy in user space (auto), or through a buffer

@@ -11,8 +11,8 @@ use std::os::unix::fs::FileExt;
 use ramsys_proto::data::Segment;
 use ramsys_resources::Buf;
 
-use crate::request::walk::SourceFile;
 use crate::storage::fsops::Root;
+use crate::types::file::SourceFile;
 
 /// The source's files, indexed by entry id, for re-reading.
 pub struct Rereader<'a> {

@@ -4,6 +4,7 @@
 //! is served by its own readers (Fig. 6-3).
 
 pub mod filter;
+pub mod null;
 pub mod pieces;
 pub mod reserved;
 pub mod rules;

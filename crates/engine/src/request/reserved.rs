@@ -5,15 +5,17 @@
 //! docs/SECURITY.md "Reserved names" lists them.
 //!
 //! - `.ramsys-journal.sqlite` and every name that starts with it (its
-//!   `-wal`/`-shm` files, a corrupt one moved aside), sync::journal;
+//!   `-wal`/`-shm` files, a corrupt one moved aside), roles::sink::journal;
 //! - `.NAME.ramsys-SESSION.part`, a file being received
-//!   (data::sinkfiles);
+//!   (roles::sink::files);
 //! - `.NAME.ramsys-HASH.big` and `.NAME.ramsys-HASH.N.done`, a big file
-//!   received in pieces and its piece markers (data::bigfile);
+//!   received in pieces and its piece markers (roles::sink::bigfile);
 //! - `.ramsys-SESSION-I.lnk`, a link or special file being placed
-//!   (sink::place).
+//!   (roles::sink::tree).
 
-use crate::roles::sink::journal::JOURNAL_NAME;
+/// The sink's sync journal (roles::sink::journal): named here, below the
+/// sink, so the walk can leave it out without importing the sink.
+pub const JOURNAL_NAME: &str = ".ramsys-journal.sqlite";
 
 /// Whether the file name `name` (one path component) is reserved.
 pub fn is_reserved(name: &[u8]) -> bool {

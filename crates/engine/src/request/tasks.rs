@@ -22,10 +22,10 @@
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::walk::SourceFile;
 use crate::storage::extents::ExtentSource;
 use crate::storage::fsops::Root;
 use crate::storage::{DeviceKind, DeviceThreads};
+use crate::types::file::SourceFile;
 
 /// A byte range of one file to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,21 +240,18 @@ fn sort_by_location(
 }
 
 /// Queues for a source session: device types from sysfs/statfs, sorted
-/// by FIEMAP when `opts.sort`. A null source reads nothing: its files are
-/// taken as memory and not located. Files `skip` names are left out.
+/// by FIEMAP when `po.sort`. A null source (`engine`) reads nothing: its
+/// files are taken as memory and not located. Files `skip` names are left
+/// out.
 pub fn plan_source(
     root: &Root,
     files: &[SourceFile],
-    opts: &crate::TransferOptions,
-    block_size: u64,
+    po: &PlanOptions,
+    engine: crate::storage::DataEngine,
     skip: &dyn Fn(usize) -> bool,
 ) -> Vec<DeviceQueue> {
-    let po = PlanOptions {
-        block_size,
-        sort: opts.sort,
-        threads: opts.device_threads,
-    };
-    if opts.source_engine == crate::storage::DataEngine::Null {
+    let po = *po;
+    if engine == crate::storage::DataEngine::Null {
         return plan_some(files, &po, &|_| DeviceKind::Memory, None, skip);
     }
     let kind_of = |f: &SourceFile| {

@@ -11,6 +11,7 @@ use crate::data::resources::EngineResources;
 use crate::request::walk::Top;
 use crate::roles::sink::{run_sink, SinkSpec};
 use crate::roles::source::{run_source, SourceSpec};
+use crate::session::report::Report;
 use crate::session::{
     client_connect_as, client_handshake, current_user, dial, ClientSession, PreLinks,
 };
@@ -19,7 +20,7 @@ use crate::transport::crypto::Cipher;
 use crate::transport::sealed::{End, SealedLink};
 use crate::transport::wire::send_control;
 use crate::transport::{path, Transport};
-use crate::types::stats::{Report, Stats};
+use crate::types::stats::Stats;
 use crate::{EngineError, TransferOptions};
 
 /// Connection parameters for a daemon.

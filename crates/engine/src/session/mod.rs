@@ -5,6 +5,7 @@
 pub mod control;
 pub mod options;
 pub mod relink;
+pub mod report;
 
 use std::sync::Arc;
 use std::time::Duration;

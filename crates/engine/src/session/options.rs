@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::storage::{cache, direct, uring, DataEngine, IoEngine, StorageCfg};
+
 /// What the user asked for; both ends read the parts that concern them.
 #[derive(Debug, Clone)]
 pub struct TransferOptions {
@@ -75,7 +77,7 @@ pub struct TransferOptions {
     pub archive_policy: crate::storage::archive::Policy,
     /// Where this end is the source: readers send their own blocks
     /// (inline) or hand them to sender threads (queued); seed 002 sec. 7.
-    pub send_path: crate::daemon::config::SendPath,
+    pub send_path: crate::types::sendpath::SendPath,
     /// Where this end is the source: blocks of large cached files go
     /// zero-copy (sendfile from the page cache) where the links allow it
     /// (storage::zerocopy; `--send-zerocopy off`, RAMSYS_SENDFILE=0).
@@ -128,12 +130,58 @@ impl Default for TransferOptions {
             sync: 0,
             preserve: 0,
             archive_policy: crate::storage::archive::Policy::default(),
-            send_path: crate::daemon::config::SendPath::default(),
+            send_path: crate::types::sendpath::SendPath::default(),
             send_zerocopy: true,
             rate: Default::default(),
             redirected_from: None,
             on_behalf: None,
             pieces: None,
+        }
+    }
+}
+
+/// The storage settings of each end, derived from the options: here, above
+/// the storage layer, so storage/ needs no session type (issue 37).
+impl TransferOptions {
+    /// Source side.
+    pub fn source_storage(&self, block_size: usize) -> StorageCfg {
+        self.storage(block_size, self.source_engine)
+    }
+    /// Sink side.
+    pub fn sink_storage(&self) -> StorageCfg {
+        let cfg = self.storage(direct::ALIGN, self.sink_engine);
+        if cfg.direct && cfg.direct_mode == cache::DirectMode::Auto {
+            cfg.buffered_left.store(
+                cache::host_write_absorb(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+        cfg
+    }
+    fn storage(&self, block_size: usize, data: DataEngine) -> StorageCfg {
+        let opts = self;
+        StorageCfg {
+            direct: opts.direct && block_size.is_multiple_of(direct::ALIGN),
+            direct_mode: opts.direct_mode,
+            engine: uring::effective(opts.io_engine),
+            null: data == DataEngine::Null,
+            hook: opts.io_hook.clone(),
+            refusals: Default::default(),
+            buffered_left: Default::default(),
+            lane_bytes: if opts.direct_mode == cache::DirectMode::Auto
+                && uring::effective(opts.io_engine) == IoEngine::Uring
+            {
+                cache::direct_lane()
+            } else {
+                0
+            },
+            writeback: std::env::var("RAMSYS_WRITEBACK").is_ok_and(|v| v == "1"),
+            direct_bytes: Default::default(),
+            cached_bytes: Default::default(),
+            local: (data == DataEngine::File)
+                .then(|| opts.local_copy.clone())
+                .flatten(),
+            copied_bytes: Default::default(),
         }
     }
 }

@@ -673,7 +673,7 @@ fn refuse(link: &mut Box<dyn Link>, why: &str) {
 /// What the source needs to re-read lost blocks.
 pub struct Requeue {
     pub root: Arc<Root>,
-    pub files: Arc<Vec<crate::request::walk::SourceFile>>,
+    pub files: Arc<Vec<crate::types::file::SourceFile>>,
     pub pool: Arc<BufferPool>,
     pub checksum: bool,
     pub null: bool,

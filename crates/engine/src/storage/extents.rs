@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 
-use crate::request::walk::SourceFile;
 use crate::storage::fsops::Root;
+use crate::types::file::SourceFile;
 
 /// Where a file starts on its device. Injectable so tests can fix the
 /// layout (a fixture extent map) instead of depending on the allocator.

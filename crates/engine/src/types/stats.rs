@@ -58,43 +58,6 @@ pub struct FailedPath {
     pub reason: String,
 }
 
-/// The outcome of a session end.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Report {
-    /// Files written and verified at the sink.
-    pub files: u64,
-    /// File bytes moved.
-    pub bytes: u64,
-    pub failed: Vec<FailedPath>,
-    /// CPU seconds of the peer process during the session, if reported.
-    pub peer_cpu_s: Option<f64>,
-    /// Streams and block size agreed.
-    pub streams: u16,
-    pub block_size: u32,
-    /// Data links as (local address, peer address), for --explain.
-    pub links: Vec<(String, String)>,
-    /// Sync: files the sink already had (nothing sent).
-    pub unchanged: u64,
-    /// Sync: sink entries removed (--delete), or that would be.
-    pub deleted: Vec<String>,
-    /// Dry run: files that would be sent.
-    pub planned: Vec<String>,
-    /// Where this end was the source: the send path it took (seed 002
-    /// sec. 7) and the blocks it passed through the filled queue.
-    pub send_path: Option<crate::daemon::config::sendpath::SendPath>,
-    pub handoffs: u64,
-    /// Where this end was the source: blocks it sent zero-copy
-    /// (storage::zerocopy).
-    pub zerocopy_blocks: u64,
-    /// This end's O_DIRECT policy at work (storage::cache, issue 17).
-    pub storage: Option<crate::storage::StorageUse>,
-    /// The agent sized the stream count from the path (issue 21).
-    pub stream_choice: Option<crate::transport::path::StreamChoice>,
-    /// Streams added during the transfer (transport::grow): the source's
-    /// own, or on a pull's sink what the daemon's source reported.
-    pub growth: Option<crate::transport::grow::Growth>,
-}
-
 /// CPU seconds (user + system) of this process so far.
 pub fn process_cpu_seconds() -> f64 {
     // SAFETY: getrusage fills a plain struct.

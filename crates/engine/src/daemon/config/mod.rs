@@ -43,10 +43,9 @@ use crate::daemon::placement::{
 };
 use crate::data::resources::ResourceConfig;
 
-pub mod sendpath;
 pub use crate::daemon::toml::parse_size;
 use crate::daemon::toml::{positive, string, toml_error};
-pub use sendpath::{SendPath, INLINE_MAX_RTT};
+use crate::types::sendpath::SendPath;
 
 /// What a device is for. Detection sees a NIC but not whether it carries
 /// replication traffic or the storage traffic of a SAN/NFS mount.

@@ -21,7 +21,6 @@ use ramsys_proto::data::{marker_hash, segment_hash, Segment, MAX_HOLE, MAX_SEGME
 use ramsys_resources::{Buf, BufferPool, FileRange, MAX_FILE_RANGES};
 
 use crate::request::tasks::{DeviceQueue, ReadUnit};
-use crate::request::walk::SourceFile;
 use crate::storage::cache::{read_direct, resident_fraction, DirectMode};
 use crate::storage::direct::{is_aligned, pread_direct, round_down, round_up, ALIGN};
 use crate::storage::dirs::ReadDirs;
@@ -31,6 +30,7 @@ use crate::storage::sparse::{map_range, Piece};
 use crate::storage::volume::{max_runs, zero_runs, ZERO_GRAIN};
 use crate::storage::zerocopy::{populate_works, FileMap, ZEROCOPY_MIN};
 use crate::storage::{is_direct_refusal, policy_min, IoEngine, IoOp, StorageCfg, DIRECT_MIN};
+use crate::types::file::SourceFile;
 use crate::types::stats::Stats;
 
 /// Progress of one source file across readers.

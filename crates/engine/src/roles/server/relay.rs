@@ -22,10 +22,11 @@ use super::{archive_options, refuse, request_paths, session_options, source_tops
 use crate::daemon::users::Grant;
 use crate::request::shares;
 use crate::roles::client::{push, Remote};
+use crate::session::report::Report;
 use crate::transport::tcp::Tcp;
 use crate::transport::wire::{send_control, send_final};
 use crate::transport::Link;
-use crate::types::stats::{Report, Stats};
+use crate::types::stats::Stats;
 use crate::{show, EngineError, TransferOptions};
 
 /// How often the relaying daemon reports progress to the agent; also the

@@ -23,7 +23,8 @@
 use crate::show;
 use crate::storage::fsops::{split_parent, Root};
 
-use super::journal::{Journal, JOURNAL_NAME};
+use super::journal::Journal;
+use crate::request::reserved::JOURNAL_NAME;
 use crate::request::sync::flags::{JOURNAL, RESUME, SYNC, WRITE_DEVICES};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-pub const JOURNAL_NAME: &str = ".ramsys-journal.sqlite";
+use crate::request::reserved::JOURNAL_NAME;
 
 /// One interrupted file.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,12 +20,13 @@ use crate::roles::sink::files::FileTable;
 use crate::roles::sink::sync_delta::SinkSync;
 use crate::session::control::{unexpected, ControlLink};
 use crate::session::relink::Relinks;
+use crate::session::report::Report;
 use crate::session::LinkProvider;
 use crate::storage::fsops::Root;
 use crate::transport::crypto::Cipher;
 use crate::transport::wire::send_control;
 use crate::transport::Link;
-use crate::types::stats::{process_cpu_seconds, FailedPath, Report, Stats};
+use crate::types::stats::{process_cpu_seconds, FailedPath, Stats};
 use crate::{show, EngineError, TransferOptions};
 
 pub mod bigfile;
@@ -263,7 +264,7 @@ impl SinkSession<'_> {
             opts.fsync,
             self.stats.clone(),
         )
-        .with_storage(crate::storage::StorageCfg::sink(opts));
+        .with_storage(opts.sink_storage());
         let mut tree = Tree::new(table, dest);
         tree.archive_policy = opts.archive_policy;
         // Checked before the session started (server.rs, the agent).

@@ -482,7 +482,13 @@ impl SinkSync {
     /// name, and only those untouched since this session started (another
     /// session may be writing into the same tree).
     pub fn clean_orphans(&mut self, dest: &[u8], since: std::time::SystemTime) {
-        if self.journal.is_none() && !self.root.path().join(super::journal::JOURNAL_NAME).exists() {
+        if self.journal.is_none()
+            && !self
+                .root
+                .path()
+                .join(crate::request::reserved::JOURNAL_NAME)
+                .exists()
+        {
             return;
         }
         let Ok(mut j) = Journal::open(self.root.path()) else {

@@ -19,12 +19,13 @@ use crate::request::walk::{walk_archive, Top, Walk};
 use crate::roles::source::sync_plan::SyncPlan;
 use crate::session::control::{unexpected, ControlLink};
 use crate::session::relink::Relinks;
+use crate::session::report::Report;
 use crate::session::LinkProvider;
 use crate::storage::fsops::Root;
 use crate::transport::crypto::Cipher;
 use crate::transport::wire::{recv_control, send_control};
 use crate::transport::Link;
-use crate::types::stats::{FailedPath, Report, Stats};
+use crate::types::stats::{FailedPath, Stats};
 use crate::{show, EngineError, TransferOptions};
 
 pub mod sync_plan;
@@ -184,7 +185,7 @@ impl SourceSession<'_> {
         let (opts, spec, ctl) = (self.opts, &self.spec, &mut self.ctl);
         let scanned =
             if opts.source_engine == crate::storage::DataEngine::Null && opts.null_size > 0 {
-                let w = crate::storage::null::synthetic_walk(&spec.tops, opts.null_size);
+                let w = crate::request::null::synthetic_walk(&spec.tops, opts.null_size);
                 send_entries(ctl, &w.entries).map(|_| w)
             } else {
                 // What the user selected (request::filter); checked before the

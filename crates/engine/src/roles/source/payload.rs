@@ -18,17 +18,17 @@ use ramsys_resources::{Buf, BufferPool, JobHandle, Reservation, ThreadPool};
 
 use super::pipeline::{self, LostLinks, Pipeline};
 use super::{Confirmed, Ctl, Opened, SourceSession, Threads};
-use crate::daemon::config::SendPath;
 use crate::data::inline::InlineLinks;
 use crate::data::reader::{run_reader, ReaderCtx, ReaderEvent, SrcFileState};
 use crate::data::reread::Rereader;
 use crate::data::resources::ShareGuard;
 use crate::data::sender::{run_sender, LinkDone, StreamOut};
-use crate::request::tasks::{assign_homes, plan_source, DeviceQueue};
-use crate::request::walk::{SourceFile, Walk};
+use crate::request::tasks::{assign_homes, plan_source, DeviceQueue, PlanOptions};
+use crate::request::walk::Walk;
 use crate::roles::source::sync_plan::SyncPlan;
 use crate::session::control::ControlEvent;
 use crate::session::relink::{Joined, LinkEvent, Requeue, State, Streams};
+use crate::session::report::Report;
 use crate::storage::dirs::ReadDirs;
 use crate::storage::fsops::Root;
 use crate::storage::StorageCfg;
@@ -36,7 +36,9 @@ use crate::transport::crypto::{Cipher, StreamSeal};
 use crate::transport::grow::Growth;
 use crate::transport::grow::{Grower, Links, Step as GrowStep};
 use crate::transport::Link;
-use crate::types::stats::{FailedPath, Report, Stats};
+use crate::types::file::SourceFile;
+use crate::types::sendpath::SendPath;
+use crate::types::stats::{FailedPath, Stats};
 use crate::{show, EngineError};
 
 /// A queued sender's thread body.
@@ -285,7 +287,7 @@ impl<'s> Payload<'s> {
             abort: abort.clone(),
             stats: stats.clone(),
             block_size: c.block_size,
-            storage: Arc::new(StorageCfg::source(opts, c.block_size)),
+            storage: Arc::new(opts.source_storage(c.block_size)),
             zerocopy,
             dirs: Arc::new(ReadDirs::new(files.iter().map(|f| &f.rel[..]))),
         };
@@ -1151,7 +1153,12 @@ fn queues(
     plan: Option<&SyncPlan>,
 ) -> Arc<Vec<DeviceQueue>> {
     let skip = |i: usize| plan.is_some_and(|p| p.skipped(i));
-    let mut queues = plan_source(root, files, opts, block_size as u64, &skip);
+    let po = PlanOptions {
+        block_size: block_size as u64,
+        sort: opts.sort,
+        threads: opts.device_threads,
+    };
+    let mut queues = plan_source(root, files, &po, opts.source_engine, &skip);
     if let Some(p) = plan {
         crate::roles::source::sync_plan::restrict(&mut queues, p);
     }

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use ramsys_proto::control::{Have, HaveState, Reuse, ReuseKind};
 
 use crate::request::tasks::{DeviceQueue, ReadUnit};
-use crate::request::walk::SourceFile;
 use crate::storage::fsops::Root;
+use crate::types::file::SourceFile;
 
 /// What to read of each file, by index in the walk's file list.
 #[derive(Debug, Default)]

@@ -10,7 +10,8 @@
 
 use ramsys_proto::control::{Entry, EntryKind};
 
-use crate::request::walk::{SourceFile, Top, Walk};
+use crate::request::walk::{Top, Walk};
+use crate::types::file::SourceFile;
 
 /// The walk of a null source with `--null-size`: one file of `size` bytes.
 pub fn synthetic_walk(tops: &[Top], size: u64) -> Walk {
