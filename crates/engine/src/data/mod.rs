@@ -16,6 +16,7 @@
 //! sender::StreamOut.
 
 pub mod inline;
+pub mod queue;
 pub mod rate;
 pub mod reader;
 pub mod receiver;

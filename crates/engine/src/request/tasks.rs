@@ -20,61 +20,12 @@
 //! steals from a rotational queue, which would add a second head position.
 
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::data::queue::{DeviceQueue, ReadUnit};
 use crate::storage::extents::ExtentSource;
 use crate::storage::fsops::Root;
 use crate::storage::{DeviceKind, DeviceThreads};
 use crate::types::file::SourceFile;
-
-/// A byte range of one file to read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReadUnit {
-    /// Index into the walk's file list.
-    pub file: u32,
-    pub offset: u64,
-    pub len: u64,
-}
-
-/// The read queue of one storage device.
-#[derive(Debug)]
-pub struct DeviceQueue {
-    pub dev: u64,
-    pub kind: DeviceKind,
-    /// Reader threads this device gets.
-    pub threads: usize,
-    pub units: Vec<ReadUnit>,
-    pub bytes: u64,
-    /// A rotational device whose files were found in the page cache
-    /// (read as memory; see [`mostly_cached`]).
-    pub cached: bool,
-    next: AtomicUsize,
-}
-
-impl DeviceQueue {
-    fn new(dev: u64, kind: DeviceKind, threads: usize) -> Self {
-        DeviceQueue {
-            dev,
-            kind,
-            threads,
-            units: Vec::new(),
-            bytes: 0,
-            cached: false,
-            next: AtomicUsize::new(0),
-        }
-    }
-
-    /// Next unit, or None when the queue is drained.
-    pub fn pop(&self) -> Option<ReadUnit> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
-        self.units.get(i).copied()
-    }
-
-    /// Whether other devices' readers may take units from this queue.
-    pub fn stealable(&self) -> bool {
-        self.kind != DeviceKind::Rotational
-    }
-}
 
 /// Size of a striping chunk for a given block size (16 MiB on flash and
 /// memory).

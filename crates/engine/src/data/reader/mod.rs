@@ -20,7 +20,7 @@ use crossbeam_channel::Sender;
 use ramsys_proto::data::{marker_hash, segment_hash, Segment, MAX_HOLE, MAX_SEGMENTS};
 use ramsys_resources::{Buf, BufferPool, FileRange, MAX_FILE_RANGES};
 
-use crate::request::tasks::{DeviceQueue, ReadUnit};
+use crate::data::queue::{DeviceQueue, ReadUnit};
 use crate::storage::cache::{read_direct, resident_fraction, DirectMode};
 use crate::storage::direct::{is_aligned, pread_direct, round_down, round_up, ALIGN};
 use crate::storage::dirs::ReadDirs;

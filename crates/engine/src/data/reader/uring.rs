@@ -11,7 +11,7 @@ use ramsys_proto::data::{marker_hash, segment_hash, Segment, MAX_HOLE, MAX_SEGME
 use ramsys_resources::Buf;
 
 use super::{ReaderCtx, SrcOpen};
-use crate::request::tasks::ReadUnit;
+use crate::data::queue::ReadUnit;
 use crate::storage::direct::{round_down, round_up, ALIGN};
 use crate::storage::fsops::pread_full;
 use crate::storage::local::joins_copy_block;

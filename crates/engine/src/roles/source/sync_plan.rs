@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use ramsys_proto::control::{Have, HaveState, Reuse, ReuseKind};
 
-use crate::request::tasks::{DeviceQueue, ReadUnit};
+use crate::data::queue::{DeviceQueue, ReadUnit};
 use crate::storage::fsops::Root;
 use crate::types::file::SourceFile;
 
