@@ -801,7 +801,7 @@ fn report(
 }
 
 fn getrandom_fill(b: &mut [u8]) {
-    let r = ramsys_engine::session::random32();
+    let r = ramsys_engine::transport::crypto::random32();
     b.copy_from_slice(&r[..b.len()]);
 }
 

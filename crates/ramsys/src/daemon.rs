@@ -175,7 +175,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     // With a users table the shared key is not used: do not create one.
     let key = match users {
         None => a.key.load()?,
-        Some(_) => ramsys_engine::session::random32().to_vec(),
+        Some(_) => ramsys_engine::transport::crypto::random32().to_vec(),
     };
     // Blocked before any thread starts, so only the waiter below sees them.
     let addr_file = a.addr_file.as_ref().map(|p| {

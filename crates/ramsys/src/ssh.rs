@@ -411,7 +411,7 @@ impl SshSession {
 }
 
 fn fresh_credential() -> String {
-    hex::encode(ramsys_engine::session::random32())
+    hex::encode(ramsys_engine::transport::crypto::random32())
 }
 
 /// The remote daemon's stream limit: as many as `ramsys serve` allows,

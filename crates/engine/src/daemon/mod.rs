@@ -16,6 +16,7 @@
 
 pub mod admit;
 pub mod config;
+pub mod credentials;
 pub mod lifecycle;
 pub mod metrics;
 pub mod netdev;

@@ -17,14 +17,16 @@ use ramsys_proto::path::validate_relative;
 use ramsys_proto::Control;
 
 use crate::daemon::admit::Dir;
+use crate::daemon::credentials::{Credentials, Grant, Refusal, Users};
 use crate::daemon::status::{snapshot, Status, UserStatus};
-use crate::daemon::users::{Credentials, ExportRoot, Grant, Refusal, Users};
+use crate::daemon::users::ExportRoot;
 use crate::daemon::{netdev, DaemonState};
 use crate::data::resources::EngineResources;
 use crate::request::walk::Top;
 use crate::roles::sink::{run_sink_with, SinkSpec};
 use crate::roles::source::{run_source_with, SourceSpec};
-use crate::session::{random32, serve_handshake, ServerLinks};
+use crate::session::{serve_handshake, ServerLinks};
+use crate::transport::crypto::random32;
 use crate::transport::wire::{recv_control, send_control};
 use crate::transport::Link;
 use crate::types::stats::Stats;

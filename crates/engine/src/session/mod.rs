@@ -21,7 +21,7 @@ use crate::transport::{Link, Transport};
 use crate::EngineError;
 use ramsys_proto::preamble;
 
-pub use crate::transport::crypto::random32;
+use crate::transport::crypto::random32;
 
 /// The user name we authenticate as: `$RAMSYS_USER` (e.g. a one-time
 /// credential's `otp-…` name), else the login name.

@@ -36,10 +36,11 @@ use ramsys_proto::auth::Accept;
 use ramsys_proto::control::Bytes32;
 use ramsys_proto::Control;
 
+use crate::daemon::credentials::Credentials;
 use crate::daemon::site::member::SiteMember;
 use crate::daemon::site::membership::Membership;
-use crate::daemon::users::Credentials;
-use crate::session::{client_handshake_as, finish_auth, random32, serve_handshake, Greeting};
+use crate::session::{client_handshake_as, finish_auth, serve_handshake, Greeting};
+use crate::transport::crypto::random32;
 use crate::transport::crypto::Cipher;
 use crate::transport::sealed::{End, SealedLink};
 use crate::transport::tcp::Tcp;

@@ -19,7 +19,7 @@ use ramsys_proto::path::validate_relative;
 use ramsys_proto::Control;
 
 use super::{archive_options, refuse, request_paths, session_options, source_tops, DaemonShared};
-use crate::daemon::users::Grant;
+use crate::daemon::credentials::Grant;
 use crate::request::shares;
 use crate::roles::client::{push, Remote};
 use crate::session::report::Report;
