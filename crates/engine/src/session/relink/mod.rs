@@ -21,18 +21,20 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use ramsys_proto::auth::rejoin_mac;
 use ramsys_proto::control::Bytes32;
-use ramsys_proto::data::Segment;
 use ramsys_proto::relink::Backoff;
 use ramsys_proto::Control;
-use ramsys_resources::{Buf, BufferPool};
 
-use crate::data::reread::Rereader;
-use crate::storage::fsops::Root;
 use crate::transport::clock::Clock;
 use crate::transport::wire::send_control;
 use crate::transport::{Link, Transport};
 use crate::types::stats::Stats;
 use crate::EngineError;
+
+// TCP_INFO readings of the live links, for stream growth (transport::grow).
+mod telemetry;
+// Re-reading what a lost link carried (issue 9).
+mod requeue;
+pub use requeue::Requeue;
 
 /// Whether an error that ended a data thread is the link breaking (worth
 /// replacing) rather than the peer breaking the protocol (fatal).
@@ -340,66 +342,6 @@ impl Streams {
         }
     }
 
-    /// Delivery rates (bytes/s, TCP_INFO) of the live links that report one.
-    pub fn delivery_rates(&self) -> Vec<u64> {
-        let live = self.slots.iter().filter(|s| s.state == State::Live);
-        live.filter_map(|s| s.handle.as_ref()?.delivery_rate())
-            .collect()
-    }
-
-    /// Bytes the peer acknowledged over every link of the session so far
-    /// (TCP_INFO bytes_acked; a link's last reading counts after it
-    /// ended), the delivered payload the stream count adapts to; None
-    /// when no link reports it.
-    pub fn acked(&mut self) -> Option<u64> {
-        let mut any = false;
-        let mut sum = 0;
-        for s in &mut self.slots {
-            if let Some(n) = s.handle.as_ref().and_then(|h| h.bytes_acked()) {
-                s.acked_now = s.acked_now.max(n);
-                any = true;
-            }
-            sum += s.acked_before + s.acked_now;
-        }
-        any.then_some(sum)
-    }
-
-    /// How long the live links' packets wait in queues on the path: the
-    /// median over links of smoothed RTT / minimum RTT (TCP_INFO), None
-    /// without samples. Near 1: nothing queues; a full bottleneck (or an
-    /// emulator short of CPU) shows as a rise (transport::grow).
-    pub fn queueing(&self) -> Option<f64> {
-        let live = self.slots.iter().filter(|s| s.state == State::Live);
-        let mut r: Vec<f64> = live
-            .filter_map(|s| {
-                let h = s.handle.as_ref()?;
-                Some(h.srtt()?.as_secs_f64() / h.rtt()?.as_secs_f64())
-            })
-            .collect();
-        if r.is_empty() {
-            return None;
-        }
-        r.sort_unstable_by(f64::total_cmp);
-        Some(r[r.len() / 2])
-    }
-
-    /// Microseconds the session's links had data in flight so far, summed
-    /// over links (TCP_INFO busy_time, kept across replacements like
-    /// [`Streams::acked`]): over a stage with n links and t seconds, the
-    /// share of time the links, not the ends, were the limit.
-    pub fn busy(&mut self) -> Option<u64> {
-        let mut any = false;
-        let mut sum = 0;
-        for s in &mut self.slots {
-            if let Some(n) = s.handle.as_ref().and_then(|h| h.busy_us()) {
-                s.busy_now = s.busy_now.max(n);
-                any = true;
-            }
-            sum += s.busy_before + s.busy_now;
-        }
-        any.then_some(sum)
-    }
-
     /// Whether this end dials (the client): only it can add streams.
     pub fn dials(&self) -> bool {
         matches!(self.relinks, Relinks::Dial(_))
@@ -668,65 +610,6 @@ fn refuse(link: &mut Box<dyn Link>, why: &str) {
             message: why.into(),
         },
     );
-}
-
-/// What the source needs to re-read lost blocks.
-pub struct Requeue {
-    pub root: Arc<Root>,
-    pub files: Arc<Vec<crate::types::file::SourceFile>>,
-    pub pool: Arc<BufferPool>,
-    pub checksum: bool,
-    pub null: bool,
-    pub abort: Arc<AtomicBool>,
-}
-
-impl Requeue {
-    /// Re-read `blocks` (segment tables of blocks a broken link lost) on a
-    /// thread of their own and queue them for the senders, same segment
-    /// boundaries (so hashes and digests are unchanged). A segment that
-    /// cannot be read again fails its file through `failed`.
-    pub fn spawn(
-        self: &Arc<Self>,
-        blocks: Vec<Vec<Segment>>,
-        filled: Sender<Buf>,
-        failed: Sender<crate::data::reader::ReaderEvent>,
-    ) -> std::io::Result<std::thread::JoinHandle<()>> {
-        let me = self.clone();
-        std::thread::Builder::new()
-            .name("requeue".into())
-            .spawn(move || {
-                let rr = Rereader::new(&me.root, &me.files, me.checksum, me.null);
-                for segs in blocks {
-                    if me.abort.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    // Wait for a buffer, but not past an abort.
-                    let mut buf = loop {
-                        if me.abort.load(Ordering::Relaxed) {
-                            return;
-                        }
-                        if let Some(b) = me.pool.get_timeout(Duration::from_millis(200)) {
-                            break b;
-                        }
-                    };
-                    match rr.fill(&mut buf, &segs) {
-                        Ok(()) => {
-                            if filled.send(buf).is_err() {
-                                return;
-                            }
-                        }
-                        Err((id, reason)) => {
-                            me.pool.put(buf);
-                            let _ = failed.send(crate::data::reader::ReaderEvent::FileFailed {
-                                id,
-                                path: rr.path(id),
-                                reason,
-                            });
-                        }
-                    }
-                }
-            })
-    }
 }
 
 #[cfg(test)]
