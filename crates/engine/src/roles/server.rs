@@ -274,7 +274,7 @@ impl Daemon {
     /// thread); returns the bound address.
     pub fn serve_metrics(&self, addr: &str) -> std::io::Result<SocketAddr> {
         let sh = self.shared.clone();
-        crate::daemon::metrics::serve(addr, move || sh.status())
+        crate::daemon::metrics::http::serve(addr, move || sh.status())
     }
 
     /// Join a site (`serve --peer`, crate::daemon::site): publish this daemon's
