@@ -3,9 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use ramsys_engine::daemon::config::{
-    daemon_placement, task_counts, DaemonConfig, Purpose, ServeInputs,
-};
+use ramsys_engine::daemon::config::placement::{daemon_placement, task_counts, ServeInputs};
+use ramsys_engine::daemon::config::{DaemonConfig, Purpose};
 use ramsys_engine::types::sendpath::SendPath;
 use ramsys_topo::{NumaMode, Topology};
 
@@ -351,7 +350,7 @@ fn model_in_config_changes_the_plan() {
     .unwrap();
     let modelled = daemon_placement(t.clone(), false, &with, &inputs(), root, listen).unwrap();
     assert!(modelled.model.is_some());
-    let senders = |p: &ramsys_engine::daemon::config::DaemonPlacement| {
+    let senders = |p: &ramsys_engine::daemon::config::placement::DaemonPlacement| {
         let (plan, _, _, _) = p
             .task_plan(false, Path::new("/ssd/x"), listen, 4 << 20, 0)
             .unwrap();
@@ -395,6 +394,9 @@ fn a_rotational_disk_gets_one_reader_and_the_sink_writer_floor() {
     let r = &p.resources;
     assert_eq!(
         (r.readers, r.writers),
-        (1, ramsys_engine::daemon::config::SINK_WRITERS_MIN)
+        (
+            1,
+            ramsys_engine::daemon::config::placement::SINK_WRITERS_MIN
+        )
     );
 }

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
-use ramsys_engine::daemon::config::{daemon_placement, DaemonConfig, DaemonPlacement, ServeInputs};
+use ramsys_engine::daemon::config::placement::{daemon_placement, DaemonPlacement, ServeInputs};
+use ramsys_engine::daemon::config::DaemonConfig;
 use ramsys_engine::daemon::users::load_users_file;
 use ramsys_engine::data::resources::ResourceConfig;
 use ramsys_engine::roles::server::limits::ConnLimits;

@@ -171,7 +171,7 @@ impl Numa {
                 done.push(format!("{st} reader(s)"));
             }
             Role::Sink if a.writers.is_none() => {
-                let floor = ramsys_engine::daemon::config::SINK_WRITERS_MIN;
+                let floor = ramsys_engine::daemon::config::placement::SINK_WRITERS_MIN;
                 opts.bulk_writers = (st < floor).then_some(st);
                 let st = st.max(floor);
                 opts.writers = st;

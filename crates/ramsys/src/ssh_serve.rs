@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use ramsys_engine::daemon::config::{daemon_placement, DaemonConfig, ServeInputs};
+use ramsys_engine::daemon::config::placement::{daemon_placement, ServeInputs};
+use ramsys_engine::daemon::config::DaemonConfig;
 use ramsys_engine::data::resources::ResourceConfig;
 use ramsys_engine::roles::server::Daemon;
 use ramsys_engine::{EngineResources, TransferOptions};

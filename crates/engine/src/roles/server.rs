@@ -65,7 +65,7 @@ pub struct DaemonShared {
     listen: String,
     /// Hardware view and start-time placement (`serve --config`); set
     /// once before serving. Without it tasks run with the fixed counts.
-    pub placement: std::sync::OnceLock<Arc<crate::daemon::config::DaemonPlacement>>,
+    pub placement: std::sync::OnceLock<Arc<crate::daemon::config::placement::DaemonPlacement>>,
     /// Set for a daemon started over ssh for one session (`ssh-serve`).
     one_shot: std::sync::OnceLock<OneShot>,
     /// Site membership (`serve --peer`, crate::daemon::site, issue 19).
@@ -234,7 +234,7 @@ impl Daemon {
 
     /// Follow `p` from now on: per-task plans (issue 7) and the placement
     /// shown by `ramsys status`.
-    pub fn set_placement(&self, p: crate::daemon::config::DaemonPlacement) {
+    pub fn set_placement(&self, p: crate::daemon::config::placement::DaemonPlacement) {
         let _ = self.shared.placement.set(Arc::new(p));
     }
 
@@ -1280,11 +1280,11 @@ fn follow_plan(
     // device one thread per device queue (seed 000 6.1.2), so the plan
     // cannot starve it; writers: SINK_WRITERS_MIN (buffered writes).
     let floor = if sink {
-        crate::daemon::config::SINK_WRITERS_MIN
+        crate::daemon::config::placement::SINK_WRITERS_MIN
     } else {
         1
     };
-    let c = crate::daemon::config::task_counts(
+    let c = crate::daemon::config::placement::task_counts(
         &plan,
         sink,
         &storage,
@@ -1294,7 +1294,7 @@ fn follow_plan(
         floor,
     );
     if sink {
-        let plain = crate::daemon::config::task_counts(
+        let plain = crate::daemon::config::placement::task_counts(
             &plan,
             sink,
             &storage,

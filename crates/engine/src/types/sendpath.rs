@@ -58,3 +58,27 @@ impl SendPath {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn auto_sends_inline_only_with_a_link_per_reader_on_a_short_path() {
+        let us = |n| Some(Duration::from_micros(n));
+        let a = SendPath::Auto;
+        assert_eq!(a.resolve(4, 4, us(80)), SendPath::Inline);
+        assert_eq!(a.resolve(4, 4, us(1_000)), SendPath::Inline);
+        // A long path (the 100 ms measurement), an unknown one, or
+        // unmatched counts: queued.
+        assert_eq!(a.resolve(4, 4, us(1_001)), SendPath::Queued);
+        assert_eq!(a.resolve(4, 4, us(100_000)), SendPath::Queued);
+        assert_eq!(a.resolve(4, 4, None), SendPath::Queued);
+        assert_eq!(a.resolve(4, 2, us(80)), SendPath::Queued);
+        assert_eq!(a.resolve(1, 4, us(80)), SendPath::Queued);
+        // An explicit choice is kept whatever the path.
+        assert_eq!(SendPath::Inline.resolve(4, 2, None), SendPath::Inline);
+        assert_eq!(SendPath::Queued.resolve(4, 4, us(80)), SendPath::Queued);
+    }
+}

@@ -214,7 +214,9 @@ fn writer_count(bulk: Option<usize>, table: &FileTable, reserved: usize) -> usiz
         .filter(|f| f.size < crate::storage::DIRECT_MIN)
         .count();
     match bulk {
-        Some(b) if small < crate::daemon::config::MANY_SMALL_FILES => b.clamp(1, reserved),
+        Some(b) if small < crate::daemon::config::placement::MANY_SMALL_FILES => {
+            b.clamp(1, reserved)
+        }
         _ => reserved,
     }
 }
