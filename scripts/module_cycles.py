@@ -1,14 +1,26 @@
 #!/usr/bin/env python3
-"""Fail when modules of a crate import each other in a circle (issue 16).
+"""Fail when modules of a crate import each other in a circle (issue 16),
+or when the folders of one level do (issue 37).
 
 Nodes are the file modules of each crate under crates/*/src (`storage::uring`,
 `data::reader`, ...). An edge A -> B is a path `crate::B::...` (or `super::`
 resolved to it) written in A outside its `#[cfg(test)]` module: tests may
 reach anywhere. A reference to a directory module's own item (`crate::data::X`
-declared in data/mod.rs) is an edge to that mod.rs; a parent's `mod child;`
-declaration is not an edge, and a private child module (`mod x;`, not
-`pub mod x;`) counts as part of its parent. Every strongly connected component with more
-than one module is a cycle; the script prints each and exits 1.
+declared in data/mod.rs) is an edge to that mod.rs; an item the crate root
+re-exports (`crate::Stats`, `pub use types::stats::Stats;` in lib.rs) is an
+edge to the module it comes from; a parent's `mod child;` declaration is not
+an edge, and a private child module (`mod x;`, not `pub mod x;`) counts as
+part of its parent. Every strongly connected component with more than one
+module is a cycle; the script prints each and exits 1.
+
+Folder levels (issue 37): the folder tree is read as layers, so at every
+folder (the crate root, `roles/`, `roles/sink/`, ...) its children (files and
+sub-folders, each with everything below it) must import each other without a
+circle too: an edge A -> B between two modules counts as an edge between the
+children of their nearest common folder that hold them. A file-level cycle
+needs two files; a folder-level cycle such as data/ <-> sync/ can pass the
+file check (data::sinkfiles -> sync::journal, sync::sink -> data::sinkfiles)
+and is still a circle a reader has to break in their head.
 
 Usage: scripts/module_cycles.py [CRATES_DIR]   (default: crates)
 """
@@ -68,7 +80,26 @@ def resolve(mod, is_dir_mod, head, segs, known):
     return None
 
 
-def edges_of(path, mod, known):
+def root_reexports(src, known):
+    """`pub use a::b::C;` / `pub use a::b::{C, D};` in lib.rs: name -> module."""
+    out = {}
+    lib = os.path.join(src, "lib.rs")
+    if not os.path.exists(lib):
+        return out
+    text = strip_comments(strip_tests(open(lib, encoding="utf-8").read()))
+    for m in re.finditer(r"^pub use\s+([A-Za-z0-9_:]+?)(?:::\{([^}]*)\}|::([A-Za-z_][A-Za-z0-9_]*))\s*;", text, re.M):
+        prefix = tuple(s for s in m.group(1).split("::") if s and s != "crate")
+        names = [n.strip() for n in (m.group(2) or m.group(3)).split(",") if n.strip()]
+        for n in names:
+            full = prefix + (n,) if m.group(2) else prefix + (m.group(3),)
+            for k in range(len(full), 0, -1):
+                if full[:k] in known:
+                    out[n] = full[:k]
+                    break
+    return out
+
+
+def edges_of(path, mod, known, reexports=None):
     text = strip_comments(strip_tests(open(path, encoding="utf-8").read()))
     is_dir_mod = path.endswith("mod.rs") or path.endswith("lib.rs") or path.endswith("main.rs")
     out = set()
@@ -87,6 +118,8 @@ def edges_of(path, mod, known):
         refs.append((m.group(1), [s for s in m.group(2).split("::") if s]))
     for head, segs in refs:
         target = resolve(mod, is_dir_mod, head, segs, known)
+        if target == () and head == "crate" and segs and reexports and segs[0] in reexports:
+            target = reexports[segs[0]]
         if target is None or target == mod:
             continue
         # A module's use of its own ancestors' items through `super` or
@@ -128,6 +161,26 @@ def sccs(graph):
     return out
 
 
+def folder_cycles(graph):
+    """Cycles between the children of each folder: [(folder, [child, ...])]."""
+    levels = {}
+    for a, outs in graph.items():
+        for b in outs:
+            n = 0
+            while n < min(len(a), len(b)) and a[n] == b[n]:
+                n += 1
+            if n == len(a) or n == len(b):
+                continue  # one holds the other: the file-level check's case
+            folder = a[:n]
+            levels.setdefault(folder, {}).setdefault(a[: n + 1], set()).add(b[: n + 1])
+    out = []
+    for folder, g in sorted(levels.items()):
+        for comp in sccs(g):
+            if len(comp) > 1:
+                out.append((folder, sorted(comp)))
+    return out
+
+
 def name(m):
     return "::".join(m) if m else "(crate root)"
 
@@ -141,6 +194,7 @@ def main():
             continue
         mods = modules(src)
         known = set(mods.values())
+        reexports = root_reexports(src, known)
         # A private submodule (`mod x;`, not `pub mod x;`) is a part of its
         # parent (e.g. data::reader's io_uring loop): one node with it.
         owner = {}
@@ -163,14 +217,31 @@ def main():
                 continue
             me = node(mod)
             graph.setdefault(me, set()).update(
-                node(t) for t in edges_of(path, mod, known) if t != () and node(t) != me
+                node(t) for t in edges_of(path, mod, known, reexports) if t != () and node(t) != me
             )
         for comp in sccs(graph):
             if len(comp) > 1:
                 bad += 1
                 print(f"{crate}: module cycle: " + " <-> ".join(sorted(name(m) for m in comp)))
+        for folder, comp in folder_cycles(graph):
+            bad += 1
+            where = name(folder) + "/" if folder else "src/"
+            print(f"{crate}: folder cycle in {where}: " + " <-> ".join(name(m) for m in comp))
+            # Each arrow between the members, with one import behind it: the
+            # arrow with the fewest imports is usually the one to break.
+            arrows = {}
+            for path, mod in sorted(mods.items()):
+                src_child = next((a for a in comp if mod[: len(a)] == a), None)
+                if src_child is None:
+                    continue
+                for t in sorted(edges_of(path, mod, known, reexports)):
+                    dst = next((b for b in comp if t[: len(b)] == b and b != src_child), None)
+                    if dst is not None:
+                        arrows.setdefault((src_child, dst), []).append(f"{name(mod)} -> {name(t)}")
+            for (a, b), why in sorted(arrows.items(), key=lambda x: len(x[1])):
+                print(f"    {name(a)} -> {name(b)}: {len(why)} import(s), e.g. {why[0]}")
     if bad:
-        print(f"{bad} module cycle(s): move the shared piece down (docs/ARCHITECTURE.md)")
+        print(f"{bad} module or folder cycle(s): move the shared piece down (docs/ARCHITECTURE.md)")
         return 1
     print("module cycles: none")
     return 0

@@ -16,34 +16,19 @@
 //! - [`source`] and [`sink`]: one session end each, as a controller thread
 //!   with an event loop over control messages and data-thread events.
 
-pub mod archive;
-pub mod client;
-pub mod config;
-pub mod control;
-pub mod crypto;
 pub mod daemon;
 pub mod data;
-pub mod fsops;
-pub mod options;
-pub mod placement;
-pub mod relink;
 pub mod request;
-pub mod reserved;
-pub mod resources;
-pub mod server;
+pub mod roles;
 pub mod session;
-pub mod sink;
-pub mod site;
-pub mod source;
-pub mod stats;
 pub mod storage;
-pub mod sync;
 pub mod transport;
-pub mod wire;
+pub mod types;
 
-pub use options::TransferOptions;
-pub use resources::EngineResources;
-pub use stats::{Report, Stats};
+pub use data::resources::EngineResources;
+pub use session::options::TransferOptions;
+pub use session::report::Report;
+pub use types::stats::Stats;
 
 use ramsys_proto::ProtoError;
 

@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use ramsys_engine::config::{
-    daemon_placement, task_counts, DaemonConfig, Purpose, SendPath, ServeInputs,
-};
+use ramsys_engine::daemon::config::placement::{daemon_placement, task_counts, ServeInputs};
+use ramsys_engine::daemon::config::{DaemonConfig, Purpose};
+use ramsys_engine::types::sendpath::SendPath;
 use ramsys_topo::{NumaMode, Topology};
 
 fn fixture(name: &str) -> Topology {
@@ -142,7 +142,10 @@ fn seed004_daemon_pools_follow_root_device_and_listen_nic() {
     // SSD: sized by type (seed 000 6.1.2) or by the plan, whichever is more.
     assert!(r.readers >= 2, "{r:?}");
     assert_eq!(r.readers, r.writers);
-    assert_eq!(r.max_streams, ramsys_engine::resources::DEFAULT_MAX_STREAMS);
+    assert_eq!(
+        r.max_streams,
+        ramsys_engine::data::resources::DEFAULT_MAX_STREAMS
+    );
     assert!(
         p.lines.iter().any(|l| l.contains("node 1")),
         "{:?}",
@@ -347,7 +350,7 @@ fn model_in_config_changes_the_plan() {
     .unwrap();
     let modelled = daemon_placement(t.clone(), false, &with, &inputs(), root, listen).unwrap();
     assert!(modelled.model.is_some());
-    let senders = |p: &ramsys_engine::config::DaemonPlacement| {
+    let senders = |p: &ramsys_engine::daemon::config::placement::DaemonPlacement| {
         let (plan, _, _, _) = p
             .task_plan(false, Path::new("/ssd/x"), listen, 4 << 20, 0)
             .unwrap();
@@ -391,6 +394,9 @@ fn a_rotational_disk_gets_one_reader_and_the_sink_writer_floor() {
     let r = &p.resources;
     assert_eq!(
         (r.readers, r.writers),
-        (1, ramsys_engine::config::SINK_WRITERS_MIN)
+        (
+            1,
+            ramsys_engine::daemon::config::placement::SINK_WRITERS_MIN
+        )
     );
 }

@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use ramsys_engine::crypto::{control_key, Cipher, RecordSeal, StreamSeal, TAG_LEN};
+use ramsys_engine::transport::crypto::{control_key, Cipher, RecordSeal, StreamSeal, TAG_LEN};
 use ramsys_engine::transport::sealed::{open_records, End};
 use ramsys_proto::control::{Complete, Confirm, Entry, EntryKind, Failure, Open, Propose, Role};
 use ramsys_proto::data::{
@@ -396,7 +396,7 @@ impl ramsys_engine::transport::Link for MemLink {
 #[test]
 fn mutated_sealed_credits_never_grant() {
     use ramsys_engine::data::sender::StreamOut;
-    use ramsys_engine::wire::send_credit_sealed;
+    use ramsys_engine::transport::wire::send_credit_sealed;
     let secs: u64 = std::env::var("RAMSYS_FUZZ_SECS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -411,7 +411,7 @@ fn mutated_sealed_credits_never_grant() {
     let frame_len = first.len();
     let pool_src = vec![first.clone(), second.clone()];
     let pool = ramsys_resources::BufferPool::allocate(1, 4096).unwrap();
-    let stats = ramsys_engine::stats::Stats::default();
+    let stats = ramsys_engine::types::stats::Stats::default();
     let mut rng = Rng(0x5eed_c4ed17 ^ secs);
     let deadline = Instant::now() + Duration::from_secs(secs);
     let (mut n, mut accepted) = (0u64, 0u64);

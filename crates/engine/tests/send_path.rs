@@ -11,15 +11,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ramsys_engine::client::{push, Remote};
-use ramsys_engine::config::SendPath;
-use ramsys_engine::crypto::Cipher;
-use ramsys_engine::fsops::{Confinement, Root};
+use ramsys_engine::data::resources::ResourceConfig;
 use ramsys_engine::request::walk::Top;
-use ramsys_engine::resources::ResourceConfig;
-use ramsys_engine::server::Daemon;
+use ramsys_engine::roles::client::{push, Remote};
+use ramsys_engine::roles::server::Daemon;
+use ramsys_engine::storage::fsops::{Confinement, Root};
 use ramsys_engine::storage::{Hook, IoEngine, IoHook, IoOp, DIRECT_MIN};
+use ramsys_engine::transport::crypto::Cipher;
 use ramsys_engine::transport::tcp::Tcp;
+use ramsys_engine::types::sendpath::SendPath;
 use ramsys_engine::{EngineError, EngineResources, Report, Stats, TransferOptions};
 
 const BS: usize = 256 << 10;

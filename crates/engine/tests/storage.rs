@@ -10,11 +10,11 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ramsys_engine::client::{push, Remote};
-use ramsys_engine::fsops::{Confinement, Root};
+use ramsys_engine::data::resources::ResourceConfig;
 use ramsys_engine::request::walk::Top;
-use ramsys_engine::resources::ResourceConfig;
-use ramsys_engine::server::Daemon;
+use ramsys_engine::roles::client::{push, Remote};
+use ramsys_engine::roles::server::Daemon;
+use ramsys_engine::storage::fsops::{Confinement, Root};
 use ramsys_engine::storage::{DataEngine, Hook, IoEngine, IoHook, IoOp, DIRECT_MIN};
 use ramsys_engine::transport::tcp::Tcp;
 use ramsys_engine::{EngineError, EngineResources, Report, Stats, TransferOptions};

@@ -11,15 +11,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use ramsys_engine::client::{pull, push, Remote};
-use ramsys_engine::fsops::{Confinement, Root};
+use ramsys_engine::data::resources::ResourceConfig;
 use ramsys_engine::request::walk::Top;
-use ramsys_engine::resources::ResourceConfig;
-use ramsys_engine::server::Daemon;
-use ramsys_engine::stats::process_cpu_seconds;
+use ramsys_engine::roles::client::{pull, push, Remote};
+use ramsys_engine::roles::server::Daemon;
+use ramsys_engine::storage::fsops::{Confinement, Root};
 use ramsys_engine::transport::path;
 use ramsys_engine::transport::tcp::Tcp;
 use ramsys_engine::transport::Transport;
+use ramsys_engine::types::stats::process_cpu_seconds;
 use ramsys_engine::{EngineError, EngineResources, Report, Stats, TransferOptions};
 
 use ramsys_topo::Role;
@@ -70,7 +70,7 @@ fn open_root(p: &Path, c: Confinement) -> anyhow::Result<Arc<Root>> {
 }
 
 pub fn run_sync(a: &SyncArgs) -> anyhow::Result<i32> {
-    use ramsys_engine::sync::flags::*;
+    use ramsys_engine::request::sync::flags::*;
     let mut f = SYNC;
     if a.checksum {
         f |= CHECKSUM;
@@ -131,7 +131,7 @@ impl Plan {
         // rsync's rule for sync: `SRC/` sends SRC's contents into DST; with
         // --files-from every source is sent as its contents (rsync's too).
         let files_from = a.select.files_from.is_some();
-        let sync_on = sync & ramsys_engine::sync::flags::SYNC != 0;
+        let sync_on = sync & ramsys_engine::request::sync::flags::SYNC != 0;
         let contents = srcs
             .iter()
             .map(|s| files_from || sync_on && crate::spec::names_contents(s))
@@ -182,7 +182,7 @@ impl Plan {
         // one the source no longer has: refuse rather than delete it.
         anyhow::ensure!(
             (opts.select.min_size == 0 && opts.select.max_size == 0)
-                || sync & ramsys_engine::sync::flags::DELETE == 0,
+                || sync & ramsys_engine::request::sync::flags::DELETE == 0,
             "--delete cannot be combined with --min-size/--max-size \
              (it would delete the destination's copies of the skipped files)"
         );
@@ -275,7 +275,9 @@ struct Run<'a> {
 fn run_with(a: &CpArgs, sync: u32) -> anyhow::Result<i32> {
     // `DST/` names a directory (issue 35): the sink reads it so.
     let sync = match a.paths.last() {
-        Some(d) if crate::spec::names_dir(d) => sync | ramsys_engine::sync::flags::DEST_DIR,
+        Some(d) if crate::spec::names_dir(d) => {
+            sync | ramsys_engine::request::sync::flags::DEST_DIR
+        }
         _ => sync,
     };
     let mut plan = Plan::resolve(a, sync)?;
@@ -375,7 +377,7 @@ fn run_striped(a: &CpArgs, plan: &Plan, sync: u32) -> anyhow::Result<i32> {
         })
         .collect::<anyhow::Result<_>>()?;
     anyhow::ensure!(
-        sync & ramsys_engine::sync::flags::DELETE == 0,
+        sync & ramsys_engine::request::sync::flags::DELETE == 0,
         "--stripe cannot be combined with --delete (each daemon sees only its share)"
     );
     anyhow::ensure!(
@@ -428,7 +430,7 @@ fn run_striped(a: &CpArgs, plan: &Plan, sync: u32) -> anyhow::Result<i32> {
 /// `ramsys://A/SRC ramsys://B/DST` (crate::pairs): the source daemon
 /// pushes to the sink daemon; with `--stripe`, pair by pair over lists.
 fn run_pairs(a: &CpArgs, plan: &mut Plan, sync: u32) -> anyhow::Result<i32> {
-    use ramsys_engine::sync::flags::{DELETE, DRY_RUN};
+    use ramsys_engine::request::sync::flags::{DELETE, DRY_RUN};
     anyhow::ensure!(
         sync & (DELETE | DRY_RUN) == 0,
         "a third-party transfer (daemon to daemon) cannot be combined with --delete or --dry-run"
@@ -880,12 +882,12 @@ fn report(
 }
 
 fn getrandom_fill(b: &mut [u8]) {
-    let r = ramsys_engine::session::random32();
+    let r = ramsys_engine::transport::crypto::random32();
     b.copy_from_slice(&r[..b.len()]);
 }
 
 fn crate_raise_limits() {
-    ramsys_engine::fsops::raise_nofile_limit();
+    ramsys_engine::storage::fsops::raise_nofile_limit();
 }
 
 /// Data links lost and replaced during the transfer (engine::relink).
@@ -924,7 +926,7 @@ fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
         ..
     } = *run;
     let mb_s = rep.bytes as f64 / 1e6 / wall.max(1e-9);
-    let dry = sync & ramsys_engine::sync::flags::DRY_RUN != 0;
+    let dry = sync & ramsys_engine::request::sync::flags::DRY_RUN != 0;
     let carried = &run.extra.transport;
     let transport = carried.used(rep);
     if json {
@@ -963,7 +965,7 @@ fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
         if let Some(s) = &run.extra.stripes {
             line["stripes"] = serde_json::json!(s);
         }
-        if sync & ramsys_engine::sync::COMPARE != 0 {
+        if sync & ramsys_engine::request::sync::COMPARE != 0 {
             // bytes = file data sent, files = files whose data was sent,
             // unchanged = files skipped (issue 10).
             line["unchanged"] = rep.unchanged.into();
@@ -1014,7 +1016,8 @@ fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
 /// included) made the sink delete nothing (sink::tree::sync_epilogue):
 /// any but a vanished source path (rsync's IOERR_VANISHED).
 fn deletions_skipped(rep: &Report, sync: u32) -> bool {
-    sync & ramsys_engine::sync::flags::DELETE != 0 && rep.failed.iter().any(|f| !f.vanished())
+    sync & ramsys_engine::request::sync::flags::DELETE != 0
+        && rep.failed.iter().any(|f| !f.vanished())
 }
 
 /// `n thing` or `n things`.
@@ -1026,7 +1029,7 @@ fn count(n: u64, one: &str, many: &str) -> String {
 /// 35), e.g. `copied 1 file, 0.0 MB in 0.01 s (0.0 MB/s) over tcp (4
 /// streams), cpu 0.01 s; 2 unchanged, 1 deleted`.
 fn human_line(rep: &Report, run: &RunFacts, sync: u32, transport: &str) -> String {
-    use ramsys_engine::sync::{flags::DELETE, COMPARE};
+    use ramsys_engine::request::sync::{flags::DELETE, COMPARE};
     let mb_s = rep.bytes as f64 / 1e6 / run.wall.max(1e-9);
     let over = match transport {
         "local" => "locally".to_string(),
@@ -1088,8 +1091,8 @@ mod tests {
 
     #[test]
     fn one_summary_line_in_english_naming_the_transport() {
-        use ramsys_engine::stats::LinkDesc;
-        use ramsys_engine::sync::flags::{DELETE, SYNC};
+        use ramsys_engine::request::sync::flags::{DELETE, SYNC};
+        use ramsys_engine::types::stats::LinkDesc;
         let link = |kind| LinkDesc {
             local: "a".into(),
             peer: "b".into(),

@@ -49,7 +49,7 @@ pub struct CpArgs {
     /// support, else ChaCha20-Poly1305.
     #[arg(long, value_name = "auto|aes-256-gcm|chacha20-poly1305", num_args = 0..=1,
           default_missing_value = "auto", require_equals = true)]
-    pub encrypt: Option<ramsys_engine::crypto::Cipher>,
+    pub encrypt: Option<ramsys_engine::transport::crypto::Cipher>,
     /// One JSON object per line: progress events and a final summary.
     #[arg(long)]
     pub json: bool,
@@ -156,7 +156,7 @@ impl CpArgs {
     /// `--resume` reuses what an interrupted run left; the journal that
     /// makes that possible is on unless `--no-resume` (issue 15).
     pub fn sink_flags(&self) -> u32 {
-        use ramsys_engine::sync::flags::*;
+        use ramsys_engine::request::sync::flags::*;
         let bit = |on: bool, b: u32| if on { b } else { 0 };
         bit(self.write_devices, WRITE_DEVICES)
             | bit(self.ignore_existing, IGNORE_EXISTING)
@@ -472,7 +472,7 @@ pub struct StorageArgs {
     /// 1 ms, else queued (seed 002 sec. 7; docs/NUMA.md sec. 8).
     /// A pull's source is the daemon: its --send-path or config decides.
     #[arg(long, value_name = "inline|queued|auto")]
-    pub send_path: Option<ramsys_engine::config::SendPath>,
+    pub send_path: Option<ramsys_engine::types::sendpath::SendPath>,
     /// Where this process is the source: the bytes of files of 64 KiB and
     /// more in the page cache go from the file to a TCP link with
     /// sendfile, with no copy in user space (auto), or through a buffer

@@ -5,11 +5,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
-use ramsys_engine::config::{daemon_placement, DaemonConfig, DaemonPlacement, ServeInputs};
+use ramsys_engine::daemon::config::placement::{daemon_placement, DaemonPlacement, ServeInputs};
+use ramsys_engine::daemon::config::DaemonConfig;
 use ramsys_engine::daemon::users::load_users_file;
-use ramsys_engine::resources::ResourceConfig;
-use ramsys_engine::server::limits::ConnLimits;
-use ramsys_engine::server::Daemon;
+use ramsys_engine::data::resources::ResourceConfig;
+use ramsys_engine::roles::server::limits::ConnLimits;
+use ramsys_engine::roles::server::Daemon;
 use ramsys_engine::{EngineResources, TransferOptions};
 
 use crate::spec::parse_size;
@@ -144,7 +145,7 @@ pub struct ServeArgs {
 
 fn parse_load(s: &str) -> Result<f64, String> {
     let n: u64 = s.parse().map_err(|e| format!("{s}: {e}"))?;
-    ramsys_engine::site::check_load_pct(n)
+    ramsys_engine::daemon::site::check_load_pct(n)
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -157,7 +158,7 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
 
 fn parse_interval(s: &str) -> Result<u64, String> {
     let n: u64 = s.parse().map_err(|e| format!("{s}: {e}"))?;
-    ramsys_engine::site::check_interval(n)
+    ramsys_engine::daemon::site::check_interval(n)
 }
 
 /// `ramsys serve`: load the config and users, place and size the pools,
@@ -175,7 +176,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     // With a users table the shared key is not used: do not create one.
     let key = match users {
         None => a.key.load()?,
-        Some(_) => ramsys_engine::session::random32().to_vec(),
+        Some(_) => ramsys_engine::transport::crypto::random32().to_vec(),
     };
     // Blocked before any thread starts, so only the waiter below sees them.
     let addr_file = a.addr_file.as_ref().map(|p| {
@@ -319,7 +320,7 @@ fn place(
             max_streams: cli
                 .max_streams
                 .or(cfg.max_streams)
-                .unwrap_or(ramsys_engine::resources::DEFAULT_MAX_STREAMS)
+                .unwrap_or(ramsys_engine::data::resources::DEFAULT_MAX_STREAMS)
                 .max(1),
             ..Default::default()
         },
@@ -339,7 +340,7 @@ fn transfer_options(a: &ServeArgs, cfg: &DaemonConfig, rcfg: &ResourceConfig) ->
         // Its senders are not its own OS user: set-ID bits only with the
         // source's owner (archive::SetId::Owner; a users table confines
         // further, server::archive_options).
-        archive_policy: ramsys_engine::archive::Policy::daemon(),
+        archive_policy: ramsys_engine::storage::archive::Policy::daemon(),
         ..a.storage.options()
     };
     // O_DIRECT policy: flag, else config (docs/STORAGE.md, issue 17).
@@ -386,12 +387,12 @@ fn start_site(d: &mut Daemon, a: &ServeArgs, cfg: &DaemonConfig) {
     if peers.is_empty() && a.site_interval.is_none() && cfg.site_interval_ms.is_none() {
         return;
     }
-    d.start_site(ramsys_engine::site::SiteOptions {
+    d.start_site(ramsys_engine::daemon::site::SiteOptions {
         peers,
         interval_ms: a.site_interval.or(cfg.site_interval_ms).unwrap_or(50),
         sys_root: a.site_sys_root.clone(),
         user: cfg.site_user.clone().unwrap_or_else(|| "site".into()),
-        limits: ramsys_engine::site::redirect::Limits {
+        limits: ramsys_engine::daemon::site::redirect::Limits {
             max_sessions: a.site_max_sessions.or(cfg.site_limits.max_sessions),
             max_load: a.site_max_load.or(cfg.site_limits.max_load),
         },
@@ -401,7 +402,7 @@ fn start_site(d: &mut Daemon, a: &ServeArgs, cfg: &DaemonConfig) {
             .unwrap_or(true),
         max_members: cfg
             .site_max_members
-            .unwrap_or(ramsys_engine::site::membership::MAX_MEMBERS),
+            .unwrap_or(ramsys_engine::daemon::site::membership::MAX_MEMBERS),
     });
 }
 

@@ -6,10 +6,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use ramsys_engine::placement::{
+use ramsys_engine::daemon::placement::{
     apply, describe_nic, describe_storage, nic_for_addr, plan_end, sched_instance, storage_for_path,
 };
-use ramsys_engine::resources::ResourceConfig;
+use ramsys_engine::data::resources::ResourceConfig;
 use ramsys_engine::transport::channels::ChannelTcp;
 use ramsys_engine::transport::Transport;
 use ramsys_engine::{EngineResources, Report, TransferOptions};
@@ -171,7 +171,7 @@ impl Numa {
                 done.push(format!("{st} reader(s)"));
             }
             Role::Sink if a.writers.is_none() => {
-                let floor = ramsys_engine::config::SINK_WRITERS_MIN;
+                let floor = ramsys_engine::daemon::config::placement::SINK_WRITERS_MIN;
                 opts.bulk_writers = (st < floor).then_some(st);
                 let st = st.max(floor);
                 opts.writers = st;

@@ -12,10 +12,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ramsys_engine::client::{relay, Remote};
-use ramsys_engine::site::redirect::{score, FRESH_MS};
-use ramsys_engine::stats::FailedPath;
+use ramsys_engine::daemon::site::redirect::{score, FRESH_MS};
+use ramsys_engine::roles::client::{relay, Remote};
 use ramsys_engine::transport::tcp::Tcp;
+use ramsys_engine::types::stats::FailedPath;
 use ramsys_engine::{show, EngineError, Report, Stats};
 use ramsys_proto::control::{Relay, RelayReport, Share};
 
@@ -190,7 +190,7 @@ pub fn striped(job: Job) -> anyhow::Result<(Result<Report, EngineError>, Vec<Str
                 // reaches it first: rsync's rule (DST receives SRC, made
                 // when missing), not cp's (a missing DST becomes the copy,
                 // which only the first session would see missing).
-                req.flags |= ramsys_engine::sync::flags::SYNC;
+                req.flags |= ramsys_engine::request::sync::flags::SYNC;
                 req.share = (!job.split).then(|| Share {
                     index: i as u16,
                     weights: weights.clone(),

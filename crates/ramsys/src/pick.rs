@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use ramsys_engine::site::redirect::least_loaded;
+use ramsys_engine::daemon::site::redirect::least_loaded;
 
 use crate::spec::Endpoint;
 

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use ramsys_engine::placement::{nic_for_addr, sched_instance, storage_for_path};
+use ramsys_engine::daemon::placement::{nic_for_addr, sched_instance, storage_for_path};
 
 use crate::spec::{parse_endpoint, Endpoint};
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use ramsys_engine::client::{raw_offer, Remote};
+use ramsys_engine::roles::client::{raw_offer, Remote};
 use ramsys_engine::transport::channels::nics_towards;
 use ramsys_engine::transport::rawlink::{pair, Mode, RawTransport, Split};
 use ramsys_engine::transport::Transport;

@@ -13,9 +13,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ramsys_engine::config::DaemonConfig;
-use ramsys_engine::daemon::users::{load_users_file, Users};
-use ramsys_engine::server::DaemonShared;
+use ramsys_engine::daemon::config::DaemonConfig;
+use ramsys_engine::daemon::credentials::Users;
+use ramsys_engine::daemon::users::load_users_file;
+use ramsys_engine::roles::server::DaemonShared;
 
 const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use ramsys_engine::resources::DEFAULT_MAX_STREAMS;
+use ramsys_engine::data::resources::DEFAULT_MAX_STREAMS;
 use ramsys_engine::transport::Transport;
 
 use crate::args::{CpArgs, SshArgs};
@@ -411,7 +411,7 @@ impl SshSession {
 }
 
 fn fresh_credential() -> String {
-    hex::encode(ramsys_engine::session::random32())
+    hex::encode(ramsys_engine::transport::crypto::random32())
 }
 
 /// The remote daemon's stream limit: as many as `ramsys serve` allows,
@@ -672,7 +672,7 @@ pub fn third_party(
 
 /// HOST1's command line: `cp|sync --key-stdin --json OPTIONS -- SRC... URL`.
 fn source_cp_args(a: &CpArgs, sync: u32, srcs: &[&SshEndpoint], url: &str) -> Vec<String> {
-    use ramsys_engine::sync::flags::*;
+    use ramsys_engine::request::sync::flags::*;
     let mut v: Vec<String> = vec![if sync & SYNC != 0 { "sync" } else { "cp" }.into()];
     v.extend(["--key-stdin".into(), "--json".into()]);
     for (flag, on) in [
@@ -722,7 +722,7 @@ fn source_cp_args(a: &CpArgs, sync: u32, srcs: &[&SshEndpoint], url: &str) -> Ve
     v.push(format!("--connect-timeout={}", a.connect_timeout));
     v.push(format!("--numa={}", a.numa));
     if let Some(c) = a.encrypt {
-        use ramsys_engine::crypto::Cipher;
+        use ramsys_engine::transport::crypto::Cipher;
         v.push(
             match c {
                 Cipher::None => "--encrypt=none",

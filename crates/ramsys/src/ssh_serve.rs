@@ -25,9 +25,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use ramsys_engine::config::{daemon_placement, DaemonConfig, ServeInputs};
-use ramsys_engine::resources::ResourceConfig;
-use ramsys_engine::server::Daemon;
+use ramsys_engine::daemon::config::placement::{daemon_placement, ServeInputs};
+use ramsys_engine::daemon::config::DaemonConfig;
+use ramsys_engine::data::resources::ResourceConfig;
+use ramsys_engine::roles::server::Daemon;
 use ramsys_engine::{EngineResources, TransferOptions};
 use ramsys_proto::control::Role;
 
@@ -64,7 +65,7 @@ pub struct SshServeArgs {
     pub block_size: u64,
     /// Most data streams: what `ramsys serve` allows by default (the
     /// agent may add streams up to it on a long path, issue 21).
-    #[arg(long, default_value_t = ramsys_engine::resources::DEFAULT_MAX_STREAMS)]
+    #[arg(long, default_value_t = ramsys_engine::data::resources::DEFAULT_MAX_STREAMS)]
     pub max_streams: usize,
     /// Buffer memory: `ramsys serve`'s default, which gives each of the
     /// most streams 2 credits of 4 MiB (engine resources).
@@ -584,7 +585,7 @@ mod tests {
             a: SshServeArgs,
         }
         let c = Cli::try_parse_from(["x", "--role", "sink", "d"]).unwrap();
-        let d = ramsys_engine::resources::ResourceConfig::default();
+        let d = ramsys_engine::data::resources::ResourceConfig::default();
         assert_eq!(c.a.max_streams, d.max_streams);
         assert_eq!(c.a.memory as usize, d.memory);
     }

@@ -9,7 +9,7 @@ use clap::Args;
 use ramsys_engine::daemon::status::Status;
 use ramsys_engine::session::client_connect;
 use ramsys_engine::transport::tcp::Tcp;
-use ramsys_engine::wire::{recv_control, send_control};
+use ramsys_engine::transport::wire::{recv_control, send_control};
 use ramsys_proto::Control;
 
 use crate::spec::{parse_endpoint, Endpoint};

@@ -24,14 +24,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ramsys_engine::client::{push, Remote};
-use ramsys_engine::fsops::{Confinement, Root};
+use ramsys_engine::daemon::site::redirect::{score, FRESH_MS};
+use ramsys_engine::data::resources::ResourceConfig;
 use ramsys_engine::request::shares;
 use ramsys_engine::request::walk::Top;
-use ramsys_engine::resources::ResourceConfig;
-use ramsys_engine::site::redirect::{score, FRESH_MS};
-use ramsys_engine::stats::FailedPath;
+use ramsys_engine::roles::client::{push, Remote};
+use ramsys_engine::storage::fsops::{Confinement, Root};
 use ramsys_engine::transport::tcp::Tcp;
+use ramsys_engine::types::stats::FailedPath;
 use ramsys_engine::{EngineError, EngineResources, Report, Stats, TransferOptions};
 
 /// One striped push, as the agent resolved it.
@@ -118,7 +118,8 @@ pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>,
     // Big files are cut into pieces dealt like files (shares::piece_size),
     // except where the sink could not assemble them as asked: an archive
     // copy (attributes per file) or a dry run (nothing is written).
-    let whole = job.opts.preserve != 0 || job.opts.sync & ramsys_engine::sync::flags::DRY_RUN != 0;
+    let whole =
+        job.opts.preserve != 0 || job.opts.sync & ramsys_engine::request::sync::flags::DRY_RUN != 0;
     let align = if whole { 0 } else { shares::PIECE_ALIGN };
     let shares = shares::deal(files, others, &weights, align);
     let n = daemons.len();
@@ -140,7 +141,7 @@ pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>,
         // reaches it first: rsync's rule (DST receives the sources, made
         // when missing), not cp's (a missing DST becomes the copy, which
         // only the first session would see missing).
-        opts.sync |= ramsys_engine::sync::flags::SYNC;
+        opts.sync |= ramsys_engine::request::sync::flags::SYNC;
         opts.select.files = paths;
         opts.select.files_recursive = false;
         let (daemon, key, tops, dest) = (

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use ramsys_engine::client::{request_token, Remote};
+use ramsys_engine::roles::client::{request_token, Remote};
 use ramsys_engine::transport::tcp::Tcp;
 
 use crate::KeyArgs;

@@ -300,7 +300,7 @@ fn a_user_key_cannot_join_the_site() {
     let (t, users, shared) = users_site();
     let d = site_daemon(t.path(), &users, &shared, &[]);
     let (rogue, _) = silent_listener();
-    let e = ramsys_engine::site::dial(&d.addr, &rogue, "alice", KEY_ALICE.as_bytes())
+    let e = ramsys_engine::daemon::site::dial(&d.addr, &rogue, "alice", KEY_ALICE.as_bytes())
         .err()
         .expect("alice's SiteHello is refused");
     assert!(
@@ -322,9 +322,9 @@ fn an_announced_address_must_answer_the_site_handshake() {
     let a = site_daemon(t.path(), &users, &shared, &[]);
     let b = site_daemon(t.path(), &users, &shared, &[]);
     let (rogue, dialled) = silent_listener();
-    let _l = ramsys_engine::site::dial(&a.addr, &rogue, "site", KEY_SITE.as_bytes())
+    let _l = ramsys_engine::daemon::site::dial(&a.addr, &rogue, "site", KEY_SITE.as_bytes())
         .expect("the site identity joins");
-    let _l2 = ramsys_engine::site::dial(&a.addr, &b.addr, "site", KEY_SITE.as_bytes())
+    let _l2 = ramsys_engine::daemon::site::dial(&a.addr, &b.addr, "site", KEY_SITE.as_bytes())
         .expect("the site identity joins");
     let ka = t.path().join("keys/alice");
     let start = std::time::Instant::now();
@@ -370,8 +370,8 @@ fn on_behalf_needs_a_sealed_link_and_the_site_identity() {
         )
         .unwrap();
         if seal {
-            let c = ramsys_engine::crypto::Cipher::preferred();
-            ramsys_engine::wire::send_control(
+            let c = ramsys_engine::transport::crypto::Cipher::preferred();
+            ramsys_engine::transport::wire::send_control(
                 &mut *s.ctl,
                 &Control::SealControl { cipher: c.id() },
             )
@@ -389,10 +389,13 @@ fn on_behalf_needs_a_sealed_link_and_the_site_identity() {
                 .unwrap(),
             );
         }
-        ramsys_engine::wire::send_control(&mut *s.ctl, &Control::OnBehalf { user: "bob".into() })
-            .unwrap();
+        ramsys_engine::transport::wire::send_control(
+            &mut *s.ctl,
+            &Control::OnBehalf { user: "bob".into() },
+        )
+        .unwrap();
         loop {
-            match ramsys_engine::wire::recv_control(&mut *s.ctl) {
+            match ramsys_engine::transport::wire::recv_control(&mut *s.ctl) {
                 Ok(Control::Error { message, .. }) => return message,
                 Ok(_) => continue,
                 Err(e) => return e.to_string(),

@@ -347,8 +347,8 @@ use std::sync::Arc;
 
 use ramsys_engine::session::{client_connect, ClientLinks, LinkProvider};
 use ramsys_engine::transport::tcp::Tcp;
+use ramsys_engine::transport::wire::{read_header, recv_control, send_control};
 use ramsys_engine::transport::Link;
-use ramsys_engine::wire::{read_header, recv_control, send_control};
 use ramsys_proto::control::{Entry, EntryKind, Open, Propose, Role};
 use ramsys_proto::data::{encode_table, hash_block, table_len, Segment};
 

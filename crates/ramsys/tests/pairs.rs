@@ -276,18 +276,19 @@ fn a_relay_carries_the_users_permissions() {
     assert!(walk_paths(&p.join("b/bob")).is_empty());
     // A client cannot claim to act for another user: alice's own session
     // naming bob (OnBehalf) is refused by B.
-    let res = ramsys_engine::EngineResources::new(&ramsys_engine::resources::ResourceConfig {
-        memory: 16 << 20,
-        buffer_size: 1 << 20,
-        ..Default::default()
-    })
-    .unwrap();
+    let res =
+        ramsys_engine::EngineResources::new(&ramsys_engine::data::resources::ResourceConfig {
+            memory: 16 << 20,
+            buffer_size: 1 << 20,
+            ..Default::default()
+        })
+        .unwrap();
     let opts = ramsys_engine::TransferOptions {
         recursive: true,
         on_behalf: Some("bob".into()),
         ..Default::default()
     };
-    let remote = ramsys_engine::client::Remote {
+    let remote = ramsys_engine::roles::client::Remote {
         transport: std::sync::Arc::new(ramsys_engine::transport::tcp::Tcp {
             socket_buffer: None,
         }),
@@ -298,13 +299,17 @@ fn a_relay_carries_the_users_permissions() {
     };
     let src = p.join("a/alice/src");
     let root = std::sync::Arc::new(
-        ramsys_engine::fsops::Root::open(&src, ramsys_engine::fsops::Confinement::None).unwrap(),
+        ramsys_engine::storage::fsops::Root::open(
+            &src,
+            ramsys_engine::storage::fsops::Confinement::None,
+        )
+        .unwrap(),
     );
     let tops = vec![ramsys_engine::request::walk::Top {
         rel: Vec::new(),
         name: b"forged".to_vec(),
     }];
-    let r = ramsys_engine::client::push(
+    let r = ramsys_engine::roles::client::push(
         &remote,
         root,
         tops,

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use common::*;
 use ramsys_engine::transport::tcp::Tcp;
+use ramsys_engine::transport::wire::{exchange_preamble, recv_control, send_control};
 use ramsys_engine::transport::{Link, Transport};
-use ramsys_engine::wire::{exchange_preamble, recv_control, send_control};
 use ramsys_proto::auth::{join_mac, ClientHandshake};
 use ramsys_proto::Control;
 

@@ -166,7 +166,7 @@ fn three_daemons_monitor_each_other() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("not part of a site"), "{}", stderr(&o));
     // ... and refuses a SiteHello (after checking nothing: Error 3).
-    let e = ramsys_engine::site::dial(&lone.addr, "x", "site", &key_bytes(&key))
+    let e = ramsys_engine::daemon::site::dial(&lone.addr, "x", "site", &key_bytes(&key))
         .err()
         .expect("a daemon outside a site refuses site links");
     assert!(e.to_string().contains("not part of a site"), "{e}");
@@ -180,8 +180,9 @@ fn cpu_in_view(key: &[u8], addr: &str, of: &str) -> f64 {
     };
     let mut s =
         ramsys_engine::session::client_connect(&t, addr, key, Duration::from_secs(5)).unwrap();
-    ramsys_engine::wire::send_control(&mut *s.ctl, &Control::StatusQuery).unwrap();
-    let Control::StatusReport { json } = ramsys_engine::wire::recv_control(&mut *s.ctl).unwrap()
+    ramsys_engine::transport::wire::send_control(&mut *s.ctl, &Control::StatusQuery).unwrap();
+    let Control::StatusReport { json } =
+        ramsys_engine::transport::wire::recv_control(&mut *s.ctl).unwrap()
     else {
         panic!("no status report")
     };
@@ -206,7 +207,7 @@ fn lock_holder_death_lease_and_fencing() {
     let mut home = TestDaemon::start_with(&root, &key, &["--site-interval", "100"]);
     let k = key_bytes(&key);
     let link = |who: &str| {
-        let l = ramsys_engine::site::dial(&home.addr, who, "site", &k).expect("site link");
+        let l = ramsys_engine::daemon::site::dial(&home.addr, who, "site", &k).expect("site link");
         Requester::new(Box::new(l), &home.addr)
     };
     // Holder 1 allocates a job segment on the home and locks it (300 ms).
@@ -317,7 +318,7 @@ fn lock_holder_death_lease_and_fencing() {
     ));
 
     // A wrong key is refused at SiteHello like at Hello.
-    assert!(ramsys_engine::site::dial(&home.addr, "x", "site", b"not the key").is_err());
+    assert!(ramsys_engine::daemon::site::dial(&home.addr, "x", "site", b"not the key").is_err());
 
     // The home dies: requests fail with one clear error (soft state).
     home.kill();
@@ -684,7 +685,8 @@ fn site_members_on_one_shared_device_share_its_writers() {
     // `[devices.NAME] threads`, as an operator of a shared export would.
     let cfg = t.path().join("serve.toml");
     let dev = ramsys_topo::discover(Path::new("/")).ok().and_then(|topo| {
-        ramsys_engine::placement::storage_for_path(&topo, &root, true).map(|d| d.name.clone())
+        ramsys_engine::daemon::placement::storage_for_path(&topo, &root, true)
+            .map(|d| d.name.clone())
     });
     let body = dev.map_or(String::new(), |d| format!("[devices.{d}]\nthreads = 4\n"));
     std::fs::write(&cfg, format!("writers = 4\n{body}")).unwrap();

@@ -822,8 +822,9 @@ fn credential_refused_for_a_second_concurrent_session() {
         block_size: 65536,
         checksum: true,
     };
-    ramsys_engine::wire::send_control(&mut *s.ctl, &ramsys_proto::Control::Open(open)).unwrap();
-    match ramsys_engine::wire::recv_control(&mut *s.ctl) {
+    ramsys_engine::transport::wire::send_control(&mut *s.ctl, &ramsys_proto::Control::Open(open))
+        .unwrap();
+    match ramsys_engine::transport::wire::recv_control(&mut *s.ctl) {
         Ok(ramsys_proto::Control::Error { message, .. }) => {
             assert!(message.contains("role"), "{message}")
         }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::*;
 use ramsys_engine::session::client_connect_as;
 use ramsys_engine::transport::tcp::Tcp;
-use ramsys_engine::wire::{recv_control, send_control};
+use ramsys_engine::transport::wire::{recv_control, send_control};
 use ramsys_proto::auth::ClientHandshake;
 use ramsys_proto::Control;
 
@@ -192,7 +192,7 @@ fn wrong_key_and_unknown_user_fail_the_same_way() {
         let mut l =
             ramsys_engine::transport::Transport::connect(&t, &s.d.addr, Duration::from_secs(5))
                 .unwrap();
-        ramsys_engine::wire::exchange_preamble(&mut *l).unwrap();
+        ramsys_engine::transport::wire::exchange_preamble(&mut *l).unwrap();
         let mut hs = ClientHandshake::new(b"guess-guess-guess", user);
         send_control(&mut *l, &hs.hello().unwrap()).unwrap();
         replies.push(recv_control(&mut *l).unwrap());
@@ -271,14 +271,14 @@ fn token_in_process_with_an_explicit_user() {
     // whose `user` is the credential's name.
     let s = site();
     let t = std::sync::Arc::new(Tcp::default());
-    let remote = ramsys_engine::client::Remote {
+    let remote = ramsys_engine::roles::client::Remote {
         transport: t.clone(),
         addr: s.d.addr.clone(),
         key: KEY_B.as_bytes().to_vec(),
         connect_timeout: Duration::from_secs(5),
         user: Some("bob".into()),
     };
-    let c = ramsys_engine::client::request_token(&remote, 30).unwrap();
+    let c = ramsys_engine::roles::client::request_token(&remote, 30).unwrap();
     assert_eq!(c.expires_s, 30);
     assert_eq!(c.key.len(), 64);
     let st = client_connect_as(

@@ -36,11 +36,11 @@ use ramsys_resources::{BufferPool, Reservation, ThreadPool};
 use serde::{Deserialize, Serialize};
 
 use super::{Admission, SinkGrant};
-use crate::resources::EngineResources;
-use crate::site::member::SiteMember;
-use crate::site::share::{self, DeviceShare, StorageUse, ThreadGate};
-use crate::site::storage::StorageId;
-use crate::stats::Stats;
+use crate::daemon::site::member::SiteMember;
+use crate::daemon::site::share::{self, DeviceShare, StorageUse, ThreadGate};
+use crate::daemon::site::storage::StorageId;
+use crate::data::resources::EngineResources;
+use crate::types::stats::Stats;
 use crate::EngineError;
 
 /// Life cycle of a task (seed 000 Fig. 6-6).
@@ -175,7 +175,7 @@ pub(super) struct Done {
     pub blocks: [u64; 2],
     pub checksum_errors: u64,
     pub failed_files: u64,
-    /// Data links lost mid-transfer and replaced (crate::relink).
+    /// Data links lost mid-transfer and replaced (crate::session::relink).
     pub links_lost: u64,
     pub links_replaced: u64,
 }
@@ -268,7 +268,7 @@ impl DaemonState {
             return;
         }
         // Once per device, outside the lock: reads mountinfo.
-        let storage = crate::site::storage::identify_local(key);
+        let storage = crate::daemon::site::storage::identify_local(key);
         self.lock()
             .lanes
             .entry(key.to_string())
@@ -850,7 +850,7 @@ impl Drop for TaskGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::ResourceConfig;
+    use crate::data::resources::ResourceConfig;
 
     fn res(threads: usize) -> EngineResources {
         EngineResources::new(&ResourceConfig {
@@ -944,7 +944,7 @@ mod tests {
 
     #[test]
     fn site_view_sets_the_share_of_a_shared_device() {
-        use crate::site::redirect::member;
+        use crate::daemon::site::redirect::member;
         let r = res(4);
         let st = DaemonState::start(Duration::from_secs(10));
         let t = st.new_task(1, Dir::In, "0:1", "ssd", "lo", Arc::new(Stats::default()));

@@ -15,17 +15,22 @@
 //!   keys and export roots) and one-time credentials.
 
 pub mod admit;
+pub mod config;
+pub mod credentials;
 pub mod lifecycle;
 pub mod metrics;
 pub mod netdev;
+pub mod placement;
 pub mod rates;
+pub mod site;
 pub mod status;
+pub mod toml;
 pub mod users;
 
 use ramsys_resources::{BufferPool, Reservation};
 use std::time::Duration;
 
-use crate::resources::EngineResources;
+use crate::data::resources::EngineResources;
 use crate::EngineError;
 
 pub use admit::{DaemonState, TaskGuard, TaskState};
@@ -71,7 +76,7 @@ pub trait Admission: Send + Sync {
 
     /// The limit on how many storage threads run at once (the task's
     /// share of a device shared over a site, site::share); None: all.
-    fn storage_gate(&self) -> Option<std::sync::Arc<crate::site::share::ThreadGate>> {
+    fn storage_gate(&self) -> Option<std::sync::Arc<crate::daemon::site::share::ThreadGate>> {
         None
     }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::admit::{Counters, DaemonState, Dir, Inner, TaskRec, TaskState};
-use crate::resources::EngineResources;
+use crate::data::resources::EngineResources;
 
 /// Version of the status document (bump on incompatible changes).
 pub const STATUS_VERSION: u32 = 1;
@@ -69,7 +69,7 @@ pub struct CopyOffload {
     pub fallback_bytes: u64,
 }
 
-pub use crate::site::member::SiteMember;
+pub use crate::daemon::site::member::SiteMember;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct UserStatus {
@@ -198,7 +198,7 @@ pub struct Totals {
     pub blocks_out: u64,
     pub checksum_errors: u64,
     pub failed_files: u64,
-    /// Data links lost mid-transfer, and replaced (crate::relink).
+    /// Data links lost mid-transfer, and replaced (crate::session::relink).
     #[serde(default)]
     pub links_lost: u64,
     #[serde(default)]

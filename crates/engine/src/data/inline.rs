@@ -15,7 +15,7 @@
 //! while every link is busy (or starved of credits). Ownership moves with
 //! the value, so nothing is locked, and nothing is allocated per block.
 //!
-//! Lost links (crate::relink): a link whose send fails leaves the set and
+//! Lost links (crate::session::relink): a link whose send fails leaves the set and
 //! is reported, with its SentLog, on the session's link-outcome channel
 //! (the one queued senders report on); the block in hand is in that log,
 //! so the controller re-reads it with the others the link lost, and the
@@ -33,7 +33,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use ramsys_resources::{Buf, BufferPool};
 
 use crate::data::sender::{LinkDone, StreamOut};
-use crate::stats::Stats;
+use crate::types::stats::Stats;
 use crate::EngineError;
 
 /// One slot of the free set.
@@ -133,7 +133,7 @@ impl InlineLinks {
     /// Send `buf` on a free link from the calling thread and return it to
     /// the pool. False when the session is over (failed, aborting, or
     /// ended): the caller stops. A link that breaks under the block is
-    /// reported and the block is re-sent from its log (crate::relink), so
+    /// reported and the block is re-sent from its log (crate::session::relink), so
     /// that still counts as sent here.
     pub fn send(&self, mut buf: Buf) -> bool {
         let Some(mut out) = self.take() else {
@@ -160,7 +160,7 @@ impl InlineLinks {
         let _ = self.free_tx.try_send(s);
     }
 
-    /// A replacement link (crate::relink) joins the set; after
+    /// A replacement link (crate::session::relink) joins the set; after
     /// [`InlineLinks::end`] it is ended at once instead.
     pub fn add(&self, mut out: StreamOut) {
         let _g = self.members.lock().unwrap_or_else(|e| e.into_inner());
@@ -273,7 +273,7 @@ mod tests {
     /// gone without granting credit (its first send fails).
     fn live_link(i: usize, epoch: u16) -> (StreamOut, TcpStream) {
         let (l, mut p) = pair();
-        crate::wire::send_credit(&mut p, 16).unwrap();
+        crate::transport::wire::send_credit(&mut p, 16).unwrap();
         (StreamOut::new(i, epoch, l, 16, None), p)
     }
     fn broken_link(i: usize) -> StreamOut {

@@ -15,13 +15,11 @@
 //! the send paths of seed 002 sec. 7 (`--send-path`); both send through
 //! sender::StreamOut.
 
-pub mod bigfile;
 pub mod inline;
+pub mod queue;
 pub mod rate;
 pub mod reader;
 pub mod receiver;
 pub mod reread;
+pub mod resources;
 pub mod sender;
-pub mod sinkdirs;
-pub mod sinkfiles;
-pub mod writer;

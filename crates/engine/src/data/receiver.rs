@@ -10,10 +10,10 @@ use ramsys_proto::frame::{FrameHeader, FrameKind, HEADER_LEN};
 use ramsys_proto::ProtoError;
 use ramsys_resources::{Buf, BufferPool};
 
-use crate::crypto::{StreamSeal, FLAG_SEALED, TAG_LEN};
-use crate::stats::Stats;
+use crate::transport::crypto::{StreamSeal, FLAG_SEALED, TAG_LEN};
+use crate::transport::wire::read_header;
 use crate::transport::Link;
-use crate::wire::read_header;
+use crate::types::stats::Stats;
 use crate::EngineError;
 
 /// What a receiver reports besides blocks.
@@ -30,9 +30,9 @@ pub enum ReceiverEvent {
 /// Receiver thread body. `granted` counts credits the writers have handed
 /// out on this stream (incremented before the credit is sent). With
 /// `seal`, every block must be sealed; it is authenticated and decrypted in
-/// place in its buffer (crate::crypto). `accepted` counts the blocks
+/// place in its buffer (crate::transport::crypto). `accepted` counts the blocks
 /// handed on whole: what the sink reports if the link breaks
-/// (Control::Lost, crate::relink).
+/// (Control::Lost, crate::session::relink).
 #[allow(clippy::too_many_arguments)]
 pub fn run_receiver(
     stream: u16,

@@ -1,6 +1,6 @@
 //! Re-reading blocks the sink did not get: a block that failed its
 //! checksum (Resend, docs/PROTOCOL.md) and the blocks a broken data link
-//! lost (crate::relink). Both re-read the same segments again, with the
+//! lost (crate::session::relink). Both re-read the same segments again, with the
 //! same boundaries, so block hashes and file digests come out unchanged.
 //! One path for both (issue 16): how a buffer is waited for stays with the
 //! caller (a resend may wait, a requeue thread polls for abort).
@@ -11,8 +11,8 @@ use std::os::unix::fs::FileExt;
 use ramsys_proto::data::Segment;
 use ramsys_resources::Buf;
 
-use crate::fsops::Root;
-use crate::request::walk::SourceFile;
+use crate::storage::fsops::Root;
+use crate::types::file::SourceFile;
 
 /// The source's files, indexed by entry id, for re-reading.
 pub struct Rereader<'a> {
@@ -118,7 +118,7 @@ fn unchanged(file: &std::fs::File, f: &SourceFile) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fsops::Confinement;
+    use crate::storage::fsops::Confinement;
     use ramsys_resources::BufferPool;
 
     fn file(id: u64, rel: &str, size: u64) -> SourceFile {

@@ -20,10 +20,10 @@ use ramsys_proto::relink::SentLog;
 use ramsys_proto::ProtoError;
 use ramsys_resources::{Buf, BufferPool};
 
-use crate::crypto::{StreamSeal, FLAG_SEALED, TAG_LEN};
-use crate::stats::Stats;
+use crate::transport::crypto::{StreamSeal, FLAG_SEALED, TAG_LEN};
+use crate::transport::wire::{read_header, send_end, write_all_vectored};
 use crate::transport::Link;
-use crate::wire::{read_header, send_end, write_all_vectored};
+use crate::types::stats::Stats;
 use crate::EngineError;
 
 /// Fault injection (tests, docs/SECURITY.md): `RAMSYS_FAULT_FLIP_EVERY=N`
@@ -51,7 +51,7 @@ static SENT: AtomicU64 = AtomicU64::new(0);
 pub type LinkOutcome = Result<Box<dyn Link>, (Box<dyn Link>, EngineError)>;
 
 /// What the sending end of one link incarnation reports when it stops:
-/// its stream, its epoch (crate::relink), how it ended, and the blocks it
+/// its stream, its epoch (crate::session::relink), how it ended, and the blocks it
 /// sent last (so those a broken link lost can be sent again).
 pub type LinkDone = (usize, u16, LinkOutcome, SentLog);
 
@@ -63,7 +63,7 @@ pub struct StreamOut {
     /// Stream number (index of the link in the session).
     pub stream: usize,
     /// Link incarnation (0 = first; replacements take higher ones, which
-    /// key the AEAD nonces; crate::relink).
+    /// key the AEAD nonces; crate::session::relink).
     pub epoch: u16,
     link: Box<dyn Link>,
     /// The last `window + 1` blocks taken for this link: a block is
@@ -88,7 +88,7 @@ pub struct StreamOut {
 
 impl StreamOut {
     /// With `seal`, every payload is encrypted in place and followed by
-    /// its tag (crate::crypto).
+    /// its tag (crate::transport::crypto).
     pub fn new(
         stream: usize,
         epoch: u16,
@@ -263,7 +263,7 @@ fn materialize(buf: &mut Buf) -> std::io::Result<()> {
     let mut files = std::mem::take(&mut buf.files);
     let r = files.iter().try_for_each(|r| {
         let dst = &mut buf.space()[r.at..r.at + r.len];
-        let n = crate::fsops::pread_full(&r.file, dst, r.off)?;
+        let n = crate::storage::fsops::pread_full(&r.file, dst, r.off)?;
         // A file cut short: zeros, which fail the sink's check.
         dst[n..].fill(0);
         Ok(())
@@ -288,7 +288,7 @@ fn pad_zeros(w: &mut dyn Write, mut n: usize) -> std::io::Result<()> {
 /// Sender thread body (queued send path): drains `filled` onto `out`'s
 /// link until the queue closes (then END), the link breaks, or the
 /// controller closes the link (`closed` disconnects: the sink saw it
-/// break first, crate::relink). Waiting on `closed` too matters when the
+/// break first, crate::session::relink). Waiting on `closed` too matters when the
 /// queue is idle: a sender blocked on an empty queue would otherwise never
 /// notice its link is gone, and the blocks it lost would never be re-sent.
 pub fn run_sender(
@@ -321,8 +321,8 @@ pub fn run_sender(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crypto::Cipher;
-    use crate::wire::{send_credit, send_credit_sealed};
+    use crate::transport::crypto::Cipher;
+    use crate::transport::wire::{send_credit, send_credit_sealed};
     use ramsys_proto::data::Segment;
     use ramsys_resources::{FileRange, MAX_FILE_RANGES};
     use std::net::{TcpListener, TcpStream};
@@ -387,7 +387,7 @@ mod tests {
             let mut f = good.clone();
             f[bit / 8] ^= 1 << (bit % 8);
             let e = send_after(&f).expect_err("a flipped credit was accepted");
-            assert!(!crate::relink::is_link_loss(&e), "bit {bit}: {e}");
+            assert!(!crate::session::relink::is_link_loss(&e), "bit {bit}: {e}");
         }
         for (s, e) in [(3, 1), (2, 0), (2, 2)] {
             assert!(send_after(&sealed(4, &mut credits_of(s, e))).is_err());

@@ -4,9 +4,12 @@
 //! is served by its own readers (Fig. 6-3).
 
 pub mod filter;
+pub mod null;
 pub mod pieces;
+pub mod reserved;
 pub mod rules;
 pub mod shares;
+pub mod sync;
 pub mod tasks;
 pub mod walk;
 pub mod wildmatch;

@@ -20,61 +20,12 @@
 //! steals from a rotational queue, which would add a second head position.
 
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::walk::SourceFile;
-use crate::fsops::Root;
+use crate::data::queue::{DeviceQueue, ReadUnit};
 use crate::storage::extents::ExtentSource;
+use crate::storage::fsops::Root;
 use crate::storage::{DeviceKind, DeviceThreads};
-
-/// A byte range of one file to read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReadUnit {
-    /// Index into the walk's file list.
-    pub file: u32,
-    pub offset: u64,
-    pub len: u64,
-}
-
-/// The read queue of one storage device.
-#[derive(Debug)]
-pub struct DeviceQueue {
-    pub dev: u64,
-    pub kind: DeviceKind,
-    /// Reader threads this device gets.
-    pub threads: usize,
-    pub units: Vec<ReadUnit>,
-    pub bytes: u64,
-    /// A rotational device whose files were found in the page cache
-    /// (read as memory; see [`mostly_cached`]).
-    pub cached: bool,
-    next: AtomicUsize,
-}
-
-impl DeviceQueue {
-    fn new(dev: u64, kind: DeviceKind, threads: usize) -> Self {
-        DeviceQueue {
-            dev,
-            kind,
-            threads,
-            units: Vec::new(),
-            bytes: 0,
-            cached: false,
-            next: AtomicUsize::new(0),
-        }
-    }
-
-    /// Next unit, or None when the queue is drained.
-    pub fn pop(&self) -> Option<ReadUnit> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
-        self.units.get(i).copied()
-    }
-
-    /// Whether other devices' readers may take units from this queue.
-    pub fn stealable(&self) -> bool {
-        self.kind != DeviceKind::Rotational
-    }
-}
+use crate::types::file::SourceFile;
 
 /// Size of a striping chunk for a given block size (16 MiB on flash and
 /// memory).
@@ -240,21 +191,18 @@ fn sort_by_location(
 }
 
 /// Queues for a source session: device types from sysfs/statfs, sorted
-/// by FIEMAP when `opts.sort`. A null source reads nothing: its files are
-/// taken as memory and not located. Files `skip` names are left out.
+/// by FIEMAP when `po.sort`. A null source (`engine`) reads nothing: its
+/// files are taken as memory and not located. Files `skip` names are left
+/// out.
 pub fn plan_source(
     root: &Root,
     files: &[SourceFile],
-    opts: &crate::TransferOptions,
-    block_size: u64,
+    po: &PlanOptions,
+    engine: crate::storage::DataEngine,
     skip: &dyn Fn(usize) -> bool,
 ) -> Vec<DeviceQueue> {
-    let po = PlanOptions {
-        block_size,
-        sort: opts.sort,
-        threads: opts.device_threads,
-    };
-    if opts.source_engine == crate::storage::DataEngine::Null {
+    let po = *po;
+    if engine == crate::storage::DataEngine::Null {
         return plan_some(files, &po, &|_| DeviceKind::Memory, None, skip);
     }
     let kind_of = |f: &SourceFile| {
@@ -409,7 +357,7 @@ mod tests {
     #[test]
     fn sorted_by_fixture_extent_map_then_inode() {
         let d = tempfile::tempdir().unwrap();
-        let root = Root::open(d.path(), crate::fsops::Confinement::None).unwrap();
+        let root = Root::open(d.path(), crate::storage::fsops::Confinement::None).unwrap();
         let mk = |name: &str, ino: u64| SourceFile {
             id: 0,
             rel: name.as_bytes().to_vec(),
@@ -464,7 +412,7 @@ mod tests {
     #[test]
     fn a_cached_rotational_queue_is_read_like_memory_without_fiemap() {
         let d = tempfile::tempdir().unwrap();
-        let root = Root::open(d.path(), crate::fsops::Confinement::None).unwrap();
+        let root = Root::open(d.path(), crate::storage::fsops::Confinement::None).unwrap();
         let mk = |name: &str, ino: u64| SourceFile {
             rel: name.as_bytes().to_vec(),
             ino,
@@ -525,7 +473,7 @@ mod tests {
         use std::io::Write;
         use std::os::fd::AsRawFd;
         let d = tempfile::tempdir().unwrap();
-        let root = Root::open(d.path(), crate::fsops::Confinement::None).unwrap();
+        let root = Root::open(d.path(), crate::storage::fsops::Confinement::None).unwrap();
         let mut files = Vec::new();
         for i in 0..40u32 {
             let name = format!("f{i}");

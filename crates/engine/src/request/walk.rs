@@ -18,46 +18,9 @@ use ramsys_proto::attrs::Attrs;
 use ramsys_proto::control::{Entry, EntryKind};
 
 use super::filter::Filter;
-use crate::archive::collect::{Collector, Owners};
-use crate::stats::FailedPath;
-
-/// A regular file to read.
-#[derive(Debug, Clone)]
-pub struct SourceFile {
-    pub id: u64,
-    /// Path relative to the source root (for opening).
-    pub rel: Vec<u8>,
-    pub size: u64,
-    pub dev: u64,
-    pub ino: u64,
-    pub mtime: (i64, u32),
-    /// A block device named as a top-level source (storage::volume): read
-    /// as a file of the device's size; `dev` is the device itself.
-    pub volume: bool,
-    /// Fewer blocks allocated than its size needs, by the scan's stat
-    /// (storage::sparse::may_be_sparse): only such files are probed for
-    /// holes, and the reader needs no second stat to know it.
-    pub sparse: bool,
-    /// A piece of a big file (issue 19, EntryKind::Piece): only this byte
-    /// range (offset, length) is read and sent under this id.
-    pub range: Option<(u64, u64)>,
-}
-
-impl SourceFile {
-    /// Where its bytes to send start and end.
-    pub fn span(&self) -> (u64, u64) {
-        self.range.map_or((0, self.size), |(o, l)| (o, o + l))
-    }
-
-    /// Bytes to send.
-    pub fn len(&self) -> u64 {
-        self.range.map_or(self.size, |r| r.1)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+use crate::storage::archive::collect::{Collector, Owners};
+use crate::types::file::SourceFile;
+use crate::types::stats::FailedPath;
 
 /// Result of the scan.
 #[derive(Debug, Default)]
@@ -68,7 +31,7 @@ pub struct Walk {
     pub files: Vec<SourceFile>,
     pub failures: Vec<FailedPath>,
     pub total_bytes: u64,
-    /// Archive attributes (crate::archive), in entry order; empty unless
+    /// Archive attributes (crate::storage::archive), in entry order; empty unless
     /// asked for.
     pub attrs: Vec<Attrs>,
 }
@@ -101,7 +64,7 @@ enum PendingKind {
         sparse: bool,
     },
     Symlink(Vec<u8>),
-    /// A FIFO, socket or device the user asked for (crate::archive).
+    /// A FIFO, socket or device the user asked for (crate::storage::archive).
     Special(EntryKind),
 }
 
@@ -164,7 +127,7 @@ pub type ArchiveEmit<'a, E> = dyn FnMut(&[Entry], &[Attrs]) -> Result<(), E> + '
 /// [`walk_streamed`] for an archive copy: `preserve` bits
 /// (proto::attrs::preserve) say which special files become records and
 /// what each entry's Attrs record holds; each batch of records is handed
-/// to `emit` with the Attrs of its entries (crate::archive::collect).
+/// to `emit` with the Attrs of its entries (crate::storage::archive::collect).
 pub fn walk_archive<E>(
     base: &Path,
     tops: &[Top],
@@ -287,11 +250,13 @@ fn first_pass(
     for t in tops {
         let path = abs(base, &t.rel);
         // Our own working files are not read through a session (issue 34).
-        let (_, last) = crate::fsops::split_parent(&t.rel);
-        if crate::reserved::is_reserved(last) || crate::reserved::is_reserved(&t.name) {
+        let (_, last) = crate::storage::fsops::split_parent(&t.rel);
+        if crate::request::reserved::is_reserved(last)
+            || crate::request::reserved::is_reserved(&t.name)
+        {
             failures.push(FailedPath {
                 path: path.display().to_string(),
-                reason: crate::reserved::REFUSED.into(),
+                reason: crate::request::reserved::REFUSED.into(),
             });
             continue;
         }
@@ -362,7 +327,9 @@ impl NameStat {
         let rel = join(&dp.rel, name);
         let wire = join(&dp.wire, name);
         let st = match &self.open {
-            Some((_, Some(f))) => crate::fsops::lstat_at(std::os::fd::AsFd::as_fd(f), name),
+            Some((_, Some(f))) => {
+                crate::storage::fsops::lstat_at(std::os::fd::AsFd::as_fd(f), name)
+            }
             _ => Err(std::io::Error::other("cannot open its directory")),
         };
         let reason = match st {
@@ -629,9 +596,9 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
         };
         let name = de.file_name();
         let name = name.as_bytes();
-        // Our own working files (crate::reserved): never part of a tree
+        // Our own working files (crate::request::reserved): never part of a tree
         // sent, as `--delete` never removes them (issue 34).
-        if crate::reserved::is_reserved(name) {
+        if crate::request::reserved::is_reserved(name) {
             continue;
         }
         // The type comes with the name (d_type); where the file system

@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 
-use crate::fsops::Root;
-use crate::request::walk::SourceFile;
+use crate::storage::fsops::Root;
+use crate::types::file::SourceFile;
 
 /// Where a file starts on its device. Injectable so tests can fix the
 /// layout (a fixture extent map) instead of depending on the allocator.
@@ -103,7 +103,7 @@ mod tests {
         if let Some(a) = fiemap_first(f.as_raw_fd()) {
             assert!(a > 0);
         }
-        let root = Root::open(d.path(), crate::fsops::Confinement::None).unwrap();
+        let root = Root::open(d.path(), crate::storage::fsops::Confinement::None).unwrap();
         let sf = SourceFile {
             id: 0,
             rel: b"f".to_vec(),

@@ -21,7 +21,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, OnceLock};
 
-use crate::fsops::Root;
+use crate::storage::fsops::Root;
 
 /// Files at least this large are copied in the kernel; smaller ones are
 /// packed into blocks as usual (a block of many small files costs fewer
@@ -143,7 +143,7 @@ fn copy_by_hand(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fsops::Confinement;
+    use crate::storage::fsops::Confinement;
 
     #[test]
     fn copies_ranges_in_place_and_finds_files_by_entry_id() {

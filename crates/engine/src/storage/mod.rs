@@ -18,12 +18,14 @@
 //! - [`null`]: null source and sink engines, to measure the network alone
 //!   (seed 004 Fig. 4, /dev/zero to /dev/null).
 
+pub mod archive;
 pub mod cache;
 pub mod device;
 pub mod direct;
+pub mod dirs;
 pub mod extents;
+pub mod fsops;
 pub mod local;
-pub mod null;
 pub mod sparse;
 pub mod tmpfile;
 pub mod uring;
@@ -317,21 +319,6 @@ pub struct StorageCfg {
 }
 
 impl StorageCfg {
-    /// Source side.
-    pub fn source(opts: &crate::TransferOptions, block_size: usize) -> StorageCfg {
-        Self::new(opts, block_size, opts.source_engine)
-    }
-    /// Sink side.
-    pub fn sink(opts: &crate::TransferOptions) -> StorageCfg {
-        let cfg = Self::new(opts, direct::ALIGN, opts.sink_engine);
-        if cfg.direct && cfg.direct_mode == cache::DirectMode::Auto {
-            cfg.buffered_left.store(
-                cache::host_write_absorb(),
-                std::sync::atomic::Ordering::Relaxed,
-            );
-        }
-        cfg
-    }
     /// Count `len` bytes of a file of `size` bytes moved direct or not.
     pub fn count(&self, size: u64, len: u64, direct: bool) {
         use std::sync::atomic::Ordering::Relaxed;
@@ -382,31 +369,6 @@ impl StorageCfg {
     /// direct lane (`lane_bytes`).
     pub fn lane(&self, size: u64) -> bool {
         self.direct && self.lane_bytes > 0 && size >= lane_min()
-    }
-    fn new(opts: &crate::TransferOptions, block_size: usize, data: DataEngine) -> StorageCfg {
-        StorageCfg {
-            direct: opts.direct && block_size.is_multiple_of(direct::ALIGN),
-            direct_mode: opts.direct_mode,
-            engine: uring::effective(opts.io_engine),
-            null: data == DataEngine::Null,
-            hook: opts.io_hook.clone(),
-            refusals: DirectRefusals::default(),
-            buffered_left: Default::default(),
-            lane_bytes: if opts.direct_mode == cache::DirectMode::Auto
-                && uring::effective(opts.io_engine) == IoEngine::Uring
-            {
-                cache::direct_lane()
-            } else {
-                0
-            },
-            writeback: std::env::var("RAMSYS_WRITEBACK").is_ok_and(|v| v == "1"),
-            direct_bytes: Default::default(),
-            cached_bytes: Default::default(),
-            local: (data == DataEngine::File)
-                .then(|| opts.local_copy.clone())
-                .flatten(),
-            copied_bytes: Default::default(),
-        }
     }
     /// Plain settings (tests, tools).
     pub fn plain(direct: bool, engine: IoEngine) -> StorageCfg {

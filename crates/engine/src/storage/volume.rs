@@ -131,7 +131,7 @@ pub fn zero_range(f: &File, off: u64, len: u64) -> io::Result<()> {
     let mut o = off;
     while o < off + len {
         let n = (off + len - o).min(zeros.len() as u64) as usize;
-        crate::fsops::pwrite_all(f, &zeros[..n], o)?;
+        crate::storage::fsops::pwrite_all(f, &zeros[..n], o)?;
         o += n as u64;
     }
     Ok(())
@@ -156,7 +156,7 @@ pub fn refusal(dest: &str, allowed: bool, dev_size: u64, need: u64) -> Option<St
 }
 
 /// `rel` under `root` as the user named it (the device's path).
-pub fn shown(root: &crate::fsops::Root, rel: &[u8]) -> String {
+pub fn shown(root: &crate::storage::fsops::Root, rel: &[u8]) -> String {
     use std::os::unix::ffi::OsStrExt;
     root.path()
         .join(std::ffi::OsStr::from_bytes(rel))
@@ -166,7 +166,11 @@ pub fn shown(root: &crate::fsops::Root, rel: &[u8]) -> String {
 
 /// The sink's check of a device DST for a source of `size` bytes, before
 /// anything is written (`--write-devices` was checked when DST was read).
-pub fn accept_target(root: &crate::fsops::Root, rel: &[u8], size: u64) -> Result<(), String> {
+pub fn accept_target(
+    root: &crate::storage::fsops::Root,
+    rel: &[u8],
+    size: u64,
+) -> Result<(), String> {
     let name = shown(root, rel);
     let dev = root
         .open_read(rel, false)
@@ -181,7 +185,7 @@ pub fn accept_target(root: &crate::fsops::Root, rel: &[u8], size: u64) -> Result
 /// Fault injection for the verification test: `RAMSYS_FAULT_VOLUME_CORRUPT=OFF`
 /// makes the sink flip the byte at OFF of a device it wrote, behind its own
 /// back, just before reading it back (a device that lost a write).
-pub fn corrupt_fault(root: &crate::fsops::Root, rel: &[u8]) {
+pub fn corrupt_fault(root: &crate::storage::fsops::Root, rel: &[u8]) {
     static OFF: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
     let off = *OFF.get_or_init(|| {
         std::env::var("RAMSYS_FAULT_VOLUME_CORRUPT")
@@ -192,8 +196,8 @@ pub fn corrupt_fault(root: &crate::fsops::Root, rel: &[u8]) {
     if let Ok(fd) = root.openat(rel, libc::O_RDWR | libc::O_NOFOLLOW, 0) {
         let f = File::from(fd);
         let mut b = [0u8];
-        if crate::fsops::pread_full(&f, &mut b, off).is_ok() {
-            let _ = crate::fsops::pwrite_all(&f, &[!b[0]], off);
+        if crate::storage::fsops::pread_full(&f, &mut b, off).is_ok() {
+            let _ = crate::storage::fsops::pwrite_all(&f, &[!b[0]], off);
             let _ = f.sync_all();
         }
     }
@@ -231,7 +235,7 @@ impl VolumeLog {
         let mut sum = 0u64;
         let read = |f: &File, buf: &mut Vec<u8>, off: u64, len: usize| -> io::Result<()> {
             buf.resize(len, 0);
-            let n = crate::fsops::pread_full(f, buf, off)?;
+            let n = crate::storage::fsops::pread_full(f, buf, off)?;
             if n < len {
                 return Err(io::Error::other(format!(
                     "ended at offset {}",
@@ -366,7 +370,7 @@ mod tests {
         ));
         assert_eq!(log.reread_digest(&f, 3, None).unwrap(), want);
         // A byte changed behind the sink's back fails the comparison.
-        crate::fsops::pwrite_all(&f, &[9], 12300).unwrap();
+        crate::storage::fsops::pwrite_all(&f, &[9], 12300).unwrap();
         assert_ne!(log.reread_digest(&f, 3, None).unwrap(), want);
         // A local copy is compared with its source.
         let log = VolumeLog::default();

@@ -1,7 +1,7 @@
 //! Time as a transport sees it (issue 37): the real clock, or a simulated
 //! one that a test advances by hand, so waits measured on the links pass
 //! in microseconds: read timeouts of in-memory links (transport::mem), the
-//! relink budget and back-off (crate::relink). Only those waits ask it;
+//! relink budget and back-off (crate::session::relink). Only those waits ask it;
 //! the data path never does.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};

@@ -4,6 +4,7 @@
 
 pub mod channels;
 pub mod clock;
+pub mod crypto;
 pub mod grow;
 pub mod mem;
 pub mod path;
@@ -11,6 +12,7 @@ pub mod raw;
 pub mod rawlink;
 pub mod sealed;
 pub mod tcp;
+pub mod wire;
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -50,7 +52,7 @@ pub trait Link: Read + Write + Send {
     }
     /// The transport's current round-trip estimate (TCP: the kernel's
     /// smoothed RTT), None when it has none. Choices that depend on the
-    /// path's length (the send path, crate::config::SendPath) read it.
+    /// path's length (the send path, crate::daemon::config::SendPath) read it.
     fn rtt(&self) -> Option<Duration> {
         None
     }
@@ -134,8 +136,8 @@ impl std::io::Write for ClosedLink {
     }
 }
 /// A link as the report shows it.
-pub fn describe(l: &dyn Link) -> crate::stats::LinkDesc {
-    crate::stats::LinkDesc {
+pub fn describe(l: &dyn Link) -> crate::types::stats::LinkDesc {
+    crate::types::stats::LinkDesc {
         local: l.local(),
         peer: l.peer(),
         kind: l.kind(),

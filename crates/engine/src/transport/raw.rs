@@ -46,7 +46,7 @@ impl Link for Channel {
 mod tests {
     use super::*;
     use crate::transport::sealed::{End, SealedLink};
-    use crate::wire::{exchange_preamble, read_header, recv_control, send_control};
+    use crate::transport::wire::{exchange_preamble, read_header, recv_control, send_control};
     use ramsys_proto::Control;
     use ramsys_rawnet::netns::{self, Netns};
     use ramsys_rawnet::{Config, FaultRates, PacketSocket};
@@ -95,7 +95,7 @@ mod tests {
         c.flush().unwrap();
         assert_eq!(recv_control(&mut *s).unwrap(), big);
 
-        let cipher = crate::crypto::Cipher::ChaCha20Poly1305;
+        let cipher = crate::transport::crypto::Cipher::ChaCha20Poly1305;
         let key = [5u8; 32];
         let mut sc = SealedLink::new(c, cipher, &key, End::Client, 0).unwrap();
         let mut ss = SealedLink::new(s, cipher, &key, End::Server, 0).unwrap();

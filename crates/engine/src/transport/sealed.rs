@@ -29,7 +29,7 @@ use ramsys_proto::control::Bytes32;
 use ramsys_proto::frame::{FrameHeader, HEADER_LEN};
 
 use super::Link;
-use crate::crypto::{control_key, Cipher, RecordSeal, TAG_LEN};
+use crate::transport::crypto::{control_key, Cipher, RecordSeal, TAG_LEN};
 
 /// Largest plaintext in one record (control messages are small; a large
 /// write is split over several records).
@@ -329,7 +329,7 @@ pub fn open_records(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{recv_control, send_control};
+    use crate::transport::wire::{recv_control, send_control};
     use ramsys_proto::Control;
     use std::net::{TcpListener, TcpStream};
 

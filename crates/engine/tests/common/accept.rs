@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use ramsys_engine::transport::mem::Listener;
+use ramsys_engine::transport::wire::{exchange_preamble, recv_control, send_final};
 use ramsys_engine::transport::Link;
-use ramsys_engine::wire::{exchange_preamble, recv_control, send_final};
 use ramsys_proto::auth::{verify_join, verify_rejoin};
 use ramsys_proto::control::Bytes32;
 use ramsys_proto::Control;

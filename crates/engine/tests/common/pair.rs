@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::unbounded;
 use ramsys_engine::daemon::Unmanaged;
-use ramsys_engine::fsops::{Confinement, Root};
+use ramsys_engine::data::resources::ResourceConfig;
 use ramsys_engine::request::walk::Top;
-use ramsys_engine::resources::ResourceConfig;
+use ramsys_engine::roles::sink::{run_sink_with, SinkSpec};
+use ramsys_engine::roles::source::{run_source_with, SourceSpec};
 use ramsys_engine::session::{PreLinks, ServerLinks};
-use ramsys_engine::sink::{run_sink_with, SinkSpec};
-use ramsys_engine::source::{run_source_with, SourceSpec};
+use ramsys_engine::storage::fsops::{Confinement, Root};
 use ramsys_engine::transport::clock::Clock;
 use ramsys_engine::transport::mem::{Net, Record};
 use ramsys_engine::transport::Link;

@@ -6,11 +6,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ramsys_engine::client::{pull, push, Remote};
-use ramsys_engine::fsops::{Confinement, Root};
+use ramsys_engine::data::resources::ResourceConfig;
 use ramsys_engine::request::walk::Top;
-use ramsys_engine::resources::ResourceConfig;
-use ramsys_engine::server::Daemon;
+use ramsys_engine::roles::client::{pull, push, Remote};
+use ramsys_engine::roles::server::Daemon;
+use ramsys_engine::storage::fsops::{Confinement, Root};
 use ramsys_engine::transport::mem::Net;
 use ramsys_engine::{EngineResources, Stats, TransferOptions};
 

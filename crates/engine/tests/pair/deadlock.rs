@@ -4,7 +4,7 @@
 //! them left the answer unread, and past the buffers both ends waited for
 //! each other. Buffers of 4 KiB make a few thousand files enough.
 
-use ramsys_engine::sync::flags;
+use ramsys_engine::request::sync::flags;
 use ramsys_proto::frame::FrameKind;
 
 use crate::common::pair::{Pair, SINK, SOURCE};

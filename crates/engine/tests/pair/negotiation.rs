@@ -1,7 +1,7 @@
 //! Capacity negotiation (seed 000 Fig. 6-4a): what the source proposes,
 //! what the sink confirms, and that both ends then run with the latter.
 
-use ramsys_engine::crypto::Cipher;
+use ramsys_engine::transport::crypto::Cipher;
 use ramsys_proto::control::Confirm;
 use ramsys_proto::frame::FrameKind;
 use ramsys_proto::Control;

@@ -1,4 +1,4 @@
-//! Lost data links (issue 9, crate::relink): the link dies with blocks in
+//! Lost data links (issue 9, crate::session::relink): the link dies with blocks in
 //! flight, the sink reports what it received (Lost), the source sends the
 //! rest again over a replacement the dialling end rejoins with, and the
 //! copy completes. With no replacement possible the session fails in one

@@ -2,7 +2,7 @@
 //! (Have), in the same round trip as SyncDone, and only what changed
 //! moves.
 
-use ramsys_engine::sync::flags;
+use ramsys_engine::request::sync::flags;
 use ramsys_proto::frame::FrameKind;
 
 use crate::common::pair::{Pair, SINK, SOURCE};

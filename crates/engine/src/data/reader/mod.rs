@@ -20,18 +20,18 @@ use crossbeam_channel::Sender;
 use ramsys_proto::data::{marker_hash, segment_hash, Segment, MAX_HOLE, MAX_SEGMENTS};
 use ramsys_resources::{Buf, BufferPool, FileRange, MAX_FILE_RANGES};
 
-use crate::data::sinkdirs::ReadDirs;
-use crate::fsops::{pread_full, Root};
-use crate::request::tasks::{DeviceQueue, ReadUnit};
-use crate::request::walk::SourceFile;
-use crate::stats::Stats;
+use crate::data::queue::{DeviceQueue, ReadUnit};
 use crate::storage::cache::{read_direct, resident_fraction, DirectMode};
 use crate::storage::direct::{is_aligned, pread_direct, round_down, round_up, ALIGN};
+use crate::storage::dirs::ReadDirs;
+use crate::storage::fsops::{pread_full, Root};
 use crate::storage::local::{joins_copy_block, LOCAL_COPY_MIN};
 use crate::storage::sparse::{map_range, Piece};
 use crate::storage::volume::{max_runs, zero_runs, ZERO_GRAIN};
 use crate::storage::zerocopy::{populate_works, FileMap, ZEROCOPY_MIN};
 use crate::storage::{is_direct_refusal, policy_min, IoEngine, IoOp, StorageCfg, DIRECT_MIN};
+use crate::types::file::SourceFile;
+use crate::types::stats::Stats;
 
 /// Progress of one source file across readers.
 #[derive(Debug)]
@@ -161,7 +161,7 @@ impl ReaderCtx {
         if f.volume {
             return self.root.open_read(&f.rel, direct);
         }
-        let fl = crate::fsops::read_flags(direct);
+        let fl = crate::storage::fsops::read_flags(direct);
         Ok(File::from(self.dirs.open(
             &self.root,
             idx as usize,

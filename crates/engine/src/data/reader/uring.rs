@@ -11,9 +11,9 @@ use ramsys_proto::data::{marker_hash, segment_hash, Segment, MAX_HOLE, MAX_SEGME
 use ramsys_resources::Buf;
 
 use super::{ReaderCtx, SrcOpen};
-use crate::fsops::pread_full;
-use crate::request::tasks::ReadUnit;
+use crate::data::queue::ReadUnit;
 use crate::storage::direct::{round_down, round_up, ALIGN};
+use crate::storage::fsops::pread_full;
 use crate::storage::local::joins_copy_block;
 use crate::storage::sparse::Piece;
 use crate::storage::uring::{Ring, Slab, FIXED_MIN_BYTES, MAX_INFLIGHT, RING_ENTRIES};

@@ -302,7 +302,7 @@ impl Transport for MemTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{recv_control, send_control};
+    use crate::transport::wire::{recv_control, send_control};
     use ramsys_proto::frame::FrameKind;
     use ramsys_proto::Control;
     use std::io::{Read, Write};

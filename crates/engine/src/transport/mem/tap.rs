@@ -24,7 +24,7 @@ pub enum Fault {
     /// sent), then the link dies: what a dying TCP connection loses in
     /// flight. What was sent before arrives, then both ends fail. The
     /// sink reports what it got (Lost), the source sends the rest again
-    /// (crate::relink).
+    /// (crate::session::relink).
     Lose { first: u64, count: u64 },
     /// One bit of DATA frame n's last byte flipped: a corrupt block the
     /// checksum (or the seal) catches, and the sink asks for again.

@@ -1,0 +1,408 @@
+//! `ramsys serve --config FILE`: what hardware detection cannot know (seed
+//! 000 sec. 6.1.2, the user-assisted abstraction): the purpose of each
+//! device, a capacity that beats the guess from its type, thread counts
+//! per device, the I/O model file (`ramsys iomodel -o`), and the daemon's
+//! NUMA mode, memory and stream limits. The daemon's placement from it
+//! (which device and NIC it serves, how big its pools are and where they
+//! live) is [`placement`] (issue 37: split from the file walking).
+//!
+//! ```toml
+//! numa = "auto"              # off | auto | NODE
+//! memory = "512M"            # buffer memory (bytes, or 512K/64M/2G)
+//! max_streams = 32          # default DEFAULT_MAX_STREAMS (resources.rs)
+//! readers = 4                # storage threads when no device entry says
+//! writers = 4
+//! model = "model.json"       # relative to this file's directory
+//! send_path = "auto"         # inline | queued | auto (seed 002 sec. 7)
+//! direct = "auto"            # O_DIRECT for large files: auto | always | never
+//! max_rate = "200M"          # what the daemon sends, all sessions together
+//!                            # (bytes/s or rsync units; data::rate; 0 = none)
+//! max_connections = 1024     # connections held at once (server::limits)
+//! max_connections_per_addr = 256   # ... from one source address
+//! handshake_timeout = 10     # seconds to a connection's first message
+//!
+//! [devices.sda]
+//! capacity_gbps = 4.0        # what the device really sustains
+//! threads = 2                # reader and writer threads for it
+//!
+//! [devices.eth1]
+//! purpose = "storage"        # data (default) | storage | ignore
+//!
+//! [users.alice]              # per-user key and export root (daemon::users)
+//! key_file = "keys/alice"
+//! root = "/srv/export/alice"
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ramsys_topo::NumaMode;
+
+pub mod placement;
+
+use crate::daemon::placement::Capacities;
+
+pub use crate::daemon::toml::parse_size;
+use crate::daemon::toml::{positive, string, toml_error};
+use crate::types::sendpath::SendPath;
+
+/// What a device is for. Detection sees a NIC but not whether it carries
+/// replication traffic or the storage traffic of a SAN/NFS mount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Purpose {
+    /// Carries transfers (the default).
+    Data,
+    /// A NIC used for storage traffic: never a data channel.
+    Storage,
+    /// Not used by ramsys at all.
+    Ignore,
+}
+
+/// One `[devices.NAME]` table.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceConfig {
+    pub purpose: Option<Purpose>,
+    pub capacity_gbps: Option<f64>,
+    pub threads: Option<usize>,
+}
+
+impl std::str::FromStr for SendPath {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "queued" => Ok(SendPath::Queued),
+            "inline" => Ok(SendPath::Inline),
+            "auto" => Ok(SendPath::Auto),
+            _ => Err(format!("expected inline, queued or auto, got {s:?}")),
+        }
+    }
+}
+
+/// The parsed config file. Every field is optional: absent means "use the
+/// command line or the detected default".
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DaemonConfig {
+    pub numa: Option<NumaMode>,
+    pub memory: Option<u64>,
+    pub max_streams: Option<usize>,
+    pub readers: Option<usize>,
+    pub writers: Option<usize>,
+    pub model: Option<PathBuf>,
+    pub send_path: Option<SendPath>,
+    /// `direct`: the O_DIRECT policy (storage::cache), under `--direct`.
+    pub direct: Option<crate::storage::cache::DirectMode>,
+    /// `max_rate`: bytes per second the daemon sends in all sessions
+    /// together (data::rate); reloaded on SIGHUP.
+    pub max_rate: Option<u64>,
+    /// `max_connections`, `max_connections_per_addr`, `handshake_timeout`
+    /// (seconds): the connection limits (server::limits, issue 34).
+    pub max_connections: Option<usize>,
+    pub max_connections_per_addr: Option<usize>,
+    pub handshake_timeout: Option<u64>,
+    pub devices: BTreeMap<String, DeviceConfig>,
+    /// `[users.NAME]` tables (crate::daemon::users): per-user keys and
+    /// export roots.
+    pub users: Vec<crate::daemon::users::UserSpec>,
+    /// `[site]` (crate::daemon::site, docs/SITE.md): `peers = ["ADDR", ...]`,
+    /// `interval_ms` (1-1024), `user` (the name this daemon
+    /// authenticates as at its peers).
+    pub site_peers: Vec<String>,
+    pub site_interval_ms: Option<u64>,
+    pub site_user: Option<String>,
+    /// `[site] max_sessions`, `max_load` (percent): the admission limit
+    /// above which new sessions are redirected to a peer (site::redirect).
+    pub site_limits: crate::daemon::site::redirect::Limits,
+    /// `[site] share_storage` (default true): share the storage-thread
+    /// budget of devices other members use too (site::share).
+    pub site_share_storage: Option<bool>,
+    /// `[site] max_members`: members that joined by dialling in, at most
+    /// (site::membership; configured peers aside).
+    pub site_max_members: Option<usize>,
+    /// `[raw] ifaces = ["IFACE", ...]`: interfaces offering raw-Ethernet
+    /// channels (transport::rawlink, docs/TYCHE.md), as `--raw-iface`.
+    pub raw_ifaces: Vec<String>,
+}
+
+impl DaemonConfig {
+    /// Parse config text. Relative paths (the model file) resolve against
+    /// `base` (the config file's directory). Errors are one line naming
+    /// the offending key.
+    pub fn parse(text: &str, base: &Path) -> Result<DaemonConfig, String> {
+        let table: ::toml::Table = text
+            .parse()
+            .map_err(|e: ::toml::de::Error| toml_error(text, &e))?;
+        let mut c = DaemonConfig::default();
+        for (k, v) in &table {
+            match k.as_str() {
+                "numa" => {
+                    let s = match v {
+                        ::toml::Value::Integer(n) => n.to_string(),
+                        _ => string(k, v)?.to_string(),
+                    };
+                    c.numa = Some(s.parse().map_err(|e| format!("key `numa`: {e}"))?);
+                }
+                "memory" => {
+                    c.memory = Some(match v {
+                        ::toml::Value::Integer(n) if *n > 0 => *n as u64,
+                        ::toml::Value::String(s) => {
+                            parse_size(s).map_err(|e| format!("key `memory`: {e}"))?
+                        }
+                        _ => return Err(format!("key `memory`: expected a size, got {v}")),
+                    })
+                }
+                "max_streams" => c.max_streams = Some(positive(k, v)?),
+                "max_connections" => c.max_connections = Some(positive(k, v)?),
+                "max_connections_per_addr" => c.max_connections_per_addr = Some(positive(k, v)?),
+                "handshake_timeout" => c.handshake_timeout = Some(positive(k, v)? as u64),
+                "readers" => c.readers = Some(positive(k, v)?),
+                "writers" => c.writers = Some(positive(k, v)?),
+                "model" => c.model = Some(base.join(string(k, v)?)),
+                "send_path" => {
+                    c.send_path = Some(
+                        string(k, v)?
+                            .parse()
+                            .map_err(|e| format!("key `send_path`: {e}"))?,
+                    )
+                }
+                "direct" => {
+                    c.direct = Some(
+                        string(k, v)?
+                            .parse()
+                            .map_err(|e| format!("key `direct`: {e}"))?,
+                    )
+                }
+                "devices" => {
+                    let t = v
+                        .as_table()
+                        .ok_or_else(|| format!("key `devices`: expected a table, got {v}"))?;
+                    for (name, dv) in t {
+                        c.devices
+                            .insert(name.clone(), parse_device(&format!("devices.{name}"), dv)?);
+                    }
+                }
+                "users" => c.users = crate::daemon::users::parse_users_section(v, base)?,
+                "site" => parse_site(&mut c, v)?,
+                "raw" => parse_raw(&mut c, v)?,
+                "max_rate" => {
+                    c.max_rate = Some(crate::daemon::users::parse_rate_value("key `max_rate`", v)?)
+                }
+                _ => {
+                    return Err(format!(
+                        "unknown key `{k}` (expected numa, memory, max_streams, readers, \
+                         writers, model, send_path, direct, max_rate, max_connections, \
+                         max_connections_per_addr, handshake_timeout, [devices.NAME], \
+                         [users.NAME], [site] or [raw])"
+                    ))
+                }
+            }
+        }
+        Ok(c)
+    }
+
+    /// Read and parse a config file; errors name the file and the key.
+    pub fn load(path: &Path) -> anyhow::Result<DaemonConfig> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        DaemonConfig::parse(&text, base)
+            .map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))
+    }
+
+    /// Capacity overrides for the scheduler.
+    pub fn capacities(&self) -> Capacities {
+        self.devices
+            .iter()
+            .filter_map(|(n, d)| d.capacity_gbps.map(|c| (n.clone(), c)))
+            .collect()
+    }
+
+    fn purpose(&self, name: &str) -> Purpose {
+        self.devices
+            .get(name)
+            .and_then(|d| d.purpose)
+            .unwrap_or(Purpose::Data)
+    }
+
+    fn threads(&self, name: &str) -> Option<usize> {
+        self.devices.get(name).and_then(|d| d.threads)
+    }
+}
+
+fn parse_device(key: &str, v: &::toml::Value) -> Result<DeviceConfig, String> {
+    let t = v
+        .as_table()
+        .ok_or_else(|| format!("key `{key}`: expected a table, got {v}"))?;
+    let mut d = DeviceConfig::default();
+    for (k, v) in t {
+        let full = format!("{key}.{k}");
+        match k.as_str() {
+            "purpose" => {
+                d.purpose = Some(match string(&full, v)? {
+                    "data" => Purpose::Data,
+                    "storage" => Purpose::Storage,
+                    "ignore" => Purpose::Ignore,
+                    s => {
+                        return Err(format!(
+                            "key `{full}`: expected data, storage or ignore, got {s:?}"
+                        ))
+                    }
+                })
+            }
+            "capacity_gbps" => {
+                let g = v.as_float().or_else(|| v.as_integer().map(|i| i as f64));
+                match g {
+                    Some(g) if g > 0.0 && g.is_finite() => d.capacity_gbps = Some(g),
+                    _ => {
+                        return Err(format!(
+                            "key `{full}`: expected a positive number of Gbit/s, got {v}"
+                        ))
+                    }
+                }
+            }
+            "threads" => d.threads = Some(positive(&full, v)?),
+            _ => {
+                return Err(format!(
+                    "unknown key `{full}` (expected purpose, capacity_gbps or threads)"
+                ))
+            }
+        }
+    }
+    Ok(d)
+}
+
+/// The `[raw]` table: `ifaces`, a list of interface names.
+fn parse_raw(c: &mut DaemonConfig, v: &::toml::Value) -> Result<(), String> {
+    let t = v
+        .as_table()
+        .ok_or_else(|| format!("key `raw`: expected a table, got {v}"))?;
+    for (k, v) in t {
+        match k.as_str() {
+            "ifaces" => {
+                let a = v.as_array().ok_or_else(|| {
+                    format!("key `raw.ifaces`: expected a list of interface names, got {v}")
+                })?;
+                for p in a {
+                    c.raw_ifaces.push(string("raw.ifaces", p)?.to_string());
+                }
+            }
+            _ => return Err(format!("unknown key `raw.{k}` (expected ifaces)")),
+        }
+    }
+    Ok(())
+}
+
+/// The `[site]` table.
+fn parse_site(c: &mut DaemonConfig, v: &::toml::Value) -> Result<(), String> {
+    let t = v
+        .as_table()
+        .ok_or_else(|| format!("key `site`: expected a table, got {v}"))?;
+    for (k, v) in t {
+        match k.as_str() {
+            "peers" => {
+                let a = v.as_array().ok_or_else(|| {
+                    format!("key `site.peers`: expected a list of addresses, got {v}")
+                })?;
+                for p in a {
+                    c.site_peers.push(string("site.peers", p)?.to_string());
+                }
+            }
+            "interval_ms" => {
+                let n = positive("site.interval_ms", v)? as u64;
+                c.site_interval_ms = Some(
+                    crate::daemon::site::check_interval(n)
+                        .map_err(|e| format!("key `site.interval_ms`: {e}"))?,
+                );
+            }
+            "user" => c.site_user = Some(string("site.user", v)?.to_string()),
+            "max_members" => c.site_max_members = Some(positive("site.max_members", v)?),
+            "max_sessions" => {
+                let n = positive("site.max_sessions", v)?;
+                c.site_limits.max_sessions = Some(n.min(u32::MAX as usize) as u32);
+            }
+            "share_storage" => {
+                c.site_share_storage = Some(v.as_bool().ok_or_else(|| {
+                    format!("key `site.share_storage`: expected true or false, got {v}")
+                })?)
+            }
+            "max_load" => {
+                let n = positive("site.max_load", v)?;
+                c.site_limits.max_load = Some(
+                    crate::daemon::site::check_load_pct(n as u64)
+                        .map_err(|e| format!("key `site.max_load`: {e}"))?,
+                );
+            }
+            _ => {
+                return Err(format!(
+                    "unknown key `site.{k}` (expected peers, interval_ms, user, \
+                     max_sessions, max_load, share_storage or max_members)"
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod site_tests {
+    use super::*;
+
+    #[test]
+    fn site_table() {
+        let c = DaemonConfig::parse(
+            "[site]\npeers = [\"10.0.0.2:4000\", \"10.0.0.3:4000\"]\ninterval_ms = 20\nuser = \"siteuser\"\n",
+            Path::new("."),
+        )
+        .unwrap();
+        assert_eq!(c.site_peers.len(), 2);
+        assert_eq!(c.site_interval_ms, Some(20));
+        assert_eq!(c.site_user.as_deref(), Some("siteuser"));
+        let e = DaemonConfig::parse("[site]\ninterval_ms = 2000\n", Path::new(".")).unwrap_err();
+        assert!(e.contains("1-1024"), "{e}");
+        assert!(DaemonConfig::parse("[site]\nbogus = 1\n", Path::new(".")).is_err());
+        let c = DaemonConfig::parse("[site]\nmax_sessions = 4\nmax_load = 90\n", Path::new("."))
+            .unwrap();
+        assert_eq!(c.site_limits.max_sessions, Some(4));
+        assert_eq!(c.site_limits.max_load, Some(0.9));
+        let c = DaemonConfig::parse("[site]\nshare_storage = false\n", Path::new(".")).unwrap();
+        assert_eq!(c.site_share_storage, Some(false));
+        let e = DaemonConfig::parse("[site]\nshare_storage = 1\n", Path::new(".")).unwrap_err();
+        assert!(e.contains("share_storage"), "{e}");
+        let e = DaemonConfig::parse("[site]\nmax_load = 150\n", Path::new(".")).unwrap_err();
+        assert!(e.contains("1-100"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod raw_tests {
+    use super::*;
+
+    #[test]
+    fn raw_table() {
+        let c =
+            DaemonConfig::parse("[raw]\nifaces = [\"eth2\", \"eth3\"]\n", Path::new(".")).unwrap();
+        assert_eq!(c.raw_ifaces, ["eth2", "eth3"]);
+        let e = DaemonConfig::parse("[raw]\nifaces = \"eth2\"\n", Path::new(".")).unwrap_err();
+        assert!(e.contains("raw.ifaces"), "{e}");
+        assert!(DaemonConfig::parse("[raw]\nmtu = 9000\n", Path::new(".")).is_err());
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    #[test]
+    fn connection_limits() {
+        let c = DaemonConfig::parse(
+            "max_connections = 300\nmax_connections_per_addr = 20\nhandshake_timeout = 3\n",
+            Path::new("."),
+        )
+        .unwrap();
+        assert_eq!(c.max_connections, Some(300));
+        assert_eq!(c.max_connections_per_addr, Some(20));
+        assert_eq!(c.handshake_timeout, Some(3));
+        let e = DaemonConfig::parse("max_connections = 0\n", Path::new(".")).unwrap_err();
+        assert!(e.contains("max_connections"), "{e}");
+    }
+}

@@ -1,0 +1,474 @@
+//! The agent's side of a transfer with a daemon: push (we are the source)
+//! or pull (we are the sink).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ramsys_proto::control::{Bytes32, Open, Role};
+use ramsys_proto::Control;
+
+use crate::data::resources::EngineResources;
+use crate::request::walk::Top;
+use crate::roles::sink::{run_sink, SinkSpec};
+use crate::roles::source::{run_source, SourceSpec};
+use crate::session::report::Report;
+use crate::session::{
+    client_connect_as, client_handshake, current_user, dial, ClientSession, PreLinks,
+};
+use crate::storage::fsops::Root;
+use crate::transport::crypto::Cipher;
+use crate::transport::sealed::{End, SealedLink};
+use crate::transport::wire::send_control;
+use crate::transport::{path, Transport};
+use crate::types::stats::Stats;
+use crate::{EngineError, TransferOptions};
+
+/// Connection parameters for a daemon.
+pub struct Remote {
+    pub transport: Arc<dyn Transport>,
+    pub addr: String,
+    pub key: Vec<u8>,
+    pub connect_timeout: Duration,
+    /// Authenticate as this user (a one-time credential's `otp-…` name);
+    /// None: [`crate::session::current_user`].
+    pub user: Option<String>,
+}
+
+/// Connect: the control link first, then the data links, dialled while
+/// Hello and Challenge are in flight (they join the session as soon as
+/// the Challenge names it). With `auto_streams` their number comes from
+/// the control link's handshake RTT (transport::path, issue 21); the
+/// returned options carry the count to Open and Propose. `idle` bounds
+/// the wait for the data links' JoinOk (a suspended task,
+/// crate::session::PreLinks::start).
+fn connect(
+    remote: &Remote,
+    opts: &TransferOptions,
+    res: &EngineResources,
+    source: bool,
+) -> Result<
+    (
+        ClientSession,
+        PreLinks,
+        TransferOptions,
+        Option<path::StreamChoice>,
+    ),
+    EngineError,
+> {
+    let ctl = dial(&*remote.transport, &remote.addr, remote.connect_timeout)?;
+    let rtt = ctl.rtt();
+    let mut opts = opts.clone();
+    let most = res.config.max_streams.clamp(1, u16::MAX as usize) as u16;
+    opts.streams = opts.streams.clamp(1, most);
+    let least = opts.streams;
+    let buffers = res.config.memory / res.config.buffer_size.max(1);
+    let pool = path::pool_max_streams(buffers, opts.readers, opts.window as usize, source);
+    // Both directions grow from the choice (transport::grow): a push's
+    // source is this agent, a pull's the daemon (Control::GrowStreams).
+    let choose = |ends| {
+        let mut c = path::choose(
+            rtt,
+            ends,
+            path::DEFAULT_TARGET_BYTES_S,
+            least,
+            most.min(pool),
+        );
+        c.start_low();
+        c
+    };
+    // First as if the daemon had this host's limits; corrected below once
+    // its Challenge says (transport::path).
+    let here = path::TcpLimits::read(std::path::Path::new("/"));
+    let mut choice = opts
+        .auto_streams
+        .then(|| choose(path::Ends::here(here, source)));
+    if let Some(c) = &choice {
+        opts.streams = c.streams;
+    }
+    // Raw channels (transport::rawlink::Split): data links only.
+    let data = remote.transport.data_links();
+    let mut pre = PreLinks::start(
+        data.unwrap_or_else(|| remote.transport.clone()),
+        &remote.addr,
+        opts.streams,
+        remote.connect_timeout,
+        opts.idle_timeout,
+    );
+    let user = remote.user.clone().unwrap_or_else(current_user);
+    let s = client_handshake(
+        ctl,
+        &remote.addr,
+        &user,
+        &remote.key,
+        remote.connect_timeout,
+    )?;
+    if let (Some(c), Some(tcp)) = (&mut choice, s.peer_tcp) {
+        let ends = path::Ends {
+            local: here,
+            remote: Some(tcp.into()),
+            local_sends: source,
+        };
+        *c = choose(ends);
+        if c.streams as usize != pre.len() {
+            tracing::debug!(
+                "the daemon's TCP limits change the streams: {} -> {}",
+                pre.len(),
+                c.streams
+            );
+            pre.resize(c.streams);
+        }
+        opts.streams = c.streams;
+    }
+    if let Some(c) = &choice {
+        tracing::info!("streams: {} ({})", c.streams, c.why);
+    }
+    pre.join(s.session, s.session_key);
+    Ok((s, pre, opts, choice))
+}
+
+/// Under `--encrypt`, ask for a sealed control link and switch to it
+/// before the request is sent (transport/sealed.rs): paths, sizes and
+/// digests then never travel in clear.
+fn seal_control(s: &mut ClientSession, cipher: Cipher) -> Result<(), EngineError> {
+    if cipher == Cipher::None {
+        return Ok(());
+    }
+    send_control(
+        &mut *s.ctl,
+        &Control::SealControl {
+            cipher: cipher.id(),
+        },
+    )?;
+    let clear = u32::from(s.auth_pending);
+    let inner = std::mem::replace(&mut s.ctl, Box::new(crate::transport::ClosedLink));
+    s.ctl = Box::new(SealedLink::new(
+        inner,
+        cipher,
+        &s.session_key,
+        End::Client,
+        clear,
+    )?);
+    Ok(())
+}
+
+/// A session a busy daemon sent here (issue 19): say so, so this daemon
+/// admits it rather than redirecting it again.
+fn redirected(s: &mut ClientSession, opts: &TransferOptions) -> Result<(), EngineError> {
+    match &opts.redirected_from {
+        Some(from) => send_control(&mut *s.ctl, &Control::Redirected { from: from.clone() }),
+        None => Ok(()),
+    }
+}
+
+fn open_msg(role: Role, paths: Vec<Vec<u8>>, opts: &TransferOptions) -> Control {
+    let open = open_struct(role, paths, opts);
+    // An archive copy from a server source: what its scan collects
+    // (crate::storage::archive); the selection and sync bits ride along.
+    if role == Role::Source && opts.preserve != 0 {
+        return Control::ArchiveOpen {
+            open,
+            flags: opts.sync,
+            select: opts.select.clone(),
+            preserve: opts.preserve,
+        };
+    }
+    // A selection the server's scan applies (request::filter), or that a
+    // server sink keeps from --delete.
+    let delete = opts.sync & crate::request::sync::flags::DELETE != 0;
+    if !opts.select.is_empty() && (role == Role::Source || delete) {
+        return Control::SelectOpen {
+            open,
+            flags: opts.sync,
+            select: opts.select.clone(),
+        };
+    }
+    // Sync and resume ask through SyncOpen (docs/SYNC.md); cp stays Open.
+    if opts.sync != 0 {
+        return Control::SyncOpen {
+            open,
+            flags: opts.sync,
+        };
+    }
+    Control::Open(open)
+}
+
+fn open_struct(role: Role, paths: Vec<Vec<u8>>, opts: &TransferOptions) -> Open {
+    Open {
+        server_role: role,
+        paths,
+        recursive: opts.recursive,
+        streams: opts.streams,
+        block_size: opts.block_size,
+        checksum: opts.checksum,
+    }
+}
+
+/// Send local `tops` (under `root`) to `dest` on the daemon. Auth, Open,
+/// Propose and the whole metadata stream leave in one flight.
+pub fn push(
+    remote: &Remote,
+    root: Arc<Root>,
+    tops: Vec<Top>,
+    dest: Vec<u8>,
+    opts: &TransferOptions,
+    res: &EngineResources,
+    stats: Arc<Stats>,
+) -> Result<Report, EngineError> {
+    let (mut s, mut links, opts, choice) = connect(remote, opts, res, true)?;
+    let opts = &opts;
+    // A relay's link (daemon to daemon) is always sealed: OnBehalf names a
+    // user, and the sink grants that user's rights on it (issue 34).
+    let control = match (opts.encrypt, &opts.on_behalf) {
+        (Cipher::None, Some(_)) => Cipher::preferred(),
+        (c, _) => c,
+    };
+    seal_control(&mut s, control)?;
+    if let Some(user) = &opts.on_behalf {
+        let user = user.clone();
+        send_control(&mut *s.ctl, &Control::OnBehalf { user })?;
+    }
+    redirected(&mut s, opts)?;
+    send_control(&mut *s.ctl, &open_msg(Role::Sink, vec![dest], opts))?;
+    let spec = SourceSpec {
+        root,
+        tops,
+        pending_auth: Some((s.addr.clone(), s.session)),
+    };
+    let key = s.session_key;
+    let r = run_source(s.ctl, &mut links, spec, opts, res, stats).map(|mut r| {
+        r.stream_choice = choice.map(|mut c| {
+            c.growth = r.growth.take();
+            c
+        });
+        r
+    });
+    redirect_checked(r, &key)
+}
+
+/// A Redirect is followed only if our own daemon sent it (its MAC under
+/// the session key, issue 34): a forged one ends the session in one line.
+fn redirect_checked(r: Result<Report, EngineError>, key: &Bytes32) -> Result<Report, EngineError> {
+    match r {
+        Err(EngineError::Redirected { to, reason, mac })
+            if !ramsys_proto::auth::verify_redirect(key, &to, &reason, &mac) =>
+        {
+            Err(EngineError::local(format!(
+                "refused a redirect to {} that the daemon did not authenticate",
+                crate::show(to.as_bytes())
+            )))
+        }
+        r => r,
+    }
+}
+
+/// Fetch `paths` from the daemon into `dest` under the local `root`.
+pub fn pull(
+    remote: &Remote,
+    paths: Vec<Vec<u8>>,
+    root: Arc<Root>,
+    dest: Vec<u8>,
+    opts: &TransferOptions,
+    res: &EngineResources,
+    stats: Arc<Stats>,
+) -> Result<Report, EngineError> {
+    let (mut s, mut links, opts, choice) = connect(remote, opts, res, false)?;
+    let opts = &opts;
+    seal_control(&mut s, opts.encrypt)?;
+    // The server is the source: its senders apply our --bwlimit.
+    let bps = opts.rate.session_rate();
+    if bps > 0 {
+        send_control(&mut *s.ctl, &Control::BwLimit { bytes_per_s: bps })?;
+    }
+    redirected(&mut s, opts)?;
+    if opts.auto_streams {
+        // The daemon's source measures and asks; our sink dials.
+        send_control(&mut *s.ctl, &Control::GrowStreams)?;
+    }
+    send_control(&mut *s.ctl, &open_msg(Role::Source, paths, opts))?;
+    let spec = SinkSpec {
+        root,
+        dest,
+        session: s.session,
+        pending_auth: Some(s.addr.clone()),
+    };
+    let key = s.session_key;
+    let r = run_sink(s.ctl, &mut links, spec, opts, res, stats).map(|mut r| {
+        r.stream_choice = choice.map(|mut c| {
+            // What the daemon's source reported (Control::Grown).
+            c.growth = r.growth.take();
+            c
+        });
+        r
+    });
+    redirect_checked(r, &key)
+}
+
+/// The daemon's raw-channel interfaces (RawQuery on a control connection
+/// of its own, before the session: the agent needs the MACs before it
+/// dials its data links; docs/TYCHE.md "Negotiation"). A daemon that
+/// predates RawQuery, or refuses it, offers none.
+pub fn raw_offer(remote: &Remote) -> Result<Vec<ramsys_proto::control::RawIface>, EngineError> {
+    let user = remote.user.clone().unwrap_or_else(current_user);
+    let mut s = client_connect_as(
+        &*remote.transport,
+        &remote.addr,
+        &user,
+        &remote.key,
+        remote.connect_timeout,
+    )?;
+    send_control(&mut *s.ctl, &Control::RawQuery)?;
+    match crate::transport::wire::recv_control(&mut *s.ctl) {
+        Ok(Control::RawOffer { ifaces }) => Ok(ifaces),
+        Ok(Control::Error { message, .. }) => {
+            tracing::debug!("RawQuery refused: {message}");
+            Ok(Vec::new())
+        }
+        Ok(other) => Err(ramsys_proto::ProtoError::Unexpected {
+            got: other.name(),
+            state: "awaiting RawOffer",
+        }
+        .into()),
+        // An older daemon cannot decode RawQuery and closes.
+        Err(e) => {
+            tracing::debug!("RawQuery: {e}");
+            Ok(Vec::new())
+        }
+    }
+}
+
+/// A one-time credential minted by a daemon (docs/SECURITY.md).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct OneTimeCredential {
+    /// The name to authenticate as (`otp-…`).
+    pub user: String,
+    /// The key, as the 64 hex digits a key file would hold.
+    pub key: String,
+    /// Seconds left to start the one session it allows.
+    pub expires_s: u32,
+    /// The daemon that minted it.
+    pub daemon: String,
+}
+
+/// Ask the daemon at `remote` (authenticated as `remote.user` or the
+/// current user) for a one-time credential bound to our export root, valid
+/// `ttl_s` seconds (0: the daemon's default).
+pub fn request_token(remote: &Remote, ttl_s: u32) -> Result<OneTimeCredential, EngineError> {
+    let user = remote.user.clone().unwrap_or_else(current_user);
+    let mut s = client_connect_as(
+        &*remote.transport,
+        &remote.addr,
+        &user,
+        &remote.key,
+        remote.connect_timeout,
+    )?;
+    send_control(&mut *s.ctl, &Control::TokenRequest { ttl_s })?;
+    match crate::transport::wire::recv_control(&mut *s.ctl)? {
+        Control::Token {
+            user,
+            key,
+            expires_s,
+        } => {
+            let raw = ramsys_proto::auth::seal_token_key(&s.session_key, &user, &key);
+            Ok(OneTimeCredential {
+                user,
+                key: hex::encode(raw),
+                expires_s,
+                daemon: remote.addr.clone(),
+            })
+        }
+        Control::Error { message, .. } => Err(EngineError::Refused(message)),
+        other => Err(ramsys_proto::ProtoError::Unexpected {
+            got: other.name(),
+            state: "awaiting Token",
+        }
+        .into()),
+    }
+}
+
+/// A third-party transfer (issue 19, server::relay): ask the daemon at
+/// `remote` (the source) to push to the sink `relay.sink`, and follow its
+/// progress into `stats` until its RelayDone. `idle` bounds the wait for
+/// any message (the source reports every 500 ms).
+pub fn relay(
+    remote: &Remote,
+    relay: ramsys_proto::control::Relay,
+    stats: &Stats,
+    idle: Duration,
+) -> Result<ramsys_proto::control::RelayReport, EngineError> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let user = remote.user.clone().unwrap_or_else(current_user);
+    let cipher = Cipher::from_id(relay.cipher)?;
+    let mut s = client_connect_as(
+        &*remote.transport,
+        &remote.addr,
+        &user,
+        &remote.key,
+        remote.connect_timeout,
+    )?;
+    s.auth_pending = false;
+    seal_control(&mut s, cipher)?;
+    send_control(&mut *s.ctl, &Control::RelayOpen(relay))?;
+    s.ctl.set_read_timeout(Some(idle))?;
+    loop {
+        match crate::transport::wire::recv_control(&mut *s.ctl)? {
+            Control::RelayProgress {
+                files,
+                bytes,
+                total_files,
+                total_bytes,
+            } => {
+                stats.files.store(files, Relaxed);
+                stats.bytes.store(bytes, Relaxed);
+                stats.total_files.store(total_files, Relaxed);
+                stats.total_bytes.store(total_bytes, Relaxed);
+            }
+            Control::RelayDone(r) => {
+                stats.files.store(r.files, Relaxed);
+                stats.bytes.store(r.bytes, Relaxed);
+                return Ok(r);
+            }
+            Control::Error { message, .. } => return Err(EngineError::Refused(message)),
+            other => {
+                return Err(ramsys_proto::ProtoError::Unexpected {
+                    got: other.name(),
+                    state: "awaiting RelayProgress or RelayDone",
+                }
+                .into())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a Redirect our own daemon authenticated reaches the agent (who
+    /// would follow it); a forged or altered one is a one-line error.
+    #[test]
+    fn only_authenticated_redirects_are_followed() {
+        let key = [5u8; 32];
+        let good = ramsys_proto::auth::redirect_mac(&key, "10.0.0.2:7070", "busy");
+        let r = |to: &str, mac| {
+            redirect_checked(
+                Err(EngineError::Redirected {
+                    to: to.into(),
+                    reason: "busy".into(),
+                    mac,
+                }),
+                &key,
+            )
+        };
+        assert!(matches!(
+            r("10.0.0.2:7070", good),
+            Err(EngineError::Redirected { .. })
+        ));
+        let e = r("10.6.6.6:7070", good).unwrap_err().to_string();
+        assert!(e.contains("did not authenticate"), "{e}");
+        assert!(matches!(
+            r("10.0.0.2:7070", [0; 32]),
+            Err(EngineError::Local(_))
+        ));
+        assert!(redirect_checked(Ok(Report::default()), &key).is_ok());
+    }
+}

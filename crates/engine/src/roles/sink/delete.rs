@@ -1,0 +1,262 @@
+//! `--delete`: remove sink entries the source no longer has. Only the
+//! directories the source sent are scanned (so nothing outside the
+//! destination is looked at), every directory is opened through the root
+//! (openat2, no symlinks followed), entries are removed with unlinkat on
+//! that descriptor, and a symlink is removed, never followed. The sink runs
+//! this after every new file, link and directory attribute is in place.
+
+use std::collections::HashSet;
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::ffi::OsStrExt;
+
+use crate::storage::fsops::Root;
+
+/// Our own working files, never deleted: temp files and links of running
+/// or interrupted sessions, big files' pieces, and the resume journal
+/// (crate::request::reserved).
+pub fn is_ours(name: &[u8]) -> bool {
+    crate::request::reserved::is_reserved(name)
+}
+
+fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
+    if a.is_empty() {
+        return b.to_vec();
+    }
+    let mut v = a.to_vec();
+    v.push(b'/');
+    v.extend_from_slice(b);
+    v
+}
+
+/// `protected(i, name, is_dir)`: entry `name` of `dirs[i]` is excluded
+/// by the user's selection, so `--delete` leaves it (rsync's rule).
+pub type Protected<'a> = &'a dyn Fn(usize, &[u8], bool) -> bool;
+
+/// Entries of the sink directories `dirs` whose paths are not in `keep`
+/// and that `protected` does not cover.
+pub fn extraneous(
+    root: &Root,
+    dirs: &[Vec<u8>],
+    keep: &HashSet<Vec<u8>>,
+    protected: Option<Protected>,
+) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut p = Vec::new();
+    for (i, d) in dirs.iter().enumerate() {
+        let Ok(fd) = root.open_dir(d) else { continue };
+        // Listing through the descriptor keeps the walk on the directory
+        // openat2 confined.
+        let Ok(mut names) = crate::storage::fsops::list_dir(fd.as_fd()) else {
+            continue;
+        };
+        names.sort_unstable();
+        for n in names.iter().filter(|n| !is_ours(n)) {
+            p.clear();
+            if !d.is_empty() {
+                p.extend_from_slice(d);
+                p.push(b'/');
+            }
+            p.extend_from_slice(n);
+            if keep.contains(p.as_slice()) {
+                continue;
+            }
+            if let Some(prot) = protected {
+                // lstat only the few entries that would go: a dir-only
+                // pattern needs to know.
+                let is_dir = crate::storage::fsops::lstat_at(fd.as_fd(), n)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+                if prot(i, n, is_dir) {
+                    continue;
+                }
+            }
+            out.push(p.clone());
+        }
+    }
+    out
+}
+
+/// Remove `rel` (a whole tree if it is a directory).
+pub fn remove(root: &Root, rel: &[u8]) -> std::io::Result<()> {
+    let (parent, name) = crate::storage::fsops::split_parent(rel);
+    let dir = root.open_dir(parent)?;
+    let c = CString::new(name).map_err(|_| std::io::Error::other("NUL in path"))?;
+    // SAFETY: zeroed stat is a valid out-parameter; valid dirfd and C string.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    } != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    let flag = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+        let sub = root.open_dir(rel)?;
+        let rd = std::fs::read_dir(format!("/proc/self/fd/{}", sub.as_raw_fd()))?;
+        for e in rd {
+            remove(root, &join(rel, e?.file_name().as_bytes()))?;
+        }
+        libc::AT_REMOVEDIR
+    } else {
+        0
+    };
+    // SAFETY: valid dirfd and C string.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), flag) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Remove `rel` (whose path from the transfer root is `wire`) as
+/// [`remove`] does, but leave every entry inside it that `keep(wire,
+/// is_dir)` protects, and the directories holding one (rsync deletes an
+/// extraneous directory's contents through its filter rules, so what they
+/// exclude stays; issue 35). Ok(false): something was kept.
+pub fn remove_unprotected(
+    root: &Root,
+    rel: &[u8],
+    wire: &[u8],
+    keep: &dyn Fn(&[u8], bool) -> bool,
+) -> std::io::Result<bool> {
+    let (parent, name) = crate::storage::fsops::split_parent(rel);
+    let dir = root.open_dir(parent)?;
+    let is_dir = crate::storage::fsops::lstat_at(dir.as_fd(), name)?
+        .is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+    if !is_dir {
+        remove(root, rel)?;
+        return Ok(true);
+    }
+    let sub = root.open_dir(rel)?;
+    let mut all = true;
+    for n in crate::storage::fsops::list_dir(sub.as_fd())? {
+        let st = crate::storage::fsops::lstat_at(sub.as_fd(), &n)?;
+        let n_dir = st.is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+        let w = join(wire, &n);
+        if keep(&w, n_dir) {
+            all = false;
+            continue;
+        }
+        all &= remove_unprotected(root, &join(rel, &n), &w, keep)?;
+    }
+    if all {
+        let c = CString::new(name).map_err(|_| std::io::Error::other("NUL in path"))?;
+        // SAFETY: valid dirfd and C string.
+        if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(all)
+}
+
+/// Make way for a non-directory at `rel` where DST has a directory
+/// (rsync's receiver does the same; issue 35): an empty directory is
+/// removed; a non-empty one only with `tree` (`--delete`, which rsync's
+/// `--force` implies), through [`remove`], never following a symlink.
+pub fn make_way(root: &Root, rel: &[u8], tree: bool) -> std::io::Result<()> {
+    let (parent, name) = crate::storage::fsops::split_parent(rel);
+    let dir = root.open_dir(parent)?;
+    let c = CString::new(name).map_err(|_| std::io::Error::other("NUL in path"))?;
+    // SAFETY: valid dirfd and C string.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENOTEMPTY | libc::EEXIST) if tree => remove(root, rel),
+        Some(libc::ENOTEMPTY | libc::EEXIST) => Err(std::io::Error::new(
+            std::io::ErrorKind::DirectoryNotEmpty,
+            "a non-empty directory is in the way (--delete replaces it)",
+        )),
+        _ => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::fsops::Confinement;
+
+    #[test]
+    fn finds_and_removes_only_extraneous_never_through_symlinks() {
+        let d = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("keep"), b"x").unwrap();
+        let t = d.path().join("t");
+        std::fs::create_dir_all(t.join("old/deep")).unwrap();
+        std::fs::write(t.join("old/deep/f"), b"x").unwrap();
+        std::fs::write(t.join("a"), b"x").unwrap();
+        std::fs::write(t.join("gone"), b"x").unwrap();
+        std::fs::write(t.join(".a.ramsys-00000001.part"), b"x").unwrap();
+        std::os::unix::fs::symlink(outside.path(), t.join("link")).unwrap();
+        let root = Root::open(d.path(), Confinement::Strict).unwrap();
+        let keep: HashSet<Vec<u8>> = [b"t".to_vec(), b"t/a".to_vec()].into_iter().collect();
+        // A protected entry (the user's --exclude) stays; dirs by is_dir.
+        let prot =
+            |i: usize, n: &[u8], is_dir: bool| i == 0 && (n == b"gone" || (n == b"old" && is_dir));
+        let x = extraneous(&root, &[b"t".to_vec()], &keep, Some(&prot));
+        assert_eq!(x, vec![b"t/link".to_vec()]);
+        let x = extraneous(&root, &[b"t".to_vec()], &keep, None);
+        assert_eq!(
+            x,
+            vec![b"t/gone".to_vec(), b"t/link".to_vec(), b"t/old".to_vec()]
+        );
+        for p in &x {
+            remove(&root, p).unwrap();
+        }
+        assert!(t.join("a").exists() && t.join(".a.ramsys-00000001.part").exists());
+        assert!(!t.join("old").exists() && !t.join("gone").exists());
+        assert!(std::fs::symlink_metadata(t.join("link")).is_err());
+        assert!(outside.path().join("keep").exists());
+    }
+
+    #[test]
+    fn a_directory_holding_protected_entries_keeps_them_and_itself() {
+        let d = tempfile::tempdir().unwrap();
+        let t = d.path().join("t");
+        std::fs::create_dir_all(t.join("old/deep")).unwrap();
+        std::fs::create_dir_all(t.join("gone/sub")).unwrap();
+        for f in [
+            "old/keep.o",
+            "old/x",
+            "old/deep/y.o",
+            "old/deep/z",
+            "gone/sub/w",
+        ] {
+            std::fs::write(t.join(f), b"x").unwrap();
+        }
+        let root = Root::open(d.path(), Confinement::Strict).unwrap();
+        // The wire path is the one from the transfer root ("src/...").
+        let keep = |w: &[u8], _dir: bool| w.ends_with(b".o") && w.starts_with(b"src/");
+        assert!(!remove_unprotected(&root, b"t/old", b"src/old", &keep).unwrap());
+        assert!(t.join("old/keep.o").exists() && t.join("old/deep/y.o").exists());
+        assert!(!t.join("old/x").exists() && !t.join("old/deep/z").exists());
+        assert!(remove_unprotected(&root, b"t/gone", b"src/gone", &keep).unwrap());
+        assert!(!t.join("gone").exists());
+    }
+
+    #[test]
+    fn make_way_removes_an_empty_directory_and_a_full_one_only_with_delete() {
+        let d = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("keep"), b"x").unwrap();
+        std::fs::create_dir_all(d.path().join("empty")).unwrap();
+        std::fs::create_dir_all(d.path().join("full/sub")).unwrap();
+        std::fs::write(d.path().join("full/sub/f"), b"x").unwrap();
+        std::os::unix::fs::symlink(outside.path(), d.path().join("full/link")).unwrap();
+        let root = Root::open(d.path(), Confinement::Strict).unwrap();
+        make_way(&root, b"empty", false).unwrap();
+        assert!(!d.path().join("empty").exists());
+        let e = make_way(&root, b"full", false).unwrap_err();
+        assert!(e.to_string().contains("--delete"), "{e}");
+        assert!(d.path().join("full/sub/f").exists());
+        make_way(&root, b"full", true).unwrap();
+        assert!(!d.path().join("full").exists());
+        assert!(outside.path().join("keep").exists());
+    }
+}

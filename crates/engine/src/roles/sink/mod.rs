@@ -1,0 +1,451 @@
+//! The sink end of a session (seed 000 Fig. 6-4): a [`SinkSession`] runs
+//! one method per protocol phase (negotiate, confirm, metadata, sync
+//! answer and open links), hands over to the data pipeline (pipeline.rs:
+//! receivers and writers, finalizing files as they complete), and ends
+//! with its verdict (Complete).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use ramsys_proto::control::{Bytes32, Complete, Confirm, Failure, Propose};
+use ramsys_proto::session::SinkMachine;
+use ramsys_proto::Control;
+use ramsys_resources::Reservation;
+
+use crate::daemon::Admission;
+use crate::data::resources::{EngineResources, ShareGuard};
+use crate::roles::sink::dest::DestMap;
+use crate::roles::sink::files::FileTable;
+use crate::roles::sink::sync_delta::SinkSync;
+use crate::session::control::{unexpected, ControlLink};
+use crate::session::relink::Relinks;
+use crate::session::report::Report;
+use crate::session::LinkProvider;
+use crate::storage::fsops::Root;
+use crate::transport::crypto::Cipher;
+use crate::transport::wire::send_control;
+use crate::transport::Link;
+use crate::types::stats::{process_cpu_seconds, FailedPath, Stats};
+use crate::{show, EngineError, TransferOptions};
+
+pub mod bigfile;
+pub mod delete;
+pub mod dest;
+pub mod files;
+pub mod journal;
+pub mod sync_delta;
+pub mod writer;
+
+// The payload phase's event handlers and settle decision.
+mod payload;
+// The data pipeline: receivers and writers, its event loop and teardown.
+mod pipeline;
+// The metadata phase's tree and the epilogue that places links.
+mod tree;
+use tree::{Deferred, Tree};
+
+/// The sink's control link: every message passes its SinkMachine.
+type Ctl = ControlLink<SinkMachine>;
+
+/// Where to write.
+pub struct SinkSpec {
+    /// Confined root (Strict: no symlinks, nothing outside).
+    pub root: Arc<Root>,
+    /// Destination relative to the root ("" = the root itself).
+    pub dest: Vec<u8>,
+    /// Session id (names temp files).
+    pub session: u64,
+    /// (daemon address): AuthOk still to be read (pipelined connect).
+    pub pending_auth: Option<String>,
+}
+
+/// Run the sink end on an authenticated control link.
+pub fn run_sink(
+    ctl_link: Box<dyn Link>,
+    links: &mut dyn LinkProvider,
+    spec: SinkSpec,
+    opts: &TransferOptions,
+    res: &EngineResources,
+    stats: Arc<Stats>,
+) -> Result<Report, EngineError> {
+    run_sink_with(
+        ctl_link,
+        links,
+        spec,
+        opts,
+        res,
+        stats,
+        &crate::daemon::Unmanaged,
+    )
+}
+
+/// [`run_sink`] with threads and buffers reserved through `adm` (the
+/// daemon's task controller, crate::daemon).
+pub fn run_sink_with(
+    ctl_link: Box<dyn Link>,
+    links: &mut dyn LinkProvider,
+    spec: SinkSpec,
+    opts: &TransferOptions,
+    res: &EngineResources,
+    stats: Arc<Stats>,
+    adm: &dyn Admission,
+) -> Result<Report, EngineError> {
+    let mut s = SinkSession {
+        cpu0: process_cpu_seconds(),
+        started: SystemTime::now(),
+        ctl: Ctl::new(ctl_link, SinkMachine::new(), "source"),
+        spec,
+        opts,
+        stats,
+        adm,
+    };
+    let (prop, dest) = s.negotiate()?;
+    let grant = s.confirm(&prop, res)?;
+    let tree = s.receive_metadata(&prop, dest)?;
+    let Tree {
+        table,
+        deferred,
+        mut prep_failures,
+        scan_failures,
+        scan_failures_dropped,
+        scan_io_error,
+        mut sync,
+        dest,
+        ..
+    } = tree;
+    let opened = s.sync_answer(&table, &mut sync, &prep_failures, links, grant.streams)?;
+    let mut data = pipeline::SinkPipeline::start(&mut s, grant, Arc::new(table), sync, opened)?;
+    let result = data.run();
+    let done = data.teardown(result)?;
+    // The source's own failures count in this end's verdict: the report
+    // names them; an I/O error among them (not just a vanished path)
+    // makes sync's --delete delete nothing, as rsync's IOERR_GENERAL does.
+    let mut scan = scan_failures;
+    if scan_failures_dropped > 0 {
+        scan.push(Failure {
+            path: b"(more)".to_vec(),
+            reason: format!("{scan_failures_dropped} more source paths failed"),
+        });
+    }
+    if scan_io_error {
+        prep_failures.append(&mut scan);
+    }
+    s.verdict(done, deferred, prep_failures, scan, dest)
+}
+
+/// The sink end of one session, between its phases.
+struct SinkSession<'a> {
+    ctl: Ctl,
+    spec: SinkSpec,
+    opts: &'a TransferOptions,
+    stats: Arc<Stats>,
+    adm: &'a dyn Admission,
+    /// For the CPU time Complete reports and sync's deletion cut-off.
+    cpu0: f64,
+    started: SystemTime,
+}
+
+/// What the sink granted in its Confirm.
+struct Grant<'r> {
+    receivers: Reservation,
+    writers: Reservation,
+    /// Returned to the engine on every exit (ShareGuard's Drop).
+    share: ShareGuard<'r>,
+    streams: u16,
+    block_size: u32,
+    credits_per_stream: u32,
+    checksum: bool,
+    cipher: Cipher,
+    /// How many writers run at once (a site share; site::share).
+    gate: Option<Arc<crate::daemon::site::share::ThreadGate>>,
+}
+
+/// The data links as first opened.
+struct Opened {
+    links: Vec<Box<dyn Link>>,
+    key: Option<Bytes32>,
+    relinks: Relinks,
+    /// The data links (local, peer, kind), for the report.
+    desc: Vec<crate::types::stats::LinkDesc>,
+}
+
+/// What the data pipeline leaves for the verdict.
+struct Drained {
+    table: Arc<FileTable>,
+    sync: Option<SinkSync>,
+    file_failures: Vec<(Vec<u8>, String)>,
+    streams: u16,
+    block_size: u32,
+    links: Vec<crate::types::stats::LinkDesc>,
+    /// A daemon-side source's stream adaptation (Control::Grown).
+    growth: Option<crate::transport::grow::Growth>,
+    /// The control reader's events: the source's close is awaited there.
+    control: crossbeam_channel::Receiver<crate::session::control::ControlEvent>,
+}
+
+impl SinkSession<'_> {
+    /// The source's Propose, and where its roots go (sync::dest: cp's
+    /// rule, rsync's for sync, and where an interrupted copy went for a
+    /// resumed one); refused here, before any data moves, when the
+    /// destination cannot be used.
+    fn negotiate(&mut self) -> Result<(Propose, DestMap), EngineError> {
+        // A daemon source may hold the task suspended until threads free up
+        // (docs/DAEMON.md): wait as long as for an idle peer.
+        self.ctl
+            .link
+            .set_read_timeout(Some(self.opts.idle_timeout))?;
+        if let Some(addr) = &self.spec.pending_auth {
+            crate::session::finish_auth(&mut *self.ctl.link, addr, self.spec.session)?;
+        }
+        // The machine admits only Propose first.
+        let prop = match self.ctl.recv()? {
+            Control::Propose(p) => p,
+            m => return Err(unexpected(&m, self.ctl.phase())),
+        };
+        let spec = &self.spec;
+        match DestMap::resolve(&spec.root, &spec.dest, prop.roots, self.opts.sync) {
+            Ok(m) => Ok((prop, m)),
+            Err(msg) => {
+                let refusal = Control::Error {
+                    code: 2,
+                    message: msg.clone(),
+                };
+                crate::transport::wire::send_final(&mut *self.ctl.link, &refusal);
+                Err(EngineError::Refused(msg))
+            }
+        }
+    }
+
+    /// Capacity: what we can serve of what was proposed. Threads and
+    /// buffers come from `adm` (a daemon task may be queued and suspended
+    /// first; docs/DAEMON.md); refused with code 4 (busy).
+    fn confirm<'r>(
+        &mut self,
+        prop: &Propose,
+        res: &'r EngineResources,
+    ) -> Result<Grant<'r>, EngineError> {
+        let opts = self.opts;
+        let window = opts.window.max(2) as usize;
+        let reserved = self
+            .adm
+            .reserve_sink(res, prop.streams as usize, opts.writers.max(1), window)
+            .inspect_err(|e| {
+                let _ = send_control(
+                    &mut *self.ctl.link,
+                    &Control::Error {
+                        code: 4,
+                        message: e.to_string(),
+                    },
+                );
+            })?;
+        let streams = reserved.receivers.len() as u16;
+        let block_size = prop.block_size.min(res.buffers.buf_size() as u32);
+        let credits_per_stream = (reserved.buffers.count() / streams as usize) as u32;
+        let share = ShareGuard::new(res, reserved.buffers);
+        // Encryption is on if either end asks for it; the source's choice wins.
+        let cipher = match Cipher::from_id(prop.cipher)? {
+            Cipher::None => opts.encrypt,
+            c => c,
+        };
+        self.ctl.send(&Control::Confirm(Confirm {
+            streams,
+            block_size,
+            credits_per_stream,
+            capacity_mbps: 0,
+            checksum: prop.checksum,
+            cipher: cipher.id(),
+        }))?;
+        self.adm.transferring(streams);
+        Ok(Grant {
+            receivers: reserved.receivers,
+            writers: reserved.writers,
+            share,
+            streams,
+            block_size,
+            credits_per_stream,
+            checksum: prop.checksum,
+            cipher,
+            gate: self.adm.storage_gate(),
+        })
+    }
+
+    /// Metadata: build the tree as records arrive (tree.rs).
+    fn receive_metadata(&mut self, prop: &Propose, dest: DestMap) -> Result<Tree, EngineError> {
+        let (spec, opts) = (&self.spec, self.opts);
+        let table = FileTable::new(
+            spec.root.clone(),
+            spec.session,
+            prop.checksum,
+            opts.fsync,
+            self.stats.clone(),
+        )
+        .with_storage(opts.sink_storage());
+        let mut tree = Tree::new(table, dest);
+        tree.archive_policy = opts.archive_policy;
+        // Checked before the session started (server.rs, the agent).
+        tree.protect = crate::request::filter::Filter::new(&opts.select).ok();
+        if let Err(e) = tree.receive(&mut self.ctl, &spec.root) {
+            tracing::warn!("session {}: {e}", spec.session);
+            let _ = send_control(
+                &mut *self.ctl.link,
+                &Control::Abort {
+                    reason: e.to_string(),
+                },
+            );
+            return Err(e);
+        }
+        let stats = &self.stats;
+        stats.total_bytes.store(tree.total_bytes, Ordering::Relaxed);
+        let files = tree.table.files().len() as u64;
+        stats.total_files.store(files, Ordering::Relaxed);
+        stats
+            .setid_dropped
+            .store(tree.setid_dropped, Ordering::Relaxed);
+        Ok(tree)
+    }
+
+    /// Sync: what we already hold, in the same round trip as SyncDone.
+    /// The whole tree is prepared before the data links are waited for:
+    /// a client that dialled them early has them ready, and SyncDone
+    /// leaves one round trip earlier.
+    fn sync_answer(
+        &mut self,
+        table: &FileTable,
+        sync: &mut Option<SinkSync>,
+        prep_failures: &[Failure],
+        links: &mut dyn LinkProvider,
+        streams: u16,
+    ) -> Result<Opened, EngineError> {
+        let ctl = &mut self.ctl;
+        let mut have_sent = Ok(());
+        if let Some(s) = sync {
+            for batch in s.answer(table) {
+                have_sent = have_sent.and_then(|_| ctl.send(&Control::Have(batch)));
+            }
+        }
+        let data_links = have_sent
+            .and_then(|_| {
+                ctl.send(&Control::SyncDone {
+                    failures: prep_failures.to_vec(),
+                })
+            })
+            .and_then(|_| links.open(streams))?;
+        let desc = data_links
+            .iter()
+            .map(|l| crate::transport::describe(&**l))
+            .collect();
+        for l in &data_links {
+            l.set_read_timeout(Some(self.opts.idle_timeout))?;
+        }
+        ctl.link.set_read_timeout(None)?;
+        let key = links.session_key();
+        let relinks = links.relinks();
+        Ok(Opened {
+            links: data_links,
+            key,
+            relinks,
+            desc,
+        })
+    }
+
+    /// Links once the files are in place, sync's deletions, directory
+    /// attributes, then Complete: the session's verdict.
+    fn verdict(
+        &mut self,
+        d: Drained,
+        mut deferred: Deferred,
+        prep_failures: Vec<Failure>,
+        vanished: Vec<Failure>,
+        mut dest: DestMap,
+    ) -> Result<Report, EngineError> {
+        let Drained {
+            table, mut sync, ..
+        } = d;
+        let spec = &self.spec;
+        let mut failures = prep_failures;
+        failures.extend(
+            d.file_failures
+                .into_iter()
+                .map(|(p, r)| Failure { path: p, reason: r }),
+        );
+        let tmp = |i: usize| format!(".ramsys-{:016x}-{i}.lnk", spec.session).into_bytes();
+        let dry = sync.as_ref().is_some_and(|s| s.dry());
+        failures.extend(deferred.place(&spec.root, &table, tmp));
+        let mut outcome = tree::SyncOutcome {
+            deleted: Vec::new(),
+            planned: Vec::new(),
+            unchanged: table.kept(),
+        };
+        if let Some(s) = &mut sync {
+            outcome = tree::sync_epilogue(
+                s,
+                &mut self.ctl,
+                &mut failures,
+                dest.dest(),
+                self.started,
+                outcome.unchanged,
+                spec.session,
+            )?;
+        }
+        // Source paths that vanished: failures, but after --delete ran.
+        failures.extend(vanished);
+        // Last: --delete changed the mtimes of the directories it removed
+        // from (issue 35).
+        failures.extend(deferred.finish_dirs(&spec.root));
+        if failures.is_empty() && !dry {
+            dest.finished(&spec.root);
+        }
+        // Sync counts files whose data moved (a delta with no differing
+        // block moved none); a copy counts every file put in place.
+        let compare = sync
+            .as_ref()
+            .is_some_and(|s| s.flags & crate::request::sync::COMPARE != 0);
+        let files = if compare {
+            table.files_moved()
+        } else {
+            self.stats.files.load(Ordering::Relaxed)
+        };
+        let bytes: u64 = table.bytes_moved();
+        if let Some(u) = table.storage.usage(true) {
+            if u.direct_bytes + u.cached_bytes > 0 {
+                tracing::info!(
+                    "sink: large files {} MiB direct, {} MiB through the page cache ({:?})",
+                    u.direct_bytes >> 20,
+                    u.cached_bytes >> 20,
+                    u.mode
+                );
+            }
+        }
+        let report = Report {
+            unchanged: outcome.unchanged,
+            deleted: outcome.deleted.iter().map(|p| show(p)).collect(),
+            planned: outcome.planned.iter().map(|p| show(p)).collect(),
+            files,
+            bytes,
+            failed: failures
+                .iter()
+                .map(|f| FailedPath {
+                    path: show(&f.path),
+                    reason: f.reason.clone(),
+                })
+                .collect(),
+            peer_cpu_s: None,
+            streams: d.streams,
+            block_size: d.block_size,
+            links: d.links,
+            storage: table.storage.usage(true),
+            growth: d.growth,
+            ..Default::default()
+        };
+        self.ctl.send(&Control::Complete(Complete {
+            files,
+            bytes,
+            failures,
+            cpu_s: process_cpu_seconds() - self.cpu0,
+        }))?;
+        // Wait for the source to close, so our Complete is read before teardown.
+        let _ = d.control.recv_timeout(Duration::from_secs(10));
+        Ok(report)
+    }
+}

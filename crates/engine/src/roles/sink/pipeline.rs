@@ -1,0 +1,822 @@
+//! The sink's data pipeline (seed 000 Fig. 6-4c): a receiver per data
+//! link verifies blocks and queues them to the writers, which write them
+//! and return credits per stream; one event loop on the session's thread
+//! answers the source's control messages, the receivers' ends and the
+//! writers' failures, each with a handler of its own; one teardown joins
+//! every thread and finalizes the files.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, never, select, unbounded, Receiver, RecvError, Sender};
+use ramsys_proto::control::Bytes32;
+use ramsys_proto::Control;
+use ramsys_resources::{Buf, BufferPool, JobHandle};
+
+use super::{payload, Ctl, Drained, Grant, Opened, SinkSession};
+use crate::data::receiver::{run_receiver, ReceiverEvent};
+use crate::data::resources::ShareGuard;
+use crate::roles::sink::files::FileTable;
+use crate::roles::sink::sync_delta::SinkSync;
+use crate::roles::sink::writer::{direct_lane, run_writer, CreditReturn, WriterEvent, WriterIo};
+use crate::session::control::ControlEvent;
+use crate::session::relink::{Joined, LinkEvent, Streams};
+use crate::transport::crypto::{Cipher, StreamSeal};
+use crate::transport::grow::{Growth, Stage};
+use crate::transport::Link;
+use crate::types::stats::Stats;
+use crate::EngineError;
+
+/// How a receiver thread ended: (stream, epoch, blocks accepted, result).
+type ReceiverDone = (usize, u16, u64, Result<(), EngineError>);
+
+/// A receiver thread's body for stream i on link incarnation `epoch`
+/// (0 = first; replacements, crate::session::relink, take higher ones, which key
+/// the AEAD nonces), given the credit count it may be granted.
+type ReceiverFactory =
+    Box<dyn Fn(usize, u16, Box<dyn Link>, Arc<AtomicU64>) -> Box<dyn FnOnce() + Send>>;
+
+/// What one event did: go on, or an error that ends the session.
+type Step = Result<(), EngineError>;
+
+/// The data pipeline of one sink session, from its first block to its
+/// teardown.
+pub(super) struct SinkPipeline<'s> {
+    ctl: &'s mut Ctl,
+    table: Arc<FileTable>,
+    sync: Option<SinkSync>,
+    stats: Arc<Stats>,
+    abort: Arc<AtomicBool>,
+    /// Returned to the engine once every thread is joined (teardown).
+    share: ShareGuard<'s>,
+    pool: Arc<BufferPool>,
+    events: Events,
+    streams: Streams,
+    receivers: ReceiverSet,
+    credits: Credits,
+    progress: Progress,
+    writer_jobs: Vec<JobHandle>,
+    _writers: ramsys_resources::Reservation,
+    session: u64,
+    facts: (u16, u32, Vec<crate::types::stats::LinkDesc>),
+    /// What a daemon-side source's stream adaptation did (Control::Grown).
+    growth: Option<Growth>,
+}
+
+/// What the loop waits on, besides the links' own events.
+struct Events {
+    check_tick: Receiver<Instant>,
+    /// Settled (docs/PROTOCOL.md): files finish on writer threads, so
+    /// look often, and scan only after progress (payload::SettleWatch).
+    settle_tick: Receiver<Instant>,
+    /// Resume: the journal follows the written blocks (sync::journal).
+    journal_tick: Receiver<Instant>,
+    control: Receiver<ControlEvent>,
+    receivers_done: Receiver<ReceiverDone>,
+    writers: Receiver<WriterEvent>,
+    corrupt: Receiver<ReceiverEvent>,
+}
+
+/// The data links' receiving ends.
+struct ReceiverSet {
+    make: ReceiverFactory,
+    reservation: ramsys_resources::Reservation,
+    jobs: Vec<JobHandle>,
+    /// Replacement links' receivers, outside the pool on its CPUs.
+    extra: Vec<std::thread::JoinHandle<()>>,
+    /// Shut down on error so no thread stays blocked on a link.
+    shutdown: Vec<Box<dyn Link>>,
+    idle: Duration,
+}
+
+/// Credits returned per stream, and what a replacement link rebases on.
+/// Sized for the most streams the sink takes (its receiver pool), so
+/// streams added mid-transfer (issue 21) need no reallocation under the
+/// writers' feet.
+struct Credits {
+    returns: Arc<Vec<CreditReturn>>,
+    keys: StreamKeys,
+    /// Each stream's window, credits (AddStream shrinks the others').
+    windows: Vec<u64>,
+    /// The session's buffers: the windows never add up to more.
+    buffers: u64,
+    /// The window Confirm announced: no stream gets more.
+    window: u64,
+    /// Blocks accepted per stream over all its links (credit rebase).
+    accepted: Vec<u64>,
+}
+
+impl Credits {
+    /// The first `streams` streams hold a window of `window` credits each;
+    /// the slots past them wait for streams the source may add.
+    fn new(
+        returns: Arc<Vec<CreditReturn>>,
+        keys: StreamKeys,
+        streams: u16,
+        window: u64,
+        buffers: u64,
+    ) -> Credits {
+        let windows = (0..returns.len())
+            .map(|i| if i < streams as usize { window } else { 0 })
+            .collect();
+        Credits {
+            keys,
+            windows,
+            buffers,
+            window,
+            accepted: vec![0u64; returns.len()],
+            returns,
+        }
+    }
+
+    /// Room for stream `stream` (the `n`-th): a window of up to
+    /// `buffers / (n + 1)` credits, taken from the buffers no window holds
+    /// and then from the widest windows, one credit at a time (their
+    /// writers give that many fewer back); at least 2 credits each, so a
+    /// stream keeps one block in flight while one is written. 0: no room.
+    fn make_room(&mut self, stream: usize, n: usize) -> u64 {
+        if stream != n || n >= self.returns.len() {
+            return 0;
+        }
+        let want = (self.buffers / (n as u64 + 1)).min(self.window);
+        let held: u64 = self.windows[..n].iter().sum();
+        let mut got = self.buffers.saturating_sub(held).min(want);
+        let mut debt = vec![0u64; n];
+        while got < want {
+            let (j, w) = (0..n)
+                .map(|j| (j, self.windows[j]))
+                .max_by_key(|&(_, w)| w)
+                .expect("at least one stream");
+            if w <= 2 {
+                break;
+            }
+            self.windows[j] -= 1;
+            debt[j] += 1;
+            got += 1;
+        }
+        if got < 2 {
+            // Give back what was taken: nothing changes.
+            for (j, d) in debt.into_iter().enumerate() {
+                self.windows[j] += d;
+            }
+            return 0;
+        }
+        for (j, d) in debt.into_iter().enumerate() {
+            if d > 0 {
+                self.returns[j].withhold(d);
+            }
+        }
+        self.windows[stream] = got;
+        got
+    }
+}
+
+type Links = Vec<Box<dyn Link>>;
+
+/// The credit returns of the first links (and second handles on those
+/// links, to shut them down on error), plus slots for streams the source
+/// may add (issue 21): as many as the receiver pool (`most`) has threads,
+/// each linked once its link joins.
+fn credit_returns(
+    links: &[Box<dyn Link>],
+    batch: u64,
+    keys: StreamKeys,
+    most: usize,
+) -> Result<(Arc<Vec<CreditReturn>>, Links), EngineError> {
+    let mut returns = Vec::new();
+    let mut shutdown = Vec::new();
+    for (i, l) in links.iter().enumerate() {
+        let link = l.try_clone_link()?;
+        returns.push(CreditReturn::new(link, batch, keys.credits(i, 0)));
+        shutdown.push(l.try_clone_link()?);
+    }
+    while returns.len() < most {
+        let placeholder = Box::new(crate::transport::ClosedLink);
+        returns.push(CreditReturn::new(placeholder, batch, None));
+    }
+    Ok((Arc::new(returns), shutdown))
+}
+
+/// How many of the `reserved` writers run. SINK_WRITERS_MIN is for trees
+/// of small files (metadata-bound); a session of large files keeps the
+/// plan's count, `bulk` (4 x 1 GiB took ~10 % more sink CPU with the
+/// floor's second writer). A local copy keeps them all: its writers do
+/// the copying itself (copy_file_range, storage::local), and one writer
+/// left 4 x 1 GiB on one core.
+fn writer_count(bulk: Option<usize>, table: &FileTable, reserved: usize) -> usize {
+    if table.storage.local.is_some() {
+        return reserved;
+    }
+    let small = table
+        .files()
+        .iter()
+        .filter(|f| f.size < crate::storage::DIRECT_MIN)
+        .count();
+    match bulk {
+        Some(b) if small < crate::daemon::config::placement::MANY_SMALL_FILES => {
+            b.clamp(1, reserved)
+        }
+        _ => reserved,
+    }
+}
+
+/// Resume: the journal follows the written blocks (sync::journal) on a
+/// tick; without resume, never.
+fn journal_tick(resume: bool) -> Receiver<Instant> {
+    if resume {
+        crossbeam_channel::tick(Duration::from_millis(200))
+    } else {
+        never()
+    }
+}
+
+/// Progress of the payload phase as the sink's loop sees it.
+struct Progress {
+    receivers_left: usize,
+    /// The source sent EndOfData.
+    eod: bool,
+    settle: payload::SettleWatch,
+}
+
+/// The per-stream keys: open blocks, seal credits.
+#[derive(Clone, Copy)]
+struct StreamKeys {
+    key: Option<Bytes32>,
+    cipher: Cipher,
+}
+
+impl StreamKeys {
+    fn blocks(&self, i: usize, epoch: u16) -> Option<StreamSeal> {
+        let c = self.cipher;
+        self.key
+            .and_then(|k| StreamSeal::new(c, &k, i as u16, epoch))
+    }
+    /// Credits on a sealed session carry a tag (keyed per stream and
+    /// epoch, crypto::StreamSeal::credits) so no one on the path can
+    /// forge, replay or alter them.
+    fn credits(&self, i: usize, epoch: u16) -> Option<StreamSeal> {
+        let c = self.cipher;
+        self.key
+            .and_then(|k| StreamSeal::credits(c, &k, i as u16, epoch))
+    }
+}
+
+impl<'s> SinkPipeline<'s> {
+    /// Start writers and receivers on the opened links, grant the first
+    /// credits, start the control reader. The order is the contract:
+    /// writers before receivers, credits granted only once every receiver
+    /// runs.
+    pub(super) fn start(
+        s: &'s mut SinkSession<'_>,
+        g: Grant<'s>,
+        table: Arc<FileTable>,
+        sync: Option<SinkSync>,
+        o: Opened,
+    ) -> Result<Self, EngineError> {
+        if g.cipher != Cipher::None && o.key.is_none() {
+            return Err(EngineError::local("encryption without a session key"));
+        }
+        let (stats, idle) = (s.stats.clone(), s.opts.idle_timeout);
+        let Grant {
+            mut receivers,
+            mut writers,
+            share,
+            streams,
+            block_size,
+            credits_per_stream,
+            checksum,
+            cipher,
+            gate,
+        } = g;
+        let pool = share.pool().clone();
+        let nbuf = pool.count() as u64;
+        let keys = StreamKeys { key: o.key, cipher };
+        let abort = Arc::new(AtomicBool::new(false));
+        let batch = (credits_per_stream as u64 / 4).max(1);
+        let most = receivers.pool().size();
+        let (returns, shutdown) = credit_returns(&o.links, batch, keys, most)?;
+        let (recv_tx, recv_rx) = bounded::<Buf>(pool.count());
+        let (wev_tx, wev_rx) = unbounded::<WriterEvent>();
+        let (rev_tx, rev_rx) = unbounded::<ReceiverEvent>();
+        let (rdone_tx, rdone_rx) = unbounded::<ReceiverDone>();
+        let mut writer_jobs = Vec::new();
+        let nw = writer_count(s.opts.bulk_writers, &table, writers.len());
+        for i in 0..nw {
+            let (t, rx, p) = (table.clone(), recv_rx.clone(), pool.clone());
+            let (c, ev, a) = (returns.clone(), wev_tx.clone(), abort.clone());
+            let gate = gate.clone().map(|g| (i, g));
+            writer_jobs.push(writers.spawn(move || {
+                let w = WriterIo {
+                    table: &t,
+                    lane: direct_lane(t.storage.lane_bytes, &p, nw),
+                    pool: p,
+                    credits: c,
+                    events: ev,
+                    abort: a,
+                    gate,
+                };
+                run_writer(w, rx)
+            }));
+        }
+        drop(recv_rx);
+        drop(wev_tx);
+        let make = receiver_factory(
+            (block_size as usize, checksum, keys),
+            recv_tx,
+            &pool,
+            rev_tx,
+            &abort,
+            &stats,
+            rdone_tx,
+        );
+        let handles = shutdown
+            .iter()
+            .map(|h| h.try_clone_link())
+            .collect::<Result<_, _>>()?;
+        let (peer, ab) = (s.ctl.link.peer(), abort.clone());
+        let streams_st = Streams::new(o.relinks, handles, peer, stats.clone(), ab);
+        let mut jobs = Vec::new();
+        for (i, l) in o.links.into_iter().enumerate() {
+            jobs.push(receivers.spawn(make(i, 0, l, returns[i].granted())));
+        }
+        receivers.release_unused();
+        writers.release_unused();
+        // (The slots past `streams` wait for links the source may add.)
+        for c in returns.iter().take(streams as usize) {
+            c.grant(credits_per_stream as u64)?;
+        }
+        let control = s.ctl.spawn_reader("sink-ctl")?;
+        let journal_tick = journal_tick(table.resume);
+        Ok(SinkPipeline {
+            ctl: &mut s.ctl,
+            table,
+            sync,
+            stats,
+            abort,
+            share,
+            pool,
+            events: Events {
+                check_tick: crossbeam_channel::tick(Duration::from_millis(250)),
+                settle_tick: crossbeam_channel::tick(Duration::from_millis(5)),
+                journal_tick,
+                control,
+                receivers_done: rdone_rx,
+                writers: wev_rx,
+                corrupt: rev_rx,
+            },
+            streams: streams_st,
+            receivers: ReceiverSet {
+                make,
+                reservation: receivers,
+                jobs,
+                extra: Vec::new(),
+                shutdown,
+                idle,
+            },
+            credits: Credits::new(returns, keys, streams, credits_per_stream as u64, nbuf),
+            progress: Progress {
+                receivers_left: streams as usize,
+                eod: false,
+                settle: payload::SettleWatch::new(),
+            },
+            writer_jobs,
+            _writers: writers,
+            session: s.spec.session,
+            facts: (streams, block_size, o.desc),
+            growth: None,
+        })
+    }
+
+    /// The event loop: until EndOfData came and every receiver ended, or
+    /// the first error.
+    pub(super) fn run(&mut self) -> Result<(), EngineError> {
+        while !(self.progress.eod && self.progress.receivers_left == 0) {
+            select! {
+                recv(self.events.check_tick) -> _ => self.on_check(),
+                recv(self.streams.events) -> ev => self.on_link_event(ev),
+                // (After EndOfData it is too late: the source did not wait.)
+                recv(self.events.settle_tick) -> _ => self.on_settle_tick(),
+                recv(self.events.journal_tick) -> _ => self.on_journal_tick(),
+                recv(self.events.control) -> m => self.on_control(m),
+                recv(self.events.receivers_done) -> r => self.on_receiver_done(r),
+                recv(self.events.writers) -> ev => self.on_writer_event(ev),
+                recv(self.events.corrupt) -> ev => self.on_corrupt(ev),
+            }?;
+        }
+        Ok(())
+    }
+
+    /// Payload still flowing: are the links' replacements on time?
+    fn on_check(&mut self) -> Step {
+        if self.progress.eod || self.progress.settle.settled {
+            return Ok(());
+        }
+        self.streams.check()
+    }
+
+    /// A replacement link arrived, or one stream gave up on replacing.
+    fn on_link_event(&mut self, ev: Result<LinkEvent, RecvError>) -> Step {
+        match ev {
+            Ok(LinkEvent::Up(j)) => {
+                if let Some(j) = self.streams.arrived(j) {
+                    self.start_replacement(j)?;
+                    self.progress.receivers_left += 1;
+                }
+                Ok(())
+            }
+            Ok(LinkEvent::GaveUp {
+                stream,
+                attempts,
+                reason,
+            }) => {
+                self.streams.gave_up(stream, attempts, reason);
+                self.on_check()
+            }
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// A receiver on a replacement link, its credits rebased on what the
+    /// stream accepted so far.
+    fn start_replacement(&mut self, j: Joined) -> Step {
+        let (r, c) = (&mut self.receivers, &self.credits);
+        let i = j.stream as usize;
+        j.link.set_read_timeout(Some(r.idle))?;
+        let seal = c.keys.credits(i, j.epoch);
+        let link = j.link.try_clone_link()?;
+        let g = c.returns[i].rebase(link, seal, c.windows[i], c.accepted[i])?;
+        r.shutdown.push(j.link.try_clone_link()?);
+        if self.streams.started(i, j.epoch, j.link.try_clone_link()?) {
+            self.facts.0 += 1;
+        }
+        let f = (r.make)(i, j.epoch, j.link, g);
+        // Outside the pool (its threads may all be busy), on its CPUs.
+        let pool = r.reservation.pool();
+        r.extra.push(pool.spawn_extra(format!("receiver-r{i}"), f)?);
+        Ok(())
+    }
+
+    /// Tell the source once every file is in place or failed.
+    fn on_settle_tick(&mut self) -> Step {
+        let progress = payload::progress(&self.stats);
+        let table = &self.table;
+        if !self.progress.eod && self.progress.settle.look(progress, || table.all_settled()) {
+            self.ctl.send(&Control::Settled)?;
+        }
+        Ok(())
+    }
+
+    /// Resume: bring the journal up to the written blocks.
+    fn on_journal_tick(&mut self) -> Step {
+        if let Some(s) = &mut self.sync {
+            s.flush(&self.table, false)
+        }
+        Ok(())
+    }
+
+    /// The source asks for one more data stream (issue 21): make room in
+    /// the credits and await its link, or refuse (credits 0) when the
+    /// receiver pool's threads or the buffers are used up, or the payload
+    /// is already settled.
+    fn on_add_stream(&mut self, stream: u16) -> Step {
+        self.ctl.machine.on_recv(&Control::AddStream { stream })?;
+        let n = self.streams.count();
+        let open = self.streams.enabled() && !self.progress.settle.settled;
+        let credits = if open {
+            self.credits.make_room(stream as usize, n)
+        } else {
+            0
+        };
+        if credits > 0 {
+            self.streams.add();
+        }
+        tracing::info!("source asks for data stream {stream}: {credits} credits");
+        self.ctl.send(&Control::StreamAdded {
+            stream,
+            credits: credits as u32,
+        })
+    }
+
+    /// What the control reader delivered: a message, or why it stopped.
+    fn on_control(&mut self, m: Result<ControlEvent, RecvError>) -> Step {
+        match m {
+            Ok(Ok(Control::AddStream { stream })) => self.on_add_stream(stream),
+            Ok(Ok(m @ (Control::Grown { .. } | Control::GrownLinks { .. }))) => {
+                self.ctl.machine.on_recv(&m)?;
+                self.growth = grown(m);
+                Ok(())
+            }
+            Ok(Ok(m)) => payload::on_control(
+                m,
+                self.ctl,
+                &self.table,
+                &mut self.sync,
+                &mut self.streams,
+                &mut self.progress.eod,
+            ),
+            Ok(Err(EngineError::PeerClosed)) | Ok(Err(EngineError::Io(_))) => Err(
+                EngineError::local("connection to the source lost mid-transfer"),
+            ),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(EngineError::local("control reader stopped")),
+        }
+    }
+
+    /// A receiver ended: done, its link lost, or failed.
+    fn on_receiver_done(&mut self, r: Result<ReceiverDone, RecvError>) -> Step {
+        let Ok((i, epoch, n, result)) = r else {
+            // Every receiver has ended: a disconnected channel is always
+            // ready, so stop selecting on it (else this loop spins).
+            self.events.receivers_done = never();
+            return Ok(());
+        };
+        self.credits.accepted[i] += n;
+        self.progress.receivers_left -= 1;
+        match result {
+            Ok(()) => {
+                self.streams.ended(i);
+                Ok(())
+            }
+            Err(e)
+                if self.streams.enabled()
+                    && crate::session::relink::is_link_loss(&e)
+                    && !self.abort.load(Ordering::Acquire) =>
+            {
+                self.on_link_lost(i, epoch, n, e)
+            }
+            // A writer stopped the session; its event says why.
+            Err(_) if self.abort.load(Ordering::Acquire) => Ok(()),
+            Err(e) => Err(EngineError::local(format!("data stream {i} failed: {e}"))),
+        }
+    }
+
+    /// The session goes on without a lost link (crate::session::relink): tell the
+    /// source what arrived, replace the link.
+    fn on_link_lost(&mut self, i: usize, epoch: u16, n: u64, e: EngineError) -> Step {
+        if self.progress.eod || self.progress.settle.settled {
+            // Nothing more is needed on any link.
+            self.streams.ended(i);
+            return Ok(());
+        }
+        let waiting = self.streams.lost(i, epoch, &e);
+        self.ctl.send(&Control::Lost {
+            stream: i as u16,
+            epoch,
+            received: n,
+        })?;
+        if let Some(j) = waiting {
+            self.streams.requeue_arrival(j)?;
+        }
+        self.streams.check()
+    }
+
+    /// A writer failed: the session fails with its reason.
+    fn on_writer_event(&mut self, ev: Result<WriterEvent, RecvError>) -> Step {
+        match ev {
+            Ok(ev) => Err(writer_error(ev)),
+            Err(_) => {
+                self.events.writers = never();
+                Ok(())
+            }
+        }
+    }
+
+    /// A block failed verification: ask for it again (payload::on_corrupt).
+    fn on_corrupt(&mut self, ev: Result<ReceiverEvent, RecvError>) -> Step {
+        match ev {
+            Ok(ReceiverEvent::Corrupt { stream, segs }) => {
+                payload::on_corrupt(stream, &segs, self.ctl, &self.table, &self.stats)
+            }
+            Err(_) => {
+                self.events.corrupt = never();
+                Ok(())
+            }
+        }
+    }
+
+    /// Every thread joined, the files finalized, the buffer share
+    /// returned, in this order; on an error first the Abort that stops
+    /// both ends. What is left is the verdict's (SinkSession::verdict).
+    pub(super) fn teardown(self, result: Result<(), EngineError>) -> Result<Drained, EngineError> {
+        let SinkPipeline {
+            ctl,
+            table,
+            mut sync,
+            abort,
+            share,
+            pool,
+            events,
+            streams,
+            receivers,
+            credits,
+            writer_jobs,
+            session,
+            facts,
+            growth,
+            ..
+        } = self;
+        if let Err(e) = &result {
+            abort.store(true, Ordering::Release);
+            tracing::warn!("session {session}: {e}");
+            let reason = e.to_string();
+            let _ =
+                crate::transport::wire::send_control(&mut *ctl.link, &Control::Abort { reason });
+            for h in &receivers.shutdown {
+                h.shutdown_both();
+            }
+        }
+        let ReceiverSet {
+            make, jobs, extra, ..
+        } = receivers;
+        for j in jobs {
+            let _ = j.join();
+        }
+        for j in extra {
+            let _ = j.join();
+        }
+        drop(make);
+        drop(streams);
+        for j in writer_jobs {
+            let _ = j.join();
+        }
+        // A writer may have failed after the last block arrived (disk full on
+        // the final write): that fails the session, with its reason.
+        let mut result = result;
+        if result.is_ok() {
+            if let Ok(ev) = events.writers.try_recv() {
+                let e = writer_error(ev);
+                tracing::warn!("session {session}: {e}");
+                let reason = e.to_string();
+                let _ = crate::transport::wire::send_control(
+                    &mut *ctl.link,
+                    &Control::Abort { reason },
+                );
+                result = Err(e);
+            }
+        }
+        // Late corrupt-block reports.
+        while let Ok(ReceiverEvent::Corrupt { stream, segs }) = events.corrupt.try_recv() {
+            for s in segs {
+                let reason = format!("block checksum mismatch on stream {stream}");
+                table.fail_id(s.file_id, reason);
+            }
+        }
+        // The default journal keeps what an interruption left (a lost peer),
+        // not what a local failure left (a full disk gets its space back).
+        let local = matches!(result, Err(EngineError::Local(_)));
+        let keep = table.resume && (table.journal_min == 0 || !local);
+        let file_failures = table.finish_keeping(keep);
+        if let Some(s) = &mut sync {
+            s.close_journal(&table);
+        }
+        drop(credits);
+        // Every thread holding a clone is joined: the share goes back now.
+        drop(pool);
+        drop(share);
+        if let Err(e) = result {
+            ctl.link.shutdown_both();
+            return Err(e);
+        }
+        let (streams, block_size, links) = facts;
+        Ok(Drained {
+            table,
+            sync,
+            file_failures,
+            streams,
+            block_size,
+            links,
+            growth,
+            control: events.control,
+        })
+    }
+}
+
+/// A Grown or GrownLinks as the report shows it (transport::grow's units).
+fn grown(m: Control) -> Option<Growth> {
+    let (stages, links, stopped) = match m {
+        Control::Grown { stages, stopped } => (stages, Vec::new(), stopped),
+        Control::GrownLinks {
+            stages,
+            links,
+            stopped,
+        } => (stages, links, stopped),
+        _ => return None,
+    };
+    let mb = |kb: u64| kb as f64 / 1e3;
+    // A plain Grown (an older daemon) carries no links' figures.
+    let links = links.into_iter().map(Some).chain(std::iter::repeat(None));
+    let stages = stages.into_iter().zip(links).map(|(s, l)| Stage {
+        at_s: s.at_ms as f64 / 1e3,
+        streams: s.streams,
+        mb_s: mb(s.kb_s),
+        link_mb_s: s.link_kb_s.into_iter().map(mb).collect(),
+        busy_pct: l.and_then(|l| l.busy_pm).map(|b| b as f64 / 10.0),
+        rtt_x: l.and_then(|l| l.rtt_x100).map(|q| q as f64 / 100.0),
+        then: s.then,
+    });
+    Some(Growth {
+        stages: stages.collect(),
+        stopped: (!stopped.is_empty()).then_some(stopped),
+    })
+}
+
+/// A writer's failure as the session's error.
+fn writer_error(ev: WriterEvent) -> EngineError {
+    match ev {
+        WriterEvent::Fatal(m) => EngineError::local(m),
+        WriterEvent::Protocol(m) => EngineError::local(format!("protocol error: {m}")),
+    }
+}
+
+/// Receiver threads' bodies (see [`ReceiverFactory`]); each reports how
+/// many blocks it accepted and how it ended on `done`.
+fn receiver_factory(
+    (block_size, checksum, keys): (usize, bool, StreamKeys),
+    received: Sender<Buf>,
+    pool: &Arc<BufferPool>,
+    events: Sender<ReceiverEvent>,
+    abort: &Arc<AtomicBool>,
+    stats: &Arc<Stats>,
+    done: Sender<ReceiverDone>,
+) -> ReceiverFactory {
+    let (p, a, s) = (pool.clone(), abort.clone(), stats.clone());
+    Box::new(
+        move |i: usize, epoch: u16, l: Box<dyn Link>, g: Arc<AtomicU64>| {
+            let (tx, p, ev, a, s, d) = (
+                received.clone(),
+                p.clone(),
+                events.clone(),
+                a.clone(),
+                s.clone(),
+                done.clone(),
+            );
+            let seal = keys.blocks(i, epoch);
+            Box::new(move || {
+                let mut n = 0u64;
+                let r = run_receiver(
+                    i as u16, l, block_size, checksum, p, tx, ev, g, a, s, seal, &mut n,
+                );
+                let _ = d.send((i, epoch, n, r));
+            })
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn credits(buffers: u64, windows: &[u64], slots: usize) -> Credits {
+        let returns = (0..slots)
+            .map(|_| CreditReturn::new(Box::new(crate::transport::ClosedLink), 1, None))
+            .collect();
+        let mut w = windows.to_vec();
+        w.resize(slots, 0);
+        Credits {
+            returns: Arc::new(returns),
+            keys: StreamKeys {
+                key: None,
+                cipher: Cipher::None,
+            },
+            windows: w,
+            buffers,
+            window: windows[0],
+            accepted: vec![0; slots],
+        }
+    }
+
+    #[test]
+    fn an_added_stream_takes_free_buffers_then_the_widest_windows() {
+        // 64 buffers over 4 streams of 8: 32 free, the new one gets 8.
+        let mut c = credits(64, &[8, 8, 8, 8], 8);
+        assert_eq!(c.make_room(4, 4), 8);
+        assert_eq!(&c.windows[..5], &[8, 8, 8, 8, 8]);
+        // 16 buffers held by 4 streams of 4: the 5th gets 16/5 = 3,
+        // taken one credit each from three of them.
+        let mut c = credits(16, &[4, 4, 4, 4], 8);
+        assert_eq!(c.make_room(4, 4), 3);
+        assert_eq!(c.windows[..5].iter().sum::<u64>(), 16);
+        assert!(c.windows[..4].iter().all(|&w| w >= 3));
+        // Writers give that many fewer credits back: the cursor moved on.
+        let withheld: u64 = c.returns[..4]
+            .iter()
+            .map(|r| r.cursor.load(Ordering::Relaxed))
+            .sum();
+        assert_eq!(withheld, 3);
+    }
+
+    #[test]
+    fn no_room_past_the_slots_the_buffers_or_out_of_order() {
+        // Every window at the minimum of 2: nothing to take.
+        let mut c = credits(8, &[2, 2, 2, 2], 8);
+        assert_eq!(c.make_room(4, 4), 0);
+        assert_eq!(&c.windows[..4], &[2, 2, 2, 2]);
+        // No slot left (the receiver pool's size).
+        let mut c = credits(64, &[8, 8], 2);
+        assert_eq!(c.make_room(2, 2), 0);
+        // Not the next stream number.
+        let mut c = credits(64, &[8, 8], 4);
+        assert_eq!(c.make_room(3, 2), 0);
+    }
+}

@@ -1,0 +1,661 @@
+//! The sink's part of a sync: decide per announced file what it already
+//! holds, answer Have in the metadata round trip, apply the source's Reuse
+//! verdicts, keep the resume journal, and delete what the source no longer
+//! has once everything new is in place.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use ramsys_proto::control::{Have, HaveState, Reuse, ReuseKind};
+
+use super::journal::{Journal, PartRec};
+use crate::request::sync::flags::{
+    CHECKSUM, DELETE, DRY_RUN, IGNORE_EXISTING, JOURNAL, RESUME, SYNC, UPDATE,
+};
+use crate::roles::sink::files::{Base, FileTable, WriteError};
+use crate::storage::fsops::{split_parent, Root};
+
+/// (path, reason) of entries that could not be removed.
+pub type PathFailures = Vec<(Vec<u8>, String)>;
+
+enum Check {
+    Digest,
+    /// Hash the base: the old file, or a journalled temp file.
+    Blocks {
+        base_size: u64,
+        part: Option<PartRec>,
+    },
+}
+
+pub struct SinkSync {
+    pub flags: u32,
+    root: Arc<Root>,
+    journal: Option<Journal>,
+    checks: Vec<(u64, Vec<u8>, u64, Check)>,
+    pub haves: Vec<Have>,
+    /// Every destination path the source sent (for --delete).
+    keep: HashSet<Vec<u8>>,
+    /// Destination directories the source sent that exist here.
+    dirs: Vec<Vec<u8>>,
+    /// Their wire paths (same order), what `protect` matches.
+    wires: Vec<Vec<u8>>,
+    /// The user's selection: what it excludes is never deleted.
+    protect: Option<crate::request::filter::Filter>,
+    /// Dry run: files that would be sent, by id.
+    dry_files: Vec<(u64, Vec<u8>)>,
+    /// Dry run: ids the sink or source found unchanged.
+    dry_kept: HashSet<u64>,
+    /// Resume: temp files taken as bases (paths under the root).
+    used_parts: HashSet<Vec<u8>>,
+    /// The directory of the last file looked up: records arrive in walk
+    /// order, so one confined open per directory instead of per file
+    /// (None: it does not exist here).
+    dir: Option<(Vec<u8>, Option<std::os::fd::OwnedFd>)>,
+    /// Directories removed to make way for a non-directory (issue 35),
+    /// reported with the deletions.
+    made_way: Vec<Vec<u8>>,
+}
+
+/// `.NAME.ramsys-SESSION.part`: the only names orphan cleaning removes.
+fn is_temp_name(n: &[u8]) -> bool {
+    n.starts_with(b".")
+        && n.ends_with(b".part")
+        && n.windows(8).any(|w| w == b".ramsys-")
+        && !n.contains(&b'/')
+}
+
+fn is_reg(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFREG
+}
+
+fn is_dir(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+impl SinkSync {
+    pub fn new(flags: u32, root: Arc<Root>) -> Self {
+        SinkSync {
+            flags,
+            root,
+            journal: None,
+            checks: Vec::new(),
+            haves: Vec::new(),
+            keep: HashSet::new(),
+            dirs: Vec::new(),
+            wires: Vec::new(),
+            protect: None,
+            dry_files: Vec::new(),
+            dry_kept: HashSet::new(),
+            used_parts: HashSet::new(),
+            dir: None,
+            made_way: Vec::new(),
+        }
+    }
+
+    /// Record a path the source sent: needed only to find what it no
+    /// longer has (--delete) and stale temp files (resume).
+    fn remember(&mut self, target: &[u8]) {
+        if self.flags & (DELETE | RESUME) != 0 {
+            self.keep.insert(target.to_vec());
+        }
+    }
+
+    /// lstat of a destination path through the cached directory descriptor.
+    fn lstat(&mut self, rel: &[u8]) -> Option<libc::stat> {
+        let (parent, name) = split_parent(rel);
+        if name.is_empty() {
+            return self.root.lstat(rel).ok().flatten();
+        }
+        if self.dir.as_ref().is_none_or(|(p, _)| p != parent) {
+            let fd = self.root.open_dir(parent).ok();
+            self.dir = Some((parent.to_vec(), fd));
+        }
+        let fd = self.dir.as_ref()?.1.as_ref()?;
+        crate::storage::fsops::lstat_at(std::os::fd::AsFd::as_fd(fd), name)
+            .ok()
+            .flatten()
+    }
+
+    pub fn dry(&self) -> bool {
+        self.flags & DRY_RUN != 0
+    }
+
+    pub fn resume(&self) -> bool {
+        self.flags & RESUME != 0 && !self.dry()
+    }
+
+    /// `--delete` leaves what this selection excludes (rsync's rule).
+    pub fn protect(&mut self, f: crate::request::filter::Filter) {
+        self.protect = (!f.is_all()).then_some(f);
+    }
+
+    /// A directory record (created by the caller unless dry run); `wire`
+    /// is its path as the source sent it.
+    pub fn on_dir(&mut self, target: &[u8], wire: &[u8]) {
+        self.dir = None;
+        self.remember(target);
+        self.dirs.push(target.to_vec());
+        self.wires.push(wire.to_vec());
+    }
+
+    /// A symlink, hard link or special file record. Err: a directory is
+    /// in its way and stays (the reason; the caller reports it and skips
+    /// the record).
+    pub fn on_other(&mut self, target: &[u8]) -> Result<(), String> {
+        self.remember(target);
+        if !self.replaces() {
+            return Ok(());
+        }
+        match self.lstat(target) {
+            Some(st) if is_dir(&st) => self.make_way(target),
+            _ => Ok(()),
+        }
+    }
+
+    /// A sync (not a copy, not `--ignore-existing`) replaces what is in
+    /// the way of a source entry of another type, as rsync does (issue 35).
+    pub fn replaces(&self) -> bool {
+        self.flags & SYNC != 0 && self.flags & IGNORE_EXISTING == 0
+    }
+
+    /// Remove the directory at `target` so a non-directory can take its
+    /// place (sync::delete::make_way); nothing changes in a dry run.
+    fn make_way(&mut self, target: &[u8]) -> Result<(), String> {
+        self.dir = None;
+        if self.dry() {
+            return Ok(());
+        }
+        match super::delete::make_way(&self.root, target, self.flags & DELETE != 0) {
+            Ok(()) => {
+                self.made_way.push(target.to_vec());
+                Ok(())
+            }
+            Err(e) => Err(format!("cannot replace the directory: {e}")),
+        }
+    }
+
+    /// What every file and piece record does first: remember its name,
+    /// list it for a dry run, and say whether to compare it at all (the
+    /// default journal alone compares nothing: a plain copy).
+    fn note_data(&mut self, id: u64, target: &[u8]) -> bool {
+        self.remember(target);
+        if self.dry() {
+            self.dry_files.push((id, target.to_vec()));
+        }
+        self.flags & crate::request::sync::COMPARE != 0
+    }
+
+    /// `--ignore-existing` / `--update`: DST's entry `st` is to stay as it
+    /// is: it exists, or (`-u`) it is a regular file newer than the source.
+    fn leaves(&self, st: &libc::stat, mtime: (i64, u32)) -> bool {
+        self.flags & IGNORE_EXISTING != 0
+            || self.flags & UPDATE != 0
+                && is_reg(st)
+                && (st.st_mtime, st.st_mtime_nsec as u32) > mtime
+    }
+
+    /// File `id` needs no data: tell the source, keep DST's file (applying
+    /// the mode and mtime if `attrs`).
+    fn unchanged(&mut self, table: &FileTable, id: u64, attrs: bool) {
+        self.haves.push(Have {
+            id,
+            state: HaveState::Unchanged,
+        });
+        table.keep(id, attrs);
+        self.dry_kept.insert(id);
+    }
+
+    /// A file record, already in `table` (unless dry run): unchanged,
+    /// to compare, or to send whole.
+    pub fn on_file(
+        &mut self,
+        table: &FileTable,
+        id: u64,
+        target: &[u8],
+        size: u64,
+        mode: u32,
+        mtime: (i64, u32),
+    ) {
+        if !self.note_data(id, target) {
+            return;
+        }
+        // `--ignore-existing` / `-u` look at DST first (one lstat, reused).
+        let early = (self.flags & (IGNORE_EXISTING | UPDATE) != 0).then(|| self.lstat(target));
+        if let Some(Some(st)) = &early {
+            if self.leaves(st, mtime) {
+                return self.unchanged(table, id, false);
+            }
+        }
+        if self.resume() {
+            if self.journal.is_none() {
+                match Journal::open(self.root.path()) {
+                    Ok(j) => self.journal = Some(j),
+                    Err(e) => tracing::warn!("{e}; resuming without it"),
+                }
+            }
+            let rec = self
+                .journal
+                .as_ref()
+                .and_then(|j| j.lookup(target).ok().flatten());
+            if let Some(r) = rec.filter(|r| r.size == size && r.mtime == mtime) {
+                let (parent, _) = split_parent(target);
+                let mut p = parent.to_vec();
+                if !p.is_empty() {
+                    p.push(b'/');
+                }
+                p.extend_from_slice(&r.part);
+                // A device's row names the device itself (written in place).
+                if matches!(self.root.lstat(&p), Ok(Some(st))
+                    if is_reg(&st) || crate::storage::volume::is_block_stat(&st))
+                {
+                    self.used_parts.insert(p.clone());
+                    let check = Check::Blocks {
+                        base_size: size,
+                        part: Some(r),
+                    };
+                    self.checks.push((id, p, size, check));
+                    return;
+                }
+            }
+        }
+        let Some(st) = early.unwrap_or_else(|| self.lstat(target)) else {
+            return;
+        };
+        if crate::storage::volume::is_block_stat(&st) {
+            // A device DST (accepted: --write-devices, large enough): its
+            // first `size` bytes are the base, block by block; its mtime
+            // says nothing about its contents.
+            if self.flags & SYNC != 0 && !self.dry() && size > 0 {
+                let check = Check::Blocks {
+                    base_size: size,
+                    part: None,
+                };
+                self.checks.push((id, target.to_vec(), size, check));
+            }
+            return;
+        }
+        if is_dir(&st) && self.replaces() {
+            if let Err(e) = self.make_way(target) {
+                table.fail_id(id, e);
+            }
+            return;
+        }
+        if !is_reg(&st) {
+            return;
+        }
+        let osize = st.st_size as u64;
+        let omtime = (st.st_mtime, st.st_mtime_nsec as u32);
+        let delta_ok = self.flags & SYNC != 0
+            && !self.dry()
+            && osize > 0
+            && (osize == size || size >= crate::request::sync::DELTA_MIN);
+        if self.flags & CHECKSUM != 0 && osize == size {
+            self.checks.push((id, target.to_vec(), size, Check::Digest));
+        } else if self.flags & CHECKSUM == 0 && osize == size && omtime == mtime {
+            // A mode change alone is applied here: no data moves.
+            self.unchanged(table, id, st.st_mode & 0o7777 != mode);
+        } else if delta_ok {
+            let check = Check::Blocks {
+                base_size: osize,
+                part: None,
+            };
+            self.checks.push((id, target.to_vec(), size, check));
+        }
+    }
+
+    /// A piece of a big file (issue 19, data::bigfile), already in
+    /// `table`: unchanged when the file is in place as a copy of this one
+    /// (same size and mtime, or same content with `-c`), or when an earlier
+    /// run left this piece verified in the shared temp file; otherwise sent
+    /// whole (no delta: a piece is small and its base is the temp file).
+    pub fn on_piece(
+        &mut self,
+        table: &FileTable,
+        id: u64,
+        target: &[u8],
+        size: u64,
+        mode: u32,
+        mtime: (i64, u32),
+    ) {
+        if !self.note_data(id, target) {
+            return;
+        }
+        let st = self.lstat(target);
+        if st.as_ref().is_some_and(|st| self.leaves(st, mtime)) {
+            return self.unchanged(table, id, false);
+        }
+        if st.as_ref().is_some_and(is_dir) && self.replaces() {
+            // The first piece makes way for all of them.
+            if let Err(e) = self.make_way(target) {
+                table.fail_id(id, e);
+            }
+            return;
+        }
+        if let Some(st) = st.filter(is_reg) {
+            let same_size = st.st_size as u64 == size;
+            if self.flags & CHECKSUM != 0 && same_size {
+                self.checks.push((id, target.to_vec(), size, Check::Digest));
+                return;
+            }
+            let omtime = (st.st_mtime, st.st_mtime_nsec as u32);
+            if self.flags & CHECKSUM == 0 && same_size && omtime == mtime {
+                return self.unchanged(table, id, st.st_mode & 0o7777 != mode);
+            }
+        }
+        if !self.dry() && table.piece_done(id) {
+            self.haves.push(Have {
+                id,
+                state: HaveState::Unchanged,
+            });
+            table.keep_piece(id);
+            self.dry_kept.insert(id);
+        }
+    }
+
+    /// Resume: temp files of this session's files that no journal row
+    /// vouches for (written after its last save before a kill, or of
+    /// another source version) are removed: their blocks are unverified.
+    fn drop_stale_parts(&self) {
+        for d in &self.dirs {
+            let Ok(fd) = self.root.open_dir(d) else {
+                continue;
+            };
+            use std::os::fd::AsRawFd;
+            use std::os::unix::ffi::OsStrExt;
+            let Ok(rd) = std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+                continue;
+            };
+            for e in rd.filter_map(|e| e.ok()) {
+                let name = e.file_name().as_bytes().to_vec();
+                let s = String::from_utf8_lossy(&name).into_owned();
+                let Some(i) = s.rfind(".ramsys-") else {
+                    continue;
+                };
+                if !s.starts_with('.') || !s.ends_with(".part") {
+                    continue;
+                }
+                let mut dest = d.clone();
+                let mut part = d.clone();
+                if !d.is_empty() {
+                    dest.push(b'/');
+                    part.push(b'/');
+                }
+                dest.extend_from_slice(&name[1..i]);
+                part.extend_from_slice(&name);
+                if self.keep.contains(&dest) && !self.used_parts.contains(&part) {
+                    let _ = self.root.unlink(d, &name);
+                }
+            }
+        }
+    }
+
+    /// After MetaEnd: digests and block hashes, in parallel; the Have
+    /// answer in batches that fit a CONTROL frame.
+    pub fn answer(&mut self, table: &FileTable) -> Vec<Vec<Have>> {
+        if self.resume() {
+            self.drop_stale_parts();
+        }
+        let root = self.root.clone();
+        // The pieces of one big file (issue 19) all ask for the digest of
+        // the same final file (`-c`): hashed once.
+        let mut first: std::collections::HashMap<&[u8], usize> = Default::default();
+        let same: Vec<Option<usize>> = (self.checks.iter().enumerate())
+            .map(|(i, (_, p, _, c))| match c {
+                Check::Digest => match first.get(&p[..]) {
+                    Some(&j) => Some(j),
+                    None => {
+                        first.insert(&p[..], i);
+                        None
+                    }
+                },
+                _ => None,
+            })
+            .collect();
+        let idx: Vec<usize> = (0..self.checks.len()).collect();
+        let checks = &self.checks;
+        let mut res: Vec<Option<HaveState>> =
+            crate::request::sync::par_map(&idx, crate::request::sync::hash_threads(), |&i| {
+                let (id, path, size, c) = &checks[i];
+                if same[i].is_some() {
+                    return None;
+                }
+                let f = root.open_read(path, false).ok()?;
+                match c {
+                    Check::Digest => crate::request::sync::content_digest(f)
+                        .ok()
+                        .map(HaveState::Digest),
+                    Check::Blocks { base_size, part } => {
+                        let bs = crate::request::sync::delta_block(*size);
+                        let want = |i: usize| part.as_ref().is_none_or(|p| p.has(i));
+                        let sums = crate::request::sync::block_sums(&f, *id, *base_size, bs, &want)
+                            .ok()?;
+                        Some(HaveState::Blocks {
+                            block_size: bs,
+                            size: *base_size,
+                            sums,
+                        })
+                    }
+                }
+            });
+        for (i, j) in same.iter().enumerate() {
+            if let Some(j) = *j {
+                res[i] = res[j].clone();
+            }
+        }
+        for ((id, _, _, c), r) in std::mem::take(&mut self.checks).into_iter().zip(res) {
+            let Some(state) = r else { continue };
+            match c {
+                Check::Blocks { part: Some(p), .. } => table.set_base(id, Base::Part(p.part)),
+                Check::Blocks { part: None, .. } => table.set_base(id, Base::Old),
+                Check::Digest => {}
+            }
+            self.haves.push(Have { id, state });
+        }
+        let mut out = Vec::new();
+        let mut cur = Vec::new();
+        let mut bytes = 0;
+        for h in std::mem::take(&mut self.haves) {
+            let sz = 16
+                + match &h.state {
+                    HaveState::Blocks { sums, .. } => sums.len() * 10 + 16,
+                    _ => 10,
+                };
+            if bytes + sz > (ramsys_proto::frame::MAX_CONTROL_BODY as usize) / 2 && !cur.is_empty()
+            {
+                out.push(std::mem::take(&mut cur));
+                bytes = 0;
+            }
+            bytes += sz;
+            cur.push(h);
+        }
+        if !cur.is_empty() {
+            out.push(cur);
+        }
+        out
+    }
+
+    /// The source's verdicts.
+    pub fn on_reuse(&mut self, table: &FileTable, v: Vec<Reuse>) -> Result<(), WriteError> {
+        for r in v {
+            match r.what {
+                ReuseKind::Keep => {
+                    self.dry_kept.insert(r.id);
+                    table.keep(r.id, true);
+                }
+                ReuseKind::Base { bytes } => table.reuse(r.id, bytes)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Resume: save the written blocks of temp files changed since last time.
+    pub fn flush(&mut self, table: &FileTable, all: bool) {
+        if self.flags & (RESUME | JOURNAL) == 0 || self.dry() {
+            return;
+        }
+        // Nothing to save: no journal is created (the default journal
+        // costs nothing until a large file is in flight).
+        let rows = table.journal_rows(all);
+        if rows.is_empty() {
+            return;
+        }
+        if self.journal.is_none() {
+            match Journal::open(self.root.path()) {
+                Ok(j) => self.journal = Some(j),
+                Err(e) => {
+                    tracing::warn!("{e}");
+                    return;
+                }
+            }
+        }
+        if let Some(j) = &mut self.journal {
+            if let Err(e) = j.put(&rows) {
+                tracing::warn!("{e}");
+            }
+        }
+    }
+
+    /// After the session's files are in place (or it failed): forget what
+    /// completed, keep what did not.
+    pub fn close_journal(&mut self, table: &FileTable) {
+        self.flush(table, true);
+        if let Some(mut j) = self.journal.take() {
+            let done = table.final_paths();
+            if let Err(e) = j.remove(&done) {
+                tracing::warn!("{e}");
+            }
+            j.close();
+        }
+    }
+
+    /// Orphans (issue 15): once a transfer to `dest` has succeeded, journal
+    /// rows under it that this session did not leave (an older interrupted
+    /// run, files the source no longer has) go, with their temp files. Only
+    /// temp names (`.NAME.ramsys-*.part`) are ever removed, never a final
+    /// name, and only those untouched since this session started (another
+    /// session may be writing into the same tree).
+    pub fn clean_orphans(&mut self, dest: &[u8], since: std::time::SystemTime) {
+        if self.journal.is_none()
+            && !self
+                .root
+                .path()
+                .join(crate::request::reserved::JOURNAL_NAME)
+                .exists()
+        {
+            return;
+        }
+        let Ok(mut j) = Journal::open(self.root.path()) else {
+            return;
+        };
+        let rows = j.rows_under(dest).unwrap_or_default();
+        let mut gone: Vec<&[u8]> = Vec::new();
+        for r in &rows {
+            let (parent, _) = split_parent(&r.dest);
+            if !is_temp_name(&r.part) {
+                continue;
+            }
+            let p = if parent.is_empty() {
+                r.part.clone()
+            } else {
+                [parent, b"/", &r.part].concat()
+            };
+            let fresh = match self.root.lstat(&p) {
+                Ok(Some(st)) => {
+                    let m = std::time::UNIX_EPOCH
+                        + std::time::Duration::new(st.st_mtime as u64, st.st_mtime_nsec as u32);
+                    m >= since
+                }
+                _ => false,
+            };
+            if fresh {
+                continue;
+            }
+            let _ = self.root.unlink(parent, &r.part);
+            gone.push(&r.dest);
+        }
+        if !gone.is_empty() {
+            tracing::info!(
+                "removed {} interrupted temp files left by earlier runs",
+                gone.len()
+            );
+        }
+        if let Err(e) = j.remove(&gone) {
+            tracing::warn!("{e}");
+        }
+        self.journal = None;
+        j.close();
+    }
+
+    /// `--delete`, last of all: entries of the sent directories the source
+    /// does not have (removed unless dry run). Returns (removed, failures).
+    pub fn delete(&self) -> (Vec<Vec<u8>>, PathFailures) {
+        if self.flags & DELETE == 0 {
+            return (self.made_way.clone(), Vec::new());
+        }
+        let gone = match &self.protect {
+            None => super::delete::extraneous(&self.root, &self.dirs, &self.keep, None),
+            Some(f) => {
+                let protected = |i: usize, name: &[u8], is_dir: bool| {
+                    let w = &self.wires[i];
+                    let wire = if w.is_empty() {
+                        name.to_vec()
+                    } else {
+                        [w.as_slice(), b"/", name].concat()
+                    };
+                    f.protects(&wire, is_dir)
+                };
+                super::delete::extraneous(&self.root, &self.dirs, &self.keep, Some(&protected))
+            }
+        };
+        if self.dry() {
+            return (gone, Vec::new());
+        }
+        let mut done = self.made_way.clone();
+        let mut failed = Vec::new();
+        for p in gone {
+            let r = match &self.protect {
+                None => super::delete::remove(&self.root, &p).map(|()| true),
+                // What the rules exclude inside a directory that goes
+                // stays, with the directory (rsync's rule).
+                Some(f) => super::delete::remove_unprotected(
+                    &self.root,
+                    &p,
+                    &self.wire_of(&p),
+                    &|w, is_dir| f.protects(w, is_dir),
+                ),
+            };
+            match r {
+                Ok(true) => done.push(p),
+                Ok(false) => {}
+                Err(e) => failed.push((p, format!("delete: {e}"))),
+            }
+        }
+        (done, failed)
+    }
+
+    /// The path from the transfer root of `p`, an entry of one of `dirs`.
+    fn wire_of(&self, p: &[u8]) -> Vec<u8> {
+        let (parent, name) = crate::storage::fsops::split_parent(p);
+        match self.dirs.iter().position(|d| d == parent) {
+            Some(i) if !self.wires[i].is_empty() => [&self.wires[i][..], b"/", name].concat(),
+            _ => name.to_vec(),
+        }
+    }
+
+    /// Directories removed to make way for a non-directory (reported
+    /// with the deletions, also where `--delete` did not run).
+    pub fn made_way(&self) -> Vec<Vec<u8>> {
+        self.made_way.clone()
+    }
+
+    /// Dry run: files that would be sent, and how many were unchanged.
+    pub fn planned(&self) -> (Vec<Vec<u8>>, u64) {
+        let p = self
+            .dry_files
+            .iter()
+            .filter(|(id, _)| !self.dry_kept.contains(id))
+            .map(|(_, t)| t.clone())
+            .collect();
+        (p, self.dry_kept.len() as u64)
+    }
+}

@@ -1,0 +1,425 @@
+//! The source end of a session (seed 000 Fig. 6-4): a [`SourceSession`]
+//! runs one method per protocol phase (negotiate, stream metadata,
+//! confirm and open links, sync answer), then hands over to the data
+//! pipeline (payload.rs), whose verdict and teardown end the session.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ramsys_proto::control::{entry_wire_size, Bytes32, Entry, Failure, Propose};
+use ramsys_proto::frame::MAX_CONTROL_BODY;
+use ramsys_proto::session::{Phase, SourceMachine};
+use ramsys_proto::Control;
+use ramsys_resources::Reservation;
+
+use crate::daemon::Admission;
+use crate::data::resources::EngineResources;
+use crate::request::walk::{walk_archive, Top, Walk};
+use crate::roles::source::sync_plan::SyncPlan;
+use crate::session::control::{unexpected, ControlLink};
+use crate::session::relink::Relinks;
+use crate::session::report::Report;
+use crate::session::LinkProvider;
+use crate::storage::fsops::Root;
+use crate::transport::crypto::Cipher;
+use crate::transport::wire::{recv_control, send_control};
+use crate::transport::Link;
+use crate::types::stats::{FailedPath, Stats};
+use crate::{show, EngineError, TransferOptions};
+
+pub mod sync_plan;
+
+// The data pipeline: readers and senders, its event loop and teardown.
+mod payload;
+// Decisions of the payload phase and the Resend handler.
+mod pipeline;
+
+/// The source's control link: every message passes its SourceMachine.
+type Ctl = ControlLink<SourceMachine>;
+
+/// What to send.
+pub struct SourceSpec {
+    pub root: Arc<Root>,
+    pub tops: Vec<Top>,
+    /// (daemon address, session): AuthOk still to be read (pipelined
+    /// connect, session::client_connect_pipelined).
+    pub pending_auth: Option<(String, u64)>,
+}
+
+/// Run the source end on an authenticated control link.
+pub fn run_source(
+    ctl_link: Box<dyn Link>,
+    links: &mut dyn LinkProvider,
+    spec: SourceSpec,
+    opts: &TransferOptions,
+    res: &EngineResources,
+    stats: Arc<Stats>,
+) -> Result<Report, EngineError> {
+    run_source_with(
+        ctl_link,
+        links,
+        spec,
+        opts,
+        res,
+        stats,
+        &crate::daemon::Unmanaged,
+    )
+}
+
+/// [`run_source`] with threads reserved through `adm` (the daemon's task
+/// controller, crate::daemon).
+pub fn run_source_with(
+    ctl_link: Box<dyn Link>,
+    links: &mut dyn LinkProvider,
+    spec: SourceSpec,
+    opts: &TransferOptions,
+    res: &EngineResources,
+    stats: Arc<Stats>,
+    adm: &dyn Admission,
+) -> Result<Report, EngineError> {
+    let mut s = SourceSession {
+        ctl: Ctl::new(ctl_link, SourceMachine::new(), "sink"),
+        spec,
+        opts,
+        res,
+        stats,
+        adm,
+    };
+    let mut threads = s.negotiate()?;
+    let walk = s.stream_metadata()?;
+    let mut failures = walk.failures.clone();
+    let confirmed = s.confirm(&mut threads.senders)?;
+    // The sink's answer before its data links: a sink streams its Have
+    // records before it takes the links, so a source that waited for the
+    // links first would leave the answer unread, and past the socket
+    // buffers both ends would wait for each other (a no-change sync of
+    // 1 M files, issue 36).
+    let plan = s.sync_answer(&walk, confirmed.block_size, &mut failures)?;
+    let opened = s.open_links(links, &confirmed)?;
+    let mut data = payload::Payload::start(&mut s, threads, walk, plan, confirmed, opened)?;
+    let verdict = data.run();
+    data.finish(verdict, failures)
+}
+
+/// The source end of one session, between its phases.
+struct SourceSession<'a> {
+    ctl: Ctl,
+    spec: SourceSpec,
+    opts: &'a TransferOptions,
+    res: &'a EngineResources,
+    stats: Arc<Stats>,
+    adm: &'a dyn Admission,
+}
+
+/// Threads reserved before proposing (Fig. 6-4a).
+struct Threads {
+    senders: Reservation,
+    readers: Reservation,
+}
+
+/// What the sink confirmed of our proposal.
+struct Confirmed {
+    streams: u16,
+    block_size: usize,
+    checksum: bool,
+    cipher: Cipher,
+    /// Credits per stream (the sending window).
+    window: u32,
+}
+
+/// The data links as first opened.
+struct Opened {
+    links: Vec<Box<dyn Link>>,
+    key: Option<Bytes32>,
+    relinks: Relinks,
+    /// The data links (local, peer, kind), for the report.
+    desc: Vec<crate::types::stats::LinkDesc>,
+}
+
+impl SourceSession<'_> {
+    /// Capacity negotiation (seed 000 Fig. 6-4a): reserve threads first,
+    /// propose what we hold; what the sink cannot match is released once
+    /// it confirms.
+    fn negotiate(&mut self) -> Result<Threads, EngineError> {
+        let (opts, res) = (self.opts, self.res);
+        let want = opts.streams.clamp(1, res.config.max_streams as u16);
+        let (senders, readers) = self
+            .adm
+            .reserve_source(res, want as usize, opts.readers.max(1))
+            .inspect_err(|e| {
+                let _ = send_control(
+                    &mut *self.ctl.link,
+                    &Control::Abort {
+                        reason: e.to_string(),
+                    },
+                );
+            })?;
+        let block_size = opts.block_size.min(res.buffers.buf_size() as u32).max(4096);
+        self.ctl.send(&Control::Propose(Propose {
+            roots: self.spec.tops.len() as u32,
+            streams: senders.len() as u16,
+            block_size,
+            capacity_mbps: 0,
+            checksum: opts.checksum,
+            cipher: opts.encrypt.id(),
+        }))?;
+        // DEST_DIR is the sink's own (SyncOpen, or its agent's options).
+        let mode = opts.sync & !crate::request::sync::flags::DEST_DIR;
+        if mode != 0 {
+            // Sync (docs/SYNC.md): the sink answers with what it holds.
+            self.ctl.send(&Control::SyncMode { flags: mode })?;
+        }
+        if opts.preserve != 0 {
+            // An archive copy (crate::storage::archive): Attrs follow the records.
+            self.ctl.send(&Control::Preserve {
+                flags: opts.preserve,
+            })?;
+        }
+        Ok(Threads { senders, readers })
+    }
+
+    /// Metadata in one round trip (Fig. 6-4b): stream every record right
+    /// behind Propose; Confirm and the single SyncDone are read after.
+    /// The scan streams its records as it goes (walk_streamed), so the
+    /// sink checks what it holds while the source still scans.
+    fn stream_metadata(&mut self) -> Result<Walk, EngineError> {
+        let (opts, spec, ctl) = (self.opts, &self.spec, &mut self.ctl);
+        let scanned =
+            if opts.source_engine == crate::storage::DataEngine::Null && opts.null_size > 0 {
+                let w = crate::request::null::synthetic_walk(&spec.tops, opts.null_size);
+                send_entries(ctl, &w.entries).map(|_| w)
+            } else {
+                // What the user selected (request::filter); checked before the
+                // session started, so an error here is the peer's malformed rule.
+                let mut filter = crate::request::filter::Filter::new(&opts.select)
+                    .map_err(|e| EngineError::local(format!("filter rules: {e}")))?;
+                // A striped push's pieces of big files (request::shares).
+                filter.pieces.clone_from(&opts.pieces);
+                let (root, tops) = (spec.root.path(), &spec.tops);
+                walk_archive(
+                    root,
+                    tops,
+                    opts.recursive,
+                    &filter,
+                    opts.preserve,
+                    &mut |es, attrs| {
+                        send_entries(ctl, es)?;
+                        crate::storage::archive::collect::send_attrs(attrs, &mut |m| ctl.send(&m))
+                    },
+                )
+            };
+        let sent = scanned.and_then(|w| send_meta_end(ctl, &w, &spec.root).map(|_| w));
+        let w = match sent {
+            Ok(w) => w,
+            // The peer may have refused and closed while we were still
+            // streaming: its reason is waiting on the link.
+            Err(e) => return Err(peer_reason(ctl, spec.pending_auth.as_ref()).unwrap_or(e)),
+        };
+        self.stats
+            .total_bytes
+            .store(w.total_bytes, Ordering::Relaxed);
+        self.stats
+            .total_files
+            .store(w.files.len() as u64, Ordering::Relaxed);
+        Ok(w)
+    }
+
+    /// The negotiation answer, read only now so the metadata travelled in
+    /// the same flight as Propose (and Auth, on a pipelined connect).
+    /// Senders the sink cannot match are released.
+    fn confirm(&mut self, senders: &mut Reservation) -> Result<Confirmed, EngineError> {
+        if let Some((addr, session)) = &self.spec.pending_auth {
+            crate::session::finish_auth(&mut *self.ctl.link, addr, *session)?;
+        }
+        // A daemon sink may hold the task suspended until threads free up
+        // (docs/DAEMON.md): wait as long as for an idle peer.
+        self.ctl
+            .link
+            .set_read_timeout(Some(self.opts.idle_timeout))?;
+        // The machine admits only Confirm before SyncDone's Have records.
+        let confirm = match self.ctl.recv()? {
+            Control::Confirm(c) => c,
+            m => return Err(unexpected(&m, self.ctl.phase())),
+        };
+        senders.shrink_to(confirm.streams as usize);
+        let streams = senders.len() as u16;
+        if streams < confirm.streams {
+            return Err(EngineError::local(
+                "sender threads vanished during negotiation",
+            ));
+        }
+        self.adm.transferring(streams);
+        // The sink may add encryption, never drop or swap the one we asked for.
+        let cipher = Cipher::from_id(confirm.cipher)?;
+        let asked = self.opts.encrypt;
+        if asked != Cipher::None && cipher != asked {
+            return Err(EngineError::local(format!(
+                "peer confirmed cipher {} instead of {}",
+                cipher.name(),
+                asked.name()
+            )));
+        }
+        Ok(Confirmed {
+            streams,
+            block_size: confirm.block_size as usize,
+            checksum: confirm.checksum,
+            cipher,
+            window: confirm.credits_per_stream,
+        })
+    }
+
+    /// Open the data links the sink confirmed.
+    fn open_links(
+        &mut self,
+        links: &mut dyn LinkProvider,
+        c: &Confirmed,
+    ) -> Result<Opened, EngineError> {
+        // A sink that refused the metadata (e.g. a directory onto a file)
+        // has ended the session: its reason is on the control link.
+        let data_links = match links.open(c.streams) {
+            Ok(l) => l,
+            Err(e) => return Err(peer_reason(&mut self.ctl, None).unwrap_or(e)),
+        };
+        let key = links.session_key();
+        let relinks = links.relinks();
+        if c.cipher != Cipher::None && key.is_none() {
+            return Err(EngineError::local("encryption without a session key"));
+        }
+        let desc = data_links
+            .iter()
+            .map(|l| crate::transport::describe(&**l))
+            .collect();
+        for l in &data_links {
+            l.set_read_timeout(Some(self.opts.idle_timeout))?;
+        }
+        Ok(Opened {
+            links: data_links,
+            key,
+            relinks,
+            desc,
+        })
+    }
+
+    /// The sink's answer to the metadata: what it holds (Have, on a sync)
+    /// and its SyncDone with the paths it could not prepare. Sync compares
+    /// what it holds and tells it what it can reuse (docs/SYNC.md).
+    fn sync_answer(
+        &mut self,
+        w: &Walk,
+        block_size: usize,
+        failures: &mut Vec<FailedPath>,
+    ) -> Result<Option<SyncPlan>, EngineError> {
+        self.ctl.link.set_read_timeout(None)?;
+        let mut haves = Vec::new();
+        // SyncDone moves the machine on to the payload phase.
+        while self.ctl.phase() == Phase::Syncing {
+            match self.ctl.recv()? {
+                Control::Have(v) => haves.extend(v),
+                Control::SyncDone { failures: f } => {
+                    failures.extend(f.into_iter().map(|f| FailedPath {
+                        path: show(&f.path),
+                        reason: f.reason,
+                    }));
+                }
+                m => return Err(unexpected(&m, self.ctl.phase())),
+            }
+        }
+        let sync = self.opts.sync;
+        let dry = sync & crate::request::sync::flags::DRY_RUN != 0;
+        let plan = (sync & crate::request::sync::COMPARE != 0).then(|| {
+            let max_run = crate::request::tasks::stripe_chunk(block_size as u64);
+            crate::roles::source::sync_plan::plan(&self.spec.root, &w.files, haves, dry, max_run)
+        });
+        if let Some(p) = &plan {
+            for chunk in p.reuse.chunks(16_384) {
+                self.ctl.send(&Control::Reuse(chunk.to_vec()))?;
+            }
+        }
+        Ok(plan)
+    }
+}
+
+/// Entries records, as many per CONTROL frame as fit in half of one.
+fn send_entries(ctl: &mut Ctl, entries: &[Entry]) -> Result<(), EngineError> {
+    let mut batch = Vec::new();
+    let mut batch_bytes = 0usize;
+    let limit = MAX_CONTROL_BODY as usize / 2;
+    for e in entries {
+        let sz = entry_wire_size(e);
+        if batch_bytes + sz > limit && !batch.is_empty() {
+            ctl.send(&Control::Entries(std::mem::take(&mut batch)))?;
+            batch_bytes = 0;
+        }
+        batch_bytes += sz;
+        batch.push(e.clone());
+    }
+    if !batch.is_empty() {
+        ctl.send(&Control::Entries(batch))?;
+    }
+    Ok(())
+}
+
+fn send_meta_end(ctl: &mut Ctl, w: &Walk, root: &Root) -> Result<(), EngineError> {
+    send_scan_failures(ctl, &w.failures, &root.path().to_string_lossy())?;
+    ctl.send(&Control::MetaEnd {
+        entries: w.entries.len() as u64,
+        files: w.files.len() as u64,
+        bytes: w.total_bytes,
+    })
+}
+
+/// The scan's failures, for the sink's report and its --delete rule
+/// (Control::ScanFailed), named relative to the source root: a daemon's
+/// paths mean nothing to its client. Batched as Entries are.
+fn send_scan_failures(ctl: &mut Ctl, failed: &[FailedPath], root: &str) -> Result<(), EngineError> {
+    // A daemon's root is stripped; "/" (an ssh source) keeps paths whole.
+    let root = root.trim_end_matches('/');
+    let io_error = failed.iter().any(|f| !f.vanished());
+    let send = |ctl: &mut Ctl, failures| ctl.send(&Control::ScanFailed { failures, io_error });
+    let mut batch = Vec::new();
+    let mut size = 0;
+    for f in failed {
+        let rel = match f.path.strip_prefix(root) {
+            Some(r) if !root.is_empty() => r.trim_start_matches('/'),
+            _ => &f.path,
+        };
+        size += rel.len() + f.reason.len() + 16;
+        batch.push(Failure {
+            path: rel.as_bytes().to_vec(),
+            reason: f.reason.clone(),
+        });
+        if size > MAX_CONTROL_BODY as usize / 2 {
+            send(ctl, std::mem::take(&mut batch))?;
+            size = 0;
+        }
+    }
+    if !batch.is_empty() {
+        send(ctl, batch)?;
+    }
+    Ok(())
+}
+
+/// After a failed send: the reason the peer gave, if it sent one.
+fn peer_reason(ctl: &mut Ctl, pending: Option<&(String, u64)>) -> Option<EngineError> {
+    let _ = ctl.link.set_read_timeout(Some(Duration::from_secs(2)));
+    if let Some((addr, session)) = pending {
+        if let Err(e) = crate::session::finish_auth(&mut *ctl.link, addr, *session) {
+            return Some(e);
+        }
+    }
+    // The reason may come behind the sink's ordinary answers (Confirm is
+    // sent before the metadata it then refuses): skip those.
+    for _ in 0..8 {
+        match recv_control(&mut *ctl.link) {
+            Ok(Control::Error { message, .. }) => return Some(EngineError::Refused(message)),
+            Ok(Control::Abort { reason }) => return Some(EngineError::PeerAborted(reason)),
+            Ok(m @ Control::Redirect { .. }) => {
+                return crate::session::control::check_abort(&m).err()
+            }
+            Ok(_) => continue,
+            Err(_) => return None,
+        }
+    }
+    None
+}

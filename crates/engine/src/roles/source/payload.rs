@@ -1,0 +1,1176 @@
+//! The source's data pipeline (seed 000 Fig. 6-4c, seed 002 sec. 7):
+//! readers fill buffers from disk, senders (or the readers themselves, on
+//! the inline path) put them on the data links; one event loop on the
+//! session's thread answers the sink's control messages, the readers'
+//! and senders' reports and the links' losses, each with a handler of its
+//! own; the verdict and one teardown end the session.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, never, select, unbounded, Receiver, RecvError, Sender};
+use ramsys_proto::control::{Bytes32, Complete, Entry, EntryKind, GrowStage, StageLinks};
+use ramsys_proto::relink::SentLog;
+use ramsys_proto::Control;
+use ramsys_resources::{Buf, BufferPool, JobHandle, Reservation, ThreadPool};
+
+use super::pipeline::{self, LostLinks, Pipeline};
+use super::{Confirmed, Ctl, Opened, SourceSession, Threads};
+use crate::data::inline::InlineLinks;
+use crate::data::queue::DeviceQueue;
+use crate::data::reader::{run_reader, ReaderCtx, ReaderEvent, SrcFileState};
+use crate::data::reread::Rereader;
+use crate::data::resources::ShareGuard;
+use crate::data::sender::{run_sender, LinkDone, StreamOut};
+use crate::request::tasks::{assign_homes, plan_source, PlanOptions};
+use crate::request::walk::Walk;
+use crate::roles::source::sync_plan::SyncPlan;
+use crate::session::control::ControlEvent;
+use crate::session::relink::{Joined, LinkEvent, Requeue, State, Streams};
+use crate::session::report::Report;
+use crate::storage::dirs::ReadDirs;
+use crate::storage::fsops::Root;
+use crate::storage::StorageCfg;
+use crate::transport::crypto::{Cipher, StreamSeal};
+use crate::transport::grow::Growth;
+use crate::transport::grow::{Grower, Links, Step as GrowStep};
+use crate::transport::Link;
+use crate::types::file::SourceFile;
+use crate::types::sendpath::SendPath;
+use crate::types::stats::{FailedPath, Stats};
+use crate::{show, EngineError};
+
+/// A queued sender's thread body.
+type SenderJob = Box<dyn FnOnce() + Send + 'static>;
+
+/// Makes the sending end of stream i on link incarnation `epoch`: a
+/// sender thread's body and the closer that stops it, or nothing on the
+/// inline path (the link joins the readers' free set).
+type SenderFactory = Box<dyn Fn(usize, u16, Box<dyn Link>) -> Option<(Sender<()>, SenderJob)>>;
+
+/// What one event did to the session: nothing more to say, or the sink's
+/// verdict (Complete).
+type Step = Result<Option<Complete>, EngineError>;
+
+/// The data pipeline of one source session, from its first block to its
+/// teardown.
+pub(super) struct Payload<'s> {
+    ctl: &'s mut Ctl,
+    root: Arc<Root>,
+    files: Arc<Vec<SourceFile>>,
+    stats: Arc<Stats>,
+    abort: Arc<AtomicBool>,
+    /// Returned to the engine last of all, in `teardown`.
+    share: ShareGuard<'s>,
+    pool: Arc<BufferPool>,
+    checksum: bool,
+    null: bool,
+    /// Blocks for the queued senders (and resends on the inline path).
+    filled: Receiver<Buf>,
+    events: Events,
+    streams: Streams,
+    senders: SenderSet,
+    resends: Resends,
+    progress: Pipeline,
+    jobs: Vec<JobHandle>,
+    facts: Facts,
+    /// More streams while the rate grows (issue 21); None: fixed count.
+    grow: Option<Adapt>,
+    /// Kept until the end: their unused threads are released already.
+    _threads: Threads,
+}
+
+/// What the loop waits on, besides the links' own events.
+struct Events {
+    check_tick: Receiver<Instant>,
+    readers: Receiver<ReaderEvent>,
+    readers_done: Receiver<()>,
+    senders_done: Receiver<LinkDone>,
+    control: Receiver<ControlEvent>,
+}
+
+/// The data links' sending ends: who sends on them and how they end.
+struct SenderSet {
+    make: SenderFactory,
+    /// Replacement links' senders run outside the pool but on its CPUs.
+    pool: Arc<ThreadPool>,
+    /// Queued path: dropping a link's closer stops its sender even while
+    /// the queue is idle (data::sender).
+    closers: HashMap<(usize, u16), Sender<()>>,
+    /// Shut down on error so no thread stays blocked on a link.
+    shutdown: Vec<Box<dyn Link>>,
+    /// Links whose sending ended, closed only at teardown.
+    kept: Vec<Box<dyn Link>>,
+    /// Inline: links the sink saw break, until their reports arrive.
+    evicting: HashSet<(usize, u16)>,
+    inline: Option<Arc<InlineLinks>>,
+    /// Replacement senders, requeue threads and the inline resend thread.
+    extra: Vec<std::thread::JoinHandle<()>>,
+    idle: Duration,
+}
+
+/// Blocks sent again: those the sink asked for (Resend) and those lost
+/// links lost (crate::session::relink), through the same queue as the first send.
+struct Resends {
+    /// The senders end only once the sink has Settled and this is dropped.
+    tx: Option<Sender<Buf>>,
+    requeue: Arc<Requeue>,
+    /// Re-read lost blocks report unreadable files here too.
+    events: Sender<ReaderEvent>,
+    /// Per lost link (stream, epoch): what its sender sent, and how many
+    /// blocks the sink says it accepted; both are needed to re-queue.
+    lost: LostLinks<SentLog>,
+}
+
+/// The adaptation of the stream count under way (transport::grow): the
+/// AddStreams asked and the links accepted but not yet up.
+struct Adapt {
+    grower: Grower,
+    t0: Instant,
+    asked: u16,
+    joining: u16,
+    refused: bool,
+    next: u16,
+    /// Report as GrownLinks (opts.grown_links).
+    links: bool,
+}
+
+impl Adapt {
+    /// Growth from `streams` up to the daemon's `max_streams`, judged in
+    /// RTTs of the control link (transport::grow).
+    fn new(rtt: Option<Duration>, streams: u16, max_streams: usize, links: bool) -> Adapt {
+        let most = max_streams.clamp(1, u16::MAX as usize) as u16;
+        Adapt {
+            grower: Grower::new(rtt, Duration::ZERO, streams, most),
+            t0: Instant::now(),
+            asked: 0,
+            joining: 0,
+            refused: false,
+            next: streams,
+            links,
+        }
+    }
+}
+
+/// What the report says besides the sink's verdict.
+struct Facts {
+    streams: u16,
+    block_size: usize,
+    links: Vec<crate::types::stats::LinkDesc>,
+    path: SendPath,
+    read_storage: Arc<StorageCfg>,
+    plan: Option<SyncPlan>,
+    entries: Vec<Entry>,
+    local_failed: Vec<FailedPath>,
+    deleted: Vec<String>,
+}
+
+impl Facts {
+    fn new(
+        c: &Confirmed,
+        links: Vec<crate::types::stats::LinkDesc>,
+        path: SendPath,
+        read_storage: Arc<StorageCfg>,
+        plan: Option<SyncPlan>,
+        entries: Vec<Entry>,
+    ) -> Facts {
+        Facts {
+            streams: c.streams,
+            block_size: c.block_size,
+            links,
+            path,
+            read_storage,
+            plan,
+            entries,
+            local_failed: Vec::new(),
+            deleted: Vec::new(),
+        }
+    }
+}
+
+/// The per-stream keys: seal blocks, open the sink's credits; and the
+/// rate limits every stream draws from (data::rate).
+#[derive(Clone)]
+struct StreamKeys {
+    key: Option<Bytes32>,
+    cipher: Cipher,
+    window: u32,
+    rate: crate::data::rate::Limits,
+}
+
+impl StreamKeys {
+    /// The sending end of stream i on link incarnation `epoch` (0 =
+    /// first; replacements, crate::session::relink, take higher ones, which key
+    /// the AEAD nonces).
+    fn out(&self, i: usize, epoch: u16, l: Box<dyn Link>) -> StreamOut {
+        let (c, i) = (self.cipher, i as u16);
+        let seal = self.key.and_then(|k| StreamSeal::new(c, &k, i, epoch));
+        let credits = self.key.and_then(|k| StreamSeal::credits(c, &k, i, epoch));
+        StreamOut::new(i as usize, epoch, l, self.window, seal)
+            .with_credit_seal(credits)
+            .with_rate(self.rate.clone())
+    }
+}
+
+impl<'s> Payload<'s> {
+    /// Start readers and senders on the opened links. The order is the
+    /// contract: the buffer share before any thread, readers before
+    /// senders, the sending ends' report channel closed on our side before
+    /// the link supervisor starts, the control reader last.
+    pub(super) fn start(
+        s: &'s mut SourceSession<'_>,
+        threads: Threads,
+        w: Walk,
+        plan: Option<SyncPlan>,
+        c: Confirmed,
+        o: Opened,
+    ) -> Result<Self, EngineError> {
+        let (opts, res, stats, root) = (s.opts, s.res, s.stats.clone(), s.spec.root.clone());
+        let Threads {
+            mut senders,
+            mut readers,
+        } = threads;
+        if let Some(bridge) = &opts.local_copy {
+            // A local copy: the in-process sink opens large files by entry id.
+            bridge.publish(root.clone(), rels_by_id(&w));
+        }
+        let Walk { entries, files, .. } = w;
+        if opts.preserve == 0 {
+            // The sink keeps no set-ID bit without an archive copy
+            // (archive::Policy::wanted_mode); the agent says so.
+            let n = entries
+                .iter()
+                .filter(|e| e.kind != EntryKind::Dir && e.mode & 0o6000 != 0)
+                .count();
+            stats.setid_dropped.store(n as u64, Ordering::Relaxed);
+        }
+        let files = Arc::new(files);
+        let queues = queues(&root, &files, opts, c.block_size, plan.as_ref());
+        more_readers_if_cached(s, &queues, &mut readers);
+        let nread = readers.len();
+        let share = take_share(res, c.streams, nread)?;
+        let pool = share.pool().clone();
+        let (filled_tx, filled_rx) = bounded::<Buf>(pool.count());
+        let (rev_tx, rev_rx) = unbounded::<ReaderEvent>();
+        let abort = Arc::new(AtomicBool::new(false));
+        // Every sending end reports on `sdone` (data::sender::LinkDone).
+        let (sdone_tx, sdone_rx) = unbounded::<LinkDone>();
+        let shutdown = clone_links(&o.links)?;
+        let keys = StreamKeys {
+            key: o.key,
+            cipher: c.cipher,
+            window: c.window,
+            rate: opts.rate.clone(),
+        };
+        let path = send_path(s, nread, c.streams);
+        // Zero-copy sends (storage::zerocopy), decided once: plain TCP
+        // links, payload not sealed, the sink checks every block.
+        let zerocopy = opts.send_zerocopy
+            && crate::storage::zerocopy::allowed_by_env()
+            && o.key
+                .is_none_or(|k| StreamSeal::new(c.cipher, &k, 0, 0).is_none())
+            && c.checksum
+            && !crate::data::sender::flips_bits()
+            && !o.links.is_empty()
+            && o.links.iter().all(|l| l.can_send_file());
+        let mut data_links = o.links;
+        let inline = (path == SendPath::Inline).then(|| {
+            let outs = data_links.drain(..).enumerate();
+            let outs = outs.map(|(i, l)| keys.out(i, 0, l)).collect();
+            let (tx, pool, abort) = (sdone_tx.clone(), pool.clone(), abort.clone());
+            Arc::new(InlineLinks::new(outs, tx, pool, abort, stats.clone()))
+        });
+        report_nothing_to_read(&files, plan.as_ref(), &rev_tx);
+        let ctx = ReaderCtx {
+            root: root.clone(),
+            files: files.clone(),
+            state: file_states(&files, plan.as_ref()),
+            homes: assign_homes(&queues, nread),
+            queues,
+            pool: pool.clone(),
+            filled: filled_tx.clone(),
+            inline: inline.clone(),
+            events: rev_tx.clone(),
+            checksum: c.checksum,
+            abort: abort.clone(),
+            stats: stats.clone(),
+            block_size: c.block_size,
+            storage: Arc::new(opts.source_storage(c.block_size)),
+            zerocopy,
+            dirs: Arc::new(ReadDirs::new(files.iter().map(|f| &f.rel[..]))),
+        };
+        let read_storage = ctx.storage.clone();
+        let (mut jobs, rdone_rx) = spawn_readers(&mut readers, ctx);
+        let make = sender_factory(keys, &filled_rx, &pool, &abort, &stats, &sdone_tx, &inline);
+        let closers = spawn_senders(&make, data_links, &mut senders, &mut jobs);
+        let mut extra = Vec::new();
+        if let Some(links) = &inline {
+            extra.push(spawn_inline_resender(links.clone(), filled_rx.clone())?);
+        }
+        drop(sdone_tx);
+        let (peer, ab) = (s.ctl.link.peer(), abort.clone());
+        let streams = Streams::new(o.relinks, clone_links(&shutdown)?, peer, stats.clone(), ab);
+        // The inline path's link set is fixed. The client dials: a push's
+        // source itself, a pull's sink (its daemon-side source asks).
+        let grow =
+            (opts.auto_streams && streams.enabled() && path != SendPath::Inline).then(|| {
+                let (rtt, max) = (s.ctl.link.rtt(), res.config.max_streams);
+                Adapt::new(rtt, c.streams, max, opts.grown_links)
+            });
+        let null = opts.source_engine == crate::storage::DataEngine::Null;
+        let requeue = Arc::new(Requeue {
+            root: root.clone(),
+            files: files.clone(),
+            pool: pool.clone(),
+            checksum: c.checksum,
+            null,
+            abort: abort.clone(),
+        });
+        let senders_set = SenderSet {
+            make,
+            pool: senders.pool().clone(),
+            closers,
+            shutdown,
+            kept: Vec::new(),
+            evicting: HashSet::new(),
+            inline,
+            extra,
+            idle: opts.idle_timeout,
+        };
+        senders.release_unused();
+        readers.release_unused();
+        // Control reader: sink messages become events.
+        let control = s.ctl.spawn_reader("src-ctl")?;
+        Ok(Payload {
+            ctl: &mut s.ctl,
+            root,
+            files,
+            stats,
+            abort,
+            share,
+            pool,
+            checksum: c.checksum,
+            null,
+            filled: filled_rx,
+            events: Events {
+                check_tick: crossbeam_channel::tick(Duration::from_millis(250)),
+                readers: rev_rx,
+                readers_done: rdone_rx,
+                senders_done: sdone_rx,
+                control,
+            },
+            streams,
+            senders: senders_set,
+            resends: Resends::new(filled_tx, requeue, rev_tx),
+            progress: Pipeline::new(nread, c.streams as usize),
+            jobs,
+            grow,
+            facts: Facts::new(&c, o.desc, path, read_storage, plan, entries),
+            _threads: Threads { senders, readers },
+        })
+    }
+
+    /// The event loop: until the sink's Complete or the first error.
+    pub(super) fn run(&mut self) -> Result<Complete, EngineError> {
+        let (root, files) = (self.root.clone(), self.files.clone());
+        let resender = Rereader::new(&root, &files, self.checksum, self.null);
+        loop {
+            self.between_events()?;
+            let step = select! {
+                recv(self.events.check_tick) -> _ => self.on_tick(),
+                recv(self.streams.events) -> ev => self.on_link_event(ev),
+                recv(self.events.readers) -> ev => self.on_reader_event(ev),
+                recv(self.events.readers_done) -> r => self.on_reader_done(r),
+                recv(self.events.senders_done) -> r => self.on_sender_done(r),
+                recv(self.events.control) -> m => self.on_control(m, &resender),
+                // Pending digests come due by age (pipeline::DIGEST_WAIT).
+                default(self.progress.flush_wait()) => Ok(None),
+            };
+            match step {
+                Ok(Some(c)) => return Ok(c),
+                Ok(None) => {}
+                Err(e) => return Err(self.sink_reason(e)),
+            }
+        }
+    }
+
+    /// Our error `e`, unless the sink said why it gave up: its Abort often
+    /// crosses our next write on the link it closed (which then fails with
+    /// a broken pipe), and "disk full" is what the user needs to read.
+    /// Waits up to 2 s for the sink's messages, stopping when its link
+    /// reports closed.
+    fn sink_reason(&self, e: EngineError) -> EngineError {
+        if matches!(
+            e,
+            EngineError::PeerAborted(_) | EngineError::Refused(_) | EngineError::Redirected { .. }
+        ) {
+            return e;
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while let Ok(Ok(m)) = self
+            .events
+            .control
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            if let Err(said) = crate::session::control::check_abort(&m) {
+                return said;
+            }
+        }
+        e
+    }
+
+    /// Between two events: close the resend queue, flush digests, send
+    /// EndOfData, re-queue lost blocks, when each is due.
+    fn between_events(&mut self) -> Result<(), EngineError> {
+        if self.progress.resends_over(self.events.readers.is_empty()) {
+            self.resends.tx = None;
+        }
+        // Flush digests whenever the event queue runs dry or grows big.
+        if self.progress.flush_due(self.events.readers.is_empty()) {
+            let batch = std::mem::take(&mut self.progress.done_batch);
+            self.ctl.send(&Control::FilesDone(batch))?;
+        }
+        if self.progress.eod_due(self.events.readers.is_empty()) {
+            self.report_growth()?;
+            let files = self.progress.files_done;
+            let bytes = self.stats.bytes.load(Ordering::Relaxed);
+            self.ctl.send(&Control::EndOfData { files, bytes })?;
+        }
+        // Re-queue what a lost link lost, once both halves are known.
+        self.resends.requeue_ready(&mut self.senders.extra)?;
+        if let Some(l) = &self.senders.inline {
+            // A link put back just after the last sweep is caught here.
+            for &(i, epoch) in &self.senders.evicting {
+                l.evict(i, epoch);
+            }
+        }
+        if self.resends.tx.is_none() {
+            // Settled: lost links need no replacement any more.
+            self.progress.senders_left -= self.streams.settle();
+        }
+        Ok(())
+    }
+
+    /// Every 250 ms: are the links' replacements on time, and does the
+    /// stream count still grow (transport::grow)?
+    fn on_tick(&mut self) -> Step {
+        self.streams.check()?;
+        let Some(a) = &mut self.grow else {
+            return Ok(None);
+        };
+        if a.grower.done() {
+            return Ok(None);
+        }
+        if self.progress.settled || self.progress.eod_sent {
+            a.grower.end("the payload is over");
+            return Ok(None);
+        }
+        // Delivered, not read: readers fill the queue ahead of the links,
+        // which would make the first stage look faster than the path.
+        let read = self.stats.bytes.load(Ordering::Relaxed);
+        let bytes = self.streams.acked().unwrap_or(read);
+        let total = self.stats.total_bytes.load(Ordering::Relaxed);
+        // An empty send queue: reading, not the links, is the limit now.
+        let starved = self.filled.is_empty();
+        let links = Links {
+            busy_us: self.streams.busy(),
+            queueing: self.streams.queueing(),
+        };
+        let left = total.saturating_sub(bytes);
+        let step = a.grower.poll(a.t0.elapsed(), bytes, links, left, starved);
+        if !matches!(step, GrowStep::Wait) {
+            a.grower.note_links(self.streams.delivery_rates());
+        }
+        match step {
+            GrowStep::Add(k) => {
+                for _ in 0..k {
+                    self.ctl.send(&Control::AddStream { stream: a.next })?;
+                    if !self.streams.dials() {
+                        // The client dials it as soon as it has answered:
+                        // its Rejoin may overtake the answer here.
+                        self.streams.add();
+                    }
+                    a.next += 1;
+                    a.asked += 1;
+                }
+            }
+            GrowStep::Stop(why) => tracing::info!("streams: {why}"),
+            GrowStep::Wait => {}
+        }
+        Ok(None)
+    }
+
+    /// The sink answered an AddStream: dial the stream, or stop asking.
+    fn on_stream_added(&mut self, stream: u16, credits: u32) {
+        let Some(a) = &mut self.grow else {
+            return;
+        };
+        a.asked = a.asked.saturating_sub(1);
+        if !self.streams.dials() {
+            // Its slot was made when asked: await the client's Rejoin,
+            // unless it already came (a Live slot) or was refused.
+            match self.streams.state(stream as usize) {
+                State::Joining if credits > 0 => a.joining += 1,
+                State::Joining => {
+                    self.streams.unwanted(stream);
+                    a.refused = true;
+                }
+                _ => {}
+            }
+        } else if credits > 0 && stream as usize == self.streams.count() {
+            self.streams.add();
+            a.joining += 1;
+        } else {
+            a.refused = true;
+        }
+        self.grow_settled();
+    }
+
+    /// A server-side source tells the client what its adaptation did
+    /// (Control::Grown), once, right before EndOfData.
+    fn report_growth(&mut self) -> Result<(), EngineError> {
+        let Some(a) = &mut self.grow else {
+            return Ok(());
+        };
+        if self.streams.dials() {
+            return Ok(());
+        }
+        a.grower.end("the payload is over");
+        let kb = |mb: f64| (mb * 1e3).round() as u64;
+        let stages = a.grower.stages.iter().map(|s| GrowStage {
+            at_ms: (s.at_s * 1e3) as u32,
+            streams: s.streams,
+            kb_s: kb(s.mb_s),
+            link_kb_s: s.link_mb_s.iter().map(|&m| kb(m)).collect(),
+            then: s.then.clone(),
+        });
+        let stages: Vec<_> = stages
+            .take(ramsys_proto::session::MAX_GROW_STAGES)
+            .collect();
+        let stopped = a.grower.stopped.clone().unwrap_or_default();
+        if !a.links {
+            self.ctl.send(&Control::Grown { stages, stopped })?;
+            return Ok(());
+        }
+        // What the links said, for a client that takes it (GrownLinks).
+        let links = a
+            .grower
+            .stages
+            .iter()
+            .take(stages.len())
+            .map(|s| StageLinks {
+                busy_pm: s
+                    .busy_pct
+                    .map(|b| (b * 10.0).round().clamp(0.0, 1000.0) as u16),
+                rtt_x100: s
+                    .rtt_x
+                    .map(|q| (q * 100.0).round().clamp(0.0, u32::MAX as f64) as u32),
+            });
+        let links = links.collect();
+        self.ctl.send(&Control::GrownLinks {
+            stages,
+            links,
+            stopped,
+        })?;
+        Ok(())
+    }
+
+    /// Every AddStream answered and every accepted link up (or given up):
+    /// the grower measures the new count from now.
+    fn grow_settled(&mut self) {
+        if let Some(a) = &mut self.grow {
+            if a.asked == 0 && a.joining == 0 {
+                a.grower
+                    .changed(a.t0.elapsed(), self.facts.streams, a.refused);
+                a.refused = false;
+            }
+        }
+    }
+
+    /// A replacement link arrived, or one stream gave up on replacing.
+    fn on_link_event(&mut self, ev: Result<LinkEvent, RecvError>) -> Step {
+        match ev {
+            Ok(LinkEvent::Up(j)) => {
+                if let Some(j) = self.streams.arrived(j) {
+                    if self.senders.start_replacement(&mut self.streams, j)? {
+                        // An added stream's first link: one more sender.
+                        self.progress.senders_left += 1;
+                        self.facts.streams += 1;
+                        if let Some(a) = &mut self.grow {
+                            a.joining = a.joining.saturating_sub(1);
+                        }
+                        self.grow_settled();
+                    }
+                }
+            }
+            Ok(LinkEvent::GaveUp {
+                stream,
+                attempts,
+                reason,
+            }) => {
+                if self.streams.state(stream as usize) == State::Joining {
+                    if let Some(a) = &mut self.grow {
+                        a.joining = a.joining.saturating_sub(1);
+                        a.refused = true;
+                    }
+                    self.streams.gave_up(stream, attempts, reason);
+                    self.grow_settled();
+                } else if self.streams.gave_up(stream, attempts, reason) {
+                    self.progress.senders_left -= 1;
+                }
+                self.streams.check()?;
+            }
+            Err(_) => {}
+        }
+        Ok(None)
+    }
+
+    /// A reader finished or failed a file.
+    fn on_reader_event(&mut self, ev: Result<ReaderEvent, RecvError>) -> Step {
+        match ev {
+            Ok(ReaderEvent::FileDone { id, digest }) => self.progress.file_done(id, digest),
+            Ok(ReaderEvent::FileFailed { id, path, reason }) => {
+                tracing::warn!("{path}: {reason}");
+                let full = self.root.path().join(std::ffi::OsStr::new(&path));
+                self.facts.local_failed.push(FailedPath {
+                    path: full.display().to_string(),
+                    reason: reason.clone(),
+                });
+                self.ctl.send(&Control::FileFailed { id, reason })?;
+            }
+            // All readers gone: a disconnected channel is always ready,
+            // so stop selecting on it (else this loop spins).
+            Err(_) => self.events.readers = never(),
+        }
+        Ok(None)
+    }
+
+    /// A reader thread ended.
+    fn on_reader_done(&mut self, r: Result<(), RecvError>) -> Step {
+        match r {
+            Ok(()) => self.progress.readers_left -= 1,
+            Err(_) => self.events.readers_done = never(),
+        }
+        Ok(None)
+    }
+
+    /// A sending end ended: done, its link lost, or failed.
+    fn on_sender_done(&mut self, r: Result<LinkDone, RecvError>) -> Step {
+        let Ok((i, epoch, outcome, log)) = r else {
+            self.events.senders_done = never();
+            return Ok(None);
+        };
+        match outcome {
+            Ok(link) => {
+                self.senders.evicting.remove(&(i, epoch));
+                self.progress.senders_left -= 1;
+                self.senders.kept.push(link);
+                self.streams.ended(i);
+            }
+            Err((link, e))
+                if self.streams.enabled()
+                    && crate::session::relink::is_link_loss(&e)
+                    && !self.abort.load(Ordering::Acquire) =>
+            {
+                self.on_link_lost(i, epoch, link, e, log)?
+            }
+            Err((link, e)) => {
+                self.senders.kept.push(link);
+                // The sink usually says why it dropped the stream (disk
+                // full, protocol error): run() prefers its reason.
+                return Err(EngineError::local(format!("data stream {i} failed: {e}")));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The session goes on without a lost link (crate::session::relink): ask the
+    /// sink what arrived, replace the link.
+    fn on_link_lost(
+        &mut self,
+        i: usize,
+        epoch: u16,
+        link: Box<dyn Link>,
+        e: EngineError,
+        log: SentLog,
+    ) -> Result<(), EngineError> {
+        self.senders.evicting.remove(&(i, epoch));
+        self.senders.closers.remove(&(i, epoch));
+        self.senders.kept.push(link);
+        if self.resends.tx.is_none() {
+            // Settled: nothing left to send on any link.
+            self.progress.senders_left -= 1;
+            self.streams.ended(i);
+            return Ok(());
+        }
+        let waiting = self.streams.lost(i, epoch, &e);
+        self.resends.lost.log((i, epoch), log);
+        self.ctl.send(&Control::LinkDown {
+            stream: i as u16,
+            epoch,
+        })?;
+        if let Some(j) = waiting {
+            self.senders.start_replacement(&mut self.streams, j)?;
+        }
+        self.streams.check()
+    }
+
+    /// What the control reader delivered: a message, or why it stopped.
+    fn on_control(&mut self, m: Result<ControlEvent, RecvError>, rr: &Rereader) -> Step {
+        match m {
+            Ok(Ok(m)) => self.on_message(m, rr),
+            Ok(Err(EngineError::PeerClosed)) | Ok(Err(EngineError::Io(_))) => Err(
+                EngineError::local("connection to the sink lost mid-transfer"),
+            ),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(EngineError::local("control reader stopped")),
+        }
+    }
+
+    /// One message of the sink's during the payload phase.
+    fn on_message(&mut self, m: Control, rr: &Rereader) -> Step {
+        self.ctl.admit(&m)?;
+        match m {
+            Control::Deleted(v) => self.facts.deleted.extend(v.iter().map(|p| show(p))),
+            Control::Settled => self.progress.settled = true,
+            Control::Lost {
+                stream,
+                epoch,
+                received,
+            } => {
+                let (i, e) = (stream as usize, epoch);
+                // Our end may not have noticed yet: close it, so its
+                // sender ends and hands over its log.
+                self.streams.close(i, e);
+                self.senders.closers.remove(&(i, e));
+                if let Some(l) = &self.senders.inline {
+                    self.senders.evicting.insert((i, e));
+                    l.evict(i, e);
+                }
+                self.resends.lost.received((i, e), received);
+            }
+            Control::Resend(v) => {
+                if let Some(tx) = &self.resends.tx {
+                    pipeline::on_resend(&v, tx, rr, &self.pool, &self.stats, self.ctl)?;
+                }
+            }
+            Control::StreamAdded { stream, credits } => self.on_stream_added(stream, credits),
+            Control::Complete(c) => return Ok(Some(c)),
+            _ => {}
+        }
+        Ok(None)
+    }
+
+    /// The session's end: the report on the sink's Complete, or on an
+    /// error the Abort that stops both ends; then the teardown.
+    pub(super) fn finish(
+        mut self,
+        verdict: Result<Complete, EngineError>,
+        failures: Vec<FailedPath>,
+    ) -> Result<Report, EngineError> {
+        // Senders must see their queue close, on success and on error alike.
+        self.resends.tx = None;
+        let outcome = match verdict {
+            Ok(c) => Ok(self.report(c, failures)),
+            Err(e) => {
+                self.abort(&e);
+                Err(e)
+            }
+        };
+        self.teardown(outcome.is_err());
+        outcome
+    }
+
+    /// The report: the sink's verdict and what this end saw.
+    fn report(&mut self, c: Complete, mut failed: Vec<FailedPath>) -> Report {
+        let f = &mut self.facts;
+        failed.append(&mut f.local_failed);
+        // The sink reports files the source failed too; keep one line each.
+        for x in c.failures {
+            let p = show(&x.path);
+            if !failed.iter().any(|y| y.path.ends_with(&p)) {
+                failed.push(FailedPath {
+                    path: p,
+                    reason: x.reason,
+                });
+            }
+        }
+        let planned = f.plan.as_ref().map_or(Vec::new(), |p| {
+            // Wire paths (entry ids index the entry list).
+            p.planned
+                .iter()
+                .map(|&i| show(&f.entries[self.files[i].id as usize].path))
+                .collect()
+        });
+        Report {
+            files: c.files,
+            bytes: c.bytes,
+            failed,
+            peer_cpu_s: Some(c.cpu_s),
+            streams: f.streams,
+            block_size: f.block_size as u32,
+            links: std::mem::take(&mut f.links),
+            send_path: Some(f.path),
+            handoffs: self.stats.handoffs.load(Ordering::Relaxed),
+            zerocopy_blocks: self.stats.zerocopy_blocks.load(Ordering::Relaxed),
+            storage: f.read_storage.usage(false),
+            stream_choice: None,
+            growth: self.grow.as_ref().map(|a| Growth {
+                stages: a.grower.stages.clone(),
+                stopped: a.grower.stopped.clone(),
+            }),
+            unchanged: f.plan.as_ref().map_or(0, |p| p.unchanged),
+            deleted: std::mem::take(&mut f.deleted),
+            planned,
+        }
+    }
+
+    /// Stop both ends on an error: the sink hears why, every link shuts.
+    fn abort(&mut self, e: &EngineError) {
+        self.abort.store(true, Ordering::Release);
+        let reason = e.to_string();
+        let _ = self.ctl.send(&Control::Abort { reason });
+        for h in &self.senders.shutdown {
+            h.shutdown_both();
+        }
+        if let Some(l) = &self.senders.inline {
+            // Wake readers waiting for a link that will not come.
+            l.close();
+        }
+    }
+
+    /// Every thread joined, every link closed, the buffer share returned,
+    /// in this order (each step waits for what the one before released).
+    fn teardown(self, failed: bool) {
+        let Payload {
+            ctl,
+            filled,
+            pool,
+            share,
+            events,
+            streams,
+            senders,
+            resends,
+            mut progress,
+            jobs,
+            ..
+        } = self;
+        // Drain so no reader stays blocked on a full queue, then join all.
+        if failed {
+            while progress.readers_left > 0 {
+                while let Ok(b) = filled.try_recv() {
+                    pool.put(b);
+                }
+                if events
+                    .readers_done
+                    .recv_timeout(Duration::from_millis(20))
+                    .is_ok()
+                {
+                    progress.readers_left -= 1;
+                }
+            }
+        }
+        let SenderSet {
+            make,
+            closers,
+            kept,
+            inline,
+            extra,
+            ..
+        } = senders;
+        drop(make);
+        for j in jobs {
+            let _ = j.join();
+        }
+        for j in extra {
+            let _ = j.join();
+        }
+        // Blocks still queued when the senders stopped (a failed session)
+        // go back to the pool, or returning the share waits for them in vain.
+        while let Ok(b) = filled.try_recv() {
+            pool.put(b);
+        }
+        drop(filled);
+        drop(resends);
+        drop(streams);
+        drop(closers);
+        // The inline links hold a reference to the buffer share.
+        drop(inline);
+        ctl.link.shutdown_both();
+        drop(kept);
+        drop(pool);
+        drop(share);
+    }
+}
+
+impl SenderSet {
+    /// Start a sender on a replacement link (crate::session::relink). Replacements
+    /// are rare, so they run on a thread of their own rather than a pooled
+    /// one (the session's pooled senders may all be busy), pinned to the
+    /// sender pool's CPUs.
+    /// True when the link is an added stream's first (transport::grow).
+    fn start_replacement(&mut self, st: &mut Streams, j: Joined) -> Result<bool, EngineError> {
+        j.link.set_read_timeout(Some(self.idle))?;
+        self.shutdown.push(j.link.try_clone_link()?);
+        let added = st.started(j.stream as usize, j.epoch, j.link.try_clone_link()?);
+        let (stream, epoch) = (j.stream as usize, j.epoch);
+        // Inline: the link joined the free set and needs no thread.
+        if let Some((close, f)) = (self.make)(stream, epoch, j.link) {
+            self.closers.insert((stream, epoch), close);
+            let name = format!("sender-r{stream}");
+            self.extra.push(self.pool.spawn_extra(name, f)?);
+        }
+        Ok(added)
+    }
+}
+
+impl Resends {
+    /// Resends go into `filled`, the senders' queue; re-read blocks of
+    /// unreadable files report on `events`.
+    fn new(filled: Sender<Buf>, requeue: Arc<Requeue>, events: Sender<ReaderEvent>) -> Resends {
+        Resends {
+            tx: Some(filled),
+            requeue,
+            events,
+            lost: LostLinks::new(),
+        }
+    }
+
+    /// Re-queue the blocks each lost link sent that the sink did not
+    /// accept, for the links whose log and count are both known
+    /// (crate::session::relink); only while the queue to the senders is open.
+    fn requeue_ready(
+        &mut self,
+        jobs: &mut Vec<std::thread::JoinHandle<()>>,
+    ) -> Result<(), EngineError> {
+        let Some(tx) = &self.tx else {
+            return Ok(());
+        };
+        for ((stream, _), log, n) in self.lost.ready() {
+            let blocks = log.unreceived(n)?;
+            tracing::info!(
+                "stream {stream}: sending {} lost blocks again",
+                blocks.len()
+            );
+            let blocks = blocks.into_iter().map(|b| b.to_vec()).collect();
+            jobs.push(
+                self.requeue
+                    .spawn(blocks, tx.clone(), self.events.clone())?,
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The queued path's sender threads, or on the inline path the readers'
+/// free set of links (see [`SenderFactory`]).
+fn sender_factory(
+    keys: StreamKeys,
+    filled: &Receiver<Buf>,
+    pool: &Arc<BufferPool>,
+    abort: &Arc<AtomicBool>,
+    stats: &Arc<Stats>,
+    done: &Sender<LinkDone>,
+    inline: &Option<Arc<InlineLinks>>,
+) -> SenderFactory {
+    let (rx, p, a, s, d) = (
+        filled.clone(),
+        pool.clone(),
+        abort.clone(),
+        stats.clone(),
+        done.clone(),
+    );
+    let inline = inline.clone();
+    Box::new(move |i: usize, epoch: u16, l: Box<dyn Link>| {
+        let out = keys.out(i, epoch, l);
+        if let Some(links) = &inline {
+            // Inline: a replacement joins the free set; no thread.
+            links.add(out);
+            return None;
+        }
+        let (rx, p, a, s, d) = (rx.clone(), p.clone(), a.clone(), s.clone(), d.clone());
+        let (close_tx, close_rx) = bounded::<()>(0);
+        let job: SenderJob = Box::new(move || {
+            let _ = d.send(run_sender(out, rx, close_rx, p, a, s));
+        });
+        Some((close_tx, job))
+    })
+}
+
+/// Inline: re-sent blocks (Resend, and those lost links lost) still come
+/// through `filled`; one thread sends them, and ends the links once the
+/// queue closes, as the queued senders would.
+fn spawn_inline_resender(
+    links: Arc<InlineLinks>,
+    rx: Receiver<Buf>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("src-resend".into())
+        .spawn(move || {
+            for b in rx.iter() {
+                links.send(b);
+            }
+            links.end();
+        })
+}
+
+/// The send path (seed 002 sec. 7): on the inline path readers own the
+/// links' sending ends in turn and no sender thread runs
+/// (crate::data::inline). The control link has seen several round trips
+/// by now, so the kernel's RTT estimate is a fair measure of the path.
+fn send_path(s: &SourceSession<'_>, nread: usize, streams: u16) -> SendPath {
+    let rtt = s.ctl.link.rtt();
+    let path = s.opts.send_path.resolve(nread, streams as usize, rtt);
+    tracing::info!(
+        "source: send path {} ({nread} readers, {streams} streams, rtt {})",
+        path.name(),
+        rtt.map_or("unknown".to_string(), |r| format!(
+            "{:.2} ms",
+            r.as_secs_f64() * 1e3
+        ))
+    );
+    path
+}
+
+/// A rotational device found cached is read by as many readers as memory
+/// gets (request::tasks::mostly_cached), unless --readers fixed the count.
+fn more_readers_if_cached(
+    s: &SourceSession<'_>,
+    queues: &[DeviceQueue],
+    readers: &mut Reservation,
+) {
+    let cached: usize = queues.iter().filter(|q| q.cached).map(|q| q.threads).sum();
+    let short = cached.saturating_sub(readers.len());
+    if !s.opts.readers_fixed && short > 0 {
+        s.adm.more_readers(s.res, readers, short);
+    }
+}
+
+/// The session's buffers: two a stream (credits) and one a reader, plus
+/// two; at least two, or none free within 30 s.
+fn take_share<'r>(
+    res: &'r crate::data::resources::EngineResources,
+    streams: u16,
+    nread: usize,
+) -> Result<ShareGuard<'r>, EngineError> {
+    let want = streams as usize * 2 + nread + 2;
+    let share = res
+        .take_buffers(2, want, Duration::from_secs(30))
+        .ok_or_else(|| EngineError::local("no buffers free"))?;
+    Ok(ShareGuard::new(res, share))
+}
+
+/// Second handles on links, to shut them down from another thread.
+fn clone_links(links: &[Box<dyn Link>]) -> Result<Vec<Box<dyn Link>>, EngineError> {
+    let clones = links.iter().map(|l| l.try_clone_link());
+    Ok(clones.collect::<Result<Vec<_>, _>>()?)
+}
+
+/// Files with nothing to read are done before any reader starts: their
+/// digest is that of no data.
+fn report_nothing_to_read(
+    files: &[SourceFile],
+    plan: Option<&SyncPlan>,
+    events: &Sender<ReaderEvent>,
+) {
+    for f in nothing_to_read(files, plan) {
+        let _ = events.send(ReaderEvent::FileDone {
+            id: f.id,
+            digest: 0,
+        });
+    }
+}
+
+/// A sender on each first link, from the sender pool (none on the inline
+/// path); returns the closers that stop them.
+fn spawn_senders(
+    make: &SenderFactory,
+    links: Vec<Box<dyn Link>>,
+    senders: &mut Reservation,
+    jobs: &mut Vec<JobHandle>,
+) -> HashMap<(usize, u16), Sender<()>> {
+    let mut closers = HashMap::new();
+    for (i, l) in links.into_iter().enumerate() {
+        if let Some((c, job)) = make(i, 0, l) {
+            closers.insert((i, 0), c);
+            jobs.push(senders.spawn(job));
+        }
+    }
+    closers
+}
+
+/// One reader thread per reserved reader; each says when it ends.
+fn spawn_readers(readers: &mut Reservation, ctx: ReaderCtx) -> (Vec<JobHandle>, Receiver<()>) {
+    let ctx = Arc::new(ctx);
+    let (rdone_tx, rdone_rx) = unbounded::<()>();
+    let mut jobs = Vec::new();
+    for i in 0..readers.len() {
+        let (c, d) = (ctx.clone(), rdone_tx.clone());
+        jobs.push(readers.spawn(move || {
+            run_reader(&c, i);
+            drop(c);
+            let _ = d.send(());
+        }));
+    }
+    (jobs, rdone_rx)
+}
+
+/// A local copy's file paths by entry id (storage::local).
+fn rels_by_id(w: &Walk) -> Vec<Vec<u8>> {
+    let mut rels = vec![Vec::new(); w.entries.len()];
+    for f in &w.files {
+        if let Some(r) = rels.get_mut(f.id as usize) {
+            r.clone_from(&f.rel);
+        }
+    }
+    rels
+}
+
+/// Each file's bytes still to read (a sync reads only what differs).
+fn file_states(files: &[SourceFile], plan: Option<&SyncPlan>) -> Arc<Vec<SrcFileState>> {
+    let states = files.iter().enumerate().map(|(i, f)| SrcFileState {
+        remaining: AtomicU64::new(plan.map_or(f.len(), |p| p.bytes(i, f.len()))),
+        digest: AtomicU64::new(0),
+        failed: AtomicBool::new(false),
+    });
+    Arc::new(states.collect())
+}
+
+/// Files with nothing to read: empty ones, and delta files with no
+/// differing block (their digest is the sum over no segment).
+fn nothing_to_read<'f>(
+    files: &'f [SourceFile],
+    plan: Option<&'f SyncPlan>,
+) -> impl Iterator<Item = &'f SourceFile> {
+    files.iter().enumerate().filter_map(move |(i, f)| {
+        let none = match plan {
+            None => f.is_empty(),
+            Some(p) => !p.skipped(i) && p.bytes(i, f.len()) == 0,
+        };
+        none.then_some(f)
+    })
+}
+
+/// The readers' queues, per device (request::tasks); a sync reads only
+/// what it planned.
+fn queues(
+    root: &Root,
+    files: &[SourceFile],
+    opts: &crate::TransferOptions,
+    block_size: usize,
+    plan: Option<&SyncPlan>,
+) -> Arc<Vec<DeviceQueue>> {
+    let skip = |i: usize| plan.is_some_and(|p| p.skipped(i));
+    let po = PlanOptions {
+        block_size: block_size as u64,
+        sort: opts.sort,
+        threads: opts.device_threads,
+    };
+    let mut queues = plan_source(root, files, &po, opts.source_engine, &skip);
+    if let Some(p) = plan {
+        crate::roles::source::sync_plan::restrict(&mut queues, p);
+    }
+    Arc::new(queues)
+}

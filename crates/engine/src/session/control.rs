@@ -1,0 +1,138 @@
+//! A session's control link as both ends use it (seed 000 Fig. 6-4): every
+//! message sent or received passes the end's protocol machine
+//! (ramsys_proto::session), an Abort or Error from the peer becomes an
+//! error, and during the payload phase a thread of its own turns the
+//! peer's messages into events for the end's select loop.
+
+use crossbeam_channel::{unbounded, Receiver};
+use ramsys_proto::session::{Phase, SinkMachine, SourceMachine};
+use ramsys_proto::{Control, ProtoError};
+
+use crate::transport::wire::{recv_control, send_control};
+use crate::transport::Link;
+use crate::EngineError;
+
+/// The protocol machine of one end (ramsys_proto::session).
+pub trait Machine {
+    fn on_send(&mut self, m: &Control) -> Result<(), ProtoError>;
+    fn on_recv(&mut self, m: &Control) -> Result<(), ProtoError>;
+    fn phase(&self) -> Phase;
+}
+
+impl Machine for SourceMachine {
+    fn on_send(&mut self, m: &Control) -> Result<(), ProtoError> {
+        SourceMachine::on_send(self, m)
+    }
+    fn on_recv(&mut self, m: &Control) -> Result<(), ProtoError> {
+        SourceMachine::on_recv(self, m)
+    }
+    fn phase(&self) -> Phase {
+        SourceMachine::phase(self)
+    }
+}
+
+impl Machine for SinkMachine {
+    fn on_send(&mut self, m: &Control) -> Result<(), ProtoError> {
+        SinkMachine::on_send(self, m)
+    }
+    fn on_recv(&mut self, m: &Control) -> Result<(), ProtoError> {
+        SinkMachine::on_recv(self, m)
+    }
+    fn phase(&self) -> Phase {
+        SinkMachine::phase(self)
+    }
+}
+
+/// What the control reader thread delivers: a message or why it stopped.
+pub type ControlEvent = Result<Control, EngineError>;
+
+/// The control link and the machine that checks every message on it.
+pub struct ControlLink<M> {
+    pub link: Box<dyn Link>,
+    pub machine: M,
+    /// "source" or "sink": named in the error when the link is gone.
+    peer: &'static str,
+}
+
+impl<M: Machine> ControlLink<M> {
+    pub fn new(link: Box<dyn Link>, machine: M, peer: &'static str) -> Self {
+        ControlLink {
+            link,
+            machine,
+            peer,
+        }
+    }
+
+    /// Send `m`, if the machine admits it now.
+    pub fn send(&mut self, m: &Control) -> Result<(), EngineError> {
+        self.machine.on_send(m)?;
+        // A failed write here means the control link is gone: say so.
+        send_control(&mut *self.link, m).map_err(|e| match e {
+            EngineError::Io(e) => {
+                EngineError::local(format!("connection to the {} lost: {e}", self.peer))
+            }
+            e => e,
+        })
+    }
+
+    /// Receive the next message; the peer's Abort or Error is an error,
+    /// and so is a message the machine does not admit now.
+    pub fn recv(&mut self) -> Result<Control, EngineError> {
+        let m = recv_control(&mut *self.link)?;
+        self.admit(&m)?;
+        Ok(m)
+    }
+
+    /// Check a message the reader thread delivered, as [`Self::recv`] does.
+    pub fn admit(&mut self, m: &Control) -> Result<(), EngineError> {
+        check_abort(m)?;
+        self.machine.on_recv(m)?;
+        Ok(())
+    }
+
+    /// The phase the machine is in.
+    pub fn phase(&self) -> Phase {
+        self.machine.phase()
+    }
+
+    /// Payload phase: a thread (named `name`) reads the peer's messages
+    /// and hands them over as events, until the link fails or the
+    /// receiving end is dropped. Its messages still pass [`Self::admit`].
+    pub fn spawn_reader(&self, name: &str) -> Result<Receiver<ControlEvent>, EngineError> {
+        let (tx, rx) = unbounded();
+        let mut link = self.link.try_clone_link()?;
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || loop {
+                let r = recv_control(&mut *link);
+                let stop = r.is_err();
+                if tx.send(r).is_err() || stop {
+                    break;
+                }
+            })?;
+        Ok(rx)
+    }
+}
+
+/// The peer's Abort, Error or Redirect as the error it means.
+pub fn check_abort(m: &Control) -> Result<(), EngineError> {
+    match m {
+        Control::Abort { reason } => Err(EngineError::PeerAborted(reason.clone())),
+        Control::Error { message, .. } => Err(EngineError::Refused(message.clone())),
+        Control::Redirect { addr, reason, mac } => Err(EngineError::Redirected {
+            to: addr.clone(),
+            reason: reason.clone(),
+            mac: *mac,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// A message the machine admitted but this phase of the end does not
+/// handle: a protocol error rather than a panic.
+pub fn unexpected(m: &Control, phase: Phase) -> EngineError {
+    EngineError::local(format!(
+        "protocol error: unexpected {} in phase {phase:?}",
+        m.name()
+    ))
+}

@@ -1,0 +1,96 @@
+//! Counters shared by the data threads and whoever reports progress.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use serde::Serialize;
+
+/// Live counters of one session end (relaxed atomics; read by a progress
+/// thread, never locked).
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub bytes: AtomicU64,
+    pub files: AtomicU64,
+    pub blocks: AtomicU64,
+    pub total_bytes: AtomicU64,
+    pub total_files: AtomicU64,
+    pub failed: AtomicU64,
+    pub checksum_errors: AtomicU64,
+    /// Encrypted blocks that failed authentication (crate::transport::crypto).
+    pub auth_failures: AtomicU64,
+    /// Segments of failed blocks sent again: requested (sink) or re-read
+    /// and re-sent (source).
+    pub resends: AtomicU64,
+    /// Data links that broke mid-transfer (crate::session::relink).
+    pub links_lost: AtomicU64,
+    /// Broken data links replaced by a new one.
+    pub links_replaced: AtomicU64,
+    /// Failed attempts to dial a replacement link.
+    pub link_retries: AtomicU64,
+    /// Blocks handed from a reader to a sender thread through the filled
+    /// queue (0 on the inline send path; crate::data::inline).
+    pub handoffs: AtomicU64,
+    /// Blocks sent zero-copy, from the page cache with sendfile
+    /// (storage::zerocopy, issue 17).
+    pub zerocopy_blocks: AtomicU64,
+    /// Pieces of big files verified at a sink (data::bigfile; the file
+    /// counts in `files` once, where it was placed).
+    pub pieces: AtomicU64,
+    /// Files sent without an archive copy whose set-user-ID or
+    /// set-group-ID bits the sink drops (issue 34's rule; counted by this
+    /// process's end, the source of a push or the sink of a pull, so the
+    /// agent can say so: rsync -p would keep them, issue 35).
+    pub setid_dropped: AtomicU64,
+}
+
+impl Stats {
+    pub fn add_bytes(&self, n: u64) {
+        self.bytes.fetch_add(n, Relaxed);
+    }
+    pub fn snapshot(&self) -> (u64, u64, u64, u64) {
+        (
+            self.bytes.load(Relaxed),
+            self.files.load(Relaxed),
+            self.total_bytes.load(Relaxed),
+            self.total_files.load(Relaxed),
+        )
+    }
+}
+
+/// One data link (issue 35: the summary says what carried the data).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct LinkDesc {
+    /// Local end: an address, or "raw:MAC@IFACE" for a raw channel.
+    pub local: String,
+    pub peer: String,
+    /// "tcp", "raw" (a raw-Ethernet channel) or "ssh" (tunnelled through
+    /// the ssh connection); transport::Link::kind.
+    pub kind: &'static str,
+}
+
+/// One failed path and why.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FailedPath {
+    pub path: String,
+    pub reason: String,
+}
+
+impl FailedPath {
+    /// The path was not there (ENOENT: a missing source, or one removed
+    /// while the tree was read): rsync's IOERR_VANISHED, which does not
+    /// stop --delete, unlike an unreadable directory (IOERR_GENERAL).
+    pub fn vanished(&self) -> bool {
+        let gone = std::io::Error::from(std::io::ErrorKind::NotFound).to_string();
+        self.reason.ends_with("(os error 2)") || self.reason.ends_with(&gone)
+    }
+}
+
+/// CPU seconds (user + system) of this process so far.
+pub fn process_cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills a plain struct.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+        t(ru.ru_utime) + t(ru.ru_stime)
+    }
+}
