@@ -657,7 +657,11 @@ mod tests {
                 rel(&d.join("dir"))
             ]
         );
-        assert!(source_paths(&[d.join("missing")]).is_err());
+        // A missing source stays, as typed, for the scan to report alone.
+        assert_eq!(
+            source_paths(&[d.join("missing")]).unwrap(),
+            vec![rel(&d.join("missing"))]
+        );
     }
 
     #[test]
