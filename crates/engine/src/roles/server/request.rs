@@ -1,0 +1,404 @@
+//! The request on an authenticated control connection: a status query, a
+//! token, a relay, or a transfer, which runs as a session element on the
+//! session list and a task on its storage device's queue (seed 000 sec.
+//! 6.2.1, Fig. 6-3), with the source or sink end of this daemon.
+
+use std::sync::Arc;
+
+use ramsys_proto::control::Role;
+use ramsys_proto::path::validate_relative;
+use ramsys_proto::Control;
+
+use crate::daemon::admit::Dir;
+use crate::daemon::credentials::Grant;
+use crate::daemon::netdev;
+use crate::daemon::users::ExportRoot;
+use crate::request::walk::Top;
+use crate::roles::sink::{run_sink_with, SinkSpec};
+use crate::roles::source::{run_source_with, SourceSpec};
+use crate::session::ServerLinks;
+use crate::transport::wire::send_control;
+use crate::transport::Link;
+use crate::types::stats::Stats;
+use crate::{show, EngineError, TransferOptions};
+
+use super::auth::{mint, Authenticated};
+use super::placement::{follow_plan, Place};
+use super::relay;
+use super::{refuse, ClosedLink, DaemonShared};
+
+/// Serve a status query or a token request at once; a transfer request
+/// is returned to be run. None: served or refused.
+pub(super) fn serve_request(
+    sh: &DaemonShared,
+    link: &mut Box<dyn Link>,
+    a: &Authenticated,
+    first: Control,
+) -> Result<Option<Request>, EngineError> {
+    let req = match first {
+        Control::Open(open) => Request {
+            open,
+            sync: 0,
+            select: Default::default(),
+            preserve: 0,
+            bwlimit: 0,
+            grow: false,
+            grown_links: false,
+        },
+        // Sync and resume (docs/SYNC.md): flags for a server source.
+        Control::SyncOpen { open, flags } => Request {
+            open,
+            sync: flags & crate::request::sync::flags::ALL,
+            select: Default::default(),
+            preserve: 0,
+            bwlimit: 0,
+            grow: false,
+            grown_links: false,
+        },
+        // A selection for a server source (request::filter).
+        Control::SelectOpen {
+            open,
+            flags,
+            select,
+        } => Request {
+            open,
+            sync: flags & crate::request::sync::flags::ALL,
+            select,
+            preserve: 0,
+            bwlimit: 0,
+            grow: false,
+            grown_links: false,
+        },
+        // An archive copy from a server source (crate::storage::archive).
+        Control::ArchiveOpen {
+            open,
+            flags,
+            select,
+            preserve,
+        } => Request {
+            open,
+            sync: flags & crate::request::sync::flags::ALL,
+            select,
+            preserve: preserve & ramsys_proto::attrs::preserve::ALL,
+            bwlimit: 0,
+            grow: false,
+            grown_links: false,
+        },
+        Control::StatusQuery => {
+            let json = serde_json::to_string(&sh.status_for(a.grant.account.as_deref()))
+                .map_err(|e| EngineError::local(format!("status: {e}")))?;
+            send_control(&mut **link, &Control::StatusReport { json })?;
+            return Ok(None);
+        }
+        Control::TokenRequest { ttl_s } => {
+            mint(sh, link, a, ttl_s)?;
+            return Ok(None);
+        }
+        // A third-party transfer from here to a site peer (server::relay).
+        Control::RelayOpen(relay) => {
+            relay::serve(sh, link, a.session, &a.grant, relay);
+            return Ok(None);
+        }
+        // `--transport raw|auto` (transport::rawlink): our interfaces.
+        Control::RawQuery => {
+            let ifaces = sh.raw.get().cloned().unwrap_or_default();
+            send_control(&mut **link, &Control::RawOffer { ifaces })?;
+            return Ok(None);
+        }
+        other => {
+            refuse(link, 1, format!("expected Open, got {}", other.name()));
+            return Ok(None);
+        }
+    };
+    Ok(Some(req))
+}
+
+/// What the client asked for in its first message.
+pub(super) struct Request {
+    pub(super) open: ramsys_proto::control::Open,
+    /// SyncOpen's flags (docs/SYNC.md), 0 for a copy.
+    pub(super) sync: u32,
+    /// SelectOpen's selection, for a server source.
+    pub(super) select: ramsys_proto::control::Selection,
+    /// ArchiveOpen's bits, for a server source (crate::storage::archive).
+    pub(super) preserve: u32,
+    /// BwLimit's rate, bytes/s (0: none).
+    pub(super) bwlimit: u64,
+    /// GrowStreams: a server source adds streams while the rate grows.
+    pub(super) grow: bool,
+    /// The client takes GrownLinks (its Hello's frame::HELLO_PATH_FLAG).
+    pub(super) grown_links: bool,
+}
+
+/// Run an authorized transfer: the request poller's step (seed 000 sec.
+/// 6.2.1), a session element in the session list, then a task on the
+/// queue of the storage device the request touches (Fig. 6-3).
+pub(super) fn run_session(
+    sh: &Arc<DaemonShared>,
+    link: &mut Box<dyn Link>,
+    session: u64,
+    grant: &Grant,
+    req: Request,
+    mut links: ServerLinks,
+) -> Result<(), EngineError> {
+    let Request {
+        open,
+        sync,
+        select,
+        preserve,
+        bwlimit,
+        grow,
+        grown_links,
+    } = req;
+    let role = match open.server_role {
+        Role::Sink => "sink",
+        Role::Source => "source",
+    };
+    let shown: Vec<String> = open.paths.iter().map(|p| show(p)).collect();
+    sh.state
+        .open_session(session, &grant.shown, &link.peer(), role, shown);
+    let (rels, contents) = match request_paths(&open) {
+        Ok(v) => v,
+        Err(e) => {
+            refuse(link, 2, e.to_string());
+            return Err(e.into());
+        }
+    };
+    let at = Place {
+        nic: netdev::nic_for(&link.local()),
+        local_addr: link.local(),
+        stats: Arc::new(Stats::default()),
+    };
+    let mut ctl = std::mem::replace(link, Box::new(ClosedLink));
+    let mut opts = match session_options(sh, &open, sync, select)
+        .map(|o| archive_options(o, preserve, grant))
+    {
+        Ok(o) => o,
+        Err(reason) => {
+            refuse(&mut ctl, 2, reason);
+            return Ok(());
+        }
+    };
+    let source = open.server_role == Role::Source;
+    // The client dials what this source asks for (transport::grow),
+    // within this daemon's max_streams and the client's receivers.
+    opts.auto_streams = grow && source;
+    opts.grown_links = grown_links;
+    let _rate = sh
+        .rates
+        .for_session(session, bwlimit, grant.rate.clone(), source, &mut opts);
+    let _live = sh.life.track(session, &*ctl);
+    // Every path resolves beneath the user's export root (daemon::users).
+    let ex = &*grant.root;
+    match open.server_role {
+        Role::Sink => serve_sink(sh, ctl, &mut links, session, ex, rels, opts, at),
+        Role::Source => match source_tops(ex, rels, contents) {
+            Ok(tops) => serve_source(sh, ctl, &mut links, session, ex, tops, opts, at),
+            Err(reason) => {
+                refuse(&mut ctl, 2, reason);
+                Ok(())
+            }
+        },
+    }
+}
+
+/// The request's paths, each relative to the export root ("" = the root
+/// itself), and whether each names its contents: a source path ending in
+/// '/' does (rsync's rule; the walk gives it an empty name, which the
+/// sink maps to DST itself).
+pub(super) fn request_paths(
+    open: &ramsys_proto::control::Open,
+) -> Result<(Vec<Vec<u8>>, Vec<bool>), ramsys_proto::ProtoError> {
+    let mut rels = Vec::new();
+    let mut contents = Vec::new();
+    for p in &open.paths {
+        let c = open.server_role == Role::Source && p.ends_with(b"/");
+        contents.push(c);
+        let p = if c { &p[..p.len() - 1] } else { &p[..] };
+        if !p.is_empty() {
+            validate_relative(p)?;
+        }
+        // Our own working files are neither read nor written through a
+        // session (issue 34, crate::request::reserved).
+        if crate::request::reserved::names_reserved(p) {
+            return Err(ramsys_proto::ProtoError::BadPath(format!(
+                "{}: {}",
+                show(p),
+                crate::request::reserved::REFUSED
+            )));
+        }
+        rels.push(p.to_vec());
+    }
+    Ok((rels, contents))
+}
+
+/// An archive copy's bits (ArchiveOpen, for a source) and what a sink may
+/// apply: a user of a multi-user daemon never creates files owned by
+/// another user, device nodes, or privileged xattrs (crate::storage::archive,
+/// docs/SECURITY.md).
+pub(super) fn archive_options(
+    mut opts: TransferOptions,
+    preserve: u32,
+    grant: &Grant,
+) -> TransferOptions {
+    opts.preserve = preserve;
+    if grant.account.is_some() {
+        opts.archive_policy = crate::storage::archive::Policy::confined();
+    }
+    opts
+}
+
+/// The client's wishes, within what this daemon serves. Err: the reason
+/// to refuse, in one line, before any scan.
+pub(super) fn session_options(
+    sh: &DaemonShared,
+    open: &ramsys_proto::control::Open,
+    sync: u32,
+    select: ramsys_proto::control::Selection,
+) -> Result<TransferOptions, String> {
+    let mut opts = sh.opts.clone();
+    opts.recursive = open.recursive;
+    opts.streams = open.streams.clamp(1, sh.res.config.max_streams as u16);
+    opts.block_size = open
+        .block_size
+        .clamp(4096, sh.res.buffers.buf_size() as u32);
+    opts.checksum = open.checksum;
+    opts.sync = sync;
+    if !select.is_empty() {
+        // A source applies the selection to its scan, a sink to --delete.
+        if let Err(e) = crate::request::filter::Filter::new(&select) {
+            return Err(format!("filter rules: {e}"));
+        }
+        opts.select = select;
+    }
+    Ok(opts)
+}
+
+/// The daemon as the sink: one destination.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn serve_sink(
+    sh: &Arc<DaemonShared>,
+    mut ctl: Box<dyn Link>,
+    links: &mut ServerLinks,
+    session: u64,
+    ex: &ExportRoot,
+    mut rels: Vec<Vec<u8>>,
+    mut opts: TransferOptions,
+    at: Place,
+) -> Result<(), EngineError> {
+    if rels.len() != 1 {
+        refuse(&mut ctl, 2, "a sink takes exactly one destination".into());
+        return Ok(());
+    }
+    let spec = SinkSpec {
+        root: ex.sink.clone(),
+        dest: rels.pop().unwrap(),
+        session,
+        pending_auth: None,
+    };
+    let dest = ex.path.join(std::ffi::OsStr::new(&show(&spec.dest)));
+    let (dev, kind) = netdev::device_of(&dest);
+    let task = sh
+        .state
+        .new_task(session, Dir::In, &dev, kind, &at.nic, at.stats.clone());
+    follow_plan(sh, &task, true, &dest, &at.local_addr, &mut opts);
+    let r = run_sink_with(ctl, links, spec, &opts, &sh.res, at.stats, &task).map(|_| ());
+    task.finish(&r);
+    r
+}
+
+/// The source's top-level paths and the names their trees get on the
+/// wire. Err: a path resolves outside the export root.
+pub(super) fn source_tops(
+    ex: &ExportRoot,
+    rels: Vec<Vec<u8>>,
+    contents: Vec<bool>,
+) -> Result<Vec<Top>, String> {
+    let mut tops = Vec::new();
+    for (r, c) in rels.into_iter().zip(contents) {
+        let name = match r.iter().rposition(|&b| b == b'/') {
+            _ if c => Vec::new(),
+            Some(i) => r[i + 1..].to_vec(),
+            None if r.is_empty() => ex
+                .path
+                .file_name()
+                .map(|n| n.as_encoded_bytes().to_vec())
+                .unwrap_or_else(|| b"root".to_vec()),
+            None => r.clone(),
+        };
+        let rel = resolve_top(ex, &r, c)?;
+        tops.push(Top { rel, name });
+    }
+    Ok(tops)
+}
+
+/// Where a source path is inside the export (issue 35): symlinks on the
+/// way are followed when they stay inside the root, as rsync's daemon
+/// does (`mod/in-link/` with `in-link -> inner` sends inner's contents),
+/// the whole resolution confined by openat2 RESOLVE_BENEATH (the source
+/// root's Beneath rule: `..` above the root, an absolute link and a
+/// magic link all fail). The last component is followed only for a
+/// contents path (`DIR/`); otherwise a symlink is sent as what it is. The
+/// resolved path has no symlink left, and is what the scan reads. Err:
+/// one line naming the path that leads outside.
+fn resolve_top(ex: &ExportRoot, rel: &[u8], contents: bool) -> Result<Vec<u8>, String> {
+    let (dir, last) = match (contents, rel.iter().rposition(|&b| b == b'/')) {
+        (true, _) => (rel, &b""[..]),
+        (false, Some(i)) => (&rel[..i], &rel[i + 1..]),
+        (false, None) => return Ok(rel.to_vec()),
+    };
+    if dir.is_empty() {
+        return Ok(rel.to_vec());
+    }
+    let mut out = match ex.source.resolve_beneath(dir) {
+        Ok(p) => p,
+        // Missing: the scan reports it, as for any missing source.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(rel.to_vec()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EXDEV | libc::ELOOP)) => {
+            return Err(format!(
+                "{} resolves outside the daemon root (a symlink on the way leads out of it)",
+                show(rel)
+            ))
+        }
+        Err(e) => return Err(format!("{}: {e}", show(rel))),
+    };
+    if !last.is_empty() {
+        if !out.is_empty() {
+            out.push(b'/');
+        }
+        out.extend_from_slice(last);
+    }
+    Ok(out)
+}
+
+/// The daemon as the source.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn serve_source(
+    sh: &Arc<DaemonShared>,
+    ctl: Box<dyn Link>,
+    links: &mut ServerLinks,
+    session: u64,
+    ex: &ExportRoot,
+    tops: Vec<Top>,
+    mut opts: TransferOptions,
+    at: Place,
+) -> Result<(), EngineError> {
+    // The task's queue is the device of the first source path; readers
+    // inside the session still split by device (request::tasks) and steal
+    // across devices.
+    let first = tops.first().map(|t| show(&t.rel)).unwrap_or_default();
+    let first = ex.path.join(std::ffi::OsStr::new(&first));
+    let (dev, kind) = netdev::device_of(&first);
+    let spec = SourceSpec {
+        root: ex.source.clone(),
+        tops,
+        pending_auth: None,
+    };
+    let task = sh
+        .state
+        .new_task(session, Dir::Out, &dev, kind, &at.nic, at.stats.clone());
+    follow_plan(sh, &task, false, &first, &at.local_addr, &mut opts);
+    let r = run_source_with(ctl, links, spec, &opts, &sh.res, at.stats, &task).map(|_| ());
+    task.finish(&r);
+    r
+}
