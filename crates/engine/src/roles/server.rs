@@ -30,6 +30,8 @@ mod accept;
 // The handshake, sealing, tokens and authorization.
 mod auth;
 pub mod limits;
+// What an Open asks for: paths, options, tops.
+mod open;
 // The daemon's placement of a task (issue 7).
 mod placement;
 // The preamble and the site's redirect (issue 19).

@@ -18,7 +18,7 @@ use ramsys_proto::control::{Failure, Open, Relay, RelayReport, Role};
 use ramsys_proto::path::validate_relative;
 use ramsys_proto::Control;
 
-use super::request::{archive_options, request_paths, session_options, source_tops};
+use super::open::{archive_options, request_paths, session_options, source_tops};
 use super::{refuse, DaemonShared};
 use crate::daemon::credentials::Grant;
 use crate::request::shares;

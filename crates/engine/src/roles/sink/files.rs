@@ -23,7 +23,7 @@
 //! until then; it is not sized up front (its data fills it; a hole at its
 //! end sets the size). Where O_TMPFILE is refused, it gets a named temp
 //! file like the rest. Every directory is opened once per session
-//! (data::sinkdirs).
+//! (storage::dirs).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -115,7 +115,7 @@ pub struct SinkFile {
     /// session wrote, re-read to verify it before the file counts as done.
     volume: std::sync::OnceLock<VolumeLog>,
     /// One piece of a big file striped across daemons (issue 19,
-    /// data::bigfile): `size` is the whole file's, this entry writes its
+    /// roles::sink::bigfile): `size` is the whole file's, this entry writes its
     /// range into the shared temp file.
     piece: Option<Box<PieceAt>>,
 }
@@ -211,7 +211,7 @@ pub struct FileTable {
     stats: Arc<Stats>,
     /// Direct I/O, engine, null sink, fault hook.
     pub storage: Arc<StorageCfg>,
-    /// Resume: track written blocks for the journal (sync::journal).
+    /// Resume: track written blocks for the journal (roles::sink::journal).
     pub resume: bool,
     /// Files smaller than this are not journalled nor kept when the
     /// session fails (0 = all; the default journal keeps large files only,
@@ -377,7 +377,7 @@ impl FileTable {
     }
 
     /// A verified piece: leave its marker, and place the file if every
-    /// piece is now in (data::bigfile).
+    /// piece is now in (roles::sink::bigfile).
     fn place_piece(&self, f: &SinkFile, p: &PieceAt) {
         drop(self.take_fd(f));
         let marked = self
@@ -550,7 +550,7 @@ impl FileTable {
             fd.buffered.set_len(f.size)?;
         }
         // A piece's temp file may hold an interrupted earlier attempt's
-        // bytes (data::bigfile): zeroed like a base.
+        // bytes (roles::sink::bigfile): zeroed like a base.
         if !f.is_device() && f.base.lock().unwrap().is_none() && f.piece.is_none() {
             return Ok(());
         }
@@ -646,7 +646,7 @@ impl FileTable {
         };
         let buffered = match &base {
             // A piece: the temp file shared by the stripe, sized by
-            // whoever opens it first (data::bigfile).
+            // whoever opens it first (roles::sink::bigfile).
             _ if f.piece.is_some() => {
                 let p = f.piece.as_ref().expect("a piece");
                 bigfile::open(dir.fd(), &p.names, f.size, p.count)?
@@ -916,7 +916,7 @@ impl FileTable {
             log.note(seg);
         }
         slow_write_fault();
-        // A piece's resume state is its marker (data::bigfile).
+        // A piece's resume state is its marker (roles::sink::bigfile).
         if self.resume && !self.storage.null && f.size >= self.journal_min && f.piece.is_none() {
             self.note_blocks(f, seg.offset, span);
         }

@@ -234,7 +234,7 @@ impl Journal {
     }
 
     /// A copy made DST the copy of its one directory `top` and has not
-    /// finished (sync::dest): a retry must read DST the same way.
+    /// finished (roles::sink::dest): a retry must read DST the same way.
     pub fn mark_dest(&mut self, dest: &[u8], top: &[u8]) -> std::io::Result<()> {
         self.conn
             .execute(
@@ -266,7 +266,7 @@ impl Journal {
 
     /// Whether any row names a path strictly under directory `dir`
     /// ("" = anything): how a resumed copy finds where the interrupted run
-    /// put its files (sync::dest).
+    /// put its files (roles::sink::dest).
     pub fn any_under(&self, dir: &[u8]) -> std::io::Result<bool> {
         if dir.is_empty() {
             return self.count().map(|n| n > 0);

@@ -185,7 +185,7 @@ struct Drained {
 }
 
 impl SinkSession<'_> {
-    /// The source's Propose, and where its roots go (sync::dest: cp's
+    /// The source's Propose, and where its roots go (roles::sink::dest: cp's
     /// rule, rsync's for sync, and where an interrupted copy went for a
     /// resumed one); refused here, before any data moves, when the
     /// destination cannot be used.

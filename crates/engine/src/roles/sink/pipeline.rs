@@ -70,7 +70,7 @@ struct Events {
     /// Settled (docs/PROTOCOL.md): files finish on writer threads, so
     /// look often, and scan only after progress (payload::SettleWatch).
     settle_tick: Receiver<Instant>,
-    /// Resume: the journal follows the written blocks (sync::journal).
+    /// Resume: the journal follows the written blocks (roles::sink::journal).
     journal_tick: Receiver<Instant>,
     control: Receiver<ControlEvent>,
     receivers_done: Receiver<ReceiverDone>,
@@ -221,7 +221,7 @@ fn writer_count(bulk: Option<usize>, table: &FileTable, reserved: usize) -> usiz
     }
 }
 
-/// Resume: the journal follows the written blocks (sync::journal) on a
+/// Resume: the journal follows the written blocks (roles::sink::journal) on a
 /// tick; without resume, never.
 fn journal_tick(resume: bool) -> Receiver<Instant> {
     if resume {

@@ -303,7 +303,7 @@ impl SinkSync {
         }
     }
 
-    /// A piece of a big file (issue 19, data::bigfile), already in
+    /// A piece of a big file (issue 19, roles::sink::bigfile), already in
     /// `table`: unchanged when the file is in place as a copy of this one
     /// (same size and mtime, or same content with `-c`), or when an earlier
     /// run left this piece verified in the shared temp file; otherwise sent

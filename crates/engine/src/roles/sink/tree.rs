@@ -56,7 +56,7 @@ pub(super) struct Tree {
     pub total_bytes: u64,
     /// Sync (docs/SYNC.md): set by a SyncMode right behind Propose.
     pub sync: Option<SinkSync>,
-    /// How DST is read (sync::dest), settled by the first record.
+    /// How DST is read (roles::sink::dest), settled by the first record.
     pub dest: DestMap,
     dest_open: bool,
     /// What this sink may apply of an archive copy (crate::storage::archive).
@@ -203,7 +203,7 @@ impl Tree {
                 self.total_bytes += size;
                 Some((target.clone(), size, placed, mtime))
             }
-            // A piece of a big file (issue 19, data::bigfile): registered
+            // A piece of a big file (issue 19, roles::sink::bigfile): registered
             // with the whole file's size, writing only its range.
             EntryKind::Piece { size, .. } if !dry => {
                 self.total_bytes += e.kind.piece_range().map_or(0, |r| r.1);
