@@ -31,7 +31,7 @@ use crate::spec::{local_sink, parse_endpoint, Endpoint};
 
 /// Top-level sources as the walk names them. `contents[i]`: source i was
 /// written `DIR/` (or `.`) in a sync, so its contents land in DST itself
-/// (rsync's rule; an empty name is the destination, sync::dest).
+/// (rsync's rule; an empty name is the destination, roles::sink::dest).
 fn local_tops(paths: &[PathBuf], contents: &[bool]) -> anyhow::Result<Vec<Top>> {
     let mut tops = Vec::new();
     for (i, p) in paths.iter().enumerate() {

@@ -137,7 +137,7 @@ pub fn parse_endpoint(s: &str) -> anyhow::Result<Endpoint> {
 
 /// Root and destination for a local sink: DST's parent directory (as it
 /// resolves) and DST's name in it. The sink reads DST from there (cp's or
-/// rsync's rule, engine sync::dest), so the root, and with it the resume
+/// rsync's rule, engine roles::sink::dest), so the root, and with it the resume
 /// journal, is the same whether or not DST exists yet (issue 15).
 pub fn local_sink(dst: &Path) -> anyhow::Result<(PathBuf, Vec<u8>)> {
     // As root: no symlink a user put on the way (issue 34, crate::harden).

@@ -16,7 +16,7 @@
 //! so a share's parent directories are created by whichever session gets
 //! there first. The pieces of a big file meet in one temp file at the
 //! sinks and the sink that verifies the last renames it into place
-//! (engine data::bigfile). A lost daemon fails its share only; running the same
+//! (engine roles::sink::bigfile). A lost daemon fails its share only; running the same
 //! command again with `--resume` over the daemons that answer sends what
 //! is missing (the sinks compare with what DST holds).
 

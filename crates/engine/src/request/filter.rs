@@ -24,7 +24,7 @@
 //! (`SRC/`), so listed paths are paths from the transfer root.
 //!
 //! The same filter protects excluded destination entries from sync's
-//! `--delete` (sync::delete), as rsync's receiver does.
+//! `--delete` (roles::sink::delete), as rsync's receiver does.
 
 use std::collections::HashSet;
 

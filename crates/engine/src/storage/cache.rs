@@ -58,7 +58,7 @@ pub fn read_direct(mode: DirectMode, size: u64, min: u64, cached: Option<f64>) -
 /// files it may also write buffered (StorageCfg::lane_bytes): 64 MiB,
 /// `RAMSYS_DIRECT_LANE=N` MiB to change it, 0 to turn the lane off; each
 /// writer takes at most half its share of the buffers
-/// (data::writer::direct_lane). Measured on this VM (docs/STORAGE.md
+/// (roles::sink::writer::direct_lane). Measured on this VM (docs/STORAGE.md
 /// "Direct lane"): 4 x 1 GiB warm 1.94-2.50 s against 3.29-3.57 s with
 /// every block through the page cache, cold 4.46-4.70 s against
 /// 4.81-5.60, at less CPU; the mixed set 1.76-2.35 s at 64 MiB against

@@ -32,7 +32,7 @@ pub struct Stats {
     /// Blocks sent zero-copy, from the page cache with sendfile
     /// (storage::zerocopy, issue 17).
     pub zerocopy_blocks: AtomicU64,
-    /// Pieces of big files verified at a sink (data::bigfile; the file
+    /// Pieces of big files verified at a sink (roles::sink::bigfile; the file
     /// counts in `files` once, where it was placed).
     pub pieces: AtomicU64,
     /// Files sent without an archive copy whose set-user-ID or

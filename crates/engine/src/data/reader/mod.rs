@@ -83,7 +83,7 @@ pub struct ReaderCtx {
     /// a mapping, sent from the page cache (storage::zerocopy). Decided
     /// once per session from its links and options.
     pub zerocopy: bool,
-    /// Each file's directory, opened once (data::sinkdirs::ReadDirs).
+    /// Each file's directory, opened once (storage::dirs::ReadDirs).
     pub dirs: Arc<ReadDirs>,
 }
 
