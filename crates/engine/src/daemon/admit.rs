@@ -40,8 +40,8 @@ use crate::daemon::site::member::SiteMember;
 use crate::daemon::site::share::{self, DeviceShare, StorageUse, ThreadGate};
 use crate::daemon::site::storage::StorageId;
 use crate::data::resources::EngineResources;
+use crate::types::error::EngineError;
 use crate::types::stats::Stats;
-use crate::EngineError;
 
 /// Life cycle of a task (seed 000 Fig. 6-6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

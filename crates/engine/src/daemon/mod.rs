@@ -31,7 +31,7 @@ use ramsys_resources::{BufferPool, Reservation};
 use std::time::Duration;
 
 use crate::data::resources::EngineResources;
-use crate::EngineError;
+use crate::types::error::EngineError;
 
 pub use admit::{DaemonState, TaskGuard, TaskState};
 

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 use crate::data::rate::{Bucket, Limits};
-use crate::TransferOptions;
+use crate::session::options::TransferOptions;
 
 /// One bucket as status and metrics show it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

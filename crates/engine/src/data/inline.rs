@@ -33,8 +33,8 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use ramsys_resources::{Buf, BufferPool};
 
 use crate::data::sender::{LinkDone, StreamOut};
+use crate::types::error::EngineError;
 use crate::types::stats::Stats;
-use crate::EngineError;
 
 /// One slot of the free set.
 enum Slot {

@@ -13,8 +13,8 @@ use ramsys_resources::{Buf, BufferPool};
 use crate::transport::crypto::{StreamSeal, FLAG_SEALED, TAG_LEN};
 use crate::transport::wire::read_header;
 use crate::transport::Link;
+use crate::types::error::EngineError;
 use crate::types::stats::Stats;
-use crate::EngineError;
 
 /// What a receiver reports besides blocks.
 #[derive(Debug)]

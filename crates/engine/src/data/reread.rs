@@ -40,7 +40,7 @@ impl<'a> Rereader<'a> {
     pub fn path(&self, id: u64) -> String {
         self.by_id
             .get(&id)
-            .map(|&i| crate::show(&self.files[i].rel))
+            .map(|&i| crate::types::error::show(&self.files[i].rel))
             .unwrap_or_default()
     }
 

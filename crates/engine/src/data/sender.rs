@@ -23,8 +23,8 @@ use ramsys_resources::{Buf, BufferPool};
 use crate::transport::crypto::{StreamSeal, FLAG_SEALED, TAG_LEN};
 use crate::transport::wire::{read_header, send_end, write_all_vectored};
 use crate::transport::Link;
+use crate::types::error::EngineError;
 use crate::types::stats::Stats;
-use crate::EngineError;
 
 /// Fault injection (tests, docs/SECURITY.md): `RAMSYS_FAULT_FLIP_EVERY=N`
 /// flips one payload bit of every Nth block this process sends, after it

@@ -376,7 +376,7 @@ fn record(
                 // dealt (another version's pieces would never add up).
                 if (size, o.mtime) != (ps.size, ps.mtime) || nlink > 1 {
                     w.failures.push(FailedPath {
-                        path: crate::show(&o.wire),
+                        path: crate::types::error::show(&o.wire),
                         reason: "changed since the stripes were dealt; run again with --resume"
                             .into(),
                     });
@@ -823,7 +823,7 @@ mod tests {
         let mut paths: Vec<(String, bool)> = w
             .entries
             .iter()
-            .map(|e| (crate::show(&e.path), e.kind == EntryKind::Dir))
+            .map(|e| (crate::types::error::show(&e.path), e.kind == EntryKind::Dir))
             .collect();
         paths.sort();
         let want = [

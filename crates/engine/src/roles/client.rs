@@ -11,6 +11,7 @@ use crate::data::resources::EngineResources;
 use crate::request::walk::Top;
 use crate::roles::sink::{run_sink, SinkSpec};
 use crate::roles::source::{run_source, SourceSpec};
+use crate::session::options::TransferOptions;
 use crate::session::report::Report;
 use crate::session::{
     client_connect_as, client_handshake, current_user, dial, ClientSession, PreLinks,
@@ -20,8 +21,8 @@ use crate::transport::crypto::Cipher;
 use crate::transport::sealed::{End, SealedLink};
 use crate::transport::wire::send_control;
 use crate::transport::{path, Transport};
+use crate::types::error::EngineError;
 use crate::types::stats::Stats;
-use crate::{EngineError, TransferOptions};
 
 /// Connection parameters for a daemon.
 pub struct Remote {
@@ -254,7 +255,7 @@ fn redirect_checked(r: Result<Report, EngineError>, key: &Bytes32) -> Result<Rep
         {
             Err(EngineError::local(format!(
                 "refused a redirect to {} that the daemon did not authenticate",
-                crate::show(to.as_bytes())
+                crate::types::error::show(to.as_bytes())
             )))
         }
         r => r,

@@ -20,10 +20,11 @@ use crate::daemon::status::{snapshot, Status, UserStatus};
 use crate::daemon::users::ExportRoot;
 use crate::daemon::{netdev, DaemonState};
 use crate::data::resources::EngineResources;
+use crate::session::options::TransferOptions;
 use crate::session::ServerLinks;
 use crate::transport::crypto::random32;
 use crate::transport::Link;
-use crate::{EngineError, TransferOptions};
+use crate::types::error::EngineError;
 
 // Accepting connections: one dispatcher thread, limits (issue 34).
 mod accept;

@@ -10,7 +10,7 @@ use ramsys_proto::{Control, ProtoError};
 
 use crate::transport::wire::{recv_control, send_control};
 use crate::transport::Link;
-use crate::EngineError;
+use crate::types::error::EngineError;
 
 /// The protocol machine of one end (ramsys_proto::session).
 pub trait Machine {

@@ -18,7 +18,7 @@ use ramsys_proto::{Control, ProtoError};
 use crate::transport::wire::{connect_err, handshake_data_link, read_preamble, send_batch_flagged};
 use crate::transport::wire::{recv_control, send_control};
 use crate::transport::{Link, Transport};
-use crate::EngineError;
+use crate::types::error::EngineError;
 use ramsys_proto::preamble;
 
 use crate::transport::crypto::random32;

@@ -7,7 +7,7 @@ use ramsys_proto::frame::{FrameHeader, FrameKind, HEADER_LEN};
 use ramsys_proto::{parse_preamble, preamble, Control, ProtoError, PREAMBLE_LEN, VERSION};
 
 use crate::transport::Link;
-use crate::EngineError;
+use crate::types::error::EngineError;
 
 /// Write all of several slices, with as few syscalls as the kernel allows.
 pub fn write_all_vectored(w: &mut dyn Write, bufs: &mut [IoSlice<'_>]) -> io::Result<()> {

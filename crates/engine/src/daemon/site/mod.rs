@@ -46,7 +46,7 @@ use crate::transport::sealed::{End, SealedLink};
 use crate::transport::tcp::Tcp;
 use crate::transport::wire::{recv_control, send_control};
 use crate::transport::{Link, Transport};
-use crate::EngineError;
+use crate::types::error::EngineError;
 
 pub use sample::{Load, Sampler};
 

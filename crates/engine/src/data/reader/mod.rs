@@ -133,7 +133,7 @@ impl ReaderCtx {
             let f = &self.files[idx];
             let _ = self.events.send(ReaderEvent::FileFailed {
                 id: f.id,
-                path: crate::show(&f.rel),
+                path: crate::types::error::show(&f.rel),
                 reason,
             });
         }

@@ -22,7 +22,7 @@ use ramsys_proto::{parse_preamble, preamble, Control, ProtoError, PREAMBLE_LEN, 
 use super::limits::{LogLimiter, Permit, FIRST_MESSAGE_MAX};
 use super::DaemonShared;
 use crate::transport::tcp::tune;
-use crate::EngineError;
+use crate::types::error::EngineError;
 
 /// Where a first message stands after the bytes received so far.
 #[derive(Debug, PartialEq)]

@@ -16,7 +16,7 @@ use crate::daemon::credentials::{Grant, Refusal};
 use crate::session::serve_handshake;
 use crate::transport::wire::{recv_control, send_control};
 use crate::transport::Link;
-use crate::EngineError;
+use crate::types::error::EngineError;
 
 use super::{refuse, Arrival, ClosedLink, DaemonShared, OneShotDone, Registered, Slot, Unannounce};
 

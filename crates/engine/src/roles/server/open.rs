@@ -9,7 +9,8 @@ use ramsys_proto::path::validate_relative;
 use crate::daemon::credentials::Grant;
 use crate::daemon::users::ExportRoot;
 use crate::request::walk::Top;
-use crate::{show, TransferOptions};
+use crate::session::options::TransferOptions;
+use crate::types::error::show;
 
 use super::DaemonShared;
 

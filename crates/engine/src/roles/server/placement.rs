@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::session::options::TransferOptions;
 use crate::types::stats::Stats;
-use crate::TransferOptions;
 
 use super::DaemonShared;
 

@@ -10,7 +10,7 @@ use ramsys_proto::Control;
 
 use crate::transport::wire::recv_control;
 use crate::transport::Link;
-use crate::EngineError;
+use crate::types::error::EngineError;
 
 use super::auth::Authenticated;
 use super::relay;

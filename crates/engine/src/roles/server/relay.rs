@@ -23,12 +23,14 @@ use super::{refuse, DaemonShared};
 use crate::daemon::credentials::Grant;
 use crate::request::shares;
 use crate::roles::client::{push, Remote};
+use crate::session::options::TransferOptions;
 use crate::session::report::Report;
 use crate::transport::tcp::Tcp;
 use crate::transport::wire::{send_control, send_final};
 use crate::transport::Link;
+use crate::types::error::show;
+use crate::types::error::EngineError;
 use crate::types::stats::Stats;
-use crate::{show, EngineError, TransferOptions};
 
 /// How often the relaying daemon reports progress to the agent; also the
 /// agent's sign that A is alive while a long file moves.

@@ -15,11 +15,13 @@ use crate::daemon::users::ExportRoot;
 use crate::request::walk::Top;
 use crate::roles::sink::{run_sink_with, SinkSpec};
 use crate::roles::source::{run_source_with, SourceSpec};
+use crate::session::options::TransferOptions;
 use crate::session::ServerLinks;
 use crate::transport::wire::send_control;
 use crate::transport::Link;
+use crate::types::error::show;
+use crate::types::error::EngineError;
 use crate::types::stats::Stats;
-use crate::{show, EngineError, TransferOptions};
 
 use super::auth::{mint, Authenticated};
 use super::open::{archive_options, request_paths, session_options, source_tops};

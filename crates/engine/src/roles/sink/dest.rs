@@ -20,8 +20,8 @@
 //! first top is, which the sink learns from the first metadata record, so
 //! the decision may stay open until then ([`DestMap::settle`]).
 
-use crate::show;
 use crate::storage::fsops::{split_parent, Root};
+use crate::types::error::show;
 
 use super::journal::Journal;
 use crate::request::reserved::JOURNAL_NAME;

@@ -584,7 +584,7 @@ impl FileTable {
         if end > f.size {
             return Err(WriteError::Protocol(format!(
                 "data past the end of {} ({end} > {})",
-                crate::show(&f.rel),
+                crate::types::error::show(&f.rel),
                 f.size
             )));
         }
@@ -593,7 +593,7 @@ impl FileTable {
                 return Err(WriteError::Protocol(format!(
                     "data outside piece {} of {}",
                     p.index,
-                    crate::show(&f.rel)
+                    crate::types::error::show(&f.rel)
                 )));
             }
         }
@@ -982,7 +982,7 @@ impl FileTable {
         if bytes > f.size || f.base.lock().unwrap().is_none() {
             return Err(WriteError::Protocol(format!(
                 "reuse of {} without a base the sink offered",
-                crate::show(&f.rel)
+                crate::types::error::show(&f.rel)
             )));
         }
         if bytes == 0 {

@@ -19,6 +19,7 @@ use crate::roles::sink::dest::DestMap;
 use crate::roles::sink::files::FileTable;
 use crate::roles::sink::sync_delta::SinkSync;
 use crate::session::control::{unexpected, ControlLink};
+use crate::session::options::TransferOptions;
 use crate::session::relink::Relinks;
 use crate::session::report::Report;
 use crate::session::LinkProvider;
@@ -26,8 +27,9 @@ use crate::storage::fsops::Root;
 use crate::transport::crypto::Cipher;
 use crate::transport::wire::send_control;
 use crate::transport::Link;
+use crate::types::error::show;
+use crate::types::error::EngineError;
 use crate::types::stats::{process_cpu_seconds, FailedPath, Stats};
-use crate::{show, EngineError, TransferOptions};
 
 pub mod bigfile;
 pub mod delete;

@@ -11,8 +11,8 @@ use super::Ctl;
 use crate::roles::sink::files::{FileTable, WriteError};
 use crate::roles::sink::sync_delta::SinkSync;
 use crate::session::relink::Streams;
+use crate::types::error::EngineError;
 use crate::types::stats::Stats;
-use crate::EngineError;
 
 /// When to tell the source the sink is settled (docs/PROTOCOL.md,
 /// `Settled`): once every file is in place or failed, no Resend can follow

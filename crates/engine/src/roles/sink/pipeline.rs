@@ -25,8 +25,8 @@ use crate::session::relink::{Joined, LinkEvent, Streams};
 use crate::transport::crypto::{Cipher, StreamSeal};
 use crate::transport::grow::{Growth, Stage};
 use crate::transport::Link;
+use crate::types::error::EngineError;
 use crate::types::stats::Stats;
-use crate::EngineError;
 
 /// How a receiver thread ended: (stream, epoch, blocks accepted, result).
 type ReceiverDone = (usize, u16, u64, Result<(), EngineError>);

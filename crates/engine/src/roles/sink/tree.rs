@@ -18,11 +18,11 @@ use crate::roles::sink::files::FileTable;
 use crate::roles::sink::sync_delta::SinkSync;
 use crate::storage::archive::apply::ArchiveSink;
 use crate::storage::fsops::Root;
+use crate::types::error::EngineError;
 
 /// Source failures a sink keeps to report (Control::ScanFailed); past it
 /// only a count.
 pub const MAX_SCAN_FAILURES: usize = 10_000;
-use crate::EngineError;
 
 /// (path, link target, mtime)
 type SymlinkRec = (Vec<u8>, Vec<u8>, (i64, u32));

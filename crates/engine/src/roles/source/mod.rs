@@ -18,6 +18,7 @@ use crate::data::resources::EngineResources;
 use crate::request::walk::{walk_archive, Top, Walk};
 use crate::roles::source::sync_plan::SyncPlan;
 use crate::session::control::{unexpected, ControlLink};
+use crate::session::options::TransferOptions;
 use crate::session::relink::Relinks;
 use crate::session::report::Report;
 use crate::session::LinkProvider;
@@ -25,8 +26,9 @@ use crate::storage::fsops::Root;
 use crate::transport::crypto::Cipher;
 use crate::transport::wire::{recv_control, send_control};
 use crate::transport::Link;
+use crate::types::error::show;
+use crate::types::error::EngineError;
 use crate::types::stats::{FailedPath, Stats};
-use crate::{show, EngineError, TransferOptions};
 
 pub mod sync_plan;
 

@@ -37,10 +37,11 @@ use crate::transport::crypto::{Cipher, StreamSeal};
 use crate::transport::grow::Growth;
 use crate::transport::grow::{Grower, Links, Step as GrowStep};
 use crate::transport::Link;
+use crate::types::error::show;
+use crate::types::error::EngineError;
 use crate::types::file::SourceFile;
 use crate::types::sendpath::SendPath;
 use crate::types::stats::{FailedPath, Stats};
-use crate::{show, EngineError};
 
 /// A queued sender's thread body.
 type SenderJob = Box<dyn FnOnce() + Send + 'static>;
@@ -1158,7 +1159,7 @@ fn nothing_to_read<'f>(
 fn queues(
     root: &Root,
     files: &[SourceFile],
-    opts: &crate::TransferOptions,
+    opts: &crate::session::options::TransferOptions,
     block_size: usize,
     plan: Option<&SyncPlan>,
 ) -> Arc<Vec<DeviceQueue>> {

@@ -14,8 +14,8 @@ use ramsys_resources::{Buf, BufferPool};
 
 use super::Ctl;
 use crate::data::reread::Rereader;
+use crate::types::error::EngineError;
 use crate::types::stats::Stats;
-use crate::EngineError;
 
 /// Digests are sent in batches of at most this many files.
 const DIGEST_BATCH: usize = 4096;

@@ -27,8 +27,8 @@ use ramsys_proto::Control;
 use crate::transport::clock::Clock;
 use crate::transport::wire::send_control;
 use crate::transport::{Link, Transport};
+use crate::types::error::EngineError;
 use crate::types::stats::Stats;
-use crate::EngineError;
 
 // TCP_INFO readings of the live links, for stream growth (transport::grow).
 mod telemetry;
