@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use ramsys_engine::daemon::status::Status;
-use ramsys_engine::session::client_connect;
+use ramsys_engine::session::Connect;
 use ramsys_engine::transport::tcp::Tcp;
 use ramsys_engine::transport::wire::{recv_control, send_control};
 use ramsys_proto::Control;
@@ -53,7 +53,7 @@ pub fn query(addr: &str, key: &[u8], timeout: Duration) -> anyhow::Result<Status
     let t = Tcp {
         socket_buffer: None,
     };
-    let mut s = client_connect(&t, addr, key, timeout)?;
+    let mut s = Connect::new(addr, key, timeout).open(&t)?;
     send_control(&mut *s.ctl, &Control::StatusQuery)?;
     match recv_control(&mut *s.ctl)? {
         Control::StatusReport { json } => {

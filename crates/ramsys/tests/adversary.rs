@@ -361,14 +361,11 @@ fn on_behalf_needs_a_sealed_link_and_the_site_identity() {
         socket_buffer: None,
     };
     let try_behalf = |user: &str, key: &str, seal: bool| -> String {
-        let mut s = ramsys_engine::session::client_connect_as(
-            &tcp,
-            &d.addr,
-            user,
-            key.as_bytes(),
-            Duration::from_secs(5),
-        )
-        .unwrap();
+        let mut s =
+            ramsys_engine::session::Connect::new(&d.addr, key.as_bytes(), Duration::from_secs(5))
+                .user(user)
+                .open(&tcp)
+                .unwrap();
         if seal {
             let c = ramsys_engine::transport::crypto::Cipher::preferred();
             ramsys_engine::transport::wire::send_control(

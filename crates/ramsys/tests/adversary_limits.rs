@@ -345,7 +345,7 @@ fn a_flood_of_hostile_connections_is_bounded_and_copies_still_work() {
 
 use std::sync::Arc;
 
-use ramsys_engine::session::{client_connect, ClientLinks, LinkProvider};
+use ramsys_engine::session::{ClientLinks, Connect, LinkProvider};
 use ramsys_engine::transport::tcp::Tcp;
 use ramsys_engine::transport::wire::{read_header, recv_control, send_control};
 use ramsys_engine::transport::Link;
@@ -370,7 +370,9 @@ fn entry(id: u64, path: &[u8], kind: EntryKind) -> Entry {
 /// SyncDone and Complete failures as (path, reason).
 fn hostile_push(addr: &str, entries: Vec<Entry>, files: &[(u64, &[u8])]) -> Vec<(String, String)> {
     let t = Tcp::default();
-    let s = client_connect(&t, addr, KEY, Duration::from_secs(5)).unwrap();
+    let s = Connect::new(addr, KEY, Duration::from_secs(5))
+        .open(&t)
+        .unwrap();
     let mut ctl = s.ctl;
     let open = Open {
         server_role: Role::Sink,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use ramsys_engine::session::{client_connect, ClientLinks, LinkProvider};
+use ramsys_engine::session::{ClientLinks, Connect, LinkProvider};
 use ramsys_engine::transport::tcp::Tcp;
 use ramsys_engine::transport::wire::{exchange_preamble, read_header, recv_control, send_control};
 use ramsys_engine::transport::Link;
@@ -38,7 +38,9 @@ impl Evil {
 /// Authenticate with the right key and negotiate a push session.
 fn open_push(addr: &str, dest: &[u8]) -> Evil {
     let t = Tcp::default();
-    let s = client_connect(&t, addr, KEY, Duration::from_secs(5)).unwrap();
+    let s = Connect::new(addr, KEY, Duration::from_secs(5))
+        .open(&t)
+        .unwrap();
     let mut ctl = s.ctl;
     send_control(
         &mut *ctl,

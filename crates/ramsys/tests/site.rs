@@ -178,8 +178,9 @@ fn cpu_in_view(key: &[u8], addr: &str, of: &str) -> f64 {
     let t = ramsys_engine::transport::tcp::Tcp {
         socket_buffer: None,
     };
-    let mut s =
-        ramsys_engine::session::client_connect(&t, addr, key, Duration::from_secs(5)).unwrap();
+    let mut s = ramsys_engine::session::Connect::new(addr, key, Duration::from_secs(5))
+        .open(&t)
+        .unwrap();
     ramsys_engine::transport::wire::send_control(&mut *s.ctl, &Control::StatusQuery).unwrap();
     let Control::StatusReport { json } =
         ramsys_engine::transport::wire::recv_control(&mut *s.ctl).unwrap()

@@ -784,7 +784,7 @@ fn serve_one_session_then_exit_credential_single_use() {
 
 #[test]
 fn credential_refused_for_a_second_concurrent_session() {
-    use ramsys_engine::session::{client_connect_pipelined, finish_auth};
+    use ramsys_engine::session::{finish_auth, Connect};
     use ramsys_engine::transport::tcp::Tcp;
     let t = tempfile::tempdir().unwrap();
     let cred = "c3".repeat(32);
@@ -796,10 +796,13 @@ fn credential_refused_for_a_second_concurrent_session() {
         socket_buffer: None,
     };
     let timeout = Duration::from_secs(10);
-    let mut first = client_connect_pipelined(&tcp, &sv.addr, cred.as_bytes(), timeout).unwrap();
+    let mut first = Connect::new(&sv.addr, cred.as_bytes(), timeout)
+        .pipelined(&tcp)
+        .unwrap();
     finish_auth(&mut *first.ctl, &sv.addr, first.session).unwrap();
     // Same credential, while the first session is open: refused.
-    let second = client_connect_pipelined(&tcp, &sv.addr, cred.as_bytes(), timeout)
+    let second = Connect::new(&sv.addr, cred.as_bytes(), timeout)
+        .pipelined(&tcp)
         .and_then(|mut s| finish_auth(&mut *s.ctl, &sv.addr, s.session));
     let e = second.expect_err("second session with a used credential");
     assert!(e.to_string().contains("already used"), "{e}");
@@ -812,7 +815,9 @@ fn credential_refused_for_a_second_concurrent_session() {
     // A sink session cannot be used to read: Open of the other role is
     // refused.
     let mut sv = ssh_serve(t.path(), &cred, &["--", "."]);
-    let mut s = client_connect_pipelined(&tcp, &sv.addr, cred.as_bytes(), timeout).unwrap();
+    let mut s = Connect::new(&sv.addr, cred.as_bytes(), timeout)
+        .pipelined(&tcp)
+        .unwrap();
     finish_auth(&mut *s.ctl, &sv.addr, s.session).unwrap();
     let open = ramsys_proto::control::Open {
         server_role: ramsys_proto::control::Role::Source,

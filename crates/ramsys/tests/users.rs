@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::*;
-use ramsys_engine::session::client_connect_as;
+use ramsys_engine::session::Connect;
 use ramsys_engine::transport::tcp::Tcp;
 use ramsys_engine::transport::wire::{recv_control, send_control};
 use ramsys_proto::auth::ClientHandshake;
@@ -281,21 +281,13 @@ fn token_in_process_with_an_explicit_user() {
     let c = ramsys_engine::roles::client::request_token(&remote, 30).unwrap();
     assert_eq!(c.expires_s, 30);
     assert_eq!(c.key.len(), 64);
-    let st = client_connect_as(
-        &*t,
-        &s.d.addr,
-        &c.user,
-        c.key.as_bytes(),
-        Duration::from_secs(5),
-    );
+    let st = Connect::new(&s.d.addr, c.key.as_bytes(), Duration::from_secs(5))
+        .user(c.user.clone())
+        .open(&*t);
     assert!(st.is_ok(), "{:?}", st.err());
-    let again = client_connect_as(
-        &*t,
-        &s.d.addr,
-        &c.user,
-        c.key.as_bytes(),
-        Duration::from_secs(5),
-    );
+    let again = Connect::new(&s.d.addr, c.key.as_bytes(), Duration::from_secs(5))
+        .user(c.user.clone())
+        .open(&*t);
     assert!(again.is_err());
 }
 

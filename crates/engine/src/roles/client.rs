@@ -11,11 +11,10 @@ use crate::data::resources::EngineResources;
 use crate::request::walk::Top;
 use crate::roles::sink::{run_sink, SinkSpec};
 use crate::roles::source::{run_source, SourceSpec};
+use crate::roles::SessionEnd;
 use crate::session::options::TransferOptions;
 use crate::session::report::Report;
-use crate::session::{
-    client_connect_as, client_handshake, current_user, dial, ClientSession, PreLinks,
-};
+use crate::session::{dial, ClientSession, Connect, PreLinks};
 use crate::storage::fsops::Root;
 use crate::transport::crypto::Cipher;
 use crate::transport::sealed::{End, SealedLink};
@@ -33,6 +32,17 @@ pub struct Remote {
     /// Authenticate as this user (a one-time credential's `otp-…` name);
     /// None: [`crate::session::current_user`].
     pub user: Option<String>,
+}
+
+impl Remote {
+    /// How to reach the daemon, as the configured user (or the current one).
+    pub fn connect(&self) -> Connect<'_> {
+        let c = Connect::new(&self.addr, &self.key, self.connect_timeout);
+        match &self.user {
+            Some(u) => c.user(u.clone()),
+            None => c,
+        }
+    }
 }
 
 /// Connect: the control link first, then the data links, dialled while
@@ -95,14 +105,7 @@ fn connect(
         remote.connect_timeout,
         opts.idle_timeout,
     );
-    let user = remote.user.clone().unwrap_or_else(current_user);
-    let s = client_handshake(
-        ctl,
-        &remote.addr,
-        &user,
-        &remote.key,
-        remote.connect_timeout,
-    )?;
+    let s = remote.connect().handshake(ctl)?;
     if let (Some(c), Some(tcp)) = (&mut choice, s.peer_tcp) {
         let ends = path::Ends {
             local: here,
@@ -152,15 +155,6 @@ fn seal_control(s: &mut ClientSession, cipher: Cipher) -> Result<(), EngineError
     Ok(())
 }
 
-/// A session a busy daemon sent here (issue 19): say so, so this daemon
-/// admits it rather than redirecting it again.
-fn redirected(s: &mut ClientSession, opts: &TransferOptions) -> Result<(), EngineError> {
-    match &opts.redirected_from {
-        Some(from) => send_control(&mut *s.ctl, &Control::Redirected { from: from.clone() }),
-        None => Ok(()),
-    }
-}
-
 fn open_msg(role: Role, paths: Vec<Vec<u8>>, opts: &TransferOptions) -> Control {
     let open = open_struct(role, paths, opts);
     // An archive copy from a server source: what its scan collects
@@ -204,6 +198,90 @@ fn open_struct(role: Role, paths: Vec<Vec<u8>>, opts: &TransferOptions) -> Open 
     }
 }
 
+/// A session opened on a daemon, its request sent: what push and pull
+/// share (issue 37: one connect path for both directions).
+struct Opened {
+    s: ClientSession,
+    links: PreLinks,
+    opts: TransferOptions,
+    choice: Option<path::StreamChoice>,
+}
+
+/// Connect, seal the control link if asked, send the preamble the
+/// daemon's role wants, then the Open: `server_role` is the daemon's end
+/// (Sink for a push, Source for a pull). Everything leaves before any
+/// answer is read (seed 000 Fig. 6-4b).
+fn open_session(
+    remote: &Remote,
+    server_role: Role,
+    paths: Vec<Vec<u8>>,
+    opts: &TransferOptions,
+    res: &EngineResources,
+) -> Result<Opened, EngineError> {
+    let push = server_role == Role::Sink;
+    let (mut s, links, opts, choice) = connect(remote, opts, res, push)?;
+    // A relay's link (daemon to daemon) is always sealed: OnBehalf names a
+    // user, and the sink grants that user's rights on it (issue 34).
+    let control = match (opts.encrypt, &opts.on_behalf) {
+        (Cipher::None, Some(_)) if push => Cipher::preferred(),
+        (c, _) => c,
+    };
+    seal_control(&mut s, control)?;
+    for m in preamble(server_role, &opts) {
+        send_control(&mut *s.ctl, &m)?;
+    }
+    send_control(&mut *s.ctl, &open_msg(server_role, paths, &opts))?;
+    Ok(Opened {
+        s,
+        links,
+        opts,
+        choice,
+    })
+}
+
+/// What a client may send before its request, in the order the daemon
+/// reads it (roles::server::redirect): OnBehalf (a relayed push), BwLimit
+/// (a pull: the daemon's senders apply our --bwlimit), Redirected (a
+/// session a busy daemon sent here, issue 19: this one admits it rather
+/// than redirecting it again), GrowStreams (a pull whose daemon source
+/// measures and asks for streams; our sink dials).
+fn preamble(server_role: Role, opts: &TransferOptions) -> Vec<Control> {
+    let pull = server_role == Role::Source;
+    let mut out = Vec::new();
+    if let Some(user) = opts.on_behalf.clone().filter(|_| !pull) {
+        out.push(Control::OnBehalf { user });
+    }
+    let bps = opts.rate.session_rate();
+    if pull && bps > 0 {
+        out.push(Control::BwLimit { bytes_per_s: bps });
+    }
+    if let Some(from) = opts.redirected_from.clone() {
+        out.push(Control::Redirected { from });
+    }
+    if pull && opts.auto_streams {
+        out.push(Control::GrowStreams);
+    }
+    out
+}
+
+/// The session's report with the stream choice and the growth its source
+/// saw (ours on a push, the daemon's Control::Grown on a pull), after the
+/// redirect check.
+fn finish(
+    r: Result<Report, EngineError>,
+    choice: Option<path::StreamChoice>,
+    key: &Bytes32,
+) -> Result<Report, EngineError> {
+    let r = r.map(|mut r| {
+        r.stream_choice = choice.map(|mut c| {
+            c.growth = r.growth.take();
+            c
+        });
+        r
+    });
+    redirect_checked(r, key)
+}
+
 /// Send local `tops` (under `root`) to `dest` on the daemon. Auth, Open,
 /// Propose and the whole metadata stream leave in one flight.
 pub fn push(
@@ -215,35 +293,19 @@ pub fn push(
     res: &EngineResources,
     stats: Arc<Stats>,
 ) -> Result<Report, EngineError> {
-    let (mut s, mut links, opts, choice) = connect(remote, opts, res, true)?;
-    let opts = &opts;
-    // A relay's link (daemon to daemon) is always sealed: OnBehalf names a
-    // user, and the sink grants that user's rights on it (issue 34).
-    let control = match (opts.encrypt, &opts.on_behalf) {
-        (Cipher::None, Some(_)) => Cipher::preferred(),
-        (c, _) => c,
-    };
-    seal_control(&mut s, control)?;
-    if let Some(user) = &opts.on_behalf {
-        let user = user.clone();
-        send_control(&mut *s.ctl, &Control::OnBehalf { user })?;
-    }
-    redirected(&mut s, opts)?;
-    send_control(&mut *s.ctl, &open_msg(Role::Sink, vec![dest], opts))?;
+    let mut o = open_session(remote, Role::Sink, vec![dest], opts, res)?;
     let spec = SourceSpec {
         root,
         tops,
-        pending_auth: Some((s.addr.clone(), s.session)),
+        pending_auth: Some((o.s.addr.clone(), o.s.session)),
     };
-    let key = s.session_key;
-    let r = run_source(s.ctl, &mut links, spec, opts, res, stats).map(|mut r| {
-        r.stream_choice = choice.map(|mut c| {
-            c.growth = r.growth.take();
-            c
-        });
-        r
-    });
-    redirect_checked(r, &key)
+    let key = o.s.session_key;
+    let r = run_source(
+        o.s.ctl,
+        spec,
+        SessionEnd::new(&mut o.links, &o.opts, res, stats),
+    );
+    finish(r, o.choice, &key)
 }
 
 /// A Redirect is followed only if our own daemon sent it (its MAC under
@@ -272,36 +334,20 @@ pub fn pull(
     res: &EngineResources,
     stats: Arc<Stats>,
 ) -> Result<Report, EngineError> {
-    let (mut s, mut links, opts, choice) = connect(remote, opts, res, false)?;
-    let opts = &opts;
-    seal_control(&mut s, opts.encrypt)?;
-    // The server is the source: its senders apply our --bwlimit.
-    let bps = opts.rate.session_rate();
-    if bps > 0 {
-        send_control(&mut *s.ctl, &Control::BwLimit { bytes_per_s: bps })?;
-    }
-    redirected(&mut s, opts)?;
-    if opts.auto_streams {
-        // The daemon's source measures and asks; our sink dials.
-        send_control(&mut *s.ctl, &Control::GrowStreams)?;
-    }
-    send_control(&mut *s.ctl, &open_msg(Role::Source, paths, opts))?;
+    let mut o = open_session(remote, Role::Source, paths, opts, res)?;
     let spec = SinkSpec {
         root,
         dest,
-        session: s.session,
-        pending_auth: Some(s.addr.clone()),
+        session: o.s.session,
+        pending_auth: Some(o.s.addr.clone()),
     };
-    let key = s.session_key;
-    let r = run_sink(s.ctl, &mut links, spec, opts, res, stats).map(|mut r| {
-        r.stream_choice = choice.map(|mut c| {
-            // What the daemon's source reported (Control::Grown).
-            c.growth = r.growth.take();
-            c
-        });
-        r
-    });
-    redirect_checked(r, &key)
+    let key = o.s.session_key;
+    let r = run_sink(
+        o.s.ctl,
+        spec,
+        SessionEnd::new(&mut o.links, &o.opts, res, stats),
+    );
+    finish(r, o.choice, &key)
 }
 
 /// The daemon's raw-channel interfaces (RawQuery on a control connection
@@ -309,14 +355,7 @@ pub fn pull(
 /// dials its data links; docs/TYCHE.md "Negotiation"). A daemon that
 /// predates RawQuery, or refuses it, offers none.
 pub fn raw_offer(remote: &Remote) -> Result<Vec<ramsys_proto::control::RawIface>, EngineError> {
-    let user = remote.user.clone().unwrap_or_else(current_user);
-    let mut s = client_connect_as(
-        &*remote.transport,
-        &remote.addr,
-        &user,
-        &remote.key,
-        remote.connect_timeout,
-    )?;
+    let mut s = remote.connect().open(&*remote.transport)?;
     send_control(&mut *s.ctl, &Control::RawQuery)?;
     match crate::transport::wire::recv_control(&mut *s.ctl) {
         Ok(Control::RawOffer { ifaces }) => Ok(ifaces),
@@ -354,14 +393,7 @@ pub struct OneTimeCredential {
 /// current user) for a one-time credential bound to our export root, valid
 /// `ttl_s` seconds (0: the daemon's default).
 pub fn request_token(remote: &Remote, ttl_s: u32) -> Result<OneTimeCredential, EngineError> {
-    let user = remote.user.clone().unwrap_or_else(current_user);
-    let mut s = client_connect_as(
-        &*remote.transport,
-        &remote.addr,
-        &user,
-        &remote.key,
-        remote.connect_timeout,
-    )?;
+    let mut s = remote.connect().open(&*remote.transport)?;
     send_control(&mut *s.ctl, &Control::TokenRequest { ttl_s })?;
     match crate::transport::wire::recv_control(&mut *s.ctl)? {
         Control::Token {
@@ -397,16 +429,8 @@ pub fn relay(
     idle: Duration,
 ) -> Result<ramsys_proto::control::RelayReport, EngineError> {
     use std::sync::atomic::Ordering::Relaxed;
-    let user = remote.user.clone().unwrap_or_else(current_user);
     let cipher = Cipher::from_id(relay.cipher)?;
-    let mut s = client_connect_as(
-        &*remote.transport,
-        &remote.addr,
-        &user,
-        &remote.key,
-        remote.connect_timeout,
-    )?;
-    s.auth_pending = false;
+    let mut s = remote.connect().open(&*remote.transport)?;
     seal_control(&mut s, cipher)?;
     send_control(&mut *s.ctl, &Control::RelayOpen(relay))?;
     s.ctl.set_read_timeout(Some(idle))?;

@@ -54,29 +54,77 @@ fn auth_refused(addr: &str) -> EngineError {
     ))
 }
 
-/// Connect, prove the key, and return as soon as our proof is sent: the
-/// caller pipelines its request behind it and reads AuthOk later
-/// ([`finish_auth`]). Preamble and Hello travel in one segment, so the
-/// whole handshake costs one round trip after TCP's.
-pub fn client_connect_pipelined(
-    transport: &dyn Transport,
-    addr: &str,
-    key: &[u8],
-    timeout: Duration,
-) -> Result<ClientSession, EngineError> {
-    client_connect_pipelined_as(transport, addr, &current_user(), key, timeout)
+/// How a client reaches a daemon, in one value (issue 37: it replaces the
+/// positional `client_connect{,_as,_pipelined,_pipelined_as}` family).
+/// `user` defaults to [`current_user`]; a daemon with a users table picks
+/// the key by it (a one-time credential's `otp-…` name).
+///
+/// ```ignore
+/// let s = Connect::new(addr, key, timeout).user("alice").open(&tcp)?;
+/// ```
+#[derive(Debug, Clone)]
+pub struct Connect<'a> {
+    pub addr: &'a str,
+    pub user: String,
+    pub key: &'a [u8],
+    pub timeout: Duration,
+    pub greeting: Greeting<'a>,
 }
 
-/// [`client_connect_pipelined`] as `user` (a daemon with a users table
-/// picks the key by it; a one-time credential's name).
-pub fn client_connect_pipelined_as(
-    transport: &dyn Transport,
-    addr: &str,
-    user: &str,
-    key: &[u8],
-    timeout: Duration,
-) -> Result<ClientSession, EngineError> {
-    client_handshake(dial(transport, addr, timeout)?, addr, user, key, timeout)
+impl<'a> Connect<'a> {
+    /// A session as the current user.
+    pub fn new(addr: &'a str, key: &'a [u8], timeout: Duration) -> Self {
+        Connect {
+            addr,
+            user: current_user(),
+            key,
+            timeout,
+            greeting: Greeting::Session,
+        }
+    }
+
+    /// Authenticate as `user`.
+    pub fn user(mut self, user: impl Into<String>) -> Self {
+        self.user = user.into();
+        self
+    }
+
+    /// Open a site link (SiteHello) announcing `me` instead of a session.
+    pub fn site(mut self, me: &'a str) -> Self {
+        self.greeting = Greeting::Site { me };
+        self
+    }
+
+    /// Dial, prove the key, and return as soon as our proof is sent: the
+    /// caller pipelines its request behind it and reads AuthOk later
+    /// ([`finish_auth`]). Preamble and Hello travel in one segment, so the
+    /// whole handshake costs one round trip after TCP's.
+    pub fn pipelined(&self, transport: &dyn Transport) -> Result<ClientSession, EngineError> {
+        self.handshake(dial(transport, self.addr, self.timeout)?)
+    }
+
+    /// [`Connect::pipelined`] on a control link already dialled.
+    pub fn handshake(&self, ctl: Box<dyn Link>) -> Result<ClientSession, EngineError> {
+        let who = (self.user.as_str(), self.key);
+        client_handshake(ctl, self.addr, who, self.timeout, self.greeting)
+    }
+
+    /// Dial and authenticate completely, AuthOk read (status and token
+    /// queries, site links, tests).
+    pub fn open(&self, transport: &dyn Transport) -> Result<ClientSession, EngineError> {
+        self.finished(self.pipelined(transport)?)
+    }
+
+    /// [`Connect::open`] on a control link already dialled.
+    pub fn open_on(&self, ctl: Box<dyn Link>) -> Result<ClientSession, EngineError> {
+        self.finished(self.handshake(ctl)?)
+    }
+
+    fn finished(&self, mut s: ClientSession) -> Result<ClientSession, EngineError> {
+        finish_auth(&mut *s.ctl, self.addr, s.session)?;
+        s.auth_pending = false;
+        Ok(s)
+    }
 }
 
 /// Open the control link (its TCP handshake is the path's first RTT
@@ -99,24 +147,13 @@ pub enum Greeting<'a> {
     Site { me: &'a str },
 }
 
-/// [`client_connect_pipelined_as`] on a link already dialled.
-pub fn client_handshake(
-    ctl: Box<dyn Link>,
-    addr: &str,
-    user: &str,
-    key: &[u8],
-    timeout: Duration,
-) -> Result<ClientSession, EngineError> {
-    client_handshake_as(ctl, addr, (user, key), timeout, Greeting::Session)
-}
-
 /// The client side of the handshake (proto::auth, issue 34), for every
 /// caller: the agent's sessions, status and token queries, relays, site
 /// links. Preamble and Hello travel in one segment; the daemon's
 /// Challenge proves it holds the key (checked here, before anything else
 /// is sent), and we return as soon as our Auth is out: one round trip,
 /// AuthOk is read later ([`finish_auth`]), and data links may join now.
-pub fn client_handshake_as(
+fn client_handshake(
     mut ctl: Box<dyn Link>,
     addr: &str,
     (user, key): (&str, &[u8]),
@@ -211,30 +248,6 @@ pub fn finish_auth(ctl: &mut dyn Link, addr: &str, session: u64) -> Result<(), E
         Err(EngineError::PeerClosed) | Err(EngineError::Io(_)) => Err(auth_refused(addr)),
         Err(e) => Err(e),
     }
-}
-
-/// Connect and authenticate completely (status queries, tests).
-pub fn client_connect(
-    transport: &dyn Transport,
-    addr: &str,
-    key: &[u8],
-    timeout: Duration,
-) -> Result<ClientSession, EngineError> {
-    client_connect_as(transport, addr, &current_user(), key, timeout)
-}
-
-/// [`client_connect`] as `user`.
-pub fn client_connect_as(
-    transport: &dyn Transport,
-    addr: &str,
-    user: &str,
-    key: &[u8],
-    timeout: Duration,
-) -> Result<ClientSession, EngineError> {
-    let mut s = client_connect_pipelined_as(transport, addr, user, key, timeout)?;
-    finish_auth(&mut *s.ctl, addr, s.session)?;
-    s.auth_pending = false;
-    Ok(s)
 }
 
 /// Opens the data links of a session once the stream count is agreed.

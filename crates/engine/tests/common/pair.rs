@@ -1,6 +1,6 @@
 //! A source session and a sink session run against each other in one
 //! process over in-memory links (issue 37; quinn's `Pair`): the engine's
-//! own entry points (`run_source_with`, `run_sink_with`) and link setup
+//! own entry points (`run_source`, `run_sink`) and link setup
 //! (`PreLinks` on the end that dials, `ServerLinks` on the end that
 //! accepts), no sockets, no daemon. The control link is made directly
 //! (authentication is the handshake's own test); the data links are
@@ -14,11 +14,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::unbounded;
-use ramsys_engine::daemon::Unmanaged;
 use ramsys_engine::data::resources::ResourceConfig;
 use ramsys_engine::request::walk::Top;
-use ramsys_engine::roles::sink::{run_sink_with, SinkSpec};
-use ramsys_engine::roles::source::{run_source_with, SourceSpec};
+use ramsys_engine::roles::sink::{run_sink, SinkSpec};
+use ramsys_engine::roles::source::{run_source, SourceSpec};
+use ramsys_engine::roles::SessionEnd;
 use ramsys_engine::session::{PreLinks, ServerLinks};
 use ramsys_engine::storage::fsops::{Confinement, Root};
 use ramsys_engine::transport::clock::Clock;
@@ -241,7 +241,7 @@ fn source(
         tops,
         pending_auth: None,
     };
-    let r = run_source_with(ctl, &mut *links, spec, opts, &res, stats, &Unmanaged);
+    let r = run_source(ctl, spec, SessionEnd::new(&mut *links, opts, &res, stats));
     assert_eq!(
         res.buffers.free(),
         res.buffers.count(),
@@ -266,7 +266,7 @@ fn sink(
         session: SESSION,
         pending_auth: None,
     };
-    let r = run_sink_with(ctl, &mut *links, spec, opts, &res, stats, &Unmanaged);
+    let r = run_sink(ctl, spec, SessionEnd::new(&mut *links, opts, &res, stats));
     assert_eq!(
         res.buffers.free(),
         res.buffers.count(),

@@ -39,7 +39,7 @@ use ramsys_proto::Control;
 use crate::daemon::credentials::Credentials;
 use crate::daemon::site::member::SiteMember;
 use crate::daemon::site::membership::Membership;
-use crate::session::{client_handshake_as, finish_auth, serve_handshake, Greeting};
+use crate::session::{serve_handshake, Connect};
 use crate::transport::crypto::random32;
 use crate::transport::crypto::Cipher;
 use crate::transport::sealed::{End, SealedLink};
@@ -173,15 +173,16 @@ pub struct Site {
 }
 
 /// Open an authenticated site link to `addr` as `me` (SiteHello; the
-/// same handshake as a client session, session::client_handshake_as).
+/// same handshake as a client session, session::Connect).
 pub fn dial(addr: &str, me: &str, user: &str, key: &[u8]) -> Result<Box<dyn Link>, EngineError> {
     let t = Tcp {
         socket_buffer: None,
     };
     let l = t.connect(addr, DIAL_TIMEOUT)?;
-    let site = Greeting::Site { me };
-    let mut s = client_handshake_as(l, addr, (user, key), REPLY_TIMEOUT, site)?;
-    finish_auth(&mut *s.ctl, addr, s.session)?;
+    let s = Connect::new(addr, key, REPLY_TIMEOUT)
+        .user(user)
+        .site(me)
+        .open_on(l)?;
     let (mut l, key) = (s.ctl, s.session_key);
     // Always sealed (issue 34): loads, addresses and segment data travel
     // between daemons only authenticated.

@@ -13,8 +13,9 @@ use crate::daemon::credentials::Grant;
 use crate::daemon::netdev;
 use crate::daemon::users::ExportRoot;
 use crate::request::walk::Top;
-use crate::roles::sink::{run_sink_with, SinkSpec};
-use crate::roles::source::{run_source_with, SourceSpec};
+use crate::roles::sink::{run_sink, SinkSpec};
+use crate::roles::source::{run_source, SourceSpec};
+use crate::roles::SessionEnd;
 use crate::session::options::TransferOptions;
 use crate::session::ServerLinks;
 use crate::transport::wire::send_control;
@@ -232,7 +233,8 @@ pub(super) fn serve_sink(
         .state
         .new_task(session, Dir::In, &dev, kind, &at.nic, at.stats.clone());
     follow_plan(sh, &task, true, &dest, &at.local_addr, &mut opts);
-    let r = run_sink_with(ctl, links, spec, &opts, &sh.res, at.stats, &task).map(|_| ());
+    let end = SessionEnd::new(links, &opts, &sh.res, at.stats).managed(&task);
+    let r = run_sink(ctl, spec, end).map(|_| ());
     task.finish(&r);
     r
 }
@@ -264,7 +266,8 @@ pub(super) fn serve_source(
         .state
         .new_task(session, Dir::Out, &dev, kind, &at.nic, at.stats.clone());
     follow_plan(sh, &task, false, &first, &at.local_addr, &mut opts);
-    let r = run_source_with(ctl, links, spec, &opts, &sh.res, at.stats, &task).map(|_| ());
+    let end = SessionEnd::new(links, &opts, &sh.res, at.stats).managed(&task);
+    let r = run_source(ctl, spec, end).map(|_| ());
     task.finish(&r);
     r
 }

@@ -18,6 +18,7 @@ use crate::data::resources::{EngineResources, ShareGuard};
 use crate::roles::sink::dest::DestMap;
 use crate::roles::sink::files::FileTable;
 use crate::roles::sink::sync_delta::SinkSync;
+use crate::roles::SessionEnd;
 use crate::session::control::{unexpected, ControlLink};
 use crate::session::options::TransferOptions;
 use crate::session::relink::Relinks;
@@ -65,34 +66,16 @@ pub struct SinkSpec {
 /// Run the sink end on an authenticated control link.
 pub fn run_sink(
     ctl_link: Box<dyn Link>,
-    links: &mut dyn LinkProvider,
     spec: SinkSpec,
-    opts: &TransferOptions,
-    res: &EngineResources,
-    stats: Arc<Stats>,
+    end: SessionEnd,
 ) -> Result<Report, EngineError> {
-    run_sink_with(
-        ctl_link,
+    let SessionEnd {
         links,
-        spec,
         opts,
         res,
         stats,
-        &crate::daemon::Unmanaged,
-    )
-}
-
-/// [`run_sink`] with threads and buffers reserved through `adm` (the
-/// daemon's task controller, crate::daemon).
-pub fn run_sink_with(
-    ctl_link: Box<dyn Link>,
-    links: &mut dyn LinkProvider,
-    spec: SinkSpec,
-    opts: &TransferOptions,
-    res: &EngineResources,
-    stats: Arc<Stats>,
-    adm: &dyn Admission,
-) -> Result<Report, EngineError> {
+        adm,
+    } = end;
     let mut s = SinkSession {
         cpu0: process_cpu_seconds(),
         started: SystemTime::now(),

@@ -17,6 +17,7 @@ use crate::daemon::Admission;
 use crate::data::resources::EngineResources;
 use crate::request::walk::{walk_archive, Top, Walk};
 use crate::roles::source::sync_plan::SyncPlan;
+use crate::roles::SessionEnd;
 use crate::session::control::{unexpected, ControlLink};
 use crate::session::options::TransferOptions;
 use crate::session::relink::Relinks;
@@ -45,41 +46,23 @@ pub struct SourceSpec {
     pub root: Arc<Root>,
     pub tops: Vec<Top>,
     /// (daemon address, session): AuthOk still to be read (pipelined
-    /// connect, session::client_connect_pipelined).
+    /// connect, session::Connect::pipelined).
     pub pending_auth: Option<(String, u64)>,
 }
 
 /// Run the source end on an authenticated control link.
 pub fn run_source(
     ctl_link: Box<dyn Link>,
-    links: &mut dyn LinkProvider,
     spec: SourceSpec,
-    opts: &TransferOptions,
-    res: &EngineResources,
-    stats: Arc<Stats>,
+    end: SessionEnd,
 ) -> Result<Report, EngineError> {
-    run_source_with(
-        ctl_link,
+    let SessionEnd {
         links,
-        spec,
         opts,
         res,
         stats,
-        &crate::daemon::Unmanaged,
-    )
-}
-
-/// [`run_source`] with threads reserved through `adm` (the daemon's task
-/// controller, crate::daemon).
-pub fn run_source_with(
-    ctl_link: Box<dyn Link>,
-    links: &mut dyn LinkProvider,
-    spec: SourceSpec,
-    opts: &TransferOptions,
-    res: &EngineResources,
-    stats: Arc<Stats>,
-    adm: &dyn Admission,
-) -> Result<Report, EngineError> {
+        adm,
+    } = end;
     let mut s = SourceSession {
         ctl: Ctl::new(ctl_link, SourceMachine::new(), "sink"),
         spec,
