@@ -4,8 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-# No module imports another that imports it back (issue 16); fails fast.
+# No module imports another that imports it back (issue 16), no folder
+# another folder of its level (issue 37); fails fast. Then the check's own tests.
 python3 scripts/module_cycles.py
+python3 scripts/test_module_cycles.py
 command -v cargo >/dev/null 2>&1 || export PATH="$HOME/.cargo/bin:$PATH"
 # Release profile: the integration tests move real data through real
 # daemons; the test build also produces target/release/ramsys for the
