@@ -8,6 +8,7 @@ bash scripts/install-deps.sh
 # another folder of its level (issue 37); fails fast. Then the check's own tests.
 python3 scripts/module_cycles.py
 python3 scripts/test_module_cycles.py
+python3 scripts/doc_paths.py
 command -v cargo >/dev/null 2>&1 || export PATH="$HOME/.cargo/bin:$PATH"
 # Release profile: the integration tests move real data through real
 # daemons; the test build also produces target/release/ramsys for the
