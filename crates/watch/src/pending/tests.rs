@@ -1,0 +1,476 @@
+//! The pending set against a model: a source tree changed at random, the
+//! changes a kernel would report fed in, batches taken, delivered late,
+//! failed at random (before or after their operations), and applied to a
+//! model destination the way the sink applies them. Once everything is
+//! closed and delivered, DST must equal SRC: no change lost, whatever the
+//! interleaving.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::change::join;
+
+#[derive(Debug, Clone, PartialEq)]
+enum Node {
+    Dir,
+    File(u32),
+}
+
+type Tree = BTreeMap<Vec<u8>, Node>;
+
+fn subtree(t: &Tree, p: &[u8]) -> Vec<Vec<u8>> {
+    t.keys().filter(|k| under(k, p)).cloned().collect()
+}
+
+fn parent_ok(t: &Tree, p: &[u8]) -> bool {
+    let par = parent(p);
+    par.is_empty() || t.get(par) == Some(&Node::Dir)
+}
+
+/// Copy `p` (its whole subtree if `tree`) and its parents from SRC; false
+/// where DST holds a directory in a file's way (the sink fails that file).
+fn copy_in(src: &Tree, dst: &mut Tree, p: &[u8], tree: bool) -> bool {
+    let Some(n) = src.get(p) else { return true };
+    let mut par = parent(p);
+    while !par.is_empty() {
+        dst.insert(par.to_vec(), Node::Dir);
+        par = parent(par);
+    }
+    match n {
+        Node::File(_) if dst.get(p) == Some(&Node::Dir) => false,
+        Node::File(_) => {
+            dst.insert(p.to_vec(), n.clone());
+            true
+        }
+        Node::Dir => {
+            dst.insert(p.to_vec(), Node::Dir);
+            if tree {
+                for k in subtree(src, p) {
+                    if !(src[&k] != Node::Dir && dst.get(&k) == Some(&Node::Dir)) {
+                        dst.insert(k.clone(), src[&k].clone());
+                    }
+                }
+            }
+            true
+        }
+    }
+}
+
+struct World {
+    src: Tree,
+    dst: Tree,
+    open: Vec<Vec<u8>>,
+    p: Pending,
+    now: Instant,
+    version: u32,
+    inflight: Option<Batch>,
+    mirror: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Mkdir(usize),
+    Create(usize),
+    Write(usize),
+    Close(usize),
+    Rename(usize, usize),
+    Delete(usize),
+    Take,
+    /// 0 delivered, 1 failed before its ops, 2 ops arrived, data failed.
+    Deliver(u8),
+    Tick,
+    Overflow,
+}
+
+const NAMES: [&[u8]; 8] = [b"a", b"b", b"a/x", b"a/y", b"b/x", b"a/x/z", b"c", b"b/x/z"];
+
+fn step() -> impl Strategy<Value = Step> {
+    let i = 0..NAMES.len();
+    prop_oneof![
+        i.clone().prop_map(Step::Mkdir),
+        i.clone().prop_map(Step::Create),
+        i.clone().prop_map(Step::Write),
+        i.clone().prop_map(Step::Close),
+        (i.clone(), i.clone()).prop_map(|(a, b)| Step::Rename(a, b)),
+        i.prop_map(Step::Delete),
+        Just(Step::Take),
+        (0u8..3).prop_map(Step::Deliver),
+        Just(Step::Tick),
+        Just(Step::Overflow),
+    ]
+}
+
+impl World {
+    fn new(mirror: bool) -> World {
+        let cfg = PendingConfig {
+            quiet: Duration::from_millis(100),
+            cap: 1000,
+            mirror,
+        };
+        World {
+            src: Tree::new(),
+            dst: Tree::new(),
+            open: Vec::new(),
+            p: Pending::new(cfg),
+            now: Instant::now(),
+            version: 0,
+            inflight: None,
+            mirror,
+        }
+    }
+
+    fn ev(&mut self, c: Change) {
+        self.p.apply(c, self.now, 0);
+    }
+
+    fn run(&mut self, s: &Step) {
+        let name = |i: &usize| NAMES[*i].to_vec();
+        match s {
+            Step::Mkdir(i) => {
+                let p = name(i);
+                if !self.src.contains_key(&p) && parent_ok(&self.src, &p) {
+                    self.src.insert(p.clone(), Node::Dir);
+                    self.ev(Change::Created {
+                        path: p,
+                        dir: true,
+                        settled: true,
+                    });
+                }
+            }
+            Step::Create(i) => {
+                let p = name(i);
+                if !self.src.contains_key(&p) && parent_ok(&self.src, &p) {
+                    self.version += 1;
+                    self.src.insert(p.clone(), Node::File(self.version));
+                    self.open.push(p.clone());
+                    self.ev(Change::Created {
+                        path: p,
+                        dir: false,
+                        settled: false,
+                    });
+                }
+            }
+            Step::Write(i) => {
+                let p = name(i);
+                if let Some(Node::File(_)) = self.src.get(&p) {
+                    self.version += 1;
+                    self.src.insert(p.clone(), Node::File(self.version));
+                    if !self.open.contains(&p) {
+                        self.open.push(p.clone());
+                    }
+                    self.ev(Change::Modified(p));
+                }
+            }
+            Step::Close(i) => {
+                let p = name(i);
+                if let Some(k) = self.open.iter().position(|o| *o == p) {
+                    self.open.remove(k);
+                    self.ev(Change::Closed(p));
+                }
+            }
+            Step::Rename(a, b) => self.rename(name(a), name(b)),
+            Step::Delete(i) => self.delete(name(i)),
+            Step::Take => {
+                if self.inflight.is_none() {
+                    self.inflight = self.p.take(self.now, 3).0;
+                }
+            }
+            Step::Deliver(how) => self.deliver(*how),
+            Step::Tick => self.now += Duration::from_millis(150),
+            Step::Overflow => self.ev(Change::Overflow),
+        }
+    }
+
+    fn rename(&mut self, a: Vec<u8>, b: Vec<u8>) {
+        if !self.src.contains_key(&a)
+            || self.src.contains_key(&b)
+            || !parent_ok(&self.src, &b)
+            || under(&b, &a)
+        {
+            return;
+        }
+        let dir = self.src[&a] == Node::Dir;
+        for k in subtree(&self.src, &a) {
+            let n = self.src.remove(&k).unwrap();
+            self.src.insert(moved(&k, &a, &b), n);
+        }
+        for o in &mut self.open {
+            if under(o, &a) {
+                *o = moved(o, &a, &b);
+            }
+        }
+        self.ev(Change::Renamed {
+            from: a,
+            to: b,
+            dir,
+        });
+    }
+
+    fn delete(&mut self, p: Vec<u8>) {
+        if !self.src.contains_key(&p) {
+            return;
+        }
+        // rm -r: children first, as the kernel reports them.
+        for k in subtree(&self.src, &p).into_iter().rev() {
+            let dir = self.src.remove(&k).unwrap() == Node::Dir;
+            self.open.retain(|o| *o != k);
+            self.ev(Change::Deleted { path: k, dir });
+        }
+    }
+
+    /// The sink's side of a batch: operations in order, then the data as
+    /// the source reads it now (a listed path gone is skipped).
+    fn deliver(&mut self, how: u8) {
+        let Some(b) = self.inflight.take() else {
+            return;
+        };
+        if how == 1 {
+            self.p.finish(false, &[], self.now);
+            return;
+        }
+        let mut missing = Vec::new();
+        for (_, op) in &b.ops {
+            match op {
+                Op::Rename { from, to, dir } => {
+                    // The sink renames only an entry of the kind the
+                    // source renamed (a later batch may have put another
+                    // there).
+                    if self
+                        .dst
+                        .get(from)
+                        .is_some_and(|n| (*n == Node::Dir) == *dir)
+                    {
+                        for k in subtree(&self.dst, to) {
+                            self.dst.remove(&k);
+                        }
+                        for k in subtree(&self.dst, from) {
+                            let n = self.dst.remove(&k).unwrap();
+                            self.dst.insert(moved(&k, from, to), n);
+                        }
+                    } else {
+                        missing.push((to.clone(), *dir));
+                    }
+                }
+                Op::Delete { path, dir } => {
+                    if self
+                        .dst
+                        .get(path)
+                        .is_none_or(|n| (*n == Node::Dir) != *dir)
+                    {
+                        continue;
+                    }
+                    for k in subtree(&self.dst, path) {
+                        self.dst.remove(&k);
+                    }
+                }
+            }
+        }
+        self.p.ops_applied(&missing, self.now);
+        if how == 2 {
+            self.p.finish(false, &[], self.now);
+            return;
+        }
+        let mut failed = Vec::new();
+        if b.full {
+            if self.mirror {
+                self.dst = self.src.clone();
+            } else {
+                for (k, n) in &self.src {
+                    self.dst.insert(k.clone(), n.clone());
+                }
+            }
+        }
+        // A listed path that is a directory now is sent with its subtree.
+        for (p, _) in &b.files {
+            if !copy_in(&self.src, &mut self.dst, p, true) {
+                failed.push(p.clone());
+            }
+        }
+        self.p.finish(true, &failed, self.now);
+    }
+
+    /// Close everything, wait out the quiet time, deliver until nothing is
+    /// left.
+    fn settle(&mut self) {
+        if self.inflight.is_some() {
+            self.deliver(0);
+        }
+        for o in std::mem::take(&mut self.open) {
+            self.ev(Change::Closed(o));
+        }
+        self.now += Duration::from_secs(1);
+        for _ in 0..100 {
+            self.inflight = self.p.take(self.now, 3).0;
+            if self.inflight.is_none() {
+                return;
+            }
+            self.deliver(0);
+        }
+        panic!("batches never ran out");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    /// Mirror mode (`--delete`): DST ends up equal to SRC.
+    #[test]
+    fn mirror_converges(steps in proptest::collection::vec(step(), 0..60)) {
+        let mut w = World::new(true);
+        for s in &steps {
+            w.run(s);
+        }
+        w.settle();
+        prop_assert_eq!(&w.dst, &w.src, "steps {:?}", steps);
+        prop_assert_eq!(w.p.depth(), 0);
+    }
+
+    /// Without --delete DST holds everything SRC holds, as it is now.
+    #[test]
+    fn copy_mode_keeps_everything(steps in proptest::collection::vec(step(), 0..60)) {
+        let mut w = World::new(false);
+        for s in &steps {
+            w.run(s);
+        }
+        w.settle();
+        // Where DST holds an entry of another kind in the way (a directory
+        // where SRC now has a file), the sink cannot replace it without
+        // --delete, as rsync cannot: everything else is there.
+        let kind = |n: &Node| *n == Node::Dir;
+        let blocked = |k: &Vec<u8>| {
+            let mut p: &[u8] = k;
+            loop {
+                if let (Some(s), Some(d)) = (w.src.get(p), w.dst.get(p)) {
+                    if kind(s) != kind(d) {
+                        return true;
+                    }
+                }
+                if p.is_empty() {
+                    return false;
+                }
+                p = parent(p);
+            }
+        };
+        for (k, n) in &w.src {
+            if !blocked(k) {
+                prop_assert_eq!(w.dst.get(k), Some(n), "{:?} steps {:?}", String::from_utf8_lossy(k), steps);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_file_waits_for_its_close_or_quiet_time() {
+    let mut p = Pending::new(PendingConfig {
+        quiet: Duration::from_secs(2),
+        ..Default::default()
+    });
+    let t = Instant::now();
+    p.apply(
+        Change::Created {
+            path: b"f".to_vec(),
+            dir: false,
+            settled: false,
+        },
+        t,
+        0,
+    );
+    p.apply(Change::Modified(b"f".to_vec()), t, 0);
+    let (b, next) = p.take(t, 100);
+    assert!(b.is_none());
+    assert_eq!(next, Some(t + Duration::from_secs(2)));
+    p.apply(Change::Closed(b"f".to_vec()), t, 4096);
+    let (b, _) = p.take(t, 100);
+    let b = b.unwrap();
+    assert_eq!(b.files, vec![(b"f".to_vec(), Kind::File)]);
+    assert_eq!(b.bytes, 4096);
+    p.finish(true, &[], t);
+    assert_eq!(p.depth(), 0);
+    // Written and never closed (a log): sent once quiet.
+    p.apply(Change::Modified(b"log".to_vec()), t, 0);
+    assert!(p.take(t + Duration::from_secs(1), 100).0.is_none());
+    assert!(p.take(t + Duration::from_secs(2), 100).0.is_some());
+}
+
+#[test]
+fn a_rename_is_one_operation_and_pending_writes_follow_it() {
+    let mut p = Pending::new(PendingConfig::default());
+    let t = Instant::now();
+    p.apply(Change::Modified(b"d/big".to_vec()), t, 1 << 30);
+    p.apply(
+        Change::Renamed {
+            from: b"d".to_vec(),
+            to: b"e".to_vec(),
+            dir: true,
+        },
+        t,
+        0,
+    );
+    let (b, _) = p.take(t + Duration::from_secs(5), 100);
+    let b = b.unwrap();
+    assert_eq!(
+        b.ops,
+        vec![(
+            1,
+            Op::Rename {
+                from: b"d".to_vec(),
+                to: b"e".to_vec(),
+                dir: true
+            }
+        )]
+    );
+    assert_eq!(b.files, vec![(b"e/big".to_vec(), Kind::File)]);
+    // The root's mtime moved with the rename.
+    assert_eq!(b.dirs, vec![b"".to_vec()]);
+    let log = p.drain_log();
+    assert!(log.contains(&LogRec::Move {
+        from: b"d".to_vec(),
+        to: b"e".to_vec()
+    }));
+}
+
+#[test]
+fn overflow_and_cap_ask_for_a_full_scan() {
+    let mut p = Pending::new(PendingConfig {
+        cap: 10,
+        ..Default::default()
+    });
+    let t = Instant::now();
+    for i in 0..11 {
+        p.apply(Change::Closed(join(b"d", format!("{i}").as_bytes())), t, 0);
+    }
+    assert_eq!(p.counters.collapses, 1);
+    assert!(p.full_requested());
+    assert_eq!(p.depth(), 0);
+    let (b, _) = p.take(t, 100);
+    assert!(b.unwrap().full);
+    p.finish(false, &[], t);
+    assert!(p.full_requested(), "a failed full scan is due again");
+    p.apply(Change::Overflow, t, 0);
+    assert_eq!(p.counters.overflows, 1);
+}
+
+#[test]
+fn a_failed_batch_goes_back_and_its_applied_ops_do_not() {
+    let mut p = Pending::new(PendingConfig::default());
+    let t = Instant::now();
+    p.apply(
+        Change::Deleted {
+            path: b"x".to_vec(),
+            dir: false,
+        },
+        t,
+        0,
+    );
+    p.apply(Change::Closed(b"y".to_vec()), t, 0);
+    let b = p.take(t, 100).0.unwrap();
+    assert_eq!(b.ops.len(), 1);
+    p.ops_applied(&[], t);
+    p.finish(false, &[], t);
+    let b = p.take(t, 100).0.unwrap();
+    assert!(b.ops.is_empty());
+    assert_eq!(b.files, vec![(b"y".to_vec(), Kind::File)]);
+}
