@@ -468,6 +468,68 @@ pub enum Control {
         failures: Vec<Failure>,
         io_error: bool,
     },
+    /// Client to server, instead of the opens above (continuous
+    /// replication, issue 38, docs/WATCH.md): open a channel that applies
+    /// [`WatchOp`]s under `dest` (a directory beneath the user's root, the
+    /// one a sync to `dest` fills), for as long as the client keeps the
+    /// connection. `version`: of the watch operations (WATCH_VERSION).
+    /// Answered by WatchReady, or Error.
+    WatchOpen {
+        version: u16,
+        dest: Vec<u8>,
+    },
+    /// Server to client: the channel is open; the server's own version.
+    WatchReady {
+        version: u16,
+    },
+    /// Client to server on a watch channel: apply `ops` in order.
+    WatchOps {
+        seq: u64,
+        ops: Vec<WatchOp>,
+    },
+    /// Server to client: one result per op of WatchOps `seq`, in order.
+    WatchDone {
+        seq: u64,
+        results: Vec<WatchResult>,
+    },
+}
+
+/// Version of the watch operations ([`Control::WatchOpen`]).
+pub const WATCH_VERSION: u16 = 1;
+
+/// An operation a replication job applies at its destination before a
+/// batch's data (issue 38): paths relative to WatchOpen's `dest`, as the
+/// job's sessions name them on the wire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WatchOp {
+    /// Rename `from` to `to` (replacing what is there), only if `from` is
+    /// a directory when `dir`, a non-directory otherwise.
+    Rename {
+        from: Vec<u8>,
+        to: Vec<u8>,
+        dir: bool,
+    },
+    /// Remove `path` (with everything below it when `dir`), only if it is
+    /// of that kind.
+    Delete { path: Vec<u8>, dir: bool },
+    /// Set a directory's mode (permission bits) and mtime.
+    DirAttrs {
+        path: Vec<u8>,
+        mode: u32,
+        mtime_s: i64,
+        mtime_ns: u32,
+    },
+}
+
+/// What became of one [`WatchOp`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WatchResult {
+    Done,
+    /// The entry to rename, delete or set was not there (or of the other
+    /// kind): nothing done. For a rename the client sends `to` as data.
+    Missing,
+    /// It could not be done: the reason, one line.
+    Failed(String),
 }
 
 /// A host's TCP buffer limits ([`crate::auth::Accept`]): the maxima of
@@ -749,6 +811,10 @@ impl Control {
             Control::RetiredChallengeTcp => "RetiredChallengeTcp",
             Control::GrownLinks { .. } => "GrownLinks",
             Control::ScanFailed { .. } => "ScanFailed",
+            Control::WatchOpen { .. } => "WatchOpen",
+            Control::WatchReady { .. } => "WatchReady",
+            Control::WatchOps { .. } => "WatchOps",
+            Control::WatchDone { .. } => "WatchDone",
         }
     }
 
@@ -1105,6 +1171,39 @@ mod tests {
                     reason: "cannot read directory: Permission denied".into(),
                 }],
                 io_error: true,
+            },
+            Control::WatchOpen {
+                version: WATCH_VERSION,
+                dest: b"mirror".to_vec(),
+            },
+            Control::WatchReady { version: 1 },
+            Control::WatchOps {
+                seq: 7,
+                ops: vec![
+                    WatchOp::Rename {
+                        from: b"a".to_vec(),
+                        to: b"b/c".to_vec(),
+                        dir: true,
+                    },
+                    WatchOp::Delete {
+                        path: b"x".to_vec(),
+                        dir: false,
+                    },
+                    WatchOp::DirAttrs {
+                        path: vec![],
+                        mode: 0o755,
+                        mtime_s: -1,
+                        mtime_ns: 5,
+                    },
+                ],
+            },
+            Control::WatchDone {
+                seq: 7,
+                results: vec![
+                    WatchResult::Done,
+                    WatchResult::Missing,
+                    WatchResult::Failed("no".into()),
+                ],
             },
         ];
         for m in msgs {

@@ -32,7 +32,7 @@ use crate::spec::{local_sink, parse_endpoint, Endpoint};
 /// Top-level sources as the walk names them. `contents[i]`: source i was
 /// written `DIR/` (or `.`) in a sync, so its contents land in DST itself
 /// (rsync's rule; an empty name is the destination, roles::sink::dest).
-fn local_tops(paths: &[PathBuf], contents: &[bool]) -> anyhow::Result<Vec<Top>> {
+pub(crate) fn local_tops(paths: &[PathBuf], contents: &[bool]) -> anyhow::Result<Vec<Top>> {
     let mut tops = Vec::new();
     for (i, p) in paths.iter().enumerate() {
         let abs = std::path::absolute(p).with_context(|| format!("{}", p.display()))?;
@@ -63,7 +63,7 @@ fn local_tops(paths: &[PathBuf], contents: &[bool]) -> anyhow::Result<Vec<Top>> 
     Ok(tops)
 }
 
-fn open_root(p: &Path, c: Confinement) -> anyhow::Result<Arc<Root>> {
+pub(crate) fn open_root(p: &Path, c: Confinement) -> anyhow::Result<Arc<Root>> {
     Ok(Arc::new(
         Root::open(p, c).with_context(|| format!("cannot open {}", p.display()))?,
     ))
@@ -81,6 +81,10 @@ pub fn run_sync(a: &SyncArgs) -> anyhow::Result<i32> {
     if a.dry_run {
         f |= DRY_RUN;
     }
+    if a.watch.watch {
+        // Continuous replication (issue 38, crate::replicate).
+        return crate::replicate::agent::run(a, f | a.cp.sink_flags());
+    }
     run_with(&a.cp, f | a.cp.sink_flags())
 }
 
@@ -92,24 +96,24 @@ pub fn run(a: &CpArgs) -> anyhow::Result<i32> {
 /// endpoints, the options every end starts from, the resources an engine
 /// of this process gets, and what the NUMA planner may not override. It is
 /// handed down whole to the function that runs the transfer.
-struct Plan {
-    srcs: Vec<Endpoint>,
-    dst: Endpoint,
+pub(crate) struct Plan {
+    pub(crate) srcs: Vec<Endpoint>,
+    pub(crate) dst: Endpoint,
     /// Per source: its contents go into DST (rsync's `SRC/` rule, sync).
-    contents: Vec<bool>,
-    opts: TransferOptions,
-    res_cfg: ResourceConfig,
+    pub(crate) contents: Vec<bool>,
+    pub(crate) opts: TransferOptions,
+    pub(crate) res_cfg: ResourceConfig,
     fixed: Fixed,
     channels: ramsys_topo::ChannelPolicy,
     /// `--transport`, `--raw-iface` (crate::rawpick).
     raw: crate::rawpick::RawArgs,
-    connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// The local copy's source engine takes this share of --memory.
-    memory: usize,
-    block_size: usize,
+    pub(crate) memory: usize,
+    pub(crate) block_size: usize,
     /// A local copy moves large files with copy_file_range.
-    copy_range: bool,
-    json: bool,
+    pub(crate) copy_range: bool,
+    pub(crate) json: bool,
 }
 
 /// The most streams the agent sizes a long path to without --streams
@@ -126,7 +130,7 @@ struct Sources {
 }
 
 impl Plan {
-    fn resolve(a: &CpArgs, sync: u32) -> anyhow::Result<Plan> {
+    pub(crate) fn resolve(a: &CpArgs, sync: u32) -> anyhow::Result<Plan> {
         let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
         // rsync's rule for sync: `SRC/` sends SRC's contents into DST; with
         // --files-from every source is sent as its contents (rsync's too).
@@ -812,7 +816,7 @@ impl Run<'_> {
 type Attempt = anyhow::Result<Result<Report, ramsys_engine::EngineError>>;
 
 /// Plain TCP; the NUMA layer may replace it with per-NIC channels.
-fn tcp() -> Arc<dyn Transport> {
+pub(crate) fn tcp() -> Arc<dyn Transport> {
     Arc::new(Tcp {
         socket_buffer: None,
     })
@@ -881,7 +885,7 @@ fn report(
     }
 }
 
-fn getrandom_fill(b: &mut [u8]) {
+pub(crate) fn getrandom_fill(b: &mut [u8]) {
     let r = ramsys_engine::transport::crypto::random32();
     b.copy_from_slice(&r[..b.len()]);
 }

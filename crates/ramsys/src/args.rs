@@ -426,6 +426,9 @@ pub struct SyncArgs {
     /// List what would be sent and deleted; change nothing.
     #[arg(long, short = 'n')]
     pub dry_run: bool,
+    /// `--watch` and its tuning (continuous replication, issue 38).
+    #[command(flatten)]
+    pub watch: crate::replicate::WatchArgs,
     #[command(flatten)]
     pub cp: CpArgs,
 }

@@ -15,6 +15,7 @@ mod pick;
 mod plan;
 mod progress;
 mod rawpick;
+mod replicate;
 mod signals;
 mod spec;
 mod ssh;

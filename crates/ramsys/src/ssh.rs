@@ -423,6 +423,11 @@ fn serve_max_streams(streams: Option<u16>) -> usize {
     })
 }
 
+/// Set by a continuous replication job (`sync --watch`, issue 38): the
+/// remote end serves session after session with one credential until the
+/// agent closes its stdin (`ssh-serve --until-eof`).
+pub static KEEP_SERVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Start `ssh-serve` on `host` for `role` and wait for its ready line.
 pub fn serve(
     a: &CpArgs,
@@ -445,6 +450,9 @@ pub fn serve(
         (a.connect_timeout.max(1) * 6).to_string(),
     ];
     args.extend(storage_args(a, role == ServeRole::Sink));
+    if KEEP_SERVING.load(std::sync::atomic::Ordering::Relaxed) {
+        args.push("--until-eof".into());
+    }
     args.push("--".into());
     args.extend(paths.iter().map(|p| quote_path(p)));
     let mut p = a.ssh.spawn(host, &args, cred.as_bytes(), None)?;

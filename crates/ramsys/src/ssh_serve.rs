@@ -90,6 +90,11 @@ pub struct SshServeArgs {
     /// use an unreachable one to exercise the agent's ssh fallback).
     #[arg(long, hide = true, value_name = "ADDR")]
     pub advertise: Option<String>,
+    /// Serve every session that authenticates with the credential until
+    /// stdin closes (a `sync --watch` job, issue 38), not just one; always
+    /// with a daemon of its own.
+    #[arg(long, hide = true)]
+    pub until_eof: bool,
     /// The destination (sink) or the sources (source), relative to the
     /// working directory (ssh: the home directory) unless absolute.
     #[arg(required = true, num_args = 1..)]
@@ -440,7 +445,7 @@ pub fn run(a: &SshServeArgs) -> anyhow::Result<i32> {
     let ssh_connection = std::env::var("SSH_CONNECTION").ok();
     let paths = serve_paths(a)?;
     let listen = listen_addr(ssh_connection.as_deref());
-    if !a.own_daemon {
+    if !a.own_daemon && !a.until_eof {
         let ip = listen.parse::<std::net::SocketAddr>().ok().map(|s| s.ip());
         if let Some(offer) = running_daemon_offer(a.role, &paths, ip) {
             print_offer(&offer)?;
@@ -464,10 +469,14 @@ pub fn run(a: &SshServeArgs) -> anyhow::Result<i32> {
         ServeRole::Source => (PathBuf::from("/"), None, source_paths(&paths)?),
     };
     let d = own_daemon(a, key, &root, &listen)?;
-    let done = d.one_session(match a.role {
-        ServeRole::Sink => Role::Sink,
-        ServeRole::Source => Role::Source,
-    });
+    let done = match a.until_eof {
+        // Never signalled: the loop below ends at stdin's EOF.
+        true => crossbeam_channel::never(),
+        false => d.one_session(match a.role {
+            ServeRole::Sink => Role::Sink,
+            ServeRole::Source => Role::Source,
+        }),
+    };
     let shared = d.shared();
     let target = d.local_addr();
     let offer = Offer {
@@ -497,7 +506,12 @@ pub fn run(a: &SshServeArgs) -> anyhow::Result<i32> {
                     Err(_) => bail!("session ended"),
                 };
             }
-            recv(eof) -> _ => bail!("the agent went away (stdin closed); session abandoned"),
+            recv(eof) -> _ => {
+                if a.until_eof {
+                    return Ok(0);
+                }
+                bail!("the agent went away (stdin closed); session abandoned")
+            }
             default(Duration::from_millis(200)) => {
                 if Instant::now() > deadline && shared.active.load(Ordering::Relaxed) == 0 {
                     bail!(

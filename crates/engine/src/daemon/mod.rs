@@ -11,12 +11,14 @@
 //! - [`netdev`]: names of NICs and storage devices for labels.
 //! - [`rates`]: the daemon's, users' and sessions' rate limits.
 //! - [`lifecycle`]: draining (refuse new sessions, stop running ones).
+//! - [`jobs`]: continuous replication jobs' counters (issue 38).
 //! - [`users`]: the credential store: shared key or users table (per-user
 //!   keys and export roots) and one-time credentials.
 
 pub mod admit;
 pub mod config;
 pub mod credentials;
+pub mod jobs;
 pub mod lifecycle;
 pub mod metrics;
 pub mod netdev;

@@ -56,6 +56,9 @@ pub struct Status {
     /// whether new channels use it, and its counters since start.
     #[serde(default)]
     pub copy_offload: CopyOffload,
+    /// Continuous replication jobs (`[[replicate]]`, issue 38).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<super::jobs::JobStatus>,
 }
 
 /// Copies on the copy thread and their bytes; fallbacks: copies of an
@@ -261,6 +264,7 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
         site: Vec::new(),
         raw: Vec::new(),
         copy_offload: CopyOffload::default(),
+        jobs: Vec::new(),
         version: STATUS_VERSION,
         listen: listen.into(),
         root: root.into(),

@@ -50,6 +50,11 @@ struct FilesFrom {
     listed: HashSet<Vec<u8>>,
     parents: HashSet<Vec<u8>>,
     recursive: bool,
+    /// The names in each parent directory that lead to a listed path: the
+    /// scan stats these instead of reading the whole directory (issue 38:
+    /// a replication batch costs what it lists, not what its directories
+    /// hold).
+    children: std::collections::HashMap<Vec<u8>, Vec<Vec<u8>>>,
 }
 
 impl FilesFrom {
@@ -68,10 +73,26 @@ impl FilesFrom {
             }
             listed.insert(p);
         }
+        let mut children: std::collections::HashMap<Vec<u8>, Vec<Vec<u8>>> = Default::default();
+        for p in listed.iter().chain(&parents) {
+            let (dir, name) = match p.iter().rposition(|&b| b == b'/') {
+                Some(i) => (&p[..i], &p[i + 1..]),
+                None => (&b""[..], &p[..]),
+            };
+            children
+                .entry(dir.to_vec())
+                .or_default()
+                .push(name.to_vec());
+        }
+        for v in children.values_mut() {
+            v.sort();
+            v.dedup();
+        }
         FilesFrom {
             listed,
             parents,
             recursive,
+            children,
         }
     }
 
@@ -153,6 +174,26 @@ impl Filter {
             files: (!sel.files.is_empty()).then(|| FilesFrom::new(&sel.files, sel.files_recursive)),
             pieces: None,
         })
+    }
+
+    /// With `--files-from`: the names below directory `dir` (a path from
+    /// the transfer root) that the list selects, when `dir` only leads to
+    /// listed paths (not listed itself, nor below a listed directory); None
+    /// when the whole directory must be read.
+    pub fn listed_children(&self, dir: &[u8]) -> Option<Vec<Vec<u8>>> {
+        let f = self.files.as_ref()?;
+        if f.listed.contains(dir) || (!dir.is_empty() && !f.parents.contains(dir)) {
+            return None;
+        }
+        if f.recursive
+            && dir
+                .iter()
+                .enumerate()
+                .any(|(i, &b)| b == b'/' && f.listed.contains(&dir[..i]))
+        {
+            return None;
+        }
+        Some(f.children.get(dir).cloned().unwrap_or_default())
     }
 
     pub fn is_all(&self) -> bool {
@@ -400,6 +441,13 @@ mod tests {
         assert!(!x.excluded(b"d", true) && out(&x, "d/inside") && out(&x, "e"));
         let x = Filter::new(&sel(true)).unwrap();
         assert!(!out(&x, "d/inside") && !out(&x, "d/sub/deeper") && out(&x, "dd/x"));
+        // The scan stats only the names leading to listed paths; a listed
+        // directory (or one below it) is read whole.
+        let names = |d: &str| x.listed_children(d.as_bytes());
+        assert_eq!(names(""), Some(vec![b"a".to_vec(), b"d".to_vec()]));
+        assert_eq!(names("a/b"), Some(vec![b"c.txt".to_vec()]));
+        assert_eq!((names("d"), names("d/sub")), (None, None));
+        assert_eq!(Filter::all().listed_children(b""), None);
         // Rules still apply to what the list selects.
         let mut s = sel(true);
         s.rules = vec![b"- *.tmp".to_vec()];

@@ -572,6 +572,9 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
         mtime: (md.mtime(), md.mtime_nsec() as u32),
         owners: owners_of(&md),
     });
+    if let Some(names) = filter.listed_children(wire) {
+        return scan_listed(base, rel, wire, names, filter, to);
+    }
     let path = abs(base, rel);
     let rd = match fs::read_dir(&path) {
         Ok(rd) => rd,
@@ -631,6 +634,39 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
                 reason: e.to_string(),
             }),
         }
+    }
+}
+
+/// A directory that only leads to `--files-from` paths: stat the listed
+/// names in it instead of reading it whole (request::filter
+/// `listed_children`); a listed name that is not there (removed since it
+/// was listed, as in a replication batch) is skipped.
+fn scan_listed(
+    base: &Path,
+    rel: &[u8],
+    wire: &[u8],
+    names: Vec<Vec<u8>>,
+    filter: &Filter,
+    to: &mut Found,
+) {
+    for name in names {
+        let crel = join(rel, &name);
+        let cwire = join(wire, &name);
+        let md = match fs::symlink_metadata(abs(base, &crel)) {
+            Ok(md) => md,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                to.failures.push(FailedPath {
+                    path: abs(base, &crel).display().to_string(),
+                    reason: e.to_string(),
+                });
+                continue;
+            }
+        };
+        if filter.excluded(&cwire, md.is_dir()) {
+            continue;
+        }
+        scan(base, &crel, &cwire, md, filter, to);
     }
 }
 

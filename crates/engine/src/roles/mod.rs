@@ -7,6 +7,7 @@ pub mod client;
 pub mod server;
 pub mod sink;
 pub mod source;
+pub mod watchops;
 
 use std::sync::Arc;
 

@@ -86,6 +86,9 @@ pub struct DaemonShared {
     pub life: crate::daemon::lifecycle::Lifecycle,
     /// Raw-channel interfaces offered (`serve --raw-iface`, RawOffer).
     raw: std::sync::OnceLock<Vec<ramsys_proto::control::RawIface>>,
+    /// Continuous replication jobs this daemon runs (`[[replicate]]`,
+    /// issue 38): their counters for status and metrics.
+    pub jobs: crate::daemon::jobs::JobBoard,
     /// Root of the `proc/sys/net/ipv4/tcp_{w,r}mem` read for the Challenge
     /// ("/" unless set: tests inject limits, `serve --tcp-sys-root`).
     tcp_root: std::sync::OnceLock<PathBuf>,
@@ -143,6 +146,7 @@ impl DaemonShared {
         if let Some(site) = self.site.get() {
             s.site = site.members();
         }
+        s.jobs = self.jobs.snapshot();
         let users = self.creds.users();
         s.rates = self
             .rates
@@ -235,6 +239,7 @@ impl Daemon {
                 site: std::sync::OnceLock::new(),
                 rates: Default::default(),
                 life: Default::default(),
+                jobs: Default::default(),
                 raw: std::sync::OnceLock::new(),
                 tcp_root: std::sync::OnceLock::new(),
                 conns: Default::default(),

@@ -255,11 +255,7 @@ impl World {
                     }
                 }
                 Op::Delete { path, dir } => {
-                    if self
-                        .dst
-                        .get(path)
-                        .is_none_or(|n| (*n == Node::Dir) != *dir)
-                    {
+                    if self.dst.get(path).is_none_or(|n| (*n == Node::Dir) != *dir) {
                         continue;
                     }
                     for k in subtree(&self.dst, path) {

@@ -68,7 +68,78 @@ pub fn render(s: &Status) -> String {
     site(&mut o, s);
     site_shares(&mut o, s);
     copy_offload(&mut o, &s.copy_offload);
+    jobs(&mut o, &s.jobs);
     o.0
+}
+
+/// Continuous replication jobs (issue 38): lag, rates, queue, totals.
+fn jobs(o: &mut Out, jobs: &[super::jobs::JobStatus]) {
+    type Get = fn(&super::jobs::JobStatus) -> f64;
+    let series: [(&str, &str, &str, Get); 9] = [
+        (
+            "ramsys_job_lag_seconds",
+            "gauge",
+            "Age of the oldest change not yet at the destination.",
+            |j| j.lag_s,
+        ),
+        (
+            "ramsys_job_bytes_behind",
+            "gauge",
+            "Bytes known to be waiting or in flight.",
+            |j| j.bytes_behind as f64,
+        ),
+        (
+            "ramsys_job_events_per_second",
+            "gauge",
+            "Changes reported by the kernel, recent rate.",
+            |j| j.events_per_s,
+        ),
+        (
+            "ramsys_job_files_per_second",
+            "gauge",
+            "Files sent, recent rate.",
+            |j| j.files_per_s,
+        ),
+        (
+            "ramsys_job_queue_depth",
+            "gauge",
+            "Paths and operations waiting or in flight.",
+            |j| j.queue_depth as f64,
+        ),
+        (
+            "ramsys_job_files_total",
+            "counter",
+            "Files whose data a job sent.",
+            |j| j.files as f64,
+        ),
+        (
+            "ramsys_job_bytes_total",
+            "counter",
+            "Bytes of file data a job sent.",
+            |j| j.bytes as f64,
+        ),
+        (
+            "ramsys_job_ops_total",
+            "counter",
+            "Renames, deletes and directory attributes applied.",
+            |j| j.ops as f64,
+        ),
+        (
+            "ramsys_job_full_scans_total",
+            "counter",
+            "Full scans (start, overflow, period).",
+            |j| j.full_scans as f64,
+        ),
+    ];
+    if jobs.is_empty() {
+        return;
+    }
+    for (name, kind, help, get) in series {
+        o.head(name, kind, help);
+        for j in jobs {
+            o.val(name, &[("job", &j.name), ("state", &j.state)], get(j));
+        }
+    }
 }
 
 /// The daemon itself: up, since when, its sessions (per user too).
@@ -506,6 +577,7 @@ mod tests {
                 fallbacks: 3,
                 fallback_bytes: 3000,
             },
+            jobs: vec![],
             version: 1,
             listen: "x".into(),
             root: "/".into(),
@@ -627,6 +699,21 @@ mod tests {
         assert!(t.contains(&format!("ramsys_device_site_budget{l} 4\n")));
         assert!(t.contains(&format!("ramsys_device_site_members{l} 3\n")));
         assert!(t.contains(&format!("ramsys_device_site_tasks{l} 3\n")));
+    }
+
+    #[test]
+    fn exports_replication_jobs() {
+        let mut st = empty();
+        let j = crate::daemon::jobs::JobStats::new("mirror", "/data", "ramsys://b/m");
+        j.lag_ms.store(1500, std::sync::atomic::Ordering::Relaxed);
+        crate::daemon::jobs::JobStats::set(&j.state, "watching");
+        st.jobs = vec![j.status()];
+        let text = render(&st);
+        assert!(
+            text.contains("ramsys_job_lag_seconds{job=\"mirror\",state=\"watching\"} 1.5"),
+            "{text}"
+        );
+        assert!(text.contains("ramsys_job_files_per_second{job=\"mirror\""));
     }
 
     #[test]

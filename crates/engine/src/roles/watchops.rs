@@ -1,0 +1,352 @@
+//! The watch channel (issue 38, docs/WATCH.md, docs/PROTOCOL.md "Watch
+//! channel"): a replication job's renames, deletes and directory
+//! attributes, applied at its destination before each batch's data, on one
+//! control connection kept for the job's life (no handshake per batch).
+//! A renamed 1 GiB file moves 0 bytes.
+//!
+//! The server side resolves every path beneath the user's export root as
+//! the sink does (openat2, no symlink followed: crate::fsops), and renames
+//! or removes an entry only when it is of the kind the source named: a
+//! later batch may already have put something else there, which must not
+//! be moved or lost (the job then sends the rename's target as data).
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd};
+
+use ramsys_proto::control::{WatchOp, WatchResult, WATCH_VERSION};
+use ramsys_proto::path::validate_relative;
+use ramsys_proto::Control;
+
+use crate::client::Remote;
+use crate::fsops::{split_parent, Root};
+use crate::session::{client_connect_as, current_user, ClientSession};
+use crate::transport::Link;
+use crate::wire::{recv_control, send_control};
+use crate::EngineError;
+
+fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
+    match (a.is_empty(), b.is_empty()) {
+        (true, _) => b.to_vec(),
+        (_, true) => a.to_vec(),
+        _ => [a, b"/", b].concat(),
+    }
+}
+
+fn is_dir(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+/// The path under the root, checked like a metadata record's.
+fn target(dest: &[u8], rel: &[u8]) -> Result<Vec<u8>, String> {
+    if !rel.is_empty() {
+        validate_relative(rel).map_err(|e| e.to_string())?;
+    }
+    Ok(join(dest, rel))
+}
+
+/// Make `rel`'s missing parent directories (a rename into a directory the
+/// next batch's data brings): mode 0755 until its DirAttrs or data.
+fn make_parents(root: &Root, rel: &[u8]) -> std::io::Result<()> {
+    let (parent, _) = split_parent(rel);
+    if parent.is_empty() || root.lstat(parent)?.is_some() {
+        return Ok(());
+    }
+    make_parents(root, parent)?;
+    root.mkdir(parent, 0o755)
+}
+
+fn rename(root: &Root, from: &[u8], to: &[u8]) -> std::io::Result<()> {
+    make_parents(root, to)?;
+    let (fp, fname) = split_parent(from);
+    let (tp, tname) = split_parent(to);
+    let (fd, td) = (root.open_dir(fp)?, root.open_dir(tp)?);
+    let c = |b: &[u8]| CString::new(b).map_err(|_| std::io::Error::other("NUL in path"));
+    let (fc, tc) = (c(fname)?, c(tname)?);
+    // SAFETY: valid directory descriptors and C strings.
+    let r = unsafe {
+        libc::renameat(
+            fd.as_fd().as_raw_fd(),
+            fc.as_ptr(),
+            td.as_fd().as_raw_fd(),
+            tc.as_ptr(),
+        )
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        // A directory onto a non-empty one: what was there goes (the
+        // source replaced it), then again.
+        if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EEXIST)) {
+            crate::sync::delete::remove(root, to)?;
+            return rename(root, from, to);
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Apply one operation under `dest`.
+pub fn apply(root: &Root, dest: &[u8], op: &WatchOp) -> WatchResult {
+    let r = match op {
+        WatchOp::Rename { from, to, dir } => (|| {
+            let (f, t) = (target(dest, from)?, target(dest, to)?);
+            match root.lstat(&f).map_err(|e| e.to_string())? {
+                Some(st) if is_dir(&st) == *dir && !f.is_empty() && !t.is_empty() => {
+                    rename(root, &f, &t).map_err(|e| e.to_string())?;
+                    Ok(WatchResult::Done)
+                }
+                _ => Ok(WatchResult::Missing),
+            }
+        })(),
+        WatchOp::Delete { path, dir } => (|| {
+            let p = target(dest, path)?;
+            match root.lstat(&p).map_err(|e| e.to_string())? {
+                Some(st) if is_dir(&st) == *dir && !p.is_empty() => {
+                    crate::sync::delete::remove(root, &p).map_err(|e| e.to_string())?;
+                    Ok(WatchResult::Done)
+                }
+                _ => Ok(WatchResult::Missing),
+            }
+        })(),
+        WatchOp::DirAttrs {
+            path,
+            mode,
+            mtime_s,
+            mtime_ns,
+        } => (|| {
+            let p = target(dest, path)?;
+            if *mode & !0o7777 != 0 || *mtime_ns >= 1_000_000_000 {
+                return Err("mode or mtime out of range".to_string());
+            }
+            match root.lstat(&p).map_err(|e| e.to_string())? {
+                Some(st) if is_dir(&st) => {
+                    root.set_dir_attrs(&p, *mode, (*mtime_s, *mtime_ns))
+                        .map_err(|e| e.to_string())?;
+                    Ok(WatchResult::Done)
+                }
+                _ => Ok(WatchResult::Missing),
+            }
+        })(),
+    };
+    r.unwrap_or_else(WatchResult::Failed)
+}
+
+/// Most operations in one WatchOps: a control frame holds 1 MiB, a path at
+/// most 4 KiB (two per rename).
+pub const MAX_OPS: usize = 100;
+
+/// Serve a watch channel opened with WatchOpen (server.rs dispatches it):
+/// answer WatchReady, then apply WatchOps until the client closes.
+/// `root` is the user's sink root; a read-only user is refused.
+pub(crate) fn serve(
+    link: &mut Box<dyn Link>,
+    root: &Root,
+    read_only: bool,
+    version: u16,
+    dest: Vec<u8>,
+) -> Result<(), EngineError> {
+    let refuse = |link: &mut Box<dyn Link>, m: String| {
+        crate::wire::send_final(
+            &mut **link,
+            &Control::Error {
+                code: 2,
+                message: m,
+            },
+        );
+    };
+    if read_only {
+        refuse(link, "this user may only read from this daemon".into());
+        return Ok(());
+    }
+    if version == 0 {
+        refuse(link, format!("watch version {version} not served"));
+        return Ok(());
+    }
+    if !dest.is_empty() {
+        if let Err(e) = validate_relative(&dest) {
+            refuse(link, e.to_string());
+            return Ok(());
+        }
+    }
+    match root.lstat(&dest) {
+        Ok(Some(st)) if is_dir(&st) => {}
+        _ => {
+            let m = format!(
+                "watch destination {} is not a directory",
+                crate::show(&dest)
+            );
+            refuse(link, m);
+            return Ok(());
+        }
+    }
+    send_control(
+        &mut **link,
+        &Control::WatchReady {
+            version: WATCH_VERSION.min(version),
+        },
+    )?;
+    // A job may be idle for hours between batches.
+    link.set_read_timeout(None)?;
+    loop {
+        let (seq, ops) = match recv_control(&mut **link) {
+            Ok(Control::WatchOps { seq, ops }) => (seq, ops),
+            Ok(m) => {
+                refuse(link, format!("expected WatchOps, got {}", m.name()));
+                return Ok(());
+            }
+            Err(EngineError::PeerClosed) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let results = ops.iter().map(|op| apply(root, &dest, op)).collect();
+        send_control(&mut **link, &Control::WatchDone { seq, results })?;
+    }
+}
+
+/// The client end: a connection to the destination daemon that applies
+/// operations batch after batch.
+pub struct WatchChannel {
+    s: ClientSession,
+    seq: u64,
+}
+
+impl WatchChannel {
+    /// Connect, authenticate and open the channel for `dest`.
+    pub fn open(remote: &Remote, dest: &[u8]) -> Result<WatchChannel, EngineError> {
+        let user = remote.user.clone().unwrap_or_else(current_user);
+        let mut s = client_connect_as(
+            &*remote.transport,
+            &remote.addr,
+            &user,
+            &remote.key,
+            remote.connect_timeout,
+        )?;
+        send_control(
+            &mut *s.ctl,
+            &Control::WatchOpen {
+                version: WATCH_VERSION,
+                dest: dest.to_vec(),
+            },
+        )?;
+        s.ctl.set_read_timeout(Some(
+            remote
+                .connect_timeout
+                .max(std::time::Duration::from_secs(30)),
+        ))?;
+        match recv_control(&mut *s.ctl) {
+            Ok(Control::WatchReady { .. }) => Ok(WatchChannel { s, seq: 0 }),
+            Ok(Control::Error { message, .. }) => Err(EngineError::Refused(message)),
+            Ok(m) => Err(EngineError::local(format!(
+                "watch channel: expected WatchReady, got {}",
+                m.name()
+            ))),
+            // A daemon older than the watch channel cannot decode WatchOpen.
+            Err(EngineError::PeerClosed) => Err(EngineError::Refused(
+                "the destination daemon does not serve continuous replication \
+                 (WatchOpen); upgrade it"
+                    .into(),
+            )),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Apply `ops` in order; one result each.
+    pub fn apply(&mut self, ops: &[WatchOp]) -> Result<Vec<WatchResult>, EngineError> {
+        let mut out = Vec::with_capacity(ops.len());
+        for chunk in ops.chunks(MAX_OPS) {
+            self.seq += 1;
+            let seq = self.seq;
+            send_control(
+                &mut *self.s.ctl,
+                &Control::WatchOps {
+                    seq,
+                    ops: chunk.to_vec(),
+                },
+            )?;
+            match recv_control(&mut *self.s.ctl)? {
+                Control::WatchDone { seq: got, results }
+                    if got == seq && results.len() == chunk.len() =>
+                {
+                    out.extend(results)
+                }
+                Control::Error { message, .. } => return Err(EngineError::Refused(message)),
+                m => {
+                    return Err(EngineError::local(format!(
+                        "watch channel: unexpected {}",
+                        m.name()
+                    )))
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fsops::Confinement;
+
+    #[test]
+    fn applies_only_to_the_kind_named_and_never_outside() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        std::fs::create_dir_all(d.join("m/dir/sub")).unwrap();
+        std::fs::write(d.join("m/dir/sub/f"), b"x").unwrap();
+        std::fs::write(d.join("m/file"), b"y").unwrap();
+        std::os::unix::fs::symlink("/etc", d.join("m/esc")).unwrap();
+        let root = Root::open(d, Confinement::Strict).unwrap();
+        let b = |s: &str| s.as_bytes().to_vec();
+        let r = |op| apply(&root, b"m", &op);
+        // A rename into a directory not there yet makes it.
+        let op = WatchOp::Rename {
+            from: b("dir"),
+            to: b("new/place"),
+            dir: true,
+        };
+        assert_eq!(r(op), WatchResult::Done);
+        assert!(d.join("m/new/place/sub/f").exists());
+        // The wrong kind is missing, not moved.
+        let op = WatchOp::Rename {
+            from: b("file"),
+            to: b("g"),
+            dir: true,
+        };
+        assert_eq!(r(op), WatchResult::Missing);
+        let op = WatchOp::Delete {
+            path: b("new"),
+            dir: false,
+        };
+        assert_eq!(r(op), WatchResult::Missing);
+        let op = WatchOp::Delete {
+            path: b("new"),
+            dir: true,
+        };
+        assert_eq!(r(op), WatchResult::Done);
+        assert!(!d.join("m/new").exists());
+        // Never through a symlink, never out of the root.
+        let op = WatchOp::Rename {
+            from: b("esc/passwd"),
+            to: b("stolen"),
+            dir: false,
+        };
+        assert_ne!(r(op), WatchResult::Done);
+        assert!(!d.join("m/stolen").exists());
+        for bad in [b("../x"), b("/etc"), b("a/../../x")] {
+            let op = WatchOp::Delete {
+                path: bad,
+                dir: false,
+            };
+            assert!(matches!(r(op), WatchResult::Failed(_)));
+        }
+        let op = WatchOp::DirAttrs {
+            path: vec![],
+            mode: 0o750,
+            mtime_s: 1_000_000,
+            mtime_ns: 7,
+        };
+        assert_eq!(r(op), WatchResult::Done);
+        let md = std::fs::metadata(d.join("m")).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!((md.mode() & 0o7777, md.mtime()), (0o750, 1_000_000));
+        assert!(d.join("m/esc").is_symlink());
+    }
+}

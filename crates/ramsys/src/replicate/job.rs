@@ -1,0 +1,484 @@
+//! One replication job's loop (module docs in replicate/mod.rs).
+
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use ramsys_engine::client::push;
+use ramsys_engine::daemon::jobs::JobStats;
+use ramsys_engine::fsops::Confinement;
+use ramsys_engine::request::filter::Filter;
+use ramsys_engine::request::walk::Top;
+use ramsys_engine::watchops::WatchChannel;
+use ramsys_engine::{EngineError, EngineResources, Stats, TransferOptions};
+use ramsys_proto::control::{WatchOp, WatchResult};
+use ramsys_watch::change::join;
+use ramsys_watch::pending::{Batch, Op, PendingConfig};
+use ramsys_watch::{Backend, Change, Detector, Journal, Pending};
+
+use super::Target;
+
+/// Everything that defines a job.
+pub struct JobSpec {
+    pub name: String,
+    /// The source directory, absolute.
+    pub source: PathBuf,
+    /// How the source is sent: its path below "/" and its wire name ("":
+    /// its contents go into DST, rsync's `SRC/`).
+    pub top: Top,
+    /// The job's sync: flags (DELETE included), selection, archive bits.
+    pub opts: TransferOptions,
+    pub pending: PendingConfig,
+    pub backend: Backend,
+    pub batch_window: Duration,
+    /// A full scan this often (None: at start and after overflows only).
+    pub rescan: Option<Duration>,
+    pub journal: PathBuf,
+    /// One JSON line per batch on stdout (the agent's --json).
+    pub json: bool,
+    /// Most files in one batch.
+    pub max_files: usize,
+}
+
+struct State {
+    pending: Pending,
+    journal: Journal,
+}
+
+type Shared = Arc<(Mutex<State>, Condvar)>;
+
+fn lock(s: &Shared) -> std::sync::MutexGuard<'_, State> {
+    s.0.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Persist what the pending set changed (a failure is logged: the start
+/// scan still covers it).
+fn save(st: &mut State) {
+    let log = st.pending.drain_log();
+    if let Err(e) = st.journal.apply(&log) {
+        tracing::warn!("{e}");
+    }
+}
+
+/// Run `spec` into `target` until `stop`; `res` is the source engine,
+/// kept for the job (threads and buffers stay up between batches).
+pub fn run(
+    spec: JobSpec,
+    target: Target,
+    res: EngineResources,
+    stats: Arc<JobStats>,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    let filter = Filter::new(&spec.opts.select).map_err(|e| anyhow::anyhow!(e))?;
+    let det = Detector::open(&spec.source, spec.backend)
+        .with_context(|| format!("watching {}", spec.source.display()))?;
+    JobStats::set(&stats.backend, det.note.clone());
+    if !spec.json {
+        eprintln!(
+            "ramsys: watching {} with {}",
+            spec.source.display(),
+            det.note
+        );
+    }
+    let job = format!("{} -> {}", spec.source.display(), target.shown);
+    let journal = Journal::open(&spec.journal, &job)?;
+    let mut pending = Pending::new(spec.pending.clone());
+    let (paths, ops, full) = journal.load()?;
+    pending.restore(paths, ops, full);
+    pending.request_full(Instant::now());
+    let shared: Shared = Arc::new((Mutex::new(State { pending, journal }), Condvar::new()));
+    let watcher = {
+        let (shared, stats, stop) = (shared.clone(), stats.clone(), stop.clone());
+        let ctx = Watcher {
+            source: spec.source.clone(),
+            top: spec.top.name.clone(),
+            filter,
+        };
+        std::thread::Builder::new()
+            .name("watch".into())
+            .spawn(move || ctx.run(det, &shared, &stats, &stop))?
+    };
+    let mut runner = Runner {
+        spec,
+        target,
+        res,
+        stats,
+        shared,
+        chan: None,
+        root: crate::agent::open_root(std::path::Path::new("/"), Confinement::None)?,
+    };
+    let r = runner.run(&stop);
+    stop.store(true, Relaxed);
+    let _ = watcher.join();
+    JobStats::set(&runner.stats.state, "stopped");
+    r
+}
+
+/// The detector's thread: changes in, filtered, into the pending set.
+struct Watcher {
+    source: PathBuf,
+    top: Vec<u8>,
+    filter: Filter,
+}
+
+impl Watcher {
+    fn run(self, mut det: Detector, shared: &Shared, stats: &JobStats, stop: &AtomicBool) {
+        let mut buf = Vec::new();
+        let mut tick = Instant::now();
+        let (mut changes0, mut files0) = (0, 0);
+        while !stop.load(Relaxed) {
+            if let Err(e) = det.read(&mut buf, Duration::from_millis(100)) {
+                JobStats::set(&stats.last_error, format!("change detection: {e}"));
+                eprintln!("ramsys: change detection failed: {e}; relying on full scans");
+                let mut st = lock(shared);
+                st.pending.request_full(Instant::now());
+                drop(st);
+                std::thread::sleep(Duration::from_secs(5));
+                continue;
+            }
+            let now = Instant::now();
+            let mut st = lock(shared);
+            for c in buf.drain(..) {
+                if let Some(c) = self.admit(c) {
+                    let size = self.size_of(&c);
+                    st.pending.apply(c, now, size);
+                }
+            }
+            save(&mut st);
+            if tick.elapsed() >= Duration::from_secs(1) {
+                let dt = tick.elapsed().as_secs_f64();
+                tick = now;
+                let c = st.pending.counters;
+                stats.changes.store(c.changes, Relaxed);
+                stats.overflows.store(c.overflows, Relaxed);
+                JobStats::set_rate(&stats.changes_per_s, (c.changes - changes0) as f64 / dt);
+                let files = stats.files.load(Relaxed);
+                JobStats::set_rate(&stats.files_per_s, (files - files0) as f64 / dt);
+                (changes0, files0) = (c.changes, files);
+                stats.queue_depth.store(st.pending.depth() as u64, Relaxed);
+                let lag = st
+                    .pending
+                    .oldest()
+                    .map_or(0, |t| now.duration_since(t).as_millis());
+                stats.lag_ms.store(lag as u64, Relaxed);
+                stats.bytes_behind.store(st.pending.bytes(), Relaxed);
+            }
+            drop(st);
+            shared.1.notify_all();
+        }
+    }
+
+    /// Is a path (relative to the tree) left out by the job's filters? Its
+    /// ancestors are directories the scan would not descend.
+    fn excluded(&self, rel: &[u8], dir: bool) -> bool {
+        let wire = join(&self.top, rel);
+        let start = self.top.len() + usize::from(!self.top.is_empty());
+        for (i, &b) in wire.iter().enumerate().skip(start) {
+            if b == b'/' && self.filter.excluded(&wire[..i], true) {
+                return true;
+            }
+        }
+        !rel.is_empty() && self.filter.excluded(&wire, dir)
+    }
+
+    /// The change as the job sees it through its filters: a rename out of
+    /// the selection is a delete, into it a creation.
+    fn admit(&self, c: Change) -> Option<Change> {
+        match c {
+            Change::Renamed { from, to, dir } => {
+                match (self.excluded(&from, dir), self.excluded(&to, dir)) {
+                    (true, true) => None,
+                    (true, false) => Some(Change::Created {
+                        path: to,
+                        dir,
+                        settled: true,
+                    }),
+                    (false, true) => Some(Change::Deleted { path: from, dir }),
+                    (false, false) => Some(Change::Renamed { from, to, dir }),
+                }
+            }
+            Change::Overflow => Some(c),
+            Change::Closed(ref p) | Change::Modified(ref p) | Change::Rescan(ref p) => {
+                (!self.excluded(p, false)).then_some(c)
+            }
+            Change::Created { ref path, dir, .. }
+            | Change::Attrib { ref path, dir }
+            | Change::Deleted { ref path, dir } => (!self.excluded(path, dir)).then_some(c),
+        }
+    }
+
+    /// A closed file's size, for "bytes behind".
+    fn size_of(&self, c: &Change) -> u64 {
+        match c {
+            Change::Closed(p) => {
+                std::fs::symlink_metadata(self.source.join(std::ffi::OsStr::from_bytes(p)))
+                    .map_or(0, |m| m.len())
+            }
+            _ => 0,
+        }
+    }
+}
+
+/// The job's side that sends.
+struct Runner {
+    spec: JobSpec,
+    target: Target,
+    res: EngineResources,
+    stats: Arc<JobStats>,
+    shared: Shared,
+    chan: Option<WatchChannel>,
+    root: Arc<ramsys_engine::fsops::Root>,
+}
+
+/// What one batch did.
+#[derive(Default)]
+struct Done {
+    ops: u64,
+    files: u64,
+    bytes: u64,
+    failed: Vec<Vec<u8>>,
+}
+
+impl Runner {
+    fn run(&mut self, stop: &AtomicBool) -> anyhow::Result<()> {
+        let mut backoff = Duration::ZERO;
+        let mut last_full = Instant::now();
+        while let Some(b) = self.next_batch(stop, &mut last_full) {
+            let t0 = Instant::now();
+            let state = if b.full { "scanning" } else { "sending" };
+            JobStats::set(&self.stats.state, state);
+            let r = self.execute(&b);
+            let now = Instant::now();
+            let mut st = lock(&self.shared);
+            match &r {
+                Ok(d) => {
+                    st.pending.finish(true, &d.failed, now);
+                    backoff = Duration::ZERO;
+                    if b.full {
+                        last_full = now;
+                        self.stats.full_scans.fetch_add(1, Relaxed);
+                    }
+                }
+                Err(_) => {
+                    st.pending.finish(false, &[], now);
+                    self.chan = None;
+                    self.stats.failed_batches.fetch_add(1, Relaxed);
+                    backoff =
+                        (backoff * 2).clamp(Duration::from_millis(500), Duration::from_secs(30));
+                }
+            }
+            save(&mut st);
+            let lag = b.since.map_or(0.0, |s| now.duration_since(s).as_secs_f64());
+            drop(st);
+            self.stats.batches.fetch_add(1, Relaxed);
+            self.report(&b, &r, lag, t0.elapsed().as_secs_f64());
+            JobStats::set(
+                &self.stats.state,
+                if r.is_ok() { "watching" } else { "retrying" },
+            );
+            sleep_unless(stop, backoff);
+        }
+        Ok(())
+    }
+
+    /// Wait for the next batch: ready paths or operations, then the
+    /// batch window for more to gather. None: stopped.
+    fn next_batch(&self, stop: &AtomicBool, last_full: &mut Instant) -> Option<Batch> {
+        let mut st = lock(&self.shared);
+        loop {
+            if stop.load(Relaxed) {
+                return None;
+            }
+            let now = Instant::now();
+            if self
+                .spec
+                .rescan
+                .is_some_and(|p| now.duration_since(*last_full) >= p)
+            {
+                st.pending.request_full(now);
+                *last_full = now;
+            }
+            if let (Some(b), _) = st.pending.take(now, self.spec.max_files) {
+                return Some(b);
+            }
+            let (_, next) = st.pending.take(now, 0);
+            let wait = next.map_or(Duration::from_secs(1), |n| n.saturating_duration_since(now));
+            let (g, to) = self
+                .shared
+                .1
+                .wait_timeout(st, wait.min(Duration::from_secs(1)))
+                .unwrap_or_else(|p| p.into_inner());
+            st = g;
+            if !to.timed_out() {
+                // Something changed: let more gather before taking.
+                drop(st);
+                std::thread::sleep(self.spec.batch_window);
+                st = lock(&self.shared);
+            }
+        }
+    }
+
+    fn wire(&self, rel: &[u8]) -> Vec<u8> {
+        join(&self.spec.top.name, rel)
+    }
+
+    /// The batch's operations at DST, then its data.
+    fn execute(&mut self, b: &Batch) -> Result<Done, EngineError> {
+        let mut done = Done::default();
+        if !b.ops.is_empty() || !b.dirs.is_empty() {
+            done.ops = self.operations(b)?;
+        }
+        if b.full || !b.files.is_empty() {
+            let rep = self.data(b)?;
+            done.files = rep.files;
+            done.bytes = rep.bytes;
+            let src = self.spec.source.as_os_str().as_bytes();
+            for f in &rep.failed {
+                tracing::warn!("{}: {}", f.path, f.reason);
+                // Source-side failures name the source path.
+                if let Some(rel) = f.path.as_bytes().strip_prefix(src) {
+                    done.failed
+                        .push(rel.strip_prefix(b"/").unwrap_or(rel).to_vec());
+                }
+            }
+        }
+        self.stats.ops.fetch_add(done.ops, Relaxed);
+        self.stats.files.fetch_add(done.files, Relaxed);
+        self.stats.bytes.fetch_add(done.bytes, Relaxed);
+        Ok(done)
+    }
+
+    /// Renames, deletes, directory attributes on the watch channel; a
+    /// rename DST could not do becomes its target's data.
+    fn operations(&mut self, b: &Batch) -> Result<u64, EngineError> {
+        let mut ops: Vec<WatchOp> = b
+            .ops
+            .iter()
+            .map(|(_, op)| match op {
+                Op::Rename { from, to, dir } => WatchOp::Rename {
+                    from: self.wire(from),
+                    to: self.wire(to),
+                    dir: *dir,
+                },
+                Op::Delete { path, dir } => WatchOp::Delete {
+                    path: self.wire(path),
+                    dir: *dir,
+                },
+            })
+            .collect();
+        for d in &b.dirs {
+            let p = self.spec.source.join(std::ffi::OsStr::from_bytes(d));
+            if let Some(md) = std::fs::symlink_metadata(&p).ok().filter(|m| m.is_dir()) {
+                use std::os::unix::fs::MetadataExt;
+                ops.push(WatchOp::DirAttrs {
+                    path: self.wire(d),
+                    mode: md.mode() & 0o7777,
+                    mtime_s: md.mtime(),
+                    mtime_ns: md.mtime_nsec() as u32,
+                });
+            }
+        }
+        let results = match self.channel(b)? {
+            Some(chan) => chan.apply(&ops)?,
+            // DST does not exist yet: the full sync of this batch makes it
+            // and sends everything.
+            None => vec![WatchResult::Missing; ops.len()],
+        };
+        let mut missing = Vec::new();
+        for ((_, op), r) in b.ops.iter().zip(&results) {
+            if let (Op::Rename { to, dir, .. }, WatchResult::Missing) = (op, r) {
+                missing.push((to.clone(), *dir));
+            }
+            if let WatchResult::Failed(why) = r {
+                tracing::warn!("{op:?}: {why}");
+            }
+        }
+        let mut st = lock(&self.shared);
+        st.pending.ops_applied(&missing, Instant::now());
+        save(&mut st);
+        Ok(results.iter().filter(|r| **r == WatchResult::Done).count() as u64)
+    }
+
+    /// The job's watch channel, opened on first use and kept; None when DST
+    /// is not there yet and this batch is a full sync that makes it.
+    fn channel(&mut self, b: &Batch) -> Result<Option<&mut WatchChannel>, EngineError> {
+        if self.chan.is_none() {
+            match WatchChannel::open(&self.target.remote(), &self.target.dest) {
+                Ok(c) => self.chan = Some(c),
+                Err(EngineError::Refused(m)) if b.full && m.contains("not a directory") => {
+                    return Ok(None)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(self.chan.as_mut())
+    }
+
+    /// The batch's files, or (full) the whole tree, as a sync session.
+    fn data(&mut self, b: &Batch) -> Result<ramsys_engine::Report, EngineError> {
+        let mut opts = self.spec.opts.clone();
+        if !b.full {
+            // Only what the batch lists; deletes travelled as operations.
+            opts.sync &= !ramsys_engine::sync::flags::DELETE;
+            opts.select.files = b.files.iter().map(|(p, _)| self.wire(p)).collect();
+            // A listed directory is a tree that appeared: all of it goes.
+            opts.select.files_recursive = true;
+            // A small batch needs few links: their setup is its cost.
+            let want = 1 + b.bytes / (256 << 20);
+            opts.streams = opts.streams.min(want.min(u16::MAX as u64) as u16).max(1);
+            opts.auto_streams = false;
+        }
+        let stats = Arc::new(Stats::default());
+        push(
+            &self.target.remote(),
+            self.root.clone(),
+            vec![self.spec.top.clone()],
+            self.target.dest.clone(),
+            &opts,
+            &self.res,
+            stats,
+        )
+    }
+
+    fn report(&self, b: &Batch, r: &Result<Done, EngineError>, lag: f64, wall: f64) {
+        match r {
+            Err(e) => {
+                JobStats::set(&self.stats.last_error, e.to_string());
+                if self.spec.json {
+                    let l = serde_json::json!({"event": "batch", "ok": false, "error": e.to_string(),
+                        "full": b.full, "wall_s": wall});
+                    println!("{l}");
+                } else {
+                    eprintln!(
+                        "ramsys: {}: batch failed ({e}); retrying",
+                        self.target.shown
+                    );
+                }
+            }
+            Ok(d) if self.spec.json => {
+                let l = serde_json::json!({"event": "batch", "ok": true, "full": b.full,
+                    "ops": d.ops, "files": d.files, "bytes": d.bytes, "listed": b.files.len(),
+                    "failed": d.failed.len(), "lag_s": lag, "wall_s": wall,
+                    "overflows": self.stats.overflows.load(Relaxed)});
+                println!("{l}");
+            }
+            Ok(d) if b.full => eprintln!(
+                "ramsys: full sync of {}: {} files, {} bytes sent in {wall:.2} s",
+                self.spec.source.display(),
+                d.files,
+                d.bytes
+            ),
+            Ok(_) => {}
+        }
+    }
+}
+
+fn sleep_unless(stop: &AtomicBool, d: Duration) {
+    let end = Instant::now() + d;
+    while !stop.load(Relaxed) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50).min(end - Instant::now()));
+    }
+}

@@ -1,0 +1,83 @@
+//! Continuous replication (issue 38, docs/WATCH.md): `ramsys sync --watch
+//! SRC DST` and the daemon's `[[replicate]]` jobs run the same loop.
+//!
+//! 1. The detector starts first (crates/watch: fanotify or inotify), so
+//!    nothing done during the first scan is missed.
+//! 2. A full sync (the job's own `sync`: filters, --delete, archive flags),
+//!    then batches as changes come: the operations of the batch (renames,
+//!    deletes, directory attributes) on the job's watch channel to the
+//!    destination daemon (engine watchops: one connection for the job's
+//!    life), then its files as a sync session that lists exactly them
+//!    (`--files-from` semantics; the scan stats only the listed names).
+//! 3. A batch that fails (DST slow, away, restarting) goes back into the
+//!    pending set and is retried with back-off: the job falls behind and
+//!    catches up, never losing a change. The pending set is journalled
+//!    (crates/watch journal), so a crash loses nothing either; a full scan
+//!    at start covers what changed while nothing watched.
+//!
+//! What a batch costs beyond its data is one watch-channel round trip (if
+//! it has operations) and one session setup (control link + data links,
+//! authentication, one metadata round trip); docs/WATCH.md measures it and
+//! says what a session kept open across batches would save.
+
+pub mod agent;
+pub mod daemon;
+mod job;
+mod target;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+pub use job::{run, JobSpec};
+pub use target::Target;
+
+/// `sync --watch` and its tuning.
+#[derive(Args, Debug, Clone)]
+pub struct WatchArgs {
+    /// Keep DST following SRC: a full sync, then every change as it
+    /// happens (renames as renames, deletes as deletes with --delete), until
+    /// interrupted (docs/WATCH.md).
+    #[arg(long)]
+    pub watch: bool,
+    /// A file written but not closed is sent once quiet this long (ms).
+    #[arg(long, value_name = "MS", default_value_t = 2000, requires = "watch")]
+    pub watch_quiet: u64,
+    /// How long changes gather before a batch leaves (ms).
+    #[arg(long, value_name = "MS", default_value_t = 20, requires = "watch")]
+    pub watch_batch: u64,
+    /// A full scan this often as a safety net (seconds; 0 = only at start
+    /// and after a queue overflow).
+    #[arg(long, value_name = "S", default_value_t = 3600, requires = "watch")]
+    pub watch_rescan: u64,
+    /// Change detection: auto (fanotify where allowed, else inotify),
+    /// fanotify, inotify.
+    #[arg(long, value_name = "KIND", default_value = "auto", requires = "watch")]
+    pub watch_backend: ramsys_watch::Backend,
+    /// The job's journal of pending changes (default: one per SRC and DST
+    /// under $XDG_STATE_HOME/ramsys/watch, else ~/.local/state/ramsys/watch).
+    #[arg(long, value_name = "FILE", requires = "watch")]
+    pub watch_journal: Option<PathBuf>,
+}
+
+impl WatchArgs {
+    pub fn pending(&self, mirror: bool) -> ramsys_watch::PendingConfig {
+        ramsys_watch::PendingConfig {
+            quiet: Duration::from_millis(self.watch_quiet),
+            mirror,
+            ..Default::default()
+        }
+    }
+}
+
+/// Where a job keeps its journal by default: a name derived from the job.
+pub fn default_journal(job: &str) -> PathBuf {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+        .unwrap_or_else(|| PathBuf::from("/var/tmp"));
+    let h = xxhash_rust::xxh3::xxh3_64(job.as_bytes());
+    base.join("ramsys/watch").join(format!("{h:016x}.sqlite"))
+}
