@@ -246,6 +246,13 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
         let _ = writeln!(o, "metrics on {at}").and_then(|_| o.flush());
         tracing::info!("metrics on http://{at}/metrics");
     }
+    // Continuous replication jobs (issue 38, crate::replicate::daemon).
+    let key_path = a
+        .key
+        .key_file
+        .clone()
+        .unwrap_or_else(ramsys_resources::keys::default_key_path);
+    crate::replicate::daemon::start(&cfg.replicate, &d.shared(), &key_path);
     tracing::info!("serving {} on {}", root.display(), d.local_addr());
     d.serve();
     Ok(0)

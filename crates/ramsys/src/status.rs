@@ -28,6 +28,10 @@ pub struct StatusArgs {
     /// docs/SITE.md): every member's load and how old its last update is.
     #[arg(long)]
     pub site: bool,
+    /// Show the daemon's continuous replication jobs (`[[replicate]]`,
+    /// docs/WATCH.md): lag, bytes behind, events/s, files/s, queue depth.
+    #[arg(long)]
+    pub jobs: bool,
     #[command(flatten)]
     pub key: KeyArgs,
     /// Seconds to wait for the daemon to answer.
@@ -87,12 +91,56 @@ pub fn run(a: &StatusArgs) -> anyhow::Result<i32> {
         }
         return Ok(0);
     }
+    if a.jobs {
+        if a.json {
+            writeln!(o, "{}", serde_json::to_string_pretty(&st.jobs)?)?;
+        } else {
+            o.write_all(jobs_human(&st.jobs).as_bytes())?;
+        }
+        return Ok(0);
+    }
     if a.json {
         writeln!(o, "{}", serde_json::to_string_pretty(&st)?)?;
     } else {
         o.write_all(human(&st).as_bytes())?;
     }
     Ok(0)
+}
+
+/// `status --jobs`: one line per replication job (issue 38).
+pub fn jobs_human(jobs: &[ramsys_engine::daemon::jobs::JobStatus]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    if jobs.is_empty() {
+        s.push_str("no replication jobs ([[replicate]] in the daemon's --config)\n");
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "{:<16} {:<10} {:>8} {:>10} {:>9} {:>9} {:>7} {:>10} {:>10}  source -> dest",
+        "job", "state", "lag", "behind", "events/s", "files/s", "queue", "files", "sent"
+    );
+    for j in jobs {
+        let _ = writeln!(
+            s,
+            "{:<16} {:<10} {:>7.1}s {:>10} {:>9.1} {:>9.1} {:>7} {:>10} {:>10}  {} -> {}",
+            j.name,
+            j.state,
+            j.lag_s,
+            mb(j.bytes_behind),
+            j.events_per_s,
+            j.files_per_s,
+            j.queue_depth,
+            j.files,
+            mb(j.bytes),
+            j.source,
+            j.dest
+        );
+        if !j.last_error.is_empty() {
+            let _ = writeln!(s, "{:<16} last error: {}", "", j.last_error);
+        }
+    }
+    s
 }
 
 fn mb(b: u64) -> String {

@@ -14,7 +14,7 @@ use ramsys_engine::daemon::jobs::JobStats;
 use ramsys_engine::resources::ResourceConfig;
 use ramsys_engine::EngineResources;
 
-use super::{JobSpec, Target};
+use super::{JobSpec, Output, Target};
 use crate::agent::Plan;
 use crate::args::SyncArgs;
 use crate::spec::Endpoint;
@@ -55,7 +55,9 @@ pub fn run(a: &SyncArgs, sync: u32) -> anyhow::Result<i32> {
     );
     let source = std::path::absolute(&src)?.canonicalize()?;
     let top = crate::agent::local_tops(std::slice::from_ref(&src), &plan.contents)?.remove(0);
-    if plan.copy_range {
+    if plan.copy_range && matches!(plan.dst, Endpoint::Local(_)) {
+        // Large files go from file to file in the kernel (engine
+        // storage::local): the sink is this process's own daemon.
         plan.opts.local_copy = Some(Default::default());
     }
     let target = target(a, &mut plan, &source)?;
@@ -73,7 +75,11 @@ pub fn run(a: &SyncArgs, sync: u32) -> anyhow::Result<i32> {
         batch_window: Duration::from_millis(a.watch.watch_batch),
         rescan: (a.watch.watch_rescan > 0).then(|| Duration::from_secs(a.watch.watch_rescan)),
         journal,
-        json: plan.json,
+        output: if plan.json {
+            Output::Json
+        } else {
+            Output::Human
+        },
         max_files: 50_000,
     };
     let src_cfg = ResourceConfig {
@@ -122,7 +128,7 @@ fn target(a: &SyncArgs, plan: &mut Plan, source: &Path) -> anyhow::Result<Target
                 user: None,
                 connect_timeout: plan.connect_timeout,
                 dest: path,
-                keep: Vec::new(),
+                _keep: Vec::new(),
             })
         }
         Endpoint::Ssh(e) => {
@@ -146,7 +152,7 @@ fn target(a: &SyncArgs, plan: &mut Plan, source: &Path) -> anyhow::Result<Target
                 connect_timeout: plan.connect_timeout,
                 dest: path,
                 shown,
-                keep: vec![Box::new(ssh)],
+                _keep: vec![Box::new(ssh)],
             })
         }
     }

@@ -37,10 +37,21 @@ pub struct JobSpec {
     /// A full scan this often (None: at start and after overflows only).
     pub rescan: Option<Duration>,
     pub journal: PathBuf,
-    /// One JSON line per batch on stdout (the agent's --json).
-    pub json: bool,
+    /// Where batches are reported.
+    pub output: Output,
     /// Most files in one batch.
     pub max_files: usize,
+}
+
+/// How a job reports its batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// One JSON line per batch on stdout (the agent's --json).
+    Json,
+    /// A line per full sync and per failure on stderr (the agent).
+    Human,
+    /// The log only (a daemon's job: its status shows the rest).
+    Log,
 }
 
 struct State {
@@ -76,12 +87,10 @@ pub fn run(
     let det = Detector::open(&spec.source, spec.backend)
         .with_context(|| format!("watching {}", spec.source.display()))?;
     JobStats::set(&stats.backend, det.note.clone());
-    if !spec.json {
-        eprintln!(
-            "ramsys: watching {} with {}",
-            spec.source.display(),
-            det.note
-        );
+    let (src, note) = (spec.source.display(), &det.note);
+    match spec.output {
+        Output::Human => eprintln!("ramsys: watching {src} with {note}"),
+        _ => tracing::info!("{}: watching {src} with {note}", spec.name),
     }
     let job = format!("{} -> {}", spec.source.display(), target.shown);
     let journal = Journal::open(&spec.journal, &job)?;
@@ -444,10 +453,26 @@ impl Runner {
     }
 
     fn report(&self, b: &Batch, r: &Result<Done, EngineError>, lag: f64, wall: f64) {
+        if let Err(e) = r {
+            JobStats::set(&self.stats.last_error, e.to_string());
+        }
+        if self.spec.output == Output::Log {
+            match r {
+                Err(e) => tracing::warn!("{}: batch failed ({e}); retrying", self.spec.name),
+                Ok(d) => tracing::debug!(
+                    "{}: batch: {} ops, {} files, {} bytes",
+                    self.spec.name,
+                    d.ops,
+                    d.files,
+                    d.bytes
+                ),
+            }
+            return;
+        }
+        let json = self.spec.output == Output::Json;
         match r {
             Err(e) => {
-                JobStats::set(&self.stats.last_error, e.to_string());
-                if self.spec.json {
+                if json {
                     let l = serde_json::json!({"event": "batch", "ok": false, "error": e.to_string(),
                         "full": b.full, "wall_s": wall});
                     println!("{l}");
@@ -458,7 +483,7 @@ impl Runner {
                     );
                 }
             }
-            Ok(d) if self.spec.json => {
+            Ok(d) if json => {
                 let l = serde_json::json!({"event": "batch", "ok": true, "full": b.full,
                     "ops": d.ops, "files": d.files, "bytes": d.bytes, "listed": b.files.len(),
                     "failed": d.failed.len(), "lag_s": lag, "wall_s": wall,

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-pub use job::{run, JobSpec};
+pub use job::{run, JobSpec, Output};
 pub use target::Target;
 
 /// `sync --watch` and its tuning.

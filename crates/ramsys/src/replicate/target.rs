@@ -25,7 +25,7 @@ pub struct Target {
     pub shown: String,
     /// What must live as long as the job (a loopback daemon, an ssh
     /// session).
-    pub keep: Vec<Box<dyn std::any::Any + Send>>,
+    pub _keep: Vec<Box<dyn std::any::Any + Send>>,
 }
 
 impl Target {
@@ -62,7 +62,7 @@ impl Target {
             connect_timeout,
             dest,
             shown: d.display().to_string(),
-            keep: vec![Box::new(handle)],
+            _keep: vec![Box::new(handle)],
         })
     }
 }

@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 use ramsys_topo::NumaMode;
 
 pub mod placement;
+pub mod replicate;
 
 use crate::daemon::placement::Capacities;
 
@@ -122,6 +123,9 @@ pub struct DaemonConfig {
     /// `[raw] ifaces = ["IFACE", ...]`: interfaces offering raw-Ethernet
     /// channels (transport::rawlink, docs/TYCHE.md), as `--raw-iface`.
     pub raw_ifaces: Vec<String>,
+    /// `[[replicate]]`: continuous replication jobs (config::replicate,
+    /// issue 38).
+    pub replicate: Vec<replicate::ReplicateSpec>,
 }
 
 impl DaemonConfig {
@@ -184,6 +188,7 @@ impl DaemonConfig {
                 "users" => c.users = crate::daemon::users::parse_users_section(v, base)?,
                 "site" => parse_site(&mut c, v)?,
                 "raw" => parse_raw(&mut c, v)?,
+                "replicate" => c.replicate = replicate::parse(v, base)?,
                 "max_rate" => {
                     c.max_rate = Some(crate::daemon::users::parse_rate_value("key `max_rate`", v)?)
                 }
@@ -192,7 +197,7 @@ impl DaemonConfig {
                         "unknown key `{k}` (expected numa, memory, max_streams, readers, \
                          writers, model, send_path, direct, max_rate, max_connections, \
                          max_connections_per_addr, handshake_timeout, [devices.NAME], \
-                         [users.NAME], [site] or [raw])"
+                         [users.NAME], [site], [raw] or [[replicate]])"
                     ))
                 }
             }

@@ -1,0 +1,417 @@
+//! Continuous replication (issue 38): `sync --watch` into real daemons on
+//! loopback (and over ssh, and into a local directory), the daemon's
+//! `[[replicate]]` jobs, and the fault promises: a renamed big file and a
+//! renamed directory move 0 bytes, deletes arrive, killing the agent or the
+//! destination daemon mid-stream loses nothing, an overflowed event queue
+//! is caught up by a full scan.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// A running `sync --watch` with its JSON batch lines.
+struct Watch {
+    child: Child,
+    lines: Receiver<serde_json::Value>,
+}
+
+impl Watch {
+    fn start(key: &Path, journal: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Watch {
+        let mut c = Command::new(bin());
+        c.args([
+            "sync",
+            "-r",
+            "--delete",
+            "--watch",
+            "--json",
+            "--watch-quiet",
+            "300",
+        ])
+        .arg("--watch-journal")
+        .arg(journal)
+        .args(extra)
+        .env("RAMSYS_KEY_FILE", key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let mut child = c.spawn().expect("start sync --watch");
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&l) {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        Watch { child, lines }
+    }
+
+    /// Batch lines that arrived so far.
+    fn drain(&self) -> Vec<serde_json::Value> {
+        self.lines.try_iter().collect()
+    }
+
+    /// Wait for the first full sync to succeed.
+    fn first_sync(&self) -> Vec<serde_json::Value> {
+        let end = Instant::now() + Duration::from_secs(60);
+        let mut seen = Vec::new();
+        while Instant::now() < end {
+            if let Ok(v) = self.lines.recv_timeout(Duration::from_millis(200)) {
+                let done = v["full"] == true && v["ok"] == true;
+                seen.push(v);
+                if done {
+                    return seen;
+                }
+            }
+        }
+        panic!("no full sync within 60 s: {seen:?}");
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Poll until DST equals SRC (bytes and metadata), or fail after `t`.
+fn wait_same(src: &Path, dst: &Path, t: Duration) {
+    let end = Instant::now() + t;
+    while Instant::now() < end {
+        if dst.exists() && snapshot(src) == snapshot(dst) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_same_tree(src, dst);
+}
+
+fn sum(lines: &[serde_json::Value], field: &str) -> u64 {
+    lines.iter().map(|v| v[field].as_u64().unwrap_or(0)).sum()
+}
+
+fn write(p: &Path, data: &[u8]) {
+    if let Some(d) = p.parent() {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::write(p, data).unwrap();
+}
+
+struct Setup {
+    _t: tempfile::TempDir,
+    key: PathBuf,
+    src: PathBuf,
+    export: PathBuf,
+    journal: PathBuf,
+}
+
+fn setup() -> Setup {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let (src, export) = (t.path().join("src"), t.path().join("export"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&export).unwrap();
+    let journal = t.path().join("journal.sqlite");
+    Setup {
+        key,
+        src,
+        export,
+        journal,
+        _t: t,
+    }
+}
+
+#[test]
+fn renames_move_no_bytes_and_deletes_arrive() {
+    let s = setup();
+    let d = TestDaemon::start(&s.export, &s.key);
+    write(&s.src.join("a.txt"), b"first");
+    let src_arg = format!("{}/", s.src.display());
+    let w = Watch::start(&s.key, &s.journal, &[&src_arg, &d.url("m")], &[]);
+    w.first_sync();
+    let dst = s.export.join("m");
+    // A big file and a directory of many files arrive...
+    let big: Vec<u8> = (0..64u32 << 20).map(|i| (i % 251) as u8).collect();
+    write(&s.src.join("big.bin"), &big);
+    for i in 0..1000 {
+        write(
+            &s.src.join(format!("dir/f{i}")),
+            format!("file {i}").as_bytes(),
+        );
+    }
+    wait_same(&s.src, &dst, Duration::from_secs(60));
+    let before = w.drain();
+    assert!(sum(&before, "bytes") >= 64 << 20, "{before:?}");
+    // ...and renaming them moves nothing.
+    std::fs::rename(s.src.join("big.bin"), s.src.join("renamed.bin")).unwrap();
+    std::fs::rename(s.src.join("dir"), s.src.join("moved")).unwrap();
+    wait_same(&s.src, &dst, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(500));
+    let after = w.drain();
+    assert_eq!(sum(&after, "bytes"), 0, "renames moved data: {after:?}");
+    assert!(sum(&after, "ops") >= 2, "{after:?}");
+    // Deletes travel as deletes (a file, then a whole directory).
+    std::fs::remove_file(s.src.join("a.txt")).unwrap();
+    std::fs::remove_dir_all(s.src.join("moved")).unwrap();
+    wait_same(&s.src, &dst, Duration::from_secs(30));
+    assert!(!dst.join("moved").exists() && !dst.join("a.txt").exists());
+    assert!(temp_files(&dst).is_empty());
+}
+
+/// A file still being written is not sent until closed (or quiet).
+#[test]
+fn a_half_written_file_waits_for_its_close() {
+    use std::io::Write;
+    let s = setup();
+    let d = TestDaemon::start(&s.export, &s.key);
+    let src_arg = format!("{}/", s.src.display());
+    let w = Watch::start(&s.key, &s.journal, &[&src_arg, &d.url("m")], &[]);
+    w.first_sync();
+    let mut f = std::fs::File::create(s.src.join("slow")).unwrap();
+    f.write_all(b"part one, ").unwrap();
+    // Writes keep coming, closer together than the quiet time (300 ms).
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(100));
+        f.write_all(b"more, ").unwrap();
+        let at_dst = s.export.join("m/slow");
+        assert!(!at_dst.exists(), "sent while still being written");
+    }
+    f.write_all(b"end").unwrap();
+    drop(f);
+    wait_same(&s.src, &s.export.join("m"), Duration::from_secs(20));
+}
+
+/// Kill the agent mid-stream, change more while it is down, start it
+/// again with the same journal: nothing lost.
+#[test]
+fn killing_the_agent_mid_stream_loses_nothing() {
+    let s = setup();
+    let d = TestDaemon::start(&s.export, &s.key);
+    let src_arg = format!("{}/", s.src.display());
+    let args = [src_arg.as_str(), &d.url("m")];
+    let mut w = Watch::start(&s.key, &s.journal, &args, &[]);
+    w.first_sync();
+    let writer = {
+        let src = s.src.clone();
+        std::thread::spawn(move || {
+            for i in 0..3000 {
+                write(&src.join(format!("d{}/f{i}", i % 10)), &vec![i as u8; 4096]);
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    w.kill();
+    writer.join().unwrap();
+    std::fs::rename(s.src.join("d1"), s.src.join("d1-renamed")).unwrap();
+    std::fs::remove_dir_all(s.src.join("d2")).unwrap();
+    let w = Watch::start(&s.key, &s.journal, &args, &[]);
+    w.first_sync();
+    wait_same(&s.src, &s.export.join("m"), Duration::from_secs(60));
+}
+
+/// Kill the destination daemon mid-stream and start it again on the same
+/// port: the job falls behind, retries, and catches up.
+#[test]
+fn killing_the_destination_daemon_loses_nothing() {
+    let s = setup();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let start = || {
+        let mut c = Command::new(bin());
+        c.args(["serve", "--listen", &listen, "--root"])
+            .arg(&s.export)
+            .arg("--key-file")
+            .arg(&s.key)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        TestDaemon::spawn(c, &s.export)
+    };
+    let mut d = start();
+    let src_arg = format!("{}/", s.src.display());
+    let w = Watch::start(&s.key, &s.journal, &[&src_arg, &d.url("m")], &[]);
+    w.first_sync();
+    for i in 0..500 {
+        write(&s.src.join(format!("a/f{i}")), &vec![1u8; 8192]);
+    }
+    d.kill();
+    for i in 0..500 {
+        write(&s.src.join(format!("b/f{i}")), &vec![2u8; 8192]);
+    }
+    std::fs::rename(s.src.join("a"), s.src.join("a2")).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let _d = start();
+    wait_same(&s.src, &s.export.join("m"), Duration::from_secs(90));
+    let lines = w.drain();
+    assert!(
+        lines.iter().any(|l| l["ok"] == false),
+        "no batch failed while DST was down"
+    );
+}
+
+/// Stall the reader (test hook) until the kernel queue overflows: the full
+/// scan that follows catches everything.
+#[test]
+fn an_overflowed_event_queue_is_caught_up_by_a_full_scan() {
+    let s = setup();
+    let d = TestDaemon::start(&s.export, &s.key);
+    let stall = s.journal.with_extension("stall");
+    let src_arg = format!("{}/", s.src.display());
+    let w = Watch::start(
+        &s.key,
+        &s.journal,
+        &[&src_arg, &d.url("m")],
+        &[("RAMSYS_WATCH_STALL_FILE", &stall)],
+    );
+    w.first_sync();
+    std::fs::write(&stall, b"").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    for i in 0..20_000 {
+        std::fs::File::create(s.src.join(format!("f{i}"))).unwrap();
+    }
+    std::fs::remove_file(&stall).unwrap();
+    wait_same(&s.src, &s.export.join("m"), Duration::from_secs(120));
+    std::thread::sleep(Duration::from_millis(500));
+    let lines = w.drain();
+    assert!(
+        lines.iter().any(|l| l["overflows"].as_u64() >= Some(1)),
+        "no overflow reported: {:?}",
+        lines.last()
+    );
+    assert!(
+        lines.iter().any(|l| l["full"] == true),
+        "no full scan after the overflow"
+    );
+}
+
+/// A local DST (a loopback daemon in the agent), with inotify.
+#[test]
+fn local_destination_with_inotify() {
+    let s = setup();
+    let dst = s.export.join("copy");
+    let args = [
+        "--watch-backend",
+        "inotify",
+        s.src.to_str().unwrap(),
+        dst.to_str().unwrap(),
+    ];
+    let w = Watch::start(&s.key, &s.journal, &args, &[]);
+    w.first_sync();
+    std::fs::create_dir(s.src.join("sub")).unwrap();
+    write(&s.src.join("sub/x"), b"x");
+    std::fs::rename(s.src.join("sub"), s.src.join("sub2")).unwrap();
+    // rsync's rule: SRC without '/' lands as DST/src.
+    wait_same(&s.src, &dst.join("src"), Duration::from_secs(30));
+}
+
+/// An ssh destination: ssh-serve keeps serving the job's sessions.
+#[test]
+fn ssh_destination() {
+    let Some(sshd) = sshd::Sshd::start() else {
+        return;
+    };
+    let s = setup();
+    let dst = s.export.join("viassh");
+    let mut args: Vec<String> = sshd.opts();
+    args.push(format!("{}/", s.src.display()));
+    args.push(format!("127.0.0.1:{}", dst.display()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let w = Watch::start(&s.key, &s.journal, &args, &[]);
+    w.first_sync();
+    write(&s.src.join("one"), b"1");
+    write(&s.src.join("two/three"), b"3");
+    wait_same(&s.src, &dst, Duration::from_secs(30));
+    std::fs::rename(s.src.join("two"), s.src.join("four")).unwrap();
+    wait_same(&s.src, &dst, Duration::from_secs(30));
+}
+
+/// A daemon's `[[replicate]]` job: started with the daemon, shown by
+/// `status --jobs` and /metrics, resumed after a restart.
+#[test]
+fn daemon_replication_job() {
+    let s = setup();
+    let sink = TestDaemon::start(&s.export, &s.key);
+    let here = s.journal.parent().unwrap().join("here");
+    std::fs::create_dir_all(&here).unwrap();
+    let cfg = here.join("ramsys.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[replicate]]\nname = \"mirror\"\nsource = \"{}/\"\ndest = \"{}\"\n\
+             delete = true\nquiet_ms = 300\njournal = \"{}\"\n",
+            s.src.display(),
+            sink.url("mirror"),
+            s.journal.display()
+        ),
+    )
+    .unwrap();
+    write(&s.src.join("before"), b"present at start");
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let maddr = format!("127.0.0.1:{metrics_port}");
+    let extra = ["--config", cfg.to_str().unwrap(), "--metrics", &maddr];
+    let mut a = TestDaemon::start_with(&here, &s.key, &extra);
+    let dst = s.export.join("mirror");
+    wait_same(&s.src, &dst, Duration::from_secs(60));
+    write(&s.src.join("later/x"), b"after");
+    wait_same(&s.src, &dst, Duration::from_secs(30));
+    let o = ramsys(
+        &s.key,
+        &[
+            "status",
+            "--jobs",
+            "--json",
+            &format!("ramsys://{}", a.addr),
+        ],
+    );
+    assert_ok(&o);
+    let jobs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(jobs[0]["name"], "mirror", "{jobs}");
+    assert!(jobs[0]["files"].as_u64() >= Some(2), "{jobs}");
+    let o = ramsys(
+        &s.key,
+        &["status", "--jobs", &format!("ramsys://{}", a.addr)],
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains("mirror"));
+    let m = http_get(&maddr, "/metrics");
+    assert!(m.contains("ramsys_job_lag_seconds{job=\"mirror\""), "{m}");
+    assert!(
+        m.contains("ramsys_job_files_per_second{job=\"mirror\""),
+        "{m}"
+    );
+    // Down, changed, up again: the job resumes.
+    a.kill();
+    write(&s.src.join("while-down"), b"missed by no one");
+    std::fs::remove_file(s.src.join("before")).unwrap();
+    let _a = TestDaemon::start_with(&here, &s.key, &["--config", cfg.to_str().unwrap()]);
+    wait_same(&s.src, &dst, Duration::from_secs(60));
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    write!(c, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut s = String::new();
+    c.read_to_string(&mut s).unwrap();
+    s
+}
