@@ -40,7 +40,7 @@ SUBDIRS = 16
 
 libc = ctypes.CDLL("libc.so.6", use_errno=True)
 IN_MOVED_TO = 0x80
-IN_CLOSE_WRITE = 0x08
+IN_CREATE = 0x100
 
 
 class DstWatch(threading.Thread):
@@ -51,7 +51,7 @@ class DstWatch(threading.Thread):
         self.fd = libc.inotify_init1(0)
         self.wd = {}
         for d in dirs:
-            w = libc.inotify_add_watch(self.fd, d.encode(), IN_MOVED_TO | IN_CLOSE_WRITE)
+            w = libc.inotify_add_watch(self.fd, d.encode(), IN_MOVED_TO | IN_CREATE)
             self.wd[w] = os.path.basename(d)
         self.seen = {}
         self.stop = False

@@ -316,6 +316,11 @@ fn local_destination_with_inotify() {
     w.first_sync();
     std::fs::create_dir(s.src.join("sub")).unwrap();
     write(&s.src.join("sub/x"), b"x");
+    // Large files take the kernel-copy path of a local DST, in every
+    // session of the job (each publishes its own file list).
+    write(&s.src.join("big1"), &vec![7u8; 2 << 20]);
+    wait_same(&s.src, &dst.join("src"), Duration::from_secs(30));
+    write(&s.src.join("big2"), &vec![9u8; 3 << 20]);
     std::fs::rename(s.src.join("sub"), s.src.join("sub2")).unwrap();
     // rsync's rule: SRC without '/' lands as DST/src.
     wait_same(&s.src, &dst.join("src"), Duration::from_secs(30));

@@ -19,7 +19,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use crate::storage::fsops::Root;
 
@@ -41,9 +41,11 @@ pub fn joins_copy_block(segs: &[ramsys_proto::data::Segment], id: u64) -> bool {
 }
 
 /// The source's files, by entry id, shared with the in-process sink.
+/// Published again by every session: a continuous replication job (issue
+/// 38) runs session after session, one at a time, through one bridge.
 #[derive(Default)]
 pub struct LocalBridge {
-    files: OnceLock<(Arc<Root>, Vec<Vec<u8>>)>,
+    files: Mutex<Option<Arc<(Arc<Root>, Vec<Vec<u8>>)>>>,
 }
 
 impl std::fmt::Debug for LocalBridge {
@@ -54,17 +56,21 @@ impl std::fmt::Debug for LocalBridge {
 
 impl LocalBridge {
     /// The source: `rels[id]` is entry `id`'s path under `root` (empty for
-    /// entries that are not regular files). Set once per session.
+    /// entries that are not regular files). Set by each session before it
+    /// sends any block (replacing the previous session's).
     pub fn publish(&self, root: Arc<Root>, rels: Vec<Vec<u8>>) {
-        let _ = self.files.set((root, rels));
+        *self.files.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new((root, rels)));
     }
 
     /// The sink: open entry `id`'s source file for reading.
     pub fn open(&self, id: u64) -> io::Result<File> {
-        let (root, rels) = self
+        let files = self
             .files
-            .get()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
             .ok_or_else(|| io::Error::other("local copy before the source's file list"))?;
+        let (root, rels) = &*files;
         match rels.get(id as usize) {
             Some(rel) if !rel.is_empty() => root.open_read(rel, false),
             _ => Err(io::Error::other(format!(
