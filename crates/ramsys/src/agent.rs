@@ -70,6 +70,11 @@ pub(crate) fn open_root(p: &Path, c: Confinement) -> anyhow::Result<Arc<Root>> {
 }
 
 pub fn run_sync(a: &SyncArgs) -> anyhow::Result<i32> {
+    run_with(&a.cp, sync_flags(a))
+}
+
+/// The sync bits `sync`'s flags ask for (docs/SYNC.md).
+pub fn sync_flags(a: &SyncArgs) -> u32 {
     use ramsys_engine::request::sync::flags::*;
     let mut f = SYNC;
     if a.checksum {
@@ -81,11 +86,7 @@ pub fn run_sync(a: &SyncArgs) -> anyhow::Result<i32> {
     if a.dry_run {
         f |= DRY_RUN;
     }
-    if a.watch.watch {
-        // Continuous replication (issue 38, crate::replicate).
-        return crate::replicate::agent::run(a, f | a.cp.sink_flags());
-    }
-    run_with(&a.cp, f | a.cp.sink_flags())
+    f | a.cp.sink_flags()
 }
 
 pub fn run(a: &CpArgs) -> anyhow::Result<i32> {

@@ -150,6 +150,8 @@ fn main() {
     let r = match &cli.cmd {
         Cmd::Serve(a) => daemon::run(a),
         Cmd::Cp(a) => agent::run(a),
+        // Continuous replication (issue 38, docs/WATCH.md).
+        Cmd::Sync(a) if a.watch.watch => replicate::agent::run(a, agent::sync_flags(a)),
         Cmd::Sync(a) => agent::run_sync(a),
         Cmd::Status(a) => status::run(a),
         Cmd::Token(a) => token::run(a),

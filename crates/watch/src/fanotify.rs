@@ -122,7 +122,7 @@ impl Fanotify {
 
     /// Wait up to `timeout` for events and append them to `out`.
     pub fn read(&mut self, out: &mut Vec<Change>, timeout: Duration) -> io::Result<()> {
-        if !crate::detect::poll_in(self.fd.as_raw_fd(), timeout)? {
+        if !crate::poll::poll_in(self.fd.as_raw_fd(), timeout)? {
             return Ok(());
         }
         // A bounded number of reads per call keeps batches flowing.

@@ -164,7 +164,7 @@ impl Inotify {
     }
 
     pub fn read(&mut self, out: &mut Vec<Change>, timeout: Duration) -> io::Result<()> {
-        if !crate::detect::poll_in(self.ino.as_raw_fd(), timeout)? {
+        if !crate::poll::poll_in(self.ino.as_raw_fd(), timeout)? {
             self.flush_from(out);
             return Ok(());
         }
@@ -191,7 +191,7 @@ impl Inotify {
         // A MOVED_FROM with no MOVED_TO right behind it: give the pair a
         // moment, else it left the tree.
         if self.from.is_some()
-            && crate::detect::poll_in(self.ino.as_raw_fd(), Duration::from_millis(2))?
+            && crate::poll::poll_in(self.ino.as_raw_fd(), Duration::from_millis(2))?
         {
             return self.read(out, Duration::ZERO);
         }

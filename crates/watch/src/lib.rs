@@ -25,6 +25,7 @@ pub mod fanotify;
 pub mod inotify;
 pub mod journal;
 pub mod pending;
+mod poll;
 
 pub use change::Change;
 pub use detect::{Backend, Detector};

@@ -26,50 +26,9 @@ mod job;
 mod target;
 
 use std::path::PathBuf;
-use std::time::Duration;
-
-use clap::Args;
 
 pub use job::{run, JobSpec, Output};
 pub use target::Target;
-
-/// `sync --watch` and its tuning.
-#[derive(Args, Debug, Clone)]
-pub struct WatchArgs {
-    /// Keep DST following SRC: a full sync, then every change as it
-    /// happens (renames as renames, deletes as deletes with --delete), until
-    /// interrupted (docs/WATCH.md).
-    #[arg(long)]
-    pub watch: bool,
-    /// A file written but not closed is sent once quiet this long (ms).
-    #[arg(long, value_name = "MS", default_value_t = 2000, requires = "watch")]
-    pub watch_quiet: u64,
-    /// How long changes gather before a batch leaves (ms).
-    #[arg(long, value_name = "MS", default_value_t = 20, requires = "watch")]
-    pub watch_batch: u64,
-    /// A full scan this often as a safety net (seconds; 0 = only at start
-    /// and after a queue overflow).
-    #[arg(long, value_name = "S", default_value_t = 3600, requires = "watch")]
-    pub watch_rescan: u64,
-    /// Change detection: auto (fanotify where allowed, else inotify),
-    /// fanotify, inotify.
-    #[arg(long, value_name = "KIND", default_value = "auto", requires = "watch")]
-    pub watch_backend: ramsys_watch::Backend,
-    /// The job's journal of pending changes (default: one per SRC and DST
-    /// under $XDG_STATE_HOME/ramsys/watch, else ~/.local/state/ramsys/watch).
-    #[arg(long, value_name = "FILE", requires = "watch")]
-    pub watch_journal: Option<PathBuf>,
-}
-
-impl WatchArgs {
-    pub fn pending(&self, mirror: bool) -> ramsys_watch::PendingConfig {
-        ramsys_watch::PendingConfig {
-            quiet: Duration::from_millis(self.watch_quiet),
-            mirror,
-            ..Default::default()
-        }
-    }
-}
 
 /// Where a job keeps its journal by default: a name derived from the job.
 pub fn default_journal(job: &str) -> PathBuf {
