@@ -360,11 +360,12 @@ impl Pending {
 
     fn delete(&mut self, path: Vec<u8>, dir: bool, now: Instant) {
         self.forget(&path, dir);
+        // The parent's mtime moved; sync sets it at DST in both modes.
+        let p = parent(&path).to_vec();
         if self.cfg.mirror {
-            let p = parent(&path).to_vec();
             self.push_op(Op::Delete { path, dir }, now);
-            self.dir_meta(&p, now);
         }
+        self.dir_meta(&p, now);
     }
 
     fn rename(&mut self, from: Vec<u8>, to: Vec<u8>, dir: bool, now: Instant) {
@@ -376,6 +377,7 @@ impl Pending {
             // is new data.
             self.forget(&from, dir);
             let kind = if dir { Kind::Tree } else { Kind::File };
+            self.dir_meta(parent(&from), now);
             self.mark(to, kind, now, now, 0);
             return;
         }

@@ -43,7 +43,12 @@ fn options(spec: &ReplicateSpec) -> TransferOptions {
         writers: 2,
         sync: SYNC | JOURNAL | if spec.delete { DELETE } else { 0 },
         select: Selection {
-            rules: spec.rules.clone(),
+            // rsync's short rule form (`- PAT`, `+ PAT`; request::filter).
+            rules: spec
+                .rules
+                .iter()
+                .map(|(inc, p)| [if *inc { &b"+ "[..] } else { b"- " }, p].concat())
+                .collect(),
             ..Default::default()
         },
         preserve: if spec.archive {

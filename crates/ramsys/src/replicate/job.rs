@@ -194,12 +194,20 @@ impl Watcher {
     }
 
     /// The change as the job sees it through its filters: a rename out of
-    /// the selection is a delete, into it a creation.
+    /// the selection is a delete, into it a creation; an excluded entry
+    /// made or removed still moves its (included) directory's mtime.
     fn admit(&self, c: Change) -> Option<Change> {
+        let parent_meta = |p: &[u8]| {
+            let d = ramsys_watch::change::parent(p);
+            (!self.excluded(d, true)).then(|| Change::Attrib {
+                path: d.to_vec(),
+                dir: true,
+            })
+        };
         match c {
             Change::Renamed { from, to, dir } => {
                 match (self.excluded(&from, dir), self.excluded(&to, dir)) {
-                    (true, true) => None,
+                    (true, true) => parent_meta(&to),
                     (true, false) => Some(Change::Created {
                         path: to,
                         dir,
@@ -213,9 +221,14 @@ impl Watcher {
             Change::Closed(ref p) | Change::Modified(ref p) | Change::Rescan(ref p) => {
                 (!self.excluded(p, false)).then_some(c)
             }
-            Change::Created { ref path, dir, .. }
-            | Change::Attrib { ref path, dir }
-            | Change::Deleted { ref path, dir } => (!self.excluded(path, dir)).then_some(c),
+            Change::Created { ref path, dir, .. } | Change::Deleted { ref path, dir } => {
+                if self.excluded(path, dir) {
+                    parent_meta(path)
+                } else {
+                    Some(c)
+                }
+            }
+            Change::Attrib { ref path, dir } => (!self.excluded(path, dir)).then_some(c),
         }
     }
 
