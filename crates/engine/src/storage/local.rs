@@ -45,8 +45,11 @@ pub fn joins_copy_block(segs: &[ramsys_proto::data::Segment], id: u64) -> bool {
 /// 38) runs session after session, one at a time, through one bridge.
 #[derive(Default)]
 pub struct LocalBridge {
-    files: Mutex<Option<Arc<(Arc<Root>, Vec<Vec<u8>>)>>>,
+    files: Mutex<Option<Arc<Published>>>,
 }
+
+/// One session's source root and its files' paths by entry id.
+type Published = (Arc<Root>, Vec<Vec<u8>>);
 
 impl std::fmt::Debug for LocalBridge {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
