@@ -323,10 +323,10 @@ impl Runner {
                 st.pending.request_full(now);
                 *last_full = now;
             }
-            if let (Some(b), _) = st.pending.take(now, self.spec.max_files) {
-                return Some(b);
+            let (b, next) = st.pending.take(now, self.spec.max_files);
+            if b.is_some() {
+                return b;
             }
-            let (_, next) = st.pending.take(now, 0);
             let wait = next.map_or(Duration::from_secs(1), |n| n.saturating_duration_since(now));
             let (g, to) = self
                 .shared
