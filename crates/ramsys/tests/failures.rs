@@ -161,35 +161,6 @@ fn destination_not_writable_is_reported() {
     assert!(!o.status.success());
 }
 
-/// A small tmpfs mounted for the test (needs root; skipped otherwise).
-struct SmallFs {
-    dir: tempfile::TempDir,
-}
-impl SmallFs {
-    fn mount(size: &str, opts: &str) -> Option<SmallFs> {
-        let dir = tempfile::tempdir().ok()?;
-        let st = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}{opts}"), "tmpfs"])
-            .arg(dir.path())
-            .stderr(Stdio::null())
-            .status()
-            .ok()?;
-        if !st.success() {
-            eprintln!("skipping: cannot mount tmpfs (not root?)");
-            return None;
-        }
-        Some(SmallFs { dir })
-    }
-}
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount")
-            .arg("-l")
-            .arg(self.dir.path())
-            .status();
-    }
-}
-
 #[test]
 fn disk_full_on_sink_fails_cleanly() {
     let Some(fs) = SmallFs::mount("4m", "") else {

@@ -3,7 +3,8 @@
 //! `[[replicate]]` jobs, and the fault promises: a renamed big file and a
 //! renamed directory move 0 bytes, deletes arrive, killing the agent or the
 //! destination daemon mid-stream loses nothing, an overflowed event queue
-//! is caught up by a full scan.
+//! is caught up by a full scan, a full DST disk is reported and caught up
+//! once space is freed.
 
 mod common;
 
@@ -424,6 +425,76 @@ fn daemon_replication_job() {
     std::fs::remove_file(s.src.join("before")).unwrap();
     let _a = TestDaemon::start_with(&here, &s.key, &["--config", cfg.to_str().unwrap()]);
     wait_same(&s.src, &dst, Duration::from_secs(60));
+}
+
+/// DST's disk fills up (a 16 MiB tmpfs as the daemon's export, nearly
+/// full): the job reports it, keeps the changes pending, and catches up
+/// once space is freed; nothing appears at DST half-written.
+#[test]
+fn a_full_destination_disk_is_reported_and_caught_up() {
+    let Some(fs) = SmallFs::mount("16m", "") else {
+        return;
+    };
+    let s = setup();
+    let export = fs.dir.path();
+    let d = TestDaemon::start(export, &s.key);
+    let src_arg = format!("{}/", s.src.display());
+    let w = Watch::start(&s.key, &s.journal, &[&src_arg, &d.url("m")], &[]);
+    w.first_sync();
+    // Outside the job's DST: leaves about 1 MiB free.
+    let filler = export.join("filler");
+    write(&filler, &vec![0u8; 15 << 20]);
+    let mut r = Rng(38);
+    for i in 0..6 {
+        write(&s.src.join(format!("big{i}")), &r.bytes(1 << 20));
+    }
+    for i in 0..50 {
+        write(&s.src.join(format!("small/s{i}")), &r.bytes(3000));
+    }
+    // The job says so, in its batch lines.
+    let end = Instant::now() + Duration::from_secs(60);
+    let mut seen = Vec::new();
+    let said = loop {
+        assert!(Instant::now() < end, "no failure reported: {seen:?}");
+        let Ok(l) = w.lines.recv_timeout(Duration::from_millis(200)) else {
+            continue;
+        };
+        let failed = l["ok"] == false || l["failed"].as_u64() > Some(0);
+        seen.push(l.clone());
+        if failed {
+            break l;
+        }
+    };
+    eprintln!("reported: {said}");
+    if said["ok"] == false {
+        let e = said["error"].as_str().unwrap_or_default();
+        assert!(e.contains("disk full"), "{said}");
+        assert!(!e.contains('\n'), "one line: {said}");
+    }
+    // While full: not everything arrived, and what did is whole.
+    let dst = export.join("m");
+    std::thread::sleep(Duration::from_secs(1));
+    let arrived = (0..6)
+        .filter(|i| dst.join(format!("big{i}")).exists())
+        .count();
+    assert!(arrived < 6, "the disk never filled");
+    for p in walk_paths(&dst).iter().filter(|p| p.is_file()) {
+        if p.to_string_lossy().contains(".ramsys-") {
+            continue;
+        }
+        let rel = p.strip_prefix(&dst).unwrap();
+        let a = std::fs::read(s.src.join(rel)).unwrap();
+        assert_eq!(
+            a,
+            std::fs::read(p).unwrap(),
+            "{} half-written",
+            rel.display()
+        );
+    }
+    // Space freed: the job catches up, nothing lost, no temp files left.
+    std::fs::remove_file(&filler).unwrap();
+    wait_same(&s.src, &dst, Duration::from_secs(90));
+    assert!(temp_files(&dst).is_empty(), "{:?}", temp_files(&dst));
 }
 
 fn http_get(addr: &str, path: &str) -> String {

@@ -418,6 +418,35 @@ pub fn burn(
     })
 }
 
+/// A small tmpfs mounted for the test (needs root; skipped otherwise).
+pub struct SmallFs {
+    pub dir: tempfile::TempDir,
+}
+impl SmallFs {
+    pub fn mount(size: &str, opts: &str) -> Option<SmallFs> {
+        let dir = tempfile::tempdir().ok()?;
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}{opts}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(Stdio::null())
+            .status()
+            .ok()?;
+        if !st.success() {
+            eprintln!("skipping: cannot mount tmpfs (not root?)");
+            return None;
+        }
+        Some(SmallFs { dir })
+    }
+}
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
 /// Network namespaces a test made, deleted on drop.
 pub struct Netns(pub Vec<String>);
 
