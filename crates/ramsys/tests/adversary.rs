@@ -6,6 +6,9 @@
 //!   by anyone but its own identity (users table as root, a single-key
 //!   daemon as a service user); root to root keeps rsync's behaviour.
 //!
+//! - Watch channels (issue 38): operations naming `..`, absolute paths,
+//!   another user's root or a reserved name are refused one by one.
+//!
 //! Needs root for the owner cases (CI runs as root); those skip with the
 //! reason printed otherwise.
 
@@ -440,4 +443,160 @@ fn tarpit_members_do_not_stall_the_site() {
         assert!(age(&b.addr) < 1000, "B's view stale: {v:#}");
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// A watch channel (issue 38) as alice of a users-table daemon: WatchOpen
+/// on `dest`, then each op in a WatchOps of its own. The channel's refusal
+/// (Error) or each op's result.
+fn watch_as(
+    addr: &str,
+    user: &str,
+    key: &str,
+    dest: &[u8],
+    ops: &[ramsys_proto::control::WatchOp],
+) -> Result<Vec<ramsys_proto::control::WatchResult>, String> {
+    use ramsys_engine::wire::{recv_control, send_control};
+    use ramsys_proto::control::WATCH_VERSION;
+    use ramsys_proto::Control;
+    let tcp = ramsys_engine::transport::tcp::Tcp {
+        socket_buffer: None,
+    };
+    let mut s = ramsys_engine::session::client_connect_as(
+        &tcp,
+        addr,
+        user,
+        key.as_bytes(),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let open = Control::WatchOpen {
+        version: WATCH_VERSION,
+        dest: dest.to_vec(),
+    };
+    send_control(&mut *s.ctl, &open).unwrap();
+    match recv_control(&mut *s.ctl).unwrap() {
+        Control::WatchReady { .. } => {}
+        Control::Error { message, .. } => return Err(message),
+        m => panic!("expected WatchReady, got {}", m.name()),
+    }
+    let mut out = Vec::new();
+    for (seq, op) in ops.iter().enumerate() {
+        let seq = seq as u64 + 1;
+        let m = Control::WatchOps {
+            seq,
+            ops: vec![op.clone()],
+        };
+        send_control(&mut *s.ctl, &m).unwrap();
+        match recv_control(&mut *s.ctl).unwrap() {
+            Control::WatchDone { seq: got, results } if got == seq => out.extend(results),
+            m => panic!("expected WatchDone {seq}, got {}", m.name()),
+        }
+    }
+    Ok(out)
+}
+
+/// A watch channel is peer input (issue 38, docs/SECURITY.md): alice's
+/// renames, deletes and directory attributes naming `..`, absolute paths,
+/// bob's root (directly or through a symlink in her own), or a name
+/// ramsys reserves are each refused in one line, and nothing outside her
+/// destination, nor her journal, changes; a channel opened on such a
+/// destination, or by a read-only user, is refused.
+#[test]
+fn hostile_watch_operations_are_refused() {
+    use ramsys_proto::control::{WatchOp, WatchResult};
+    let (t, users, shared) = users_site();
+    let p = t.path();
+    // carol: read-only, in alice's root.
+    write_key(&p.join("keys/carol"), "cccccccccccccccccccccccccccccccc");
+    let mut table = std::fs::read_to_string(&users).unwrap();
+    table.push_str(
+        "\n[[user]]\nname = \"carol\"\nkey_file = \"keys/carol\"\nroot = \"a\"\nread_only = true\n",
+    );
+    std::fs::write(&users, table).unwrap();
+    let d = TestDaemon::start_with(
+        &p.join("shared"),
+        &shared,
+        &["--users", users.to_str().unwrap()],
+    );
+    let (a, b) = (p.join("a"), p.join("b"));
+    std::fs::create_dir_all(a.join("m/dir")).unwrap();
+    std::fs::write(a.join("m/f"), b"alice").unwrap();
+    std::fs::write(a.join("m/.ramsys-journal.sqlite"), b"journal").unwrap();
+    std::fs::write(b.join("secret"), b"bob's").unwrap();
+    std::os::unix::fs::symlink(&b, a.join("m/tobob")).unwrap();
+    let s = |x: &str| x.as_bytes().to_vec();
+    let ren = |from: &str, to: &str, dir: bool| WatchOp::Rename {
+        from: s(from),
+        to: s(to),
+        dir,
+    };
+    let del = |path: &str, dir: bool| WatchOp::Delete { path: s(path), dir };
+    let attrs = |path: &str| WatchOp::DirAttrs {
+        path: s(path),
+        mode: 0o777,
+        mtime_s: 0,
+        mtime_ns: 0,
+    };
+    let ops = [
+        ren("f", "../../b/stolen", false),
+        ren("f", "../f2", false),
+        ren("f", "/tmp/stolen", false),
+        ren("../../b/secret", "got", false),
+        ren("f", "tobob/stolen", false),
+        ren("tobob/secret", "got", false),
+        ren("dir", "dir/inside/itself", true),
+        ren("f", ".ramsys-journal.sqlite", false),
+        ren(".ramsys-journal.sqlite", "j", false),
+        ren("f", "dir/.f.ramsys-00000000000000ab.part", false),
+        del("../../b/secret", false),
+        del("/etc/hostname", false),
+        del("tobob/secret", false),
+        del("../../b", true),
+        del(".ramsys-journal.sqlite", false),
+        del("", true),
+        del("../a\nforged line", false),
+        attrs("../../b"),
+        attrs("tobob/.."),
+        attrs("/tmp"),
+    ];
+    let results = watch_as(&d.addr, "alice", KEY_ALICE, b"m", &ops).unwrap();
+    assert_eq!(results.len(), ops.len());
+    for (op, r) in ops.iter().zip(&results) {
+        match r {
+            WatchResult::Failed(m) => {
+                assert!(!m.is_empty() && !m.contains('\n'), "{op:?}: {m:?}");
+            }
+            other => panic!("{op:?} was not refused: {other:?}"),
+        }
+    }
+    assert_eq!(std::fs::read(b.join("secret")).unwrap(), b"bob's");
+    assert_eq!(
+        std::fs::read_dir(&b).unwrap().count(),
+        1,
+        "bob's root changed"
+    );
+    assert_eq!(std::fs::read(a.join("m/f")).unwrap(), b"alice");
+    let journal = std::fs::read(a.join("m/.ramsys-journal.sqlite")).unwrap();
+    assert_eq!(journal, b"journal");
+    assert!(!a.join("f2").exists() && !a.join("m/got").exists());
+    assert!(!std::path::Path::new("/tmp/stolen").exists());
+    assert!(a.join("m/tobob").is_symlink() && a.join("m/dir").is_dir());
+    // Her own renames still work on the same kind of channel.
+    let ok = watch_as(&d.addr, "alice", KEY_ALICE, b"m", &[ren("f", "g", false)]);
+    assert_eq!(ok, Ok(vec![WatchResult::Done]));
+    // Channels refused at WatchOpen, each in one line.
+    for (user, key, dest) in [
+        ("alice", KEY_ALICE, &b"../b"[..]),
+        ("alice", KEY_ALICE, b"/tmp"),
+        ("alice", KEY_ALICE, b"m/tobob"),
+        ("alice", KEY_ALICE, b"m/.ramsys-journal.sqlite"),
+        ("carol", "cccccccccccccccccccccccccccccccc", b"m"),
+    ] {
+        let what = format!("{user} on {}", String::from_utf8_lossy(dest));
+        match watch_as(&d.addr, user, key, dest, &[del("g", false)]) {
+            Err(m) => assert!(!m.is_empty() && !m.contains('\n'), "{what}: {m:?}"),
+            Ok(r) => panic!("{what}: channel opened: {r:?}"),
+        }
+    }
+    assert!(a.join("m/g").exists(), "a refused channel deleted");
 }

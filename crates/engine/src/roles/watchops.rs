@@ -19,6 +19,7 @@ use ramsys_proto::Control;
 
 use crate::client::Remote;
 use crate::fsops::{split_parent, Root};
+use crate::reserved::{names_reserved, REFUSED};
 use crate::session::{client_connect_as, current_user, ClientSession};
 use crate::transport::Link;
 use crate::wire::{recv_control, send_control};
@@ -36,10 +37,17 @@ fn is_dir(st: &libc::stat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 
-/// The path under the root, checked like a metadata record's.
-fn target(dest: &[u8], rel: &[u8]) -> Result<Vec<u8>, String> {
-    if !rel.is_empty() {
+/// The path under the root, checked like a metadata record's: relative,
+/// no `..`, and no name ramsys reserves (crate::reserved: a peer renaming
+/// over, out of or deleting the journal or a temp file is refused, as the
+/// sink refuses such an entry). Empty (DST itself) only where `empty_ok`:
+/// a job never renames or deletes its own DST.
+fn target(dest: &[u8], rel: &[u8], empty_ok: bool) -> Result<Vec<u8>, String> {
+    if !(rel.is_empty() && empty_ok) {
         validate_relative(rel).map_err(|e| e.to_string())?;
+    }
+    if names_reserved(rel) {
+        return Err(format!("{:?}: {REFUSED}", crate::show(rel)));
     }
     Ok(join(dest, rel))
 }
@@ -88,9 +96,9 @@ fn rename(root: &Root, from: &[u8], to: &[u8]) -> std::io::Result<()> {
 pub fn apply(root: &Root, dest: &[u8], op: &WatchOp) -> WatchResult {
     let r = match op {
         WatchOp::Rename { from, to, dir } => (|| {
-            let (f, t) = (target(dest, from)?, target(dest, to)?);
+            let (f, t) = (target(dest, from, false)?, target(dest, to, false)?);
             match root.lstat(&f).map_err(|e| e.to_string())? {
-                Some(st) if is_dir(&st) == *dir && !f.is_empty() && !t.is_empty() => {
+                Some(st) if is_dir(&st) == *dir => {
                     rename(root, &f, &t).map_err(|e| e.to_string())?;
                     Ok(WatchResult::Done)
                 }
@@ -98,9 +106,9 @@ pub fn apply(root: &Root, dest: &[u8], op: &WatchOp) -> WatchResult {
             }
         })(),
         WatchOp::Delete { path, dir } => (|| {
-            let p = target(dest, path)?;
+            let p = target(dest, path, false)?;
             match root.lstat(&p).map_err(|e| e.to_string())? {
-                Some(st) if is_dir(&st) == *dir && !p.is_empty() => {
+                Some(st) if is_dir(&st) == *dir => {
                     crate::sync::delete::remove(root, &p).map_err(|e| e.to_string())?;
                     Ok(WatchResult::Done)
                 }
@@ -113,7 +121,7 @@ pub fn apply(root: &Root, dest: &[u8], op: &WatchOp) -> WatchResult {
             mtime_s,
             mtime_ns,
         } => (|| {
-            let p = target(dest, path)?;
+            let p = target(dest, path, true)?;
             if *mode & !0o7777 != 0 || *mtime_ns >= 1_000_000_000 {
                 return Err("mode or mtime out of range".to_string());
             }
@@ -144,37 +152,35 @@ pub(crate) fn serve(
     version: u16,
     dest: Vec<u8>,
 ) -> Result<(), EngineError> {
-    let refuse = |link: &mut Box<dyn Link>, m: String| {
-        crate::wire::send_final(
-            &mut **link,
-            &Control::Error {
-                code: 2,
-                message: m,
-            },
-        );
+    let refuse = |link: &mut Box<dyn Link>, code: u16, message: String| {
+        crate::wire::send_final(&mut **link, &Control::Error { code, message });
     };
     if read_only {
-        refuse(link, "this user may only read from this daemon".into());
+        refuse(link, 3, "this user may only read from this daemon".into());
         return Ok(());
     }
     if version == 0 {
-        refuse(link, format!("watch version {version} not served"));
+        refuse(link, 2, format!("watch version {version} not served"));
         return Ok(());
     }
     if !dest.is_empty() {
         if let Err(e) = validate_relative(&dest) {
-            refuse(link, e.to_string());
+            refuse(link, 2, e.to_string());
             return Ok(());
         }
+    }
+    if names_reserved(&dest) {
+        refuse(link, 2, format!("{:?}: {REFUSED}", crate::show(&dest)));
+        return Ok(());
     }
     match root.lstat(&dest) {
         Ok(Some(st)) if is_dir(&st) => {}
         _ => {
             let m = format!(
-                "watch destination {} is not a directory",
+                "watch destination {:?} is not a directory",
                 crate::show(&dest)
             );
-            refuse(link, m);
+            refuse(link, 2, m);
             return Ok(());
         }
     }
@@ -190,7 +196,7 @@ pub(crate) fn serve(
         let (seq, ops) = match recv_control(&mut **link) {
             Ok(Control::WatchOps { seq, ops }) => (seq, ops),
             Ok(m) => {
-                refuse(link, format!("expected WatchOps, got {}", m.name()));
+                refuse(link, 1, format!("expected WatchOps, got {}", m.name()));
                 return Ok(());
             }
             Err(EngineError::PeerClosed) => return Ok(()),
@@ -337,6 +343,38 @@ mod tests {
             };
             assert!(matches!(r(op), WatchResult::Failed(_)));
         }
+        // Reserved names (crate::reserved) are never renamed over, out of
+        // or deleted, and DST itself is never renamed or deleted.
+        std::fs::write(d.join("m/.ramsys-journal.sqlite"), b"j").unwrap();
+        let ren = |from: &str, to: &str| WatchOp::Rename {
+            from: b(from),
+            to: b(to),
+            dir: false,
+        };
+        let del = |p: &str| WatchOp::Delete {
+            path: b(p),
+            dir: false,
+        };
+        for op in [
+            ren("file", ".ramsys-journal.sqlite"),
+            ren(".ramsys-journal.sqlite", "j"),
+            ren("file", "sub/.f.ramsys-00000000000000ab.part"),
+            del(".ramsys-journal.sqlite"),
+            del(".ramsys-journal.sqlite-wal"),
+            del(""),
+            ren("", "x"),
+            ren("file", ""),
+        ] {
+            match r(op.clone()) {
+                WatchResult::Failed(m) => assert!(!m.contains('\n'), "{m}"),
+                other => panic!("{op:?}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            std::fs::read(d.join("m/.ramsys-journal.sqlite")).unwrap(),
+            b"j"
+        );
+        assert_eq!(std::fs::read(d.join("m/file")).unwrap(), b"y");
         let op = WatchOp::DirAttrs {
             path: vec![],
             mode: 0o750,
