@@ -455,7 +455,7 @@ fn watch_as(
     dest: &[u8],
     ops: &[ramsys_proto::control::WatchOp],
 ) -> Result<Vec<ramsys_proto::control::WatchResult>, String> {
-    use ramsys_engine::wire::{recv_control, send_control};
+    use ramsys_engine::transport::wire::{recv_control, send_control};
     use ramsys_proto::control::WATCH_VERSION;
     use ramsys_proto::Control;
     let tcp = ramsys_engine::transport::tcp::Tcp {

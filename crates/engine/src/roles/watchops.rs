@@ -5,7 +5,7 @@
 //! A renamed 1 GiB file moves 0 bytes.
 //!
 //! The server side resolves every path beneath the user's export root as
-//! the sink does (openat2, no symlink followed: crate::fsops), and renames
+//! the sink does (openat2, no symlink followed: crate::storage::fsops), and renames
 //! or removes an entry only when it is of the kind the source named: a
 //! later batch may already have put something else there, which must not
 //! be moved or lost (the job then sends the rename's target as data).
@@ -17,12 +17,12 @@ use ramsys_proto::control::{WatchOp, WatchResult, WATCH_VERSION};
 use ramsys_proto::path::validate_relative;
 use ramsys_proto::Control;
 
-use crate::client::Remote;
-use crate::fsops::{split_parent, Root};
-use crate::reserved::{names_reserved, REFUSED};
+use crate::request::reserved::{names_reserved, REFUSED};
+use crate::roles::client::Remote;
 use crate::session::{client_connect_as, current_user, ClientSession};
+use crate::storage::fsops::{split_parent, Root};
+use crate::transport::wire::{recv_control, send_control};
 use crate::transport::Link;
-use crate::wire::{recv_control, send_control};
 use crate::EngineError;
 
 fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
@@ -38,7 +38,7 @@ fn is_dir(st: &libc::stat) -> bool {
 }
 
 /// The path under the root, checked like a metadata record's: relative,
-/// no `..`, and no name ramsys reserves (crate::reserved: a peer renaming
+/// no `..`, and no name ramsys reserves (crate::request::reserved: a peer renaming
 /// over, out of or deleting the journal or a temp file is refused, as the
 /// sink refuses such an entry). Empty (DST itself) only where `empty_ok`:
 /// a job never renames or deletes its own DST.
@@ -84,7 +84,7 @@ fn rename(root: &Root, from: &[u8], to: &[u8]) -> std::io::Result<()> {
         // A directory onto a non-empty one: what was there goes (the
         // source replaced it), then again.
         if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EEXIST)) {
-            crate::sync::delete::remove(root, to)?;
+            crate::roles::sink::delete::remove(root, to)?;
             return rename(root, from, to);
         }
         return Err(e);
@@ -109,7 +109,7 @@ pub fn apply(root: &Root, dest: &[u8], op: &WatchOp) -> WatchResult {
             let p = target(dest, path, false)?;
             match root.lstat(&p).map_err(|e| e.to_string())? {
                 Some(st) if is_dir(&st) == *dir => {
-                    crate::sync::delete::remove(root, &p).map_err(|e| e.to_string())?;
+                    crate::roles::sink::delete::remove(root, &p).map_err(|e| e.to_string())?;
                     Ok(WatchResult::Done)
                 }
                 _ => Ok(WatchResult::Missing),
@@ -153,7 +153,7 @@ pub(crate) fn serve(
     dest: Vec<u8>,
 ) -> Result<(), EngineError> {
     let refuse = |link: &mut Box<dyn Link>, code: u16, message: String| {
-        crate::wire::send_final(&mut **link, &Control::Error { code, message });
+        crate::transport::wire::send_final(&mut **link, &Control::Error { code, message });
     };
     if read_only {
         refuse(link, 3, "this user may only read from this daemon".into());
@@ -289,7 +289,7 @@ impl WatchChannel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fsops::Confinement;
+    use crate::storage::fsops::Confinement;
 
     #[test]
     fn applies_only_to_the_kind_named_and_never_outside() {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 use ramsys_engine::daemon::jobs::JobStats;
-use ramsys_engine::resources::ResourceConfig;
+use ramsys_engine::data::resources::ResourceConfig;
 use ramsys_engine::EngineResources;
 
 use super::{JobSpec, Output, Target};
@@ -21,7 +21,7 @@ use crate::spec::Endpoint;
 
 /// What `--watch` cannot be combined with, in one line each.
 fn refuse_combinations(a: &SyncArgs, sync: u32) -> anyhow::Result<()> {
-    use ramsys_engine::sync::flags::DRY_RUN;
+    use ramsys_engine::request::sync::flags::DRY_RUN;
     anyhow::ensure!(
         sync & DRY_RUN == 0,
         "--watch cannot be combined with --dry-run"
@@ -39,7 +39,7 @@ pub fn run(a: &SyncArgs, sync: u32) -> anyhow::Result<i32> {
     let mut plan = Plan::resolve(&a.cp, sync)?;
     ramsys_engine::transport::tcp::use_congestion(a.cp.congestion.as_deref())
         .map_err(|e| anyhow::anyhow!(e))?;
-    ramsys_engine::fsops::raise_nofile_limit();
+    ramsys_engine::storage::fsops::raise_nofile_limit();
     let src = match plan.srcs.as_slice() {
         [Endpoint::Local(p)] => p.clone(),
         [_] => bail!(
@@ -64,7 +64,7 @@ pub fn run(a: &SyncArgs, sync: u32) -> anyhow::Result<i32> {
     let journal = a.watch.watch_journal.clone().unwrap_or_else(|| {
         super::default_journal(&format!("{} -> {}", source.display(), target.shown))
     });
-    let mirror = sync & ramsys_engine::sync::flags::DELETE != 0;
+    let mirror = sync & ramsys_engine::request::sync::flags::DELETE != 0;
     let spec = JobSpec {
         name: "watch".into(),
         source: source.clone(),

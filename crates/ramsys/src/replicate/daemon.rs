@@ -9,10 +9,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ramsys_engine::config::replicate::ReplicateSpec;
+use ramsys_engine::daemon::config::replicate::ReplicateSpec;
 use ramsys_engine::daemon::jobs::JobStats;
-use ramsys_engine::resources::ResourceConfig;
-use ramsys_engine::server::DaemonShared;
+use ramsys_engine::data::resources::ResourceConfig;
+use ramsys_engine::roles::server::DaemonShared;
 use ramsys_engine::{EngineResources, TransferOptions};
 use ramsys_proto::control::Selection;
 
@@ -35,7 +35,7 @@ fn journal_for(spec: &ReplicateSpec) -> PathBuf {
 }
 
 fn options(spec: &ReplicateSpec) -> TransferOptions {
-    use ramsys_engine::sync::flags::{DELETE, JOURNAL, SYNC};
+    use ramsys_engine::request::sync::flags::{DELETE, JOURNAL, SYNC};
     use ramsys_proto::attrs::preserve::{DEVICES, GROUP, OWNER, SPECIALS};
     TransferOptions {
         recursive: true,

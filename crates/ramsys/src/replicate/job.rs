@@ -7,12 +7,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use ramsys_engine::client::push;
 use ramsys_engine::daemon::jobs::JobStats;
-use ramsys_engine::fsops::Confinement;
 use ramsys_engine::request::filter::Filter;
 use ramsys_engine::request::walk::Top;
-use ramsys_engine::watchops::WatchChannel;
+use ramsys_engine::roles::client::push;
+use ramsys_engine::roles::watchops::WatchChannel;
+use ramsys_engine::storage::fsops::Confinement;
 use ramsys_engine::{EngineError, EngineResources, Stats, TransferOptions};
 use ramsys_proto::control::{WatchOp, WatchResult};
 use ramsys_watch::change::join;
@@ -252,7 +252,7 @@ struct Runner {
     stats: Arc<JobStats>,
     shared: Shared,
     chan: Option<WatchChannel>,
-    root: Arc<ramsys_engine::fsops::Root>,
+    root: Arc<ramsys_engine::storage::fsops::Root>,
 }
 
 /// What one batch did.
@@ -444,7 +444,7 @@ impl Runner {
         let mut opts = self.spec.opts.clone();
         if !b.full {
             // Only what the batch lists; deletes travelled as operations.
-            opts.sync &= !ramsys_engine::sync::flags::DELETE;
+            opts.sync &= !ramsys_engine::request::sync::flags::DELETE;
             opts.select.files = b.files.iter().map(|(p, _)| self.wire(p)).collect();
             // A listed directory is a tree that appeared: all of it goes.
             opts.select.files_recursive = true;

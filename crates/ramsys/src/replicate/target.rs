@@ -6,9 +6,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ramsys_engine::client::Remote;
-use ramsys_engine::resources::ResourceConfig;
-use ramsys_engine::server::Daemon;
+use ramsys_engine::data::resources::ResourceConfig;
+use ramsys_engine::roles::client::Remote;
+use ramsys_engine::roles::server::Daemon;
 use ramsys_engine::transport::Transport;
 use ramsys_engine::{EngineResources, TransferOptions};
 

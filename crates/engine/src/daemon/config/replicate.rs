@@ -21,7 +21,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::toml::string;
+use crate::daemon::toml::string;
 
 /// One `[[replicate]]` table.
 #[derive(Clone, Debug, PartialEq)]
@@ -156,7 +156,7 @@ pub fn parse(v: &::toml::Value, base: &Path) -> Result<Vec<ReplicateSpec>, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::DaemonConfig;
+    use crate::daemon::config::DaemonConfig;
 
     #[test]
     fn parses_jobs_and_refuses_mistakes_in_one_line() {

@@ -102,10 +102,10 @@ pub(super) fn serve_request(
             relay::serve(sh, link, a.session, &a.grant, relay);
             return Ok(None);
         }
-        // A replication job's operations (issue 38, crate::watchops).
+        // A replication job's operations (issue 38, crate::roles::watchops).
         Control::WatchOpen { version, dest } => {
             let (root, ro) = (&a.grant.root.sink, a.grant.read_only);
-            crate::watchops::serve(link, root, ro, version, dest)?;
+            crate::roles::watchops::serve(link, root, ro, version, dest)?;
             return Ok(None);
         }
         // `--transport raw|auto` (transport::rawlink): our interfaces.
