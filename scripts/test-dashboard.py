@@ -139,9 +139,19 @@ def run(binary, work, procs):
     users = os.path.join(work, "users.toml")
     with open(users, "w") as f:
         f.write(f'[[user]]\nname = "alice"\nkey_file = "{key}"\nroot = "{root}"\n')
+    # A replication job into a local directory, so that the ramsys_job_*
+    # series exist (issue 38).
+    src = os.path.join(work, "watched")
+    os.makedirs(src)
+    with open(os.path.join(src, "first"), "w") as f:
+        f.write("replicated\n")
+    cfg = os.path.join(work, "ramsys.toml")
+    with open(cfg, "w") as f:
+        f.write(f'[[replicate]]\nname = "mirror"\nsource = "{src}/"\n'
+                f'dest = "{work}/mirror"\njournal = "{work}/mirror.sqlite"\n')
     out = os.path.join(work, "daemon.out")
     daemon = subprocess.Popen(
-        [binary, "serve", "--listen", "127.0.0.1:0", "--users", users,
+        [binary, "serve", "--listen", "127.0.0.1:0", "--users", users, "--config", cfg,
          "--metrics", "127.0.0.1:0", "--memory", "64M"],
         stdout=open(out, "w"),
         stderr=open(out + ".err", "w"),
