@@ -438,6 +438,9 @@ fn a_full_destination_disk_is_reported_and_caught_up() {
     let s = setup();
     let export = fs.dir.path();
     let d = TestDaemon::start(export, &s.key);
+    // There before the job: a new directory is sent as a tree at once,
+    // with files still being written in it as they are then (docs/WATCH.md).
+    std::fs::create_dir(s.src.join("small")).unwrap();
     let src_arg = format!("{}/", s.src.display());
     let w = Watch::start(&s.key, &s.journal, &[&src_arg, &d.url("m")], &[]);
     w.first_sync();
