@@ -461,14 +461,10 @@ fn watch_as(
     let tcp = ramsys_engine::transport::tcp::Tcp {
         socket_buffer: None,
     };
-    let mut s = ramsys_engine::session::client_connect_as(
-        &tcp,
-        addr,
-        user,
-        key.as_bytes(),
-        Duration::from_secs(5),
-    )
-    .unwrap();
+    let mut s = ramsys_engine::session::Connect::new(addr, key.as_bytes(), Duration::from_secs(5))
+        .user(user)
+        .open(&tcp)
+        .unwrap();
     let open = Control::WatchOpen {
         version: WATCH_VERSION,
         dest: dest.to_vec(),

@@ -19,7 +19,7 @@ use ramsys_proto::Control;
 
 use crate::request::reserved::{names_reserved, REFUSED};
 use crate::roles::client::Remote;
-use crate::session::{client_connect_as, current_user, ClientSession};
+use crate::session::{current_user, ClientSession, Connect};
 use crate::storage::fsops::{split_parent, Root};
 use crate::transport::wire::{recv_control, send_control};
 use crate::transport::Link;
@@ -218,13 +218,9 @@ impl WatchChannel {
     /// Connect, authenticate and open the channel for `dest`.
     pub fn open(remote: &Remote, dest: &[u8]) -> Result<WatchChannel, EngineError> {
         let user = remote.user.clone().unwrap_or_else(current_user);
-        let mut s = client_connect_as(
-            &*remote.transport,
-            &remote.addr,
-            &user,
-            &remote.key,
-            remote.connect_timeout,
-        )?;
+        let mut s = Connect::new(&remote.addr, &remote.key, remote.connect_timeout)
+            .user(user)
+            .open(&*remote.transport)?;
         send_control(
             &mut *s.ctl,
             &Control::WatchOpen {
