@@ -13,8 +13,9 @@ use ramsys_proto::control::{Entry, EntryKind};
 use crate::request::walk::{Top, Walk};
 use crate::types::file::SourceFile;
 
-/// The walk of a null source with `--null-size`: one file of `size` bytes.
-pub fn synthetic_walk(tops: &[Top], size: u64) -> Walk {
+/// The walk of a null source with `--null-size`: one file of `size` bytes,
+/// and its record.
+pub fn synthetic_walk(tops: &[Top], size: u64) -> (Walk, Vec<Entry>) {
     let name = tops
         .first()
         .map(|t| t.name.clone())
@@ -24,15 +25,17 @@ pub fn synthetic_walk(tops: &[Top], size: u64) -> Walk {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0);
-    Walk {
-        entries: vec![Entry {
-            id: 0,
-            path: name.clone(),
-            kind: EntryKind::File { size },
-            mode: 0o644,
-            mtime_s: now,
-            mtime_ns: 0,
-        }],
+    let entry = Entry {
+        id: 0,
+        path: name.clone(),
+        kind: EntryKind::File { size },
+        mode: 0o644,
+        mtime_s: now,
+        mtime_ns: 0,
+    };
+    let w = Walk {
+        entries: 1,
+        setid: 0,
         files: vec![SourceFile {
             id: 0,
             rel: name,
@@ -47,7 +50,8 @@ pub fn synthetic_walk(tops: &[Top], size: u64) -> Walk {
         failures: Vec::new(),
         total_bytes: size,
         attrs: Vec::new(),
-    }
+    };
+    (w, vec![entry])
 }
 
 #[cfg(test)]
@@ -56,7 +60,7 @@ mod tests {
 
     #[test]
     fn one_synthetic_file() {
-        let w = synthetic_walk(
+        let (w, entries) = synthetic_walk(
             &[Top {
                 rel: b"x/y".to_vec(),
                 name: b"y".to_vec(),
@@ -65,7 +69,8 @@ mod tests {
         );
         assert_eq!(w.files.len(), 1);
         assert_eq!(w.files[0].size, 12345);
-        assert_eq!(w.entries[0].path, b"y");
+        assert_eq!(entries[0].path, b"y");
+        assert_eq!(w.entries, 1);
         assert_eq!(w.total_bytes, 12345);
     }
 }

@@ -25,8 +25,11 @@ use crate::types::stats::FailedPath;
 /// Result of the scan.
 #[derive(Debug, Default)]
 pub struct Walk {
-    /// Records in send order (ids ascending: directories first).
-    pub entries: Vec<Entry>,
+    /// Records sent (ids 0..entries; directories first). The records
+    /// themselves went to `emit` and are not kept (issue 36).
+    pub entries: u64,
+    /// Non-directory records with a set-user- or set-group-ID bit.
+    pub setid: u64,
     /// Regular files, in id order.
     pub files: Vec<SourceFile>,
     pub failures: Vec<FailedPath>,
@@ -79,12 +82,17 @@ fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
     v
 }
 
-/// Scan `tops` under `base` (the root directory on disk).
-pub fn walk(base: &Path, tops: &[Top], recursive: bool) -> Walk {
+/// Scan `tops` under `base` (the root directory on disk), keeping every
+/// record (a whole listing: for small trees and tests).
+pub fn walk(base: &Path, tops: &[Top], recursive: bool) -> (Walk, Vec<Entry>) {
+    let mut all = Vec::new();
     let r: Result<Walk, std::convert::Infallible> =
-        walk_streamed(base, tops, recursive, &Filter::all(), &mut |_| Ok(()));
+        walk_streamed(base, tops, recursive, &Filter::all(), &mut |es| {
+            all.extend_from_slice(es);
+            Ok(())
+        });
     match r {
-        Ok(w) => w,
+        Ok(w) => (w, all),
         Err(e) => match e {},
     }
 }
@@ -97,9 +105,35 @@ pub const STREAM_BATCH: usize = 1024;
 enum Deferred {
     /// Already stat'ed (a top-level file or symlink, or a name whose
     /// directory entry gave no type).
-    Ready(Pending),
-    /// `name` in directory `dirs[dir]`.
-    Name { dir: usize, name: Vec<u8> },
+    Ready(Box<Pending>),
+    /// The name ending at `end` in [`Later::names`] (it starts where the
+    /// previous name ended), in directory `dirs[dir]`.
+    Name { dir: u32, end: u64 },
+}
+
+/// What the directory pass leaves to the second, in scan order, packed
+/// (issue 36): a bare name costs its bytes and a 16-byte slot. One
+/// `Pending`-sized slot and a heap name each cost 179 B per file at the
+/// peak of a scan (docs/SCALE.md).
+#[derive(Default)]
+struct Later {
+    items: Vec<Deferred>,
+    names: Vec<u8>,
+}
+
+impl Later {
+    fn ready(&mut self, p: Pending) {
+        self.items.push(Deferred::Ready(Box::new(p)));
+    }
+
+    fn name(&mut self, dir: usize, name: &[u8]) {
+        self.names.extend_from_slice(name);
+        let end = self.names.len() as u64;
+        self.items.push(Deferred::Name {
+            dir: dir as u32,
+            end,
+        });
+    }
 }
 
 /// [`walk`], handing records to `emit` as they are ready (seed 000 Fig.
@@ -149,12 +183,15 @@ pub fn walk_archive<E>(
     // first one's attributes (issue 35). All directories are known before
     // any other record goes out, so a later directory still wins.
     let mut dup = Dedup::new(tops.len() > 1);
+    // Only the batch being emitted is held (issue 36): records are not
+    // kept once sent.
+    let mut batch: Vec<Entry> = Vec::new();
     for d in dirs.iter() {
         if !dup.dir(&d.wire) {
             continue;
         }
-        let i = w.entries.len();
-        w.entries.push(Entry {
+        let i = batch.len();
+        batch.push(Entry {
             id: i as u64,
             path: d.wire.clone(),
             kind: EntryKind::Dir,
@@ -167,40 +204,44 @@ pub fn walk_archive<E>(
             w.attrs.push(a);
         }
     }
-    emit(&w.entries, &w.attrs)?;
-    let mut emitted = w.entries.len();
+    w.entries = batch.len() as u64;
+    emit(&batch, &w.attrs)?;
+    batch.clear();
     let mut attrs_emitted = w.attrs.len();
     let mut inodes: HashMap<(u64, u64), u64> = HashMap::new();
     let mut names = NameStat { open: None };
-    for d in later {
+    let mut start = 0;
+    for d in later.items {
         let p = match d {
-            Deferred::Ready(p) => Some(p),
-            Deferred::Name { dir, name } => {
-                names.stat(base, &dirs, dir, &name, &col, &mut w.failures)
+            Deferred::Ready(p) => Some(*p),
+            Deferred::Name { dir, end } => {
+                let name = &later.names[start..end as usize];
+                start = end as usize;
+                names.stat(base, &dirs, dir as usize, name, &col, &mut w.failures)
             }
         };
         let Some(o) = p else { continue };
         if !dup.other(&o.wire) {
             continue;
         }
-        let id = w.entries.len() as u64;
+        let id = w.entries;
         let symlink = matches!(o.kind, PendingKind::Symlink(_));
         let attrs_of = col.wanted().then(|| (abs(base, &o.rel), o.owners));
-        if !record(&mut w, o, id, filter, &mut inodes) {
+        if !record(&mut w, &mut batch, o, id, filter, &mut inodes) {
             continue;
         }
         if let Some((path, owners)) = attrs_of {
             let a = col.attrs(id, &path, &owners, symlink, false);
             w.attrs.push(a);
         }
-        if w.entries.len() - emitted >= STREAM_BATCH {
-            emit(&w.entries[emitted..], &w.attrs[attrs_emitted..])?;
-            emitted = w.entries.len();
+        if batch.len() >= STREAM_BATCH {
+            emit(&batch, &w.attrs[attrs_emitted..])?;
+            batch.clear();
             attrs_emitted = w.attrs.len();
         }
     }
-    if w.entries.len() > emitted {
-        emit(&w.entries[emitted..], &w.attrs[attrs_emitted..])?;
+    if !batch.is_empty() {
+        emit(&batch, &w.attrs[attrs_emitted..])?;
     }
     Ok(w)
 }
@@ -243,9 +284,9 @@ fn first_pass(
     recursive: bool,
     filter: &Filter,
     col: &Collector,
-) -> (Vec<Pending>, Vec<Deferred>, Vec<FailedPath>) {
+) -> (Vec<Pending>, Later, Vec<FailedPath>) {
     let mut dirs: Vec<Pending> = Vec::new();
-    let mut later: Vec<Deferred> = Vec::new();
+    let mut later = Later::default();
     let mut failures = Vec::new();
     for t in tops {
         let path = abs(base, &t.rel);
@@ -266,7 +307,7 @@ fn first_pass(
             // inside a tree, devices stay special files.
             Ok(md) if crate::storage::volume::is_block(&md) => {
                 match volume_top(&path, &t.rel, &t.name, &md) {
-                    Ok(p) => later.push(Deferred::Ready(p)),
+                    Ok(p) => later.ready(p),
                     Err(e) => failures.push(FailedPath {
                         path: path.display().to_string(),
                         reason: format!("cannot read block device size: {e}"),
@@ -352,6 +393,7 @@ impl NameStat {
 /// record).
 fn record(
     w: &mut Walk,
+    batch: &mut Vec<Entry>,
     o: Pending,
     id: u64,
     filter: &Filter,
@@ -391,7 +433,7 @@ fn record(
                     let Some(range) = kind.piece_range() else {
                         continue;
                     };
-                    let id = w.entries.len() as u64;
+                    let id = w.entries;
                     w.total_bytes += range.1;
                     w.files.push(SourceFile {
                         id,
@@ -404,7 +446,7 @@ fn record(
                         sparse,
                         range: Some(range),
                     });
-                    push_entry(w, id, o.wire.clone(), kind, o.mode, o.mtime);
+                    push_entry(w, batch, id, o.wire.clone(), kind, o.mode, o.mtime);
                 }
                 // No Attrs: an archive copy does not cut files.
                 return false;
@@ -412,7 +454,7 @@ fn record(
             if nlink > 1 {
                 if let Some(&first) = inodes.get(&(dev, ino)) {
                     let link = EntryKind::HardLink { target_id: first };
-                    push_entry(w, id, o.wire, link, o.mode, o.mtime);
+                    push_entry(w, batch, id, o.wire, link, o.mode, o.mtime);
                     return false;
                 }
                 inodes.insert((dev, ino), id);
@@ -434,12 +476,22 @@ fn record(
         PendingKind::Symlink(t) => EntryKind::Symlink { target: t },
         PendingKind::Special(k) => k,
     };
-    push_entry(w, id, o.wire, kind, o.mode, o.mtime);
+    push_entry(w, batch, id, o.wire, kind, o.mode, o.mtime);
     true
 }
 
-fn push_entry(w: &mut Walk, id: u64, path: Vec<u8>, kind: EntryKind, mode: u32, mtime: (i64, u32)) {
-    w.entries.push(Entry {
+fn push_entry(
+    w: &mut Walk,
+    batch: &mut Vec<Entry>,
+    id: u64,
+    path: Vec<u8>,
+    kind: EntryKind,
+    mode: u32,
+    mtime: (i64, u32),
+) {
+    w.entries += 1;
+    w.setid += (mode & 0o6000 != 0) as u64;
+    batch.push(Entry {
         id,
         path,
         kind,
@@ -542,7 +594,7 @@ fn abs(base: &Path, rel: &[u8]) -> PathBuf {
 /// Where the first pass puts what it finds.
 struct Found<'a> {
     dirs: &'a mut Vec<Pending>,
-    later: &'a mut Vec<Deferred>,
+    later: &'a mut Later,
     failures: &'a mut Vec<FailedPath>,
     col: &'a Collector,
 }
@@ -559,7 +611,7 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
             to.col,
             to.failures,
         ) {
-            to.later.push(Deferred::Ready(p));
+            to.later.ready(p);
         }
         return;
     }
@@ -620,10 +672,7 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
             continue;
         }
         if !is_dir {
-            to.later.push(Deferred::Name {
-                dir: me,
-                name: name.to_vec(),
-            });
+            to.later.name(me, name);
             continue;
         }
         let crel = join(rel, name);
@@ -752,7 +801,7 @@ mod tests {
         fs::write(r.join("a/f"), b"xyz").unwrap();
         fs::hard_link(r.join("a/f"), r.join("a/b/g")).unwrap();
         std::os::unix::fs::symlink("f", r.join("a/s")).unwrap();
-        let w = walk(
+        let (w, entries) = walk(
             d.path(),
             &[Top {
                 rel: b"t".to_vec(),
@@ -761,21 +810,19 @@ mod tests {
             true,
         );
         assert!(w.failures.is_empty());
-        let ids: Vec<u64> = w.entries.iter().map(|e| e.id).collect();
-        assert_eq!(ids, (0..w.entries.len() as u64).collect::<Vec<_>>());
-        let first_nondir = w
-            .entries
+        let ids: Vec<u64> = entries.iter().map(|e| e.id).collect();
+        assert_eq!(ids, (0..w.entries).collect::<Vec<_>>());
+        let first_nondir = entries
             .iter()
             .position(|e| e.kind != EntryKind::Dir)
             .unwrap();
-        assert!(w.entries[first_nondir..]
+        assert!(entries[first_nondir..]
             .iter()
             .all(|e| e.kind != EntryKind::Dir));
         assert_eq!(first_nondir, 3);
         assert_eq!(w.files.len(), 1);
         assert_eq!(w.total_bytes, 3);
-        let hl = w
-            .entries
+        let hl = entries
             .iter()
             .find(|e| matches!(e.kind, EntryKind::HardLink { .. }))
             .unwrap();
@@ -785,7 +832,7 @@ mod tests {
                 target_id: w.files[0].id
             }
         );
-        assert!(w.entries.iter().any(|e| e.kind
+        assert!(entries.iter().any(|e| e.kind
             == EntryKind::Symlink {
                 target: b"f".to_vec()
             }));
@@ -816,9 +863,9 @@ mod tests {
         assert!(batches[0].iter().all(|e| e.kind == EntryKind::Dir));
         assert!(batches[1..].iter().all(|b| b.len() <= STREAM_BATCH));
         let all: Vec<Entry> = batches.concat();
-        assert_eq!(all, w.entries);
+        assert_eq!(all.len() as u64, w.entries);
         assert_eq!(w.files.len(), 3500);
-        assert_eq!(all, walk(d.path(), &tops, true).entries);
+        assert_eq!(all, walk(d.path(), &tops, true).1);
         // An emit error stops the scan.
         let mut n = 0;
         let r = walk_streamed(d.path(), &tops, true, &Filter::all(), &mut |_| {
@@ -854,10 +901,9 @@ mod tests {
             rel: n.as_bytes().to_vec(),
             name: Vec::new(),
         };
-        let w = walk(d.path(), &[top("a"), top("b"), top("a"), top("b")], true);
+        let (w, entries) = walk(d.path(), &[top("a"), top("b"), top("a"), top("b")], true);
         assert!(w.failures.is_empty(), "{:?}", w.failures);
-        let mut paths: Vec<(String, bool)> = w
-            .entries
+        let mut paths: Vec<(String, bool)> = entries
             .iter()
             .map(|e| (crate::types::error::show(&e.path), e.kind == EntryKind::Dir))
             .collect();
@@ -877,10 +923,9 @@ mod tests {
         // listed once is not a hard link to itself.
         let x = w.files.iter().find(|f| f.rel == b"a/x").unwrap();
         assert_eq!(x.size, 5);
-        let ids: Vec<u64> = w.entries.iter().map(|e| e.id).collect();
-        assert_eq!(ids, (0..w.entries.len() as u64).collect::<Vec<_>>());
-        assert!(!w
-            .entries
+        let ids: Vec<u64> = entries.iter().map(|e| e.id).collect();
+        assert_eq!(ids, (0..w.entries).collect::<Vec<_>>());
+        assert!(!entries
             .iter()
             .any(|e| matches!(e.kind, EntryKind::HardLink { .. })));
         assert_eq!(w.total_bytes, 5 + 2 + 4 + 1);
@@ -890,7 +935,7 @@ mod tests {
     fn missing_and_nonrecursive_reported() {
         let d = tempfile::tempdir().unwrap();
         fs::create_dir(d.path().join("dir")).unwrap();
-        let w = walk(
+        let (w, entries) = walk(
             d.path(),
             &[
                 Top {
@@ -905,6 +950,7 @@ mod tests {
             false,
         );
         assert_eq!(w.failures.len(), 2);
-        assert!(w.entries.is_empty());
+        assert!(entries.is_empty());
+        assert_eq!(w.entries, 0);
     }
 }

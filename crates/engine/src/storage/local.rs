@@ -22,6 +22,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
 use crate::storage::fsops::Root;
+use crate::types::file::SourceFile;
 
 /// Files at least this large are copied in the kernel; smaller ones are
 /// packed into blocks as usual (a block of many small files costs fewer
@@ -49,7 +50,7 @@ pub struct LocalBridge {
 }
 
 /// One session's source root and its files' paths by entry id.
-type Published = (Arc<Root>, Vec<Vec<u8>>);
+type Published = (Arc<Root>, Arc<Vec<SourceFile>>);
 
 impl std::fmt::Debug for LocalBridge {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -58,11 +59,12 @@ impl std::fmt::Debug for LocalBridge {
 }
 
 impl LocalBridge {
-    /// The source: `rels[id]` is entry `id`'s path under `root` (empty for
-    /// entries that are not regular files). Set by each session before it
-    /// sends any block (replacing the previous session's).
-    pub fn publish(&self, root: Arc<Root>, rels: Vec<Vec<u8>>) {
-        *self.files.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new((root, rels)));
+    /// The source: its regular files under `root`, ids ascending (the
+    /// walk's order; its own list, not a copy of every path: issue 36).
+    /// Set by each session before it sends any block (replacing the
+    /// previous session's).
+    pub fn publish(&self, root: Arc<Root>, files: Arc<Vec<SourceFile>>) {
+        *self.files.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new((root, files)));
     }
 
     /// The sink: open entry `id`'s source file for reading.
@@ -73,10 +75,10 @@ impl LocalBridge {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
             .ok_or_else(|| io::Error::other("local copy before the source's file list"))?;
-        let (root, rels) = &*files;
-        match rels.get(id as usize) {
-            Some(rel) if !rel.is_empty() => root.open_read(rel, false),
-            _ => Err(io::Error::other(format!(
+        let (root, files) = &*files;
+        match files.binary_search_by_key(&id, |f| f.id) {
+            Ok(i) => root.open_read(&files[i].rel, false),
+            Err(_) => Err(io::Error::other(format!(
                 "local copy of unknown entry {id}"
             ))),
         }
@@ -162,7 +164,8 @@ mod tests {
         let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
         let bridge = LocalBridge::default();
         assert!(bridge.open(1).is_err(), "nothing published yet");
-        bridge.publish(root, vec![Vec::new(), b"src".to_vec()]);
+        let src = SourceFile::plain(1, b"src", data.len() as u64);
+        bridge.publish(root, Arc::new(vec![src]));
         assert!(bridge.open(0).is_err(), "entry 0 is not a file");
         assert!(bridge.open(9).is_err(), "no such entry");
         let src = bridge.open(1).unwrap();

@@ -26,6 +26,21 @@ pub struct SourceFile {
 }
 
 impl SourceFile {
+    /// A whole regular file `rel` of `size` bytes with entry id `id`.
+    pub fn plain(id: u64, rel: &[u8], size: u64) -> SourceFile {
+        SourceFile {
+            id,
+            rel: rel.to_vec(),
+            size,
+            dev: 0,
+            ino: 0,
+            mtime: (0, 0),
+            volume: false,
+            sparse: false,
+            range: None,
+        }
+    }
+
     /// Where its bytes to send start and end.
     pub fn span(&self) -> (u64, u64) {
         self.range.map_or((0, self.size), |(o, l)| (o, o + l))

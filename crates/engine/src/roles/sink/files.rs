@@ -90,11 +90,13 @@ pub enum Base {
     Part(Vec<u8>),
 }
 
-/// One regular file being received.
+/// One regular file being received. A slot per announced file, so kept
+/// small (issue 36, docs/SCALE.md): what few files need lives in [`Rare`]
+/// behind one lock and is allocated only for them.
 pub struct SinkFile {
     pub id: u64,
     /// Final path relative to the sink root.
-    pub rel: Vec<u8>,
+    pub rel: Box<[u8]>,
     pub size: u64,
     pub mode: u32,
     pub mtime: (i64, u32),
@@ -105,15 +107,12 @@ pub struct SinkFile {
     expected: AtomicU64,
     flags: AtomicU8,
     fd: Mutex<Option<Arc<SinkFd>>>,
-    reason: Mutex<Option<String>>,
-    base: Mutex<Option<Base>>,
+    rare: Mutex<Option<Box<Rare>>>,
     /// Bytes taken from the base instead of the wire.
     reused: AtomicU64,
-    /// Resume: bytes written per journal block (sync::delta_block).
-    jblocks: Mutex<Vec<u32>>,
     /// A block device written in place (storage::volume): what this
     /// session wrote, re-read to verify it before the file counts as done.
-    volume: std::sync::OnceLock<VolumeLog>,
+    volume: std::sync::OnceLock<Box<VolumeLog>>,
     /// One piece of a big file striped across daemons (issue 19,
     /// roles::sink::bigfile): `size` is the whole file's, this entry writes its
     /// range into the shared temp file.
@@ -132,7 +131,44 @@ struct PieceAt {
     finished: AtomicBool,
 }
 
+/// The state of a file that only failed, synced or resumed files have.
+#[derive(Default)]
+struct Rare {
+    /// Why it failed (the first reason wins).
+    reason: Option<String>,
+    /// What it is built from (sync, resume).
+    base: Option<Base>,
+    /// Resume: bytes written per journal block (sync::delta_block).
+    jblocks: Vec<u32>,
+}
+
 impl SinkFile {
+    /// Its rare state, allocated at the first use.
+    fn rare<R>(&self, f: impl FnOnce(&mut Rare) -> R) -> R {
+        f(self.rare.lock().unwrap().get_or_insert_with(Box::default))
+    }
+
+    /// What it is built from, if anything (sync, resume).
+    fn base(&self) -> Option<Base> {
+        self.rare.lock().unwrap().as_ref()?.base.clone()
+    }
+
+    fn has_base(&self) -> bool {
+        self.rare
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|r| r.base.is_some())
+    }
+
+    /// Why it failed ("" if it did not).
+    fn reason(&self) -> String {
+        let g = self.rare.lock().unwrap();
+        g.as_ref()
+            .and_then(|r| r.reason.clone())
+            .unwrap_or_default()
+    }
+
     /// Written in place into a block device (storage::volume).
     pub fn is_device(&self) -> bool {
         self.volume.get().is_some()
@@ -306,7 +342,7 @@ impl FileTable {
                 let dir = self.dirs.intern(split_parent(&rel).0);
                 self.files.push(SinkFile {
                     id,
-                    rel,
+                    rel: rel.into_boxed_slice(),
                     size,
                     mode,
                     mtime,
@@ -316,10 +352,8 @@ impl FileTable {
                     expected: AtomicU64::new(0),
                     flags: AtomicU8::new(0),
                     fd: Mutex::new(None),
-                    reason: Mutex::new(None),
-                    base: Mutex::new(None),
+                    rare: Mutex::new(None),
                     reused: AtomicU64::new(0),
-                    jblocks: Mutex::new(Vec::new()),
                     volume: std::sync::OnceLock::new(),
                     piece: None,
                 });
@@ -441,7 +475,7 @@ impl FileTable {
     pub fn fail(&self, f: &SinkFile, reason: String) {
         let prev = f.flags.fetch_or(FAILED, Ordering::AcqRel);
         if prev & (FAILED | FINAL) == 0 {
-            *f.reason.lock().unwrap() = Some(reason);
+            f.rare(|r| r.reason = Some(reason));
             self.stats.failed.fetch_add(1, Ordering::Relaxed);
         }
         // A nameless temp file goes with its last descriptor.
@@ -551,7 +585,7 @@ impl FileTable {
         }
         // A piece's temp file may hold an interrupted earlier attempt's
         // bytes (roles::sink::bigfile): zeroed like a base.
-        if !f.is_device() && f.base.lock().unwrap().is_none() && f.piece.is_none() {
+        if !f.is_device() && !f.has_base() && f.piece.is_none() {
             return Ok(());
         }
         self.storage
@@ -564,7 +598,7 @@ impl FileTable {
     /// (checked by the caller: `--write-devices`, large enough).
     pub fn set_device(&self, id: u64) {
         if let Some(f) = self.get(id) {
-            let _ = f.volume.set(VolumeLog::default());
+            let _ = f.volume.set(Box::default());
         }
     }
 
@@ -634,7 +668,7 @@ impl FileTable {
         }
         let (parent, _) = split_parent(&f.rel);
         let dir = self.dir_of(f)?;
-        let base = f.base.lock().unwrap().clone();
+        let base = f.base();
         if base.is_none() && f.piece.is_none() {
             if let Some(fd) = self.create_anon(f, &dir)? {
                 return Ok(fd);
@@ -933,19 +967,21 @@ impl FileTable {
     /// Resume: count written bytes per journal block.
     fn note_blocks(&self, f: &SinkFile, off: u64, len: u64) {
         let bs = crate::request::sync::delta_block(f.size) as u64;
-        let mut g = f.jblocks.lock().unwrap();
-        if g.is_empty() {
-            g.resize(f.size.div_ceil(bs) as usize, 0);
-        }
-        let (mut o, end) = (off, off + len);
-        while o < end {
-            let i = (o / bs) as usize;
-            let n = ((i as u64 + 1) * bs).min(end) - o;
-            if let Some(c) = g.get_mut(i) {
-                *c += n as u32;
+        f.rare(|r| {
+            let g = &mut r.jblocks;
+            if g.is_empty() {
+                g.resize(f.size.div_ceil(bs) as usize, 0);
             }
-            o += n;
-        }
+            let (mut o, end) = (off, off + len);
+            while o < end {
+                let i = (o / bs) as usize;
+                let n = ((i as u64 + 1) * bs).min(end) - o;
+                if let Some(c) = g.get_mut(i) {
+                    *c += n as u32;
+                }
+                o += n;
+            }
+        });
         f.flags.fetch_or(DIRTY, Ordering::AcqRel);
     }
 
@@ -953,7 +989,7 @@ impl FileTable {
     /// data can arrive).
     pub fn set_base(&self, id: u64, base: Base) {
         if let Some(f) = self.get(id) {
-            *f.base.lock().unwrap() = Some(base);
+            f.rare(|r| r.base = Some(base));
         }
     }
 
@@ -979,7 +1015,7 @@ impl FileTable {
                 "reuse of unknown file id {id}"
             )));
         };
-        if bytes > f.size || f.base.lock().unwrap().is_none() {
+        if bytes > f.size || !f.has_base() {
             return Err(WriteError::Protocol(format!(
                 "reuse of {} without a base the sink offered",
                 crate::types::error::show(&f.rel)
@@ -1000,8 +1036,7 @@ impl FileTable {
         if self.resume && f.size >= self.journal_min {
             // Reused blocks count as written for the journal too.
             let bs = crate::request::sync::delta_block(f.size) as u64;
-            let mut g = f.jblocks.lock().unwrap();
-            g.resize(f.size.div_ceil(bs) as usize, 0);
+            f.rare(|r| r.jblocks.resize(f.size.div_ceil(bs) as usize, 0));
         }
         let w = f.written.fetch_add(bytes, Ordering::AcqRel) + bytes;
         if w > f.size {
@@ -1070,16 +1105,18 @@ impl FileTable {
             }
             f.flags.fetch_and(!DIRTY, Ordering::AcqRel);
             let bs = crate::request::sync::delta_block(f.size);
-            let g = f.jblocks.lock().unwrap();
-            let mut written = vec![0u8; g.len().div_ceil(8)];
-            for (i, c) in g.iter().enumerate() {
-                let blen = (f.size - i as u64 * bs as u64).min(bs as u64);
-                if *c as u64 >= blen {
-                    written[i / 8] |= 1 << (i % 8);
+            let written = f.rare(|r| {
+                let mut written = vec![0u8; r.jblocks.len().div_ceil(8)];
+                for (i, c) in r.jblocks.iter().enumerate() {
+                    let blen = (f.size - i as u64 * bs as u64).min(bs as u64);
+                    if *c as u64 >= blen {
+                        written[i / 8] |= 1 << (i % 8);
+                    }
                 }
-            }
+                written
+            });
             out.push(crate::roles::sink::journal::PartRec {
-                dest: f.rel.clone(),
+                dest: f.rel.to_vec(),
                 size: f.size,
                 mtime: f.mtime,
                 part: self.tmp_name(f),
@@ -1095,7 +1132,7 @@ impl FileTable {
         self.files
             .iter()
             .filter(|f| f.flags.load(Ordering::Acquire) & FINAL != 0 && f.piece.is_none())
-            .map(|f| f.rel.as_slice())
+            .map(|f| &f.rel[..])
             .collect()
     }
 
@@ -1314,8 +1351,7 @@ impl FileTable {
                     let _ = crate::storage::fsops::unlink_in(dir.fd(), &self.tmp_name(f));
                 }
             }
-            let reason = f.reason.lock().unwrap().clone().unwrap_or_default();
-            out.push((f.rel.clone(), reason));
+            out.push((f.rel.to_vec(), f.reason()));
         }
         out
     }
@@ -1325,6 +1361,15 @@ impl FileTable {
 mod tests {
     use super::*;
     use crate::storage::fsops::Confinement;
+
+    /// A slot per announced file (issue 36): what only some files need
+    /// stays out of it (it was ~260 bytes with five locks and a OnceLock).
+    #[test]
+    fn file_slot_stays_small() {
+        let n = std::mem::size_of::<SinkFile>();
+        eprintln!("SinkFile: {n} bytes");
+        assert!(n <= 160, "SinkFile grew to {n} bytes");
+    }
 
     #[test]
     fn all_settled_follows_files_settling_in_any_order() {
@@ -1634,7 +1679,8 @@ mod tests {
             Err(WriteError::Protocol(_))
         ));
         let bridge = Arc::new(crate::storage::local::LocalBridge::default());
-        bridge.publish(root.clone(), vec![b"s".to_vec()]);
+        let src = crate::types::file::SourceFile::plain(0, b"s", 3 << 20);
+        bridge.publish(root.clone(), Arc::new(vec![src]));
         let local = table(Some(bridge));
         local.write_segment(&seg, &[], hash).unwrap();
         local.digest_known(0, hash).unwrap();

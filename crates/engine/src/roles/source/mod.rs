@@ -72,7 +72,7 @@ pub fn run_source(
         adm,
     };
     let mut threads = s.negotiate()?;
-    let walk = s.stream_metadata()?;
+    let (walk, kept) = s.stream_metadata()?;
     let mut failures = walk.failures.clone();
     let confirmed = s.confirm(&mut threads.senders)?;
     // The sink's answer before its data links: a sink streams its Have
@@ -82,7 +82,7 @@ pub fn run_source(
     // 1 M files, issue 36).
     let plan = s.sync_answer(&walk, confirmed.block_size, &mut failures)?;
     let opened = s.open_links(links, &confirmed)?;
-    let mut data = payload::Payload::start(&mut s, threads, walk, plan, confirmed, opened)?;
+    let mut data = payload::Payload::start(&mut s, threads, (walk, kept), plan, confirmed, opened)?;
     let verdict = data.run();
     data.finish(verdict, failures)
 }
@@ -168,12 +168,17 @@ impl SourceSession<'_> {
     /// behind Propose; Confirm and the single SyncDone are read after.
     /// The scan streams its records as it goes (walk_streamed), so the
     /// sink checks what it holds while the source still scans.
-    fn stream_metadata(&mut self) -> Result<Walk, EngineError> {
+    fn stream_metadata(&mut self) -> Result<(Walk, Vec<Entry>), EngineError> {
         let (opts, spec, ctl) = (self.opts, &self.spec, &mut self.ctl);
+        // Records are not kept once sent (issue 36), but for a dry run,
+        // whose report names the files it would send.
+        let keep = opts.sync & crate::request::sync::flags::DRY_RUN != 0;
+        let mut kept = Vec::new();
         let scanned =
             if opts.source_engine == crate::storage::DataEngine::Null && opts.null_size > 0 {
-                let w = crate::request::null::synthetic_walk(&spec.tops, opts.null_size);
-                send_entries(ctl, &w.entries).map(|_| w)
+                let (w, es) = crate::request::null::synthetic_walk(&spec.tops, opts.null_size);
+                kept = es;
+                send_entries(ctl, &kept).map(|_| w)
             } else {
                 // What the user selected (request::filter); checked before the
                 // session started, so an error here is the peer's malformed rule.
@@ -189,6 +194,9 @@ impl SourceSession<'_> {
                     &filter,
                     opts.preserve,
                     &mut |es, attrs| {
+                        if keep {
+                            kept.extend_from_slice(es);
+                        }
                         send_entries(ctl, es)?;
                         crate::storage::archive::collect::send_attrs(attrs, &mut |m| ctl.send(&m))
                     },
@@ -207,7 +215,7 @@ impl SourceSession<'_> {
         self.stats
             .total_files
             .store(w.files.len() as u64, Ordering::Relaxed);
-        Ok(w)
+        Ok((w, kept))
     }
 
     /// The negotiation answer, read only now so the metadata travelled in
@@ -348,7 +356,7 @@ fn send_entries(ctl: &mut Ctl, entries: &[Entry]) -> Result<(), EngineError> {
 fn send_meta_end(ctl: &mut Ctl, w: &Walk, root: &Root) -> Result<(), EngineError> {
     send_scan_failures(ctl, &w.failures, &root.path().to_string_lossy())?;
     ctl.send(&Control::MetaEnd {
-        entries: w.entries.len() as u64,
+        entries: w.entries,
         files: w.files.len() as u64,
         bytes: w.total_bytes,
     })

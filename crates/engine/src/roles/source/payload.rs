@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, never, select, unbounded, Receiver, RecvError, Sender};
-use ramsys_proto::control::{Bytes32, Complete, Entry, EntryKind, GrowStage, StageLinks};
+use ramsys_proto::control::{Bytes32, Complete, Entry, GrowStage, StageLinks};
 use ramsys_proto::relink::SentLog;
 use ramsys_proto::Control;
 use ramsys_resources::{Buf, BufferPool, JobHandle, Reservation, ThreadPool};
@@ -223,7 +223,7 @@ impl<'s> Payload<'s> {
     pub(super) fn start(
         s: &'s mut SourceSession<'_>,
         threads: Threads,
-        w: Walk,
+        (w, entries): (Walk, Vec<Entry>),
         plan: Option<SyncPlan>,
         c: Confirmed,
         o: Opened,
@@ -233,21 +233,16 @@ impl<'s> Payload<'s> {
             mut senders,
             mut readers,
         } = threads;
+        let (setid, files) = (w.setid, Arc::new(w.files));
         if let Some(bridge) = &opts.local_copy {
             // A local copy: the in-process sink opens large files by entry id.
-            bridge.publish(root.clone(), rels_by_id(&w));
+            bridge.publish(root.clone(), files.clone());
         }
-        let Walk { entries, files, .. } = w;
         if opts.preserve == 0 {
             // The sink keeps no set-ID bit without an archive copy
             // (archive::Policy::wanted_mode); the agent says so.
-            let n = entries
-                .iter()
-                .filter(|e| e.kind != EntryKind::Dir && e.mode & 0o6000 != 0)
-                .count();
-            stats.setid_dropped.store(n as u64, Ordering::Relaxed);
+            stats.setid_dropped.store(setid, Ordering::Relaxed);
         }
-        let files = Arc::new(files);
         let queues = queues(&root, &files, opts, c.block_size, plan.as_ref());
         more_readers_if_cached(s, &queues, &mut readers);
         let nread = readers.len();
@@ -802,7 +797,8 @@ impl<'s> Payload<'s> {
             // Wire paths (entry ids index the entry list).
             p.planned
                 .iter()
-                .map(|&i| show(&f.entries[self.files[i].id as usize].path))
+                .filter_map(|&i| f.entries.get(self.files[i].id as usize))
+                .map(|e| show(&e.path))
                 .collect()
         });
         Report {
@@ -1116,17 +1112,6 @@ fn spawn_readers(readers: &mut Reservation, ctx: ReaderCtx) -> (Vec<JobHandle>, 
         }));
     }
     (jobs, rdone_rx)
-}
-
-/// A local copy's file paths by entry id (storage::local).
-fn rels_by_id(w: &Walk) -> Vec<Vec<u8>> {
-    let mut rels = vec![Vec::new(); w.entries.len()];
-    for f in &w.files {
-        if let Some(r) = rels.get_mut(f.id as usize) {
-            r.clone_from(&f.rel);
-        }
-    }
-    rels
 }
 
 /// Each file's bytes still to read (a sync reads only what differs).
