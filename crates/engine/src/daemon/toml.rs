@@ -49,3 +49,11 @@ pub(crate) fn toml_error(text: &str, e: &toml::de::Error) -> String {
         None => format!("TOML syntax error: {msg}"),
     }
 }
+
+/// A refusal as one line (issue 34): messages quote the operator's values,
+/// and a TOML string may hold a newline or a control character that would
+/// otherwise split or forge the line a reload or `serve` prints
+/// (tests/fuzz_operator_files.rs).
+pub(crate) fn one_line(e: String) -> String {
+    ramsys_proto::text::escape(e.trim_end()).into_owned()
+}

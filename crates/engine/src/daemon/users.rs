@@ -173,6 +173,10 @@ pub fn parse_user(
 
 /// Parse a users file: `[[user]]` entries (or `[users.NAME]` tables).
 pub fn parse_users_file(text: &str, base: &Path) -> Result<Vec<UserSpec>, String> {
+    users_file(text, base).map_err(crate::daemon::toml::one_line)
+}
+
+fn users_file(text: &str, base: &Path) -> Result<Vec<UserSpec>, String> {
     let table: toml::Table = text
         .parse()
         .map_err(|e: toml::de::Error| crate::daemon::toml::toml_error(text, &e))?;

@@ -133,6 +133,10 @@ impl DaemonConfig {
     /// `base` (the config file's directory). Errors are one line naming
     /// the offending key.
     pub fn parse(text: &str, base: &Path) -> Result<DaemonConfig, String> {
+        Self::parse_text(text, base).map_err(crate::daemon::toml::one_line)
+    }
+
+    fn parse_text(text: &str, base: &Path) -> Result<DaemonConfig, String> {
         let table: ::toml::Table = text
             .parse()
             .map_err(|e: ::toml::de::Error| toml_error(text, &e))?;
