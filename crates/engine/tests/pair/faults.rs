@@ -112,8 +112,10 @@ fn a_cut_control_link_ends_both_sessions_cleanly() {
     }
     let metadata_done = o.control(SOURCE).iter().any(|r| r.name() == "MetaEnd");
     assert!(metadata_done, "cut before the payload");
+    // In memory the payload may be done by the time the cut lands (the
+    // cut falls just past MetaEnd): then every file is there, and whole,
+    // and both ends must still fail in one line.
     let left = walk(&dst.join("src"));
-    assert!(left.len() < 80, "every file arrived");
     for f in left {
         let name = f.file_name().unwrap().to_string_lossy().into_owned();
         assert!(!name.starts_with(".ramsys"), "temp file left: {name}");
