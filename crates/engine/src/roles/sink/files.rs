@@ -253,9 +253,11 @@ pub struct FileTable {
     /// session fails (0 = all; the default journal keeps large files only,
     /// sync::JOURNAL_MIN).
     pub journal_min: u64,
-    /// Whether any file is large enough to be journalled (set at the
-    /// first journal flush, after the metadata).
-    journal_any: std::sync::OnceLock<bool>,
+    /// Files whose written blocks changed since the last journal flush
+    /// (indices into `files`; pushed once per flush when DIRTY is first
+    /// set), so a flush costs the files in flight, not a walk of a table
+    /// of millions (issue 36).
+    dirty: std::sync::Mutex<Vec<u32>>,
     /// Files before this index are all settled (never unsettle again).
     settled_upto: std::sync::atomic::AtomicUsize,
     /// Destination directories, opened once.
@@ -318,7 +320,7 @@ impl FileTable {
             storage: Arc::new(StorageCfg::plain(false, crate::storage::IoEngine::Sync)),
             resume: false,
             journal_min: 0,
-            journal_any: std::sync::OnceLock::new(),
+            dirty: std::sync::Mutex::new(Vec::new()),
             settled_upto: std::sync::atomic::AtomicUsize::new(0),
             dirs: SinkDirs::default(),
             anon_ok: AtomicBool::new(tmpfile::enabled()),
@@ -952,7 +954,7 @@ impl FileTable {
         slow_write_fault();
         // A piece's resume state is its marker (roles::sink::bigfile).
         if self.resume && !self.storage.null && f.size >= self.journal_min && f.piece.is_none() {
-            self.note_blocks(f, seg.offset, span);
+            self.note_blocks(f, seg.file_id, seg.offset, span);
         }
         let w = f.written.fetch_add(span, Ordering::AcqRel) + span;
         self.stats.add_bytes(span);
@@ -965,7 +967,7 @@ impl FileTable {
     }
 
     /// Resume: count written bytes per journal block.
-    fn note_blocks(&self, f: &SinkFile, off: u64, len: u64) {
+    fn note_blocks(&self, f: &SinkFile, id: u64, off: u64, len: u64) {
         let bs = crate::request::sync::delta_block(f.size) as u64;
         f.rare(|r| {
             let g = &mut r.jblocks;
@@ -982,7 +984,11 @@ impl FileTable {
                 o += n;
             }
         });
-        f.flags.fetch_or(DIRTY, Ordering::AcqRel);
+        if f.flags.fetch_or(DIRTY, Ordering::AcqRel) & DIRTY == 0 {
+            if let Some(&i) = self.by_id.get(id as usize) {
+                self.dirty.lock().unwrap().push(i);
+            }
+        }
     }
 
     /// Sync: build file `id` from `base` (set during metadata, before any
@@ -1082,56 +1088,66 @@ impl FileTable {
     }
 
     /// Resume: journal rows of temp files whose written blocks changed
-    /// since the last call (`all`: every temp file not in place).
+    /// since the last call (`all`: every temp file not in place, once at
+    /// the session's end). A tick takes the dirty list, not the table.
     pub fn journal_rows(&self, all: bool) -> Vec<crate::roles::sink::journal::PartRec> {
-        let mut out = Vec::new();
-        // A tree of small files has no row to write: do not scan its
-        // 48k entries every 200 ms (1.5 % of the sink's CPU).
-        let any = *self
-            .journal_any
-            .get_or_init(|| self.files.iter().any(|f| f.size >= self.journal_min));
-        if !any {
-            return out;
+        let dirty = std::mem::take(&mut *self.dirty.lock().unwrap());
+        let rows = |f: &SinkFile| self.journal_row(f, all);
+        if all {
+            self.files.iter().filter_map(rows).collect()
+        } else {
+            dirty
+                .iter()
+                .filter_map(|&i| self.files.get(i as usize))
+                .filter_map(rows)
+                .collect()
         }
-        for f in &self.files {
-            let fl = f.flags.load(Ordering::Acquire);
-            if fl & TEMP == 0
-                || fl & (FINAL | ANON) != 0
-                || (!all && fl & DIRTY == 0)
-                || f.size < self.journal_min
-                || f.piece.is_some()
-            {
-                continue;
-            }
-            f.flags.fetch_and(!DIRTY, Ordering::AcqRel);
-            let bs = crate::request::sync::delta_block(f.size);
-            let written = f.rare(|r| {
-                let mut written = vec![0u8; r.jblocks.len().div_ceil(8)];
-                for (i, c) in r.jblocks.iter().enumerate() {
-                    let blen = (f.size - i as u64 * bs as u64).min(bs as u64);
-                    if *c as u64 >= blen {
-                        written[i / 8] |= 1 << (i % 8);
-                    }
-                }
-                written
-            });
-            out.push(crate::roles::sink::journal::PartRec {
-                dest: f.rel.to_vec(),
-                size: f.size,
-                mtime: f.mtime,
-                part: self.tmp_name(f),
-                block_size: bs,
-                written,
-            });
-        }
-        out
     }
 
-    /// Paths of files now in place (their journal rows can go).
-    pub fn final_paths(&self) -> Vec<&[u8]> {
+    /// The journal row of one file, if it has one to write now.
+    fn journal_row(&self, f: &SinkFile, all: bool) -> Option<crate::roles::sink::journal::PartRec> {
+        let fl = f.flags.load(Ordering::Acquire);
+        if fl & TEMP == 0
+            || fl & (FINAL | ANON) != 0
+            || (!all && fl & DIRTY == 0)
+            || f.size < self.journal_min
+            || f.piece.is_some()
+        {
+            return None;
+        }
+        f.flags.fetch_and(!DIRTY, Ordering::AcqRel);
+        let bs = crate::request::sync::delta_block(f.size);
+        let written = f.rare(|r| {
+            let mut written = vec![0u8; r.jblocks.len().div_ceil(8)];
+            for (i, c) in r.jblocks.iter().enumerate() {
+                let blen = (f.size - i as u64 * bs as u64).min(bs as u64);
+                if *c as u64 >= blen {
+                    written[i / 8] |= 1 << (i % 8);
+                }
+            }
+            written
+        });
+        Some(crate::roles::sink::journal::PartRec {
+            dest: f.rel.to_vec(),
+            size: f.size,
+            mtime: f.mtime,
+            part: self.tmp_name(f),
+            block_size: bs,
+            written,
+        })
+    }
+
+    /// Paths of files now in place that the journal holds a row for
+    /// (`held`: its rows, few): their rows can go. One DELETE per row, not
+    /// per file of the tree.
+    pub fn final_paths<'t>(&'t self, held: &std::collections::HashSet<Vec<u8>>) -> Vec<&'t [u8]> {
+        if held.is_empty() {
+            return Vec::new();
+        }
         self.files
             .iter()
             .filter(|f| f.flags.load(Ordering::Acquire) & FINAL != 0 && f.piece.is_none())
+            .filter(|f| held.contains(&f.rel[..]))
             .map(|f| &f.rel[..])
             .collect()
     }
@@ -1594,6 +1610,33 @@ mod tests {
         send(&t, 0, 0, b"1234");
         assert_eq!(names(d.path()), vec![".j.ramsys-0000000000000001.part"]);
         assert_eq!(t.journal_rows(true).len(), 1);
+    }
+
+    /// A journal tick costs the files written since the last one, not a
+    /// walk of the table (issue 36): of 1,000 journalled files, the one
+    /// written is the one row, once; the session's end still saves every
+    /// unfinished temp file.
+    #[test]
+    fn journal_ticks_take_only_dirty_files() {
+        let d = tempfile::tempdir_in("/var/tmp").unwrap();
+        let mut t = small_table(d.path(), Default::default());
+        t.resume = true;
+        t.journal_min = 0;
+        for id in 0..1000u64 {
+            t.push_entry(id, Some((format!("f{id}").into_bytes(), 8, 0o644, (0, 0))));
+        }
+        send(&t, 0, 0, b"12");
+        send(&t, 1, 0, b"34");
+        assert!(
+            t.dirty.lock().unwrap().len() <= 2,
+            "one entry per dirty file"
+        );
+        let rows: Vec<_> = t.journal_rows(false).into_iter().map(|r| r.dest).collect();
+        assert_eq!(rows, vec![b"f0".to_vec(), b"f1".to_vec()]);
+        assert!(t.journal_rows(false).is_empty(), "nothing written since");
+        send(&t, 0, 2, b"56");
+        assert_eq!(t.journal_rows(false).len(), 1);
+        assert_eq!(t.journal_rows(true).len(), 2, "temp files not in place");
     }
 
     /// Two sessions (two daemons of a stripe) receive the pieces of one big

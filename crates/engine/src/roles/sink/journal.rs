@@ -317,6 +317,18 @@ impl Journal {
         rows.collect::<Result<_, _>>().map_err(err)
     }
 
+    /// Every destination path with a row: few (interrupted large files),
+    /// so the session's end looks its files up here instead of deleting a
+    /// row per file of the tree (issue 36).
+    pub fn dests(&self) -> std::io::Result<std::collections::HashSet<Vec<u8>>> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT dest FROM parts")
+            .map_err(err)?;
+        let rows = st.query_map([], |r| r.get::<_, Vec<u8>>(0)).map_err(err)?;
+        rows.map(|r| r.map_err(err)).collect()
+    }
+
     /// Rows left: interrupted files and unfinished destinations.
     pub fn count(&self) -> std::io::Result<u64> {
         self.conn

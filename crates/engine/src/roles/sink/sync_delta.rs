@@ -520,8 +520,10 @@ impl SinkSync {
     pub fn close_journal(&mut self, table: &FileTable) {
         self.flush(table, true);
         if let Some(mut j) = self.journal.take() {
-            let done = table.final_paths();
-            if let Err(e) = j.remove(&done) {
+            let removed = j
+                .dests()
+                .and_then(|held| j.remove(&table.final_paths(&held)));
+            if let Err(e) = removed {
                 tracing::warn!("{e}");
             }
             j.close();
