@@ -168,6 +168,7 @@ impl Plan {
             writers: a.writers.unwrap_or(4).max(1),
             window: a.window.max(2),
             fsync: a.fsync,
+            idle_timeout: ramsys_engine::session::options::idle_timeout(a.timeout),
             sync,
             encrypt: a.encrypt.unwrap_or_default(),
             select: a.select.selection(a.recursive || a.archive.archive)?,

@@ -78,6 +78,13 @@ pub struct CpArgs {
     /// Seconds to wait for a daemon to answer.
     #[arg(long, default_value_t = 10)]
     pub connect_timeout: u64,
+    /// Seconds without a word from the peer before the transfer gives up
+    /// (rsync's --timeout): every message renews it, and a source still
+    /// scanning says so, so a big tree never outgrows it (issue 36).
+    /// 0: wait as long as the connection lives (TCP keepalive notices a
+    /// vanished host).
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    pub timeout: u64,
     /// fsync every file before renaming it into place.
     #[arg(long)]
     pub fsync: bool,

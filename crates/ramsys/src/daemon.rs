@@ -68,6 +68,11 @@ pub struct ServeArgs {
     /// Credits (blocks in flight) granted per stream.
     #[arg(long, default_value_t = 8)]
     pub window: u32,
+    /// Seconds a session waits without a word from its peer (every
+    /// message renews it; a scanning source says it is still scanning).
+    /// 0: as long as the connection lives (TCP keepalive).
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    pub timeout: u64,
     /// fsync every file before renaming it into place.
     #[arg(long)]
     pub fsync: bool,
@@ -342,6 +347,7 @@ fn transfer_options(a: &ServeArgs, cfg: &DaemonConfig, rcfg: &ResourceConfig) ->
         writers: rcfg.writers,
         window: a.window.max(2),
         fsync: a.fsync,
+        idle_timeout: ramsys_engine::session::options::idle_timeout(a.timeout),
         // Where the daemon is the source (pulls): flag, else config.
         send_path: a.storage.send_path.or(cfg.send_path).unwrap_or_default(),
         // Its senders are not its own OS user: set-ID bits only with the

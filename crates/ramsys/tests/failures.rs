@@ -389,3 +389,63 @@ fn an_unreadable_source_directory_stops_delete() {
         );
     }
 }
+
+/// No fixed timeout a big tree can outgrow (issue 36): a source whose
+/// directory pass takes longer than the daemon's idle timeout (a cold or
+/// remote file system, injected: 300 ms per directory, 24 directories,
+/// against `--timeout 3`) says it is still scanning, and the push
+/// succeeds; a source silent for longer than that timeout (one directory
+/// that takes 6 s) is given up on with one line naming what the sink
+/// waited for.
+#[test]
+fn a_slow_scan_outlives_the_idle_timeout_and_a_silent_one_is_named() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    for d in 0..24 {
+        let dir = src.join(format!("d{d:02}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("f"), format!("file {d}")).unwrap();
+    }
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = TestDaemon::start_with(&root, &key, &["--timeout", "3"]);
+    let push = |slow_ms: &str, dst: &str| {
+        let mut c = Command::new(bin());
+        c.args(["cp", "-r", "--key-file"])
+            .arg(&key)
+            .arg(&src)
+            .arg(d.url(dst))
+            .env("RAMSYS_FAULT_SLOW_SCAN_MS", slow_ms)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        run_with_timeout(c, Duration::from_secs(60))
+    };
+    let t0 = Instant::now();
+    let o = push("300", "slow");
+    assert_ok(&o);
+    assert!(t0.elapsed() > Duration::from_secs(5), "the scan was slow");
+    assert_same_tree(&src, &root.join("slow"));
+
+    // One directory of 6 s: nothing said for twice the timeout.
+    let src1 = t.path().join("one");
+    std::fs::create_dir_all(src1.join("d")).unwrap();
+    std::fs::write(src1.join("d/f"), b"x").unwrap();
+    let mut c = Command::new(bin());
+    c.args(["cp", "-r", "--key-file"])
+        .arg(&key)
+        .arg(src1.join("d"))
+        .arg(d.url("silent"))
+        .env("RAMSYS_FAULT_SLOW_SCAN_MS", "6000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let o = run_with_timeout(c, Duration::from_secs(60));
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("no word from the source") && e.contains("file list"),
+        "{e}"
+    );
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    assert!(!root.join("silent/f").exists());
+}

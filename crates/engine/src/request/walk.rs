@@ -101,6 +101,40 @@ pub fn walk(base: &Path, tops: &[Top], recursive: bool) -> (Walk, Vec<Entry>) {
 /// starts on the first batch while the scan goes on.
 pub const STREAM_BATCH: usize = 1024;
 
+/// A scan that has sent nothing for this long hands `emit` an empty batch
+/// (the source sends it as an empty Entries message): the sink's idle
+/// timeout waits for a word from the source, and a directory pass over
+/// millions of cold entries must not outgrow it (issue 36).
+pub const SCAN_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Fault injection for the timeout tests: `RAMSYS_FAULT_SLOW_SCAN_MS=N`
+/// sleeps N ms per directory of the directory pass (a cold or remote file
+/// system's scan).
+fn slow_scan_fault() {
+    static MS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let ms = *MS.get_or_init(|| {
+        std::env::var("RAMSYS_FAULT_SLOW_SCAN_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
+    if ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// When the scan last said something; `due` once [`SCAN_KEEPALIVE`] passed.
+struct Pace(std::time::Instant);
+
+impl Pace {
+    fn due(&self) -> bool {
+        self.0.elapsed() >= SCAN_KEEPALIVE
+    }
+    fn said(&mut self) {
+        self.0 = std::time::Instant::now();
+    }
+}
+
 /// A non-directory found by the directory pass, stat'ed by the second.
 enum Deferred {
     /// Already stat'ed (a top-level file or symlink, or a name whose
@@ -171,7 +205,22 @@ pub fn walk_archive<E>(
     emit: &mut ArchiveEmit<E>,
 ) -> Result<Walk, E> {
     let mut col = Collector::new(preserve);
-    let (dirs, later, failures) = first_pass(base, tops, recursive, filter, &col);
+    let mut pace = Pace(std::time::Instant::now());
+    let mut stopped = None;
+    // The directory pass emits nothing until it ends: it says it is alive.
+    let mut alive = || {
+        if pace.due() {
+            pace.said();
+            if let Err(e) = emit(&[], &[]) {
+                stopped = Some(e);
+            }
+        }
+        stopped.is_none()
+    };
+    let (dirs, later, failures) = first_pass(base, tops, recursive, filter, &col, &mut alive);
+    if let Some(e) = stopped {
+        return Err(e);
+    }
     let mut w = Walk {
         failures,
         ..Default::default()
@@ -205,7 +254,10 @@ pub fn walk_archive<E>(
         }
     }
     w.entries = batch.len() as u64;
-    emit(&batch, &w.attrs)?;
+    if !batch.is_empty() {
+        emit(&batch, &w.attrs)?;
+        pace.said();
+    }
     batch.clear();
     let mut attrs_emitted = w.attrs.len();
     let mut inodes: HashMap<(u64, u64), u64> = HashMap::new();
@@ -234,10 +286,13 @@ pub fn walk_archive<E>(
             let a = col.attrs(id, &path, &owners, symlink, false);
             w.attrs.push(a);
         }
-        if batch.len() >= STREAM_BATCH {
+        // A slow file system's stats send what they have (or nothing, as
+        // a keepalive) before the sink's idle timeout.
+        if batch.len() >= STREAM_BATCH || pace.due() {
             emit(&batch, &w.attrs[attrs_emitted..])?;
             batch.clear();
             attrs_emitted = w.attrs.len();
+            pace.said();
         }
     }
     if !batch.is_empty() {
@@ -284,6 +339,7 @@ fn first_pass(
     recursive: bool,
     filter: &Filter,
     col: &Collector,
+    alive: &mut dyn FnMut() -> bool,
 ) -> (Vec<Pending>, Later, Vec<FailedPath>) {
     let mut dirs: Vec<Pending> = Vec::new();
     let mut later = Later::default();
@@ -327,6 +383,7 @@ fn first_pass(
                     later: &mut later,
                     failures: &mut failures,
                     col,
+                    alive: &mut *alive,
                 };
                 scan(base, &t.rel, &t.name, md, filter, &mut to);
             }
@@ -597,6 +654,8 @@ struct Found<'a> {
     later: &'a mut Later,
     failures: &'a mut Vec<FailedPath>,
     col: &'a Collector,
+    /// Called per directory: false once the peer is gone (stop scanning).
+    alive: &'a mut dyn FnMut() -> bool,
 }
 
 /// First pass: directories (stat'ed, recursed into) and the names of
@@ -613,6 +672,10 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
         ) {
             to.later.ready(p);
         }
+        return;
+    }
+    slow_scan_fault();
+    if !(to.alive)() {
         return;
     }
     let me = to.dirs.len();

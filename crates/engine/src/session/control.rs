@@ -78,9 +78,37 @@ impl<M: Machine> ControlLink<M> {
     /// Receive the next message; the peer's Abort or Error is an error,
     /// and so is a message the machine does not admit now.
     pub fn recv(&mut self) -> Result<Control, EngineError> {
-        let m = recv_control(&mut *self.link)?;
+        let m = recv_control(&mut *self.link).map_err(|e| self.named_timeout(e))?;
         self.admit(&m)?;
         Ok(m)
+    }
+
+    /// A read that timed out says what it waited for (issue 36): every
+    /// wait is an idle timeout, renewed by each message (a scanning source
+    /// sends an empty Entries batch now and then, request::walk).
+    fn named_timeout(&self, e: EngineError) -> EngineError {
+        match &e {
+            EngineError::Io(io)
+                if matches!(
+                    io.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                let waited = match self.machine.phase() {
+                    Phase::Negotiate => "its proposal or answer",
+                    Phase::Metadata => "the file list",
+                    Phase::Syncing => "the end of its comparison",
+                    Phase::Payload => "data or its verdict",
+                    Phase::Completing => "its verdict",
+                    Phase::Done | Phase::Aborted => "its close",
+                };
+                EngineError::local(format!(
+                    "no word from the {} within the idle timeout (--timeout) while waiting for {waited}",
+                    self.peer
+                ))
+            }
+            _ => e,
+        }
     }
 
     /// Check a message the reader thread delivered, as [`Self::recv`] does.

@@ -99,6 +99,16 @@ pub struct TransferOptions {
     pub pieces: Option<std::sync::Arc<crate::request::pieces::Pieces>>,
 }
 
+/// `--timeout SECS` as a wait: 0 is "as long as the connection lives"
+/// (a year: a read timeout of zero would mean none in std but an error in
+/// setsockopt's eyes; TCP keepalive still notices a vanished host).
+pub fn idle_timeout(secs: u64) -> Duration {
+    match secs {
+        0 => Duration::from_secs(365 * 86_400),
+        s => Duration::from_secs(s),
+    }
+}
+
 impl Default for TransferOptions {
     fn default() -> Self {
         TransferOptions {

@@ -218,17 +218,30 @@ pub fn tune(s: &TcpStream, bufsize: Option<usize>) {
             }
         }
     }
-    // Keepalive so a vanished peer is noticed even on an idle link.
-    let on: libc::c_int = 1;
-    // SAFETY: as above.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_KEEPALIVE,
-            &on as *const _ as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
+    // Keepalive so a vanished peer is noticed even on an idle link: after
+    // 30 s of silence, 3 probes 10 s apart (about a minute; the kernel's
+    // default is over two hours). A peer that is alive but busy (a sink
+    // hashing a huge tree, a source scanning one) answers the probes, so
+    // the waits that have no idle timeout of their own stay tied to the
+    // peer being there, never to a fixed time a big tree can outgrow
+    // (issue 36).
+    for (level, opt, v) in [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 30),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 10),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
+    ] {
+        let v: libc::c_int = v;
+        // SAFETY: as above.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                level,
+                opt,
+                &v as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
     }
 }
 

@@ -333,8 +333,13 @@ impl SourceSession<'_> {
     }
 }
 
-/// Entries records, as many per CONTROL frame as fit in half of one.
+/// Entries records, as many per CONTROL frame as fit in half of one. An
+/// empty slice is the scan's keepalive (request::walk::SCAN_KEEPALIVE):
+/// an empty Entries message, which renews the sink's idle timeout.
 fn send_entries(ctl: &mut Ctl, entries: &[Entry]) -> Result<(), EngineError> {
+    if entries.is_empty() {
+        return ctl.send(&Control::Entries(Vec::new()));
+    }
     let mut batch = Vec::new();
     let mut batch_bytes = 0usize;
     let limit = MAX_CONTROL_BODY as usize / 2;
