@@ -866,6 +866,7 @@ fn report(
                 resent,
                 faults,
                 extra,
+                memory: Memory::of(stats),
             };
             Ok(summarize(&rep, &run, json, sync))
         }
@@ -921,6 +922,26 @@ struct RunFacts {
     resent: u64,
     faults: LinkFaults,
     extra: Extra,
+    memory: Memory,
+}
+
+/// This process's memory for the summary (issue 36): its peak RSS, the
+/// per-file state it accounted, and the peak per file of the tree.
+struct Memory {
+    peak_rss: u64,
+    meta_bytes: u64,
+    files: u64,
+}
+
+impl Memory {
+    fn of(s: &Stats) -> Memory {
+        use std::sync::atomic::Ordering::Relaxed;
+        Memory {
+            peak_rss: ramsys_engine::types::stats::process_rss().1,
+            meta_bytes: s.meta_bytes.load(Relaxed),
+            files: s.total_files.load(Relaxed),
+        }
+    }
 }
 
 fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
@@ -967,6 +988,11 @@ fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
             "transport_requested": carried.requested(),
             "transport_fallback": carried.fallback,
             "links": rep.links,
+            // Memory (issue 36): this process's peak RSS, the per-file
+            // state it accounted, and peak RSS per file of the tree.
+            "peak_rss_bytes": run.memory.peak_rss,
+            "meta_bytes": run.memory.meta_bytes,
+            "rss_bytes_per_file": run.memory.peak_rss / run.memory.files.max(1),
         });
         if let Some(s) = &run.extra.stripes {
             line["stripes"] = serde_json::json!(s);
@@ -1091,6 +1117,11 @@ mod tests {
             extra: Extra {
                 transport,
                 ..Default::default()
+            },
+            memory: Memory {
+                peak_rss: 0,
+                meta_bytes: 0,
+                files: 0,
             },
         }
     }

@@ -68,6 +68,12 @@ pub struct ServeArgs {
     /// Credits (blocks in flight) granted per stream.
     #[arg(long, default_value_t = 8)]
     pub window: u32,
+    /// Memory one session may hold for its file list and per-file state
+    /// (not the data buffers, which --memory bounds); a session whose tree
+    /// outgrows it ends with one line saying so (issue 36; docs/SCALE.md).
+    /// Default: a quarter of this host's memory; 0: no bound.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub session_memory: Option<u64>,
     /// Seconds a session waits without a word from its peer (every
     /// message renews it; a scanning source says it is still scanning).
     /// 0: as long as the connection lives (TCP keepalive).
@@ -341,6 +347,18 @@ fn place(
 }
 
 /// Per-session defaults: storage flags, else the config.
+/// A quarter of this host's memory (MemTotal), else 4 GiB.
+fn default_session_memory() -> u64 {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            let l = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+            l.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map(|kb| kb * 1024);
+    total.map_or(4 << 30, |t| t / 4)
+}
+
 fn transfer_options(a: &ServeArgs, cfg: &DaemonConfig, rcfg: &ResourceConfig) -> TransferOptions {
     let opts = TransferOptions {
         readers: rcfg.readers,
@@ -348,6 +366,7 @@ fn transfer_options(a: &ServeArgs, cfg: &DaemonConfig, rcfg: &ResourceConfig) ->
         window: a.window.max(2),
         fsync: a.fsync,
         idle_timeout: ramsys_engine::session::options::idle_timeout(a.timeout),
+        meta_budget: a.session_memory.unwrap_or_else(default_session_memory),
         // Where the daemon is the source (pulls): flag, else config.
         send_path: a.storage.send_path.or(cfg.send_path).unwrap_or_default(),
         // Its senders are not its own OS user: set-ID bits only with the

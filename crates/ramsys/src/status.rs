@@ -217,6 +217,19 @@ fn totals(s: &mut String, st: &Status) {
         t.steals,
         t.tasks_failed
     );
+    let m = &st.memory;
+    if m.peak_rss_bytes > 0 {
+        let budget = match m.session_budget_bytes {
+            0 => "none".to_string(),
+            b => mb(b),
+        };
+        let _ = writeln!(
+            s,
+            "memory: rss {} (peak {}), file list per session at most {budget}",
+            mb(m.rss_bytes),
+            mb(m.peak_rss_bytes)
+        );
+    }
     if st.draining {
         let _ = writeln!(s, "DRAINING: new sessions are refused (SIGTERM)");
     }
@@ -285,12 +298,12 @@ fn tasks(s: &mut String, st: &Status) {
     use std::fmt::Write as _;
     let _ = writeln!(
         s,
-        "\nTASK  SESSION           ROLE    DEVICE   STATE         STREAMS THREADS  BYTES/TOTAL            FILES/TOTAL    RATE"
+        "\nTASK  SESSION           ROLE    DEVICE   STATE         STREAMS THREADS  BYTES/TOTAL            FILES/TOTAL    RATE        FILE LIST"
     );
     for k in st.tasks.iter().chain(st.finished.iter().rev().take(5)) {
         let _ = writeln!(
             s,
-            "{:<5} {:<17} {:<7} {:<8} {:<13} {:>7} {:>7}  {:<22} {:<14} {}{}",
+            "{:<5} {:<17} {:<7} {:<8} {:<13} {:>7} {:>7}  {:<22} {:<14} {:<11} {}{}",
             k.id,
             k.session,
             k.role,
@@ -304,6 +317,7 @@ fn tasks(s: &mut String, st: &Status) {
             format!("{}/{}", mb(k.bytes), mb(k.total_bytes)),
             format!("{}/{}", k.files, k.total_files),
             rate(k.rate_bps),
+            mb(k.meta_bytes),
             k.error
                 .as_deref()
                 .map(|e| format!("  error: {e}"))

@@ -449,3 +449,76 @@ fn a_slow_scan_outlives_the_idle_timeout_and_a_silent_one_is_named() {
     assert_eq!(e.trim().lines().count(), 1, "{e}");
     assert!(!root.join("silent/f").exists());
 }
+
+/// A daemon bounds the memory one session may hold for its file list
+/// (issue 36, `serve --session-memory`): a push of 3,000 files against a
+/// budget of 128 KiB (about 600 files' slots and names) ends with one line
+/// naming the budget and nothing under a final name half-written; a tree
+/// within it passes, and its JSON summary and the daemon's status report
+/// the memory (peak RSS, the accounted file list).
+#[test]
+fn a_session_past_its_memory_budget_ends_in_one_line() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let big = t.path().join("big");
+    for i in 0..3000 {
+        let d = big.join(format!("d{}", i / 500));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(format!("f{i}")), format!("{i}")).unwrap();
+    }
+    let small = t.path().join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    for i in 0..50 {
+        std::fs::write(small.join(format!("f{i}")), format!("{i}")).unwrap();
+    }
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = TestDaemon::start_with(&root, &key, &["--session-memory", "128K"]);
+    let o = ramsys(&key, &["cp", "-r", big.to_str().unwrap(), &d.url("big")]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("memory budget per session"), "{e}");
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    // The journal may stay (it says how a retry reads DST: issue 35).
+    let temps = temp_files(&root);
+    assert!(
+        temps.iter().all(|p| p.ends_with(".ramsys-journal.sqlite")),
+        "{temps:?}"
+    );
+    for p in walk_paths(&root.join("big")) {
+        if p.is_file() {
+            let n: usize = p.file_name().unwrap().to_str().unwrap()[1..]
+                .parse()
+                .unwrap();
+            assert_eq!(std::fs::read(&p).unwrap(), n.to_string().as_bytes());
+        }
+    }
+
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "-r",
+            "--json",
+            small.to_str().unwrap(),
+            &d.url("small"),
+        ],
+    );
+    assert_ok(&o);
+    let s = summary(&o);
+    assert!(s["peak_rss_bytes"].as_u64().unwrap() > 1 << 20, "{s}");
+    assert!(s["meta_bytes"].as_u64().unwrap() > 50 * 8, "{s}");
+    assert!(s["rss_bytes_per_file"].as_u64().unwrap() > 0, "{s}");
+    assert_same_tree(&small, &root.join("small"));
+    let st = ramsys(&key, &["status", "--json", &format!("ramsys://{}", d.addr)]);
+    assert_ok(&st);
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    assert_eq!(v["memory"]["session_budget_bytes"], 128 << 10, "{v}");
+    assert!(v["memory"]["peak_rss_bytes"].as_u64().unwrap() > 0, "{v}");
+    let done = v["finished"].as_array().unwrap();
+    assert!(
+        done.iter()
+            .any(|t| t["meta_bytes"].as_u64().unwrap_or(0) > 0),
+        "{v}"
+    );
+}

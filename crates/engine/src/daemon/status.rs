@@ -59,6 +59,20 @@ pub struct Status {
     /// Continuous replication jobs (`[[replicate]]`, issue 38).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub jobs: Vec<super::jobs::JobStatus>,
+    /// The daemon's memory (issue 36).
+    #[serde(default)]
+    pub memory: MemoryStatus,
+}
+
+/// The daemon process's resident memory now and at its peak (VmRSS,
+/// VmHWM), and what one session may hold for its file list
+/// (`serve --session-memory`; 0: no bound). Each task's share is its
+/// `meta_bytes`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemoryStatus {
+    pub rss_bytes: u64,
+    pub peak_rss_bytes: u64,
+    pub session_budget_bytes: u64,
 }
 
 /// Copies on the copy thread and their bytes; fallbacks: copies of an
@@ -120,6 +134,9 @@ pub struct TaskStatus {
     pub files: u64,
     pub total_files: u64,
     pub blocks: u64,
+    /// Memory held for the file list and per-file state (issue 36).
+    #[serde(default)]
+    pub meta_bytes: u64,
     /// Recent throughput, bytes per second.
     pub rate_bps: f64,
     pub suspensions: u64,
@@ -236,6 +253,7 @@ fn task_status(t: &TaskRec, now: Instant) -> TaskStatus {
         files: s.files.load(Relaxed),
         total_files: s.total_files.load(Relaxed),
         blocks: s.blocks.load(Relaxed),
+        meta_bytes: s.meta_bytes.load(Relaxed),
         rate_bps: match t.state {
             TaskState::Exit => 0.0,
             // Not sampled yet: the average since it started moving.
@@ -265,6 +283,14 @@ pub fn snapshot(st: &DaemonState, res: &EngineResources, listen: &str, root: &st
         raw: Vec::new(),
         copy_offload: CopyOffload::default(),
         jobs: Vec::new(),
+        memory: {
+            let (rss_bytes, peak_rss_bytes) = crate::types::stats::process_rss();
+            MemoryStatus {
+                rss_bytes,
+                peak_rss_bytes,
+                session_budget_bytes: 0,
+            }
+        },
         version: STATUS_VERSION,
         listen: listen.into(),
         root: root.into(),

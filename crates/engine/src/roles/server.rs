@@ -129,6 +129,7 @@ impl DaemonShared {
             &self.listen,
             &self.root_path.display().to_string(),
         );
+        s.memory.session_budget_bytes = self.opts.meta_budget;
         if let Some(p) = self.placement.get() {
             s.placement = p.lines.clone();
         }
@@ -610,6 +611,7 @@ fn serve_control(
         Ok(()) => tracing::info!("session {session:x} complete"),
         Err(e) => tracing::warn!("session {session:x} failed: {e}"),
     }
+    crate::types::stats::return_freed_memory();
     if let Some(d) = &mut auth.one_shot {
         d.1 = r.as_ref().map(|_| ()).map_err(|e| e.to_string());
     }

@@ -36,6 +36,10 @@ pub struct TransferOptions {
     pub window: u32,
     /// Give up on a peer that sends nothing for this long.
     pub idle_timeout: Duration,
+    /// Bytes of per-file state (file list, file table) one session may
+    /// hold; past it the session ends with one line (0: no bound; a
+    /// daemon's `--session-memory`, issue 36).
+    pub meta_budget: u64,
     /// fsync each file before it is renamed into place.
     pub fsync: bool,
     /// O_DIRECT reads and writes of large files where the file system
@@ -124,6 +128,7 @@ impl Default for TransferOptions {
             bulk_writers: None,
             window: 8,
             idle_timeout: Duration::from_secs(60),
+            meta_budget: 0,
             fsync: false,
             direct: true,
             direct_mode: crate::storage::cache::DirectMode::Auto,

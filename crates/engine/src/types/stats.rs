@@ -40,12 +40,31 @@ pub struct Stats {
     /// process's end, the source of a push or the sink of a pull, so the
     /// agent can say so: rsync -p would keep them, issue 35).
     pub setid_dropped: AtomicU64,
+    /// Memory this end holds for the session's file list and per-file
+    /// state, accounted (the sink's file table, the source's file list;
+    /// docs/SCALE.md), at its peak: what `serve --session-memory` bounds
+    /// (issue 36).
+    pub meta_bytes: AtomicU64,
 }
 
 impl Stats {
     pub fn add_bytes(&self, n: u64) {
         self.bytes.fetch_add(n, Relaxed);
     }
+    /// Record `used` bytes of per-file state; refused (one line) past
+    /// `budget` (0: none).
+    pub fn meta_used(&self, used: u64, files: u64, budget: u64) -> Result<(), String> {
+        self.meta_bytes.fetch_max(used, Relaxed);
+        if budget == 0 || used <= budget {
+            return Ok(());
+        }
+        Err(format!(
+            "the session's file list outgrew the daemon's memory budget per session \
+             ({} at {files} files, serve --session-memory); split the transfer or raise it",
+            mib(budget)
+        ))
+    }
+
     pub fn snapshot(&self) -> (u64, u64, u64, u64) {
         (
             self.bytes.load(Relaxed),
@@ -92,5 +111,42 @@ pub fn process_cpu_seconds() -> f64 {
         libc::getrusage(libc::RUSAGE_SELF, &mut ru);
         let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
         t(ru.ru_utime) + t(ru.ru_stime)
+    }
+}
+
+/// Bytes as MiB with one decimal, for one-line messages.
+pub fn mib(b: u64) -> String {
+    match b {
+        b if b < 1 << 20 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+    }
+}
+
+/// This process's resident memory now and at its peak (VmRSS, VmHWM),
+/// bytes; zeros where /proc has none.
+pub fn process_rss() -> (u64, u64) {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb = |key: &str| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    (kb("VmRSS:"), kb("VmHWM:"))
+}
+
+/// Give the heap a session freed back to the system (issue 36): glibc
+/// keeps freed small allocations (a big tree's names, per-file boxes) in
+/// its arenas, so a daemon would keep the peak of its biggest session.
+/// Called when a daemon session ends, off the data path. (The daemon's
+/// RSS also grows towards its buffer pool, `--memory`, as sessions touch
+/// more of it: bounded, docs/SCALE.md.)
+pub fn return_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free heap pages; no pointer is
+    // handed over.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }

@@ -68,6 +68,7 @@ pub fn render(s: &Status) -> String {
     site(&mut o, s);
     site_shares(&mut o, s);
     copy_offload(&mut o, &s.copy_offload);
+    memory(&mut o, &s.memory);
     jobs(&mut o, &s.jobs);
     o.0
 }
@@ -392,6 +393,30 @@ fn rates(o: &mut Out, rates: &[RateStatus]) {
     }
 }
 
+/// The daemon's memory and the bound on one session's file list (issue 36).
+fn memory(o: &mut Out, m: &crate::daemon::status::MemoryStatus) {
+    let gauges: [(&str, &str, u64); 3] = [
+        (
+            "ramsys_memory_rss_bytes",
+            "Resident memory of the daemon process (VmRSS).",
+            m.rss_bytes,
+        ),
+        (
+            "ramsys_memory_peak_rss_bytes",
+            "Peak resident memory of the daemon process (VmHWM).",
+            m.peak_rss_bytes,
+        ),
+        (
+            "ramsys_session_memory_budget_bytes",
+            "Memory one session may hold for its file list (serve --session-memory; 0: none).",
+            m.session_budget_bytes,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        o.one(name, "gauge", help, v as f64);
+    }
+}
+
 /// The copy thread of raw channels (MCNI): on or off, what it copied.
 fn copy_offload(o: &mut Out, c: &CopyOffload) {
     o.one(
@@ -578,6 +603,11 @@ mod tests {
                 fallback_bytes: 3000,
             },
             jobs: vec![],
+            memory: crate::daemon::status::MemoryStatus {
+                rss_bytes: 5 << 20,
+                peak_rss_bytes: 6 << 20,
+                session_budget_bytes: 1 << 30,
+            },
             version: 1,
             listen: "x".into(),
             root: "/".into(),
@@ -663,6 +693,11 @@ mod tests {
         let mut st = empty();
         let t = render(&st);
         assert!(t.contains("ramsys_copy_offload_enabled 1\n"), "{t}");
+        assert!(t.contains("ramsys_memory_peak_rss_bytes 6291456\n"), "{t}");
+        assert!(
+            t.contains("ramsys_session_memory_budget_bytes 1073741824\n"),
+            "{t}"
+        );
         assert!(t.contains("ramsys_copy_offload_copies_total 12\n"));
         assert!(t.contains("ramsys_copy_offload_bytes_total 12582912\n"));
         assert!(t.contains("ramsys_copy_offload_fallbacks_total 3\n"));

@@ -258,6 +258,8 @@ pub struct FileTable {
     /// set), so a flush costs the files in flight, not a walk of a table
     /// of millions (issue 36).
     dirty: std::sync::Mutex<Vec<u32>>,
+    /// Bytes of the files' names (meta_bytes).
+    name_bytes: u64,
     /// Files before this index are all settled (never unsettle again).
     settled_upto: std::sync::atomic::AtomicUsize,
     /// Destination directories, opened once.
@@ -321,6 +323,7 @@ impl FileTable {
             resume: false,
             journal_min: 0,
             dirty: std::sync::Mutex::new(Vec::new()),
+            name_bytes: 0,
             settled_upto: std::sync::atomic::AtomicUsize::new(0),
             dirs: SinkDirs::default(),
             anon_ok: AtomicBool::new(tmpfile::enabled()),
@@ -340,6 +343,7 @@ impl FileTable {
         debug_assert_eq!(id as usize, self.by_id.len());
         match file {
             Some((rel, size, mode, mtime)) => {
+                self.name_bytes += rel.len() as u64;
                 self.by_id.push(self.files.len() as u32);
                 let dir = self.dirs.intern(split_parent(&rel).0);
                 self.files.push(SinkFile {
@@ -456,6 +460,20 @@ impl FileTable {
 
     pub fn files(&self) -> &[SinkFile] {
         &self.files
+    }
+
+    /// This session end's counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Bytes this table holds for its files: slots, the id map and the
+    /// names (issue 36's accounting; the sink's dominant share,
+    /// docs/SCALE.md).
+    pub fn meta_bytes(&self) -> u64 {
+        (self.files.capacity() * std::mem::size_of::<SinkFile>()
+            + self.by_id.capacity() * std::mem::size_of::<u32>()) as u64
+            + self.name_bytes
     }
 
     fn tmp_name(&self, f: &SinkFile) -> Vec<u8> {

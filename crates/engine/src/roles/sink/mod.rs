@@ -268,6 +268,7 @@ impl SinkSession<'_> {
         .with_storage(opts.sink_storage());
         let mut tree = Tree::new(table, dest);
         tree.archive_policy = opts.archive_policy;
+        tree.meta_budget = opts.meta_budget;
         // Checked before the session started (server.rs, the agent).
         tree.protect = crate::request::filter::Filter::new(&opts.select).ok();
         if let Err(e) = tree.receive(&mut self.ctl, &spec.root) {

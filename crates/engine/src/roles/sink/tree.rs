@@ -66,6 +66,9 @@ pub(super) struct Tree {
     pub protect: Option<crate::request::filter::Filter>,
     /// Files whose set-ID bits a plain (not archive) copy drops.
     pub setid_dropped: u64,
+    /// Bytes of per-file state this session may hold (0: no bound;
+    /// `serve --session-memory`, issue 36).
+    pub meta_budget: u64,
 }
 
 impl Tree {
@@ -84,6 +87,7 @@ impl Tree {
             archive_policy: Default::default(),
             protect: None,
             setid_dropped: 0,
+            meta_budget: 0,
         }
     }
 
@@ -174,7 +178,11 @@ impl Tree {
             }
             self.entry(e, target, root);
         }
-        Ok(())
+        // Per batch: the budget bounds the table before it grows past it.
+        let files = self.table.files().len() as u64;
+        (self.table.stats())
+            .meta_used(self.table.meta_bytes(), files, self.meta_budget)
+            .map_err(EngineError::Local)
     }
 
     /// One record, its path mapped to `target` under the sink's root.

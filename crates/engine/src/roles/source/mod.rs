@@ -174,6 +174,8 @@ impl SourceSession<'_> {
         // whose report names the files it would send.
         let keep = opts.sync & crate::request::sync::flags::DRY_RUN != 0;
         let mut kept = Vec::new();
+        let mut held = MetaHeld::default();
+        let stats = &self.stats;
         let scanned =
             if opts.source_engine == crate::storage::DataEngine::Null && opts.null_size > 0 {
                 let (w, es) = crate::request::null::synthetic_walk(&spec.tops, opts.null_size);
@@ -197,6 +199,10 @@ impl SourceSession<'_> {
                         if keep {
                             kept.extend_from_slice(es);
                         }
+                        held.add(es);
+                        stats
+                            .meta_used(held.bytes, held.files, opts.meta_budget)
+                            .map_err(EngineError::Local)?;
                         send_entries(ctl, es)?;
                         crate::storage::archive::collect::send_attrs(attrs, &mut |m| ctl.send(&m))
                     },
@@ -330,6 +336,28 @@ impl SourceSession<'_> {
             }
         }
         Ok(plan)
+    }
+}
+
+/// What the source's file list holds as the scan sends it (issue 36's
+/// accounting): a `SourceFile` and its path per regular file, kept for
+/// the payload; directories and other records are not kept.
+#[derive(Default)]
+struct MetaHeld {
+    files: u64,
+    bytes: u64,
+}
+
+impl MetaHeld {
+    fn add(&mut self, es: &[Entry]) {
+        use ramsys_proto::control::EntryKind;
+        for e in es {
+            if matches!(e.kind, EntryKind::File { .. } | EntryKind::Piece { .. }) {
+                self.files += 1;
+                self.bytes +=
+                    (std::mem::size_of::<crate::types::file::SourceFile>() + e.path.len()) as u64;
+            }
+        }
     }
 }
 
