@@ -75,6 +75,34 @@ impl<M: Machine> ControlLink<M> {
         })
     }
 
+    /// Send `items` in as few messages as fit: each message (`wrap`) holds
+    /// as many items as fit in half a CONTROL frame by their wire size
+    /// (`size`), so a batch never nears the frame limit; nothing is sent
+    /// for no items. One rule for every list the protocol batches
+    /// (Entries, ScanFailed, Deleted).
+    pub fn send_batched<T>(
+        &mut self,
+        items: impl IntoIterator<Item = T>,
+        size: impl Fn(&T) -> usize,
+        wrap: impl Fn(Vec<T>) -> Control,
+    ) -> Result<(), EngineError> {
+        let limit = ramsys_proto::frame::MAX_CONTROL_BODY as usize / 2;
+        let (mut batch, mut bytes) = (Vec::new(), 0);
+        for it in items {
+            let sz = size(&it);
+            if bytes + sz > limit && !batch.is_empty() {
+                self.send(&wrap(std::mem::take(&mut batch)))?;
+                bytes = 0;
+            }
+            bytes += sz;
+            batch.push(it);
+        }
+        if !batch.is_empty() {
+            self.send(&wrap(batch))?;
+        }
+        Ok(())
+    }
+
     /// Receive the next message; the peer's Abort or Error is an error,
     /// and so is a message the machine does not admit now.
     pub fn recv(&mut self) -> Result<Control, EngineError> {

@@ -435,19 +435,7 @@ pub(super) fn sync_epilogue(
     // parent directory mean nothing to the user.
     let deleted: Vec<Vec<u8>> = deleted.iter().map(|p| from_dest(dest, p)).collect();
     let planned = planned.iter().map(|p| from_dest(dest, p)).collect();
-    let mut batch = Vec::new();
-    let mut size = 0;
-    for p in &deleted {
-        size += p.len() + 4;
-        batch.push(p.clone());
-        if size > (ramsys_proto::frame::MAX_CONTROL_BODY as usize) / 2 {
-            ctl.send(&Control::Deleted(std::mem::take(&mut batch)))?;
-            size = 0;
-        }
-    }
-    if !batch.is_empty() {
-        ctl.send(&Control::Deleted(batch))?;
-    }
+    ctl.send_batched(deleted.iter().cloned(), |p| p.len() + 4, Control::Deleted)?;
     Ok(SyncOutcome {
         deleted,
         planned,

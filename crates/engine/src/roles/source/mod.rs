@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ramsys_proto::control::{entry_wire_size, Bytes32, Entry, Failure, Propose};
-use ramsys_proto::frame::MAX_CONTROL_BODY;
 use ramsys_proto::session::{Phase, SourceMachine};
 use ramsys_proto::Control;
 use ramsys_resources::Reservation;
@@ -368,22 +367,7 @@ fn send_entries(ctl: &mut Ctl, entries: &[Entry]) -> Result<(), EngineError> {
     if entries.is_empty() {
         return ctl.send(&Control::Entries(Vec::new()));
     }
-    let mut batch = Vec::new();
-    let mut batch_bytes = 0usize;
-    let limit = MAX_CONTROL_BODY as usize / 2;
-    for e in entries {
-        let sz = entry_wire_size(e);
-        if batch_bytes + sz > limit && !batch.is_empty() {
-            ctl.send(&Control::Entries(std::mem::take(&mut batch)))?;
-            batch_bytes = 0;
-        }
-        batch_bytes += sz;
-        batch.push(e.clone());
-    }
-    if !batch.is_empty() {
-        ctl.send(&Control::Entries(batch))?;
-    }
-    Ok(())
+    ctl.send_batched(entries.iter().cloned(), entry_wire_size, Control::Entries)
 }
 
 fn send_meta_end(ctl: &mut Ctl, w: &Walk, root: &Root) -> Result<(), EngineError> {
@@ -402,28 +386,21 @@ fn send_scan_failures(ctl: &mut Ctl, failed: &[FailedPath], root: &str) -> Resul
     // A daemon's root is stripped; "/" (an ssh source) keeps paths whole.
     let root = root.trim_end_matches('/');
     let io_error = failed.iter().any(|f| !f.vanished());
-    let send = |ctl: &mut Ctl, failures| ctl.send(&Control::ScanFailed { failures, io_error });
-    let mut batch = Vec::new();
-    let mut size = 0;
-    for f in failed {
+    let named = failed.iter().map(|f| {
         let rel = match f.path.strip_prefix(root) {
             Some(r) if !root.is_empty() => r.trim_start_matches('/'),
             _ => &f.path,
         };
-        size += rel.len() + f.reason.len() + 16;
-        batch.push(Failure {
+        Failure {
             path: rel.as_bytes().to_vec(),
             reason: f.reason.clone(),
-        });
-        if size > MAX_CONTROL_BODY as usize / 2 {
-            send(ctl, std::mem::take(&mut batch))?;
-            size = 0;
         }
-    }
-    if !batch.is_empty() {
-        send(ctl, batch)?;
-    }
-    Ok(())
+    });
+    ctl.send_batched(
+        named,
+        |f| f.path.len() + f.reason.len() + 16,
+        |failures| Control::ScanFailed { failures, io_error },
+    )
 }
 
 /// After a failed send: the reason the peer gave, if it sent one.

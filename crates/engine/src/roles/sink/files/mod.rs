@@ -1,0 +1,449 @@
+//! The sink's file table: where each file id goes, how much of it has
+//! arrived, and its verification state.
+//!
+//! A file is written under a temporary name in its destination directory
+//! and renamed into place only when (a) every byte has been written and
+//! (b) the source's whole-file digest has arrived and matches what was
+//! written. Either event may come first (data and control travel on
+//! different links); whichever completes the pair finalizes the file, so
+//! files appear under their final names while the transfer is still
+//! running, and never half-written.
+//!
+//! Storage (storage module): each temp file is created at its final size
+//! (ftruncate), so holes the source sends as hole segments stay holes and
+//! a file ending in a hole has the right length. Files of at least
+//! storage::DIRECT_MIN bytes also get an O_DIRECT descriptor: the aligned
+//! prefix of each segment is written through it, the unaligned tail
+//! through the buffered one (storage::direct). A null sink verifies
+//! digests but creates nothing.
+//!
+//! Small files (issue 17): a file below storage::DIRECT_MIN that no
+//! journal names is created nameless (O_TMPFILE, storage::tmpfile) and
+//! linked under its final name when complete, its descriptor kept open
+//! until then; it is not sized up front (its data fills it; a hole at its
+//! end sets the size). Where O_TMPFILE is refused, it gets a named temp
+//! file like the rest. Every directory is opened once per session
+//! (storage::dirs).
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ramsys_proto::data::Segment;
+
+use crate::roles::sink::bigfile;
+use crate::storage::direct::{direct_prefix, pwrite_all_fd};
+use crate::storage::dirs::{DirRef, SinkDirs};
+use crate::storage::fsops::{split_parent, Root};
+use crate::storage::volume::VolumeLog;
+use crate::storage::{is_direct_refusal, tmpfile, IoOp, StorageCfg, DIRECT_MIN};
+use crate::types::stats::Stats;
+
+// One concern per file, all `impl FileTable` (issue 37: the table was
+// 1,700 lines): where a file's bytes go, writing them, a big file's
+// pieces, and settling (completion, digest, rename, journal, verdict).
+mod open;
+mod pieces;
+mod settle;
+#[cfg(test)]
+mod tests;
+mod write;
+
+const DATA_DONE: u8 = 1;
+const DIGEST_KNOWN: u8 = 2;
+const FAILED: u8 = 4;
+const FINAL: u8 = 8;
+const TEMP: u8 = 16;
+/// Sync: the sink's existing file is kept (unchanged, or identical
+/// content); FINAL is set too, but nothing was written.
+const KEPT: u8 = 32;
+/// Resume: written blocks changed since the journal last saw them.
+const DIRTY: u8 = 64;
+/// The temp file is nameless (O_TMPFILE): linked into place, never renamed
+/// nor unlinked.
+const ANON: u8 = 128;
+
+/// Most descriptors of nameless temp files a session keeps open (a lane
+/// file has two): half the open-file limit (raised to its hard maximum at
+/// start), at least 1,024. Each file stays open from its first byte until
+/// its digest has arrived too; past the cap, files get named temp files
+/// (closed when their data is written, renamed when the digest comes).
+/// The cap is not the in-flight bound: the io_uring writers keep up to
+/// 4,096 segments each in flight, every one with its file open, so on the
+/// 48k-file tree 10,041 nameless files were open at the peak, and a fixed
+/// cap of 1,024 sent 85 % of the files down the named path (40,897
+/// renames, fchmodat, ~0.4 CPU-s of 3.8 per push; issue 17).
+pub fn anon_cap() -> usize {
+    static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| {
+        // SAFETY: plain struct out.
+        let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+        let cur = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } {
+            0 => rl.rlim_cur,
+            _ => 0,
+        };
+        (cur / 2).clamp(1024, 1 << 20) as usize
+    })
+}
+
+/// What a changed file is built from (sync, resume; docs/SYNC.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Base {
+    /// The sink's current file under the final name: copied (reflinked
+    /// where the file system can) into the temp file, then overwritten
+    /// where blocks differ.
+    Old,
+    /// An interrupted temp file of an earlier session (name in the same
+    /// directory): renamed to this session's temp name and completed.
+    Part(Vec<u8>),
+}
+
+/// One regular file being received. A slot per announced file, so kept
+/// small (issue 36, docs/SCALE.md): what few files need lives in [`Rare`]
+/// behind one lock and is allocated only for them.
+pub struct SinkFile {
+    pub id: u64,
+    /// Final path relative to the sink root.
+    pub rel: Box<[u8]>,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime: (i64, u32),
+    /// Its directory in the table's SinkDirs.
+    dir: u32,
+    written: AtomicU64,
+    digest: AtomicU64,
+    expected: AtomicU64,
+    flags: AtomicU8,
+    fd: Mutex<Option<Arc<SinkFd>>>,
+    rare: Mutex<Option<Box<Rare>>>,
+    /// Bytes taken from the base instead of the wire.
+    reused: AtomicU64,
+    /// A block device written in place (storage::volume): what this
+    /// session wrote, re-read to verify it before the file counts as done.
+    volume: std::sync::OnceLock<Box<VolumeLog>>,
+    /// One piece of a big file striped across daemons (issue 19,
+    /// roles::sink::bigfile): `size` is the whole file's, this entry writes its
+    /// range into the shared temp file.
+    piece: Option<Box<PieceAt>>,
+}
+
+/// Where a piece goes in its file.
+struct PieceAt {
+    offset: u64,
+    len: u64,
+    index: u32,
+    /// Pieces of the file.
+    count: u32,
+    names: bigfile::Names,
+    /// This session's sink renamed the file into place.
+    finished: AtomicBool,
+}
+
+/// The state of a file that only failed, synced or resumed files have.
+#[derive(Default)]
+struct Rare {
+    /// Why it failed (the first reason wins).
+    reason: Option<String>,
+    /// What it is built from (sync, resume).
+    base: Option<Base>,
+    /// Resume: bytes written per journal block (sync::delta_block).
+    jblocks: Vec<u32>,
+}
+
+impl SinkFile {
+    /// Its rare state, allocated at the first use.
+    fn rare<R>(&self, f: impl FnOnce(&mut Rare) -> R) -> R {
+        f(self.rare.lock().unwrap().get_or_insert_with(Box::default))
+    }
+
+    /// What it is built from, if anything (sync, resume).
+    fn base(&self) -> Option<Base> {
+        self.rare.lock().unwrap().as_ref()?.base.clone()
+    }
+
+    fn has_base(&self) -> bool {
+        self.rare
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|r| r.base.is_some())
+    }
+
+    /// Why it failed ("" if it did not).
+    fn reason(&self) -> String {
+        let g = self.rare.lock().unwrap();
+        g.as_ref()
+            .and_then(|r| r.reason.clone())
+            .unwrap_or_default()
+    }
+
+    /// Written in place into a block device (storage::volume).
+    pub fn is_device(&self) -> bool {
+        self.volume.get().is_some()
+    }
+
+    /// Bytes this entry receives (a piece's length, else the size).
+    fn want(&self) -> u64 {
+        self.piece.as_ref().map_or(self.size, |p| p.len)
+    }
+}
+
+/// A regular file announced in the metadata: (path, size, mode, mtime).
+pub type NewFile = (Vec<u8>, u64, u32, (i64, u32));
+
+/// Where a segment goes: its file and descriptors (None for a null sink),
+/// or None when there is nothing to write.
+pub type Prepared<'a> = Option<(&'a SinkFile, Option<Arc<SinkFd>>)>;
+
+/// Open descriptors of a temp file. Writers hold a clone while a write is
+/// in flight, so a concurrent failure (which drops the table's reference)
+/// can never close the descriptor under a write, nor let its number be
+/// reused by another file.
+pub struct SinkFd {
+    pub buffered: File,
+    pub direct: Option<File>,
+    /// `direct` is the writer's direct lane, not the file's rule: a block
+    /// goes to it only while the lane has room, else through the page cache
+    /// (StorageCfg::lane_bytes). Counted per write, not at open.
+    pub lane: bool,
+    /// Local copies: the source file, opened at the first local-copy
+    /// segment (storage::local).
+    pub source: std::sync::OnceLock<File>,
+    /// A large file written through the page cache: start writeback behind
+    /// each write (storage::cache::start_writeback).
+    pub writeback: bool,
+    /// Nameless (O_TMPFILE): kept open until it is linked into place.
+    pub anon: bool,
+    /// Created at its final size (ftruncate); otherwise a hole at its end
+    /// sets the size (FileTable::write_hole).
+    pub sized: bool,
+}
+
+impl SinkFd {
+    /// Descriptors it holds open (counted against [`anon_cap`]).
+    fn fds(&self) -> usize {
+        1 + self.direct.is_some() as usize
+    }
+
+    /// `len` bytes at `off` were written through the buffered descriptor.
+    pub fn written(&self, off: u64, len: usize) {
+        if self.writeback && len > 0 {
+            crate::storage::cache::start_writeback(self.buffered.as_raw_fd(), off, len);
+        }
+    }
+}
+
+/// Outcome of writing one segment.
+#[derive(Debug)]
+pub enum WriteError {
+    /// The peer broke the protocol (unknown id, data past end of file).
+    Protocol(String),
+    /// The destination cannot take more (disk full, quota, read-only):
+    /// the whole session stops.
+    Fatal(String),
+}
+
+/// All files of a session, indexed by entry id.
+pub struct FileTable {
+    pub root: Arc<Root>,
+    files: Vec<SinkFile>,
+    /// entry id -> index in `files` (u32::MAX: not a regular file).
+    by_id: Vec<u32>,
+    tmp_suffix: String,
+    checksum: bool,
+    fsync: bool,
+    stats: Arc<Stats>,
+    /// Direct I/O, engine, null sink, fault hook.
+    pub storage: Arc<StorageCfg>,
+    /// Resume: track written blocks for the journal (roles::sink::journal).
+    pub resume: bool,
+    /// Files smaller than this are not journalled nor kept when the
+    /// session fails (0 = all; the default journal keeps large files only,
+    /// sync::JOURNAL_MIN).
+    pub journal_min: u64,
+    /// Files whose written blocks changed since the last journal flush
+    /// (indices into `files`; pushed once per flush when DIRTY is first
+    /// set), so a flush costs the files in flight, not a walk of a table
+    /// of millions (issue 36).
+    dirty: std::sync::Mutex<Vec<u32>>,
+    /// Bytes of the files' names (meta_bytes).
+    name_bytes: u64,
+    /// Files before this index are all settled (never unsettle again).
+    settled_upto: std::sync::atomic::AtomicUsize,
+    /// Destination directories, opened once.
+    dirs: SinkDirs,
+    /// O_TMPFILE works here (cleared at the first refusal).
+    anon_ok: AtomicBool,
+    /// Descriptors of nameless temp files open now (two for a lane file),
+    /// and how many may be ([`anon_cap`]).
+    anon_open: AtomicUsize,
+    anon_cap: usize,
+}
+
+/// Fault injection for the resume tests: `RAMSYS_FAULT_SLOW_WRITE_US=N`
+/// sleeps N µs per segment written, so a test can kill a transfer midway.
+fn slow_write_fault() {
+    static US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let us = *US.get_or_init(|| {
+        std::env::var("RAMSYS_FAULT_SLOW_WRITE_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
+    if us > 0 {
+        std::thread::sleep(std::time::Duration::from_micros(us));
+    }
+}
+
+pub fn is_fatal(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EROFS)
+    )
+}
+
+pub fn fatal_msg(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) => "sink disk full (No space left on device)".into(),
+        Some(libc::EDQUOT) => "sink disk quota exceeded".into(),
+        Some(libc::EROFS) => "sink file system is read-only".into(),
+        _ => e.to_string(),
+    }
+}
+
+impl FileTable {
+    pub fn new(
+        root: Arc<Root>,
+        session: u64,
+        checksum: bool,
+        fsync: bool,
+        stats: Arc<Stats>,
+    ) -> Self {
+        FileTable {
+            root,
+            files: Vec::new(),
+            by_id: Vec::new(),
+            tmp_suffix: format!(".ramsys-{session:016x}.part"),
+            checksum,
+            fsync,
+            stats,
+            storage: Arc::new(StorageCfg::plain(false, crate::storage::IoEngine::Sync)),
+            resume: false,
+            journal_min: 0,
+            dirty: std::sync::Mutex::new(Vec::new()),
+            name_bytes: 0,
+            settled_upto: std::sync::atomic::AtomicUsize::new(0),
+            dirs: SinkDirs::default(),
+            anon_ok: AtomicBool::new(tmpfile::enabled()),
+            anon_open: AtomicUsize::new(0),
+            anon_cap: anon_cap(),
+        }
+    }
+
+    /// Use these storage settings (direct I/O, engine, null sink, hook).
+    pub fn with_storage(mut self, cfg: StorageCfg) -> Self {
+        self.storage = Arc::new(cfg);
+        self
+    }
+
+    /// Register entry `id` (ids arrive in order; non-files get no slot).
+    pub fn push_entry(&mut self, id: u64, file: Option<NewFile>) {
+        debug_assert_eq!(id as usize, self.by_id.len());
+        match file {
+            Some((rel, size, mode, mtime)) => {
+                self.name_bytes += rel.len() as u64;
+                self.by_id.push(self.files.len() as u32);
+                let dir = self.dirs.intern(split_parent(&rel).0);
+                self.files.push(SinkFile {
+                    id,
+                    rel: rel.into_boxed_slice(),
+                    size,
+                    mode,
+                    mtime,
+                    dir,
+                    written: AtomicU64::new(0),
+                    digest: AtomicU64::new(0),
+                    expected: AtomicU64::new(0),
+                    flags: AtomicU8::new(0),
+                    fd: Mutex::new(None),
+                    rare: Mutex::new(None),
+                    reused: AtomicU64::new(0),
+                    volume: std::sync::OnceLock::new(),
+                    piece: None,
+                });
+            }
+            None => self.by_id.push(u32::MAX),
+        }
+    }
+
+    pub fn get(&self, id: u64) -> Option<&SinkFile> {
+        let i = *self.by_id.get(id as usize)?;
+        self.files.get(i as usize)
+    }
+
+    pub fn files(&self) -> &[SinkFile] {
+        &self.files
+    }
+
+    /// This session end's counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Bytes this table holds for its files: slots, the id map and the
+    /// names (issue 36's accounting; the sink's dominant share,
+    /// docs/SCALE.md).
+    pub fn meta_bytes(&self) -> u64 {
+        (self.files.capacity() * std::mem::size_of::<SinkFile>()
+            + self.by_id.capacity() * std::mem::size_of::<u32>()) as u64
+            + self.name_bytes
+    }
+
+    fn tmp_name(&self, f: &SinkFile) -> Vec<u8> {
+        let (_, name) = split_parent(&f.rel);
+        if f.is_device() {
+            // Written in place: the journal names the device itself.
+            return name.to_vec();
+        }
+        // Keep the temp name within NAME_MAX.
+        let keep = name.len().min(255 - 1 - self.tmp_suffix.len());
+        let mut t = Vec::with_capacity(keep + 1 + self.tmp_suffix.len());
+        t.push(b'.');
+        t.extend_from_slice(&name[..keep]);
+        t.extend_from_slice(self.tmp_suffix.as_bytes());
+        t
+    }
+
+    /// Mark a file failed (first reason wins) and close it.
+    pub fn fail(&self, f: &SinkFile, reason: String) {
+        let prev = f.flags.fetch_or(FAILED, Ordering::AcqRel);
+        if prev & (FAILED | FINAL) == 0 {
+            f.rare(|r| r.reason = Some(reason));
+            self.stats.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        // A nameless temp file goes with its last descriptor.
+        self.take_fd(f);
+    }
+
+    /// Take the file's descriptors out of the table.
+    fn take_fd(&self, f: &SinkFile) -> Option<Arc<SinkFd>> {
+        let fd = f.fd.lock().unwrap().take();
+        if let Some(d) = fd.as_ref().filter(|d| d.anon) {
+            self.anon_open.fetch_sub(d.fds(), Ordering::AcqRel);
+        }
+        fd
+    }
+
+    /// The directory file `f` goes into.
+    fn dir_of(&self, f: &SinkFile) -> std::io::Result<DirRef<'_>> {
+        self.dirs.get(&self.root, f.dir, split_parent(&f.rel).0)
+    }
+
+    pub fn fail_id(&self, id: u64, reason: String) {
+        if let Some(f) = self.get(id) {
+            self.fail(f, reason);
+        }
+    }
+}

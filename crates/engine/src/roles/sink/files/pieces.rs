@@ -1,0 +1,91 @@
+//! The pieces of one big file (issue 19): several sessions write one
+//! temp file; the last piece verified places it (roles::sink::bigfile).
+
+use super::*;
+
+impl FileTable {
+    /// Entry `id` (registered with the whole file's size) is piece `index`
+    /// of pieces of `piece` bytes (EntryKind::Piece, checked by the
+    /// protocol machine; a bad one is not made a piece and fails).
+    pub fn set_piece(&mut self, id: u64, piece: u64, index: u32) {
+        let Some(&i) = self.by_id.get(id as usize) else {
+            return;
+        };
+        let Some(f) = self.files.get_mut(i as usize) else {
+            return;
+        };
+        let kind = ramsys_proto::control::EntryKind::Piece {
+            size: f.size,
+            piece,
+            index,
+        };
+        if let Some((offset, len)) = kind.piece_range() {
+            f.piece = Some(Box::new(PieceAt {
+                offset,
+                len,
+                index,
+                count: f.size.div_ceil(piece) as u32,
+                names: bigfile::Names::new(&f.rel, f.size, f.mtime, piece),
+                finished: AtomicBool::new(false),
+            }));
+        }
+    }
+
+    /// Sync: piece `id` is already in the shared temp file, verified (an
+    /// earlier run's marker): nothing to send.
+    pub fn piece_done(&self, id: u64) -> bool {
+        let Some(f) = self.get(id) else { return false };
+        let Some(p) = &f.piece else { return false };
+        self.dir_of(f)
+            .is_ok_and(|d| bigfile::piece_done(d.fd(), &p.names, f.size, p.index))
+    }
+
+    /// Sync: piece `id` is done already: kept; finish the file if every
+    /// other piece is too (an earlier run may have stopped just before).
+    pub fn keep_piece(&self, id: u64) {
+        let Some(f) = self.get(id) else { return };
+        match self.try_finish(f) {
+            Ok(()) => {
+                f.flags.fetch_or(KEPT | FINAL, Ordering::AcqRel);
+            }
+            Err(e) => self.fail(f, format!("cannot rename into place: {e}")),
+        }
+    }
+
+    /// A verified piece: leave its marker, and place the file if every
+    /// piece is now in (roles::sink::bigfile).
+    pub(super) fn place_piece(&self, f: &SinkFile, p: &PieceAt) {
+        drop(self.take_fd(f));
+        let marked = self
+            .dir_of(f)
+            .and_then(|d| bigfile::mark(d.fd(), &p.names, p.index));
+        if let Err(e) = marked {
+            self.fail(f, format!("cannot mark piece {} done: {e}", p.index));
+            return;
+        }
+        match self.try_finish(f) {
+            Ok(()) => {
+                f.flags.fetch_or(FINAL, Ordering::AcqRel);
+                self.stats.pieces.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => self.fail(f, format!("cannot rename into place: {e}")),
+        }
+    }
+
+    /// Rename the big file piece `f` belongs to into place if every piece
+    /// is verified (and nobody did yet).
+    pub(super) fn try_finish(&self, f: &SinkFile) -> std::io::Result<()> {
+        let Some(p) = &f.piece else { return Ok(()) };
+        let dir = self.dir_of(f)?;
+        if !bigfile::all_done(dir.fd(), &p.names, p.count) {
+            return Ok(());
+        }
+        let (_, name) = split_parent(&f.rel);
+        let (size, mode, mtime) = (f.size, f.mode, f.mtime);
+        if bigfile::finish(dir.fd(), &p.names, name, size, mode, mtime, p.count)? {
+            p.finished.store(true, Ordering::Release);
+            self.stats.files.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
