@@ -192,7 +192,7 @@ def run(binary, work, procs):
 
     # Transfers for TRANSFER_S seconds, so that several scrapes see them.
     # Each is paced to about 2 s (--bwlimit): a task's rate gauges are
-    # EWMAs of samples at least 0.5 s apart (daemon/admit.rs), so on an
+    # EWMAs of samples at least 0.5 s apart (daemon/admit/), so on an
     # idle machine an unpaced 64 MiB copy (0.2-0.3 s) ends unseen.
     src = os.path.join(work, "src")
     os.makedirs(src)

@@ -1,0 +1,162 @@
+use super::*;
+
+#[test]
+fn dirs_first_ids_ascending_hardlinks_and_symlinks() {
+    let d = tempfile::tempdir().unwrap();
+    let r = d.path().join("t");
+    fs::create_dir_all(r.join("a/b")).unwrap();
+    fs::write(r.join("a/f"), b"xyz").unwrap();
+    fs::hard_link(r.join("a/f"), r.join("a/b/g")).unwrap();
+    std::os::unix::fs::symlink("f", r.join("a/s")).unwrap();
+    let (w, entries) = walk(
+        d.path(),
+        &[Top {
+            rel: b"t".to_vec(),
+            name: b"t".to_vec(),
+        }],
+        true,
+    );
+    assert!(w.failures.is_empty());
+    let ids: Vec<u64> = entries.iter().map(|e| e.id).collect();
+    assert_eq!(ids, (0..w.entries).collect::<Vec<_>>());
+    let first_nondir = entries
+        .iter()
+        .position(|e| e.kind != EntryKind::Dir)
+        .unwrap();
+    assert!(entries[first_nondir..]
+        .iter()
+        .all(|e| e.kind != EntryKind::Dir));
+    assert_eq!(first_nondir, 3);
+    assert_eq!(w.files.len(), 1);
+    assert_eq!(w.total_bytes, 3);
+    let hl = entries
+        .iter()
+        .find(|e| matches!(e.kind, EntryKind::HardLink { .. }))
+        .unwrap();
+    assert_eq!(
+        hl.kind,
+        EntryKind::HardLink {
+            target_id: w.files[0].id
+        }
+    );
+    assert!(entries.iter().any(|e| e.kind
+        == EntryKind::Symlink {
+            target: b"f".to_vec()
+        }));
+}
+
+#[test]
+fn streamed_batches_are_the_walk_in_order() {
+    let d = tempfile::tempdir().unwrap();
+    let r = d.path().join("t");
+    for i in 0..5 {
+        fs::create_dir_all(r.join(format!("d{i}/e"))).unwrap();
+        for j in 0..700 {
+            fs::write(r.join(format!("d{i}/f{j}")), b"x").unwrap();
+        }
+    }
+    let tops = [Top {
+        rel: b"t".to_vec(),
+        name: b"t".to_vec(),
+    }];
+    let mut batches: Vec<Vec<Entry>> = Vec::new();
+    let w = walk_streamed(d.path(), &tops, true, &Filter::all(), &mut |es| {
+        batches.push(es.to_vec());
+        Ok::<(), ()>(())
+    })
+    .unwrap();
+    // Directories alone first, then batches of at most STREAM_BATCH.
+    assert_eq!(batches[0].len(), 11);
+    assert!(batches[0].iter().all(|e| e.kind == EntryKind::Dir));
+    assert!(batches[1..].iter().all(|b| b.len() <= STREAM_BATCH));
+    let all: Vec<Entry> = batches.concat();
+    assert_eq!(all.len() as u64, w.entries);
+    assert_eq!(w.files.len(), 3500);
+    assert_eq!(all, walk(d.path(), &tops, true).1);
+    // An emit error stops the scan.
+    let mut n = 0;
+    let r = walk_streamed(d.path(), &tops, true, &Filter::all(), &mut |_| {
+        n += 1;
+        if n == 2 {
+            Err("peer gone")
+        } else {
+            Ok(())
+        }
+    });
+    assert_eq!(r.err(), Some("peer gone"));
+    assert_eq!(n, 2);
+}
+
+#[test]
+fn several_tops_list_each_path_once_as_rsync_does() {
+    // a/: x (file), y (dir with y/in), z (file), same (file);
+    // b/: x (file), y (file), z (dir with z/deep), same (hard link to
+    // a/same); the same tops named three times.
+    let d = tempfile::tempdir().unwrap();
+    let (a, b) = (d.path().join("a"), d.path().join("b"));
+    fs::create_dir_all(a.join("y")).unwrap();
+    fs::create_dir_all(b.join("z")).unwrap();
+    fs::write(a.join("x"), b"first").unwrap();
+    fs::write(b.join("x"), b"second").unwrap();
+    fs::write(a.join("y/in"), b"in").unwrap();
+    fs::write(b.join("y"), b"file").unwrap();
+    fs::write(a.join("z"), b"file").unwrap();
+    fs::write(b.join("z/deep"), b"deep").unwrap();
+    fs::write(a.join("same"), b"s").unwrap();
+    fs::hard_link(a.join("same"), b.join("same")).unwrap();
+    let top = |n: &str| Top {
+        rel: n.as_bytes().to_vec(),
+        name: Vec::new(),
+    };
+    let (w, entries) = walk(d.path(), &[top("a"), top("b"), top("a"), top("b")], true);
+    assert!(w.failures.is_empty(), "{:?}", w.failures);
+    let mut paths: Vec<(String, bool)> = entries
+        .iter()
+        .map(|e| (crate::types::error::show(&e.path), e.kind == EntryKind::Dir))
+        .collect();
+    paths.sort();
+    let want = [
+        ("", true),
+        ("same", false),
+        ("x", false),
+        ("y", true),
+        ("y/in", false),
+        ("z", true),
+        ("z/deep", false),
+    ];
+    let want: Vec<(String, bool)> = want.iter().map(|(p, d)| (p.to_string(), *d)).collect();
+    assert_eq!(paths, want);
+    // The first x; ids dense and ascending; a second name of an inode
+    // listed once is not a hard link to itself.
+    let x = w.files.iter().find(|f| f.rel == b"a/x").unwrap();
+    assert_eq!(x.size, 5);
+    let ids: Vec<u64> = entries.iter().map(|e| e.id).collect();
+    assert_eq!(ids, (0..w.entries).collect::<Vec<_>>());
+    assert!(!entries
+        .iter()
+        .any(|e| matches!(e.kind, EntryKind::HardLink { .. })));
+    assert_eq!(w.total_bytes, 5 + 2 + 4 + 1);
+}
+
+#[test]
+fn missing_and_nonrecursive_reported() {
+    let d = tempfile::tempdir().unwrap();
+    fs::create_dir(d.path().join("dir")).unwrap();
+    let (w, entries) = walk(
+        d.path(),
+        &[
+            Top {
+                rel: b"nope".to_vec(),
+                name: b"nope".to_vec(),
+            },
+            Top {
+                rel: b"dir".to_vec(),
+                name: b"dir".to_vec(),
+            },
+        ],
+        false,
+    );
+    assert_eq!(w.failures.len(), 2);
+    assert!(entries.is_empty());
+    assert_eq!(w.entries, 0);
+}

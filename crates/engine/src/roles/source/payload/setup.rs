@@ -1,0 +1,275 @@
+//! What the payload loop runs on: sender threads (queued or inline) and
+//! their replacements, re-read blocks, the session's buffer share, and
+//! the readers' device queues.
+
+use super::*;
+
+impl SenderSet {
+    /// Start a sender on a replacement link (crate::session::relink). Replacements
+    /// are rare, so they run on a thread of their own rather than a pooled
+    /// one (the session's pooled senders may all be busy), pinned to the
+    /// sender pool's CPUs.
+    /// True when the link is an added stream's first (transport::grow).
+    pub(super) fn start_replacement(
+        &mut self,
+        st: &mut Streams,
+        j: Joined,
+    ) -> Result<bool, EngineError> {
+        j.link.set_read_timeout(Some(self.idle))?;
+        self.shutdown.push(j.link.try_clone_link()?);
+        let added = st.started(j.stream as usize, j.epoch, j.link.try_clone_link()?);
+        let (stream, epoch) = (j.stream as usize, j.epoch);
+        // Inline: the link joined the free set and needs no thread.
+        if let Some((close, f)) = (self.make)(stream, epoch, j.link) {
+            self.closers.insert((stream, epoch), close);
+            let name = format!("sender-r{stream}");
+            self.extra.push(self.pool.spawn_extra(name, f)?);
+        }
+        Ok(added)
+    }
+}
+
+impl Resends {
+    /// Resends go into `filled`, the senders' queue; re-read blocks of
+    /// unreadable files report on `events`.
+    pub(super) fn new(
+        filled: Sender<Buf>,
+        requeue: Arc<Requeue>,
+        events: Sender<ReaderEvent>,
+    ) -> Resends {
+        Resends {
+            tx: Some(filled),
+            requeue,
+            events,
+            lost: LostLinks::new(),
+        }
+    }
+
+    /// Re-queue the blocks each lost link sent that the sink did not
+    /// accept, for the links whose log and count are both known
+    /// (crate::session::relink); only while the queue to the senders is open.
+    pub(super) fn requeue_ready(
+        &mut self,
+        jobs: &mut Vec<std::thread::JoinHandle<()>>,
+    ) -> Result<(), EngineError> {
+        let Some(tx) = &self.tx else {
+            return Ok(());
+        };
+        for ((stream, _), log, n) in self.lost.ready() {
+            let blocks = log.unreceived(n)?;
+            tracing::info!(
+                "stream {stream}: sending {} lost blocks again",
+                blocks.len()
+            );
+            let blocks = blocks.into_iter().map(|b| b.to_vec()).collect();
+            jobs.push(
+                self.requeue
+                    .spawn(blocks, tx.clone(), self.events.clone())?,
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The queued path's sender threads, or on the inline path the readers'
+/// free set of links (see [`SenderFactory`]).
+pub(super) fn sender_factory(
+    keys: StreamKeys,
+    filled: &Receiver<Buf>,
+    pool: &Arc<BufferPool>,
+    abort: &Arc<AtomicBool>,
+    stats: &Arc<Stats>,
+    done: &Sender<LinkDone>,
+    inline: &Option<Arc<InlineLinks>>,
+) -> SenderFactory {
+    let (rx, p, a, s, d) = (
+        filled.clone(),
+        pool.clone(),
+        abort.clone(),
+        stats.clone(),
+        done.clone(),
+    );
+    let inline = inline.clone();
+    Box::new(move |i: usize, epoch: u16, l: Box<dyn Link>| {
+        let out = keys.out(i, epoch, l);
+        if let Some(links) = &inline {
+            // Inline: a replacement joins the free set; no thread.
+            links.add(out);
+            return None;
+        }
+        let (rx, p, a, s, d) = (rx.clone(), p.clone(), a.clone(), s.clone(), d.clone());
+        let (close_tx, close_rx) = bounded::<()>(0);
+        let job: SenderJob = Box::new(move || {
+            let _ = d.send(run_sender(out, rx, close_rx, p, a, s));
+        });
+        Some((close_tx, job))
+    })
+}
+
+/// Inline: re-sent blocks (Resend, and those lost links lost) still come
+/// through `filled`; one thread sends them, and ends the links once the
+/// queue closes, as the queued senders would.
+pub(super) fn spawn_inline_resender(
+    links: Arc<InlineLinks>,
+    rx: Receiver<Buf>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("src-resend".into())
+        .spawn(move || {
+            for b in rx.iter() {
+                links.send(b);
+            }
+            links.end();
+        })
+}
+
+/// The send path (seed 002 sec. 7): on the inline path readers own the
+/// links' sending ends in turn and no sender thread runs
+/// (crate::data::inline). The control link has seen several round trips
+/// by now, so the kernel's RTT estimate is a fair measure of the path.
+pub(super) fn send_path(s: &SourceSession<'_>, nread: usize, streams: u16) -> SendPath {
+    let rtt = s.ctl.link.rtt();
+    let path = s.opts.send_path.resolve(nread, streams as usize, rtt);
+    tracing::info!(
+        "source: send path {} ({nread} readers, {streams} streams, rtt {})",
+        path.name(),
+        rtt.map_or("unknown".to_string(), |r| format!(
+            "{:.2} ms",
+            r.as_secs_f64() * 1e3
+        ))
+    );
+    path
+}
+
+/// A rotational device found cached is read by as many readers as memory
+/// gets (request::tasks::mostly_cached), unless --readers fixed the count.
+pub(super) fn more_readers_if_cached(
+    s: &SourceSession<'_>,
+    queues: &[DeviceQueue],
+    readers: &mut Reservation,
+) {
+    let cached: usize = queues.iter().filter(|q| q.cached).map(|q| q.threads).sum();
+    let short = cached.saturating_sub(readers.len());
+    if !s.opts.readers_fixed && short > 0 {
+        s.adm.more_readers(s.res, readers, short);
+    }
+}
+
+/// The session's buffers: two a stream (credits) and one a reader, plus
+/// two; at least two, or none free within 30 s.
+pub(super) fn take_share<'r>(
+    res: &'r crate::data::resources::EngineResources,
+    streams: u16,
+    nread: usize,
+) -> Result<ShareGuard<'r>, EngineError> {
+    let want = streams as usize * 2 + nread + 2;
+    let share = res
+        .take_buffers(2, want, Duration::from_secs(30))
+        .ok_or_else(|| EngineError::local("no buffers free"))?;
+    Ok(ShareGuard::new(res, share))
+}
+
+/// Second handles on links, to shut them down from another thread.
+pub(super) fn clone_links(links: &[Box<dyn Link>]) -> Result<Vec<Box<dyn Link>>, EngineError> {
+    let clones = links.iter().map(|l| l.try_clone_link());
+    Ok(clones.collect::<Result<Vec<_>, _>>()?)
+}
+
+/// Files with nothing to read are done before any reader starts: their
+/// digest is that of no data.
+pub(super) fn report_nothing_to_read(
+    files: &[SourceFile],
+    plan: Option<&SyncPlan>,
+    events: &Sender<ReaderEvent>,
+) {
+    for f in nothing_to_read(files, plan) {
+        let _ = events.send(ReaderEvent::FileDone {
+            id: f.id,
+            digest: 0,
+        });
+    }
+}
+
+/// A sender on each first link, from the sender pool (none on the inline
+/// path); returns the closers that stop them.
+pub(super) fn spawn_senders(
+    make: &SenderFactory,
+    links: Vec<Box<dyn Link>>,
+    senders: &mut Reservation,
+    jobs: &mut Vec<JobHandle>,
+) -> HashMap<(usize, u16), Sender<()>> {
+    let mut closers = HashMap::new();
+    for (i, l) in links.into_iter().enumerate() {
+        if let Some((c, job)) = make(i, 0, l) {
+            closers.insert((i, 0), c);
+            jobs.push(senders.spawn(job));
+        }
+    }
+    closers
+}
+
+/// One reader thread per reserved reader; each says when it ends.
+pub(super) fn spawn_readers(
+    readers: &mut Reservation,
+    ctx: ReaderCtx,
+) -> (Vec<JobHandle>, Receiver<()>) {
+    let ctx = Arc::new(ctx);
+    let (rdone_tx, rdone_rx) = unbounded::<()>();
+    let mut jobs = Vec::new();
+    for i in 0..readers.len() {
+        let (c, d) = (ctx.clone(), rdone_tx.clone());
+        jobs.push(readers.spawn(move || {
+            run_reader(&c, i);
+            drop(c);
+            let _ = d.send(());
+        }));
+    }
+    (jobs, rdone_rx)
+}
+
+/// Each file's bytes still to read (a sync reads only what differs).
+pub(super) fn file_states(files: &[SourceFile], plan: Option<&SyncPlan>) -> Arc<Vec<SrcFileState>> {
+    let states = files.iter().enumerate().map(|(i, f)| SrcFileState {
+        remaining: AtomicU64::new(plan.map_or(f.len(), |p| p.bytes(i, f.len()))),
+        digest: AtomicU64::new(0),
+        failed: AtomicBool::new(false),
+    });
+    Arc::new(states.collect())
+}
+
+/// Files with nothing to read: empty ones, and delta files with no
+/// differing block (their digest is the sum over no segment).
+pub(super) fn nothing_to_read<'f>(
+    files: &'f [SourceFile],
+    plan: Option<&'f SyncPlan>,
+) -> impl Iterator<Item = &'f SourceFile> {
+    files.iter().enumerate().filter_map(move |(i, f)| {
+        let none = match plan {
+            None => f.is_empty(),
+            Some(p) => !p.skipped(i) && p.bytes(i, f.len()) == 0,
+        };
+        none.then_some(f)
+    })
+}
+
+/// The readers' queues, per device (request::tasks); a sync reads only
+/// what it planned.
+pub(super) fn queues(
+    root: &Root,
+    files: &[SourceFile],
+    opts: &crate::session::options::TransferOptions,
+    block_size: usize,
+    plan: Option<&SyncPlan>,
+) -> Arc<Vec<DeviceQueue>> {
+    let skip = |i: usize| plan.is_some_and(|p| p.skipped(i));
+    let po = PlanOptions {
+        block_size: block_size as u64,
+        sort: opts.sort,
+        threads: opts.device_threads,
+    };
+    let mut queues = plan_source(root, files, &po, opts.source_engine, &skip);
+    if let Some(p) = plan {
+        crate::roles::source::sync_plan::restrict(&mut queues, p);
+    }
+    Arc::new(queues)
+}
