@@ -3,7 +3,7 @@
 //! this process behind a loopback daemon so the local copy takes exactly
 //! the same path as a remote one.
 
-use std::io::Write;
+use crate::summary::{report, Carried, Extra};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -519,56 +519,6 @@ fn run_pairs(a: &CpArgs, plan: &mut Plan, sync: u32) -> anyhow::Result<i32> {
     report(result, &stats, wall, cpu, plan.json, sync, extra)
 }
 
-/// What a run adds to the summary beyond the engine's report.
-#[derive(Default)]
-struct Extra {
-    /// A busy daemon sent the session to a peer (issue 19).
-    redirect: Option<crate::pick::Redirect>,
-    /// `--stripe`: each daemon's share.
-    stripes: Option<Vec<crate::stripe::Stripe>>,
-    /// What carried the data (issue 35).
-    transport: Carried,
-}
-
-/// What carried a run's data, as the summary names it (issue 35).
-#[derive(Default)]
-struct Carried {
-    /// `--transport`.
-    requested: ramsys_engine::transport::rawlink::Mode,
-    /// `auto` found no raw channel: why.
-    fallback: Option<String>,
-    /// Both ends on this host (the in-process sink; links on loopback).
-    local: bool,
-}
-
-impl Carried {
-    /// "local", or the data links' kinds ("tcp", "raw", "ssh"; several
-    /// joined with "+"); a run without links of its own (daemon to
-    /// daemon) is "tcp".
-    fn used(&self, rep: &Report) -> String {
-        if self.local {
-            return "local".into();
-        }
-        let mut kinds: Vec<&str> = rep.links.iter().map(|l| l.kind).collect();
-        kinds.sort_unstable();
-        kinds.dedup();
-        if kinds.is_empty() {
-            "tcp".into()
-        } else {
-            kinds.join("+")
-        }
-    }
-
-    fn requested(&self) -> &'static str {
-        use ramsys_engine::transport::rawlink::Mode;
-        match self.requested {
-            Mode::Tcp => "tcp",
-            Mode::Raw => "raw",
-            Mode::Auto => "auto",
-        }
-    }
-}
-
 /// `--transport raw|auto`: data links as raw channels (crate::rawpick).
 fn raw_links(
     plan: &Plan,
@@ -655,124 +605,115 @@ impl Run<'_> {
         })
     }
 
-    /// Local sources to a daemon (or an ssh end turned daemon).
-    fn push_to(&mut self, addr: &str, path: &[u8], local: &[PathBuf]) -> Attempt {
+    /// One end of this process: its resources placed by the NUMA layer
+    /// (`res_cfg`, near `path` and `peer`) and its options following the
+    /// plan. Shared by every mode (issue 37: push, pull and local copy
+    /// repeated it).
+    fn end(
+        &mut self,
+        role: Role,
+        path: Option<&Path>,
+        peer: &str,
+        res_cfg: &ResourceConfig,
+        mut opts: TransferOptions,
+    ) -> anyhow::Result<(TransferOptions, EngineResources)> {
         let (plan, numa) = (self.plan, &mut self.numa);
-        let key = (self.key)()?;
-        let src = local.first().map(|p| p.as_path());
-        let cfg = numa.configure("source", Role::Source, src, Some(addr), &plan.res_cfg);
-        let mut opts = plan.opts.clone();
+        let label = match role {
+            Role::Source => "source",
+            Role::Sink => "sink",
+        };
+        let cfg = numa.configure(label, role, path, Some(peer), res_cfg);
         opts.redirected_from = self.redirected_from.clone();
-        numa.follow("source", Role::Source, &mut opts, &plan.fixed);
+        numa.follow(label, role, &mut opts, &plan.fixed);
         let res = EngineResources::new(&cfg)?;
-        numa.buffers("source", &res);
+        numa.buffers(label, &res);
+        Ok((opts, res))
+    }
+
+    /// How to reach the daemon at `addr`: ssh's tunnel, or TCP through the
+    /// NUMA layer's channels, or raw-Ethernet links where asked.
+    fn remote(&mut self, addr: &str, res: &EngineResources) -> anyhow::Result<Remote> {
+        let plan = self.plan;
+        let key = (self.key)()?;
+        let node = res.config.buffer_node;
         let transport = match &self.via_ssh {
             Some(t) => t.clone(),
-            None => numa.channels(addr, plan.channels, cfg.buffer_node, tcp()),
+            None => self.numa.channels(addr, plan.channels, node, tcp()),
         };
-        let (transport, fallback) = raw_links(
-            plan,
-            self.via_ssh.is_some(),
-            addr,
-            &key,
-            cfg.buffer_node,
-            transport,
-        )?;
+        let ssh = self.via_ssh.is_some();
+        let (transport, fallback) = raw_links(plan, ssh, addr, &key, node, transport)?;
         self.raw_fallback = fallback;
-        let remote = Remote {
+        Ok(Remote {
             transport,
             addr: addr.to_string(),
             key,
             connect_timeout: plan.connect_timeout,
             user: None,
-        };
+        })
+    }
+
+    /// Push `local` to `remote`'s `dest`, with progress.
+    fn push_tree(
+        &mut self,
+        remote: &Remote,
+        local: &[PathBuf],
+        dest: Vec<u8>,
+        opts: &TransferOptions,
+        res: &EngineResources,
+    ) -> Attempt {
         let root = open_root(Path::new("/"), Confinement::None)?;
-        let tops = local_tops(local, &plan.contents)?;
-        let progress = Progress::start(self.stats.clone(), plan.json);
-        let r = push(
-            &remote,
-            root,
-            tops,
-            path.to_vec(),
-            &opts,
-            &res,
-            self.stats.clone(),
-        );
+        let tops = local_tops(local, &self.plan.contents)?;
+        let progress = Progress::start(self.stats.clone(), self.plan.json);
+        let r = push(remote, root, tops, dest, opts, res, self.stats.clone());
         progress.finish();
-        numa.threads("source", &res);
+        self.numa.threads("source", res);
         Ok(r)
+    }
+
+    /// Local sources to a daemon (or an ssh end turned daemon).
+    fn push_to(&mut self, addr: &str, path: &[u8], local: &[PathBuf]) -> Attempt {
+        let plan = self.plan;
+        let src = local.first().map(|p| p.as_path());
+        let (opts, res) = self.end(Role::Source, src, addr, &plan.res_cfg, plan.opts.clone())?;
+        let remote = self.remote(addr, &res)?;
+        self.push_tree(&remote, local, path.to_vec(), &opts, &res)
     }
 
     /// Sources on a daemon to a local destination.
     fn pull_from(&mut self, d: &Path, remote: Vec<(String, Vec<u8>)>) -> Attempt {
-        let (plan, numa) = (self.plan, &mut self.numa);
-        let key = (self.key)()?;
+        let plan = self.plan;
         let addr = remote[0].0.clone();
-        let cfg = numa.configure("sink", Role::Sink, Some(d), Some(&addr), &plan.res_cfg);
-        let mut opts = plan.opts.clone();
-        opts.redirected_from = self.redirected_from.clone();
-        numa.follow("sink", Role::Sink, &mut opts, &plan.fixed);
-        let res = EngineResources::new(&cfg)?;
-        numa.buffers("sink", &res);
-        let transport = match &self.via_ssh {
-            Some(t) => t.clone(),
-            None => numa.channels(&addr, plan.channels, cfg.buffer_node, tcp()),
-        };
-        let (transport, fallback) = raw_links(
-            plan,
-            self.via_ssh.is_some(),
-            &addr,
-            &key,
-            cfg.buffer_node,
-            transport,
-        )?;
-        self.raw_fallback = fallback;
-        let remote_end = Remote {
-            transport,
-            addr,
-            key,
-            connect_timeout: plan.connect_timeout,
-            user: None,
-        };
+        let (opts, res) = self.end(Role::Sink, Some(d), &addr, &plan.res_cfg, plan.opts.clone())?;
+        let remote_end = self.remote(&addr, &res)?;
         let (root, dest) = local_sink(d)?;
         let root = open_root(&root, Confinement::Strict)?;
         let progress = Progress::start(self.stats.clone(), plan.json);
         let paths = remote.into_iter().map(|(_, p)| p).collect();
-        let r = pull(
-            &remote_end,
-            paths,
-            root,
-            dest,
-            &opts,
-            &res,
-            self.stats.clone(),
-        );
+        let stats = self.stats.clone();
+        let r = pull(&remote_end, paths, root, dest, &opts, &res, stats);
         progress.finish();
-        numa.threads("sink", &res);
+        self.numa.threads("sink", &res);
         Ok(r)
     }
 
     /// Local copy: an in-process daemon on loopback is the sink.
     fn copy_locally(&mut self, d: &Path, local: &[PathBuf]) -> Attempt {
-        let (plan, numa) = (self.plan, &mut self.numa);
+        let plan = self.plan;
         if plan.raw.transport == ramsys_engine::transport::rawlink::Mode::Raw {
             bail!("--transport raw: a local copy has no network link (give a ramsys:// end)");
         }
         let (root, dest) = local_sink(d)?;
         let mut key = vec![0u8; 32];
         getrandom_fill(&mut key);
-        let lo = Some("127.0.0.1:1");
-        let sink_cfg = numa.configure("sink", Role::Sink, Some(d), lo, &plan.res_cfg);
-        let sink_res = EngineResources::new(&sink_cfg)?;
-        numa.buffers("sink", &sink_res);
         let mut opts = plan.opts.clone();
         if plan.copy_range {
             // Large files' data goes from file to file in the kernel
             // (engine storage::local); the bridge is this process's own.
             opts.local_copy = Some(Default::default());
         }
-        let mut sink_opts = opts.clone();
-        numa.follow("sink", Role::Sink, &mut sink_opts, &plan.fixed);
+        let lo = "127.0.0.1:1";
+        let (sink_opts, sink_res) =
+            self.end(Role::Sink, Some(d), lo, &plan.res_cfg, opts.clone())?;
         let daemon = Daemon::bind("127.0.0.1:0", &root, key.clone(), sink_opts, sink_res)?;
         let addr = daemon.local_addr().to_string();
         let sink_shared = daemon.shared();
@@ -782,10 +723,8 @@ impl Run<'_> {
             ..plan.res_cfg.clone()
         };
         let src = local.first().map(|p| p.as_path());
-        let src_cfg = numa.configure("source", Role::Source, src, Some(&addr), &src_cfg);
-        numa.follow("source", Role::Source, &mut opts, &plan.fixed);
-        let res = EngineResources::new(&src_cfg)?;
-        numa.buffers("source", &res);
+        let (opts, res) = self.end(Role::Source, src, &addr, &src_cfg, opts)?;
+        // The in-process sink: plain TCP on loopback, no NUMA channels.
         let remote = Remote {
             transport: tcp(),
             addr,
@@ -793,22 +732,9 @@ impl Run<'_> {
             connect_timeout: plan.connect_timeout,
             user: None,
         };
-        let src_root = open_root(Path::new("/"), Confinement::None)?;
-        let tops = local_tops(local, &plan.contents)?;
-        let progress = Progress::start(self.stats.clone(), plan.json);
-        let r = push(
-            &remote,
-            src_root,
-            tops,
-            dest,
-            &opts,
-            &res,
-            self.stats.clone(),
-        );
-        progress.finish();
-        numa.threads("source", &res);
-        numa.threads("sink", &sink_shared.res);
-        Ok(r)
+        let r = self.push_tree(&remote, local, dest, &opts, &res);
+        self.numa.threads("sink", &sink_shared.res);
+        r
     }
 }
 
@@ -824,70 +750,6 @@ pub(crate) fn tcp() -> Arc<dyn Transport> {
     })
 }
 
-/// The summary (or the JSON line), and the exit code.
-fn report(
-    result: Result<Report, ramsys_engine::EngineError>,
-    stats: &Stats,
-    wall: f64,
-    cpu: f64,
-    json: bool,
-    sync: u32,
-    extra: Extra,
-) -> anyhow::Result<i32> {
-    match result {
-        Ok(rep) => {
-            let resent = stats.resends.load(std::sync::atomic::Ordering::Relaxed);
-            if resent > 0 && !json {
-                say!("ramsys: {resent} segments failed verification in flight and were sent again");
-            }
-            let setid = stats
-                .setid_dropped
-                .load(std::sync::atomic::Ordering::Relaxed);
-            if setid > 0 {
-                // A deliberate difference from rsync -p (issue 34; docs/SYNC.md).
-                eprintln!(
-                    "ramsys: note: set-user-ID/set-group-ID bits not kept on {} (they are kept \
-                     with -a only; rsync -p keeps them; docs/SYNC.md \"Set-ID bits\")",
-                    count(setid, "file", "files")
-                );
-            }
-            let faults = LinkFaults::of(stats);
-            if faults.lost > 0 && !json {
-                say!(
-                    "ramsys: {} data links lost, {} replaced ({} failed reconnect attempts)",
-                    faults.lost,
-                    faults.replaced,
-                    faults.retries
-                );
-            }
-            let run = RunFacts {
-                wall,
-                cpu,
-                resent,
-                faults,
-                extra,
-                memory: Memory::of(stats),
-            };
-            Ok(summarize(&rep, &run, json, sync))
-        }
-        Err(e) => {
-            if json {
-                // What moved before the failure, as the progress line had it.
-                let bytes = stats.bytes.load(std::sync::atomic::Ordering::Relaxed);
-                let mb_s = bytes as f64 / 1e6 / wall.max(1e-9);
-                let line = serde_json::json!({
-                    "event": "summary", "ok": false, "error": e.to_string(),
-                    "files": stats.files.load(std::sync::atomic::Ordering::Relaxed),
-                    "bytes": bytes, "wall_s": wall, "mb_s": mb_s, "cpu_s": cpu, "failed": [],
-                    "redirect": extra.redirect, "stripes": extra.stripes,
-                });
-                println!("{line}");
-            }
-            Err(anyhow::anyhow!(e))
-        }
-    }
-}
-
 pub(crate) fn getrandom_fill(b: &mut [u8]) {
     let r = ramsys_engine::transport::crypto::random32();
     b.copy_from_slice(&r[..b.len()]);
@@ -895,283 +757,4 @@ pub(crate) fn getrandom_fill(b: &mut [u8]) {
 
 fn crate_raise_limits() {
     ramsys_engine::storage::fsops::raise_nofile_limit();
-}
-
-/// Data links lost and replaced during the transfer (engine::relink).
-struct LinkFaults {
-    lost: u64,
-    replaced: u64,
-    retries: u64,
-}
-
-impl LinkFaults {
-    fn of(s: &Stats) -> LinkFaults {
-        use std::sync::atomic::Ordering::Relaxed;
-        LinkFaults {
-            lost: s.links_lost.load(Relaxed),
-            replaced: s.links_replaced.load(Relaxed),
-            retries: s.link_retries.load(Relaxed),
-        }
-    }
-}
-
-/// What the summary says of the run beyond the engine's report.
-struct RunFacts {
-    wall: f64,
-    cpu: f64,
-    resent: u64,
-    faults: LinkFaults,
-    extra: Extra,
-    memory: Memory,
-}
-
-/// This process's memory for the summary (issue 36): its peak RSS, the
-/// per-file state it accounted, and the peak per file of the tree.
-struct Memory {
-    peak_rss: u64,
-    meta_bytes: u64,
-    files: u64,
-}
-
-impl Memory {
-    fn of(s: &Stats) -> Memory {
-        use std::sync::atomic::Ordering::Relaxed;
-        Memory {
-            peak_rss: ramsys_engine::types::stats::process_rss().1,
-            meta_bytes: s.meta_bytes.load(Relaxed),
-            files: s.total_files.load(Relaxed),
-        }
-    }
-}
-
-fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> i32 {
-    let RunFacts {
-        wall,
-        cpu,
-        resent,
-        ref faults,
-        ..
-    } = *run;
-    let mb_s = rep.bytes as f64 / 1e6 / wall.max(1e-9);
-    let dry = sync & ramsys_engine::request::sync::flags::DRY_RUN != 0;
-    let carried = &run.extra.transport;
-    let transport = carried.used(rep);
-    if json {
-        let mut line = serde_json::json!({
-            "event": "summary",
-            "ok": rep.failed.is_empty(),
-            "files": rep.files,
-            "bytes": rep.bytes,
-            "wall_s": wall,
-            "mb_s": mb_s,
-            "files_s": rep.files as f64 / wall.max(1e-9),
-            "cpu_s": cpu,
-            "peer_cpu_s": rep.peer_cpu_s,
-            "streams": rep.streams,
-            "stream_choice": rep.stream_choice,
-            "congestion": ramsys_engine::transport::tcp::congestion(),
-            "block_size": rep.block_size,
-            "failed": rep.failed,
-            "resent": resent,
-            "links_lost": faults.lost,
-            "links_replaced": faults.replaced,
-            "link_retries": faults.retries,
-            "send_path": rep.send_path,
-            "handoffs": rep.handoffs,
-            "zerocopy_blocks": rep.zerocopy_blocks,
-            "storage": rep.storage,
-            "redirect": run.extra.redirect,
-            // What carried the data (issue 35): "local", "tcp", "raw",
-            // "ssh"; what was asked; why `auto` did not use raw channels;
-            // each data link with its kind.
-            "transport": transport,
-            "transport_requested": carried.requested(),
-            "transport_fallback": carried.fallback,
-            "links": rep.links,
-            // Memory (issue 36): this process's peak RSS, the per-file
-            // state it accounted, and peak RSS per file of the tree.
-            "peak_rss_bytes": run.memory.peak_rss,
-            "meta_bytes": run.memory.meta_bytes,
-            "rss_bytes_per_file": run.memory.peak_rss / run.memory.files.max(1),
-        });
-        if let Some(s) = &run.extra.stripes {
-            line["stripes"] = serde_json::json!(s);
-        }
-        if sync & ramsys_engine::request::sync::COMPARE != 0 {
-            // bytes = file data sent, files = files whose data was sent,
-            // unchanged = files skipped (issue 10).
-            line["unchanged"] = rep.unchanged.into();
-            line["deleted"] = rep.deleted.len().into();
-            line["deletions_skipped"] = deletions_skipped(rep, sync).into();
-            line["dry_run"] = dry.into();
-            if dry {
-                line["would_send"] = serde_json::json!(rep.planned);
-                line["would_delete"] = serde_json::json!(rep.deleted);
-            }
-        }
-        let mut o = std::io::stdout().lock();
-        let _ = writeln!(o, "{line}");
-    } else {
-        for f in &rep.failed {
-            say!("ramsys: failed: {}: {}", f.path, f.reason);
-        }
-        if let Some(why) = &carried.fallback {
-            eprintln!(
-                "ramsys: --transport auto: raw channels not used ({why}); data went over TCP"
-            );
-        }
-        if dry {
-            for p in &rep.planned {
-                tell!("would send {p}");
-            }
-            for p in &rep.deleted {
-                tell!("would delete {p}");
-            }
-            println!(
-                "dry run: {} would be sent, {} unchanged, {} would be deleted",
-                count(rep.planned.len() as u64, "file", "files"),
-                rep.unchanged,
-                count(rep.deleted.len() as u64, "entry", "entries")
-            );
-            return i32::from(!rep.failed.is_empty());
-        }
-        println!("{}", human_line(rep, run, sync, &transport));
-    }
-    if rep.failed.is_empty() {
-        0
-    } else {
-        1
-    }
-}
-
-/// --delete was asked for and a failure (at either end, the source's scan
-/// included) made the sink delete nothing (sink::tree::sync_epilogue):
-/// any but a vanished source path (rsync's IOERR_VANISHED).
-fn deletions_skipped(rep: &Report, sync: u32) -> bool {
-    sync & ramsys_engine::request::sync::flags::DELETE != 0
-        && rep.failed.iter().any(|f| !f.vanished())
-}
-
-/// `n thing` or `n things`.
-fn count(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
-}
-
-/// The one summary line of a run (a sync's counts on the same line; issue
-/// 35), e.g. `copied 1 file, 0.0 MB in 0.01 s (0.0 MB/s) over tcp (4
-/// streams), cpu 0.01 s; 2 unchanged, 1 deleted`.
-fn human_line(rep: &Report, run: &RunFacts, sync: u32, transport: &str) -> String {
-    use ramsys_engine::request::sync::{flags::DELETE, COMPARE};
-    let mb_s = rep.bytes as f64 / 1e6 / run.wall.max(1e-9);
-    let over = match transport {
-        "local" => "locally".to_string(),
-        t if rep.streams > 0 => format!(
-            "over {t} ({})",
-            count(rep.streams as u64, "stream", "streams")
-        ),
-        t => format!("over {t}"),
-    };
-    let mut line = format!(
-        "copied {}, {:.1} MB in {:.2} s ({:.1} MB/s) {over}, cpu {:.2} s",
-        count(rep.files, "file", "files"),
-        rep.bytes as f64 / 1e6,
-        run.wall,
-        mb_s,
-        run.cpu,
-    );
-    let mut tail = Vec::new();
-    if sync & COMPARE != 0 {
-        tail.push(format!("{} unchanged", rep.unchanged));
-    }
-    if deletions_skipped(rep, sync) {
-        // rsync's "IO error encountered -- skipping file deletion": an
-        // unreadable source directory must not empty its copy.
-        tail.push("nothing deleted after errors".to_string());
-    } else if sync & DELETE != 0 || !rep.deleted.is_empty() {
-        tail.push(format!("{} deleted", rep.deleted.len()));
-    }
-    if !rep.failed.is_empty() {
-        tail.push(format!("{} failed", rep.failed.len()));
-    }
-    if !tail.is_empty() {
-        line.push_str("; ");
-        line.push_str(&tail.join(", "));
-    }
-    line
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn facts(transport: Carried) -> RunFacts {
-        RunFacts {
-            wall: 0.5,
-            cpu: 0.25,
-            resent: 0,
-            faults: LinkFaults {
-                lost: 0,
-                replaced: 0,
-                retries: 0,
-            },
-            extra: Extra {
-                transport,
-                ..Default::default()
-            },
-            memory: Memory {
-                peak_rss: 0,
-                meta_bytes: 0,
-                files: 0,
-            },
-        }
-    }
-
-    #[test]
-    fn one_summary_line_in_english_naming_the_transport() {
-        use ramsys_engine::request::sync::flags::{DELETE, SYNC};
-        use ramsys_engine::types::stats::LinkDesc;
-        let link = |kind| LinkDesc {
-            local: "a".into(),
-            peer: "b".into(),
-            kind,
-        };
-        let mut rep = Report {
-            files: 1,
-            bytes: 2_000_000,
-            streams: 4,
-            unchanged: 3,
-            deleted: vec!["x".into()],
-            links: vec![link("raw"), link("raw")],
-            ..Default::default()
-        };
-        let run = facts(Carried::default());
-        let t = run.extra.transport.used(&rep);
-        assert_eq!(t, "raw");
-        assert_eq!(
-            human_line(&rep, &run, SYNC | DELETE, &t),
-            "copied 1 file, 2.0 MB in 0.50 s (4.0 MB/s) over raw (4 streams), cpu 0.25 s; \
-             3 unchanged, 1 deleted"
-        );
-        rep.files = 2;
-        rep.deleted.clear();
-        rep.links = vec![link("tcp")];
-        let t = run.extra.transport.used(&rep);
-        assert_eq!(
-            human_line(&rep, &run, SYNC, &t),
-            "copied 2 files, 2.0 MB in 0.50 s (4.0 MB/s) over tcp (4 streams), cpu 0.25 s; \
-             3 unchanged"
-        );
-        assert_eq!(human_line(&rep, &run, 0, &t).matches("copied").count(), 1);
-        assert!(!human_line(&rep, &run, 0, &t).contains(';'));
-        let local = facts(Carried {
-            local: true,
-            ..Default::default()
-        });
-        assert_eq!(local.extra.transport.used(&rep), "local");
-        assert!(human_line(&rep, &local, 0, "local").contains(" locally, "));
-        rep.links = vec![link("raw"), link("tcp")];
-        assert_eq!(run.extra.transport.used(&rep), "raw+tcp");
-        assert_eq!(count(1, "entry", "entries"), "1 entry");
-        assert_eq!(count(0, "entry", "entries"), "0 entries");
-    }
 }

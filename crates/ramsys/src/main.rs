@@ -22,6 +22,7 @@ mod ssh;
 mod ssh_serve;
 mod status;
 mod stripe;
+mod summary;
 mod token;
 mod tunnel;
 
