@@ -192,7 +192,14 @@ fn disk_full_on_sink_fails_cleanly() {
         !fs.dir.path().join("src/big").exists(),
         "no half-written final file"
     );
-    assert!(temp_files(fs.dir.path()).is_empty(), "temp files removed");
+    // The sink's Abort stops the agent first; the daemon removes its temp
+    // files right after (its writers joined): wait for that, briefly.
+    let t0 = Instant::now();
+    while !temp_files(fs.dir.path()).is_empty() && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let temps = temp_files(fs.dir.path());
+    assert!(temps.is_empty(), "temp files removed: {temps:?}");
     // The source is untouched.
     assert_eq!(std::fs::metadata(src.join("big")).unwrap().len(), 12 << 20);
 }

@@ -270,6 +270,11 @@ pub struct FileTable {
     dirty: std::sync::Mutex<Vec<u32>>,
     /// Bytes of the files' names (meta_bytes).
     name_bytes: u64,
+    /// The destination's storage failed the session (disk full, quota,
+    /// read-only): its temp files are not kept for a resume, whichever
+    /// error ended the session first (the source closing its links after
+    /// the sink's Abort often does).
+    storage_failed: AtomicBool,
     /// Files before this index are all settled (never unsettle again).
     settled_upto: std::sync::atomic::AtomicUsize,
     /// Destination directories, opened once.
@@ -334,6 +339,7 @@ impl FileTable {
             journal_min: 0,
             dirty: std::sync::Mutex::new(Vec::new()),
             name_bytes: 0,
+            storage_failed: AtomicBool::new(false),
             settled_upto: std::sync::atomic::AtomicUsize::new(0),
             dirs: SinkDirs::default(),
             anon_ok: AtomicBool::new(tmpfile::enabled()),
@@ -385,6 +391,18 @@ impl FileTable {
 
     pub fn files(&self) -> &[SinkFile] {
         &self.files
+    }
+
+    /// A storage error that stops the session (is_fatal): remembered, so
+    /// the teardown gives the space back (pipeline: no temp file kept).
+    pub(super) fn storage_fatal(&self, e: &std::io::Error) -> WriteError {
+        self.storage_failed.store(true, Ordering::Release);
+        WriteError::Fatal(fatal_msg(e))
+    }
+
+    /// Whether the destination's storage stopped the session.
+    pub fn storage_failed(&self) -> bool {
+        self.storage_failed.load(Ordering::Acquire)
     }
 
     /// This session end's counters.

@@ -59,7 +59,7 @@ impl FileTable {
                     f.flags.fetch_or(TEMP | anon, Ordering::AcqRel);
                     *g = Some(Arc::new(fd));
                 }
-                Err(e) if is_fatal(&e) => return Err(WriteError::Fatal(fatal_msg(&e))),
+                Err(e) if is_fatal(&e) => return Err(self.storage_fatal(&e)),
                 Err(e) => {
                     drop(g);
                     self.fail(f, format!("cannot create: {e}"));

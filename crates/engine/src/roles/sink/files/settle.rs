@@ -182,7 +182,7 @@ impl FileTable {
             if self.fsync {
                 if let Err(e) = file.buffered.sync_all() {
                     if is_fatal(&e) {
-                        return Err(WriteError::Fatal(fatal_msg(&e)));
+                        return Err(self.storage_fatal(&e));
                     }
                     self.fail(f, format!("fsync: {e}"));
                     return Ok(());
@@ -214,7 +214,7 @@ impl FileTable {
                     // Closed (a named file) or linked (nameless) by finalize.
                     *g = Some(Arc::new(fd));
                 }
-                Err(e) if is_fatal(&e) => return Err(WriteError::Fatal(fatal_msg(&e))),
+                Err(e) if is_fatal(&e) => return Err(self.storage_fatal(&e)),
                 Err(e) => {
                     drop(g);
                     self.fail(f, format!("cannot create: {e}"));

@@ -136,7 +136,7 @@ impl FileTable {
     /// A write failed: fatal errors stop the session, others fail the file.
     pub fn write_failed(&self, f: &SinkFile, e: std::io::Error) -> Result<(), WriteError> {
         if is_fatal(&e) {
-            return Err(WriteError::Fatal(fatal_msg(&e)));
+            return Err(self.storage_fatal(&e));
         }
         self.fail(f, format!("write error: {e}"));
         Ok(())

@@ -664,7 +664,7 @@ impl<'s> SinkPipeline<'s> {
         }
         // The default journal keeps what an interruption left (a lost peer),
         // not what a local failure left (a full disk gets its space back).
-        let local = matches!(result, Err(EngineError::Local(_)));
+        let local = matches!(result, Err(EngineError::Local(_))) || table.storage_failed();
         let keep = table.resume && (table.journal_min == 0 || !local);
         let file_failures = table.finish_keeping(keep);
         if let Some(s) = &mut sync {
