@@ -58,16 +58,10 @@ pub fn parse_list(s: &str) -> Result<Vec<u32>> {
     Ok(out)
 }
 
-/// Parse sysfs cache sizes such as `107520K`, `2M`, `512`.
+/// Parse sysfs cache sizes such as `107520K`, `2M`, `512` (the kernel's
+/// K is 1024, as in ramsys_units' rule).
 fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last()? {
-        'K' | 'k' => (&s[..s.len() - 1], 1u64 << 10),
-        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
-        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.trim().parse::<u64>().ok().map(|n| n * mul)
+    ramsys_units::parse_size(s).ok()
 }
 
 fn read_trim(p: &Path) -> Option<String> {

@@ -199,21 +199,10 @@ pub fn names_dir(arg: &str) -> bool {
     arg.ends_with('/')
 }
 
-/// "4M", "4MiB", "512k", "1G", "65536".
+/// Every size flag: the workspace's one unit rule (ramsys_units: K, M, G
+/// and KiB.. are powers of 1024, KB, MB, GB of 1000; issue 37).
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (n, unit) = t.split_at(digits);
-    let n: u64 = n.parse().map_err(|_| format!("invalid size {s:?}"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        _ => return Err(format!("invalid size unit in {s:?} (use K, M or G)")),
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("size {s:?} too large"))
+    ramsys_units::parse_size(s).map_err(String::from)
 }
 
 #[cfg(test)]
@@ -318,6 +307,8 @@ mod tests {
         assert_eq!(parse_size("4M"), Ok(4 << 20));
         assert_eq!(parse_size("64KiB"), Ok(64 << 10));
         assert_eq!(parse_size("100"), Ok(100));
+        // MB is 10^6 here as in --bwlimit and the config (issue 37).
+        assert_eq!(parse_size("512MB"), Ok(512_000_000));
         assert!(parse_size("4Q").is_err());
         assert!(parse_size("").is_err());
     }

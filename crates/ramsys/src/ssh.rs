@@ -784,7 +784,8 @@ fn relay(a: &CpArgs, p: &mut SshProc) -> Option<i32> {
                 if let Some(b) = &bar {
                     b.set_length(v["total_bytes"].as_u64().unwrap_or(0));
                     b.set_position(v["bytes"].as_u64().unwrap_or(0));
-                    b.set_message(format!("{:.1} MB/s", v["mb_s"].as_f64().unwrap_or(0.0)));
+                    let bps = v["mb_s"].as_f64().unwrap_or(0.0) * 1e6;
+                    b.set_message(ramsys_units::format_rate(bps as u64));
                 }
             }
             Some("summary") => summary = Some(v),
@@ -822,11 +823,12 @@ fn print_summary(v: &serde_json::Value, host: &str) {
         );
     }
     tell!(
-        "copied {} files, {:.1} MB in {:.2} s ({:.1} MB/s), from {host}",
+        "copied {} files, {} in {:.2} s ({}), from {host}",
         v["files"].as_u64().unwrap_or(0),
-        v["bytes"].as_u64().unwrap_or(0) as f64 / 1e6,
+        ramsys_units::format_size(v["bytes"].as_u64().unwrap_or(0)),
         v["wall_s"].as_f64().unwrap_or(0.0),
-        v["mb_s"].as_f64().unwrap_or(0.0),
+        // mb_s in the JSON summary is 10^6 bytes/s (bench/README.md).
+        ramsys_units::format_rate((v["mb_s"].as_f64().unwrap_or(0.0) * 1e6) as u64),
     );
 }
 

@@ -144,11 +144,11 @@ pub fn jobs_human(jobs: &[ramsys_engine::daemon::jobs::JobStatus]) -> String {
 }
 
 fn mb(b: u64) -> String {
-    format!("{:.1}MB", b as f64 / 1e6)
+    ramsys_units::format_size(b)
 }
 
 fn rate(bps: f64) -> String {
-    format!("{:.1}MB/s", bps / 1e6)
+    ramsys_units::format_rate(bps.max(0.0) as u64)
 }
 
 /// `st` with every string in it escaped for a terminal (issue 34,

@@ -281,11 +281,12 @@ fn count(n: u64, one: &str, many: &str) -> String {
 }
 
 /// The one summary line of a run (a sync's counts on the same line; issue
-/// 35), e.g. `copied 1 file, 0.0 MB in 0.01 s (0.0 MB/s) over tcp (4
+/// 35), e.g. `copied 1 file, 1.9 MiB in 0.50 s (3.8 MiB/s) over tcp (4
 /// streams), cpu 0.01 s; 2 unchanged, 1 deleted`.
 fn human_line(rep: &Report, run: &RunFacts, sync: u32, transport: &str) -> String {
     use ramsys_engine::request::sync::{flags::DELETE, COMPARE};
-    let mb_s = rep.bytes as f64 / 1e6 / run.wall.max(1e-9);
+    // Sizes and rates in ramsys_units' one form (issue 37).
+    let rate = ramsys_units::format_rate((rep.bytes as f64 / run.wall.max(1e-9)) as u64);
     let over = match transport {
         "local" => "locally".to_string(),
         t if rep.streams > 0 => format!(
@@ -295,11 +296,10 @@ fn human_line(rep: &Report, run: &RunFacts, sync: u32, transport: &str) -> Strin
         t => format!("over {t}"),
     };
     let mut line = format!(
-        "copied {}, {:.1} MB in {:.2} s ({:.1} MB/s) {over}, cpu {:.2} s",
+        "copied {}, {} in {:.2} s ({rate}) {over}, cpu {:.2} s",
         count(rep.files, "file", "files"),
-        rep.bytes as f64 / 1e6,
+        ramsys_units::format_size(rep.bytes),
         run.wall,
-        mb_s,
         run.cpu,
     );
     let mut tail = Vec::new();
@@ -372,7 +372,7 @@ mod tests {
         assert_eq!(t, "raw");
         assert_eq!(
             human_line(&rep, &run, SYNC | DELETE, &t),
-            "copied 1 file, 2.0 MB in 0.50 s (4.0 MB/s) over raw (4 streams), cpu 0.25 s; \
+            "copied 1 file, 1.9 MiB in 0.50 s (3.8 MiB/s) over raw (4 streams), cpu 0.25 s; \
              3 unchanged, 1 deleted"
         );
         rep.files = 2;
@@ -381,7 +381,7 @@ mod tests {
         let t = run.extra.transport.used(&rep);
         assert_eq!(
             human_line(&rep, &run, SYNC, &t),
-            "copied 2 files, 2.0 MB in 0.50 s (4.0 MB/s) over tcp (4 streams), cpu 0.25 s; \
+            "copied 2 files, 1.9 MiB in 0.50 s (3.8 MiB/s) over tcp (4 streams), cpu 0.25 s; \
              3 unchanged"
         );
         assert_eq!(human_line(&rep, &run, 0, &t).matches("copied").count(), 1);

@@ -1,6 +1,7 @@
 //! The placement plan the daemon follows, and its text rendering.
 
 use crate::model::{stage_rate, Assignment, DeviceKind, Instance, Resolved};
+use ramsys_units::format_size as human_bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -190,17 +191,6 @@ fn cpu_list(cpus: &[usize]) -> String {
     out
 }
 
-fn human_bytes(b: u64) -> String {
-    const MIB: u64 = 1 << 20;
-    if b >= 1 << 30 && b & ((1 << 30) - 1) == 0 {
-        format!("{} GiB", b >> 30)
-    } else if b >= MIB {
-        format!("{:.0} MiB", b as f64 / MIB as f64)
-    } else {
-        format!("{b} B")
-    }
-}
-
 /// Human-readable rendering of a plan (`ramsys plan`, `ramsys cp --explain`).
 pub fn render_text(plan: &Plan) -> String {
     let mut s = String::new();
@@ -259,8 +249,8 @@ mod tests {
 
     #[test]
     fn human_bytes_units() {
-        assert_eq!(human_bytes(16 << 20), "16 MiB");
-        assert_eq!(human_bytes(2 << 30), "2 GiB");
+        assert_eq!(human_bytes(16 << 20), "16.0 MiB");
+        assert_eq!(human_bytes(2 << 30), "2.0 GiB");
         assert_eq!(human_bytes(512), "512 B");
     }
 }

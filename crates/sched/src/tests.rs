@@ -406,7 +406,7 @@ fn two_socket_readers_on_storage_node_senders_and_buffers_on_nic_node() {
         text.contains("cpus 1-3") && text.contains("cpus 9-11"),
         "{text}"
     );
-    assert!(text.contains("buffers: node 1: 48 MiB"), "{text}");
+    assert!(text.contains("buffers: node 1: 48.0 MiB"), "{text}");
     // The receiving side of the same host: receivers on the NIC node,
     // writers on the storage node, buffers with the receivers.
     let mut rx = two_socket();

@@ -102,16 +102,10 @@ pub fn parse_cpulist(s: &str) -> Result<Vec<usize>> {
     Ok(out)
 }
 
-/// "48K", "2048K", "20M" (sysfs cache sizes).
+/// "48K", "2048K", "20M" (sysfs cache sizes: the kernel's K is 1024, as
+/// in ramsys_units' rule).
 fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last()? {
-        'K' | 'k' => (&s[..s.len() - 1], 1024),
-        'M' | 'm' => (&s[..s.len() - 1], 1024 * 1024),
-        'G' | 'g' => (&s[..s.len() - 1], 1024 * 1024 * 1024),
-        _ => (s, 1),
-    };
-    num.trim().parse::<u64>().ok().map(|n| n * mult)
+    ramsys_units::parse_size(s).ok()
 }
 
 /// The "MemTotal: N kB" line of a (per-node) meminfo file.

@@ -3,20 +3,7 @@
 use crate::model::Topology;
 use std::fmt::Write;
 
-fn fmt_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
+use ramsys_units::format_size as fmt_bytes;
 
 /// Compact cpulist ("0-7,16-23").
 pub fn fmt_cpus(cpus: &[usize]) -> String {

@@ -2,28 +2,10 @@
 //! users table (crate::daemon::users): sizes, typed values, and syntax
 //! errors as one line with a line number.
 
-/// Parse a size: a number of bytes, or with a K/M/G/T suffix (binary).
+/// A size key: the workspace's one unit rule (ramsys_units, issue 37), so
+/// `memory = "512MB"` means what `serve --memory 512MB` means.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mul) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m: u64 = match c.to_ascii_uppercase() {
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                'B' => 1,
-                _ => return Err(format!("unknown size suffix in {s:?}")),
-            };
-            (&s[..i], m)
-        }
-        _ => (s, 1),
-    };
-    num.trim()
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mul))
-        .ok_or_else(|| format!("expected a size like 512M, got {s:?}"))
+    ramsys_units::parse_size(s).map_err(String::from)
 }
 
 pub(crate) fn positive(key: &str, v: &toml::Value) -> Result<usize, String> {

@@ -12,9 +12,10 @@
 //! bucket holds at most [`BURST`] worth of unused credit, so an idle
 //! session cannot save up and then burst past its rate.
 //!
-//! Units (rsync's `--bwlimit`): a bare number is KiB/s; K, M, G (and KiB,
-//! MiB, GiB) are powers of 1024, KB, MB, GB powers of 1000, B bytes;
-//! fractions are allowed ("1.5M"); 0 means no limit.
+//! Units: the workspace's one rule (ramsys_units::parse_rate, rsync's
+//! `--bwlimit`): a bare number is KiB/s; K, M, G (and KiB, MiB, GiB) are
+//! powers of 1024, KB, MB, GB powers of 1000, B bytes; fractions are
+//! allowed ("1.5M"); 0 means no limit.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -35,39 +36,11 @@ const MIN_LIMITED_BLOCK: u64 = 4 << 10;
 /// an abort).
 pub const MIN_RATE: u64 = 1 << 10;
 
-/// Parse a rate as rsync's `--bwlimit` does: bytes per second.
+/// Parse a rate limit (`--bwlimit`, `max_rate`): bytes per second, 0 or
+/// at least [`MIN_RATE`].
 pub fn parse_rate(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let end = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(end);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid rate {s:?} (e.g. 20M for 20 MiB/s)"))?;
-    let unit = unit.trim().to_ascii_lowercase();
-    let unit = unit.strip_suffix("/s").unwrap_or(&unit);
-    let mult: f64 = match unit {
-        "" | "k" | "kib" => 1024.0,
-        "b" => 1.0,
-        "kb" => 1e3,
-        "m" | "mib" => (1u64 << 20) as f64,
-        "mb" => 1e6,
-        "g" | "gib" => (1u64 << 30) as f64,
-        "gb" => 1e9,
-        "t" | "tib" => (1u64 << 40) as f64,
-        "tb" => 1e12,
-        _ => {
-            return Err(format!(
-                "invalid rate unit in {s:?} (use B, K, M, G: powers of 1024; KB, MB, GB: of 1000)"
-            ))
-        }
-    };
-    let v = (n * mult).round();
-    if !v.is_finite() || v >= u64::MAX as f64 {
-        return Err(format!("rate {s:?} too large"));
-    }
-    check_rate(v as u64).map_err(|e| format!("rate {s:?}: {e}"))
+    let v = ramsys_units::parse_rate(s)?;
+    check_rate(v).map_err(|e| format!("rate {s:?}: {e}"))
 }
 
 /// 0 (no limit) or at least [`MIN_RATE`].
@@ -78,17 +51,12 @@ pub fn check_rate(v: u64) -> Result<u64, String> {
     Ok(v)
 }
 
-/// A rate for people: "20.0 MiB/s".
+/// A limit for people: "20.0 MiB/s" (ramsys_units::format_rate), or
+/// "unlimited" for 0.
 pub fn show_rate(bps: u64) -> String {
-    let b = bps as f64;
-    if bps == 0 {
-        "unlimited".into()
-    } else if b >= (1u64 << 30) as f64 {
-        format!("{:.1} GiB/s", b / (1u64 << 30) as f64)
-    } else if b >= (1u64 << 20) as f64 {
-        format!("{:.1} MiB/s", b / (1u64 << 20) as f64)
-    } else {
-        format!("{:.1} KiB/s", b / 1024.0)
+    match bps {
+        0 => "unlimited".into(),
+        b => ramsys_units::format_rate(b),
     }
 }
 
