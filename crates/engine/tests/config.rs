@@ -56,6 +56,18 @@ max_rate = 1048576
     .unwrap();
     assert_eq!(c.numa, Some(NumaMode::Auto));
     assert_eq!(c.memory, Some(512 << 20));
+    // The config's `memory` and `serve --memory` share one unit rule
+    // (issue 37's user-facing bug: "512MB" was refused here, 2^20-based
+    // there): both now read 512 000 000.
+    for (text, bytes) in [
+        ("512MB", 512_000_000),
+        ("512MiB", 512 << 20),
+        ("512M", 512 << 20),
+    ] {
+        let c = DaemonConfig::parse(&format!("memory = \"{text}\"\n"), Path::new(".")).unwrap();
+        assert_eq!(c.memory, Some(bytes), "{text}");
+        assert_eq!(ramsys_units::parse_size(text), Ok(bytes), "{text}");
+    }
     assert_eq!(c.max_streams, Some(8));
     assert_eq!((c.readers, c.writers), (Some(3), Some(5)));
     assert_eq!(c.model, Some(PathBuf::from("/etc/ramsys/m.json")));

@@ -24,7 +24,7 @@ pub struct CpArgs {
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub streams: Option<u16>,
     /// Block size: unit of disk access and network transfer.
-    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    #[arg(long, default_value = "4M", value_parser = crate::spec::parse_block_size)]
     pub block_size: u64,
     /// Send at most RATE bytes per second, all streams together (rsync's
     /// units: a bare number is KiB/s; K, M, G are powers of 1024, KB, MB,

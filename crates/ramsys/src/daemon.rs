@@ -53,7 +53,7 @@ pub struct ServeArgs {
     #[arg(long, value_parser = parse_size)]
     pub memory: Option<u64>,
     /// Largest block size served (size of each buffer).
-    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    #[arg(long, default_value = "4M", value_parser = crate::spec::parse_block_size)]
     pub max_block_size: u64,
     /// Sender and receiver threads (most streams served at once; default
     /// 16).

@@ -25,7 +25,7 @@ pub struct PlanArgs {
     #[arg(long)]
     pub exact: bool,
     /// Block size the plan sizes buffers for.
-    #[arg(long, default_value = "4M", value_parser = crate::spec::parse_size)]
+    #[arg(long, default_value = "4M", value_parser = crate::spec::parse_block_size)]
     pub block_size: u64,
     pub src: String,
     pub dst: String,

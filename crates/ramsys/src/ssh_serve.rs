@@ -61,7 +61,7 @@ pub struct SshServeArgs {
     #[arg(long)]
     pub role: ServeRole,
     /// Largest block size the session may use.
-    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    #[arg(long, default_value = "4M", value_parser = crate::spec::parse_block_size)]
     pub block_size: u64,
     /// Most data streams: what `ramsys serve` allows by default (the
     /// agent may add streams up to it on a long path, issue 21).

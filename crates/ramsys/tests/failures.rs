@@ -133,6 +133,21 @@ fn bad_flags_and_paths_are_clear() {
     let o = ramsys(&key, &["cp", "--block-size", "12Q", "a", "b"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("invalid size"), "{}", stderr(&o));
+    // MB is 10^6 (issue 37's one rule): a block size that is not whole
+    // 4 KiB pages is refused in one line naming the flag and the fix.
+    for args in [
+        &["cp", "--block-size", "4MB", "a", "b"][..],
+        &["serve", "--max-block-size", "4MB"][..],
+    ] {
+        let o = ramsys(&key, args);
+        assert!(!o.status.success());
+        let e = stderr(&o);
+        let line = e
+            .lines()
+            .find(|l| l.contains("not a multiple"))
+            .unwrap_or("");
+        assert!(line.contains(args[1]) && line.ends_with("use 4MiB"), "{e}");
+    }
     let o = ramsys(&key, &["cp", "a", "ramsys://host-without-port/x"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("missing port"), "{}", stderr(&o));

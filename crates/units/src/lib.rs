@@ -117,6 +117,56 @@ pub fn parse_size(s: &str) -> Result<u64, UnitError> {
     parse_with(s, s, "size", 1, "4M")
 }
 
+/// A size that must be a multiple of `align` (a power of two): a block
+/// size goes through O_DIRECT and the segment table in 4 KiB pages. Since
+/// `MB` is 10^6 (the rule above), `4MB` = 4 000 000 is refused in one
+/// line that says why and suggests the nearest spelling that is valid:
+/// the same number in the binary unit when that fits (`4MiB`), else the
+/// nearest multiple (`3908KiB`). Callers put the flag or key in front.
+pub fn parse_aligned(s: &str, align: u64) -> Result<u64, UnitError> {
+    debug_assert!(align.is_power_of_two());
+    let v = parse_size(s)?;
+    if v % align == 0 {
+        return Ok(v);
+    }
+    Err(UnitError(format!(
+        "{} is {v} bytes, not a multiple of {}; use {}",
+        s.trim(),
+        format_size(align).replace(".0 ", " "),
+        suggest_aligned(s, v, align)
+    )))
+}
+
+/// The valid spelling nearest to what was meant: an SI suffix read as its
+/// binary twin if that is aligned (`4MB` -> `4MiB`), else the nearest
+/// non-zero multiple of `align` in the largest unit that divides it.
+fn suggest_aligned(s: &str, v: u64, align: u64) -> String {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    for (si, iec) in [
+        ("kb", "KiB"),
+        ("mb", "MiB"),
+        ("gb", "GiB"),
+        ("tb", "TiB"),
+        ("pb", "PiB"),
+    ] {
+        if let Some(num) = lower.strip_suffix(si) {
+            let twin = format!("{}{iec}", num.trim());
+            if parse_size(&twin).is_ok_and(|b| b % align == 0 && b > 0) {
+                return twin;
+            }
+        }
+    }
+    let near = ((v + align / 2) / align).max(1) * align;
+    let mut unit = 0;
+    let mut n = near;
+    while n % 1024 == 0 && unit < 5 {
+        n /= 1024;
+        unit += 1;
+    }
+    format!("{n}{}", ["", "KiB", "MiB", "GiB", "TiB", "PiB"][unit])
+}
+
 /// A rate in bytes per second, as rsync's `--bwlimit`: like a size, with
 /// an optional `/s`, and a bare number counts KiB/s (`100` = 102 400).
 pub fn parse_rate(s: &str) -> Result<u64, UnitError> {

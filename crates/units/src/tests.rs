@@ -37,6 +37,56 @@ fn accepted_sizes() {
     }
 }
 
+/// Block sizes (4 KiB pages): accepted spellings, and the one line that
+/// refuses an unaligned one with the nearest valid spelling.
+#[test]
+fn aligned_sizes() {
+    const PAGE: u64 = 4096;
+    for (s, v) in [
+        ("4M", 4 << 20),
+        ("4MiB", 4 << 20),
+        ("4096", 4096),
+        ("4K", 4096),
+        ("64KiB", 64 << 10),
+        ("1.5M", 3 << 19),
+        ("4096000B", 4_096_000),
+        ("0", 0),
+    ] {
+        assert_eq!(parse_aligned(s, PAGE), Ok(v), "{s}");
+    }
+    for (s, msg) in [
+        (
+            "4MB",
+            "4MB is 4000000 bytes, not a multiple of 4 KiB; use 4MiB",
+        ),
+        (
+            "64KB",
+            "64KB is 64000 bytes, not a multiple of 4 KiB; use 64KiB",
+        ),
+        (
+            "1 GB",
+            "1 GB is 1000000000 bytes, not a multiple of 4 KiB; use 1GiB",
+        ),
+        (
+            "5000",
+            "5000 bytes is 5000 bytes, not a multiple of 4 KiB; use 4KiB",
+        ),
+        (
+            "1.1M",
+            "1.1M is 1153434 bytes, not a multiple of 4 KiB; use 1128KiB",
+        ),
+        ("100", "100 is 100 bytes, not a multiple of 4 KiB; use 4KiB"),
+    ] {
+        let e = parse_aligned(s, PAGE).unwrap_err().to_string();
+        assert_eq!(e, msg.replace("5000 bytes is", "5000 is"), "{s}");
+        assert!(!e.contains('\n'));
+        // The suggestion is itself accepted.
+        let hint = e.rsplit("use ").next().unwrap();
+        assert!(parse_aligned(hint, PAGE).is_ok(), "{s}: {hint}");
+    }
+    assert!(parse_aligned("4Q", PAGE).is_err());
+}
+
 #[test]
 fn accepted_rates() {
     let table: &[(&str, u64)] = &[
