@@ -240,7 +240,7 @@ impl Numa {
     }
 
     pub fn buffers(&mut self, label: &str, res: &EngineResources) {
-        let mb = (res.buffers.count() * res.buffers.buf_size()) >> 20;
+        let mb = ramsys_units::format_size((res.buffers.count() * res.buffers.buf_size()) as u64);
         match res.verify_buffers() {
             Some(Ok(v)) => {
                 let where_: Vec<String> = v
@@ -248,16 +248,16 @@ impl Numa {
                     .map(|(n, p)| format!("{p} pages on node {n}"))
                     .collect();
                 self.lines.push(format!(
-                    "{label}: buffer pool {mb} MiB bound to node {}, verified by move_pages: {}",
+                    "{label}: buffer pool {mb} bound to node {}, verified by move_pages: {}",
                     res.buffers.node().map_or("?".into(), |n| n.to_string()),
                     where_.join(", ")
                 ));
             }
             Some(Err(e)) => self.lines.push(format!(
-                "{label}: buffer pool {mb} MiB; placement check failed: {e}"
+                "{label}: buffer pool {mb}; placement check failed: {e}"
             )),
             None => self.lines.push(format!(
-                "{label}: buffer pool {mb} MiB on the heap (OS placement)"
+                "{label}: buffer pool {mb} on the heap (OS placement)"
             )),
         }
     }
@@ -300,10 +300,10 @@ impl Numa {
                 "streams: {} chosen from the path ({}); the peer confirmed {}",
                 c.streams, c.why, rep.streams
             ));
-            let mib = |b: u64| b as f64 / (1 << 20) as f64;
+            let mib = ramsys_units::format_size;
             let tcp = |l: &ramsys_engine::transport::path::TcpLimits| {
                 format!(
-                    "tcp_wmem max {:.1} MiB, tcp_rmem max {:.1} MiB",
+                    "tcp_wmem max {}, tcp_rmem max {}",
                     mib(l.wmem_max),
                     mib(l.rmem_max)
                 )
@@ -344,10 +344,10 @@ impl Numa {
             ));
         }
         if let Some(u) = &rep.storage {
-            let mb = |b: u64| b as f64 / 1e6;
+            let mb = ramsys_units::format_size;
             self.lines.push(format!(
-                "storage ({}s here, --direct {}): large files {:.1} MB with O_DIRECT, \
-                 {:.1} MB through the page cache",
+                "storage ({}s here, --direct {}): large files {} with O_DIRECT, \
+                 {} through the page cache",
                 u.side,
                 format!("{:?}", u.mode).to_lowercase(),
                 mb(u.direct_bytes),

@@ -126,7 +126,7 @@ pub fn parse_size(s: &str) -> Result<u64, UnitError> {
 pub fn parse_aligned(s: &str, align: u64) -> Result<u64, UnitError> {
     debug_assert!(align.is_power_of_two());
     let v = parse_size(s)?;
-    if v % align == 0 {
+    if v.is_multiple_of(align) {
         return Ok(v);
     }
     Err(UnitError(format!(
@@ -152,7 +152,7 @@ fn suggest_aligned(s: &str, v: u64, align: u64) -> String {
     ] {
         if let Some(num) = lower.strip_suffix(si) {
             let twin = format!("{}{iec}", num.trim());
-            if parse_size(&twin).is_ok_and(|b| b % align == 0 && b > 0) {
+            if parse_size(&twin).is_ok_and(|b| b.is_multiple_of(align) && b > 0) {
                 return twin;
             }
         }
@@ -160,7 +160,7 @@ fn suggest_aligned(s: &str, v: u64, align: u64) -> String {
     let near = ((v + align / 2) / align).max(1) * align;
     let mut unit = 0;
     let mut n = near;
-    while n % 1024 == 0 && unit < 5 {
+    while n.is_multiple_of(1024) && unit < 5 {
         n /= 1024;
         unit += 1;
     }

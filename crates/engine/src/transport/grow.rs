@@ -362,9 +362,9 @@ impl Grower {
             _ if idle.is_some() => (
                 None,
                 format!(
-                    "stop: {n} streams {:.0} MB/s had data in flight only {:.0} % of the \
+                    "stop: {n} streams {} had data in flight only {:.0} % of the \
                      time: the ends, not the path, are the limit",
-                    rate / 1e6,
+                    ramsys_units::format_rate(rate as u64),
                     idle.unwrap_or_default() * 100.0
                 ),
             ),
@@ -372,9 +372,9 @@ impl Grower {
             _ if queued.is_some() => (
                 None,
                 format!(
-                    "stop: {n} streams {:.0} MB/s with an RTT {:.1} x its minimum: the path's \
+                    "stop: {n} streams {} with an RTT {:.1} x its minimum: the path's \
                      bottleneck is full, more streams would only queue",
-                    rate / 1e6,
+                    ramsys_units::format_rate(rate as u64),
                     queued.unwrap_or_default()
                 ),
             ),
@@ -384,20 +384,20 @@ impl Grower {
                 (
                     Some(add),
                     format!(
-                        "{n} streams {:.0} MB/s, {m} streams had {:.0} MB/s: not comparable \
+                        "{n} streams {}, {m} streams had {}: not comparable \
                          (a first stage runs ahead while the sink's buffers fill; other \
                          files, other load); a new baseline, add {add}",
-                        rate / 1e6,
-                        r / 1e6
+                        ramsys_units::format_rate(rate as u64),
+                        ramsys_units::format_rate(r as u64)
                     ),
                 )
             }
             Some((m, r)) if rate < r * (1.0 + need(m)) => (
                 None,
                 format!(
-                    "stop: {n} streams {:.0} MB/s vs {m} streams {:.0} MB/s (less than +{:.0} %)",
-                    rate / 1e6,
-                    r / 1e6,
+                    "stop: {n} streams {} vs {m} streams {} (less than +{:.0} %)",
+                    ramsys_units::format_rate(rate as u64),
+                    ramsys_units::format_rate(r as u64),
                     need(m) * 100.0
                 ),
             ),

@@ -160,14 +160,14 @@ impl Ends {
             true => ("this host", "the daemon"),
             false => ("the daemon", "this host"),
         };
-        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        let mib = ramsys_units::format_size;
         let w = window(s, r);
         let by = if w == STREAM_WINDOW_CAP {
             "what one stream sustains".to_string()
         } else if w == s.wmem_max * 2 / 3 {
-            format!("2/3 of {sn}'s tcp_wmem max {:.1} MiB", mib(s.wmem_max))
+            format!("2/3 of {sn}'s tcp_wmem max {}", mib(s.wmem_max))
         } else if w == r.rmem_max / 2 {
-            format!("half {rn}'s tcp_rmem max {:.1} MiB", mib(r.rmem_max))
+            format!("half {rn}'s tcp_rmem max {}", mib(r.rmem_max))
         } else {
             "the 64 KiB floor".to_string()
         };
@@ -175,7 +175,7 @@ impl Ends {
             Some(_) => "",
             None => "; the daemon's limits unknown: taken as here",
         };
-        format!("window {:.2} MB: {by}{unknown}", w as f64 / 1e6)
+        format!("window {}: {by}{unknown}", ramsys_units::format_size(w))
     }
 }
 
@@ -228,12 +228,11 @@ pub fn choose(
             let need = bdp.div_ceil(window as u128).min(u16::MAX as u128) as u16;
             let n = need.clamp(min, max);
             let why = format!(
-                "{:.1} ms x {} MB/s = {:.1} MB in flight / {:.1} MB per stream = {need}{} \
-                 ({})",
+                "{:.1} ms x {} = {} in flight / {} per stream = {need}{} ({})",
                 rtt.as_secs_f64() * 1e3,
-                target_bytes_s / 1_000_000,
-                bdp as f64 / 1e6,
-                window as f64 / 1e6,
+                ramsys_units::format_rate(target_bytes_s),
+                ramsys_units::format_size(bdp as u64),
+                ramsys_units::format_size(window),
                 match n.cmp(&need) {
                     std::cmp::Ordering::Less => format!(", capped at {max} (buffer pool)"),
                     std::cmp::Ordering::Greater => format!(", at least {min}"),

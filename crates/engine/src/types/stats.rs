@@ -114,12 +114,10 @@ pub fn process_cpu_seconds() -> f64 {
     }
 }
 
-/// Bytes as MiB with one decimal, for one-line messages.
+/// Bytes for one-line messages: the workspace's one form (ramsys_units,
+/// issue 37).
 pub fn mib(b: u64) -> String {
-    match b {
-        b if b < 1 << 20 => format!("{:.1} KiB", b as f64 / 1024.0),
-        b => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
-    }
+    ramsys_units::format_size(b)
 }
 
 /// This process's resident memory now and at its peak (VmRSS, VmHWM),

@@ -180,13 +180,13 @@ fn describe_pools(
 ) -> Vec<String> {
     let mut lines = vec![format!(
         "pools: readers {} writers {} (storage threads, CPUs {}), senders/receivers {} (CPUs {}), \
-         buffers {} MiB on {}",
+         buffers {} on {}",
         resources.readers,
         resources.writers,
         cpus_or_os(&resources.storage_cpus),
         resources.max_streams,
         cpus_or_os(&resources.net_cpus),
-        resources.memory >> 20,
+        ramsys_units::format_size(resources.memory as u64),
         resources
             .buffer_node
             .map_or("the heap (OS placement)".into(), |n| format!("node {n}")),
