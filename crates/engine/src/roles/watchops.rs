@@ -33,7 +33,7 @@ fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
     }
 }
 
-fn is_dir(st: &libc::stat) -> bool {
+fn is_dir(st: &crate::storage::fsops::Stat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 

@@ -67,7 +67,7 @@ pub struct DestMap {
     device: bool,
 }
 
-fn is_dir(st: &libc::stat) -> bool {
+fn is_dir(st: &crate::storage::fsops::Stat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 

@@ -363,7 +363,7 @@ impl ArchiveSink {
         dir: &OwnedFd,
         n: &CString,
         a: &Attrs,
-        st: &libc::stat,
+        st: &crate::storage::fsops::Stat,
         numeric: bool,
     ) -> io::Result<Owned> {
         let uid = a.owner.as_ref().map(|p| self.names.uid(p, numeric));
