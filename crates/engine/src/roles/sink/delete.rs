@@ -117,8 +117,7 @@ pub fn remove_unprotected(
 ) -> std::io::Result<bool> {
     let (parent, name) = fsops::split_parent(rel);
     let dir = root.open_dir(parent)?;
-    let is_dir = fsops::lstat_at(dir.as_fd(), name)?
-        .is_some_and(|st| fsops::is_dir(&st));
+    let is_dir = fsops::lstat_at(dir.as_fd(), name)?.is_some_and(|st| fsops::is_dir(&st));
     if !is_dir {
         remove(root, rel)?;
         return Ok(true);
