@@ -69,6 +69,9 @@ pub fn write_frame<W: Write + ?Sized>(w: &mut W, header: &[u8], body: &[u8]) -> 
     w.flush()
 }
 
+/// A whole frame: its header bytes and its body.
+pub type Frame = (Vec<u8>, Vec<u8>);
+
 /// Incremental splitter for bytes that arrive in pieces: holds at most one
 /// header plus one (checked) body beyond what the caller fed at once.
 #[derive(Debug, Default)]
@@ -94,7 +97,7 @@ impl Decoder {
         &mut self,
         header_len: usize,
         check: impl FnOnce(&[u8]) -> Result<usize, E>,
-    ) -> Result<Option<(Vec<u8>, Vec<u8>)>, E> {
+    ) -> Result<Option<Frame>, E> {
         if self.buf.len() < header_len {
             return Ok(None);
         }
