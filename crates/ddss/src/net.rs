@@ -15,33 +15,30 @@ use crate::store::Store;
 pub trait Stream: Read + Write + Send {}
 impl<T: Read + Write + Send> Stream for T {}
 
+/// A frame: body length (u32 LE), body (ramsys-framing; one write, so a
+/// sealed link seals it as one record).
 pub fn write_frame(w: &mut dyn Write, body: &[u8]) -> io::Result<()> {
-    let mut b = Vec::with_capacity(4 + body.len());
-    b.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    b.extend_from_slice(body);
-    w.write_all(&b)?;
+    let mut h = [0u8; 4];
+    ramsys_framing::put_le_len(&mut h, 0, body.len());
+    w.write_all(&ramsys_framing::encode(&h, body))?;
     w.flush()
 }
 
 /// One frame body; Ok(None) at a clean end of stream. A length above
 /// MAX_FRAME is an error before anything is allocated.
 pub fn read_frame(r: &mut dyn Read) -> io::Result<Option<Vec<u8>>> {
-    let mut h = [0u8; 4];
-    match r.read_exact(&mut h) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    let n = u32::from_le_bytes(h);
-    if n > MAX_FRAME {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("ddss frame of {n} bytes"),
-        ));
-    }
-    let mut b = vec![0u8; n as usize];
-    r.read_exact(&mut b)?;
-    Ok(Some(b))
+    let (mut h, mut b) = ([0u8; 4], Vec::new());
+    let got = ramsys_framing::read_frame(r, &mut h, &mut b, |h| {
+        let n = ramsys_framing::le_len(h, 0);
+        if n > MAX_FRAME {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("ddss frame of {n} bytes"),
+            ));
+        }
+        Ok(n as usize)
+    })?;
+    Ok(got.then_some(b))
 }
 
 /// The home's responder: answer requests from one peer until it closes.

@@ -19,20 +19,9 @@ use ramsys_proto::data::{
 };
 use ramsys_proto::frame::{FrameDecoder, FrameHeader, FrameKind, HEADER_LEN};
 use ramsys_proto::session::{SinkMachine, SourceMachine};
+mod common;
+use common::rng::Rng;
 use ramsys_proto::{parse_preamble, preamble, Control, PREAMBLE_LEN};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
 
 fn seeds() -> Vec<Control> {
     vec![
@@ -201,7 +190,7 @@ fn network_decoders_survive_mutated_input() {
                 | 1
         });
     eprintln!("fuzz: seed {seed}, {secs} s (RAMSYS_FUZZ_SEED / RAMSYS_FUZZ_SECS)");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let msgs = seeds();
     let bodies: Vec<Vec<u8>> = msgs.iter().map(|m| m.encode().unwrap()).collect();
     // A valid DATA block (table + payload) and a sealed one.
@@ -412,7 +401,7 @@ fn mutated_sealed_credits_never_grant() {
     let pool_src = vec![first.clone(), second.clone()];
     let pool = ramsys_resources::BufferPool::allocate(1, 4096).unwrap();
     let stats = ramsys_engine::types::stats::Stats::default();
-    let mut rng = Rng(0x5eed_c4ed17 ^ secs);
+    let mut rng = Rng::new(0x5eed_c4ed17 ^ secs);
     let deadline = Instant::now() + Duration::from_secs(secs);
     let (mut n, mut accepted) = (0u64, 0u64);
     while Instant::now() < deadline {
@@ -456,7 +445,7 @@ fn mutated_handshakes_never_authenticate() {
         session: 5,
         tcp: None,
     };
-    let mut rng = Rng(0xa11ce ^ secs);
+    let mut rng = Rng::new(0xa11ce ^ secs);
     let deadline = Instant::now() + Duration::from_secs(secs);
     let (mut n, mut decoded) = (0u64, 0u64);
     let mut pool: Vec<Vec<u8>> = Vec::new();

@@ -20,6 +20,9 @@ use ramsys_engine::storage::{Hook, IoEngine, IoHook, IoOp, DIRECT_MIN};
 use ramsys_engine::transport::crypto::Cipher;
 use ramsys_engine::transport::tcp::Tcp;
 use ramsys_engine::types::sendpath::SendPath;
+mod common;
+use common::files::{same_tree, tmp};
+use common::rng::Rng;
 use ramsys_engine::{EngineError, EngineResources, Report, Stats, TransferOptions};
 
 const BS: usize = 256 << 10;
@@ -84,51 +87,12 @@ fn copy(
     (r, stats)
 }
 
-struct Rng(u64);
-impl Rng {
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                self.0 ^= self.0 << 13;
-                self.0 ^= self.0 >> 7;
-                self.0 ^= self.0 << 17;
-                self.0 as u8
-            })
-            .collect()
-    }
-}
-
-fn tmp() -> tempfile::TempDir {
-    tempfile::tempdir_in("/var/tmp").unwrap()
-}
-
-fn same_tree(a: &Path, b: &Path) {
-    let mut names = Vec::new();
-    for e in std::fs::read_dir(a).unwrap() {
-        let e = e.unwrap();
-        let (pa, pb) = (e.path(), b.join(e.file_name()));
-        if pa.is_dir() {
-            same_tree(&pa, &pb);
-        } else {
-            let (x, y) = (std::fs::read(&pa).unwrap(), std::fs::read(&pb).unwrap());
-            assert!(x == y, "{} differs", pb.display());
-        }
-        names.push(e.file_name());
-    }
-    assert_eq!(
-        std::fs::read_dir(b).unwrap().count(),
-        names.len(),
-        "{}",
-        b.display()
-    );
-}
-
 /// Every shape of the transfer tests in one tree: zero-length files,
 /// sizes around the block and O_DIRECT boundaries, many small files packed
 /// into shared blocks, a file striped over all streams, a sparse file and
 /// an all-hole file.
 fn shapes_tree(dir: &Path) -> u64 {
-    let mut r = Rng(0xfeed);
+    let mut r = Rng::new(0xfeed);
     std::fs::create_dir_all(dir.join("small/deeper")).unwrap();
     let big = DIRECT_MIN as usize;
     let mut n = 0;
@@ -280,7 +244,7 @@ fn inline_read_error_fails_only_that_file() {
     let t = tmp();
     let src = t.path().join("src");
     let files = shapes_tree(&src);
-    std::fs::write(src.join("bad-big"), Rng(3).bytes(3 * BS + 5)).unwrap();
+    std::fs::write(src.join("bad-big"), Rng::new(3).bytes(3 * BS + 5)).unwrap();
     std::fs::write(src.join("small/bad-small"), b"x").unwrap();
     for engine in [IoEngine::Sync, IoEngine::Uring] {
         let dst = t.path().join(format!("dst-{engine:?}"));

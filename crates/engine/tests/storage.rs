@@ -17,6 +17,9 @@ use ramsys_engine::roles::server::Daemon;
 use ramsys_engine::storage::fsops::{Confinement, Root};
 use ramsys_engine::storage::{DataEngine, Hook, IoEngine, IoHook, IoOp, DIRECT_MIN};
 use ramsys_engine::transport::tcp::Tcp;
+mod common;
+use common::files::{same_tree, tmp};
+use common::rng::Rng;
 use ramsys_engine::{EngineError, EngineResources, Report, Stats, TransferOptions};
 
 use ramsys_engine::storage::cache::DirectMode;
@@ -94,53 +97,6 @@ fn copy(
     )
 }
 
-struct Rng(u64);
-impl Rng {
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                self.0 ^= self.0 << 13;
-                self.0 ^= self.0 >> 7;
-                self.0 ^= self.0 << 17;
-                self.0 as u8
-            })
-            .collect()
-    }
-}
-
-fn tmp() -> tempfile::TempDir {
-    // /var/tmp is ext4 here (O_DIRECT, FIEMAP, SEEK_HOLE); /tmp may be too.
-    tempfile::tempdir_in("/var/tmp").unwrap()
-}
-
-fn same_tree(a: &Path, b: &Path) {
-    let mut n = 0;
-    for e in std::fs::read_dir(a).unwrap() {
-        let e = e.unwrap();
-        let (pa, pb) = (e.path(), b.join(e.file_name()));
-        if pa.is_dir() {
-            same_tree(&pa, &pb);
-        } else {
-            let (x, y) = (std::fs::read(&pa).unwrap(), std::fs::read(&pb).unwrap());
-            assert!(
-                x == y,
-                "{} differs ({} vs {} bytes)",
-                pb.display(),
-                x.len(),
-                y.len()
-            );
-            n += 1;
-        }
-    }
-    let m = std::fs::read_dir(b).unwrap().count();
-    assert_eq!(
-        m,
-        std::fs::read_dir(a).unwrap().count(),
-        "{}: {n} files",
-        b.display()
-    );
-}
-
 fn leftovers(dir: &Path) -> Vec<PathBuf> {
     let mut v = Vec::new();
     if let Ok(rd) = std::fs::read_dir(dir) {
@@ -157,7 +113,7 @@ fn leftovers(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn sizes_tree(dir: &Path) {
-    let mut r = Rng(0x1234_5678);
+    let mut r = Rng::new(0x1234_5678);
     std::fs::create_dir_all(dir.join("small")).unwrap();
     let big = DIRECT_MIN as usize;
     for s in [
@@ -226,7 +182,7 @@ fn sparse_files_stay_sparse_with_the_right_size() {
     let t = tmp();
     let src = t.path().join("src");
     std::fs::create_dir(&src).unwrap();
-    let mut r = Rng(5);
+    let mut r = Rng::new(5);
     // Data, hole, data, trailing hole; and a file that is all hole.
     let f = std::fs::File::create(src.join("holes")).unwrap();
     f.set_len(40 << 20).unwrap();
@@ -346,7 +302,7 @@ fn injected_read_eio_fails_only_that_file() {
     let t = tmp();
     let src = t.path().join("src");
     sizes_tree(&src);
-    let mut r = Rng(3);
+    let mut r = Rng::new(3);
     std::fs::write(src.join("bad-big"), r.bytes(3 * DIRECT_MIN as usize)).unwrap();
     std::fs::write(src.join("small/bad-small"), r.bytes(100)).unwrap();
     for engine in [IoEngine::Sync, IoEngine::Uring] {
@@ -409,7 +365,7 @@ fn enospc_on_small_tmpfs_stops_cleanly() {
     let t = tmp();
     let src = t.path().join("src");
     std::fs::create_dir(&src).unwrap();
-    let mut r = Rng(11);
+    let mut r = Rng::new(11);
     std::fs::write(src.join("big"), r.bytes(6 << 20)).unwrap();
     for engine in [IoEngine::Sync, IoEngine::Uring] {
         let dst = fs.0.path().join(format!("{engine:?}"));
@@ -473,7 +429,7 @@ fn auto_reads_cached_files_through_the_cache_and_cold_ones_direct() {
     std::fs::create_dir(&src).unwrap();
     let size = 8u64 << 20;
     let f = src.join("big");
-    std::fs::write(&f, Rng(5).bytes(size as usize)).unwrap();
+    std::fs::write(&f, Rng::new(5).bytes(size as usize)).unwrap();
     let drop_cache = || {
         let h = std::fs::File::open(&f).unwrap();
         h.sync_all().unwrap();
@@ -545,7 +501,7 @@ fn local_copies_keep_every_promise_of_the_byte_path() {
     };
     let big = t.path().join("big");
     std::fs::create_dir(&big).unwrap();
-    std::fs::write(big.join("big"), Rng(12).bytes(6 << 20)).unwrap();
+    std::fs::write(big.join("big"), Rng::new(12).bytes(6 << 20)).unwrap();
     for engine in [IoEngine::Sync, IoEngine::Uring] {
         let o = local(opts(engine, true));
         let dst = fs.0.path().join(format!("{engine:?}"));

@@ -79,7 +79,7 @@ impl FrameHeader {
             kind,
             flags: b[1],
             aux: u16::from_le_bytes([b[2], b[3]]),
-            len: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            len: ramsys_framing::le_len(b, 4),
         };
         let limit = match kind {
             FrameKind::Control => MAX_CONTROL_BODY,
@@ -131,43 +131,39 @@ pub const CREDIT_SEALED_LEN: u32 = 4 + 16;
 /// (used by tests and fuzzing; the engine reads headers directly into
 /// pre-allocated buffers). Buffers at most one header plus one body.
 pub struct FrameDecoder {
-    buf: Vec<u8>,
+    inner: ramsys_framing::Decoder,
     max_data: u32,
 }
 
 impl FrameDecoder {
     pub fn new(max_data: u32) -> Self {
         FrameDecoder {
-            buf: Vec::new(),
+            inner: ramsys_framing::Decoder::new(),
             max_data,
         }
     }
 
     /// Append bytes received from the peer.
     pub fn feed(&mut self, bytes: &[u8]) {
-        self.buf.extend_from_slice(bytes);
+        self.inner.feed(bytes);
     }
 
     /// Take the next complete frame, if any.
     pub fn next_frame(&mut self) -> Result<Option<(FrameHeader, Vec<u8>)>, ProtoError> {
-        if self.buf.len() < HEADER_LEN {
+        let max = self.max_data;
+        let decode = |b: &[u8]| FrameHeader::decode(b.try_into().expect("header"), max);
+        let Some((hb, body)) = self
+            .inner
+            .next_frame(HEADER_LEN, |b| Ok(decode(b)?.len as usize))?
+        else {
             return Ok(None);
-        }
-        let mut hb = [0u8; HEADER_LEN];
-        hb.copy_from_slice(&self.buf[..HEADER_LEN]);
-        let h = FrameHeader::decode(&hb, self.max_data)?;
-        let total = HEADER_LEN + h.len as usize;
-        if self.buf.len() < total {
-            return Ok(None);
-        }
-        let body = self.buf[HEADER_LEN..total].to_vec();
-        self.buf.drain(..total);
-        Ok(Some((h, body)))
+        };
+        Ok(Some((decode(&hb)?, body)))
     }
 
     /// Bytes held but not yet returned as frames.
     pub fn pending(&self) -> usize {
-        self.buf.len()
+        self.inner.pending()
     }
 }
 

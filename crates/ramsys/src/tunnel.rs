@@ -35,31 +35,29 @@ fn send(out: &Out, id: u32, kind: u8, data: &[u8]) -> io::Result<()> {
     let mut h = [0u8; 9];
     h[..4].copy_from_slice(&id.to_le_bytes());
     h[4] = kind;
-    h[5..].copy_from_slice(&(data.len() as u32).to_le_bytes());
-    let mut o = out.lock().unwrap();
-    o.write_all(&h)?;
-    o.write_all(data)?;
-    o.flush()
+    ramsys_framing::put_le_len(&mut h, 5, data.len());
+    ramsys_framing::write_frame(&mut **out.lock().unwrap(), &h, data)
 }
 
 /// One frame from `r`: Ok(None) at a clean end of stream.
 fn recv(r: &mut impl Read, buf: &mut Vec<u8>) -> io::Result<Option<(u32, u8)>> {
+    // id u32 LE, kind u8, len u32 LE (ramsys-framing: checked before the
+    // body is read).
     let mut h = [0u8; 9];
-    match r.read_exact(&mut h) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
+    let got = ramsys_framing::read_frame(r, &mut h, buf, |h| {
+        let len = ramsys_framing::le_len(h, 5) as usize;
+        if h[4] > CLOSE || len > MAX_FRAME || (h[4] != DATA && len != 0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("bad tunnel frame (kind {}, len {len})", h[4]),
+            ));
+        }
+        Ok(len)
+    })?;
+    if !got {
+        return Ok(None);
     }
     let id = u32::from_le_bytes(h[..4].try_into().unwrap());
-    let len = u32::from_le_bytes(h[5..].try_into().unwrap()) as usize;
-    if h[4] > CLOSE || len > MAX_FRAME || (h[4] != DATA && len != 0) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("bad tunnel frame (kind {}, len {len})", h[4]),
-        ));
-    }
-    buf.resize(len, 0);
-    r.read_exact(buf)?;
     Ok(Some((id, h[4])))
 }
 

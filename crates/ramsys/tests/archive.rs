@@ -236,22 +236,18 @@ fn local_copy_and_sync_like_rsync() {
         .unwrap()
         .as_secs() as i64;
     let f = src.join("d/owned");
-    let c = std::ffi::CString::new(f.to_str().unwrap()).unwrap();
-    let ts = [
-        libc::timespec {
+    use rustix::fs::{AtFlags, Timespec, Timestamps, CWD, UTIME_OMIT};
+    let times = Timestamps {
+        last_access: Timespec {
             tv_sec: now - 3600,
             tv_nsec: 5000,
         },
-        libc::timespec {
+        last_modification: Timespec {
             tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
+            tv_nsec: UTIME_OMIT,
         },
-    ];
-    // SAFETY: valid C string and two timespecs.
-    assert_eq!(
-        unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) },
-        0
-    );
+    };
+    rustix::fs::utimensat(CWD, &f, &times, AtFlags::empty()).unwrap();
     let at = t.path().join("atimes");
     assert_ok(&ramsys(&key, &["cp", "-aU", &s(&src), &s(&at)]));
     let md = std::fs::metadata(at.join("d/owned")).unwrap();

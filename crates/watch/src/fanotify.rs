@@ -14,14 +14,15 @@
 //! the tree are dropped; nothing is kept per file.
 
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::change::{join, Change};
+use crate::handle::{self, name_to_handle};
 
 /// Most cached directory handles; the cache is emptied when full.
 const CACHE_MAX: usize = 65_536;
@@ -33,10 +34,6 @@ pub struct Fanotify {
     root: PathBuf,
     cache: HashMap<Vec<u8>, Option<Vec<u8>>>,
     buf: Vec<u8>,
-}
-
-fn cstr(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::other("path holds a NUL byte"))
 }
 
 /// A directory handle and an entry name, as an info record carries them.
@@ -63,39 +60,18 @@ impl Fanotify {
             | libc::FAN_CLOEXEC
             | libc::FAN_NONBLOCK
             | libc::FAN_REPORT_DFID_NAME;
-        // SAFETY: plain syscall; the result is checked.
-        let fd = unsafe { libc::fanotify_init(flags, (libc::O_RDONLY | libc::O_LARGEFILE) as u32) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let c = cstr(&root)?;
-        // SAFETY: valid descriptor and C string.
-        let r = unsafe {
-            libc::fanotify_mark(
-                fd.as_raw_fd(),
-                libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM,
-                Self::MASK,
-                libc::AT_FDCWD,
-                c.as_ptr(),
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: valid C string; checked.
-        let m = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        };
-        if m < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fresh descriptor.
-        let mount = unsafe { OwnedFd::from_raw_fd(m) };
+        let fd = handle::fanotify_init(flags)?;
+        handle::fanotify_mark(
+            fd.as_fd(),
+            libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM,
+            Self::MASK,
+            &root,
+        )?;
+        let mount: OwnedFd = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY)
+            .open(&root)?
+            .into();
         let mut f = Fanotify {
             fd,
             mount,
@@ -284,24 +260,14 @@ impl Fanotify {
         let mut fh = Vec::with_capacity(8 + key.len());
         fh.extend_from_slice(&((key.len() - 4) as u32).to_ne_bytes());
         fh.extend_from_slice(key);
-        // SAFETY: fh is a file_handle (handle_bytes, handle_type, bytes).
-        let fd = unsafe {
-            libc::open_by_handle_at(
-                self.mount.as_raw_fd(),
-                fh.as_mut_ptr().cast(),
-                libc::O_PATH | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            let e = io::Error::last_os_error();
+        let fd = match handle::open_by_handle(self.mount.as_fd(), &mut fh) {
+            Ok(fd) => fd,
             // A directory already gone (ESTALE): nothing to report.
-            return match e.raw_os_error() {
-                Some(libc::ESTALE) | Some(libc::ENOENT) => Ok(None),
-                _ => Err(e),
-            };
-        }
-        // SAFETY: fresh descriptor, closed on drop.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ESTALE) | Some(libc::ENOENT)) => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
         let p = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
         let b = p.as_os_str().as_bytes();
         if b.ends_with(b" (deleted)") {
@@ -317,27 +283,4 @@ impl Fanotify {
         self.cache.insert(key.to_vec(), rel.clone());
         Ok(rel)
     }
-}
-
-/// name_to_handle_at of `p`: the cache key (type + bytes) and mount id.
-fn name_to_handle(p: &Path) -> io::Result<(Vec<u8>, i32)> {
-    let c = cstr(p)?;
-    let mut fh = vec![0u8; 8 + 128];
-    fh[..4].copy_from_slice(&128u32.to_ne_bytes());
-    let mut mount_id = 0;
-    // SAFETY: fh is a file_handle with room for 128 handle bytes.
-    let r = unsafe {
-        libc::name_to_handle_at(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            fh.as_mut_ptr().cast(),
-            &mut mount_id,
-            0,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let hb = u32::from_ne_bytes(fh[..4].try_into().unwrap()) as usize;
-    Ok((fh[4..8 + hb].to_vec(), mount_id))
 }

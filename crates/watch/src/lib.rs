@@ -22,6 +22,7 @@
 pub mod change;
 pub mod detect;
 pub mod fanotify;
+mod handle;
 pub mod inotify;
 pub mod journal;
 pub mod pending;

@@ -10,9 +10,6 @@
 //! later batch may already have put something else there, which must not
 //! be moved or lost (the job then sends the rename's target as data).
 
-use std::ffi::CString;
-use std::os::fd::{AsFd, AsRawFd};
-
 use ramsys_proto::control::{WatchOp, WatchResult, WATCH_VERSION};
 use ramsys_proto::path::validate_relative;
 use ramsys_proto::Control;
@@ -33,7 +30,7 @@ fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
     }
 }
 
-fn is_dir(st: &libc::stat) -> bool {
+fn is_dir(st: &crate::storage::fsops::Stat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 
@@ -68,19 +65,16 @@ fn rename(root: &Root, from: &[u8], to: &[u8]) -> std::io::Result<()> {
     let (fp, fname) = split_parent(from);
     let (tp, tname) = split_parent(to);
     let (fd, td) = (root.open_dir(fp)?, root.open_dir(tp)?);
-    let c = |b: &[u8]| CString::new(b).map_err(|_| std::io::Error::other("NUL in path"));
-    let (fc, tc) = (c(fname)?, c(tname)?);
-    // SAFETY: valid directory descriptors and C strings.
-    let r = unsafe {
-        libc::renameat(
-            fd.as_fd().as_raw_fd(),
-            fc.as_ptr(),
-            td.as_fd().as_raw_fd(),
-            tc.as_ptr(),
-        )
+    let c = |b: &[u8]| {
+        if b.contains(&0) {
+            return Err(std::io::Error::other("NUL in path"));
+        }
+        Ok(())
     };
-    if r != 0 {
-        let e = std::io::Error::last_os_error();
+    c(fname)?;
+    c(tname)?;
+    if let Err(e) = rustix::fs::renameat(&fd, fname, &td, tname) {
+        let e = std::io::Error::from(e);
         // A directory onto a non-empty one: what was there goes (the
         // source replaced it), then again.
         if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EEXIST)) {

@@ -8,23 +8,20 @@
 //! check-then-use race). Final renames, links and attribute changes are
 //! made relative to a directory fd obtained the same way.
 
-use std::ffi::CString;
+//!
+//! Every system call here goes through rustix's safe wrappers (issue 37:
+//! the confinement layer security rests on has no `unsafe` block): the
+//! same calls with the same flags, errors carrying the same errno.
+
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-/// `struct open_how` of openat2(2).
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Timespec, Timestamps, UTIME_OMIT};
 
-const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
-const RESOLVE_NO_SYMLINKS: u64 = 0x04;
-const RESOLVE_BENEATH: u64 = 0x08;
+/// What [`lstat_at`] returns: `struct stat` (st_mode, st_mtime, st_ino...).
+pub type Stat = rustix::fs::Stat;
 
 /// How strictly paths under a root are resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,66 +42,47 @@ pub struct Root {
     confine: Confinement,
 }
 
-fn cstr(b: &[u8]) -> io::Result<CString> {
-    CString::new(b).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in path"))
+/// A path for a syscall: a NUL byte in it is InvalidInput, as before.
+pub(crate) fn cpath(b: &[u8]) -> io::Result<&[u8]> {
+    if b.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "NUL byte in path",
+        ));
+    }
+    Ok(b)
+}
+
+/// Flags as the callers pass them (libc's O_* values, which rustix's
+/// OFlags share bit for bit on Linux).
+fn oflags(flags: i32) -> OFlags {
+    OFlags::from_bits_retain(flags as u32)
 }
 
 /// The target of symlink `name` in `dir`.
-fn readlink_at(dir: std::os::fd::BorrowedFd<'_>, name: &CString) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: valid dirfd, C string and buffer of buf.len() bytes.
-    let n = unsafe {
-        libc::readlinkat(
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            buf.as_mut_ptr() as *mut libc::c_char,
-            buf.len(),
-        )
-    };
-    if n < 0 {
-        return Err(errno());
-    }
-    buf.truncate(n as usize);
-    Ok(buf)
+fn readlink_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Vec<u8>> {
+    Ok(rustix::fs::readlinkat(dir, cpath(name)?, Vec::new())?.into_bytes())
 }
 
 /// openat2(2) relative to `dir`; the error is the raw errno.
 fn openat2(
-    dir: std::os::fd::BorrowedFd<'_>,
+    dir: BorrowedFd<'_>,
     rel: &[u8],
     flags: i32,
     mode: u32,
-    resolve: u64,
+    resolve: ResolveFlags,
 ) -> io::Result<OwnedFd> {
-    let c = cstr(rel)?;
-    let how = OpenHow {
-        flags: (flags | libc::O_CLOEXEC) as u64,
-        mode: mode as u64,
+    Ok(rustix::fs::openat2(
+        dir,
+        cpath(rel)?,
+        oflags(flags) | OFlags::CLOEXEC,
+        Mode::from_bits_retain(mode),
         resolve,
-    };
-    // SAFETY: openat2 with a valid dirfd, C string and open_how.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    };
-    if fd < 0 {
-        return Err(errno());
-    }
-    // SAFETY: fresh descriptor.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    )?)
 }
 
 fn show_rel(rel: &[u8]) -> std::borrow::Cow<'_, str> {
     String::from_utf8_lossy(rel)
-}
-
-fn errno() -> io::Error {
-    io::Error::last_os_error()
 }
 
 /// Split "a/b/c" into ("a/b", "c"); "c" into ("", "c").
@@ -118,91 +96,58 @@ pub fn split_parent(rel: &[u8]) -> (&[u8], &[u8]) {
 /// lstat of `name` (one component; "" is the directory itself) in an open
 /// directory `dir` (from [`Root::open_dir`], so already confined): callers
 /// that stat many names of one directory open it once (sync's sink).
-pub fn lstat_at(dir: std::os::fd::BorrowedFd<'_>, name: &[u8]) -> io::Result<Option<libc::stat>> {
+pub fn lstat_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Option<Stat>> {
     let name = if name.is_empty() { &b"."[..] } else { name };
-    let c = cstr(name)?;
-    // SAFETY: zeroed stat is a valid out-parameter.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid dirfd, C string, out pointer.
-    let r = unsafe {
-        libc::fstatat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            &mut st,
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    };
-    if r != 0 {
-        let e = errno();
-        if e.kind() == io::ErrorKind::NotFound {
-            return Ok(None);
-        }
-        return Err(e);
+    match rustix::fs::statat(dir, cpath(name)?, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(st)),
+        Err(rustix::io::Errno::NOENT) => Ok(None),
+        Err(e) => Err(e.into()),
     }
-    Ok(Some(st))
+}
+
+/// Whether a stat is of a directory / regular file / symlink / block device.
+pub fn is_dir(st: &Stat) -> bool {
+    rustix::fs::FileType::from_raw_mode(st.st_mode as _) == rustix::fs::FileType::Directory
+}
+pub fn is_reg(st: &Stat) -> bool {
+    rustix::fs::FileType::from_raw_mode(st.st_mode as _) == rustix::fs::FileType::RegularFile
+}
+pub fn is_symlink(st: &Stat) -> bool {
+    rustix::fs::FileType::from_raw_mode(st.st_mode as _) == rustix::fs::FileType::Symlink
 }
 
 /// Names in an open directory (without "." and ".."), read through the
 /// descriptor itself: no path lookup (a /proc/self/fd path costs a magic
 /// link walk per directory).
-pub fn list_dir(dir: std::os::fd::BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
-    // SAFETY: dup of a valid descriptor; fdopendir takes ownership of the
-    // copy and closedir releases it.
-    let fd = unsafe { libc::fcntl(dir.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(errno());
-    }
-    // SAFETY: fd is a fresh descriptor of a directory.
-    let d = unsafe { libc::fdopendir(fd) };
-    if d.is_null() {
-        let e = errno();
-        // SAFETY: fdopendir failed, so fd is still ours.
-        unsafe { libc::close(fd) };
-        return Err(e);
-    }
-    // SAFETY: rewind: a dup shares the file offset with `dir`.
-    unsafe { libc::rewinddir(d) };
+pub fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
+    // Dir owns a dup (no path lookup); a dup shares the file offset with
+    // `dir`: rewind before reading.
+    let mut d = rustix::fs::Dir::new(rustix::io::fcntl_dupfd_cloexec(dir, 0)?)?;
+    d.rewind();
     let mut out = Vec::new();
-    loop {
-        // SAFETY: valid DIR stream; errno is reset to tell end from error.
-        let ent = unsafe {
-            *libc::__errno_location() = 0;
-            libc::readdir64(d)
-        };
-        if ent.is_null() {
-            let e = errno();
-            // SAFETY: valid DIR stream, closed once.
-            unsafe { libc::closedir(d) };
-            if e.raw_os_error().unwrap_or(0) != 0 {
-                return Err(e);
-            }
-            return Ok(out);
-        }
-        // SAFETY: d_name is a NUL-terminated string inside the entry.
-        let name = unsafe { std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()) }.to_bytes();
+    for ent in d {
+        let ent = ent?;
+        let name = ent.file_name().to_bytes();
         if name != b"." && name != b".." {
             out.push(name.to_vec());
         }
     }
+    Ok(out)
 }
 
 impl Root {
     pub fn open(path: &Path, confine: Confinement) -> io::Result<Root> {
-        let c = cstr(path.as_os_str().as_encoded_bytes())?;
-        // SAFETY: valid C string; the returned fd is owned below.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            let e = errno();
-            return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display())));
-        }
+        let fd = rustix::fs::open(
+            cpath(path.as_os_str().as_encoded_bytes())?,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| {
+            let e = io::Error::from(e);
+            io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+        })?;
         Ok(Root {
-            // SAFETY: fd is a fresh descriptor we own.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            fd,
             path: path.to_path_buf(),
             confine,
         })
@@ -212,11 +157,13 @@ impl Root {
         &self.path
     }
 
-    fn resolve_flags(&self) -> u64 {
+    fn resolve_flags(&self) -> ResolveFlags {
         match self.confine {
-            Confinement::Strict => RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
-            Confinement::Beneath => RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
-            Confinement::None => 0,
+            Confinement::Strict => {
+                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS
+            }
+            Confinement::Beneath => ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+            Confinement::None => ResolveFlags::empty(),
         }
     }
 
@@ -229,7 +176,7 @@ impl Root {
     /// root (so confined), with this root's resolution rules.
     pub fn openat_in(
         &self,
-        dir: std::os::fd::BorrowedFd<'_>,
+        dir: BorrowedFd<'_>,
         rel: &[u8],
         flags: i32,
         mode: u32,
@@ -266,8 +213,9 @@ impl Root {
             rel,
             libc::O_PATH,
             0,
-            RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+            ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
         )?;
+        use std::os::fd::AsRawFd;
         let at = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
         // The root's own path as the kernel names it (the daemon opened it
         // by its canonical path).
@@ -289,7 +237,7 @@ impl Root {
     }
 
     /// lstat of `rel` (None if it does not exist).
-    pub fn lstat(&self, rel: &[u8]) -> io::Result<Option<libc::stat>> {
+    pub fn lstat(&self, rel: &[u8]) -> io::Result<Option<Stat>> {
         let (parent, name) = split_parent(rel);
         let dir = match self.open_dir(parent) {
             Ok(d) => d,
@@ -304,40 +252,24 @@ impl Root {
     pub fn mkdir(&self, rel: &[u8], mode: u32) -> io::Result<()> {
         let (parent, name) = split_parent(rel);
         let dir = self.open_dir(parent)?;
-        let c = cstr(name)?;
-        // SAFETY: valid dirfd and C string.
-        let r =
-            unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), (mode | 0o700) as libc::mode_t) };
-        if r != 0 {
-            let e = errno();
-            if e.raw_os_error() == Some(libc::EEXIST) {
-                let mut st: libc::stat = unsafe { std::mem::zeroed() };
-                // SAFETY: as above.
-                let ok = unsafe {
-                    libc::fstatat(
-                        dir.as_raw_fd(),
-                        c.as_ptr(),
-                        &mut st,
-                        libc::AT_SYMLINK_NOFOLLOW,
-                    )
-                } == 0;
-                if ok && st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-                    return Ok(());
-                }
-                return Err(io::Error::new(
+        let name = cpath(name)?;
+        match rustix::fs::mkdirat(&dir, name, Mode::from_bits_retain(mode | 0o700)) {
+            Ok(()) => Ok(()),
+            Err(rustix::io::Errno::EXIST) => match lstat_at(dir.as_fd(), name) {
+                Ok(Some(st)) if is_dir(&st) => Ok(()),
+                _ => Err(io::Error::new(
                     io::ErrorKind::AlreadyExists,
-                    format!(
-                        "{} exists and is not a directory",
-                        String::from_utf8_lossy(rel)
-                    ),
-                ));
+                    format!("{} exists and is not a directory", show_rel(rel)),
+                )),
+            },
+            Err(e) => {
+                let e = io::Error::from(e);
+                Err(io::Error::new(
+                    e.kind(),
+                    format!("mkdir {}: {e}", show_rel(rel)),
+                ))
             }
-            return Err(io::Error::new(
-                e.kind(),
-                format!("mkdir {}: {e}", String::from_utf8_lossy(rel)),
-            ));
         }
-        Ok(())
     }
 
     /// [`Root::mkdir`], but a non-directory in the way (a symlink, a file,
@@ -353,11 +285,10 @@ impl Root {
         }
         let (parent, name) = split_parent(rel);
         let dir = self.open_dir(parent)?;
-        let c = cstr(name)?;
-        // SAFETY: valid dirfd and C string; flags 0 removes the entry
-        // itself (unlinkat never follows a symlink).
-        if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) } != 0 {
-            let e = errno();
+        // No AT_REMOVEDIR: removes the entry itself (unlinkat never
+        // follows a symlink).
+        if let Err(e) = rustix::fs::unlinkat(&dir, cpath(name)?, AtFlags::empty()) {
+            let e = io::Error::from(e);
             return Err(io::Error::new(
                 e.kind(),
                 format!("cannot replace {} by a directory: {e}", show_rel(rel)),
@@ -374,35 +305,28 @@ impl Root {
 
     /// Set mode and mtime of `name` in `dir` without following a symlink.
     fn set_attrs(
-        dir: RawFd,
-        name: &CString,
+        dir: BorrowedFd<'_>,
+        name: &[u8],
         mode: Option<u32>,
         mtime: (i64, u32),
     ) -> io::Result<()> {
+        let name = cpath(name)?;
         if let Some(m) = mode {
             // fchmodat cannot refuse symlinks portably; name is our own
             // freshly created temp file or directory, never a link.
-            // SAFETY: valid dirfd and C string.
-            if unsafe { libc::fchmodat(dir, name.as_ptr(), m as libc::mode_t, 0) } != 0 {
-                return Err(errno());
-            }
+            rustix::fs::chmodat(dir, name, Mode::from_bits_retain(m), AtFlags::empty())?;
         }
-        let ts = [
-            libc::timespec {
+        let times = Timestamps {
+            last_access: Timespec {
                 tv_sec: 0,
-                tv_nsec: libc::UTIME_OMIT,
+                tv_nsec: UTIME_OMIT,
             },
-            libc::timespec {
-                tv_sec: mtime.0 as libc::time_t,
-                tv_nsec: mtime.1 as libc::c_long,
+            last_modification: Timespec {
+                tv_sec: mtime.0,
+                tv_nsec: mtime.1 as _,
             },
-        ];
-        // SAFETY: valid dirfd, C string and two timespecs.
-        if unsafe { libc::utimensat(dir, name.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) }
-            != 0
-        {
-            return Err(errno());
-        }
+        };
+        rustix::fs::utimensat(dir, name, &times, AtFlags::SYMLINK_NOFOLLOW)?;
         Ok(())
     }
 
@@ -433,8 +357,8 @@ impl Root {
     pub fn set_dir_attrs(&self, rel: &[u8], mode: u32, mtime: (i64, u32)) -> io::Result<()> {
         let (parent, name) = split_parent(rel);
         let dir = self.open_dir(parent)?;
-        let n = cstr(if name.is_empty() { b"." } else { name })?;
-        Self::set_attrs(dir.as_raw_fd(), &n, Some(mode), mtime)
+        let n = if name.is_empty() { b"." } else { name };
+        Self::set_attrs(dir.as_fd(), n, Some(mode), mtime)
     }
 
     /// [`Root::set_dir_attrs`], unless the directory has them already: a
@@ -447,8 +371,8 @@ impl Root {
                 return Ok(());
             }
         }
-        let n = cstr(if name.is_empty() { b"." } else { name })?;
-        Self::set_attrs(dir.as_raw_fd(), &n, Some(mode), mtime)
+        let n = if name.is_empty() { b"." } else { name };
+        Self::set_attrs(dir.as_fd(), n, Some(mode), mtime)
     }
 
     /// Create (or replace) symlink `rel` pointing at `target`, atomically:
@@ -464,31 +388,20 @@ impl Root {
     ) -> io::Result<()> {
         let (parent, name) = split_parent(rel);
         let dir = self.open_dir(parent)?;
-        let t = cstr(target)?;
-        let tm = cstr(tmp)?;
-        let n = cstr(name)?;
+        let (t, tm, n) = (cpath(target)?, cpath(tmp)?, cpath(name)?);
         if let Some(st) = lstat_at(dir.as_fd(), name)? {
-            if st.st_mode & libc::S_IFMT == libc::S_IFLNK
-                && readlink_at(dir.as_fd(), &n).is_ok_and(|old| old == target)
-            {
+            if is_symlink(&st) && readlink_at(dir.as_fd(), n).is_ok_and(|old| old == target) {
                 if (st.st_mtime, st.st_mtime_nsec as u32) != mtime {
-                    Self::set_attrs(dir.as_raw_fd(), &n, None, mtime)?;
+                    Self::set_attrs(dir.as_fd(), n, None, mtime)?;
                 }
                 return Ok(());
             }
         }
-        // SAFETY: valid dirfd and C strings.
-        if unsafe { libc::symlinkat(t.as_ptr(), dir.as_raw_fd(), tm.as_ptr()) } != 0 {
-            return Err(errno());
-        }
-        let _ = Self::set_attrs(dir.as_raw_fd(), &tm, None, mtime);
-        // SAFETY: as above.
-        if unsafe { libc::renameat(dir.as_raw_fd(), tm.as_ptr(), dir.as_raw_fd(), n.as_ptr()) } != 0
-        {
-            let e = errno();
-            // SAFETY: as above.
-            unsafe { libc::unlinkat(dir.as_raw_fd(), tm.as_ptr(), 0) };
-            return Err(e);
+        rustix::fs::symlinkat(t, &dir, tm)?;
+        let _ = Self::set_attrs(dir.as_fd(), tm, None, mtime);
+        if let Err(e) = rustix::fs::renameat(&dir, tm, &dir, n) {
+            let _ = rustix::fs::unlinkat(&dir, tm, AtFlags::empty());
+            return Err(e.into());
         }
         Ok(())
     }
@@ -507,107 +420,70 @@ impl Root {
                 return Ok(());
             }
         }
-        let tn = cstr(tn)?;
-        let tm = cstr(tmp)?;
-        let ln = cstr(ln)?;
-        // SAFETY: valid dirfds and C strings; flags 0 = do not follow.
-        if unsafe {
-            libc::linkat(
-                tdir.as_raw_fd(),
-                tn.as_ptr(),
-                ldir.as_raw_fd(),
-                tm.as_ptr(),
-                0,
-            )
-        } != 0
-        {
-            return Err(errno());
-        }
-        // SAFETY: as above.
-        if unsafe { libc::renameat(ldir.as_raw_fd(), tm.as_ptr(), ldir.as_raw_fd(), ln.as_ptr()) }
-            != 0
-        {
-            let e = errno();
-            unsafe { libc::unlinkat(ldir.as_raw_fd(), tm.as_ptr(), 0) };
-            return Err(e);
+        let (tn, tm, ln) = (cpath(tn)?, cpath(tmp)?, cpath(ln)?);
+        // No AT_SYMLINK_FOLLOW: a link to `tn` itself, never its target.
+        rustix::fs::linkat(&tdir, tn, &ldir, tm, AtFlags::empty())?;
+        if let Err(e) = rustix::fs::renameat(&ldir, tm, &ldir, ln) {
+            let _ = rustix::fs::unlinkat(&ldir, tm, AtFlags::empty());
+            return Err(e.into());
         }
         // rename(2) between two names of one inode does nothing and leaves
-        // the temp name (a re-run or sync over an existing link): drop it.
-        // SAFETY: as above; ENOENT after a real rename is expected.
-        unsafe { libc::unlinkat(ldir.as_raw_fd(), tm.as_ptr(), 0) };
+        // the temp name (a re-run or sync over an existing link): drop it;
+        // ENOENT after a real rename is expected.
+        let _ = rustix::fs::unlinkat(&ldir, tm, AtFlags::empty());
         Ok(())
     }
 }
 
 /// Create a new temporary file `tmp` (mode 0600) in the open directory
 /// `dir`: the named temp file, written and then renamed into place.
-pub fn create_temp_in(dir: std::os::fd::BorrowedFd<'_>, tmp: &[u8]) -> io::Result<File> {
-    let c = cstr(tmp)?;
-    // SAFETY: valid dirfd and C string.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            0o600 as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(errno());
-    }
-    // SAFETY: fresh descriptor.
-    Ok(unsafe { File::from_raw_fd(fd) })
+pub fn create_temp_in(dir: BorrowedFd<'_>, tmp: &[u8]) -> io::Result<File> {
+    let fd = rustix::fs::openat(
+        dir,
+        cpath(tmp)?,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_bits_retain(0o600),
+    )?;
+    Ok(File::from(fd))
 }
 
 /// Give temp file `tmp` in `dir` its mode and mtime and rename it over
 /// `name` (one directory, so the rename is atomic).
 pub fn finalize_in(
-    dir: std::os::fd::BorrowedFd<'_>,
+    dir: BorrowedFd<'_>,
     tmp: &[u8],
     name: &[u8],
     mode: u32,
     mtime: (i64, u32),
 ) -> io::Result<()> {
-    let t = cstr(tmp)?;
-    let n = cstr(name)?;
-    Root::set_attrs(dir.as_raw_fd(), &t, Some(mode), mtime)?;
-    // SAFETY: valid dirfds and C strings.
-    if unsafe { libc::renameat(dir.as_raw_fd(), t.as_ptr(), dir.as_raw_fd(), n.as_ptr()) } != 0 {
-        return Err(errno());
-    }
-    Ok(())
+    Root::set_attrs(dir, tmp, Some(mode), mtime)?;
+    rename_in_dir(dir, tmp, name)
 }
 
 /// Rename `from` to `to`, both in the open directory `dir`.
-pub fn rename_in_dir(dir: std::os::fd::BorrowedFd<'_>, from: &[u8], to: &[u8]) -> io::Result<()> {
-    let f = cstr(from)?;
-    let t = cstr(to)?;
-    // SAFETY: valid dirfd and C strings.
-    if unsafe { libc::renameat(dir.as_raw_fd(), f.as_ptr(), dir.as_raw_fd(), t.as_ptr()) } != 0 {
-        return Err(errno());
-    }
-    Ok(())
+pub fn rename_in_dir(dir: BorrowedFd<'_>, from: &[u8], to: &[u8]) -> io::Result<()> {
+    Ok(rustix::fs::renameat(dir, cpath(from)?, dir, cpath(to)?)?)
 }
 
 /// Remove `name` from the open directory `dir`.
-pub fn unlink_in(dir: std::os::fd::BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
-    let n = cstr(name)?;
-    // SAFETY: valid dirfd and C string.
-    if unsafe { libc::unlinkat(dir.as_raw_fd(), n.as_ptr(), 0) } != 0 {
-        return Err(errno());
-    }
-    Ok(())
+pub fn unlink_in(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    Ok(rustix::fs::unlinkat(dir, cpath(name)?, AtFlags::empty())?)
+}
+
+/// Remove the empty directory `name` from the open directory `dir`.
+pub fn rmdir_in(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    Ok(rustix::fs::unlinkat(dir, cpath(name)?, AtFlags::REMOVEDIR)?)
 }
 
 /// Raise the open-file limit to its hard maximum (many files in flight).
 pub fn raise_nofile_limit() {
-    // SAFETY: plain struct in/out.
-    unsafe {
-        let mut rl: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 && rl.rlim_cur < rl.rlim_max {
-            rl.rlim_cur = rl.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
-        }
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut rl = getrlimit(Resource::Nofile);
+    // None is RLIM_INFINITY.
+    let n = |v: Option<u64>| v.unwrap_or(u64::MAX);
+    if n(rl.current) < n(rl.maximum) {
+        rl.current = rl.maximum;
+        let _ = setrlimit(Resource::Nofile, rl);
     }
 }
 

@@ -11,10 +11,11 @@
 //! Where the file system refuses O_TMPFILE ([`is_unsupported`]), the caller
 //! falls back to a named temp file and renames it.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps, CWD, UTIME_OMIT};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
@@ -30,20 +31,13 @@ pub fn enabled() -> bool {
 /// Create a nameless regular file in `dir`, open for writing, with `mode`
 /// (less the umask or the directory's default ACL; see [`chmod_needed`]).
 pub fn create(dir: BorrowedFd<'_>, mode: u32) -> io::Result<File> {
-    // SAFETY: valid dirfd and a static C string.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c".".as_ptr(),
-            libc::O_TMPFILE | libc::O_WRONLY | libc::O_CLOEXEC,
-            (mode & 0o777) as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh descriptor.
-    Ok(unsafe { File::from_raw_fd(fd) })
+    let fd = rustix::fs::openat(
+        dir,
+        c".",
+        OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
+        Mode::from_bits_retain(mode & 0o777),
+    )?;
+    Ok(File::from(fd))
 }
 
 /// Is this the file system (or kernel) not supporting O_TMPFILE? Kernels
@@ -67,10 +61,9 @@ const BY_PROC: u8 = 2;
 /// when the name is taken (linkat never replaces): the caller then links
 /// to a temp name and renames it over.
 pub fn link(file: &File, dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
-    let n = CString::new(name)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in path"))?;
+    let n = crate::storage::fsops::cpath(name)?;
     if LINK_BY.load(Ordering::Relaxed) != BY_PROC {
-        match link_empty_path(file, dir, &n) {
+        match link_empty_path(file, dir, n) {
             Ok(()) => {
                 LINK_BY.store(BY_EMPTY_PATH, Ordering::Relaxed);
                 return Ok(());
@@ -80,44 +73,29 @@ pub fn link(file: &File, dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
             Err(e) => return Err(e),
         }
     }
-    link_proc(file, dir, &n)?;
+    link_proc(file, dir, n)?;
     LINK_BY.store(BY_PROC, Ordering::Relaxed);
     Ok(())
 }
 
-fn link_empty_path(file: &File, dir: BorrowedFd<'_>, name: &CString) -> io::Result<()> {
-    // SAFETY: valid descriptors and C strings.
-    let r = unsafe {
-        libc::linkat(
-            file.as_raw_fd(),
-            c"".as_ptr(),
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            libc::AT_EMPTY_PATH,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+fn link_empty_path(file: &File, dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    Ok(rustix::fs::linkat(
+        file,
+        c"",
+        dir,
+        name,
+        AtFlags::EMPTY_PATH,
+    )?)
 }
 
-fn link_proc(file: &File, dir: BorrowedFd<'_>, name: &CString) -> io::Result<()> {
-    let p = CString::new(proc_path(file)).unwrap();
-    // SAFETY: valid descriptors and C strings.
-    let r = unsafe {
-        libc::linkat(
-            libc::AT_FDCWD,
-            p.as_ptr(),
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            libc::AT_SYMLINK_FOLLOW,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+fn link_proc(file: &File, dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    Ok(rustix::fs::linkat(
+        CWD,
+        proc_path(file),
+        dir,
+        name,
+        AtFlags::SYMLINK_FOLLOW,
+    )?)
 }
 
 /// A second descriptor of the nameless `file`, for O_DIRECT writes (the
@@ -138,27 +116,20 @@ fn proc_path(file: &File) -> String {
 
 /// Set mtime (and with `chmod`, the mode) through the descriptor.
 pub fn set_attrs(file: &File, chmod: Option<u32>, mtime: (i64, u32)) -> io::Result<()> {
-    let fd = file.as_raw_fd();
     if let Some(m) = chmod {
-        // SAFETY: valid descriptor.
-        if unsafe { libc::fchmod(fd, m as libc::mode_t) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        rustix::fs::fchmod(file, Mode::from_bits_retain(m))?;
     }
-    let ts = [
-        libc::timespec {
+    let times = Timestamps {
+        last_access: Timespec {
             tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
+            tv_nsec: UTIME_OMIT,
         },
-        libc::timespec {
-            tv_sec: mtime.0 as libc::time_t,
-            tv_nsec: mtime.1 as libc::c_long,
+        last_modification: Timespec {
+            tv_sec: mtime.0,
+            tv_nsec: mtime.1 as _,
         },
-    ];
-    // SAFETY: valid descriptor and two timespecs.
-    if unsafe { libc::futimens(fd, ts.as_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    };
+    rustix::fs::futimens(file, &times)?;
     Ok(())
 }
 
@@ -189,16 +160,8 @@ pub fn chmod_needed(mode: u32, umask: u32, default_acl: bool) -> bool {
 
 /// Whether directory `dir` has a default ACL.
 pub fn has_default_acl(dir: BorrowedFd<'_>) -> bool {
-    // SAFETY: valid descriptor, C string; a size-0 query reads nothing.
-    let r = unsafe {
-        libc::fgetxattr(
-            dir.as_raw_fd(),
-            c"system.posix_acl_default".as_ptr(),
-            std::ptr::null_mut(),
-            0,
-        )
-    };
-    r >= 0
+    // A size-0 query reads nothing.
+    rustix::fs::fgetxattr_query(dir, c"system.posix_acl_default").is_ok()
 }
 
 #[cfg(test)]
@@ -249,11 +212,9 @@ mod tests {
         let Ok(a) = create(dd.as_fd(), 0o600) else {
             return;
         };
-        let n = CString::new("by-proc").unwrap();
-        link_proc(&a, dd.as_fd(), &n).unwrap();
+        link_proc(&a, dd.as_fd(), b"by-proc").unwrap();
         let b = create(dd.as_fd(), 0o600).unwrap();
-        let n = CString::new("by-fd").unwrap();
-        match link_empty_path(&b, dd.as_fd(), &n) {
+        match link_empty_path(&b, dd.as_fd(), b"by-fd") {
             Ok(()) => assert!(d.path().join("by-fd").exists()),
             Err(e) => eprintln!("AT_EMPTY_PATH not allowed here: {e}"),
         }

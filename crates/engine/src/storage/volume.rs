@@ -41,7 +41,7 @@ pub fn is_block(md: &std::fs::Metadata) -> bool {
 }
 
 /// Whether a raw stat is a block device.
-pub fn is_block_stat(st: &libc::stat) -> bool {
+pub fn is_block_stat(st: &crate::storage::fsops::Stat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFBLK
 }
 

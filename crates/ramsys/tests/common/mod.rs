@@ -166,26 +166,19 @@ impl Rng {
 
 /// Set mtime of a path (not following symlinks).
 pub fn set_mtime(p: &Path, secs: i64, nsec: i64) {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    let ts = [
-        libc::timespec {
+    use rustix::fs::{AtFlags, Timespec, Timestamps, CWD, UTIME_OMIT};
+    let times = Timestamps {
+        last_access: Timespec {
             tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
+            tv_nsec: UTIME_OMIT,
         },
-        libc::timespec {
+        last_modification: Timespec {
             tv_sec: secs,
-            tv_nsec: nsec,
+            tv_nsec: nsec as _,
         },
-    ];
-    // SAFETY: valid C string and timespecs.
-    unsafe {
-        libc::utimensat(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            ts.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
     };
+    // As before, a failure here is the assertion that follows it.
+    let _ = rustix::fs::utimensat(CWD, p, &times, AtFlags::SYMLINK_NOFOLLOW);
 }
 
 /// A tree with every awkward case of the core issue.

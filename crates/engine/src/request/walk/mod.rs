@@ -597,8 +597,8 @@ struct Meta {
     rdev: u64,
 }
 
-impl From<&libc::stat> for Meta {
-    fn from(st: &libc::stat) -> Self {
+impl From<&crate::storage::fsops::Stat> for Meta {
+    fn from(st: &crate::storage::fsops::Stat) -> Self {
         Meta {
             fmt: st.st_mode & libc::S_IFMT,
             mode: st.st_mode & 0o7777,

@@ -21,10 +21,9 @@
 //! and the markers of the pieces it did finish: `--resume` skips those
 //! (the sink answers Have Unchanged) and sends the rest.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd};
+use std::os::fd::BorrowedFd;
 
 /// The names of one big file's temp file and markers.
 #[derive(Debug, Clone)]
@@ -63,20 +62,15 @@ impl Names {
     }
 }
 
-fn cstr(b: &[u8]) -> io::Result<CString> {
-    CString::new(b).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
-}
-
 fn open_at(dir: BorrowedFd<'_>, name: &[u8], flags: i32) -> io::Result<File> {
-    let c = cstr(name)?;
-    let fl = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-    // SAFETY: valid dirfd and C string.
-    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), fl, 0o600 as libc::c_uint) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
+    if name.contains(&0) {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
     }
-    // SAFETY: a fresh descriptor we own.
-    Ok(unsafe { File::from_raw_fd(fd) })
+    // libc's O_* values, which rustix's OFlags share bit for bit on Linux.
+    let fl = rustix::fs::OFlags::from_bits_retain((flags | libc::O_NOFOLLOW) as u32)
+        | rustix::fs::OFlags::CLOEXEC;
+    let fd = rustix::fs::openat(dir, name, fl, rustix::fs::Mode::from_bits_retain(0o600))?;
+    Ok(File::from(fd))
 }
 
 fn exists(dir: BorrowedFd<'_>, name: &[u8]) -> bool {

@@ -6,11 +6,10 @@
 //! this after every new file, link and directory attribute is in place.
 
 use std::collections::HashSet;
-use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
 
-use crate::storage::fsops::Root;
+use crate::storage::fsops::{self, Root};
 
 /// Our own working files, never deleted: temp files and links of running
 /// or interrupted sessions, big files' pieces, and the resume journal
@@ -47,7 +46,7 @@ pub fn extraneous(
         let Ok(fd) = root.open_dir(d) else { continue };
         // Listing through the descriptor keeps the walk on the directory
         // openat2 confined.
-        let Ok(mut names) = crate::storage::fsops::list_dir(fd.as_fd()) else {
+        let Ok(mut names) = fsops::list_dir(fd.as_fd()) else {
             continue;
         };
         names.sort_unstable();
@@ -64,10 +63,10 @@ pub fn extraneous(
             if let Some(prot) = protected {
                 // lstat only the few entries that would go: a dir-only
                 // pattern needs to know.
-                let is_dir = crate::storage::fsops::lstat_at(fd.as_fd(), n)
+                let is_dir = fsops::lstat_at(fd.as_fd(), n)
                     .ok()
                     .flatten()
-                    .is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+                    .is_some_and(|st| fsops::is_dir(&st));
                 if prot(i, n, is_dir) {
                     continue;
                 }
@@ -80,37 +79,29 @@ pub fn extraneous(
 
 /// Remove `rel` (a whole tree if it is a directory).
 pub fn remove(root: &Root, rel: &[u8]) -> std::io::Result<()> {
-    let (parent, name) = crate::storage::fsops::split_parent(rel);
+    let (parent, name) = fsops::split_parent(rel);
     let dir = root.open_dir(parent)?;
-    let c = CString::new(name).map_err(|_| std::io::Error::other("NUL in path"))?;
-    // SAFETY: zeroed stat is a valid out-parameter; valid dirfd and C string.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe {
-        libc::fstatat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            &mut st,
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    } != 0
-    {
-        return Err(std::io::Error::last_os_error());
-    }
-    let flag = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+    let name = nul_free(name)?;
+    let st = fsops::lstat_at(dir.as_fd(), name)?
+        .ok_or_else(|| std::io::Error::from_raw_os_error(libc::ENOENT))?;
+    if fsops::is_dir(&st) {
         let sub = root.open_dir(rel)?;
         let rd = std::fs::read_dir(format!("/proc/self/fd/{}", sub.as_raw_fd()))?;
         for e in rd {
             remove(root, &join(rel, e?.file_name().as_bytes()))?;
         }
-        libc::AT_REMOVEDIR
+        fsops::rmdir_in(dir.as_fd(), name)
     } else {
-        0
-    };
-    // SAFETY: valid dirfd and C string.
-    if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), flag) } != 0 {
-        return Err(std::io::Error::last_os_error());
+        fsops::unlink_in(dir.as_fd(), name)
     }
-    Ok(())
+}
+
+/// A name for a syscall: a NUL byte in it is refused, as CString did.
+fn nul_free(name: &[u8]) -> std::io::Result<&[u8]> {
+    if name.contains(&0) {
+        return Err(std::io::Error::other("NUL in path"));
+    }
+    Ok(name)
 }
 
 /// Remove `rel` (whose path from the transfer root is `wire`) as
@@ -124,19 +115,18 @@ pub fn remove_unprotected(
     wire: &[u8],
     keep: &dyn Fn(&[u8], bool) -> bool,
 ) -> std::io::Result<bool> {
-    let (parent, name) = crate::storage::fsops::split_parent(rel);
+    let (parent, name) = fsops::split_parent(rel);
     let dir = root.open_dir(parent)?;
-    let is_dir = crate::storage::fsops::lstat_at(dir.as_fd(), name)?
-        .is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+    let is_dir = fsops::lstat_at(dir.as_fd(), name)?.is_some_and(|st| fsops::is_dir(&st));
     if !is_dir {
         remove(root, rel)?;
         return Ok(true);
     }
     let sub = root.open_dir(rel)?;
     let mut all = true;
-    for n in crate::storage::fsops::list_dir(sub.as_fd())? {
-        let st = crate::storage::fsops::lstat_at(sub.as_fd(), &n)?;
-        let n_dir = st.is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+    for n in fsops::list_dir(sub.as_fd())? {
+        let st = fsops::lstat_at(sub.as_fd(), &n)?;
+        let n_dir = st.is_some_and(|st| fsops::is_dir(&st));
         let w = join(wire, &n);
         if keep(&w, n_dir) {
             all = false;
@@ -145,11 +135,7 @@ pub fn remove_unprotected(
         all &= remove_unprotected(root, &join(rel, &n), &w, keep)?;
     }
     if all {
-        let c = CString::new(name).map_err(|_| std::io::Error::other("NUL in path"))?;
-        // SAFETY: valid dirfd and C string.
-        if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        fsops::rmdir_in(dir.as_fd(), nul_free(name)?)?;
     }
     Ok(all)
 }
@@ -159,14 +145,12 @@ pub fn remove_unprotected(
 /// removed; a non-empty one only with `tree` (`--delete`, which rsync's
 /// `--force` implies), through [`remove`], never following a symlink.
 pub fn make_way(root: &Root, rel: &[u8], tree: bool) -> std::io::Result<()> {
-    let (parent, name) = crate::storage::fsops::split_parent(rel);
+    let (parent, name) = fsops::split_parent(rel);
     let dir = root.open_dir(parent)?;
-    let c = CString::new(name).map_err(|_| std::io::Error::other("NUL in path"))?;
-    // SAFETY: valid dirfd and C string.
-    if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) } == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
+    let e = match fsops::rmdir_in(dir.as_fd(), nul_free(name)?) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
     match e.raw_os_error() {
         Some(libc::ENOTEMPTY | libc::EEXIST) if tree => remove(root, rel),
         Some(libc::ENOTEMPTY | libc::EEXIST) => Err(std::io::Error::new(
@@ -180,7 +164,7 @@ pub fn make_way(root: &Root, rel: &[u8], tree: bool) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::fsops::Confinement;
+    use fsops::Confinement;
 
     #[test]
     fn finds_and_removes_only_extraneous_never_through_symlinks() {

@@ -67,7 +67,7 @@ pub struct DestMap {
     device: bool,
 }
 
-fn is_dir(st: &libc::stat) -> bool {
+fn is_dir(st: &crate::storage::fsops::Stat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 
@@ -536,26 +536,24 @@ mod tests {
         std::fs::create_dir(&x).unwrap();
         let f = dir(b"big");
         std::fs::set_permissions(&x, std::os::unix::fs::PermissionsExt::from_mode(f.mode)).unwrap();
-        let t = libc::timespec {
+        let t = rustix::fs::Timespec {
             tv_sec: f.mtime.0,
-            tv_nsec: f.mtime.1 as i64,
+            tv_nsec: f.mtime.1 as _,
         };
-        let c = std::ffi::CString::new(x.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: valid path and two timespecs.
-        assert_eq!(
-            unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), [t, t].as_ptr(), 0) },
-            0
-        );
+        let times = rustix::fs::Timestamps {
+            last_access: t,
+            last_modification: t,
+        };
+        let touch =
+            || rustix::fs::utimensat(rustix::fs::CWD, &x, &times, rustix::fs::AtFlags::empty());
+        touch().unwrap();
         // Empty: nothing to continue (and two fresh directories can share
         // an mtime).
         let mut m = DestMap::resolve(&r, b"x", 1, RESUME | JOURNAL).unwrap();
         m.settle(&r, &f).unwrap();
         assert_eq!(m.map(b"big/a"), b"x/big/a");
         std::fs::write(x.join("a"), b"a").unwrap();
-        assert_eq!(
-            unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), [t, t].as_ptr(), 0) },
-            0
-        );
+        touch().unwrap();
         let mut m = DestMap::resolve(&r, b"x", 1, RESUME | JOURNAL).unwrap();
         m.settle(&r, &f).unwrap();
         assert_eq!(m.map(b"big/a"), b"x/a");

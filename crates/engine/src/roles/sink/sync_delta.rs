@@ -64,11 +64,11 @@ fn is_temp_name(n: &[u8]) -> bool {
         && !n.contains(&b'/')
 }
 
-fn is_reg(st: &libc::stat) -> bool {
+fn is_reg(st: &crate::storage::fsops::Stat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFREG
 }
 
-fn is_dir(st: &libc::stat) -> bool {
+fn is_dir(st: &crate::storage::fsops::Stat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 
@@ -101,7 +101,7 @@ impl SinkSync {
     }
 
     /// lstat of a destination path through the cached directory descriptor.
-    fn lstat(&mut self, rel: &[u8]) -> Option<libc::stat> {
+    fn lstat(&mut self, rel: &[u8]) -> Option<crate::storage::fsops::Stat> {
         let (parent, name) = split_parent(rel);
         if name.is_empty() {
             return self.root.lstat(rel).ok().flatten();
@@ -187,7 +187,7 @@ impl SinkSync {
 
     /// `--ignore-existing` / `--update`: DST's entry `st` is to stay as it
     /// is: it exists, or (`-u`) it is a regular file newer than the source.
-    fn leaves(&self, st: &libc::stat, mtime: (i64, u32)) -> bool {
+    fn leaves(&self, st: &crate::storage::fsops::Stat, mtime: (i64, u32)) -> bool {
         self.flags & IGNORE_EXISTING != 0
             || self.flags & UPDATE != 0
                 && is_reg(st)

@@ -12,7 +12,7 @@
 //! in ONE line at the end, not per file; other errors are failures.
 
 use std::collections::HashMap;
-use std::ffi::{CString, OsStr};
+use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -24,6 +24,7 @@ use ramsys_proto::control::{Entry, EntryKind, Failure};
 use super::ids::Names;
 use super::{acl, Policy};
 use crate::storage::fsops::{lstat_at, split_parent, Root};
+use rustix::fs::{AtFlags, FileType, Gid, Mode, Timespec, Timestamps, Uid, UTIME_OMIT};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -95,8 +96,8 @@ pub struct ArchiveSink {
     pub not_kept: NotKept,
 }
 
-fn cstr(b: &[u8]) -> io::Result<CString> {
-    CString::new(b).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in path"))
+fn cstr(b: &[u8]) -> io::Result<&[u8]> {
+    crate::storage::fsops::cpath(b)
 }
 
 /// What [`ArchiveSink::owners`] did.
@@ -258,11 +259,11 @@ impl ArchiveSink {
             self.not_kept.devices += 1;
             return Ok(());
         }
-        let fmt = match s.kind {
-            special::FIFO => libc::S_IFIFO,
-            special::SOCKET => libc::S_IFSOCK,
-            special::CHAR => libc::S_IFCHR,
-            _ => libc::S_IFBLK,
+        let (fmt, ftype) = match s.kind {
+            special::FIFO => (libc::S_IFIFO, FileType::Fifo),
+            special::SOCKET => (libc::S_IFSOCK, FileType::Socket),
+            special::CHAR => (libc::S_IFCHR, FileType::CharacterDevice),
+            _ => (libc::S_IFBLK, FileType::BlockDevice),
         };
         let (parent, name) = split_parent(&s.path);
         let dir = root.open_dir(parent)?;
@@ -278,39 +279,23 @@ impl ArchiveSink {
         }
         if old.is_none() {
             let t = cstr(tmp)?;
-            // SAFETY: valid dirfd and C string.
-            let r = unsafe {
-                libc::mknodat(
-                    dir.as_raw_fd(),
-                    t.as_ptr(),
-                    fmt | (s.mode & 0o777),
-                    s.rdev as libc::dev_t,
-                )
-            };
-            if r != 0 {
-                let e = io::Error::last_os_error();
-                if device && e.raw_os_error() == Some(libc::EPERM) {
+            let perm = Mode::from_bits_retain(s.mode & 0o777);
+            match rustix::fs::mknodat(&dir, t, ftype, perm, s.rdev as _) {
+                Ok(()) => {}
+                Err(rustix::io::Errno::PERM) if device => {
                     self.not_kept.devices += 1;
                     return Ok(());
                 }
-                return Err(e);
+                Err(e) => return Err(e.into()),
             }
-            // SAFETY: as above.
-            if unsafe { libc::renameat(dir.as_raw_fd(), t.as_ptr(), dir.as_raw_fd(), n.as_ptr()) }
-                != 0
-            {
-                let e = io::Error::last_os_error();
-                // SAFETY: as above.
-                unsafe { libc::unlinkat(dir.as_raw_fd(), t.as_ptr(), 0) };
-                return Err(e);
+            if let Err(e) = rustix::fs::renameat(&dir, t, &dir, n) {
+                let _ = rustix::fs::unlinkat(&dir, t, AtFlags::empty());
+                return Err(e.into());
             }
         }
         // The mode past the umask, then the mtime (our own fresh node, or
         // one of the same type: never a symlink).
-        // SAFETY: valid dirfd and C string.
-        if unsafe { libc::fchmodat(dir.as_raw_fd(), n.as_ptr(), s.mode as libc::mode_t, 0) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        rustix::fs::chmodat(&dir, n, Mode::from_bits_retain(s.mode), AtFlags::empty())?;
         set_times(&dir, name, None, s.mtime)
     }
 
@@ -326,7 +311,7 @@ impl ArchiveSink {
         }
         let numeric = self.flags & preserve::NUMERIC_IDS != 0;
         let n = cstr(if name.is_empty() { b"." } else { name })?;
-        let own = self.owners(&dir, &n, a, &st, numeric)?;
+        let own = self.owners(&dir, n, a, &st, numeric)?;
         // chown clears set-user-ID and set-group-ID bits of a file, and
         // files were placed without them (placed_mode): put back what the
         // policy allows now that the owner is known (issue 34: never a
@@ -336,11 +321,8 @@ impl ArchiveSink {
         let setid = mode & (super::SUID | super::SGID) != 0;
         let file = matches!(r.kind, Kind::File | Kind::Special);
         if file && setid && (own.chowned || st.st_mode & 0o7777 != mode) {
-            // SAFETY: valid dirfd and C string; the entry is not a symlink.
-            if unsafe { libc::fchmodat(dir.as_raw_fd(), n.as_ptr(), mode as libc::mode_t, 0) } != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
+            // The entry is not a symlink.
+            rustix::fs::chmodat(&dir, n, Mode::from_bits_retain(mode), AtFlags::empty())?;
         }
         if r.kind != Kind::Symlink {
             if self.flags & preserve::XATTRS != 0 {
@@ -361,9 +343,9 @@ impl ArchiveSink {
     fn owners(
         &mut self,
         dir: &OwnedFd,
-        n: &CString,
+        n: &[u8],
         a: &Attrs,
-        st: &libc::stat,
+        st: &crate::storage::fsops::Stat,
         numeric: bool,
     ) -> io::Result<Owned> {
         let uid = a.owner.as_ref().map(|p| self.names.uid(p, numeric));
@@ -394,12 +376,10 @@ impl ArchiveSink {
                 return Ok(own);
             }
         }
-        let (u, g) = (uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX));
-        // SAFETY: valid dirfd and C string.
-        let rc =
-            unsafe { libc::fchownat(dir.as_raw_fd(), n.as_ptr(), u, g, libc::AT_SYMLINK_NOFOLLOW) };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
+        // None leaves that id as it is (-1 to fchownat).
+        let (u, g) = (uid.map(Uid::from_raw), gid.map(Gid::from_raw));
+        if let Err(e) = rustix::fs::chownat(dir, n, u, g, AtFlags::SYMLINK_NOFOLLOW) {
+            let e = io::Error::from(e);
             if denied(&e) {
                 self.not_kept.owners += uid.is_some() as u64;
                 self.not_kept.groups += gid.is_some() as u64;
@@ -517,30 +497,21 @@ fn set_times(
     mtime: (i64, u32),
 ) -> io::Result<()> {
     let n = cstr(if name.is_empty() { b"." } else { name })?;
-    let ts = |t: (i64, u32)| libc::timespec {
-        tv_sec: t.0 as libc::time_t,
-        tv_nsec: t.1 as libc::c_long,
+    let ts = |t: (i64, u32)| Timespec {
+        tv_sec: t.0,
+        tv_nsec: t.1 as _,
     };
-    let a = match atime {
-        Some(t) => ts(t),
-        None => libc::timespec {
-            tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
+    let times = Timestamps {
+        last_access: match atime {
+            Some(t) => ts(t),
+            None => Timespec {
+                tv_sec: 0,
+                tv_nsec: UTIME_OMIT,
+            },
         },
+        last_modification: ts(mtime),
     };
-    let both = [a, ts(mtime)];
-    // SAFETY: valid dirfd, C string and two timespecs.
-    let r = unsafe {
-        libc::utimensat(
-            dir.as_raw_fd(),
-            n.as_ptr(),
-            both.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    rustix::fs::utimensat(dir, n, &times, AtFlags::SYMLINK_NOFOLLOW)?;
     Ok(())
 }
 
@@ -581,7 +552,7 @@ mod tests {
         s.entry(&entry(1, sock, 0o755), b"s");
         s.entry(&entry(2, EntryKind::File { size: 1 }, 0o644), b"f");
         // Our own gid: settable by anyone; a user.* xattr.
-        let gid = unsafe { libc::getegid() };
+        let gid = rustix::process::getegid().as_raw();
         s.attrs(vec![Attrs {
             id: 2,
             group: Some(Principal {
