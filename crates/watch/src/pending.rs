@@ -38,6 +38,11 @@ pub enum Kind {
     File = 1,
     /// A directory and everything below it.
     Tree = 2,
+    /// A directory and everything below it, and (mirror mode) nothing
+    /// else below it at DST: a renamed directory whose tree was in flight,
+    /// which may have reached DST holding entries made at its old name
+    /// after the rename (the batch reads the source when it sends).
+    Mirror = 3,
 }
 
 impl Kind {
@@ -46,6 +51,7 @@ impl Kind {
             0 => Some(Kind::DirMeta),
             1 => Some(Kind::File),
             2 => Some(Kind::Tree),
+            3 => Some(Kind::Mirror),
             _ => None,
         }
     }
@@ -393,10 +399,16 @@ impl Pending {
         });
         // The batch in flight may have read these before or after the
         // rename: they are sent again under their new names (a quick check
-        // at DST makes that free when the content got there).
+        // at DST makes that free when the content got there). A tree it
+        // reads after the rename holds what the source made at the old
+        // name since, which the rename op then carries to the new one: the
+        // new name is sent as a mirror, its extra entries removed.
         if let Some(f) = &mut self.inflight {
-            for (p, d) in take_under(&mut f.files, &from) {
+            for (p, mut d) in take_under(&mut f.files, &from) {
                 let q = moved(&p, &from, &to);
+                if d.kind >= Kind::Tree {
+                    d.kind = Kind::Mirror;
+                }
                 self.log.push(LogRec::Mark {
                     path: q.clone(),
                     kind: d.kind,

@@ -16,7 +16,7 @@ use ramsys_engine::storage::fsops::Confinement;
 use ramsys_engine::{EngineError, EngineResources, Stats, TransferOptions};
 use ramsys_proto::control::{WatchOp, WatchResult};
 use ramsys_watch::change::join;
-use ramsys_watch::pending::{Batch, Op, PendingConfig};
+use ramsys_watch::pending::{Batch, Kind, Op, PendingConfig};
 use ramsys_watch::{Backend, Change, Detector, Journal, Pending};
 
 use super::Target;
@@ -443,8 +443,14 @@ impl Runner {
     fn data(&mut self, b: &Batch) -> Result<ramsys_engine::Report, EngineError> {
         let mut opts = self.spec.opts.clone();
         if !b.full {
-            // Only what the batch lists; deletes travelled as operations.
-            opts.sync &= !ramsys_engine::request::sync::flags::DELETE;
+            // Only what the batch lists; deletes travelled as operations,
+            // except below a mirror (a renamed tree that was in flight,
+            // pending::Kind::Mirror): its extra entries go, and the
+            // batch's other trees are exact too, as mirror mode wants.
+            // Outside the listed trees --files-from protects everything.
+            if !b.files.iter().any(|(_, k)| *k == Kind::Mirror) {
+                opts.sync &= !ramsys_engine::request::sync::flags::DELETE;
+            }
             opts.select.files = b.files.iter().map(|(p, _)| self.wire(p)).collect();
             // A listed directory is a tree that appeared: all of it goes.
             opts.select.files_recursive = true;

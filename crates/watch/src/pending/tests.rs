@@ -280,7 +280,16 @@ impl World {
             }
         }
         // A listed path that is a directory now is sent with its subtree.
+        // A batch holding a mirror is sent with --delete (replicate::job):
+        // below every listed path DST then ends as SRC is, extra entries
+        // removed and a directory in a file's way made way for.
+        let exact = b.files.iter().any(|(_, k)| *k == Kind::Mirror);
         for (p, _) in &b.files {
+            if exact && self.src.contains_key(p) {
+                for k in subtree(&self.dst, p) {
+                    self.dst.remove(&k);
+                }
+            }
             if !copy_in(&self.src, &mut self.dst, p, true) {
                 failed.push(p.clone());
             }
@@ -426,6 +435,31 @@ fn a_rename_is_one_operation_and_pending_writes_follow_it() {
         from: b"d".to_vec(),
         to: b"e".to_vec()
     }));
+}
+
+#[test]
+fn a_tree_in_flight_renamed_comes_back_as_a_mirror() {
+    // mkdir a; its tree goes out; mv a c; mkdir -p a/x before the batch
+    // reads a: DST gets a/x at a, which the rename op carries to c.
+    let mut w = World::new(true);
+    for s in [Step::Mkdir(0), Step::Take, Step::Rename(0, 6)] {
+        w.run(&s);
+    }
+    let (b, _) = w.p.take(w.now, 10);
+    assert!(b.is_none(), "one batch in flight");
+    for s in [Step::Mkdir(0), Step::Mkdir(2), Step::Deliver(0)] {
+        w.run(&s);
+    }
+    let b = w.p.take(w.now, 10).0.unwrap();
+    assert!(
+        b.files.contains(&(b"c".to_vec(), Kind::Mirror)),
+        "{:?}",
+        b.files
+    );
+    w.inflight = Some(b);
+    w.settle();
+    assert_eq!(w.dst, w.src);
+    assert!(!w.dst.contains_key(b"c/x".as_slice()));
 }
 
 #[test]
