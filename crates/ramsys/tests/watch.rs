@@ -197,6 +197,28 @@ fn a_half_written_file_waits_for_its_close() {
     f.write_all(b"end").unwrap();
     drop(f);
     wait_same(&s.src, &s.export.join("m"), Duration::from_secs(20));
+    // The same in a directory that is new: the directory goes at once, as
+    // a tree, but without the file still being written (pending::Batch::
+    // hold), which follows once closed.
+    std::fs::create_dir(s.src.join("new")).unwrap();
+    let mut f = std::fs::File::create(s.src.join("new/slow")).unwrap();
+    f.write_all(b"part one, ").unwrap();
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(100));
+        f.write_all(b"more, ").unwrap();
+        let at_dst = s.export.join("m/new/slow");
+        assert!(
+            !at_dst.exists(),
+            "sent with its new directory while still being written"
+        );
+    }
+    assert!(
+        s.export.join("m/new").is_dir(),
+        "the new directory went at once"
+    );
+    f.write_all(b"end").unwrap();
+    drop(f);
+    wait_same(&s.src, &s.export.join("m"), Duration::from_secs(20));
 }
 
 /// Kill the agent mid-stream, change more while it is down, start it

@@ -140,6 +140,11 @@ pub struct Batch {
     pub files: Vec<(Vec<u8>, Kind)>,
     /// Directories whose mode and mtime to send.
     pub dirs: Vec<Vec<u8>>,
+    /// Files below a listed tree (or anywhere, for a full scan) still
+    /// being written: the tree goes without them (they follow once closed
+    /// or quiet), so DST never shows one half-written and none is sent
+    /// twice. At most [`MAX_HOLD`]; beyond that the rest go as they are.
+    pub hold: Vec<Vec<u8>>,
     /// Bytes of the files whose size is known.
     pub bytes: u64,
     /// When the oldest change in it happened.
@@ -151,6 +156,10 @@ impl Batch {
         !self.full && self.ops.is_empty() && self.files.is_empty() && self.dirs.is_empty()
     }
 }
+
+/// Most files a batch holds back ([`Batch::hold`]): each is a filter rule
+/// every sent path is matched against.
+pub const MAX_HOLD: usize = 256;
 
 struct InFlight {
     files: BTreeMap<Vec<u8>, Dirty>,
@@ -418,9 +427,44 @@ impl Pending {
             }
         }
         let (pf, pt) = (parent(&from).to_vec(), parent(&to).to_vec());
-        self.push_op(Op::Rename { from, to, dir }, now);
+        if self.unsure(&from) {
+            // The batch in flight reads a tree holding `from` (or all of
+            // it, a full scan) when it sends: DST's `from` may then be what
+            // SRC made there after the rename, and moving it would put the
+            // wrong entry at `to`. Both names are made again instead: what
+            // DST has at either goes, and `to` is sent whole.
+            self.push_op(
+                Op::Delete {
+                    path: from.clone(),
+                    dir,
+                },
+                now,
+            );
+            self.push_op(
+                Op::Delete {
+                    path: to.clone(),
+                    dir,
+                },
+                now,
+            );
+            let kind = if dir { Kind::Mirror } else { Kind::File };
+            self.mark(to, kind, now, now, 0);
+        } else {
+            self.push_op(Op::Rename { from, to, dir }, now);
+        }
         self.dir_meta(&pf, now);
         self.dir_meta(&pt, now);
+    }
+
+    /// Does the batch in flight read `from` as part of a larger tree (a
+    /// tree listed above it, or a full scan)?
+    fn unsure(&self, from: &[u8]) -> bool {
+        self.inflight.as_ref().is_some_and(|f| {
+            f.full
+                || f.files
+                    .iter()
+                    .any(|(p, d)| d.kind >= Kind::Tree && p.as_slice() != from && under(from, p))
+        })
     }
 
     /// Too much pending (DST away for long): a full scan instead of the
@@ -485,8 +529,38 @@ impl Pending {
         if f.ops.is_empty() {
             f.ops_done = true;
         }
+        b.hold = self.held(&b, now);
         self.inflight = Some(f);
         (Some(b), next)
+    }
+
+    /// The files still being written that `b` would send inside a tree.
+    fn held(&self, b: &Batch, now: Instant) -> Vec<Vec<u8>> {
+        let trees: std::collections::HashSet<&[u8]> = b
+            .files
+            .iter()
+            .filter(|(_, k)| *k >= Kind::Tree)
+            .map(|(p, _)| p.as_slice())
+            .collect();
+        if trees.is_empty() && !b.full {
+            return Vec::new();
+        }
+        let inside = |p: &[u8]| {
+            let mut q = p;
+            while !q.is_empty() {
+                q = parent(q);
+                if trees.contains(q) {
+                    return true;
+                }
+            }
+            false
+        };
+        self.dirty
+            .iter()
+            .filter(|(p, d)| d.kind == Kind::File && d.ready_at > now && (b.full || inside(p)))
+            .map(|(p, _)| p.clone())
+            .take(MAX_HOLD)
+            .collect()
     }
 
     /// The batch's operations reached DST. `missing`: renames whose source

@@ -459,6 +459,13 @@ impl Runner {
             opts.streams = opts.streams.min(want.min(u16::MAX as u64) as u16).max(1);
             opts.auto_streams = false;
         }
+        // Files still being written inside a listed tree stay out of it
+        // (pending::Batch::hold), ahead of the user's rules: first match
+        // wins.
+        if !b.hold.is_empty() {
+            let hold = b.hold.iter().map(|p| hold_rule(&self.wire(p)));
+            opts.select.rules = hold.chain(opts.select.rules.drain(..)).collect();
+        }
         let stats = Arc::new(Stats::default());
         push(
             &self.target.remote(),
@@ -520,9 +527,53 @@ impl Runner {
     }
 }
 
+/// An exclude rule (request::rules' short form) matching exactly the wire
+/// path `p`: anchored at the transfer root, wildmatch's special bytes
+/// escaped.
+fn hold_rule(p: &[u8]) -> Vec<u8> {
+    let mut r = b"- /".to_vec();
+    for &c in p {
+        if matches!(c, b'*' | b'?' | b'[' | b'\\') {
+            r.push(b'\\');
+        }
+        r.push(c);
+    }
+    r
+}
+
 fn sleep_unless(stop: &AtomicBool, d: Duration) {
     let end = Instant::now() + d;
     while !stop.load(Relaxed) && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(50).min(end - Instant::now()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ramsys_proto::control::Selection;
+
+    #[test]
+    fn a_hold_rule_excludes_exactly_its_path() {
+        let odd: &[u8] = b"top/a*[b]/f?\\x y ";
+        let sel = Selection {
+            rules: vec![hold_rule(odd), b"- *.tmp".to_vec()],
+            ..Default::default()
+        };
+        let f = Filter::new(&sel).unwrap();
+        assert!(f.excluded(odd, false));
+        for other in [
+            &b"top/aX[b]/fz\\x y "[..],
+            b"top/a*b/f?\\x y ",
+            b"top/a*[b]/f?\\x y",
+            b"other/top/a*[b]/f?\\x y ",
+        ] {
+            assert!(
+                !f.excluded(other, false),
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
+        assert!(f.excluded(b"top/x.tmp", false));
     }
 }

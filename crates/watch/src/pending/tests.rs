@@ -32,7 +32,7 @@ fn parent_ok(t: &Tree, p: &[u8]) -> bool {
 
 /// Copy `p` (its whole subtree if `tree`) and its parents from SRC; false
 /// where DST holds a directory in a file's way (the sink fails that file).
-fn copy_in(src: &Tree, dst: &mut Tree, p: &[u8], tree: bool) -> bool {
+fn copy_in(src: &Tree, dst: &mut Tree, p: &[u8], tree: bool, hold: &[Vec<u8>]) -> bool {
     let Some(n) = src.get(p) else { return true };
     let mut par = parent(p);
     while !par.is_empty() {
@@ -49,6 +49,9 @@ fn copy_in(src: &Tree, dst: &mut Tree, p: &[u8], tree: bool) -> bool {
             dst.insert(p.to_vec(), Node::Dir);
             if tree {
                 for k in subtree(src, p) {
+                    if hold.contains(&k) {
+                        continue;
+                    }
                     if !(src[&k] != Node::Dir && dst.get(&k) == Some(&Node::Dir)) {
                         dst.insert(k.clone(), src[&k].clone());
                     }
@@ -56,6 +59,30 @@ fn copy_in(src: &Tree, dst: &mut Tree, p: &[u8], tree: bool) -> bool {
             }
             true
         }
+    }
+}
+
+/// What the rules exclude stays at DST under --delete, and so do the
+/// directories holding it (rsync's rule): `held` paths `old` had go back
+/// into `dst` with their parents.
+fn keep_held(dst: &mut Tree, old: &Tree, held: &[Vec<u8>]) {
+    for k in held {
+        let Some(n) = old.get(k) else { continue };
+        let mut par = parent(k);
+        let mut blocked = false;
+        while !par.is_empty() {
+            blocked |= dst.get(par).is_some_and(|n| *n != Node::Dir);
+            par = parent(par);
+        }
+        if blocked {
+            continue;
+        }
+        let mut par = parent(k);
+        while !par.is_empty() {
+            dst.insert(par.to_vec(), Node::Dir);
+            par = parent(par);
+        }
+        dst.insert(k.clone(), n.clone());
     }
 }
 
@@ -270,14 +297,22 @@ impl World {
             return;
         }
         let mut failed = Vec::new();
+        // Files still being written (b.hold) are left out: not sent, and
+        // (excluded) not deleted.
         if b.full {
-            if self.mirror {
-                self.dst = self.src.clone();
-            } else {
-                for (k, n) in &self.src {
-                    self.dst.insert(k.clone(), n.clone());
+            let mut dst: Tree = self
+                .src
+                .iter()
+                .filter(|(k, _)| !b.hold.contains(k))
+                .map(|(k, n)| (k.clone(), n.clone()))
+                .collect();
+            keep_held(&mut dst, &self.dst, &b.hold);
+            if !self.mirror {
+                for (k, n) in &self.dst {
+                    dst.entry(k.clone()).or_insert_with(|| n.clone());
                 }
             }
+            self.dst = dst;
         }
         // A listed path that is a directory now is sent with its subtree.
         // A batch holding a mirror is sent with --delete (replicate::job):
@@ -286,11 +321,13 @@ impl World {
         let exact = b.files.iter().any(|(_, k)| *k == Kind::Mirror);
         for (p, _) in &b.files {
             if exact && self.src.contains_key(p) {
-                for k in subtree(&self.dst, p) {
+                let old = self.dst.clone();
+                for k in subtree(&old, p) {
                     self.dst.remove(&k);
                 }
+                keep_held(&mut self.dst, &old, &b.hold);
             }
-            if !copy_in(&self.src, &mut self.dst, p, true) {
+            if !copy_in(&self.src, &mut self.dst, p, true, &b.hold) {
                 failed.push(p.clone());
             }
         }
@@ -460,6 +497,32 @@ fn a_tree_in_flight_renamed_comes_back_as_a_mirror() {
     w.settle();
     assert_eq!(w.dst, w.src);
     assert!(!w.dst.contains_key(b"c/x".as_slice()));
+}
+
+#[test]
+fn a_new_tree_goes_without_its_files_still_being_written() {
+    let mut p = Pending::new(PendingConfig::default());
+    let t = Instant::now();
+    let created = |path: &[u8], dir| Change::Created {
+        path: path.to_vec(),
+        dir,
+        settled: dir,
+    };
+    p.apply(created(b"d", true), t, 0);
+    p.apply(created(b"d/done", false), t, 0);
+    p.apply(Change::Closed(b"d/done".to_vec()), t, 10);
+    p.apply(created(b"d/writing", false), t, 0);
+    p.apply(created(b"other", false), t, 0);
+    let b = p.take(t, 100).0.unwrap();
+    assert!(b.files.contains(&(b"d".to_vec(), Kind::Tree)));
+    // Held: the tree would read it half-written. Not held: a file outside
+    // every listed tree (nothing would send it).
+    assert_eq!(b.hold, vec![b"d/writing".to_vec()]);
+    p.finish(true, &[], t);
+    p.apply(Change::Closed(b"d/writing".to_vec()), t, 10);
+    let b = p.take(t, 100).0.unwrap();
+    assert_eq!(b.files, vec![(b"d/writing".to_vec(), Kind::File)]);
+    assert!(b.hold.is_empty());
 }
 
 #[test]
