@@ -397,6 +397,41 @@ impl BufferPool {
         Some(out)
     }
 
+    /// Give the pages of an idle pool back to the system (a watch job
+    /// between batches, issue 38: a full sync touches most of the pool and
+    /// its RSS would stay there for the job's life). Only when every buffer
+    /// is free (no session holds one, so no I/O targets any and no io_uring
+    /// ring has them registered: rings live per session): they are taken
+    /// out meanwhile so none is handed out during the madvise. The next
+    /// use faults zeroed pages in again (one fault per huge page). Returns
+    /// the bytes released, 0 when a buffer is in use.
+    pub fn release_idle(&self) -> usize {
+        let mut held = Vec::with_capacity(self.count);
+        while let Ok(b) = self.rx.try_recv() {
+            held.push(b);
+        }
+        let mut released = 0;
+        if held.len() == self.count && self.span.1 > 0 {
+            // SAFETY: the span covers exactly this pool's buffers, all of
+            // them held here; MADV_DONTNEED on private anonymous memory
+            // only drops their contents (nobody reads a free buffer).
+            let r = unsafe {
+                libc::madvise(
+                    self.span.0 as *mut libc::c_void,
+                    self.span.1,
+                    libc::MADV_DONTNEED,
+                )
+            };
+            if r == 0 {
+                released = self.span.1;
+            }
+        }
+        for b in held {
+            self.put(b);
+        }
+        released
+    }
+
     /// Drain every buffer (waiting for all to come back) to hand them to
     /// their parent pool.
     pub fn into_bufs(self, wait: Duration) -> Vec<Buf> {
@@ -418,6 +453,42 @@ impl BufferPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Resident pages of [p, p+len) (mincore).
+    fn resident(p: *mut u8, len: usize) -> usize {
+        let mut v = vec![0u8; len.div_ceil(4096)];
+        // SAFETY: p is page aligned and mapped for len bytes; v has a byte
+        // per page.
+        let r = unsafe { libc::mincore(p as *mut libc::c_void, len, v.as_mut_ptr()) };
+        assert_eq!(r, 0);
+        v.iter().filter(|b| **b & 1 == 1).count()
+    }
+
+    #[test]
+    fn an_idle_pool_gives_its_pages_back_and_a_busy_one_keeps_them() {
+        let pool = BufferPool::allocate(4, 64 << 10).unwrap();
+        let mut bufs = Vec::new();
+        pool.get_many(&mut bufs, 4, true);
+        for b in &mut bufs {
+            b.space().fill(7);
+        }
+        let (p, len) = pool.span();
+        assert_eq!(resident(p, len), len / 4096);
+        // One buffer still out: nothing released.
+        let out = bufs.pop().unwrap();
+        pool.put_many(&mut bufs);
+        assert_eq!(pool.release_idle(), 0);
+        assert_eq!(resident(p, len), len / 4096);
+        pool.put(out);
+        assert_eq!(pool.release_idle(), len);
+        assert_eq!(resident(p, len), 0);
+        assert_eq!(pool.free(), 4, "every buffer back in the pool");
+        // Usable again, zeroed.
+        let mut b = pool.get();
+        assert!(b.space().iter().all(|x| *x == 0));
+        b.space()[0] = 1;
+        pool.put(b);
+    }
 
     /// The `THPeligible` line of the smaps entry that holds `addr`.
     fn thp_eligible(addr: usize) -> Option<bool> {

@@ -129,6 +129,7 @@ fn target(a: &SyncArgs, plan: &mut Plan, source: &Path) -> anyhow::Result<Target
                 connect_timeout: plan.connect_timeout,
                 dest: path,
                 _keep: Vec::new(),
+                pools: Vec::new(),
             })
         }
         Endpoint::Ssh(e) => {
@@ -153,6 +154,7 @@ fn target(a: &SyncArgs, plan: &mut Plan, source: &Path) -> anyhow::Result<Target
                 dest: path,
                 shown,
                 _keep: vec![Box::new(ssh)],
+                pools: Vec::new(),
             })
         }
     }

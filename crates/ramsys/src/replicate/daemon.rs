@@ -92,6 +92,7 @@ fn run_once(spec: &ReplicateSpec, daemon_key: &Path, stats: &Arc<JobStats>) -> a
                 dest: path,
                 shown: spec.dest.clone(),
                 _keep: Vec::new(),
+                pools: Vec::new(),
             }
         }
         Endpoint::Ssh(_) => anyhow::bail!(

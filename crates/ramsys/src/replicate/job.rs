@@ -118,6 +118,7 @@ pub fn run(
         shared,
         chan: None,
         root: crate::agent::open_root(std::path::Path::new("/"), Confinement::None)?,
+        busy_until: None,
     };
     let r = runner.run(&stop);
     stop.store(true, Relaxed);
@@ -253,7 +254,15 @@ struct Runner {
     shared: Shared,
     chan: Option<WatchChannel>,
     root: Arc<ramsys_engine::storage::fsops::Root>,
+    /// When the last batch ended, until the idle job gave its memory back
+    /// (None: given back, or nothing sent since).
+    busy_until: Option<Instant>,
 }
+
+/// A job this long without a batch gives its buffer pools' pages and its
+/// freed heap back to the system (a full sync of a big tree touches most of
+/// the pool; docs/BENCHMARKS.md "idle cost").
+const IDLE_RELEASE: Duration = Duration::from_secs(5);
 
 /// What one batch did.
 #[derive(Default)]
@@ -274,6 +283,7 @@ impl Runner {
             JobStats::set(&self.stats.state, state);
             let r = self.execute(&b);
             let now = Instant::now();
+            self.busy_until = Some(now);
             let mut st = lock(&self.shared);
             match &r {
                 Ok(d) => {
@@ -308,13 +318,21 @@ impl Runner {
 
     /// Wait for the next batch: ready paths or operations, then the
     /// batch window for more to gather. None: stopped.
-    fn next_batch(&self, stop: &AtomicBool, last_full: &mut Instant) -> Option<Batch> {
-        let mut st = lock(&self.shared);
+    fn next_batch(&mut self, stop: &AtomicBool, last_full: &mut Instant) -> Option<Batch> {
+        let shared = self.shared.clone();
+        let mut st = lock(&shared);
         loop {
             if stop.load(Relaxed) {
                 return None;
             }
             let now = Instant::now();
+            if self
+                .busy_until
+                .is_some_and(|t| now.duration_since(t) >= IDLE_RELEASE)
+            {
+                self.busy_until = None;
+                self.release_memory();
+            }
             if self
                 .spec
                 .rescan
@@ -328,8 +346,7 @@ impl Runner {
                 return b;
             }
             let wait = next.map_or(Duration::from_secs(1), |n| n.saturating_duration_since(now));
-            let (g, to) = self
-                .shared
+            let (g, to) = shared
                 .1
                 .wait_timeout(st, wait.min(Duration::from_secs(1)))
                 .unwrap_or_else(|p| p.into_inner());
@@ -338,9 +355,23 @@ impl Runner {
                 // Something changed: let more gather before taking.
                 drop(st);
                 std::thread::sleep(self.spec.batch_window);
-                st = lock(&self.shared);
+                st = lock(&shared);
             }
         }
+    }
+
+    /// Idle: the pages of every buffer pool in this process that the job
+    /// uses (its source engine's, a local DST's daemon's) and the heap the
+    /// last batches freed go back to the system. A pool with a buffer in
+    /// use (a session still ending) keeps its pages.
+    fn release_memory(&self) {
+        let pools = std::iter::once(&self.res.buffers).chain(&self.target.pools);
+        let bytes: usize = pools.map(|p| p.release_idle()).sum();
+        ramsys_engine::types::stats::return_freed_memory();
+        tracing::debug!(
+            "{}: idle, {bytes} bytes of buffers released",
+            self.spec.name
+        );
     }
 
     fn wire(&self, rel: &[u8]) -> Vec<u8> {

@@ -26,6 +26,9 @@ pub struct Target {
     /// What must live as long as the job (a loopback daemon, an ssh
     /// session).
     pub _keep: Vec<Box<dyn std::any::Any + Send>>,
+    /// Buffer pools in this process that receive (a local DST's daemon):
+    /// given back to the system when the job is idle.
+    pub pools: Vec<Arc<ramsys_resources::BufferPool>>,
 }
 
 impl Target {
@@ -51,6 +54,7 @@ impl Target {
         let mut key = vec![0u8; 32];
         crate::agent::getrandom_fill(&mut key);
         let res = EngineResources::new(res_cfg)?;
+        let pools = vec![res.buffers.clone()];
         let daemon = Daemon::bind("127.0.0.1:0", &root, key.clone(), opts.clone(), res)?;
         let addr = daemon.local_addr().to_string();
         let handle = daemon.spawn();
@@ -63,6 +67,7 @@ impl Target {
             dest,
             shown: d.display().to_string(),
             _keep: vec![Box::new(handle)],
+            pools,
         })
     }
 }
