@@ -28,6 +28,7 @@ use crate::request::tasks::{assign_homes, plan_source, PlanOptions};
 use crate::request::walk::Walk;
 use crate::roles::source::sync_plan::SyncPlan;
 use crate::session::control::ControlEvent;
+use crate::session::options::TransferOptions;
 use crate::session::relink::{Joined, LinkEvent, Requeue, State, Streams};
 use crate::session::report::Report;
 use crate::storage::dirs::ReadDirs;
@@ -98,6 +99,23 @@ struct Events {
     control: Receiver<ControlEvent>,
 }
 
+impl Events {
+    fn new(
+        readers: Receiver<ReaderEvent>,
+        readers_done: Receiver<()>,
+        senders_done: Receiver<LinkDone>,
+        control: Receiver<ControlEvent>,
+    ) -> Events {
+        Events {
+            check_tick: crossbeam_channel::tick(Duration::from_millis(250)),
+            readers,
+            readers_done,
+            senders_done,
+            control,
+        }
+    }
+}
+
 /// The data links' sending ends: who sends on them and how they end.
 struct SenderSet {
     make: SenderFactory,
@@ -105,7 +123,7 @@ struct SenderSet {
     pool: Arc<ThreadPool>,
     /// Queued path: dropping a link's closer stops its sender even while
     /// the queue is idle (data::sender).
-    closers: HashMap<(usize, u16), Sender<()>>,
+    closers: Closers,
     /// Shut down on error so no thread stays blocked on a link.
     shutdown: Vec<Box<dyn Link>>,
     /// Links whose sending ended, closed only at teardown.
@@ -116,6 +134,38 @@ struct SenderSet {
     /// Replacement senders, requeue threads and the inline resend thread.
     extra: Vec<std::thread::JoinHandle<()>>,
     idle: Duration,
+}
+
+/// A link's closer, by (stream, epoch).
+type Closers = HashMap<(usize, u16), Sender<()>>;
+
+impl SenderSet {
+    /// `ends`: the queued senders' closers, the links to shut down on
+    /// error, the threads besides the pool's.
+    fn new(
+        make: SenderFactory,
+        pool: &Arc<ThreadPool>,
+        ends: (
+            Closers,
+            Vec<Box<dyn Link>>,
+            Vec<std::thread::JoinHandle<()>>,
+        ),
+        inline: Option<Arc<InlineLinks>>,
+        idle: Duration,
+    ) -> SenderSet {
+        let (closers, shutdown, extra) = ends;
+        SenderSet {
+            make,
+            pool: pool.clone(),
+            closers,
+            shutdown,
+            kept: Vec::new(),
+            evicting: HashSet::new(),
+            inline,
+            extra,
+            idle,
+        }
+    }
 }
 
 /// Blocks sent again: those the sink asked for (Resend) and those lost
@@ -221,6 +271,38 @@ impl StreamKeys {
     }
 }
 
+/// The scanned list, shared: a local copy's in-process sink opens large
+/// files by entry id from it. Without an archive copy the sink keeps no
+/// set-ID bit (archive::Policy::wanted_mode): the agent says how many.
+fn publish(
+    opts: &TransferOptions,
+    stats: &Stats,
+    root: &Arc<Root>,
+    w: Walk,
+) -> Arc<Vec<SourceFile>> {
+    let files = Arc::new(w.files);
+    if let Some(bridge) = &opts.local_copy {
+        bridge.publish(root.clone(), files.clone());
+    }
+    if opts.preserve == 0 {
+        stats.setid_dropped.store(w.setid, Ordering::Relaxed);
+    }
+    files
+}
+
+/// Zero-copy sends (storage::zerocopy), decided once: plain TCP links,
+/// payload not sealed, the sink checks every block.
+fn zerocopy_allowed(opts: &TransferOptions, c: &Confirmed, o: &Opened) -> bool {
+    opts.send_zerocopy
+        && crate::storage::zerocopy::allowed_by_env()
+        && o.key
+            .is_none_or(|k| StreamSeal::new(c.cipher, &k, 0, 0).is_none())
+        && c.checksum
+        && !crate::data::sender::flips_bits()
+        && !o.links.is_empty()
+        && o.links.iter().all(|l| l.can_send_file())
+}
+
 impl<'s> Payload<'s> {
     /// Start readers and senders on the opened links. The order is the
     /// contract: the buffer share before any thread, readers before
@@ -239,16 +321,7 @@ impl<'s> Payload<'s> {
             mut senders,
             mut readers,
         } = threads;
-        let (setid, files) = (w.setid, Arc::new(w.files));
-        if let Some(bridge) = &opts.local_copy {
-            // A local copy: the in-process sink opens large files by entry id.
-            bridge.publish(root.clone(), files.clone());
-        }
-        if opts.preserve == 0 {
-            // The sink keeps no set-ID bit without an archive copy
-            // (archive::Policy::wanted_mode); the agent says so.
-            stats.setid_dropped.store(setid, Ordering::Relaxed);
-        }
+        let files = publish(opts, &stats, &root, w);
         let queues = queues(&root, &files, opts, c.block_size, plan.as_ref());
         more_readers_if_cached(s, &queues, &mut readers);
         let nread = readers.len();
@@ -267,16 +340,7 @@ impl<'s> Payload<'s> {
             rate: opts.rate.clone(),
         };
         let path = send_path(s, nread, c.streams);
-        // Zero-copy sends (storage::zerocopy), decided once: plain TCP
-        // links, payload not sealed, the sink checks every block.
-        let zerocopy = opts.send_zerocopy
-            && crate::storage::zerocopy::allowed_by_env()
-            && o.key
-                .is_none_or(|k| StreamSeal::new(c.cipher, &k, 0, 0).is_none())
-            && c.checksum
-            && !crate::data::sender::flips_bits()
-            && !o.links.is_empty()
-            && o.links.iter().all(|l| l.can_send_file());
+        let zerocopy = zerocopy_allowed(opts, &c, &o);
         let mut data_links = o.links;
         let inline = (path == SendPath::Inline).then(|| {
             let outs = data_links.drain(..).enumerate();
@@ -330,17 +394,8 @@ impl<'s> Payload<'s> {
             null,
             abort: abort.clone(),
         });
-        let senders_set = SenderSet {
-            make,
-            pool: senders.pool().clone(),
-            closers,
-            shutdown,
-            kept: Vec::new(),
-            evicting: HashSet::new(),
-            inline,
-            extra,
-            idle: opts.idle_timeout,
-        };
+        let ends = (closers, shutdown, extra);
+        let senders_set = SenderSet::new(make, senders.pool(), ends, inline, opts.idle_timeout);
         senders.release_unused();
         readers.release_unused();
         // Control reader: sink messages become events.
@@ -356,13 +411,7 @@ impl<'s> Payload<'s> {
             checksum: c.checksum,
             null,
             filled: filled_rx,
-            events: Events {
-                check_tick: crossbeam_channel::tick(Duration::from_millis(250)),
-                readers: rev_rx,
-                readers_done: rdone_rx,
-                senders_done: sdone_rx,
-                control,
-            },
+            events: Events::new(rev_rx, rdone_rx, sdone_rx, control),
             streams,
             senders: senders_set,
             resends: Resends::new(filled_tx, requeue, rev_tx),
