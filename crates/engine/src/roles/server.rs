@@ -70,6 +70,9 @@ pub struct DaemonShared {
     next_session: AtomicU64,
     /// Sessions currently running (observable state).
     pub active: AtomicU64,
+    /// When the last session ended, until the idle daemon gave its buffer
+    /// pool's pages back (server::accept).
+    pub idle_since: Mutex<Option<std::time::Instant>>,
     /// Session list, device task queues, task states (crate::daemon).
     pub state: Arc<DaemonState>,
     listen: String,
@@ -233,6 +236,7 @@ impl Daemon {
                 announced: Mutex::new(Default::default()),
                 next_session: AtomicU64::new(start),
                 active: AtomicU64::new(0),
+                idle_since: Mutex::new(None),
                 state,
                 listen,
                 placement: std::sync::OnceLock::new(),
@@ -604,7 +608,9 @@ fn serve_control(
         control: link.try_clone_link().ok(),
     };
     let r = run_session(sh, link, session, &auth.grant, req, links);
-    sh.active.fetch_sub(1, Ordering::Relaxed);
+    if sh.active.fetch_sub(1, Ordering::Relaxed) == 1 {
+        *sh.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+    }
     drop(registered);
     sh.state.close_session(session);
     match &r {
