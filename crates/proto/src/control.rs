@@ -492,6 +492,15 @@ pub enum Control {
         seq: u64,
         results: Vec<WatchResult>,
     },
+    /// Client to server, any number right before a SelectOpen or
+    /// ArchiveOpen (after the rest of the preamble): a `--files-from`
+    /// list too long for the request's one control frame (issue 36: lists
+    /// of a million paths), in order, each chunk within a frame. The
+    /// server puts them ahead of the request's own `select.files`; their
+    /// total counts against its memory budget per session. No answer.
+    SelectFiles {
+        files: Vec<Vec<u8>>,
+    },
 }
 
 /// Version of the watch operations ([`Control::WatchOpen`]).
@@ -815,6 +824,7 @@ impl Control {
             Control::WatchReady { .. } => "WatchReady",
             Control::WatchOps { .. } => "WatchOps",
             Control::WatchDone { .. } => "WatchDone",
+            Control::SelectFiles { .. } => "SelectFiles",
         }
     }
 
@@ -1204,6 +1214,9 @@ mod tests {
                     WatchResult::Missing,
                     WatchResult::Failed("no".into()),
                 ],
+            },
+            Control::SelectFiles {
+                files: vec![b"a/b".to_vec(), b"c".to_vec()],
             },
         ];
         for m in msgs {

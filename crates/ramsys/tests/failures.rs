@@ -544,3 +544,39 @@ fn a_session_past_its_memory_budget_ends_in_one_line() {
         "{v}"
     );
 }
+
+/// A `--files-from` list sent ahead of a pull's request counts against the
+/// daemon's memory budget per session (issue 36): a user cannot grow a
+/// daemon with an endless list. 20,000 paths of 100 bytes (2 MB) against a
+/// budget of 1 MiB: one line naming the budget, nothing copied.
+#[test]
+fn a_files_from_list_past_the_memory_budget_is_refused_in_one_line() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let root = t.path().join("root");
+    std::fs::create_dir_all(root.join("src")).unwrap();
+    std::fs::write(root.join("src/f"), b"x").unwrap();
+    let list = t.path().join("list");
+    let line = format!("{}\n", "n".repeat(100));
+    std::fs::write(&list, line.repeat(20_000)).unwrap();
+    let d = TestDaemon::start_with(&root, &key, &["--session-memory", "1MiB"]);
+    let dst = t.path().join("dst");
+    let o = ramsys(
+        &key,
+        &[
+            "cp",
+            "--files-from",
+            list.to_str().unwrap(),
+            &format!("{}/", d.url("src")),
+            dst.to_str().unwrap(),
+        ],
+    );
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("--files-from list") && e.contains("memory budget per session"),
+        "{e}"
+    );
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    assert!(!dst.join("f").exists());
+}

@@ -341,3 +341,56 @@ fn bad_selections_are_one_line_before_any_data() {
         assert!(!s.dst.1.exists(), "{flags:?} wrote the destination");
     }
 }
+
+/// A `--files-from` list longer than a control frame (1 MiB) travels ahead
+/// of the request in chunks (issue 36): a pull and a `sync --delete` push
+/// of 2,400 listed paths of ~530 bytes (1.3 MB of list) give rsync's tree,
+/// and the second sync moves nothing.
+#[test]
+fn a_files_from_list_longer_than_a_frame() {
+    for kind in [Kind::Pull, Kind::Push] {
+        let s = setup(kind);
+        let long = "d".repeat(250);
+        let mut list = String::new();
+        for i in 0..2400 {
+            let dir = format!("long/{long}{}/{long}", i % 40);
+            std::fs::create_dir_all(s.src.1.join(&dir)).unwrap();
+            let p = format!("{dir}/f{i}");
+            std::fs::write(s.src.1.join(&p), i.to_string()).unwrap();
+            list.push_str(&p);
+            list.push('\n');
+        }
+        // Not listed: stays behind.
+        std::fs::write(s.src.1.join("long/unlisted"), b"x").unwrap();
+        assert!(list.len() > 1 << 20);
+        let file = s.reference.parent().unwrap().join("biglist");
+        std::fs::write(&file, &list).unwrap();
+        let file = file.display().to_string();
+        let from = format!("{}/", s.src.0);
+        let args: Vec<&str> = match kind {
+            Kind::Pull => vec!["cp", "--files-from", &file, &from, &s.dst.0],
+            _ => vec![
+                "sync",
+                "--delete",
+                "--json",
+                "--files-from",
+                &file,
+                &from,
+                &s.dst.0,
+            ],
+        };
+        assert_ok(&ramsys(&s.key, &args));
+        if matches!(kind, Kind::Push) {
+            let o = ramsys(&s.key, &args);
+            assert_ok(&o);
+            assert_eq!(summary(&o)["files"], 0, "second sync moved files");
+        }
+        rsync(
+            &["--files-from", &file, "--no-r"],
+            &s.plain_src.join(""),
+            &s.reference,
+        );
+        assert_eq!(listing(&s.dst.1), listing(&s.reference), "{kind:?}");
+        assert!(!s.dst.1.join("long/unlisted").exists());
+    }
+}

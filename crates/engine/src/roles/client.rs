@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ramsys_proto::control::{Bytes32, Open, Role};
+use ramsys_proto::control::{Bytes32, Open, Role, Selection};
 use ramsys_proto::Control;
 
 use crate::data::resources::EngineResources;
@@ -227,16 +227,55 @@ fn open_session(
         (c, _) => c,
     };
     seal_control(&mut s, control)?;
-    for m in preamble(server_role, &opts) {
-        send_control(&mut *s.ctl, &m)?;
+    let mut request = open_msg(server_role, paths, &opts);
+    let ahead = match &mut request {
+        Control::SelectOpen { select, .. } | Control::ArchiveOpen { select, .. } => {
+            files_ahead(select)
+        }
+        _ => Vec::new(),
+    };
+    for m in preamble(server_role, &opts).iter().chain(&ahead) {
+        send_control(&mut *s.ctl, m)?;
     }
-    send_control(&mut *s.ctl, &open_msg(server_role, paths, &opts))?;
+    send_control(&mut *s.ctl, &request)?;
     Ok(Opened {
         s,
         links,
         opts,
         choice,
     })
+}
+
+/// `--files-from` lists up to this size (encoded) ride in the request;
+/// longer ones go ahead of it in SelectFiles chunks (a control frame holds
+/// 1 MiB: a pull of 200,000 listed paths failed with "frame of 3000020
+/// bytes exceeds the limit").
+const FILES_INLINE: usize = 256 << 10;
+/// Encoded bytes per SelectFiles chunk, well inside a control frame.
+const FILES_CHUNK: usize = 512 << 10;
+
+/// Take a long `--files-from` list out of `select` as SelectFiles chunks,
+/// in order (none when it fits in the request).
+fn files_ahead(select: &mut Selection) -> Vec<Control> {
+    // A path's length prefix is at most 3 bytes (paths < 2 MiB).
+    let size = |f: &Vec<u8>| f.len() + 3;
+    if select.files.iter().map(size).sum::<usize>() <= FILES_INLINE {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let (mut chunk, mut bytes) = (Vec::new(), 0);
+    for f in std::mem::take(&mut select.files) {
+        if bytes + size(&f) > FILES_CHUNK && !chunk.is_empty() {
+            out.push(Control::SelectFiles {
+                files: std::mem::take(&mut chunk),
+            });
+            bytes = 0;
+        }
+        bytes += size(&f);
+        chunk.push(f);
+    }
+    out.push(Control::SelectFiles { files: chunk });
+    out
 }
 
 /// What a client may send before its request, in the order the daemon

@@ -582,7 +582,7 @@ fn serve_control(
     let Some((first, sealed)) = seal(link, &skey)? else {
         return Ok(());
     };
-    let Some((pre, first)) = preamble(sh, link, &mut auth, (first, sealed))? else {
+    let Some((mut pre, first)) = preamble(sh, link, &mut auth, (first, sealed))? else {
         return Ok(());
     };
     let Some(mut req) = serve_request(sh, link, &auth, first)? else {
@@ -590,6 +590,10 @@ fn serve_control(
     };
     req.bwlimit = pre.bwlimit;
     req.grow = pre.grow;
+    if !pre.files.is_empty() {
+        let own = std::mem::replace(&mut req.select.files, std::mem::take(&mut pre.files));
+        req.select.files.extend(own);
+    }
     req.grown_links = path;
     if !authorize(sh, link, &auth.grant, &req.open) {
         return Ok(());

@@ -28,6 +28,8 @@ pub(super) struct Preamble {
     pub(super) redirected: Option<String>,
     /// A pull that lets this daemon's source add streams (issue 21).
     pub(super) grow: bool,
+    /// A long `--files-from` list sent ahead of the request (SelectFiles).
+    pub(super) files: Vec<Vec<u8>>,
 }
 
 impl Preamble {
@@ -69,15 +71,36 @@ pub(super) fn preamble(
         Control::Redirected { from } => (Some(from), recv_control(&mut **link)?),
         first => (None, first),
     };
-    let (grow, first) = match first {
+    let (grow, mut first) = match first {
         Control::GrowStreams => (true, recv_control(&mut **link)?),
         first => (false, first),
     };
+    let (mut files, mut bytes) = (Vec::new(), 0u64);
+    while let Control::SelectFiles { files: chunk } = first {
+        // The list is held until the scan: it counts against the memory
+        // budget per session (serve --session-memory), so a user cannot
+        // grow the daemon with an endless one.
+        bytes += chunk.iter().map(|f| f.len() as u64 + 24).sum::<u64>();
+        files.extend(chunk);
+        let budget = sh.opts.meta_budget;
+        if budget > 0 && bytes > budget {
+            let msg = format!(
+                "the --files-from list ({} paths so far) is larger than this daemon's memory \
+                 budget per session ({}, serve --session-memory); split it",
+                files.len(),
+                ramsys_units::format_size(budget)
+            );
+            refuse(link, 1, msg);
+            return Ok(None);
+        }
+        first = recv_control(&mut **link)?;
+    }
     let pre = Preamble {
         relayed,
         bwlimit,
         redirected,
         grow,
+        files,
     };
     Ok(Some((pre, first)))
 }
