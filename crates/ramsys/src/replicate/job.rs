@@ -158,12 +158,16 @@ impl Watcher {
                 }
             }
             save(&mut st);
+            // At once, not on the 1 s tick: the full scan an overflow asks
+            // for may be taken and reported before the tick.
+            stats
+                .overflows
+                .store(st.pending.counters.overflows, Relaxed);
             if tick.elapsed() >= Duration::from_secs(1) {
                 let dt = tick.elapsed().as_secs_f64();
                 tick = now;
                 let c = st.pending.counters;
                 stats.changes.store(c.changes, Relaxed);
-                stats.overflows.store(c.overflows, Relaxed);
                 JobStats::set_rate(&stats.changes_per_s, (c.changes - changes0) as f64 / dt);
                 let files = stats.files.load(Relaxed);
                 JobStats::set_rate(&stats.files_per_s, (files - files0) as f64 / dt);
