@@ -53,9 +53,11 @@ struct EntryChecker {
     files: u64,
     bytes: u64,
     seen_nondir: bool,
-    /// Ids of File entries, for hard-link targets; bounded by the entries
-    /// actually received (each costs a record on the wire).
-    file_ids: std::collections::HashSet<u64>,
+    /// Which ids are File entries, for hard-link targets: a bit per id
+    /// (ids arrive in order, from 0), bounded by the entries actually
+    /// received (each costs a record on the wire). A hash set cost 4 % of
+    /// a daemon's no-change re-sync of 1 M files and 32 MB; this is 125 KB.
+    file_ids: Vec<u64>,
 }
 
 impl EntryChecker {
@@ -95,7 +97,11 @@ impl EntryChecker {
                 self.seen_nondir = true;
                 self.files += 1;
                 self.bytes = self.bytes.saturating_add(*size);
-                self.file_ids.insert(e.id);
+                let (word, bit) = ((e.id / 64) as usize, e.id % 64);
+                if self.file_ids.len() <= word {
+                    self.file_ids.resize(word + 1, 0);
+                }
+                self.file_ids[word] |= 1 << bit;
             }
             // Counted like a file of its length; never a hard-link target
             // (the file is complete only when every piece is).
@@ -116,7 +122,8 @@ impl EntryChecker {
             }
             EntryKind::HardLink { target_id } => {
                 self.seen_nondir = true;
-                if !self.file_ids.contains(target_id) {
+                let word = self.file_ids.get((*target_id / 64) as usize);
+                if word.is_none_or(|w| w & (1 << (*target_id % 64)) == 0) {
                     return Err(ProtoError::malformed(
                         "entry",
                         "hard link to an id that is not an earlier file",

@@ -194,6 +194,15 @@ impl SinkSync {
                 && (st.st_mtime, st.st_mtime_nsec as u32) > mtime
     }
 
+    /// For a dry run's report: file `id` would not be sent. Only then: a
+    /// set of every unchanged id cost 7 % of a daemon's no-change re-sync
+    /// of 1 M files.
+    fn kept(&mut self, id: u64) {
+        if self.dry() {
+            self.dry_kept.insert(id);
+        }
+    }
+
     /// File `id` needs no data: tell the source, keep DST's file (applying
     /// the mode and mtime if `attrs`).
     fn unchanged(&mut self, table: &FileTable, id: u64, attrs: bool) {
@@ -202,7 +211,7 @@ impl SinkSync {
             state: HaveState::Unchanged,
         });
         table.keep(id, attrs);
-        self.dry_kept.insert(id);
+        self.kept(id);
     }
 
     /// A file record, already in `table` (unless dry run): unchanged,
@@ -348,7 +357,7 @@ impl SinkSync {
                 state: HaveState::Unchanged,
             });
             table.keep_piece(id);
-            self.dry_kept.insert(id);
+            self.kept(id);
         }
     }
 
@@ -479,7 +488,7 @@ impl SinkSync {
         for r in v {
             match r.what {
                 ReuseKind::Keep => {
-                    self.dry_kept.insert(r.id);
+                    self.kept(r.id);
                     table.keep(r.id, true);
                 }
                 ReuseKind::Base { bytes } => table.reuse(r.id, bytes)?,
