@@ -122,3 +122,60 @@ fn sizes_and_rates_take_the_one_unit_rule() {
         assert!(e.starts_with("line 1: key `memory`: "), "{bad}: {e}");
     }
 }
+
+/// Every key the parser accepts is in docs/DAEMON.md's key table: serde
+/// lists the accepted keys of a table in its refusal of an unknown one.
+#[test]
+fn every_accepted_key_is_documented() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/DAEMON.md"))
+        .unwrap();
+    let start = doc
+        .find("## The config file: every key")
+        .expect("the key table");
+    let table = &doc[start..start + doc[start..].find("\n## ").unwrap()];
+    let mut seen = 0;
+    for text in [
+        "zz = 1",
+        "[devices.x]\nzz = 1",
+        "[site]\nzz = 1",
+        "[raw]\nzz = 1",
+        "[users.a]\nzz = 1",
+        "[[replicate]]\nzz = 1",
+    ] {
+        let e = DaemonConfig::parse(text, Path::new(".")).unwrap_err();
+        let listed = e.split_once("(expected ").expect(&e).1;
+        for key in listed.split('`').skip(1).step_by(2) {
+            // A section is documented by its header (`[site]`, `[devices.NAME]`).
+            assert!(
+                table.contains(&format!("`{key}`"))
+                    || table.contains(&format!("`[{key}"))
+                    || table.contains(&format!("`[[{key}")),
+                "`{key}` is not in docs/DAEMON.md: {e}"
+            );
+            seen += 1;
+        }
+    }
+    assert!(seen > 40, "{seen} keys");
+}
+
+/// The packaged /etc/ramsys/ramsys.toml, every key uncommented, parses.
+#[test]
+fn the_packaged_config_parses_with_every_key_uncommented() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../packaging/etc/ramsys.toml"
+    ))
+    .unwrap();
+    let on: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix('#'))
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_lowercase() || c == '['))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let c =
+        DaemonConfig::parse(&on, Path::new("/etc/ramsys")).unwrap_or_else(|e| panic!("{e}\n{on}"));
+    assert_eq!(
+        (c.users.len(), c.replicate.len(), c.devices.len()),
+        (1, 1, 2)
+    );
+}
