@@ -37,19 +37,18 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ramsys_topo::NumaMode;
+use serde::Deserialize;
 
 pub mod placement;
 pub mod replicate;
 
 use crate::daemon::placement::Capacities;
-
-pub use crate::daemon::toml::parse_size;
-use crate::daemon::toml::{positive, string, toml_error};
+use crate::daemon::toml::values;
 use crate::types::sendpath::SendPath;
 
 /// What a device is for. Detection sees a NIC but not whether it carries
 /// replication traffic or the storage traffic of a SAN/NFS mount.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Purpose {
     /// Carries transfers (the default).
@@ -61,10 +60,13 @@ pub enum Purpose {
 }
 
 /// One `[devices.NAME]` table.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct DeviceConfig {
     pub purpose: Option<Purpose>,
+    #[serde(deserialize_with = "values::gbps")]
     pub capacity_gbps: Option<f64>,
+    #[serde(deserialize_with = "values::positive")]
     pub threads: Option<usize>,
 }
 
@@ -128,85 +130,105 @@ pub struct DaemonConfig {
     pub replicate: Vec<replicate::ReplicateSpec>,
 }
 
+/// The file as written: serde refuses unknown keys at every level and
+/// checks each value (toml::values); [`DaemonConfig::parse`] resolves paths.
+#[derive(Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct File {
+    #[serde(deserialize_with = "values::parsed")]
+    numa: Option<NumaMode>,
+    #[serde(deserialize_with = "values::size")]
+    memory: Option<u64>,
+    #[serde(deserialize_with = "values::positive")]
+    max_streams: Option<usize>,
+    #[serde(deserialize_with = "values::positive")]
+    readers: Option<usize>,
+    #[serde(deserialize_with = "values::positive")]
+    writers: Option<usize>,
+    model: Option<PathBuf>,
+    #[serde(deserialize_with = "values::parsed")]
+    send_path: Option<SendPath>,
+    #[serde(deserialize_with = "values::parsed")]
+    direct: Option<crate::storage::cache::DirectMode>,
+    #[serde(deserialize_with = "values::rate")]
+    max_rate: Option<u64>,
+    #[serde(deserialize_with = "values::positive")]
+    max_connections: Option<usize>,
+    #[serde(deserialize_with = "values::positive")]
+    max_connections_per_addr: Option<usize>,
+    #[serde(deserialize_with = "values::positive")]
+    handshake_timeout: Option<u64>,
+    devices: BTreeMap<String, DeviceConfig>,
+    #[serde(deserialize_with = "crate::daemon::users::file::section")]
+    users: Vec<crate::daemon::users::UserSpec>,
+    site: Site,
+    raw: Raw,
+    replicate: Vec<replicate::ReplicateSpec>,
+}
+
+/// `[site]`.
+#[derive(Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct Site {
+    peers: Vec<String>,
+    #[serde(deserialize_with = "values::interval_ms")]
+    interval_ms: Option<u64>,
+    user: Option<String>,
+    #[serde(deserialize_with = "values::positive_u32")]
+    max_sessions: Option<u32>,
+    #[serde(deserialize_with = "values::load_pct")]
+    max_load: Option<f64>,
+    share_storage: Option<bool>,
+    #[serde(deserialize_with = "values::positive")]
+    max_members: Option<usize>,
+}
+
+/// `[raw]`: interfaces offering raw-Ethernet channels.
+#[derive(Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct Raw {
+    ifaces: Vec<String>,
+}
+
 impl DaemonConfig {
-    /// Parse config text. Relative paths (the model file) resolve against
-    /// `base` (the config file's directory). Errors are one line naming
-    /// the offending key.
+    /// Parse config text. Relative paths (the model file, users' key files
+    /// and roots, jobs' key files and journals) resolve against `base`
+    /// (the config file's directory). Errors are one line naming the
+    /// offending key.
     pub fn parse(text: &str, base: &Path) -> Result<DaemonConfig, String> {
         Self::parse_text(text, base).map_err(crate::daemon::toml::one_line)
     }
 
     fn parse_text(text: &str, base: &Path) -> Result<DaemonConfig, String> {
-        let table: ::toml::Table = text
-            .parse()
-            .map_err(|e: ::toml::de::Error| toml_error(text, &e))?;
-        let mut c = DaemonConfig::default();
-        for (k, v) in &table {
-            match k.as_str() {
-                "numa" => {
-                    let s = match v {
-                        ::toml::Value::Integer(n) => n.to_string(),
-                        _ => string(k, v)?.to_string(),
-                    };
-                    c.numa = Some(s.parse().map_err(|e| format!("key `numa`: {e}"))?);
-                }
-                "memory" => {
-                    c.memory = Some(match v {
-                        ::toml::Value::Integer(n) if *n > 0 => *n as u64,
-                        ::toml::Value::String(s) => {
-                            parse_size(s).map_err(|e| format!("key `memory`: {e}"))?
-                        }
-                        _ => return Err(format!("key `memory`: expected a size, got {v}")),
-                    })
-                }
-                "max_streams" => c.max_streams = Some(positive(k, v)?),
-                "max_connections" => c.max_connections = Some(positive(k, v)?),
-                "max_connections_per_addr" => c.max_connections_per_addr = Some(positive(k, v)?),
-                "handshake_timeout" => c.handshake_timeout = Some(positive(k, v)? as u64),
-                "readers" => c.readers = Some(positive(k, v)?),
-                "writers" => c.writers = Some(positive(k, v)?),
-                "model" => c.model = Some(base.join(string(k, v)?)),
-                "send_path" => {
-                    c.send_path = Some(
-                        string(k, v)?
-                            .parse()
-                            .map_err(|e| format!("key `send_path`: {e}"))?,
-                    )
-                }
-                "direct" => {
-                    c.direct = Some(
-                        string(k, v)?
-                            .parse()
-                            .map_err(|e| format!("key `direct`: {e}"))?,
-                    )
-                }
-                "devices" => {
-                    let t = v
-                        .as_table()
-                        .ok_or_else(|| format!("key `devices`: expected a table, got {v}"))?;
-                    for (name, dv) in t {
-                        c.devices
-                            .insert(name.clone(), parse_device(&format!("devices.{name}"), dv)?);
-                    }
-                }
-                "users" => c.users = crate::daemon::users::parse_users_section(v, base)?,
-                "site" => parse_site(&mut c, v)?,
-                "raw" => parse_raw(&mut c, v)?,
-                "replicate" => c.replicate = replicate::parse(v, base)?,
-                "max_rate" => {
-                    c.max_rate = Some(crate::daemon::users::parse_rate_value("key `max_rate`", v)?)
-                }
-                _ => {
-                    return Err(format!(
-                        "unknown key `{k}` (expected numa, memory, max_streams, readers, \
-                         writers, model, send_path, direct, max_rate, max_connections, \
-                         max_connections_per_addr, handshake_timeout, [devices.NAME], \
-                         [users.NAME], [site], [raw] or [[replicate]])"
-                    ))
-                }
-            }
-        }
-        Ok(c)
+        let f: File = crate::daemon::toml::from_str(text)?;
+        let replicate = replicate::resolve(f.replicate, base)?;
+        Ok(DaemonConfig {
+            numa: f.numa,
+            memory: f.memory,
+            max_streams: f.max_streams,
+            readers: f.readers,
+            writers: f.writers,
+            model: f.model.map(|m| base.join(m)),
+            send_path: f.send_path,
+            direct: f.direct,
+            max_rate: f.max_rate,
+            max_connections: f.max_connections,
+            max_connections_per_addr: f.max_connections_per_addr,
+            handshake_timeout: f.handshake_timeout,
+            devices: f.devices,
+            users: f.users.into_iter().map(|u| u.resolve(base)).collect(),
+            site_peers: f.site.peers,
+            site_interval_ms: f.site.interval_ms,
+            site_user: f.site.user,
+            site_limits: crate::daemon::site::redirect::Limits {
+                max_sessions: f.site.max_sessions,
+                max_load: f.site.max_load,
+            },
+            site_share_storage: f.site.share_storage,
+            site_max_members: f.site.max_members,
+            raw_ifaces: f.raw.ifaces,
+            replicate,
+        })
     }
 
     /// Read and parse a config file; errors name the file and the key.
@@ -236,120 +258,6 @@ impl DaemonConfig {
     fn threads(&self, name: &str) -> Option<usize> {
         self.devices.get(name).and_then(|d| d.threads)
     }
-}
-
-fn parse_device(key: &str, v: &::toml::Value) -> Result<DeviceConfig, String> {
-    let t = v
-        .as_table()
-        .ok_or_else(|| format!("key `{key}`: expected a table, got {v}"))?;
-    let mut d = DeviceConfig::default();
-    for (k, v) in t {
-        let full = format!("{key}.{k}");
-        match k.as_str() {
-            "purpose" => {
-                d.purpose = Some(match string(&full, v)? {
-                    "data" => Purpose::Data,
-                    "storage" => Purpose::Storage,
-                    "ignore" => Purpose::Ignore,
-                    s => {
-                        return Err(format!(
-                            "key `{full}`: expected data, storage or ignore, got {s:?}"
-                        ))
-                    }
-                })
-            }
-            "capacity_gbps" => {
-                let g = v.as_float().or_else(|| v.as_integer().map(|i| i as f64));
-                match g {
-                    Some(g) if g > 0.0 && g.is_finite() => d.capacity_gbps = Some(g),
-                    _ => {
-                        return Err(format!(
-                            "key `{full}`: expected a positive number of Gbit/s, got {v}"
-                        ))
-                    }
-                }
-            }
-            "threads" => d.threads = Some(positive(&full, v)?),
-            _ => {
-                return Err(format!(
-                    "unknown key `{full}` (expected purpose, capacity_gbps or threads)"
-                ))
-            }
-        }
-    }
-    Ok(d)
-}
-
-/// The `[raw]` table: `ifaces`, a list of interface names.
-fn parse_raw(c: &mut DaemonConfig, v: &::toml::Value) -> Result<(), String> {
-    let t = v
-        .as_table()
-        .ok_or_else(|| format!("key `raw`: expected a table, got {v}"))?;
-    for (k, v) in t {
-        match k.as_str() {
-            "ifaces" => {
-                let a = v.as_array().ok_or_else(|| {
-                    format!("key `raw.ifaces`: expected a list of interface names, got {v}")
-                })?;
-                for p in a {
-                    c.raw_ifaces.push(string("raw.ifaces", p)?.to_string());
-                }
-            }
-            _ => return Err(format!("unknown key `raw.{k}` (expected ifaces)")),
-        }
-    }
-    Ok(())
-}
-
-/// The `[site]` table.
-fn parse_site(c: &mut DaemonConfig, v: &::toml::Value) -> Result<(), String> {
-    let t = v
-        .as_table()
-        .ok_or_else(|| format!("key `site`: expected a table, got {v}"))?;
-    for (k, v) in t {
-        match k.as_str() {
-            "peers" => {
-                let a = v.as_array().ok_or_else(|| {
-                    format!("key `site.peers`: expected a list of addresses, got {v}")
-                })?;
-                for p in a {
-                    c.site_peers.push(string("site.peers", p)?.to_string());
-                }
-            }
-            "interval_ms" => {
-                let n = positive("site.interval_ms", v)? as u64;
-                c.site_interval_ms = Some(
-                    crate::daemon::site::check_interval(n)
-                        .map_err(|e| format!("key `site.interval_ms`: {e}"))?,
-                );
-            }
-            "user" => c.site_user = Some(string("site.user", v)?.to_string()),
-            "max_members" => c.site_max_members = Some(positive("site.max_members", v)?),
-            "max_sessions" => {
-                let n = positive("site.max_sessions", v)?;
-                c.site_limits.max_sessions = Some(n.min(u32::MAX as usize) as u32);
-            }
-            "share_storage" => {
-                c.site_share_storage = Some(v.as_bool().ok_or_else(|| {
-                    format!("key `site.share_storage`: expected true or false, got {v}")
-                })?)
-            }
-            "max_load" => {
-                let n = positive("site.max_load", v)?;
-                c.site_limits.max_load = Some(
-                    crate::daemon::site::check_load_pct(n as u64)
-                        .map_err(|e| format!("key `site.max_load`: {e}"))?,
-                );
-            }
-            _ => {
-                return Err(format!(
-                    "unknown key `site.{k}` (expected peers, interval_ms, user, \
-                     max_sessions, max_load, share_storage or max_members)"
-                ))
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

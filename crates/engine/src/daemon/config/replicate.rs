@@ -21,10 +21,13 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::daemon::toml::string;
+use serde::Deserialize;
+
+use crate::daemon::toml::values;
 
 /// One `[[replicate]]` table.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(try_from = "Table")]
 pub struct ReplicateSpec {
     pub name: String,
     /// As written (a trailing '/' means the contents).
@@ -38,116 +41,91 @@ pub struct ReplicateSpec {
     pub batch_ms: u64,
     pub rescan_s: u64,
     pub backend: String,
+    /// Relative to the config file's directory once [`resolve`]d.
     pub key_file: Option<PathBuf>,
     pub journal: Option<PathBuf>,
 }
 
-fn boolean(k: &str, v: &::toml::Value) -> Result<bool, String> {
-    v.as_bool()
-        .ok_or_else(|| format!("key `replicate.{k}`: expected true or false, got {v}"))
+#[derive(Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Backend {
+    #[default]
+    Auto,
+    Fanotify,
+    Inotify,
 }
 
-fn number(k: &str, v: &::toml::Value) -> Result<u64, String> {
-    v.as_integer()
-        .filter(|n| *n >= 0)
-        .map(|n| n as u64)
-        .ok_or_else(|| format!("key `replicate.{k}`: expected a number of 0 or more, got {v}"))
+/// The table as written.
+#[derive(Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct Table {
+    name: Option<String>,
+    source: Option<String>,
+    dest: Option<String>,
+    delete: bool,
+    archive: bool,
+    exclude: Vec<String>,
+    include: Vec<String>,
+    #[serde(deserialize_with = "values::count")]
+    quiet_ms: Option<u64>,
+    #[serde(deserialize_with = "values::count")]
+    batch_ms: Option<u64>,
+    #[serde(deserialize_with = "values::count")]
+    rescan_s: Option<u64>,
+    backend: Backend,
+    key_file: Option<PathBuf>,
+    journal: Option<PathBuf>,
 }
 
-fn patterns(k: &str, v: &::toml::Value, include: bool) -> Result<Vec<(bool, Vec<u8>)>, String> {
-    let a = v
-        .as_array()
-        .ok_or_else(|| format!("key `replicate.{k}`: expected a list of patterns, got {v}"))?;
-    a.iter()
-        .map(|p| {
-            Ok((
-                include,
-                string(&format!("replicate.{k}"), p)?.as_bytes().to_vec(),
-            ))
+impl TryFrom<Table> for ReplicateSpec {
+    type Error = String;
+    fn try_from(t: Table) -> Result<ReplicateSpec, String> {
+        let [name, source, dest] = [("name", t.name), ("source", t.source), ("dest", t.dest)]
+            .map(|(k, v)| v.filter(|v| !v.is_empty()).ok_or(k));
+        let (name, source, dest) = match (name, source, dest) {
+            (Ok(n), Ok(s), Ok(d)) => (n, s, d),
+            (Err(k), _, _) | (_, Err(k), _) | (_, _, Err(k)) => {
+                return Err(format!("[[replicate]] without `{k}`"))
+            }
+        };
+        if !Path::new(&source).is_absolute() {
+            return Err(format!(
+                "replicate {name:?}: source must be an absolute path"
+            ));
+        }
+        let excl = t.exclude.into_iter().map(|p| (false, p.into_bytes()));
+        let incl = t.include.into_iter().map(|p| (true, p.into_bytes()));
+        Ok(ReplicateSpec {
+            name,
+            source,
+            dest,
+            delete: t.delete,
+            archive: t.archive,
+            rules: excl.chain(incl).collect(),
+            quiet_ms: t.quiet_ms.unwrap_or(2000),
+            batch_ms: t.batch_ms.unwrap_or(20),
+            rescan_s: t.rescan_s.unwrap_or(3600),
+            backend: match t.backend {
+                Backend::Auto => "auto",
+                Backend::Fanotify => "fanotify",
+                Backend::Inotify => "inotify",
+            }
+            .into(),
+            key_file: t.key_file,
+            journal: t.journal,
         })
-        .collect()
+    }
 }
 
-fn one(t: &::toml::Table, base: &Path) -> Result<ReplicateSpec, String> {
-    let mut s = ReplicateSpec {
-        name: String::new(),
-        source: String::new(),
-        dest: String::new(),
-        delete: false,
-        archive: false,
-        rules: Vec::new(),
-        quiet_ms: 2000,
-        batch_ms: 20,
-        rescan_s: 3600,
-        backend: "auto".into(),
-        key_file: None,
-        journal: None,
-    };
-    let (mut excl, mut incl) = (Vec::new(), Vec::new());
-    for (k, v) in t {
-        let text = || string(&format!("replicate.{k}"), v).map(str::to_string);
-        match k.as_str() {
-            "name" => s.name = text()?,
-            "source" => s.source = text()?,
-            "dest" => s.dest = text()?,
-            "delete" => s.delete = boolean(k, v)?,
-            "archive" => s.archive = boolean(k, v)?,
-            "exclude" => excl = patterns(k, v, false)?,
-            "include" => incl = patterns(k, v, true)?,
-            "quiet_ms" => s.quiet_ms = number(k, v)?,
-            "batch_ms" => s.batch_ms = number(k, v)?,
-            "rescan_s" => s.rescan_s = number(k, v)?,
-            "backend" => {
-                s.backend = text()?;
-                if !["auto", "fanotify", "inotify"].contains(&s.backend.as_str()) {
-                    return Err(format!(
-                        "key `replicate.backend`: expected auto, fanotify or inotify, got {v}"
-                    ));
-                }
-            }
-            "key_file" => s.key_file = Some(base.join(text()?)),
-            "journal" => s.journal = Some(base.join(text()?)),
-            _ => {
-                return Err(format!(
-                    "unknown key `replicate.{k}` (expected name, source, dest, delete, archive, \
-                     exclude, include, quiet_ms, batch_ms, rescan_s, backend, key_file, journal)"
-                ))
-            }
-        }
-    }
-    for (k, empty) in [
-        ("name", s.name.is_empty()),
-        ("source", s.source.is_empty()),
-        ("dest", s.dest.is_empty()),
-    ] {
-        if empty {
-            return Err(format!("[[replicate]] without `{k}`"));
-        }
-    }
-    if !Path::new(&s.source).is_absolute() {
-        return Err(format!(
-            "replicate {:?}: source must be an absolute path",
-            s.name
-        ));
-    }
-    s.rules = excl.into_iter().chain(incl).collect();
-    Ok(s)
-}
-
-/// The `replicate` key: an array of tables, names unique.
-pub fn parse(v: &::toml::Value, base: &Path) -> Result<Vec<ReplicateSpec>, String> {
-    let a = v
-        .as_array()
-        .ok_or_else(|| format!("key `replicate`: expected [[replicate]] tables, got {v}"))?;
+/// The jobs as parsed: names unique, paths resolved against `base`.
+pub fn resolve(jobs: Vec<ReplicateSpec>, base: &Path) -> Result<Vec<ReplicateSpec>, String> {
     let mut out: Vec<ReplicateSpec> = Vec::new();
-    for t in a {
-        let t = t
-            .as_table()
-            .ok_or_else(|| format!("key `replicate`: expected a table, got {t}"))?;
-        let s = one(t, base)?;
+    for mut s in jobs {
         if out.iter().any(|o| o.name == s.name) {
             return Err(format!("two [[replicate]] jobs named {:?}", s.name));
         }
+        s.key_file = s.key_file.map(|p| base.join(p));
+        s.journal = s.journal.map(|p| base.join(p));
         out.push(s);
     }
     Ok(out)
