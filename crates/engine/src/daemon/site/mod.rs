@@ -98,23 +98,9 @@ impl Default for SiteOptions {
     }
 }
 
-/// Check an interval given by a user.
-pub fn check_interval(ms: u64) -> Result<u64, String> {
-    if (1..=1024).contains(&ms) {
-        Ok(ms)
-    } else {
-        Err(format!("site interval {ms} ms: must be 1-1024"))
-    }
-}
-
-/// Check a `max_load` given by a user, in percent; the busy fraction.
-pub fn check_load_pct(pct: u64) -> Result<f64, String> {
-    if (1..=100).contains(&pct) {
-        Ok(pct as f64 / 100.0)
-    } else {
-        Err(format!("max load {pct} %: must be 1-100"))
-    }
-}
+// The operator's values are checked where the config file is read
+// (daemon::toml::values) and on the command line: one rule each.
+pub use crate::daemon::toml::values::{check_interval, check_load_pct};
 
 /// The daemon's own state the monitor publishes (daemon::status).
 #[derive(Debug, Clone, Default)]

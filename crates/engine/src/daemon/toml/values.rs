@@ -140,12 +140,10 @@ pub(crate) fn gbps<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Er
     }
 }
 
-/// `[site] interval_ms`: 1-1024 (crate::daemon::site::check_interval).
+/// `[site] interval_ms`: 1-1024 (check_interval).
 pub(crate) fn interval_ms<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     match positive::<D, u64>(d)? {
-        Some(n) => crate::daemon::site::check_interval(n)
-            .map(Some)
-            .map_err(D::Error::custom),
+        Some(n) => check_interval(n).map(Some).map_err(D::Error::custom),
         None => Ok(None),
     }
 }
@@ -153,9 +151,25 @@ pub(crate) fn interval_ms<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>
 /// `[site] max_load`: percent, 1-100, held as the busy fraction.
 pub(crate) fn load_pct<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
     match positive::<D, u64>(d)? {
-        Some(n) => crate::daemon::site::check_load_pct(n)
-            .map(Some)
-            .map_err(D::Error::custom),
+        Some(n) => check_load_pct(n).map(Some).map_err(D::Error::custom),
         None => Ok(None),
+    }
+}
+
+/// Check an interval given by a user.
+pub fn check_interval(ms: u64) -> Result<u64, String> {
+    if (1..=1024).contains(&ms) {
+        Ok(ms)
+    } else {
+        Err(format!("site interval {ms} ms: must be 1-1024"))
+    }
+}
+
+/// Check a `max_load` given by a user, in percent; the busy fraction.
+pub fn check_load_pct(pct: u64) -> Result<f64, String> {
+    if (1..=100).contains(&pct) {
+        Ok(pct as f64 / 100.0)
+    } else {
+        Err(format!("max load {pct} %: must be 1-100"))
     }
 }
