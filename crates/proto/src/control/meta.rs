@@ -1,0 +1,88 @@
+//! Metadata records (Entry, EntryKind and its pieces) and the end of a session
+//! (Failure, Complete): what a source announces and what the sink reports back.
+
+use serde::{Deserialize, Serialize};
+
+/// What a metadata record describes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EntryKind {
+    Dir,
+    File {
+        size: u64,
+    },
+    Symlink {
+        target: Vec<u8>,
+    },
+    /// A further name for the file with id `target_id` (same inode).
+    HardLink {
+        target_id: u64,
+    },
+    /// A FIFO, socket or device node (`--specials`, `--devices`): `kind`
+    /// from [`crate::attrs::special`], `rdev` the device number of a
+    /// device (0 otherwise). Sent only when the client asked for it.
+    Special {
+        kind: u8,
+        rdev: u64,
+    },
+    /// One piece of a large regular file striped across daemons (issue 19,
+    /// docs/SITE.md "A big file's blocks"): bytes `index * piece ..
+    /// min((index + 1) * piece, size)` of a file of `size` bytes, written
+    /// into a temp file shared by every sink of the stripe and renamed
+    /// into place by whichever sink completes the last piece.
+    Piece {
+        size: u64,
+        piece: u64,
+        index: u32,
+    },
+}
+
+/// Most pieces one file may be cut into (each leaves a marker file at the
+/// sink until the file is complete).
+pub const MAX_PIECES: u64 = 4096;
+
+impl EntryKind {
+    /// A piece's byte range (offset, length), checked: `piece` > 0, the
+    /// index within the file, at most [`MAX_PIECES`] pieces. None for any
+    /// other kind or a malformed piece.
+    pub fn piece_range(&self) -> Option<(u64, u64)> {
+        let EntryKind::Piece { size, piece, index } = *self else {
+            return None;
+        };
+        if piece == 0 || size.div_ceil(piece) > MAX_PIECES {
+            return None;
+        }
+        let off = (index as u64).checked_mul(piece)?;
+        (off < size).then(|| (off, piece.min(size - off)))
+    }
+}
+
+/// One metadata record (seed 000 Fig. 6-4b). `path` is relative, '/'
+/// separated, and its first component is the top-level source name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// File id: position in the source's depth-first walk.
+    pub id: u64,
+    pub path: Vec<u8>,
+    pub kind: EntryKind,
+    /// Permission bits (07777).
+    pub mode: u32,
+    pub mtime_s: i64,
+    pub mtime_ns: u32,
+}
+
+/// A path that failed, with the reason, for the final report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub path: Vec<u8>,
+    pub reason: String,
+}
+
+/// Final report, sink to source.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Complete {
+    pub files: u64,
+    pub bytes: u64,
+    pub failures: Vec<Failure>,
+    /// CPU seconds the sink's process spent during the session.
+    pub cpu_s: f64,
+}

@@ -1,0 +1,507 @@
+//! Both machines through whole sessions (copy, archive, sync, pieces,
+//! lost links) and the orders and records they must refuse.
+
+use super::*;
+use crate::control::{Complete, Confirm, Propose};
+use crate::control::{Control, Entry, EntryKind};
+
+fn propose() -> Control {
+    Control::Propose(Propose {
+        roots: 1,
+        streams: 4,
+        block_size: 1 << 20,
+        capacity_mbps: 0,
+        checksum: true,
+        cipher: 0,
+    })
+}
+fn confirm(streams: u16) -> Control {
+    Control::Confirm(Confirm {
+        streams,
+        block_size: 1 << 20,
+        credits_per_stream: 4,
+        capacity_mbps: 0,
+        checksum: true,
+        cipher: 0,
+    })
+}
+fn entry(id: u64, path: &str, kind: EntryKind) -> Entry {
+    Entry {
+        id,
+        path: path.as_bytes().to_vec(),
+        kind,
+        mode: 0o644,
+        mtime_s: 0,
+        mtime_ns: 0,
+    }
+}
+
+/// Drive both machines through a full session, as the engine does,
+/// delivering every message the one sends to the other.
+#[test]
+fn full_session_both_ends() {
+    let mut src = SourceMachine::new();
+    let mut snk = SinkMachine::new();
+    let deliver_to_sink = |m: Control, src: &mut SourceMachine, snk: &mut SinkMachine| {
+        src.on_send(&m).unwrap();
+        snk.on_recv(&m).unwrap();
+    };
+    deliver_to_sink(propose(), &mut src, &mut snk);
+    let c = confirm(2);
+    snk.on_send(&c).unwrap();
+    src.on_recv(&c).unwrap();
+    let es = vec![
+        entry(0, "d", EntryKind::Dir),
+        entry(1, "d/f", EntryKind::File { size: 10 }),
+        entry(2, "d/l", EntryKind::HardLink { target_id: 1 }),
+        entry(
+            3,
+            "d/s",
+            EntryKind::Symlink {
+                target: b"f".to_vec(),
+            },
+        ),
+    ];
+    deliver_to_sink(Control::Entries(es), &mut src, &mut snk);
+    deliver_to_sink(
+        Control::MetaEnd {
+            entries: 4,
+            files: 1,
+            bytes: 10,
+        },
+        &mut src,
+        &mut snk,
+    );
+    let sd = Control::SyncDone { failures: vec![] };
+    snk.on_send(&sd).unwrap();
+    src.on_recv(&sd).unwrap();
+    deliver_to_sink(Control::FilesDone(vec![(1, 42)]), &mut src, &mut snk);
+    // A broken link mid-payload: either end may notice first.
+    deliver_to_sink(
+        Control::LinkDown {
+            stream: 1,
+            epoch: 0,
+        },
+        &mut src,
+        &mut snk,
+    );
+    let lost = Control::Lost {
+        stream: 1,
+        epoch: 0,
+        received: 3,
+    };
+    snk.on_send(&lost).unwrap();
+    src.on_recv(&lost).unwrap();
+    // One more stream (issue 21), asked and answered in the payload.
+    deliver_to_sink(Control::AddStream { stream: 4 }, &mut src, &mut snk);
+    let added = Control::StreamAdded {
+        stream: 4,
+        credits: 3,
+    };
+    snk.on_send(&added).unwrap();
+    // A sink bounds what it keeps of a report.
+    let mut flood = SinkMachine::new();
+    flood.phase = Phase::Payload;
+    let stage = crate::control::GrowStage {
+        at_ms: 1,
+        streams: 4,
+        kb_s: 1,
+        link_kb_s: vec![],
+        then: "add 2".into(),
+    };
+    let many = Control::Grown {
+        stages: vec![stage.clone(); MAX_GROW_STAGES + 1],
+        stopped: String::new(),
+    };
+    assert!(flood.on_recv(&many).is_err());
+    // GrownLinks: one links record per stage, else refused.
+    let links = crate::control::StageLinks {
+        busy_pm: Some(900),
+        rtt_x100: Some(120),
+    };
+    let uneven = Control::GrownLinks {
+        stages: vec![stage.clone(); 2],
+        links: vec![links],
+        stopped: String::new(),
+    };
+    assert!(flood.on_recv(&uneven).is_err());
+    let mut one = SinkMachine::new();
+    one.phase = Phase::Payload;
+    let even = Control::GrownLinks {
+        stages: vec![stage.clone()],
+        links: vec![links],
+        stopped: String::new(),
+    };
+    one.on_recv(&even).unwrap();
+    // Once: neither a second GrownLinks nor a Grown after it.
+    assert!(one.on_recv(&even).is_err());
+    // A server-side source reports its growth once, before EndOfData.
+    let grown = Control::Grown {
+        stages: vec![],
+        stopped: "stop: at the limit (32)".into(),
+    };
+    deliver_to_sink(grown.clone(), &mut src, &mut snk);
+    assert!(src.on_send(&grown).is_err());
+    assert!(snk.on_recv(&grown).is_err());
+    deliver_to_sink(
+        Control::EndOfData {
+            files: 1,
+            bytes: 10,
+        },
+        &mut src,
+        &mut snk,
+    );
+    // A Lost and an answer the sink sent before it read EndOfData.
+    src.on_recv(&lost).unwrap();
+    src.on_recv(&added).unwrap();
+    // No growth reported outside the payload, no stream added after
+    // EndOfData.
+    assert!(SourceMachine::new().on_send(&grown).is_err());
+    assert!(src.on_send(&Control::AddStream { stream: 5 }).is_err());
+    assert!(snk.on_recv(&Control::AddStream { stream: 5 }).is_err());
+    let done = Control::Complete(Complete {
+        files: 1,
+        bytes: 10,
+        failures: vec![],
+        cpu_s: 0.0,
+    });
+    snk.on_send(&done).unwrap();
+    src.on_recv(&done).unwrap();
+    assert_eq!(src.phase(), Phase::Done);
+    assert_eq!(snk.phase(), Phase::Done);
+}
+
+/// Archive attributes: Preserve right behind Propose, Attrs only
+/// behind the records they name; neither in a plain copy.
+#[test]
+fn preserve_and_attrs_in_order_only() {
+    use crate::attrs::{preserve, special, AclEntry, Attrs, Principal};
+    let mut src = SourceMachine::new();
+    let mut snk = SinkMachine::new();
+    src.on_send(&propose()).unwrap();
+    snk.on_recv(&propose()).unwrap();
+    // Attrs without Preserve: refused at both ends.
+    let a = |id| {
+        Control::Attrs(vec![Attrs {
+            id,
+            ..Default::default()
+        }])
+    };
+    let mut plain = SinkMachine::new();
+    plain.on_recv(&propose()).unwrap();
+    plain.on_send(&confirm(2)).unwrap();
+    plain
+        .on_recv(&Control::Entries(vec![entry(0, "d", EntryKind::Dir)]))
+        .unwrap();
+    assert!(plain.on_recv(&a(0)).is_err());
+    assert!(src
+        .on_send(&Control::Preserve {
+            flags: preserve::ALL + 1
+        })
+        .is_err());
+    let p = Control::Preserve {
+        flags: preserve::OWNER | preserve::SPECIALS,
+    };
+    src.on_send(&p).unwrap();
+    snk.on_recv(&p).unwrap();
+    assert_eq!(snk.preserve_flags(), Some(3 - 2 + 32));
+    snk.on_send(&confirm(2)).unwrap();
+    let es = Control::Entries(vec![
+        entry(0, "d", EntryKind::Dir),
+        entry(
+            1,
+            "d/p",
+            EntryKind::Special {
+                kind: special::FIFO,
+                rdev: 0,
+            },
+        ),
+    ]);
+    src.on_send(&es).unwrap();
+    snk.on_recv(&es).unwrap();
+    // A second Preserve, after records, is refused.
+    assert!(snk.on_recv(&p).is_err());
+    src.on_send(&a(1)).unwrap();
+    snk.on_recv(&a(1)).unwrap();
+    // An id not yet announced, a bad ACL tag, a bad special kind.
+    assert!(snk.on_recv(&a(2)).is_err());
+    let bad_acl = Control::Attrs(vec![Attrs {
+        id: 0,
+        acl: vec![AclEntry {
+            tag: 3,
+            perm: 7,
+            who: Principal::default(),
+        }],
+        ..Default::default()
+    }]);
+    assert!(snk.on_recv(&bad_acl).is_err());
+    let mut snk2 = SinkMachine::new();
+    snk2.on_recv(&propose()).unwrap();
+    snk2.on_send(&confirm(2)).unwrap();
+    let bad = Control::Entries(vec![entry(0, "p", EntryKind::Special { kind: 9, rdev: 0 })]);
+    assert!(snk2.on_recv(&bad).is_err());
+}
+
+/// A sync session: SyncMode behind Propose, Have before SyncDone,
+/// Reuse in the payload phase, Deleted before Complete; none of them
+/// is accepted in a plain copy.
+#[test]
+fn sync_session_messages_in_order_only() {
+    use crate::control::{Have, HaveState, Reuse, ReuseKind};
+    let mut src = SourceMachine::new();
+    let mut snk = SinkMachine::new();
+    let to_sink = |m: Control, src: &mut SourceMachine, snk: &mut SinkMachine| {
+        src.on_send(&m).unwrap();
+        snk.on_recv(&m).unwrap();
+    };
+    let to_src = |m: Control, src: &mut SourceMachine, snk: &mut SinkMachine| {
+        snk.on_send(&m).unwrap();
+        src.on_recv(&m).unwrap();
+    };
+    to_sink(propose(), &mut src, &mut snk);
+    to_src(confirm(2), &mut src, &mut snk);
+    assert!(src.on_send(&Control::SyncMode { flags: 1 << 20 }).is_err());
+    to_sink(Control::SyncMode { flags: 5 }, &mut src, &mut snk);
+    assert_eq!(snk.sync_flags(), Some(5));
+    to_sink(
+        Control::Entries(vec![entry(0, "f", EntryKind::File { size: 10 })]),
+        &mut src,
+        &mut snk,
+    );
+    // A second SyncMode, after records, is refused.
+    assert!(snk.on_recv(&Control::SyncMode { flags: 1 }).is_err());
+    let mut snk2 = SinkMachine::new();
+    snk2.on_recv(&propose()).unwrap();
+    snk2.on_send(&confirm(2)).unwrap();
+    snk2.on_recv(&Control::SyncMode { flags: 1 }).unwrap();
+    to_sink(
+        Control::MetaEnd {
+            entries: 1,
+            files: 1,
+            bytes: 10,
+        },
+        &mut src,
+        &mut snk,
+    );
+    let have = Control::Have(vec![Have {
+        id: 0,
+        state: HaveState::Digest(1),
+    }]);
+    to_src(have, &mut src, &mut snk);
+    to_src(Control::SyncDone { failures: vec![] }, &mut src, &mut snk);
+    let bad = Control::Reuse(vec![Reuse {
+        id: 9,
+        what: ReuseKind::Keep,
+    }]);
+    src.on_send(&bad).unwrap();
+    assert!(snk.on_recv(&bad).is_err());
+    let mut snk = SinkMachine::new();
+    snk.on_recv(&propose()).unwrap();
+    snk.on_send(&confirm(2)).unwrap();
+    snk.on_recv(&Control::SyncMode { flags: 1 }).unwrap();
+    snk.on_recv(&Control::Entries(vec![entry(
+        0,
+        "f",
+        EntryKind::File { size: 10 },
+    )]))
+    .unwrap();
+    snk.on_recv(&Control::MetaEnd {
+        entries: 1,
+        files: 1,
+        bytes: 10,
+    })
+    .unwrap();
+    snk.on_send(&Control::SyncDone { failures: vec![] })
+        .unwrap();
+    let ok = Control::Reuse(vec![Reuse {
+        id: 0,
+        what: ReuseKind::Base { bytes: 4 },
+    }]);
+    snk.on_recv(&ok).unwrap();
+    src.on_send(&ok).unwrap();
+    to_sink(
+        Control::EndOfData { files: 1, bytes: 6 },
+        &mut src,
+        &mut snk,
+    );
+    to_src(Control::Deleted(vec![b"old".to_vec()]), &mut src, &mut snk);
+    let done = Control::Complete(Complete {
+        files: 1,
+        bytes: 6,
+        failures: vec![],
+        cpu_s: 0.0,
+    });
+    to_src(done, &mut src, &mut snk);
+    assert_eq!(src.phase(), Phase::Done);
+    // A plain copy refuses the sync messages.
+    let mut plain = SourceMachine::new();
+    plain.on_send(&propose()).unwrap();
+    plain.on_recv(&confirm(2)).unwrap();
+    plain
+        .on_send(&Control::MetaEnd {
+            entries: 0,
+            files: 0,
+            bytes: 0,
+        })
+        .unwrap();
+    assert!(plain.on_recv(&Control::Have(vec![])).is_err());
+}
+
+#[test]
+fn sink_rejects_out_of_order_and_hostile_records() {
+    let mut snk = SinkMachine::new();
+    snk.on_recv(&propose()).unwrap();
+    snk.on_send(&confirm(4)).unwrap();
+    // A confirm that raises the proposal is refused.
+    let mut s2 = SinkMachine::new();
+    s2.on_recv(&propose()).unwrap();
+    assert!(s2.on_send(&confirm(9)).is_err());
+
+    let bad = [
+        vec![entry(1, "a", EntryKind::Dir)],
+        vec![entry(0, "../a", EntryKind::Dir)],
+        vec![entry(0, "/abs", EntryKind::File { size: 1 })],
+        vec![entry(0, "a", EntryKind::HardLink { target_id: 0 })],
+        vec![
+            entry(0, "f", EntryKind::File { size: 1 }),
+            entry(1, "d", EntryKind::Dir),
+        ],
+        // Pieces: past the end, of length 0, too many; never a link target.
+        vec![entry(0, "p", piece(10, 5, 2))],
+        vec![entry(0, "p", piece(10, 0, 0))],
+        vec![entry(0, "p", piece(1 << 40, 1 << 20, 0))],
+        vec![
+            entry(0, "p", piece(10, 5, 1)),
+            entry(1, "l", EntryKind::HardLink { target_id: 0 }),
+        ],
+    ];
+    for b in bad {
+        let mut m = SinkMachine::new();
+        m.on_recv(&propose()).unwrap();
+        m.on_send(&confirm(4)).unwrap();
+        assert!(m.on_recv(&Control::Entries(b.clone())).is_err(), "{b:?}");
+    }
+    // Payload messages before metadata are refused.
+    assert!(snk
+        .on_recv(&Control::EndOfData { files: 0, bytes: 0 })
+        .is_err());
+}
+
+fn piece(size: u64, piece: u64, index: u32) -> EntryKind {
+    EntryKind::Piece { size, piece, index }
+}
+
+#[test]
+fn pieces_count_as_files_of_their_length() {
+    assert_eq!(piece(10, 4, 0).piece_range(), Some((0, 4)));
+    assert_eq!(piece(10, 4, 2).piece_range(), Some((8, 2)));
+    assert_eq!(piece(10, 4, 3).piece_range(), None);
+    assert_eq!(piece(10, 4, u32::MAX).piece_range(), None);
+    assert_eq!(EntryKind::File { size: 3 }.piece_range(), None);
+    let mut m = SinkMachine::new();
+    m.on_recv(&propose()).unwrap();
+    m.on_send(&confirm(1)).unwrap();
+    m.on_recv(&Control::Entries(vec![
+        entry(0, "f", piece(10, 4, 0)),
+        entry(1, "f", piece(10, 4, 2)),
+    ]))
+    .unwrap();
+    m.on_recv(&Control::MetaEnd {
+        entries: 2,
+        files: 2,
+        bytes: 6,
+    })
+    .unwrap();
+}
+
+#[test]
+fn meta_end_counts_must_match() {
+    let mut m = SinkMachine::new();
+    m.on_recv(&propose()).unwrap();
+    m.on_send(&confirm(1)).unwrap();
+    m.on_recv(&Control::Entries(vec![entry(
+        0,
+        "f",
+        EntryKind::File { size: 5 },
+    )]))
+    .unwrap();
+    assert!(m
+        .on_recv(&Control::MetaEnd {
+            entries: 1,
+            files: 1,
+            bytes: 6
+        })
+        .is_err());
+}
+
+#[test]
+fn source_may_pipeline_metadata_before_confirm() {
+    let mut s = SourceMachine::new();
+    s.on_send(&propose()).unwrap();
+    s.on_send(&Control::Entries(vec![])).unwrap();
+    s.on_send(&Control::MetaEnd {
+        entries: 0,
+        files: 0,
+        bytes: 0,
+    })
+    .unwrap();
+    // SyncDone before Confirm is still out of order.
+    let mut early = SourceMachine::new();
+    early.on_send(&propose()).unwrap();
+    early
+        .on_send(&Control::MetaEnd {
+            entries: 0,
+            files: 0,
+            bytes: 0,
+        })
+        .unwrap();
+    assert!(early
+        .on_recv(&Control::SyncDone { failures: vec![] })
+        .is_err());
+    s.on_recv(&confirm(1)).unwrap();
+    assert!(s.on_recv(&confirm(1)).is_err(), "one Confirm only");
+    s.on_recv(&Control::SyncDone { failures: vec![] }).unwrap();
+    assert_eq!(s.phase(), Phase::Payload);
+}
+
+#[test]
+fn link_messages_only_in_the_payload() {
+    let lost = Control::Lost {
+        stream: 0,
+        epoch: 0,
+        received: 0,
+    };
+    let down = Control::LinkDown {
+        stream: 0,
+        epoch: 0,
+    };
+    let mut src = SourceMachine::new();
+    assert!(src.on_recv(&lost).is_err());
+    let mut src = SourceMachine::new();
+    assert!(src.on_send(&down).is_err());
+    let mut snk = SinkMachine::new();
+    assert!(snk.on_recv(&down).is_err());
+    let mut snk = SinkMachine::new();
+    assert!(snk.on_send(&lost).is_err());
+    // Rejoin belongs on a data link, never on the control link.
+    let rejoin = Control::Rejoin {
+        session: 1,
+        stream: 0,
+        epoch: 1,
+        nonce: [0; 32],
+        mac: [0; 32],
+    };
+    let mut snk = SinkMachine::new();
+    assert!(snk.on_recv(&rejoin).is_err());
+}
+
+#[test]
+fn source_rejects_premature_messages() {
+    let mut s = SourceMachine::new();
+    assert!(s.on_recv(&Control::SyncDone { failures: vec![] }).is_err());
+    let mut s = SourceMachine::new();
+    assert!(s.on_send(&Control::Entries(vec![])).is_err());
+    let mut s = SourceMachine::new();
+    s.on_recv(&Control::Abort { reason: "x".into() }).unwrap();
+    assert_eq!(s.phase(), Phase::Aborted);
+}
