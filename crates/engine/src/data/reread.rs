@@ -5,20 +5,19 @@
 //! One path for both (issue 16): how a buffer is waited for stays with the
 //! caller (a resend may wait, a requeue thread polls for abort).
 
-use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 
 use ramsys_proto::data::Segment;
 use ramsys_resources::Buf;
 
 use crate::storage::fsops::Root;
-use crate::types::file::SourceFile;
+use crate::types::file::{IdIndex, SourceFile};
 
 /// The source's files, indexed by entry id, for re-reading.
 pub struct Rereader<'a> {
     root: &'a Root,
     files: &'a [SourceFile],
-    by_id: HashMap<u64, usize>,
+    by_id: IdIndex,
     checksum: bool,
     /// The null source engine produced the data: nothing to read again.
     null: bool,
@@ -26,7 +25,7 @@ pub struct Rereader<'a> {
 
 impl<'a> Rereader<'a> {
     pub fn new(root: &'a Root, files: &'a [SourceFile], checksum: bool, null: bool) -> Self {
-        let by_id = files.iter().enumerate().map(|(i, f)| (f.id, i)).collect();
+        let by_id = IdIndex::new(files);
         Rereader {
             root,
             files,
@@ -39,8 +38,8 @@ impl<'a> Rereader<'a> {
     /// The path of file `id` (for failure reports).
     pub fn path(&self, id: u64) -> String {
         self.by_id
-            .get(&id)
-            .map(|&i| crate::types::error::show(&self.files[i].rel))
+            .get(self.files, id)
+            .map(|i| crate::types::error::show(&self.files[i].rel))
             .unwrap_or_default()
     }
 
@@ -80,8 +79,8 @@ impl<'a> Rereader<'a> {
     fn read_segment(&self, buf: &mut Buf, p: usize, s: &Segment) -> Result<usize, String> {
         let f = self
             .by_id
-            .get(&s.file_id)
-            .map(|&i| &self.files[i])
+            .get(self.files, s.file_id)
+            .map(|i| &self.files[i])
             .ok_or("the sink asked for an unknown file")?;
         let len = s.payload_len();
         if s.offset.saturating_add(s.span()) > f.size || p + len > buf.space().len() {

@@ -55,3 +55,56 @@ impl SourceFile {
         self.len() == 0
     }
 }
+
+/// Index into a list of [`SourceFile`]s by entry id. The walk lists them in
+/// id order, so a binary search finds one with no per-file cost up front;
+/// a list out of order (none is today) gets a map. A HashMap built for
+/// every session cost two SipHash inserts and ~40 bytes per file even on a
+/// no-change re-sync, where nothing is looked up (issue 36).
+pub struct IdIndex {
+    map: Option<std::collections::HashMap<u64, usize>>,
+}
+
+impl IdIndex {
+    pub fn new(files: &[SourceFile]) -> IdIndex {
+        let sorted = files.windows(2).all(|w| w[0].id < w[1].id);
+        IdIndex {
+            map: (!sorted).then(|| files.iter().enumerate().map(|(i, f)| (f.id, i)).collect()),
+        }
+    }
+
+    /// The position of file `id` in `files` (the list this index was built for).
+    pub fn get(&self, files: &[SourceFile], id: u64) -> Option<usize> {
+        match &self.map {
+            Some(m) => m.get(&id).copied(),
+            None => files.binary_search_by_key(&id, |f| f.id).ok(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_index_finds_in_order_and_out_of_order() {
+        let sorted: Vec<SourceFile> = [3, 5, 9]
+            .iter()
+            .map(|&i| SourceFile::plain(i, b"f", 1))
+            .collect();
+        let ix = IdIndex::new(&sorted);
+        assert!(ix.map.is_none());
+        assert_eq!(ix.get(&sorted, 5), Some(1));
+        assert_eq!(ix.get(&sorted, 9), Some(2));
+        assert_eq!(ix.get(&sorted, 4), None);
+        let shuffled: Vec<SourceFile> = [9, 3, 5]
+            .iter()
+            .map(|&i| SourceFile::plain(i, b"f", 1))
+            .collect();
+        let ix = IdIndex::new(&shuffled);
+        assert!(ix.map.is_some());
+        assert_eq!(ix.get(&shuffled, 3), Some(1));
+        assert_eq!(ix.get(&shuffled, 9), Some(0));
+        assert_eq!(ix.get(&shuffled, 7), None);
+    }
+}

@@ -306,9 +306,7 @@ impl SinkSession<'_> {
         let ctl = &mut self.ctl;
         let mut have_sent = Ok(());
         if let Some(s) = sync {
-            for batch in s.answer(table) {
-                have_sent = have_sent.and_then(|_| ctl.send(&Control::Have(batch)));
-            }
+            have_sent = s.answer(table, &mut |batch| ctl.send(&Control::Have(batch)));
         }
         let data_links = have_sent
             .and_then(|_| {

@@ -32,7 +32,11 @@ pub struct SinkSync {
     root: Arc<Root>,
     journal: Option<Journal>,
     checks: Vec<(u64, Vec<u8>, u64, Check)>,
-    pub haves: Vec<Have>,
+    /// Ids answered Unchanged, as runs (first id, count): records arrive
+    /// in id order, so a no-change re-sync keeps about one run per
+    /// directory instead of a 48-byte Have per file (issue 36); the Have
+    /// messages are built batch by batch as they are sent.
+    unchanged: Vec<(u64, u64)>,
     /// Every destination path the source sent (for --delete).
     keep: HashSet<Vec<u8>>,
     /// Destination directories the source sent that exist here.
@@ -43,7 +47,9 @@ pub struct SinkSync {
     protect: Option<crate::request::filter::Filter>,
     /// Dry run: files that would be sent, by id.
     dry_files: Vec<(u64, Vec<u8>)>,
-    /// Dry run: ids the sink or source found unchanged.
+    /// Dry run: ids the sink or source found unchanged (empty otherwise:
+    /// a SipHash insert per unchanged file was a no-change re-sync's
+    /// largest user-space cost at 1 M files, issue 36).
     dry_kept: HashSet<u64>,
     /// Resume: temp files taken as bases (paths under the root).
     used_parts: HashSet<Vec<u8>>,
@@ -79,7 +85,7 @@ impl SinkSync {
             root,
             journal: None,
             checks: Vec::new(),
-            haves: Vec::new(),
+            unchanged: Vec::new(),
             keep: HashSet::new(),
             dirs: Vec::new(),
             wires: Vec::new(),
@@ -194,24 +200,26 @@ impl SinkSync {
                 && (st.st_mtime, st.st_mtime_nsec as u32) > mtime
     }
 
-    /// For a dry run's report: file `id` would not be sent. Only then: a
-    /// set of every unchanged id cost 7 % of a daemon's no-change re-sync
-    /// of 1 M files.
+    /// File `id` needs no data: tell the source, keep DST's file (applying
+    /// the mode and mtime if `attrs`).
+    fn unchanged(&mut self, table: &FileTable, id: u64, attrs: bool) {
+        self.push_unchanged(id);
+        table.keep(id, attrs);
+        self.kept(id);
+    }
+
+    fn push_unchanged(&mut self, id: u64) {
+        match self.unchanged.last_mut() {
+            Some((first, n)) if *first + *n == id => *n += 1,
+            _ => self.unchanged.push((id, 1)),
+        }
+    }
+
+    /// Dry run: count `id` among the unchanged (nothing to do otherwise).
     fn kept(&mut self, id: u64) {
         if self.dry() {
             self.dry_kept.insert(id);
         }
-    }
-
-    /// File `id` needs no data: tell the source, keep DST's file (applying
-    /// the mode and mtime if `attrs`).
-    fn unchanged(&mut self, table: &FileTable, id: u64, attrs: bool) {
-        self.haves.push(Have {
-            id,
-            state: HaveState::Unchanged,
-        });
-        table.keep(id, attrs);
-        self.kept(id);
     }
 
     /// A file record, already in `table` (unless dry run): unchanged,
@@ -352,10 +360,7 @@ impl SinkSync {
             }
         }
         if !self.dry() && table.piece_done(id) {
-            self.haves.push(Have {
-                id,
-                state: HaveState::Unchanged,
-            });
+            self.push_unchanged(id);
             table.keep_piece(id);
             self.kept(id);
         }
@@ -399,8 +404,13 @@ impl SinkSync {
     }
 
     /// After MetaEnd: digests and block hashes, in parallel; the Have
-    /// answer in batches that fit a CONTROL frame.
-    pub fn answer(&mut self, table: &FileTable) -> Vec<Vec<Have>> {
+    /// answer handed to `send` in batches that fit a CONTROL frame (the
+    /// Unchanged first, then the comparisons); the first error stops it.
+    pub fn answer<E>(
+        &mut self,
+        table: &FileTable,
+        send: &mut dyn FnMut(Vec<Have>) -> Result<(), E>,
+    ) -> Result<(), E> {
         if self.resume() {
             self.drop_stale_parts();
         }
@@ -451,6 +461,7 @@ impl SinkSync {
                 res[i] = res[j].clone();
             }
         }
+        let mut compared = Vec::new();
         for ((id, _, _, c), r) in std::mem::take(&mut self.checks).into_iter().zip(res) {
             let Some(state) = r else { continue };
             match c {
@@ -458,12 +469,18 @@ impl SinkSync {
                 Check::Blocks { part: None, .. } => table.set_base(id, Base::Old),
                 Check::Digest => {}
             }
-            self.haves.push(Have { id, state });
+            compared.push(Have { id, state });
         }
-        let mut out = Vec::new();
+        let unchanged = std::mem::take(&mut self.unchanged)
+            .into_iter()
+            .flat_map(|(first, n)| first..first + n)
+            .map(|id| Have {
+                id,
+                state: HaveState::Unchanged,
+            });
         let mut cur = Vec::new();
         let mut bytes = 0;
-        for h in std::mem::take(&mut self.haves) {
+        for h in unchanged.chain(compared) {
             let sz = 16
                 + match &h.state {
                     HaveState::Blocks { sums, .. } => sums.len() * 10 + 16,
@@ -471,16 +488,16 @@ impl SinkSync {
                 };
             if bytes + sz > (ramsys_proto::frame::MAX_CONTROL_BODY as usize) / 2 && !cur.is_empty()
             {
-                out.push(std::mem::take(&mut cur));
+                send(std::mem::take(&mut cur))?;
                 bytes = 0;
             }
             bytes += sz;
             cur.push(h);
         }
         if !cur.is_empty() {
-            out.push(cur);
+            send(cur)?;
         }
-        out
+        Ok(())
     }
 
     /// The source's verdicts.

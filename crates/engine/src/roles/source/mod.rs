@@ -309,7 +309,7 @@ impl SourceSession<'_> {
         failures: &mut Vec<FailedPath>,
     ) -> Result<Option<SyncPlan>, EngineError> {
         self.ctl.link.set_read_timeout(None)?;
-        let mut haves = Vec::new();
+        let mut haves = crate::roles::source::sync_plan::Answer::default();
         // SyncDone moves the machine on to the payload phase.
         while self.ctl.phase() == Phase::Syncing {
             match self.ctl.recv()? {

@@ -63,6 +63,30 @@ impl SyncPlan {
     }
 }
 
+/// The sink's Have answer as it arrives: Unchanged ids as runs (first id,
+/// count; the sink sends them in id order, so a no-change re-sync of a
+/// million files keeps a few thousand runs instead of a 48-byte Have per
+/// file, issue 36), the rest as sent.
+#[derive(Debug, Default)]
+pub struct Answer {
+    unchanged: Vec<(u64, u64)>,
+    other: Vec<Have>,
+}
+
+impl Answer {
+    pub fn extend(&mut self, v: Vec<Have>) {
+        for h in v {
+            match h.state {
+                HaveState::Unchanged => match self.unchanged.last_mut() {
+                    Some((first, n)) if *first + *n == h.id => *n += 1,
+                    _ => self.unchanged.push((h.id, 1)),
+                },
+                _ => self.other.push(h),
+            }
+        }
+    }
+}
+
 enum Job {
     Digest(u64),
     Blocks(u32, u64, Vec<u64>),
@@ -77,13 +101,7 @@ enum Verdict {
 }
 
 /// Compare in parallel (each side hashes what it holds) and plan.
-pub fn plan(
-    root: &Root,
-    files: &[SourceFile],
-    haves: Vec<Have>,
-    dry: bool,
-    max_run: u64,
-) -> SyncPlan {
+pub fn plan(root: &Root, files: &[SourceFile], haves: Answer, dry: bool, max_run: u64) -> SyncPlan {
     let mut p = SyncPlan {
         ranges: vec![None; files.len()],
         skip: vec![false; files.len()],
@@ -123,14 +141,31 @@ pub fn plan(
 /// it says are unchanged are skipped in `p` at once.
 fn comparisons(
     files: &[SourceFile],
-    haves: Vec<Have>,
+    haves: Answer,
     dry: bool,
     p: &mut SyncPlan,
 ) -> Vec<(usize, Job)> {
-    let by_id: HashMap<u64, usize> = files.iter().enumerate().map(|(i, f)| (f.id, i)).collect();
+    let by_id = crate::types::file::IdIndex::new(files);
+    for &(first, n) in &haves.unchanged {
+        // Ids of a run are consecutive files of the list: one search a run.
+        let mut next = None;
+        for id in first..first + n {
+            let at = match next {
+                Some(j) if files.get(j).is_some_and(|f: &SourceFile| f.id == id) => Some(j),
+                _ => by_id.get(files, id),
+            };
+            if let Some(i) = at {
+                p.skip[i] = true;
+                p.unchanged += 1;
+            }
+            next = at.map(|i| i + 1);
+        }
+    }
     let mut jobs: Vec<(usize, Job)> = Vec::new();
-    for h in haves {
-        let Some(&i) = by_id.get(&h.id) else { continue };
+    for h in haves.other {
+        let Some(i) = by_id.get(files, h.id) else {
+            continue;
+        };
         match h.state {
             HaveState::Unchanged => {
                 p.skip[i] = true;
