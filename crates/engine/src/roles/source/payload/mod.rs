@@ -99,23 +99,6 @@ struct Events {
     control: Receiver<ControlEvent>,
 }
 
-impl Events {
-    fn new(
-        readers: Receiver<ReaderEvent>,
-        readers_done: Receiver<()>,
-        senders_done: Receiver<LinkDone>,
-        control: Receiver<ControlEvent>,
-    ) -> Events {
-        Events {
-            check_tick: crossbeam_channel::tick(Duration::from_millis(250)),
-            readers,
-            readers_done,
-            senders_done,
-            control,
-        }
-    }
-}
-
 /// The data links' sending ends: who sends on them and how they end.
 struct SenderSet {
     make: SenderFactory,
@@ -138,35 +121,6 @@ struct SenderSet {
 
 /// A link's closer, by (stream, epoch).
 type Closers = HashMap<(usize, u16), Sender<()>>;
-
-impl SenderSet {
-    /// `ends`: the queued senders' closers, the links to shut down on
-    /// error, the threads besides the pool's.
-    fn new(
-        make: SenderFactory,
-        pool: &Arc<ThreadPool>,
-        ends: (
-            Closers,
-            Vec<Box<dyn Link>>,
-            Vec<std::thread::JoinHandle<()>>,
-        ),
-        inline: Option<Arc<InlineLinks>>,
-        idle: Duration,
-    ) -> SenderSet {
-        let (closers, shutdown, extra) = ends;
-        SenderSet {
-            make,
-            pool: pool.clone(),
-            closers,
-            shutdown,
-            kept: Vec::new(),
-            evicting: HashSet::new(),
-            inline,
-            extra,
-            idle,
-        }
-    }
-}
 
 /// Blocks sent again: those the sink asked for (Resend) and those lost
 /// links lost (crate::session::relink), through the same queue as the first send.
@@ -269,38 +223,6 @@ impl StreamKeys {
             .with_credit_seal(credits)
             .with_rate(self.rate.clone())
     }
-}
-
-/// The scanned list, shared: a local copy's in-process sink opens large
-/// files by entry id from it. Without an archive copy the sink keeps no
-/// set-ID bit (archive::Policy::wanted_mode): the agent says how many.
-fn publish(
-    opts: &TransferOptions,
-    stats: &Stats,
-    root: &Arc<Root>,
-    w: Walk,
-) -> Arc<Vec<SourceFile>> {
-    let files = Arc::new(w.files);
-    if let Some(bridge) = &opts.local_copy {
-        bridge.publish(root.clone(), files.clone());
-    }
-    if opts.preserve == 0 {
-        stats.setid_dropped.store(w.setid, Ordering::Relaxed);
-    }
-    files
-}
-
-/// Zero-copy sends (storage::zerocopy), decided once: plain TCP links,
-/// payload not sealed, the sink checks every block.
-fn zerocopy_allowed(opts: &TransferOptions, c: &Confirmed, o: &Opened) -> bool {
-    opts.send_zerocopy
-        && crate::storage::zerocopy::allowed_by_env()
-        && o.key
-            .is_none_or(|k| StreamSeal::new(c.cipher, &k, 0, 0).is_none())
-        && c.checksum
-        && !crate::data::sender::flips_bits()
-        && !o.links.is_empty()
-        && o.links.iter().all(|l| l.can_send_file())
 }
 
 impl<'s> Payload<'s> {
