@@ -61,8 +61,9 @@ def one(binary, mode, src, scratch, key):
     dst = os.path.join(scratch, "dst")
     env = dict(os.environ, RAMSYS_KEY_FILE=key)
     p = None
+    # The copy lands in dst/t: cp, like cp(1), wants its parent to exist.
+    os.makedirs(dst, exist_ok=True)
     if mode == "push":
-        os.makedirs(dst, exist_ok=True)
         p, port = daemon(binary, dst, key)
         cmd = [binary, "cp", "-r", str(src) + "/", f"ramsys://127.0.0.1:{port}/t"]
     else:
