@@ -123,7 +123,7 @@ mod tests {
     fn file(id: u64, rel: &str, size: u64) -> SourceFile {
         SourceFile {
             id,
-            rel: rel.as_bytes().to_vec(),
+            rel: crate::types::file::Rel::new(rel.as_bytes()),
             size,
             dev: 0,
             ino: 0,

@@ -38,7 +38,7 @@ pub fn synthetic_walk(tops: &[Top], size: u64) -> (Walk, Vec<Entry>) {
         setid: 0,
         files: vec![SourceFile {
             id: 0,
-            rel: name,
+            rel: crate::types::file::Rel::new(&name),
             size,
             dev: 0,
             ino: 0,

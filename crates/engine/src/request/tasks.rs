@@ -291,7 +291,7 @@ mod tests {
     fn f(size: u64, dev: u64) -> SourceFile {
         SourceFile {
             id: 0,
-            rel: vec![],
+            rel: crate::types::file::Rel::new(b""),
             size,
             dev,
             ino: 0,
@@ -360,7 +360,7 @@ mod tests {
         let root = Root::open(d.path(), crate::storage::fsops::Confinement::None).unwrap();
         let mk = |name: &str, ino: u64| SourceFile {
             id: 0,
-            rel: name.as_bytes().to_vec(),
+            rel: crate::types::file::Rel::new(name.as_bytes()),
             size: 100,
             dev: 1,
             ino,
@@ -414,7 +414,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let root = Root::open(d.path(), crate::storage::fsops::Confinement::None).unwrap();
         let mk = |name: &str, ino: u64| SourceFile {
-            rel: name.as_bytes().to_vec(),
+            rel: crate::types::file::Rel::new(name.as_bytes()),
             ino,
             ..f(100, 1)
         };
@@ -480,7 +480,7 @@ mod tests {
             let mut w = std::fs::File::create(d.path().join(&name)).unwrap();
             w.write_all(&vec![7u8; 64 << 10]).unwrap();
             files.push(SourceFile {
-                rel: name.into_bytes(),
+                rel: crate::types::file::Rel::new(name.as_bytes()),
                 ..f(64 << 10, 1)
             });
         }
@@ -502,7 +502,7 @@ mod tests {
             assert!(!mostly_cached(&root, &files, &idx));
         }
         // A missing file: not judged cached.
-        files[0].rel = b"gone".to_vec();
+        files[0].rel = crate::types::file::Rel::new(b"gone");
         assert!(!mostly_cached(&root, &files, &idx));
     }
 }

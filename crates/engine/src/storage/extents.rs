@@ -83,7 +83,7 @@ pub struct FixtureExtents(pub HashMap<Vec<u8>, u64>);
 
 impl ExtentSource for FixtureExtents {
     fn first_physical(&self, _root: &Root, f: &SourceFile) -> Option<u64> {
-        self.0.get(&f.rel).copied()
+        self.0.get(&f.rel[..]).copied()
     }
 }
 
@@ -106,7 +106,7 @@ mod tests {
         let root = Root::open(d.path(), crate::storage::fsops::Confinement::None).unwrap();
         let sf = SourceFile {
             id: 0,
-            rel: b"f".to_vec(),
+            rel: crate::types::file::Rel::new(b"f"),
             size: 1 << 16,
             dev: 0,
             ino: 0,

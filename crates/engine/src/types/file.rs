@@ -3,12 +3,15 @@
 //! storage::extents take them): here so storage need not import the walk
 //! (issue 37).
 
-/// A regular file to read.
+/// A regular file to read. Kept for every file of a session at the
+/// source (until windows, docs/SCALE.md), so it is kept small (issue 36):
+/// the path lives in a shared arena ([`Rel`]), a piece's range behind a
+/// box (pieces are rare); 80 bytes, guarded by a unit test.
 #[derive(Debug, Clone)]
 pub struct SourceFile {
     pub id: u64,
     /// Path relative to the source root (for opening).
-    pub rel: Vec<u8>,
+    pub rel: Rel,
     pub size: u64,
     pub dev: u64,
     pub ino: u64,
@@ -22,7 +25,108 @@ pub struct SourceFile {
     pub sparse: bool,
     /// A piece of a big file (issue 19, EntryKind::Piece): only this byte
     /// range (offset, length) is read and sent under this id.
-    pub range: Option<(u64, u64)>,
+    pub range: Option<Box<(u64, u64)>>,
+}
+
+/// A path kept in a chunk of path bytes shared by many files ([`RelArena`]):
+/// 16 bytes and no heap allocation of its own, where a `Vec<u8>` took 24
+/// bytes plus a 32-64-byte allocation per file (issue 36). Reads as the
+/// path's bytes.
+#[derive(Clone)]
+pub struct Rel {
+    chunk: std::sync::Arc<Vec<u8>>,
+    off: u32,
+    len: u32,
+}
+
+impl Rel {
+    /// A path in a chunk of its own (tests, single files, volumes).
+    pub fn new(path: &[u8]) -> Rel {
+        Rel {
+            chunk: std::sync::Arc::new(path.to_vec()),
+            off: 0,
+            len: path.len() as u32,
+        }
+    }
+}
+
+impl std::ops::Deref for Rel {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.chunk[self.off as usize..(self.off + self.len) as usize]
+    }
+}
+
+impl std::fmt::Debug for Rel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(self))
+    }
+}
+
+impl PartialEq for Rel {
+    fn eq(&self, o: &Rel) -> bool {
+        **self == **o
+    }
+}
+
+/// Packs the paths of a walk's files into shared chunks: the open chunk
+/// fills in place; a full one is frozen behind an `Arc` and the files
+/// that point into it are given it ([`RelArena::seal`]).
+pub struct RelArena {
+    open: Vec<u8>,
+    /// Index (in the caller's file list) of the first file whose path is
+    /// in the open chunk.
+    first: usize,
+    empty: std::sync::Arc<Vec<u8>>,
+}
+
+/// Bytes per chunk: many files' paths per allocation, and little kept
+/// alive by a few straggling files.
+const REL_CHUNK: usize = 64 << 10;
+
+impl Default for RelArena {
+    fn default() -> Self {
+        RelArena {
+            open: Vec::new(),
+            first: 0,
+            empty: std::sync::Arc::new(Vec::new()),
+        }
+    }
+}
+
+impl RelArena {
+    /// A path for the file about to be pushed at `files.len()`; the chunk
+    /// it is in is handed to the files by [`Self::seal`] (before anyone
+    /// reads them).
+    pub fn add(&mut self, files: &mut [SourceFile], path: &[u8]) -> Rel {
+        if self.open.len() + path.len() > REL_CHUNK && !self.open.is_empty() {
+            self.seal(files);
+        }
+        if self.open.is_empty() {
+            self.open.reserve_exact(REL_CHUNK.max(path.len()));
+            self.first = files.len();
+        }
+        let off = self.open.len() as u32;
+        self.open.extend_from_slice(path);
+        Rel {
+            chunk: self.empty.clone(),
+            off,
+            len: path.len() as u32,
+        }
+    }
+
+    /// Freeze the open chunk and give it to the files that point into it.
+    pub fn seal(&mut self, files: &mut [SourceFile]) {
+        if self.open.is_empty() {
+            return;
+        }
+        let mut chunk = std::mem::take(&mut self.open);
+        chunk.shrink_to_fit();
+        let chunk = std::sync::Arc::new(chunk);
+        for f in &mut files[self.first..] {
+            f.rel.chunk = chunk.clone();
+        }
+    }
 }
 
 impl SourceFile {
@@ -30,7 +134,7 @@ impl SourceFile {
     pub fn plain(id: u64, rel: &[u8], size: u64) -> SourceFile {
         SourceFile {
             id,
-            rel: rel.to_vec(),
+            rel: Rel::new(rel),
             size,
             dev: 0,
             ino: 0,
@@ -43,12 +147,14 @@ impl SourceFile {
 
     /// Where its bytes to send start and end.
     pub fn span(&self) -> (u64, u64) {
-        self.range.map_or((0, self.size), |(o, l)| (o, o + l))
+        self.range
+            .as_deref()
+            .map_or((0, self.size), |&(o, l)| (o, o + l))
     }
 
     /// Bytes to send.
     pub fn len(&self) -> u64 {
-        self.range.map_or(self.size, |r| r.1)
+        self.range.as_deref().map_or(self.size, |r| r.1)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -85,6 +191,47 @@ impl IdIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn source_file_stays_small() {
+        assert!(std::mem::size_of::<SourceFile>() <= 80);
+        assert_eq!(std::mem::size_of::<Rel>(), 16);
+    }
+
+    #[test]
+    fn rel_arena_packs_paths_into_shared_chunks() {
+        let mut files: Vec<SourceFile> = Vec::new();
+        let mut arena = RelArena::default();
+        let names: Vec<Vec<u8>> = (0..20_000)
+            .map(|i| format!("d{}/f{i}", i / 1000).into_bytes())
+            .collect();
+        for (i, n) in names.iter().enumerate() {
+            let mut f = SourceFile::plain(i as u64, b"", 1);
+            f.rel = arena.add(&mut files, n);
+            files.push(f);
+        }
+        arena.seal(&mut files);
+        for (f, n) in files.iter().zip(&names) {
+            assert_eq!(&f.rel[..], &n[..]);
+        }
+        // Several chunks, each shared by many files.
+        let chunks: std::collections::HashSet<*const Vec<u8>> = files
+            .iter()
+            .map(|f| std::sync::Arc::as_ptr(&f.rel.chunk))
+            .collect();
+        assert!(
+            chunks.len() > 1 && chunks.len() < 20,
+            "{} chunks",
+            chunks.len()
+        );
+        // A path longer than a chunk still fits.
+        let long = vec![b'x'; REL_CHUNK + 10];
+        let mut f = SourceFile::plain(0, b"", 1);
+        f.rel = arena.add(&mut files, &long);
+        files.push(f);
+        arena.seal(&mut files);
+        assert_eq!(&files.last().unwrap().rel[..], &long[..]);
+    }
 
     #[test]
     fn id_index_finds_in_order_and_out_of_order() {

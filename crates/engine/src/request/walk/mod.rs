@@ -22,7 +22,7 @@ use ramsys_proto::control::{Entry, EntryKind};
 
 use super::filter::Filter;
 use crate::storage::archive::collect::{Collector, Owners};
-use crate::types::file::SourceFile;
+use crate::types::file::{RelArena, SourceFile};
 use crate::types::stats::FailedPath;
 
 /// Result of the scan.
@@ -265,6 +265,7 @@ pub fn walk_archive<E>(
     let mut attrs_emitted = w.attrs.len();
     let mut inodes: HashMap<(u64, u64), u64> = HashMap::new();
     let mut names = NameStat { open: None };
+    let mut arena = RelArena::default();
     let mut start = 0;
     for d in later.items {
         let p = match d {
@@ -282,7 +283,7 @@ pub fn walk_archive<E>(
         let id = w.entries;
         let symlink = matches!(o.kind, PendingKind::Symlink(_));
         let attrs_of = col.wanted().then(|| (abs(base, &o.rel), o.owners));
-        if !record(&mut w, &mut batch, o, id, filter, &mut inodes) {
+        if !record(&mut w, &mut batch, o, id, filter, (&mut inodes, &mut arena)) {
             continue;
         }
         if let Some((path, owners)) = attrs_of {
@@ -301,6 +302,8 @@ pub fn walk_archive<E>(
     if !batch.is_empty() {
         emit(&batch, &w.attrs[attrs_emitted..])?;
     }
+    arena.seal(&mut w.files);
+    w.files.shrink_to_fit();
     Ok(w)
 }
 
@@ -457,7 +460,7 @@ fn record(
     o: Pending,
     id: u64,
     filter: &Filter,
-    inodes: &mut HashMap<(u64, u64), u64>,
+    (inodes, arena): (&mut HashMap<(u64, u64), u64>, &mut RelArena),
 ) -> bool {
     let kind = match o.kind {
         PendingKind::Dir => unreachable!("directories are numbered first"),
@@ -495,16 +498,17 @@ fn record(
                     };
                     let id = w.entries;
                     w.total_bytes += range.1;
+                    let rel = arena.add(&mut w.files, &o.rel);
                     w.files.push(SourceFile {
                         id,
-                        rel: o.rel.clone(),
+                        rel,
                         size,
                         dev,
                         ino,
                         mtime: o.mtime,
                         volume,
                         sparse,
-                        range: Some(range),
+                        range: Some(Box::new(range)),
                     });
                     push_entry(w, batch, id, o.wire.clone(), kind, o.mode, o.mtime);
                 }
@@ -520,9 +524,10 @@ fn record(
                 inodes.insert((dev, ino), id);
             }
             w.total_bytes += size;
+            let rel = arena.add(&mut w.files, &o.rel);
             w.files.push(SourceFile {
                 id,
-                rel: o.rel,
+                rel,
                 size,
                 dev,
                 ino,

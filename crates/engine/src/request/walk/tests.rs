@@ -128,7 +128,7 @@ fn several_tops_list_each_path_once_as_rsync_does() {
     assert_eq!(paths, want);
     // The first x; ids dense and ascending; a second name of an inode
     // listed once is not a hard link to itself.
-    let x = w.files.iter().find(|f| f.rel == b"a/x").unwrap();
+    let x = w.files.iter().find(|f| &f.rel[..] == b"a/x").unwrap();
     assert_eq!(x.size, 5);
     let ids: Vec<u64> = entries.iter().map(|e| e.id).collect();
     assert_eq!(ids, (0..w.entries).collect::<Vec<_>>());
