@@ -86,9 +86,10 @@ fn to_report(r: &RelayReport) -> Report {
         failed: r
             .failures
             .iter()
+            // Over the wire only as text: the proto's one reading of it.
             .map(|f| FailedPath {
-                path: show(&f.path),
-                reason: f.reason.clone(),
+                vanished: f.reason_says_vanished(),
+                ..FailedPath::new(show(&f.path), f.reason.clone())
             })
             .collect(),
         peer_cpu_s: (r.sink_cpu_s >= 0.0).then_some(r.sink_cpu_s),
@@ -237,14 +238,13 @@ pub fn striped(job: Job) -> anyhow::Result<(Result<Report, EngineError>, Vec<Str
         // Every pair dealt its share from its own listing of the shared
         // tree: if they differ, a file may be in no share.
         if listings.windows(2).any(|w| w[0] != w[1]) {
-            t.failed.push(FailedPath {
-                path: "(shares)".into(),
-                reason: "the source daemons listed different trees under the source \
-                         (not one shared file system, or it changed meanwhile; \
-                         --split-sources if each holds its own part); \
-                         run again with --resume to finish"
-                    .into(),
-            });
+            t.failed.push(FailedPath::new(
+                "(shares)",
+                "the source daemons listed different trees under the source \
+                 (not one shared file system, or it changed meanwhile; \
+                 --split-sources if each holds its own part); \
+                 run again with --resume to finish",
+            ));
         }
         t
     });

@@ -218,13 +218,13 @@ impl Outcomes {
             return Err(self.first_err.expect("no stripe ran without an error"));
         };
         for s in stripes.iter().filter(|s| s.error.is_some()) {
-            t.failed.push(FailedPath {
-                path: share(s),
-                reason: format!(
+            t.failed.push(FailedPath::new(
+                share(s),
+                format!(
                     "{}; run again with --resume to finish",
                     s.error.as_deref().unwrap_or_default()
                 ),
-            });
+            ));
         }
         Ok(t)
     }

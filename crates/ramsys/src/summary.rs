@@ -272,7 +272,7 @@ pub(crate) fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> 
 /// any but a vanished source path (rsync's IOERR_VANISHED).
 fn deletions_skipped(rep: &Report, sync: u32) -> bool {
     sync & ramsys_engine::request::sync::flags::DELETE != 0
-        && rep.failed.iter().any(|f| !f.vanished())
+        && rep.failed.iter().any(|f| !f.vanished)
 }
 
 /// `n thing` or `n things`.
@@ -396,5 +396,29 @@ mod tests {
         assert_eq!(run.extra.transport.used(&rep), "raw+tcp");
         assert_eq!(count(1, "entry", "entries"), "1 entry");
         assert_eq!(count(0, "entry", "entries"), "0 entries");
+    }
+
+    /// "deletions skipped" follows the typed flag the failing end set,
+    /// not the reason's text: a sink's own ENOENT stopped its --delete.
+    #[test]
+    fn deletions_skipped_unless_every_failure_vanished() {
+        use ramsys_engine::request::sync::flags::{DELETE, SYNC};
+        use ramsys_engine::types::stats::FailedPath;
+        let enoent = "No such file or directory (os error 2)";
+        let gone = FailedPath {
+            vanished: true,
+            ..FailedPath::new("/src/missing", enoent)
+        };
+        let mut rep = Report {
+            failed: vec![gone.clone(), gone],
+            ..Default::default()
+        };
+        assert!(!deletions_skipped(&rep, SYNC | DELETE));
+        rep.failed.push(FailedPath::new("dst/d/f", enoent));
+        assert!(deletions_skipped(&rep, SYNC | DELETE));
+        assert!(
+            !deletions_skipped(&rep, SYNC),
+            "no --delete, nothing skipped"
+        );
     }
 }

@@ -669,17 +669,9 @@ fn site_members_on_one_shared_device_share_its_writers() {
     std::fs::create_dir(&root).unwrap();
     let src = t.path().join("src");
     std::fs::create_dir(&src).unwrap();
-    let mut r = 0x9e3779b97f4a7c15u64;
+    let mut r = Rng(0x9e3779b97f4a7c15);
     for i in 0..3 {
-        let data: Vec<u8> = (0..(3 << 20))
-            .map(|_| {
-                r ^= r << 13;
-                r ^= r >> 7;
-                r ^= r << 17;
-                r as u8
-            })
-            .collect();
-        std::fs::write(src.join(format!("f{i}")), data).unwrap();
+        std::fs::write(src.join(format!("f{i}")), r.bytes(3 << 20)).unwrap();
     }
     // Four writers per task whatever the plan says of this disk (a VM's
     // virtio disk claims to be rotational: one), through the config's

@@ -3,7 +3,11 @@
 //! clock: the byte streams arrive identical in both directions, end of
 //! stream included; forged frames are dropped and counted; no sockets.
 
+mod common;
+
 use std::collections::VecDeque;
+
+use common::stream;
 
 use ramsys_rawnet::frame::{self, Header, Kind};
 use ramsys_rawnet::{Config, Endpoint, FaultRates, Faults, ReadOutcome};
@@ -11,18 +15,6 @@ use ramsys_rawnet::{Config, Endpoint, FaultRates, Faults, ReadOutcome};
 const A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
 const B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
 const LATENCY: u64 = 30;
-
-fn stream(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 struct Wire {
     q: VecDeque<(u64, Vec<u8>)>,

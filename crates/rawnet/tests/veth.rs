@@ -4,24 +4,14 @@
 //! same L2 segment forges frames, which are dropped and counted. Needs root
 //! (CI runs as root); skipped with the reason otherwise.
 
+mod common;
+
 use std::io;
 use std::time::{Duration, Instant};
 
+use common::XorShift;
 use ramsys_rawnet::netns::{self, Netns};
 use ramsys_rawnet::{Channel, Config, FaultRates, PacketSocket};
-
-/// A deterministic byte stream generated in chunks.
-struct Gen(u64);
-impl Gen {
-    fn fill(&mut self, b: &mut [u8]) {
-        for x in b.iter_mut() {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            *x = self.0 as u8;
-        }
-    }
-}
 
 fn skip() -> bool {
     if let Some(why) = netns::unavailable() {
@@ -56,7 +46,7 @@ fn pair(a: PacketSocket, b: PacketSocket, mtu: usize, faults: Option<f64>) -> (C
 
 fn getrandom_bytes(b: &mut [u8]) {
     let t = Instant::now().elapsed().as_nanos() as u64 ^ std::process::id() as u64;
-    Gen(t | 1).fill(b);
+    XorShift(t | 1).fill(b);
     let f = std::fs::read("/proc/sys/kernel/random/uuid").unwrap_or_default();
     for (x, y) in b.iter_mut().zip(f) {
         *x ^= y;
@@ -69,7 +59,7 @@ fn transfer(a: &Channel, b: &Channel, len: usize) -> Duration {
     let t0 = Instant::now();
     std::thread::scope(|s| {
         fn send(c: &Channel, n: usize, seed: u64) {
-            let mut g = Gen(seed);
+            let mut g = XorShift(seed);
             let mut buf = vec![0u8; 1 << 20];
             let mut left = n;
             while left > 0 {
@@ -84,7 +74,7 @@ fn transfer(a: &Channel, b: &Channel, len: usize) -> Duration {
             c.shutdown_write();
         }
         fn recv(c: &Channel, n: usize, seed: u64) {
-            let mut g = Gen(seed);
+            let mut g = XorShift(seed);
             let mut buf = vec![0u8; 256 << 10];
             let mut want = vec![0u8; 256 << 10];
             let mut got = 0usize;

@@ -91,15 +91,33 @@ pub struct LinkDesc {
 pub struct FailedPath {
     pub path: String,
     pub reason: String,
+    /// The path was not there (ENOENT: a missing source, or one removed
+    /// while the tree was read): rsync's IOERR_VANISHED, which does not
+    /// stop --delete, unlike an unreadable directory (IOERR_GENERAL). Set
+    /// by the end that saw the io::Error, from its kind; not in the JSON
+    /// summary (its shape predates the flag; the reason says it).
+    #[serde(skip)]
+    pub vanished: bool,
 }
 
 impl FailedPath {
-    /// The path was not there (ENOENT: a missing source, or one removed
-    /// while the tree was read): rsync's IOERR_VANISHED, which does not
-    /// stop --delete, unlike an unreadable directory (IOERR_GENERAL).
-    pub fn vanished(&self) -> bool {
-        let gone = std::io::Error::from(std::io::ErrorKind::NotFound).to_string();
-        self.reason.ends_with("(os error 2)") || self.reason.ends_with(&gone)
+    /// A failure that is not a vanished path (a refusal, a sink's error,
+    /// anything that stops --delete).
+    pub fn new(path: impl Into<String>, reason: impl Into<String>) -> Self {
+        FailedPath {
+            path: path.into(),
+            reason: reason.into(),
+            vanished: false,
+        }
+    }
+
+    /// A failure from an io::Error `e` (`reason` names it, with or without
+    /// context): vanished when `e` says the path is not there.
+    pub fn io(path: impl Into<String>, reason: impl Into<String>, e: &std::io::Error) -> Self {
+        FailedPath {
+            vanished: e.kind() == std::io::ErrorKind::NotFound,
+            ..FailedPath::new(path, reason)
+        }
     }
 }
 

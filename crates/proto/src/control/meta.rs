@@ -77,6 +77,24 @@ pub struct Failure {
     pub reason: String,
 }
 
+impl Failure {
+    /// Whether a peer's failure, known only as text, is a vanished path
+    /// (ENOENT: rsync's IOERR_VANISHED, which does not stop --delete).
+    /// The one place a failure's reason is read back as a kind: an end
+    /// that saw the io::Error keeps a typed flag instead (the engine's
+    /// FailedPath::vanished), and ScanFailed carries io_error for the
+    /// sink's --delete. A flag in Failure itself would change the
+    /// encoding of every message that carries one (the codec has no
+    /// optional fields: a protocol version), for the one reader that
+    /// lacks it, a relay's client, which uses it only for its summary's
+    /// "deletions skipped". Linux's ENOENT reads "... (os error 2)"; an
+    /// io::Error made from the kind alone, "entity not found".
+    pub fn reason_says_vanished(&self) -> bool {
+        let gone = std::io::Error::from(std::io::ErrorKind::NotFound).to_string();
+        self.reason.ends_with("(os error 2)") || self.reason.ends_with(&gone)
+    }
+}
+
 /// Final report, sink to source.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Complete {

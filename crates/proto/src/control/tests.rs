@@ -364,3 +364,23 @@ fn trailing_bytes_rejected() {
     b.push(0);
     assert!(Control::decode(&b).is_err());
 }
+
+/// The one reading of a peer's failure text as a kind (a relay's client):
+/// ENOENT as the OS and as io::Error's kind alone say it; not another
+/// errno, nor a reason that merely mentions one.
+#[test]
+fn a_failure_reason_says_vanished_only_for_enoent() {
+    let f = |reason: String| Failure {
+        path: b"p".to_vec(),
+        reason,
+    };
+    // Linux numbers: ENOENT 2, EACCES 13.
+    let enoent = std::io::Error::from_raw_os_error(2);
+    let eacces = std::io::Error::from_raw_os_error(13);
+    let kind = std::io::Error::from(std::io::ErrorKind::NotFound);
+    assert!(f(enoent.to_string()).reason_says_vanished());
+    assert!(f(format!("cannot read directory: {enoent}")).reason_says_vanished());
+    assert!(f(kind.to_string()).reason_says_vanished());
+    assert!(!f(format!("cannot read directory: {eacces}")).reason_says_vanished());
+    assert!(!f("(os error 2) was said once, then it failed".into()).reason_says_vanished());
+}

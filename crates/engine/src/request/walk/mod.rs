@@ -357,10 +357,10 @@ fn first_pass(
         if crate::request::reserved::is_reserved(last)
             || crate::request::reserved::is_reserved(&t.name)
         {
-            failures.push(FailedPath {
-                path: path.display().to_string(),
-                reason: crate::request::reserved::REFUSED.into(),
-            });
+            failures.push(FailedPath::new(
+                path.display().to_string(),
+                crate::request::reserved::REFUSED,
+            ));
             continue;
         }
         match fs::symlink_metadata(&path) {
@@ -370,18 +370,19 @@ fn first_pass(
             Ok(md) if crate::storage::volume::is_block(&md) => {
                 match volume_top(&path, &t.rel, &t.name, &md) {
                     Ok(p) => later.ready(p),
-                    Err(e) => failures.push(FailedPath {
-                        path: path.display().to_string(),
-                        reason: format!("cannot read block device size: {e}"),
-                    }),
+                    Err(e) => failures.push(FailedPath::io(
+                        path.display().to_string(),
+                        format!("cannot read block device size: {e}"),
+                        &e,
+                    )),
                 }
             }
             Ok(md) => {
                 if md.is_dir() && !recursive {
-                    failures.push(FailedPath {
-                        path: path.display().to_string(),
-                        reason: "is a directory (use -r to copy directories)".into(),
-                    });
+                    failures.push(FailedPath::new(
+                        path.display().to_string(),
+                        "is a directory (use -r to copy directories)",
+                    ));
                     continue;
                 }
                 let mut to = Found {
@@ -393,10 +394,11 @@ fn first_pass(
                 };
                 scan(base, &t.rel, &t.name, md, filter, &mut to);
             }
-            Err(e) => failures.push(FailedPath {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            }),
+            Err(e) => failures.push(FailedPath::io(
+                path.display().to_string(),
+                e.to_string(),
+                &e,
+            )),
         }
     }
     (dirs, later, failures)
@@ -436,16 +438,14 @@ impl NameStat {
             }
             _ => Err(std::io::Error::other("cannot open its directory")),
         };
-        let reason = match st {
+        let e = match st {
             Ok(Some(st)) => return pending(base, rel, wire, &Meta::from(&st), col, failures),
             // Removed since its directory was read: reported as before.
-            Ok(None) => std::io::Error::from(std::io::ErrorKind::NotFound).to_string(),
-            Err(e) => e.to_string(),
+            Ok(None) => std::io::Error::from(std::io::ErrorKind::NotFound),
+            Err(e) => e,
         };
-        failures.push(FailedPath {
-            path: abs(base, &rel).display().to_string(),
-            reason,
-        });
+        let path = abs(base, &rel).display().to_string();
+        failures.push(FailedPath::io(path, e.to_string(), &e));
         None
     }
 }
@@ -480,11 +480,10 @@ fn record(
                 // Piece record each, all cut from the version the agent
                 // dealt (another version's pieces would never add up).
                 if (size, o.mtime) != (ps.size, ps.mtime) || nlink > 1 {
-                    w.failures.push(FailedPath {
-                        path: crate::types::error::show(&o.wire),
-                        reason: "changed since the stripes were dealt; run again with --resume"
-                            .into(),
-                    });
+                    w.failures.push(FailedPath::new(
+                        crate::types::error::show(&o.wire),
+                        "changed since the stripes were dealt; run again with --resume",
+                    ));
                     return false;
                 }
                 for &index in &ps.indices {
@@ -702,10 +701,9 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
     let rd = match fs::read_dir(&path) {
         Ok(rd) => rd,
         Err(e) => {
-            to.failures.push(FailedPath {
-                path: path.display().to_string(),
-                reason: format!("cannot read directory: {e}"),
-            });
+            let reason = format!("cannot read directory: {e}");
+            to.failures
+                .push(FailedPath::io(path.display().to_string(), reason, &e));
             return;
         }
     };
@@ -713,10 +711,9 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
         let de = match de {
             Ok(d) => d,
             Err(e) => {
-                to.failures.push(FailedPath {
-                    path: path.display().to_string(),
-                    reason: format!("cannot read directory: {e}"),
-                });
+                let reason = format!("cannot read directory: {e}");
+                to.failures
+                    .push(FailedPath::io(path.display().to_string(), reason, &e));
                 break;
             }
         };
@@ -732,10 +729,8 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
         let is_dir = match de.file_type() {
             Ok(ft) => ft.is_dir(),
             Err(e) => {
-                to.failures.push(FailedPath {
-                    path: abs(base, &join(rel, name)).display().to_string(),
-                    reason: e.to_string(),
-                });
+                let path = abs(base, &join(rel, name)).display().to_string();
+                to.failures.push(FailedPath::io(path, e.to_string(), &e));
                 continue;
             }
         };
@@ -749,10 +744,10 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
         let crel = join(rel, name);
         match de.metadata() {
             Ok(cmd) => scan(base, &crel, &join(wire, name), cmd, filter, to),
-            Err(e) => to.failures.push(FailedPath {
-                path: abs(base, &crel).display().to_string(),
-                reason: e.to_string(),
-            }),
+            Err(e) => {
+                let path = abs(base, &crel).display().to_string();
+                to.failures.push(FailedPath::io(path, e.to_string(), &e))
+            }
         }
     }
 }
@@ -776,10 +771,8 @@ fn scan_listed(
             Ok(md) => md,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => {
-                to.failures.push(FailedPath {
-                    path: abs(base, &crel).display().to_string(),
-                    reason: e.to_string(),
-                });
+                let path = abs(base, &crel).display().to_string();
+                to.failures.push(FailedPath::io(path, e.to_string(), &e));
                 continue;
             }
         };
@@ -826,10 +819,12 @@ fn pending(
                 owners,
             }),
             Err(e) => {
-                failures.push(FailedPath {
-                    path: abs(base, &rel).display().to_string(),
-                    reason: format!("cannot read symlink: {e}"),
-                });
+                let path = abs(base, &rel).display().to_string();
+                failures.push(FailedPath::io(
+                    path,
+                    format!("cannot read symlink: {e}"),
+                    &e,
+                ));
                 None
             }
         },
@@ -850,10 +845,10 @@ fn pending(
                     libc::S_IFIFO | libc::S_IFSOCK => "fifo or socket (use --specials or -a)",
                     _ => "device (use --devices or -a)",
                 };
-                failures.push(FailedPath {
-                    path: abs(base, &rel).display().to_string(),
-                    reason: format!("special file skipped: {what}"),
-                });
+                failures.push(FailedPath::new(
+                    abs(base, &rel).display().to_string(),
+                    format!("special file skipped: {what}"),
+                ));
                 None
             }
         },

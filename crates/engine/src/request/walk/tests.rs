@@ -160,3 +160,49 @@ fn missing_and_nonrecursive_reported() {
     assert!(entries.is_empty());
     assert_eq!(w.entries, 0);
 }
+
+/// A source that is not there is vanished (rsync's IOERR_VANISHED: the
+/// source still sends ScanFailed with io_error false, and --delete runs);
+/// any other error reading the tree is not (IOERR_GENERAL: --delete
+/// deletes nothing). The flag comes from the io::Error's kind, not from
+/// the reason's text.
+#[test]
+fn a_missing_top_is_vanished_other_scan_errors_are_not() {
+    let d = tempfile::tempdir().unwrap();
+    fs::write(d.path().join("f"), b"x").unwrap();
+    fs::create_dir_all(d.path().join("t/shut")).unwrap();
+    let top = |p: &str| Top {
+        rel: p.as_bytes().to_vec(),
+        name: p.rsplit('/').next().unwrap().as_bytes().to_vec(),
+    };
+    let (w, _) = walk(d.path(), &[top("missing"), top("f/under")], true);
+    let flags: Vec<(bool, &str)> = w
+        .failures
+        .iter()
+        .map(|f| (f.vanished, f.path.rsplit('/').next().unwrap()))
+        .collect();
+    assert_eq!(
+        flags,
+        [(true, "missing"), (false, "under")],
+        "{:?}",
+        w.failures
+    );
+    // ENOTDIR says "(os error 20)": not vanished, whatever the text.
+    assert!(
+        w.failures[1].reason.contains("os error 20"),
+        "{:?}",
+        w.failures
+    );
+    // An unreadable directory; root reads it anyway.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        use std::os::unix::fs::PermissionsExt;
+        let shut = d.path().join("t/shut");
+        fs::set_permissions(&shut, fs::Permissions::from_mode(0o000)).unwrap();
+        let (w, _) = walk(d.path(), &[top("t")], true);
+        fs::set_permissions(&shut, fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(w.failures.len(), 1, "{:?}", w.failures);
+        assert!(!w.failures[0].vanished, "{:?}", w.failures);
+        assert!(w.failures[0].reason.starts_with("cannot read directory"));
+    }
+}

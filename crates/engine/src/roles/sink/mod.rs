@@ -373,6 +373,9 @@ impl SinkSession<'_> {
             )?;
         }
         // Source paths that vanished: failures, but after --delete ran.
+        // The wire said so (ScanFailed's io_error); this end's report
+        // keeps it as the typed flag.
+        let gone = failures.len()..failures.len() + vanished.len();
         failures.extend(vanished);
         // Last: --delete changed the mtimes of the directories it removed
         // from (issue 35).
@@ -409,9 +412,10 @@ impl SinkSession<'_> {
             bytes,
             failed: failures
                 .iter()
-                .map(|f| FailedPath {
-                    path: show(&f.path),
-                    reason: f.reason.clone(),
+                .enumerate()
+                .map(|(i, f)| FailedPath {
+                    vanished: gone.contains(&i),
+                    ..FailedPath::new(show(&f.path), f.reason.clone())
                 })
                 .collect(),
             peer_cpu_s: None,

@@ -314,11 +314,12 @@ impl SourceSession<'_> {
         while self.ctl.phase() == Phase::Syncing {
             match self.ctl.recv()? {
                 Control::Have(v) => haves.extend(v),
+                // The sink's own: each stops its --delete, whatever its cause.
                 Control::SyncDone { failures: f } => {
-                    failures.extend(f.into_iter().map(|f| FailedPath {
-                        path: show(&f.path),
-                        reason: f.reason,
-                    }));
+                    failures.extend(
+                        f.into_iter()
+                            .map(|f| FailedPath::new(show(&f.path), f.reason)),
+                    );
                 }
                 m => return Err(unexpected(&m, self.ctl.phase())),
             }
@@ -385,7 +386,7 @@ fn send_meta_end(ctl: &mut Ctl, w: &Walk, root: &Root) -> Result<(), EngineError
 fn send_scan_failures(ctl: &mut Ctl, failed: &[FailedPath], root: &str) -> Result<(), EngineError> {
     // A daemon's root is stripped; "/" (an ssh source) keeps paths whole.
     let root = root.trim_end_matches('/');
-    let io_error = failed.iter().any(|f| !f.vanished());
+    let io_error = failed.iter().any(|f| !f.vanished);
     let named = failed.iter().map(|f| {
         let rel = match f.path.strip_prefix(root) {
             Some(r) if !root.is_empty() => r.trim_start_matches('/'),

@@ -28,14 +28,13 @@ impl Payload<'_> {
     pub(super) fn report(&mut self, c: Complete, mut failed: Vec<FailedPath>) -> Report {
         let f = &mut self.facts;
         failed.append(&mut f.local_failed);
-        // The sink reports files the source failed too; keep one line each.
+        // The sink reports files the source failed too; keep one line each
+        // (this end's, which knows whether its path vanished). The rest
+        // are the sink's own, and each of those stopped its --delete.
         for x in c.failures {
             let p = show(&x.path);
             if !failed.iter().any(|y| y.path.ends_with(&p)) {
-                failed.push(FailedPath {
-                    path: p,
-                    reason: x.reason,
-                });
+                failed.push(FailedPath::new(p, x.reason));
             }
         }
         let planned = f.plan.as_ref().map_or(Vec::new(), |p| {

@@ -607,10 +607,12 @@ impl<'s> Payload<'s> {
             Ok(ReaderEvent::FileFailed { id, path, reason }) => {
                 tracing::warn!("{path}: {reason}");
                 let full = self.root.path().join(std::ffi::OsStr::new(&path));
-                self.facts.local_failed.push(FailedPath {
-                    path: full.display().to_string(),
-                    reason: reason.clone(),
-                });
+                // Not vanished even when the file was removed since the
+                // scan: the sink's --delete stops on a FileFailed.
+                let full = full.display().to_string();
+                self.facts
+                    .local_failed
+                    .push(FailedPath::new(full, reason.clone()));
                 self.ctl.send(&Control::FileFailed { id, reason })?;
             }
             // All readers gone: a disconnected channel is always ready,
