@@ -330,7 +330,7 @@ impl Deferred {
         for (i, (target, id)) in self.hardlinks.iter().enumerate() {
             match table.get(*id) {
                 Some(f) if table.is_final(f) => {
-                    if let Err(e) = root.hardlink(&f.rel, target, &tmp(i)) {
+                    if let Err(e) = root.hardlink(table.rel(f), target, &tmp(i)) {
                         fail(target, format!("hard link: {e}"));
                     }
                 }

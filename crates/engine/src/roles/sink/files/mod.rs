@@ -28,7 +28,7 @@
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ramsys_proto::data::Segment;
@@ -51,19 +51,21 @@ mod settle;
 mod tests;
 mod write;
 
-const DATA_DONE: u8 = 1;
-const DIGEST_KNOWN: u8 = 2;
-const FAILED: u8 = 4;
-const FINAL: u8 = 8;
-const TEMP: u8 = 16;
+const DATA_DONE: u16 = 1;
+const DIGEST_KNOWN: u16 = 2;
+const FAILED: u16 = 4;
+const FINAL: u16 = 8;
+const TEMP: u16 = 16;
 /// Sync: the sink's existing file is kept (unchanged, or identical
 /// content); FINAL is set too, but nothing was written.
-const KEPT: u8 = 32;
+const KEPT: u16 = 32;
 /// Resume: written blocks changed since the journal last saw them.
-const DIRTY: u8 = 64;
+const DIRTY: u16 = 64;
 /// The temp file is nameless (O_TMPFILE): linked into place, never renamed
 /// nor unlinked.
-const ANON: u8 = 128;
+const ANON: u16 = 128;
+/// A block device written in place (its VolumeLog is in Rare).
+const DEVICE: u16 = 256;
 
 /// Most descriptors of nameless temp files a session keeps open (a lane
 /// file has two): half the open-file limit (raised to its hard maximum at
@@ -105,8 +107,9 @@ pub enum Base {
 /// behind one lock and is allocated only for them.
 pub struct SinkFile {
     pub id: u64,
-    /// Final path relative to the sink root.
-    pub rel: Box<[u8]>,
+    /// Final path relative to the sink root: where it is in the table's
+    /// name arena ([`FileTable::rel`]; no heap allocation per file).
+    name: NameAt,
     pub size: u64,
     pub mode: u32,
     pub mtime: (i64, u32),
@@ -115,14 +118,9 @@ pub struct SinkFile {
     written: AtomicU64,
     digest: AtomicU64,
     expected: AtomicU64,
-    flags: AtomicU8,
+    flags: AtomicU16,
     fd: Mutex<Option<Arc<SinkFd>>>,
     rare: Mutex<Option<Box<Rare>>>,
-    /// Bytes taken from the base instead of the wire.
-    reused: AtomicU64,
-    /// A block device written in place (storage::volume): what this
-    /// session wrote, re-read to verify it before the file counts as done.
-    volume: std::sync::OnceLock<Box<VolumeLog>>,
     /// One piece of a big file striped across daemons (issue 19,
     /// roles::sink::bigfile): `size` is the whole file's, this entry writes its
     /// range into the shared temp file.
@@ -150,6 +148,27 @@ struct Rare {
     base: Option<Base>,
     /// Resume: bytes written per journal block (sync::delta_block).
     jblocks: Vec<u32>,
+    /// Bytes taken from the base instead of the wire.
+    reused: u64,
+    /// A block device written in place (storage::volume, flag DEVICE):
+    /// what this session wrote, re-read to verify it before the file
+    /// counts as done.
+    volume: Option<Arc<VolumeLog>>,
+}
+
+/// A path in the table's name arena: offset (40 bits) and length (24).
+#[derive(Clone, Copy)]
+struct NameAt(u64);
+
+impl NameAt {
+    fn new(off: usize, len: usize) -> NameAt {
+        assert!(len < 1 << 24 && off < 1 << 40, "name arena overflow");
+        NameAt(((off as u64) << 24) | len as u64)
+    }
+    fn range(self) -> std::ops::Range<usize> {
+        let off = (self.0 >> 24) as usize;
+        off..off + (self.0 & ((1 << 24) - 1)) as usize
+    }
 }
 
 impl SinkFile {
@@ -181,7 +200,20 @@ impl SinkFile {
 
     /// Written in place into a block device (storage::volume).
     pub fn is_device(&self) -> bool {
-        self.volume.get().is_some()
+        self.flags.load(Ordering::Acquire) & DEVICE != 0
+    }
+
+    /// A device's log of what this session wrote.
+    fn volume(&self) -> Option<Arc<VolumeLog>> {
+        if !self.is_device() {
+            return None;
+        }
+        self.rare.lock().unwrap().as_ref()?.volume.clone()
+    }
+
+    /// Bytes taken from the base instead of the wire.
+    fn reused(&self) -> u64 {
+        self.rare.lock().unwrap().as_ref().map_or(0, |r| r.reused)
     }
 
     /// Bytes this entry receives (a piece's length, else the size).
@@ -268,8 +300,8 @@ pub struct FileTable {
     /// set), so a flush costs the files in flight, not a walk of a table
     /// of millions (issue 36).
     dirty: std::sync::Mutex<Vec<u32>>,
-    /// Bytes of the files' names (meta_bytes).
-    name_bytes: u64,
+    /// Every file's path, back to back (SinkFile::name points in).
+    names: Vec<u8>,
     /// The destination's storage failed the session (disk full, quota,
     /// read-only): its temp files are not kept for a resume, whichever
     /// error ended the session first (the source closing its links after
@@ -338,7 +370,7 @@ impl FileTable {
             resume: false,
             journal_min: 0,
             dirty: std::sync::Mutex::new(Vec::new()),
-            name_bytes: 0,
+            names: Vec::new(),
             storage_failed: AtomicBool::new(false),
             settled_upto: std::sync::atomic::AtomicUsize::new(0),
             dirs: SinkDirs::default(),
@@ -359,12 +391,13 @@ impl FileTable {
         debug_assert_eq!(id as usize, self.by_id.len());
         match file {
             Some((rel, size, mode, mtime)) => {
-                self.name_bytes += rel.len() as u64;
                 self.by_id.push(self.files.len() as u32);
                 let dir = self.dirs.intern(split_parent(&rel).0);
+                let name = NameAt::new(self.names.len(), rel.len());
+                self.names.extend_from_slice(&rel);
                 self.files.push(SinkFile {
                     id,
-                    rel: rel.into_boxed_slice(),
+                    name,
                     size,
                     mode,
                     mtime,
@@ -372,16 +405,19 @@ impl FileTable {
                     written: AtomicU64::new(0),
                     digest: AtomicU64::new(0),
                     expected: AtomicU64::new(0),
-                    flags: AtomicU8::new(0),
+                    flags: AtomicU16::new(0),
                     fd: Mutex::new(None),
                     rare: Mutex::new(None),
-                    reused: AtomicU64::new(0),
-                    volume: std::sync::OnceLock::new(),
                     piece: None,
                 });
             }
             None => self.by_id.push(u32::MAX),
         }
+    }
+
+    /// File `f`'s final path relative to the sink root.
+    pub fn rel(&self, f: &SinkFile) -> &[u8] {
+        &self.names[f.name.range()]
     }
 
     pub fn get(&self, id: u64) -> Option<&SinkFile> {
@@ -416,11 +452,11 @@ impl FileTable {
     pub fn meta_bytes(&self) -> u64 {
         (self.files.capacity() * std::mem::size_of::<SinkFile>()
             + self.by_id.capacity() * std::mem::size_of::<u32>()) as u64
-            + self.name_bytes
+            + self.names.capacity() as u64
     }
 
     fn tmp_name(&self, f: &SinkFile) -> Vec<u8> {
-        let (_, name) = split_parent(&f.rel);
+        let (_, name) = split_parent(self.rel(f));
         if f.is_device() {
             // Written in place: the journal names the device itself.
             return name.to_vec();
@@ -456,7 +492,8 @@ impl FileTable {
 
     /// The directory file `f` goes into.
     fn dir_of(&self, f: &SinkFile) -> std::io::Result<DirRef<'_>> {
-        self.dirs.get(&self.root, f.dir, split_parent(&f.rel).0)
+        self.dirs
+            .get(&self.root, f.dir, split_parent(self.rel(f)).0)
     }
 
     pub fn fail_id(&self, id: u64, reason: String) {

@@ -8,7 +8,10 @@ impl FileTable {
     /// (checked by the caller: `--write-devices`, large enough).
     pub fn set_device(&self, id: u64) {
         if let Some(f) = self.get(id) {
-            let _ = f.volume.set(Box::default());
+            if !f.is_device() {
+                f.rare(|r| r.volume = Some(Arc::default()));
+                f.flags.fetch_or(DEVICE, Ordering::AcqRel);
+            }
         }
     }
 
@@ -28,7 +31,7 @@ impl FileTable {
         if end > f.size {
             return Err(WriteError::Protocol(format!(
                 "data past the end of {} ({end} > {})",
-                crate::types::error::show(&f.rel),
+                crate::types::error::show(self.rel(f)),
                 f.size
             )));
         }
@@ -37,7 +40,7 @@ impl FileTable {
                 return Err(WriteError::Protocol(format!(
                     "data outside piece {} of {}",
                     p.index,
-                    crate::types::error::show(&f.rel)
+                    crate::types::error::show(self.rel(f))
                 )));
             }
         }
@@ -76,7 +79,7 @@ impl FileTable {
         if f.is_device() {
             return self.open_device(f);
         }
-        let (parent, _) = split_parent(&f.rel);
+        let (parent, _) = split_parent(self.rel(f));
         let dir = self.dir_of(f)?;
         let base = f.base();
         if base.is_none() && f.piece.is_none() {
@@ -116,7 +119,7 @@ impl FileTable {
         let sized = base.is_some() || f.size >= DIRECT_MIN || f.piece.is_some();
         let made = (|| {
             if base == Some(Base::Old) {
-                let old = self.root.open_read(&f.rel, false)?;
+                let old = self.root.open_read(self.rel(f), false)?;
                 crate::request::sync::copy_base(&old, &buffered, f.size)?;
             }
             if sized && f.piece.is_none() {
@@ -183,7 +186,7 @@ impl FileTable {
         let made = self
             .storage
             .hook
-            .check(IoOp::TmpFile, &f.rel, 0, 0)
+            .check(IoOp::TmpFile, self.rel(f), 0, 0)
             .and_then(|_| tmpfile::create(dir.fd(), f.mode));
         match made {
             Ok(buffered) => {
@@ -250,7 +253,7 @@ impl FileTable {
         let r = self
             .storage
             .hook
-            .check(IoOp::OpenDirect, &f.rel, 0, 0)
+            .check(IoOp::OpenDirect, self.rel(f), 0, 0)
             .and_then(|_| open());
         match r {
             Ok(d) => Ok(Some(d)),
@@ -291,10 +294,10 @@ impl FileTable {
     /// never truncated), with an O_DIRECT descriptor for the aligned part.
     pub(super) fn open_device(&self, f: &SinkFile) -> std::io::Result<SinkFd> {
         let fl = libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-        let buffered = File::from(self.root.openat(&f.rel, fl, 0)?);
+        let buffered = File::from(self.root.openat(self.rel(f), fl, 0)?);
         let direct = if self.storage.write_direct(f.size) {
             self.root
-                .openat(&f.rel, fl | libc::O_DIRECT, 0)
+                .openat(self.rel(f), fl | libc::O_DIRECT, 0)
                 .ok()
                 .map(File::from)
         } else {

@@ -11,6 +11,10 @@ impl FileTable {
         let Some(&i) = self.by_id.get(id as usize) else {
             return;
         };
+        let rel = match self.files.get(i as usize) {
+            Some(f) => self.rel(f).to_vec(),
+            None => return,
+        };
         let Some(f) = self.files.get_mut(i as usize) else {
             return;
         };
@@ -25,7 +29,7 @@ impl FileTable {
                 len,
                 index,
                 count: f.size.div_ceil(piece) as u32,
-                names: bigfile::Names::new(&f.rel, f.size, f.mtime, piece),
+                names: bigfile::Names::new(&rel, f.size, f.mtime, piece),
                 finished: AtomicBool::new(false),
             }));
         }
@@ -80,7 +84,7 @@ impl FileTable {
         if !bigfile::all_done(dir.fd(), &p.names, p.count) {
             return Ok(());
         }
-        let (_, name) = split_parent(&f.rel);
+        let (_, name) = split_parent(self.rel(f));
         let (size, mode, mtime) = (f.size, f.mode, f.mtime);
         if bigfile::finish(dir.fd(), &p.names, name, size, mode, mtime, p.count)? {
             p.finished.store(true, Ordering::Release);

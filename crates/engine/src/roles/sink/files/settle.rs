@@ -17,7 +17,7 @@ impl FileTable {
     pub fn keep(&self, id: u64, apply_attrs: bool) {
         let Some(f) = self.get(id) else { return };
         if apply_attrs && !self.storage.null {
-            if let Err(e) = self.root.set_dir_attrs(&f.rel, f.mode, f.mtime) {
+            if let Err(e) = self.root.set_dir_attrs(self.rel(f), f.mode, f.mtime) {
                 self.fail(f, format!("attributes: {e}"));
                 return;
             }
@@ -37,7 +37,7 @@ impl FileTable {
         if bytes > f.size || !f.has_base() {
             return Err(WriteError::Protocol(format!(
                 "reuse of {} without a base the sink offered",
-                crate::types::error::show(&f.rel)
+                crate::types::error::show(self.rel(f))
             )));
         }
         if bytes == 0 {
@@ -51,7 +51,7 @@ impl FileTable {
         if self.prepare(&seg)?.is_none() {
             return Ok(());
         }
-        f.reused.fetch_add(bytes, Ordering::AcqRel);
+        f.rare(|r| r.reused += bytes);
         if self.resume && f.size >= self.journal_min {
             // Reused blocks count as written for the journal too.
             let bs = crate::request::sync::delta_block(f.size) as u64;
@@ -71,7 +71,7 @@ impl FileTable {
         self.files
             .iter()
             .filter(|f| f.flags.load(Ordering::Acquire) & (FINAL | KEPT) == FINAL)
-            .map(|f| f.want() - f.reused.load(Ordering::Acquire).min(f.want()))
+            .map(|f| f.want() - f.reused().min(f.want()))
             .sum()
     }
 
@@ -80,7 +80,7 @@ impl FileTable {
         self.files
             .iter()
             .filter(|f| f.flags.load(Ordering::Acquire) & (FINAL | KEPT) == FINAL)
-            .filter(|f| f.size == 0 || f.reused.load(Ordering::Acquire) < f.size)
+            .filter(|f| f.size == 0 || f.reused() < f.size)
             // A big file counts once, at the sink that placed it.
             .filter(|f| {
                 f.piece
@@ -145,7 +145,7 @@ impl FileTable {
             written
         });
         Some(crate::roles::sink::journal::PartRec {
-            dest: f.rel.to_vec(),
+            dest: self.rel(f).to_vec(),
             size: f.size,
             mtime: f.mtime,
             part: self.tmp_name(f),
@@ -164,8 +164,8 @@ impl FileTable {
         self.files
             .iter()
             .filter(|f| f.flags.load(Ordering::Acquire) & FINAL != 0 && f.piece.is_none())
-            .filter(|f| held.contains(&f.rel[..]))
-            .map(|f| &f.rel[..])
+            .filter(|f| held.contains(self.rel(f)))
+            .map(|f| self.rel(f))
             .collect()
     }
 
@@ -247,9 +247,9 @@ impl FileTable {
             self.place_piece(f, p);
             return;
         }
-        if let Some(log) = f.volume.get() {
+        if let Some(log) = f.volume() {
             // In place: nothing to rename; read back what was written.
-            match self.verify_device(f, log) {
+            match self.verify_device(f, &log) {
                 Ok(()) => {
                     f.flags.fetch_or(FINAL, Ordering::AcqRel);
                     self.stats.files.fetch_add(1, Ordering::Relaxed);
@@ -258,7 +258,7 @@ impl FileTable {
             }
             return;
         }
-        let (_, name) = split_parent(&f.rel);
+        let (_, name) = split_parent(self.rel(f));
         let fd = self.take_fd(f);
         let placed = self.dir_of(f).and_then(|dir| match &fd {
             Some(fd) if fd.anon => self.link_anon(f, fd, &dir, name),
@@ -287,10 +287,10 @@ impl FileTable {
     /// their segment hashes with the source's digest (without checksums
     /// there is no digest to compare: fsync only).
     pub(super) fn verify_device(&self, f: &SinkFile, log: &VolumeLog) -> Result<(), String> {
-        crate::storage::volume::corrupt_fault(&self.root, &f.rel);
+        crate::storage::volume::corrupt_fault(&self.root, self.rel(f));
         let dev = self
             .root
-            .open_read(&f.rel, false)
+            .open_read(self.rel(f), false)
             .map_err(|e| format!("cannot reopen device to verify: {e}"))?;
         if !self.checksum {
             return dev.sync_all().map_err(|e| format!("fsync: {e}"));
@@ -384,7 +384,7 @@ impl FileTable {
                     let _ = crate::storage::fsops::unlink_in(dir.fd(), &self.tmp_name(f));
                 }
             }
-            out.push((f.rel.to_vec(), f.reason()));
+            out.push((self.rel(f).to_vec(), f.reason()));
         }
         out
     }

@@ -7,7 +7,7 @@ use crate::storage::fsops::Confinement;
 fn file_slot_stays_small() {
     let n = std::mem::size_of::<SinkFile>();
     eprintln!("SinkFile: {n} bytes");
-    assert!(n <= 160, "SinkFile grew to {n} bytes");
+    assert!(n <= 120, "SinkFile grew to {n} bytes");
 }
 
 #[test]

@@ -55,7 +55,7 @@ impl FileTable {
         let len = seg.span();
         self.storage
             .hook
-            .check(IoOp::Write, &f.rel, seg.offset, len as usize)?;
+            .check(IoOp::Write, self.rel(f), seg.offset, len as usize)?;
         let Some(bridge) = &self.storage.local else {
             return Err(std::io::Error::other(
                 "local-copy segment from a peer in another process",
@@ -92,7 +92,7 @@ impl FileTable {
         }
         self.storage
             .hook
-            .check(IoOp::Write, &f.rel, seg.offset, seg.span() as usize)?;
+            .check(IoOp::Write, self.rel(f), seg.offset, seg.span() as usize)?;
         crate::storage::volume::zero_range(&fd.buffered, seg.offset, seg.span())
     }
 
@@ -106,7 +106,7 @@ impl FileTable {
     ) -> std::io::Result<()> {
         self.storage
             .hook
-            .check(IoOp::Write, &f.rel, off, data.len())?;
+            .check(IoOp::Write, self.rel(f), off, data.len())?;
         let mut done = 0;
         if fd.lane {
             // No lane on this path (the sync engine waits for each write).
@@ -148,7 +148,7 @@ impl FileTable {
             f.digest.fetch_add(hash, Ordering::AcqRel);
         }
         let span = seg.span();
-        if let Some(log) = f.volume.get() {
+        if let Some(log) = f.volume() {
             log.note(seg);
         }
         slow_write_fault();

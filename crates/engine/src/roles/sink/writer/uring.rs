@@ -225,7 +225,7 @@ fn queue_block(w: &WriterIo<'_>, ring: &mut Ring, q: &mut Queues, s: usize) {
         if let Err(e) = table
             .storage
             .hook
-            .check(IoOp::Write, &f.rel, seg.offset, len)
+            .check(IoOp::Write, table.rel(f), seg.offset, len)
         {
             if !w.check(table.write_failed(f, e)) {
                 break;
