@@ -12,8 +12,25 @@ use crate::storage::DeviceKind;
 pub struct ReadUnit {
     /// Index into the walk's file list.
     pub file: u32,
+    /// At most two read chunks (request::tasks::chunk_for): 16 bytes a
+    /// unit, one per small file (issue 36).
+    pub len: u32,
     pub offset: u64,
-    pub len: u64,
+}
+
+impl ReadUnit {
+    pub fn new(file: u32, offset: u64, len: u64) -> ReadUnit {
+        let len = u32::try_from(len).expect("a read unit is under 4 GiB");
+        ReadUnit { file, len, offset }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// The read queue of one storage device.

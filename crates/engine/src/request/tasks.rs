@@ -138,6 +138,7 @@ pub fn plan_probed(
             "read queue"
         );
         let chunk = chunk_for(kind, po.block_size);
+        q.units.reserve_exact(idx.len());
         for i in idx {
             let f = &files[i as usize];
             // A piece of a big file (issue 19) reads its range only.
@@ -147,19 +148,11 @@ pub fn plan_probed(
                 let mut off = start;
                 while off < end {
                     let len = chunk.min(end - off);
-                    q.units.push(ReadUnit {
-                        file: i,
-                        offset: off,
-                        len,
-                    });
+                    q.units.push(ReadUnit::new(i, off, len));
                     off += len;
                 }
             } else {
-                q.units.push(ReadUnit {
-                    file: i,
-                    offset: start,
-                    len: end - start,
-                });
+                q.units.push(ReadUnit::new(i, start, end - start));
             }
         }
         queues.push(q);
@@ -315,7 +308,7 @@ mod tests {
             .units
             .iter()
             .filter(|u| u.file == 2)
-            .map(|u| u.len)
+            .map(|u| u.len())
             .sum();
         assert_eq!(covered, 3 * chunk + 5);
         assert_eq!(qs[1].pop().unwrap().file, 3);

@@ -255,15 +255,15 @@ impl ReaderCtx {
             && size >= LOCAL_COPY_MIN
             && !self.files[u.file as usize].volume;
         if let Some(o) = open.filter(|_| !copy) {
-            self.storage.count(size, u.len, o.direct.is_some());
+            self.storage.count(size, u.len(), o.direct.is_some());
         }
         match open {
-            Some(o) if o.sparse => map_range(&o.file, u.offset, u.offset + u.len, out)
+            Some(o) if o.sparse => map_range(&o.file, u.offset, u.offset + u.len(), out)
                 .map_err(|e| format!("cannot map holes at offset {}: {e}", u.offset)),
             _ => {
                 out.push(Piece::Data {
                     off: u.offset,
-                    len: u.len,
+                    len: u.len(),
                 });
                 Ok(())
             }
@@ -439,7 +439,7 @@ impl ReaderCtx {
         let idx = u.file as usize;
         let f = &self.files[idx];
         let st = &self.state[idx];
-        if st.remaining.fetch_sub(u.len, Ordering::AcqRel) != u.len {
+        if st.remaining.fetch_sub(u.len(), Ordering::AcqRel) != u.len() {
             return;
         }
         if let (Some(fd), true) = (file, f.volume) {

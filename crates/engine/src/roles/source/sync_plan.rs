@@ -241,19 +241,15 @@ pub fn restrict(queues: &mut [DeviceQueue], p: &SyncPlan) {
                 Some(rs) => {
                     for &(o, l) in rs {
                         let s = o.max(u.offset);
-                        let e = (o + l).min(u.offset + u.len);
+                        let e = (o + l).min(u.offset + u.len());
                         if s < e {
-                            units.push(ReadUnit {
-                                file: u.file,
-                                offset: s,
-                                len: e - s,
-                            });
+                            units.push(ReadUnit::new(u.file, s, e - s));
                         }
                     }
                 }
             }
         }
-        q.bytes = units.iter().map(|u| u.len).sum();
+        q.bytes = units.iter().map(|u| u.len()).sum();
         q.units = units;
     }
 }
