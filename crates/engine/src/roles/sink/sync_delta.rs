@@ -38,7 +38,7 @@ pub struct SinkSync {
     /// messages are built batch by batch as they are sent.
     unchanged: Vec<(u64, u64)>,
     /// Every destination path the source sent (for --delete).
-    keep: HashSet<Vec<u8>>,
+    keep: super::delete::KeepSet,
     /// Destination directories the source sent that exist here.
     dirs: Vec<Vec<u8>>,
     /// Their wire paths (same order), what `protect` matches.
@@ -86,7 +86,7 @@ impl SinkSync {
             journal: None,
             checks: Vec::new(),
             unchanged: Vec::new(),
-            keep: HashSet::new(),
+            keep: Default::default(),
             dirs: Vec::new(),
             wires: Vec::new(),
             protect: None,
@@ -102,7 +102,7 @@ impl SinkSync {
     /// longer has (--delete) and stale temp files (resume).
     fn remember(&mut self, target: &[u8]) {
         if self.flags & (DELETE | RESUME) != 0 {
-            self.keep.insert(target.to_vec());
+            self.keep.insert(target);
         }
     }
 
@@ -120,6 +120,11 @@ impl SinkSync {
         crate::storage::fsops::lstat_at(std::os::fd::AsFd::as_fd(fd), name)
             .ok()
             .flatten()
+    }
+
+    /// Bytes its --delete set holds (the session's memory budget).
+    pub fn keep_bytes(&self) -> u64 {
+        self.keep.bytes() as u64
     }
 
     pub fn dry(&self) -> bool {

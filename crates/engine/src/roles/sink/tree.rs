@@ -180,8 +180,9 @@ impl Tree {
         }
         // Per batch: the budget bounds the table before it grows past it.
         let files = self.table.files().len() as u64;
+        let keep = self.sync.as_ref().map_or(0, |s| s.keep_bytes());
         (self.table.stats())
-            .meta_used(self.table.meta_bytes(), files, self.meta_budget)
+            .meta_used(self.table.meta_bytes() + keep, files, self.meta_budget)
             .map_err(EngineError::Local)
     }
 
