@@ -3,7 +3,8 @@
 docs/WATCH.md "Per-batch cost"): one 4 KiB file written every 150 ms, 40
 times, each its own batch with data; the median of the job's batch
 wall_s, and with --phases the median time of each step of the batch's
-session (RUST_LOG=ramsys::phase=debug: microseconds since its end started).
+session (RAMSYS_PHASES=1, crates/engine/src/types/phase.rs): milliseconds since
+the agent's push or the daemon's control connection started.
 
   python3 bench/watch_batch.py [--files 40] [--gap 0.15] [--phases]
 """
@@ -37,7 +38,7 @@ def main():
         os.makedirs(export)
         denv = dict(os.environ)
         if a.phases:
-            denv["RUST_LOG"] = "ramsys::phase=debug,error"
+            denv.update(RAMSYS_PHASES="1", RUST_LOG="ramsys::phase=info,error")
         derr = open(os.path.join(t, "derr"), "w")
         d = subprocess.Popen([RAMSYS, "serve", "--listen", "127.0.0.1:0", "--root", export,
                               "--key-file", key], stdout=subprocess.PIPE,
@@ -45,7 +46,7 @@ def main():
         addr = re.search(r"listening on (\S+)", d.stdout.readline()).group(1)
         env = dict(os.environ, RAMSYS_KEY_FILE=key)
         if a.phases:
-            env["RUST_LOG"] = "ramsys::phase=debug,error"
+            env.update(RAMSYS_PHASES="1", RUST_LOG="ramsys::phase=info,error")
         err = open(os.path.join(t, "err"), "w")
         w = subprocess.Popen([RAMSYS, "sync", "-r", "--watch", "--json",
                               "--watch-journal", os.path.join(t, "j.sqlite")]

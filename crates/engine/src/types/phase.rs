@@ -1,18 +1,20 @@
 //! Where a session's setup time goes (issue 38, docs/WATCH.md "Per-batch
-//! cost"): `RUST_LOG=ramsys::phase=debug` logs each step of a session
-//! with the microseconds since the agent's push or the daemon's control
+//! cost"): with `RAMSYS_PHASES=1` in the environment, each step of a
+//! session is logged (target `ramsys::phase`, level info) as `phase STEP
+//! MICROSECONDS` since the agent's push or the daemon's control
 //! connection started. The start is process-wide (the steps happen on
-//! several threads), so the figures are meaningful for one session at a
-//! time, as bench/watch_batch.py runs them. Off (one disabled-level check
-//! per mark) otherwise.
+//! several threads), so the figures mean something for one session at a
+//! time, as bench/watch_batch.py runs them. Without the variable a mark
+//! costs one load.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 static START: Mutex<Option<Instant>> = Mutex::new(None);
 
 fn on() -> bool {
-    tracing::enabled!(target: "ramsys::phase", tracing::Level::DEBUG)
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("RAMSYS_PHASES").is_some_and(|v| v == "1"))
 }
 
 /// A session starts now.
@@ -29,6 +31,6 @@ pub fn mark(step: &str) {
     }
     if let Some(t0) = *START.lock().unwrap_or_else(|p| p.into_inner()) {
         let us = t0.elapsed().as_micros();
-        tracing::debug!(target: "ramsys::phase", "phase {step} {us}");
+        tracing::info!(target: "ramsys::phase", "phase {step} {us}");
     }
 }
