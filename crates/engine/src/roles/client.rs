@@ -67,6 +67,7 @@ fn connect(
     EngineError,
 > {
     let ctl = dial(&*remote.transport, &remote.addr, remote.connect_timeout)?;
+    crate::types::phase::mark("connected");
     let rtt = ctl.rtt();
     let mut opts = opts.clone();
     let most = res.config.max_streams.clamp(1, u16::MAX as usize) as u16;
@@ -106,6 +107,7 @@ fn connect(
         opts.idle_timeout,
     );
     let s = remote.connect().handshake(ctl)?;
+    crate::types::phase::mark("challenge");
     if let (Some(c), Some(tcp)) = (&mut choice, s.peer_tcp) {
         let ends = path::Ends {
             local: here,
@@ -332,7 +334,9 @@ pub fn push(
     res: &EngineResources,
     stats: Arc<Stats>,
 ) -> Result<Report, EngineError> {
+    crate::types::phase::start();
     let mut o = open_session(remote, Role::Sink, vec![dest], opts, res)?;
+    crate::types::phase::mark("request_sent");
     let spec = SourceSpec {
         root,
         tops,
@@ -344,6 +348,8 @@ pub fn push(
         spec,
         SessionEnd::new(&mut o.links, &o.opts, res, stats),
     );
+    drop(o.links);
+    crate::types::phase::mark("closed");
     finish(r, o.choice, &key)
 }
 

@@ -573,9 +573,11 @@ fn serve_control(
     user: &str,
     path: bool,
 ) -> Result<(), EngineError> {
+    crate::types::phase::start();
     let Some(mut auth) = authenticate(sh, link, hello, user, path)? else {
         return Ok(());
     };
+    crate::types::phase::mark("sink_auth_checked");
     let (session, skey) = (auth.session, auth.key);
     // Removed again on every exit from here on.
     let (registered, rx) = register(sh, link, &auth)?;
@@ -615,6 +617,7 @@ fn serve_control(
     if sh.active.fetch_sub(1, Ordering::Relaxed) == 1 {
         *sh.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
     }
+    crate::types::phase::mark("sink_session_end");
     drop(registered);
     sh.state.close_session(session);
     match &r {

@@ -3,5 +3,6 @@
 
 pub mod error;
 pub mod file;
+pub mod phase;
 pub mod sendpath;
 pub mod stats;

@@ -86,8 +86,11 @@ pub fn run_sink(
         adm,
     };
     let (prop, dest) = s.negotiate()?;
+    crate::types::phase::mark("sink_propose");
     let grant = s.confirm(&prop, res)?;
+    crate::types::phase::mark("sink_confirm_sent");
     let tree = s.receive_metadata(&prop, dest)?;
+    crate::types::phase::mark("sink_metadata_in");
     let Tree {
         table,
         deferred,
@@ -100,9 +103,13 @@ pub fn run_sink(
         ..
     } = tree;
     let opened = s.sync_answer(&table, &mut sync, &prep_failures, links, grant.streams)?;
+    crate::types::phase::mark("sink_links_open");
     let mut data = pipeline::SinkPipeline::start(&mut s, grant, Arc::new(table), sync, opened)?;
+    crate::types::phase::mark("sink_payload_started");
     let result = data.run();
+    crate::types::phase::mark("sink_payload_done");
     let done = data.teardown(result)?;
+    crate::types::phase::mark("sink_torn_down");
     // The source's own failures count in this end's verdict: the report
     // names them; an I/O error among them (not just a vanished path)
     // makes sync's --delete delete nothing, as rsync's IOERR_GENERAL does.

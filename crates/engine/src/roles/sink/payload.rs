@@ -91,6 +91,7 @@ pub(super) fn on_control(
     ctl.machine.on_recv(&m)?;
     match m {
         Control::FilesDone(v) => {
+            crate::types::phase::mark("sink_digests_in");
             for (id, d) in v {
                 table.digest_known(id, d).map_err(write_error)?;
             }
@@ -101,7 +102,10 @@ pub(super) fn on_control(
                 s.on_reuse(table, v).map_err(write_error)?;
             }
         }
-        Control::EndOfData { .. } => *eod = true,
+        Control::EndOfData { .. } => {
+            crate::types::phase::mark("sink_eod_in");
+            *eod = true
+        }
         // The source's end broke first: close ours, so its receiver ends
         // and we can report what arrived.
         Control::LinkDown { stream, epoch } => {

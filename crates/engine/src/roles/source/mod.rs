@@ -71,19 +71,28 @@ pub fn run_source(
         adm,
     };
     let mut threads = s.negotiate()?;
+    crate::types::phase::mark("propose_sent");
     let (walk, kept) = s.stream_metadata()?;
+    crate::types::phase::mark("metadata_sent");
     let mut failures = walk.failures.clone();
     let confirmed = s.confirm(&mut threads.senders)?;
+    crate::types::phase::mark("confirm");
     // The sink's answer before its data links: a sink streams its Have
     // records before it takes the links, so a source that waited for the
     // links first would leave the answer unread, and past the socket
     // buffers both ends would wait for each other (a no-change sync of
     // 1 M files, issue 36).
     let plan = s.sync_answer(&walk, confirmed.block_size, &mut failures)?;
+    crate::types::phase::mark("sync_done");
     let opened = s.open_links(links, &confirmed)?;
+    crate::types::phase::mark("links_open");
     let mut data = payload::Payload::start(&mut s, threads, (walk, kept), plan, confirmed, opened)?;
+    crate::types::phase::mark("payload_started");
     let verdict = data.run();
-    data.finish(verdict, failures)
+    crate::types::phase::mark("complete");
+    let r = data.finish(verdict, failures);
+    crate::types::phase::mark("torn_down");
+    r
 }
 
 /// The source end of one session, between its phases.
@@ -229,6 +238,7 @@ impl SourceSession<'_> {
     fn confirm(&mut self, senders: &mut Reservation) -> Result<Confirmed, EngineError> {
         if let Some((addr, session)) = &self.spec.pending_auth {
             crate::session::finish_auth(&mut *self.ctl.link, addr, *session)?;
+            crate::types::phase::mark("auth_ok");
         }
         // A daemon sink may hold the task suspended until threads free up
         // (docs/DAEMON.md): wait as long as for an idle peer.

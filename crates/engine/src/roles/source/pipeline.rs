@@ -59,6 +59,7 @@ impl Pipeline {
 
     /// A reader finished file `id` with this digest.
     pub fn file_done(&mut self, id: u64, digest: u64) {
+        crate::types::phase::mark("file_read");
         self.files_done += 1;
         if self.done_batch.is_empty() {
             self.batch_since = Some(std::time::Instant::now());

@@ -309,6 +309,8 @@ pub struct FileTable {
     storage_failed: AtomicBool,
     /// Files before this index are all settled (never unsettle again).
     settled_upto: std::sync::atomic::AtomicUsize,
+    /// The counters reached the table's size once ([`Self::counted_all_first`]).
+    counted_all: AtomicBool,
     /// Destination directories, opened once.
     dirs: SinkDirs,
     /// O_TMPFILE works here (cleared at the first refusal).
@@ -373,6 +375,7 @@ impl FileTable {
             names: Vec::new(),
             storage_failed: AtomicBool::new(false),
             settled_upto: std::sync::atomic::AtomicUsize::new(0),
+            counted_all: AtomicBool::new(false),
             dirs: SinkDirs::default(),
             anon_ok: AtomicBool::new(tmpfile::enabled()),
             anon_open: AtomicUsize::new(0),

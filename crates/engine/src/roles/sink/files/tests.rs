@@ -28,6 +28,25 @@ fn all_settled_follows_files_settling_in_any_order() {
     assert_eq!(t.unsettled(), 0);
 }
 
+/// The writers' hint that the last file may have settled (the sink's
+/// loop looks for Settled at once, issue 38): given once, when files in
+/// place plus failed reach the table's size, never before.
+#[test]
+fn counted_all_is_hinted_once_when_the_counters_reach_the_table() {
+    let d = tempfile::tempdir().unwrap();
+    let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
+    let stats = Arc::new(Stats::default());
+    let mut t = FileTable::new(root, 1, false, false, stats.clone());
+    for id in 0..3u64 {
+        t.push_entry(id, Some((format!("f{id}").into_bytes(), 1, 0o644, (0, 0))));
+    }
+    stats.files.store(2, Ordering::Relaxed);
+    assert!(!t.counted_all_first(), "two of three files counted");
+    stats.failed.store(1, Ordering::Relaxed);
+    assert!(t.counted_all_first(), "two in place and one failed are all");
+    assert!(!t.counted_all_first(), "the hint is given once");
+}
+
 fn small_table(d: &std::path::Path, hook: crate::storage::Hook) -> FileTable {
     let root = Arc::new(Root::open(d, Confinement::Strict).unwrap());
     let mut cfg = StorageCfg::plain(false, crate::storage::IoEngine::Sync);

@@ -70,6 +70,9 @@ struct Events {
     /// Settled (docs/PROTOCOL.md): files finish on writer threads, so
     /// look often, and scan only after progress (payload::SettleWatch).
     settle_tick: Receiver<Instant>,
+    /// ...and at once when a writer saw the counters reach every file
+    /// (FileTable::counted_all_first).
+    settle_wake: Receiver<()>,
     /// Resume: the journal follows the written blocks (roles::sink::journal).
     journal_tick: Receiver<Instant>,
     control: Receiver<ControlEvent>,
@@ -298,6 +301,7 @@ impl<'s> SinkPipeline<'s> {
         let (returns, shutdown) = credit_returns(&o.links, batch, keys, most)?;
         let (recv_tx, recv_rx) = bounded::<Buf>(pool.count());
         let (wev_tx, wev_rx) = unbounded::<WriterEvent>();
+        let (wake_tx, wake_rx) = bounded::<()>(1);
         let (rev_tx, rev_rx) = unbounded::<ReceiverEvent>();
         let (rdone_tx, rdone_rx) = unbounded::<ReceiverDone>();
         let mut writer_jobs = Vec::new();
@@ -305,6 +309,7 @@ impl<'s> SinkPipeline<'s> {
         for i in 0..nw {
             let (t, rx, p) = (table.clone(), recv_rx.clone(), pool.clone());
             let (c, ev, a) = (returns.clone(), wev_tx.clone(), abort.clone());
+            let wake = wake_tx.clone();
             let gate = gate.clone().map(|g| (i, g));
             writer_jobs.push(writers.spawn(move || {
                 let w = WriterIo {
@@ -313,6 +318,7 @@ impl<'s> SinkPipeline<'s> {
                     pool: p,
                     credits: c,
                     events: ev,
+                    settle_wake: wake,
                     abort: a,
                     gate,
                 };
@@ -321,6 +327,7 @@ impl<'s> SinkPipeline<'s> {
         }
         drop(recv_rx);
         drop(wev_tx);
+        drop(wake_tx);
         let make = receiver_factory(
             (block_size as usize, checksum, keys),
             recv_tx,
@@ -359,6 +366,7 @@ impl<'s> SinkPipeline<'s> {
             events: Events {
                 check_tick: crossbeam_channel::tick(Duration::from_millis(250)),
                 settle_tick: crossbeam_channel::tick(Duration::from_millis(5)),
+                settle_wake: wake_rx,
                 journal_tick,
                 control,
                 receivers_done: rdone_rx,
@@ -397,6 +405,7 @@ impl<'s> SinkPipeline<'s> {
                 recv(self.streams.events) -> ev => self.on_link_event(ev),
                 // (After EndOfData it is too late: the source did not wait.)
                 recv(self.events.settle_tick) -> _ => self.on_settle_tick(),
+                recv(self.events.settle_wake) -> w => self.on_settle_wake(w),
                 recv(self.events.journal_tick) -> _ => self.on_journal_tick(),
                 recv(self.events.control) -> m => self.on_control(m),
                 recv(self.events.receivers_done) -> r => self.on_receiver_done(r),
@@ -463,8 +472,21 @@ impl<'s> SinkPipeline<'s> {
         let table = &self.table;
         if !self.progress.eod && self.progress.settle.look(progress, || table.all_settled()) {
             self.ctl.send(&Control::Settled)?;
+            crate::types::phase::mark("sink_settled_sent");
         }
         Ok(())
+    }
+
+    /// A writer saw the counters reach every file: look now. (Writers
+    /// gone: stop selecting on the disconnected channel.)
+    fn on_settle_wake(&mut self, w: Result<(), RecvError>) -> Step {
+        match w {
+            Ok(()) => self.on_settle_tick(),
+            Err(_) => {
+                self.events.settle_wake = never();
+                Ok(())
+            }
+        }
     }
 
     /// Resume: bring the journal up to the written blocks.
@@ -507,14 +529,21 @@ impl<'s> SinkPipeline<'s> {
                 self.growth = grown(m);
                 Ok(())
             }
-            Ok(Ok(m)) => payload::on_control(
-                m,
-                self.ctl,
-                &self.table,
-                &mut self.sync,
-                &mut self.streams,
-                &mut self.progress.eod,
-            ),
+            Ok(Ok(m)) => {
+                payload::on_control(
+                    m,
+                    self.ctl,
+                    &self.table,
+                    &mut self.sync,
+                    &mut self.streams,
+                    &mut self.progress.eod,
+                )?;
+                // A digest that came after its data settles the file here.
+                if self.table.counted_all_first() {
+                    self.on_settle_tick()?;
+                }
+                Ok(())
+            }
             Ok(Err(EngineError::PeerClosed)) | Ok(Err(EngineError::Io(_))) => Err(
                 EngineError::local("connection to the source lost mid-transfer"),
             ),

@@ -163,6 +163,8 @@ pub struct WriterIo<'a> {
     pub pool: Arc<BufferPool>,
     pub credits: Arc<Vec<CreditReturn>>,
     pub events: Sender<WriterEvent>,
+    /// Wakes the sink's loop to look for Settled now (bounded(1)).
+    pub settle_wake: Sender<()>,
     pub abort: Arc<AtomicBool>,
     /// This writer's index and its task's gate (a site share: writers
     /// past the limit park; site::share).
@@ -219,6 +221,9 @@ impl WriterIo<'_> {
         self.pool.put(buf);
         if let Some(c) = self.credits.get(stream) {
             c.freed_one();
+        }
+        if self.table.counted_all_first() {
+            let _ = self.settle_wake.try_send(());
         }
     }
 }

@@ -404,12 +404,14 @@ impl<'s> Payload<'s> {
         if self.progress.flush_due(self.events.readers.is_empty()) {
             let batch = std::mem::take(&mut self.progress.done_batch);
             self.ctl.send(&Control::FilesDone(batch))?;
+            crate::types::phase::mark("digests_sent");
         }
         if self.progress.eod_due(self.events.readers.is_empty()) {
             self.report_growth()?;
             let files = self.progress.files_done;
             let bytes = self.stats.bytes.load(Ordering::Relaxed);
             self.ctl.send(&Control::EndOfData { files, bytes })?;
+            crate::types::phase::mark("eod_sent");
         }
         // Re-queue what a lost link lost, once both halves are known.
         self.resends.requeue_ready(&mut self.senders.extra)?;
@@ -625,7 +627,10 @@ impl<'s> Payload<'s> {
     /// A reader thread ended.
     fn on_reader_done(&mut self, r: Result<(), RecvError>) -> Step {
         match r {
-            Ok(()) => self.progress.readers_left -= 1,
+            Ok(()) => {
+                crate::types::phase::mark("reader_done");
+                self.progress.readers_left -= 1
+            }
             Err(_) => self.events.readers_done = never(),
         }
         Ok(None)
@@ -709,7 +714,10 @@ impl<'s> Payload<'s> {
         self.ctl.admit(&m)?;
         match m {
             Control::Deleted(v) => self.facts.deleted.extend(v.iter().map(|p| show(p))),
-            Control::Settled => self.progress.settled = true,
+            Control::Settled => {
+                crate::types::phase::mark("settled_in");
+                self.progress.settled = true
+            }
             Control::Lost {
                 stream,
                 epoch,
