@@ -265,6 +265,50 @@ impl StreamKeys {
     }
 }
 
+/// What every writer thread shares (roles::sink::writer).
+struct WriterWiring {
+    table: Arc<FileTable>,
+    pool: Arc<BufferPool>,
+    credits: Arc<Vec<CreditReturn>>,
+    abort: Arc<AtomicBool>,
+    gate: Option<Arc<crate::daemon::site::share::ThreadGate>>,
+}
+
+impl WriterWiring {
+    /// Start `n` writers draining `rx`; they report on `events` and wake
+    /// the loop's settle check on `wake`.
+    fn spawn(
+        self,
+        writers: &mut ramsys_resources::Reservation,
+        n: usize,
+        rx: Receiver<Buf>,
+        events: Sender<WriterEvent>,
+        wake: Sender<()>,
+    ) -> Vec<JobHandle> {
+        (0..n)
+            .map(|i| {
+                let (t, rx, p) = (self.table.clone(), rx.clone(), self.pool.clone());
+                let (c, ev, a) = (self.credits.clone(), events.clone(), self.abort.clone());
+                let wake = wake.clone();
+                let gate = self.gate.clone().map(|g| (i, g));
+                writers.spawn(move || {
+                    let w = WriterIo {
+                        table: &t,
+                        lane: direct_lane(t.storage.lane_bytes, &p, n),
+                        pool: p,
+                        credits: c,
+                        events: ev,
+                        settle_wake: wake,
+                        abort: a,
+                        gate,
+                    };
+                    run_writer(w, rx)
+                })
+            })
+            .collect()
+    }
+}
+
 impl<'s> SinkPipeline<'s> {
     /// Start writers and receivers on the opened links, grant the first
     /// credits, start the control reader. The order is the contract:
@@ -304,30 +348,16 @@ impl<'s> SinkPipeline<'s> {
         let (wake_tx, wake_rx) = bounded::<()>(1);
         let (rev_tx, rev_rx) = unbounded::<ReceiverEvent>();
         let (rdone_tx, rdone_rx) = unbounded::<ReceiverDone>();
-        let mut writer_jobs = Vec::new();
         let nw = writer_count(s.opts.bulk_writers, &table, writers.len());
-        for i in 0..nw {
-            let (t, rx, p) = (table.clone(), recv_rx.clone(), pool.clone());
-            let (c, ev, a) = (returns.clone(), wev_tx.clone(), abort.clone());
-            let wake = wake_tx.clone();
-            let gate = gate.clone().map(|g| (i, g));
-            writer_jobs.push(writers.spawn(move || {
-                let w = WriterIo {
-                    table: &t,
-                    lane: direct_lane(t.storage.lane_bytes, &p, nw),
-                    pool: p,
-                    credits: c,
-                    events: ev,
-                    settle_wake: wake,
-                    abort: a,
-                    gate,
-                };
-                run_writer(w, rx)
-            }));
-        }
-        drop(recv_rx);
-        drop(wev_tx);
-        drop(wake_tx);
+        let wiring = WriterWiring {
+            table: table.clone(),
+            pool: pool.clone(),
+            credits: returns.clone(),
+            abort: abort.clone(),
+            gate,
+        };
+        // The channels' other ends are the writers' only: dropped here.
+        let writer_jobs = wiring.spawn(&mut writers, nw, recv_rx, wev_tx, wake_tx);
         let make = receiver_factory(
             (block_size as usize, checksum, keys),
             recv_tx,
