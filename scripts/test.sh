@@ -15,7 +15,14 @@ command -v cargo >/dev/null 2>&1 || export PATH="$HOME/.cargo/bin:$PATH"
 # benchmark smoke run below.
 # The WAN emulator first: tests/streams.rs runs a long path through it.
 cargo build --release -p wanem
-cargo test --workspace --release -- --test-threads 2
+log=$(mktemp)
+rc=0
+cargo test --workspace --release -- --test-threads 2 2>&1 | tee "$log" || rc=$?
+# One line for the whole suite (cargo prints one per test binary).
+awk '/^test result:/ {p += $4; f += $6; i += $8; n++}
+     END {printf "tests: %d passed, %d failed, %d ignored in %d test binaries\n", p, f, i, n}' "$log"
+rm -f "$log"
+[ "$rc" -eq 0 ] || exit "$rc"
 cargo build --release -p ramsys
 # The Debian package: build, dpkg -i, systemd-analyze verify, the daemon
 # started as its unit starts it, a transfer, dpkg --purge (~20 s).
