@@ -33,14 +33,47 @@ use crate::storage::{is_direct_refusal, policy_min, IoEngine, IoOp, StorageCfg, 
 use crate::types::file::SourceFile;
 use crate::types::stats::Stats;
 
-/// Progress of one source file across readers.
+/// Progress of one source file across readers: 16 bytes a file (issue 36).
 #[derive(Debug)]
 pub struct SrcFileState {
     /// Bytes still to read; the reader that takes it to zero reports it.
     pub remaining: AtomicU64,
     /// Sum of segment hashes read so far.
     pub digest: AtomicU64,
-    pub failed: AtomicBool,
+}
+
+/// Every file's [`SrcFileState`], and which files failed as a bitset (a
+/// bool beside the two counters padded each state to 24 bytes).
+#[derive(Debug)]
+pub struct FileStates {
+    each: Vec<SrcFileState>,
+    failed: Vec<AtomicU64>,
+}
+
+impl FileStates {
+    pub fn new(each: Vec<SrcFileState>) -> FileStates {
+        let failed = (0..each.len().div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect();
+        FileStates { each, failed }
+    }
+
+    /// Mark file `i` failed; true the first time only.
+    pub fn set_failed(&self, i: usize) -> bool {
+        let bit = 1u64 << (i % 64);
+        self.failed[i / 64].fetch_or(bit, Ordering::AcqRel) & bit == 0
+    }
+
+    pub fn is_failed(&self, i: usize) -> bool {
+        self.failed[i / 64].load(Ordering::Acquire) & (1u64 << (i % 64)) != 0
+    }
+}
+
+impl std::ops::Index<usize> for FileStates {
+    type Output = SrcFileState;
+    fn index(&self, i: usize) -> &SrcFileState {
+        &self.each[i]
+    }
 }
 
 /// What readers tell the source controller.
@@ -61,7 +94,7 @@ pub enum ReaderEvent {
 pub struct ReaderCtx {
     pub root: Arc<Root>,
     pub files: Arc<Vec<SourceFile>>,
-    pub state: Arc<Vec<SrcFileState>>,
+    pub state: Arc<FileStates>,
     pub queues: Arc<Vec<DeviceQueue>>,
     pub pool: Arc<BufferPool>,
     pub filled: Sender<Buf>,
@@ -128,8 +161,7 @@ impl ReaderCtx {
     }
 
     pub fn fail(&self, idx: usize, reason: String) {
-        let st = &self.state[idx];
-        if !st.failed.swap(true, Ordering::AcqRel) {
+        if self.state.set_failed(idx) {
             let f = &self.files[idx];
             let _ = self.events.send(ReaderEvent::FileFailed {
                 id: f.id,
@@ -140,7 +172,7 @@ impl ReaderCtx {
     }
 
     pub fn is_failed(&self, idx: usize) -> bool {
-        self.state[idx].failed.load(Ordering::Acquire)
+        self.state.is_failed(idx)
     }
 
     /// Does a data piece of file `idx` at `off` go (its whole pages) to
@@ -474,7 +506,7 @@ impl ReaderCtx {
                 }
             }
         }
-        if !st.failed.load(Ordering::Acquire) {
+        if !self.state.is_failed(idx) {
             let _ = self.events.send(ReaderEvent::FileDone {
                 id: f.id,
                 digest: st.digest.load(Ordering::Acquire),
@@ -694,4 +726,29 @@ fn read_data(
         }
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_fails_once_and_its_neighbours_do_not() {
+        let each = (0..130)
+            .map(|_| SrcFileState {
+                remaining: AtomicU64::new(1),
+                digest: AtomicU64::new(0),
+            })
+            .collect();
+        let st = FileStates::new(each);
+        assert_eq!(std::mem::size_of::<SrcFileState>(), 16);
+        for i in [0, 63, 64, 129] {
+            assert!(!st.is_failed(i));
+            assert!(st.set_failed(i), "first failure of {i} is reported");
+            assert!(!st.set_failed(i), "a second one is not");
+            assert!(st.is_failed(i));
+        }
+        let failed: Vec<usize> = (0..130).filter(|&i| st.is_failed(i)).collect();
+        assert_eq!(failed, vec![0, 63, 64, 129]);
+    }
 }

@@ -20,7 +20,7 @@ use super::pipeline::{self, LostLinks, Pipeline};
 use super::{Confirmed, Ctl, Opened, SourceSession, Threads};
 use crate::data::inline::InlineLinks;
 use crate::data::queue::DeviceQueue;
-use crate::data::reader::{run_reader, ReaderCtx, ReaderEvent, SrcFileState};
+use crate::data::reader::{run_reader, FileStates, ReaderCtx, ReaderEvent, SrcFileState};
 use crate::data::reread::Rereader;
 use crate::data::resources::ShareGuard;
 use crate::data::sender::{run_sender, LinkDone, StreamOut};

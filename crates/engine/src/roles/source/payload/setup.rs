@@ -230,13 +230,12 @@ pub(super) fn spawn_readers(
 }
 
 /// Each file's bytes still to read (a sync reads only what differs).
-pub(super) fn file_states(files: &[SourceFile], plan: Option<&SyncPlan>) -> Arc<Vec<SrcFileState>> {
+pub(super) fn file_states(files: &[SourceFile], plan: Option<&SyncPlan>) -> Arc<FileStates> {
     let states = files.iter().enumerate().map(|(i, f)| SrcFileState {
         remaining: AtomicU64::new(plan.map_or(f.len(), |p| p.bytes(i, f.len()))),
         digest: AtomicU64::new(0),
-        failed: AtomicBool::new(false),
     });
-    Arc::new(states.collect())
+    Arc::new(FileStates::new(states.collect()))
 }
 
 /// Files with nothing to read: empty ones, and delta files with no
