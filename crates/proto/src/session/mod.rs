@@ -52,6 +52,14 @@ impl Phase {
             Phase::Aborted => "aborted",
         }
     }
+
+    /// `m` does not belong in this phase (either machine's refusal).
+    pub(super) fn unexpected(self, m: &crate::control::Control) -> crate::ProtoError {
+        crate::ProtoError::Unexpected {
+            got: m.name(),
+            state: self.name(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -63,20 +63,13 @@ impl SinkMachine {
         self.entries.next_id
     }
 
-    fn unexpected(&self, m: &Control) -> ProtoError {
-        ProtoError::Unexpected {
-            got: m.name(),
-            state: self.phase.name(),
-        }
-    }
-
     pub fn on_send(&mut self, m: &Control) -> Result<(), ProtoError> {
         use Phase::*;
         self.phase = match (self.phase, m) {
             (_, Control::Abort { .. }) => Aborted,
             (Negotiate, Control::Confirm(c)) => {
                 let Some(p) = &self.proposed else {
-                    return Err(self.unexpected(m));
+                    return Err(self.phase.unexpected(m));
                 };
                 // The sink may lower what was proposed, never raise it.
                 if c.streams > p.streams || c.block_size > p.block_size || c.streams == 0 {
@@ -90,7 +83,7 @@ impl SinkMachine {
             (Payload, Control::StreamAdded { .. }) => Payload,
             (Completing, Control::Deleted(_)) if self.sync.is_some() => Completing,
             (Completing, Control::Complete(_)) => Done,
-            _ => return Err(self.unexpected(m)),
+            _ => return Err(self.phase.unexpected(m)),
         };
         Ok(())
     }
@@ -198,7 +191,7 @@ impl SinkMachine {
                 Payload
             }
             (Payload, Control::EndOfData { .. }) => Completing,
-            _ => return Err(self.unexpected(m)),
+            _ => return Err(self.phase.unexpected(m)),
         };
         Ok(())
     }

@@ -45,13 +45,6 @@ impl SourceMachine {
         self.phase
     }
 
-    fn unexpected(&self, m: &Control) -> ProtoError {
-        ProtoError::Unexpected {
-            got: m.name(),
-            state: self.phase.name(),
-        }
-    }
-
     /// Validate a message this end is about to send.
     pub fn on_send(&mut self, m: &Control) -> Result<(), ProtoError> {
         use Phase::*;
@@ -99,7 +92,7 @@ impl SourceMachine {
                 Payload
             }
             (Payload, Control::EndOfData { .. }) => Completing,
-            _ => return Err(self.unexpected(m)),
+            _ => return Err(self.phase.unexpected(m)),
         };
         Ok(())
     }
@@ -133,7 +126,7 @@ impl SourceMachine {
             (Completing, Control::StreamAdded { .. }) => Completing,
             (Completing, Control::Deleted(_)) if self.sync => Completing,
             (Completing, Control::Complete(_)) => Done,
-            _ => return Err(self.unexpected(m)),
+            _ => return Err(self.phase.unexpected(m)),
         };
         Ok(())
     }

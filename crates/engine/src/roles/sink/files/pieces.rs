@@ -11,10 +11,7 @@ impl FileTable {
         let Some(&i) = self.by_id.get(id as usize) else {
             return;
         };
-        let rel = match self.files.get(i as usize) {
-            Some(f) => self.rel(f).to_vec(),
-            None => return,
-        };
+        // The slot and the name arena are separate fields: both borrowed.
         let Some(f) = self.files.get_mut(i as usize) else {
             return;
         };
@@ -29,7 +26,7 @@ impl FileTable {
                 len,
                 index,
                 count: f.size.div_ceil(piece) as u32,
-                names: bigfile::Names::new(&rel, f.size, f.mtime, piece),
+                names: bigfile::Names::new(&self.names[f.name.range()], f.size, f.mtime, piece),
                 finished: AtomicBool::new(false),
             }));
         }
