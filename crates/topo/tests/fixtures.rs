@@ -5,30 +5,10 @@
 use ramsys_topo::placement::{FakePlacer, PlacerCall};
 use ramsys_topo::plan::{alloc_buffers, pin_for, storage_pool_size};
 use ramsys_topo::*;
-use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
-
-fn load(name: &str) -> Topology {
-    discover(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e:#}"))
-}
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
-
-fn dev<'a>(t: &'a Topology, name: &str) -> &'a BlockDevice {
-    t.device(name).unwrap_or_else(|| panic!("no device {name}"))
-}
-
-fn cpus_of(t: &Topology, node: u32) -> Vec<usize> {
-    t.node(node).unwrap().cpus.clone()
-}
+mod common;
+use common::{cpus_of, dev, ip, load};
 
 // ---- seed 004 Table 1: 2-socket front-end host ----
 

@@ -8,9 +8,11 @@ use ramsys_topo::plan::{alloc_buffers, pin_for};
 use ramsys_topo::*;
 use std::path::Path;
 
+mod common;
+
 #[test]
 fn discover_live_system() {
-    let t = discover(Path::new("/")).unwrap();
+    let t = common::live();
     assert!(!t.nodes.is_empty());
     let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
     assert_eq!(t.all_cpus(), parse_cpulist(&online).unwrap());
@@ -36,13 +38,13 @@ fn discover_live_system() {
 
 #[test]
 fn pin_alloc_verify_on_node0() {
-    let t = discover(Path::new("/")).unwrap();
-    let node0 = t.node(0).expect("node 0").clone();
+    let t = common::live();
+    let cpus = common::cpus_of(&t, 0);
     std::thread::spawn(move || {
         // Pin to node 0's CPUs, as a reader or sender thread would.
-        pin_current_thread(&node0.cpus).unwrap();
-        assert_eq!(current_affinity(), node0.cpus);
-        assert!(node0.cpus.contains(&current_cpu().unwrap()));
+        pin_current_thread(&cpus).unwrap();
+        assert_eq!(current_affinity(), cpus);
+        assert!(cpus.contains(&current_cpu().unwrap()));
 
         for policy in [MemPolicy::Bind, MemPolicy::Preferred] {
             let bytes = 8 << 20;
@@ -78,7 +80,7 @@ fn pin_alloc_verify_on_node0() {
 
 #[test]
 fn plan_applied_for_real() {
-    let t = discover(Path::new("/")).unwrap();
+    let t = common::live();
     let root = t.device_for_local_path(Path::new("/")).cloned();
     let nic = t.nics.iter().find(|n| !n.is_virtual).cloned();
     // On this host, node 0 everywhere (forced), applied with the OS placer.

@@ -77,7 +77,32 @@ pub struct Failure {
     pub reason: String,
 }
 
+/// How many of the source's ScanFailed paths a sink keeps; past them one
+/// [`Failure::more_scan_failures`] line counts the rest (issue 36: a
+/// failing tree of millions of paths must not grow the sink).
+pub const SCAN_FAILURES_KEPT: usize = 10_000;
+
 impl Failure {
+    /// The sink's one line for the scan failures it did not keep.
+    pub fn more_scan_failures(n: u64) -> Failure {
+        Failure {
+            path: b"(more)".to_vec(),
+            reason: format!("{n} more source paths failed"),
+        }
+    }
+
+    /// Whether this is [`Failure::more_scan_failures`]'s line: the source,
+    /// which keeps every one of its scan failures, leaves that echo out of
+    /// its report. A failure of a real path named `(more)` has an OS
+    /// error as its reason, never this one.
+    pub fn counts_more_scan_failures(&self) -> bool {
+        self.path == b"(more)"
+            && self
+                .reason
+                .strip_suffix(" more source paths failed")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    }
+
     /// Whether a peer's failure, known only as text, is a vanished path
     /// (ENOENT: rsync's IOERR_VANISHED, which does not stop --delete).
     /// The one place a failure's reason is read back as a kind: an end

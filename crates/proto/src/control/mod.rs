@@ -35,7 +35,7 @@ mod watch;
 
 pub use codec::entry_wire_size;
 pub use delta::{Have, HaveState, Reuse, ReuseKind};
-pub use meta::{Complete, Entry, EntryKind, Failure, MAX_PIECES};
+pub use meta::{Complete, Entry, EntryKind, Failure, MAX_PIECES, SCAN_FAILURES_KEPT};
 pub use open::{Confirm, Open, Propose, Role, Selection};
 pub use relay::{Relay, RelayReport, Share};
 pub use transport::{GrowStage, RawIface, StageLinks, TcpBuffers};

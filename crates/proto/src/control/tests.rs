@@ -384,3 +384,24 @@ fn a_failure_reason_says_vanished_only_for_enoent() {
     assert!(!f(format!("cannot read directory: {eacces}")).reason_says_vanished());
     assert!(!f("(os error 2) was said once, then it failed".into()).reason_says_vanished());
 }
+
+#[test]
+fn more_scan_failures_line_is_recognized_and_only_it() {
+    let more = Failure::more_scan_failures(42);
+    assert!(more.counts_more_scan_failures());
+    let real = Failure {
+        path: b"(more)".to_vec(),
+        reason: "Permission denied (os error 13)".into(),
+    };
+    assert!(!real.counts_more_scan_failures());
+    let other = Failure {
+        path: b"x".to_vec(),
+        reason: more.reason.clone(),
+    };
+    assert!(!other.counts_more_scan_failures());
+    let bare = Failure {
+        path: b"(more)".to_vec(),
+        reason: " more source paths failed".into(),
+    };
+    assert!(!bare.counts_more_scan_failures());
+}

@@ -115,10 +115,7 @@ pub fn run_sink(
     // makes sync's --delete delete nothing, as rsync's IOERR_GENERAL does.
     let mut scan = scan_failures;
     if scan_failures_dropped > 0 {
-        scan.push(Failure {
-            path: b"(more)".to_vec(),
-            reason: format!("{scan_failures_dropped} more source paths failed"),
-        });
+        scan.push(Failure::more_scan_failures(scan_failures_dropped));
     }
     if scan_io_error {
         prep_failures.append(&mut scan);

@@ -20,9 +20,9 @@ use crate::storage::archive::apply::ArchiveSink;
 use crate::storage::fsops::Root;
 use crate::types::error::EngineError;
 
-/// Source failures a sink keeps to report (Control::ScanFailed); past it
-/// only a count.
-pub const MAX_SCAN_FAILURES: usize = 10_000;
+// Source failures a sink keeps to report (Control::ScanFailed); past it
+// only a count.
+pub use ramsys_proto::control::SCAN_FAILURES_KEPT as MAX_SCAN_FAILURES;
 
 /// (path, link target, mtime)
 type SymlinkRec = (Vec<u8>, Vec<u8>, (i64, u32));

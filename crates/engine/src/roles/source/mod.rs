@@ -394,24 +394,26 @@ fn send_meta_end(ctl: &mut Ctl, w: &Walk, root: &Root) -> Result<(), EngineError
 /// (Control::ScanFailed), named relative to the source root: a daemon's
 /// paths mean nothing to its client. Batched as Entries are.
 fn send_scan_failures(ctl: &mut Ctl, failed: &[FailedPath], root: &str) -> Result<(), EngineError> {
-    // A daemon's root is stripped; "/" (an ssh source) keeps paths whole.
-    let root = root.trim_end_matches('/');
     let io_error = failed.iter().any(|f| !f.vanished);
-    let named = failed.iter().map(|f| {
-        let rel = match f.path.strip_prefix(root) {
-            Some(r) if !root.is_empty() => r.trim_start_matches('/'),
-            _ => &f.path,
-        };
-        Failure {
-            path: rel.as_bytes().to_vec(),
-            reason: f.reason.clone(),
-        }
+    let named = failed.iter().map(|f| Failure {
+        path: wire_path(root, &f.path).as_bytes().to_vec(),
+        reason: f.reason.clone(),
     });
     ctl.send_batched(
         named,
         |f| f.path.len() + f.reason.len() + 16,
         |failures| Control::ScanFailed { failures, io_error },
     )
+}
+
+/// A failed path as the sink names it: a daemon's root stripped; "/" (an
+/// ssh source) keeps paths whole.
+fn wire_path<'p>(root: &str, path: &'p str) -> &'p str {
+    let root = root.trim_end_matches('/');
+    match path.strip_prefix(root) {
+        Some(r) if !root.is_empty() => r.trim_start_matches('/'),
+        _ => path,
+    }
 }
 
 /// After a failed send: the reason the peer gave, if it sent one.

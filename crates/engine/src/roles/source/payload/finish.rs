@@ -2,6 +2,7 @@
 //! Complete, or the Abort that stops both ends, then one teardown.
 
 use super::*;
+use ramsys_proto::control::Failure;
 
 impl Payload<'_> {
     /// The session's end: the report on the sink's Complete, or on an
@@ -28,15 +29,8 @@ impl Payload<'_> {
     pub(super) fn report(&mut self, c: Complete, mut failed: Vec<FailedPath>) -> Report {
         let f = &mut self.facts;
         failed.append(&mut f.local_failed);
-        // The sink reports files the source failed too; keep one line each
-        // (this end's, which knows whether its path vanished). The rest
-        // are the sink's own, and each of those stopped its --delete.
-        for x in c.failures {
-            let p = show(&x.path);
-            if !failed.iter().any(|y| y.path.ends_with(&p)) {
-                failed.push(FailedPath::new(p, x.reason));
-            }
-        }
+        let sinks = sink_only_failures(&failed, c.failures);
+        failed.extend(sinks);
         let planned = f.plan.as_ref().map_or(Vec::new(), |p| {
             // Wire paths (entry ids index the entry list).
             p.planned
@@ -143,5 +137,80 @@ impl Payload<'_> {
         drop(kept);
         drop(pool);
         drop(share);
+    }
+}
+
+/// The sink's failures that are not echoes of this end's own: the sink
+/// reports files the source failed too; keep one line each (this end's,
+/// which knows whether its path vanished). The sink names a path from the
+/// source root, this end from where it reads: a line is an echo when one
+/// of ours ends with it at a `/`, looked up in a set of our paths'
+/// suffixes (10,000 scan failures echoed must not cost 10^8 comparisons).
+/// The sink's count of the scan failures it did not keep is an echo too:
+/// this end lists every one. The rest are the sink's own, and each of
+/// those stopped its --delete.
+fn sink_only_failures(ours: &[FailedPath], theirs: Vec<Failure>) -> Vec<FailedPath> {
+    let suffixes: std::collections::HashSet<&str> = ours
+        .iter()
+        .flat_map(|y| {
+            let p = y.path.as_str();
+            std::iter::once(p).chain(p.match_indices('/').map(move |(i, _)| &p[i + 1..]))
+        })
+        .collect();
+    theirs
+        .into_iter()
+        .filter(|x| !x.counts_more_scan_failures())
+        .map(|x| (show(&x.path), x.reason))
+        .filter(|(p, _)| !suffixes.contains(p.as_str()))
+        .map(|(p, reason)| FailedPath::new(p, reason))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(path: &str, reason: &str) -> Failure {
+        Failure {
+            path: path.as_bytes().to_vec(),
+            reason: reason.into(),
+        }
+    }
+
+    #[test]
+    fn echoes_of_our_failures_are_left_out() {
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let ours = vec![
+            FailedPath::io("/src/top/gone", io.to_string(), &io),
+            FailedPath::new("/src/top/d/bad", "Permission denied"),
+        ];
+        let theirs = vec![
+            failure("top/gone", "No such file or directory (os error 2)"),
+            failure("d/bad", "Permission denied"),
+            Failure::more_scan_failures(12),
+            // The sink's own: a file it could not write, and a real file
+            // named "(more)" whose reason is an OS error.
+            failure("top/full", "No space left on device (os error 28)"),
+            failure("(more)", "Permission denied (os error 13)"),
+            // A suffix that is not at a '/' is not an echo.
+            failure("one", "Input/output error (os error 5)"),
+        ];
+        let left: Vec<String> = sink_only_failures(&ours, theirs)
+            .into_iter()
+            .map(|f| f.path)
+            .collect();
+        assert_eq!(left, ["top/full", "(more)", "one"]);
+    }
+
+    #[test]
+    fn echo_filter_is_not_quadratic() {
+        let ours: Vec<FailedPath> = (0..20_000)
+            .map(|i| FailedPath::new(format!("/src/t/d{}/f{i}", i % 100), "x"))
+            .collect();
+        let theirs: Vec<Failure> = (0..20_000)
+            .map(|i| failure(&format!("t/d{}/f{i}", i % 100), "x"))
+            .chain([Failure::more_scan_failures(10_000)])
+            .collect();
+        assert!(sink_only_failures(&ours, theirs).is_empty());
     }
 }
