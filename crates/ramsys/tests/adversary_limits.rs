@@ -6,6 +6,10 @@
 //!
 //! Needs root for the symlink-owner case (CI runs as root); it skips with
 //! the reason printed otherwise.
+//!
+//! (Over 800 lines: every file under tests/ is a test binary of its own
+//! that links the whole engine, so one feature's tests stay in one file;
+//! shared helpers live in tests/common.)
 
 mod common;
 

@@ -23,6 +23,10 @@
 //! Needs root (an rsync daemon that can chroot and keep owners), rsync,
 //! cp and sshd (scripts/install-deps.sh); skips with the reason printed
 //! otherwise. The ssh modes are skipped where no sshd is installed.
+//!
+//! (Over 800 lines: every file under tests/ is a test binary of its own
+//! that links the whole engine, so one feature's tests stay in one file;
+//! shared helpers live in tests/common.)
 
 mod common;
 

@@ -5,6 +5,10 @@
 //! byte, a second sync moves nothing, a pair lost mid-way fails its share
 //! only and `--resume` finishes, and what B refuses a user directly it
 //! refuses through A.
+//!
+//! (Over 800 lines: every file under tests/ is a test binary of its own
+//! that links the whole engine, so one feature's tests stay in one file;
+//! shared helpers live in tests/common.)
 
 mod common;
 

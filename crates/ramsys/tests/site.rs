@@ -3,6 +3,10 @@
 //! injected through one daemon's /proc root shows at the others, a killed
 //! daemon goes stale while the rest carry on, and a lock whose holder dies
 //! frees itself when its lease runs out (its token is then fenced).
+//!
+//! (Over 800 lines: every file under tests/ is a test binary of its own
+//! that links the whole engine, so one feature's tests stay in one file;
+//! shared helpers live in tests/common.)
 
 mod common;
 

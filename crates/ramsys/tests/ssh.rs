@@ -4,6 +4,10 @@
 //! errors, the remote end's lifetime, and the one-time credential (never
 //! in argv or environments, never usable twice). The `ssh-serve` tests at
 //! the end run the remote end directly, without ssh.
+//!
+//! (Over 800 lines: every file under tests/ is a test binary of its own
+//! that links the whole engine, so one feature's tests stay in one file;
+//! shared helpers live in tests/common.)
 
 mod common;
 
