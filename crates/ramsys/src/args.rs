@@ -411,7 +411,7 @@ impl SelectArgs {
             rules: self.rules.clone(),
             min_size: self.min_size.unwrap_or(0),
             max_size: self.max_size.unwrap_or(0),
-            files,
+            files: files.into(),
             files_recursive: recursive,
         };
         Filter::new(&sel).map_err(|e| anyhow::anyhow!("filter rules: {e}"))?;

@@ -142,7 +142,7 @@ pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>,
         // when missing), not cp's (a missing DST becomes the copy, which
         // only the first session would see missing).
         opts.sync |= ramsys_engine::request::sync::flags::SYNC;
-        opts.select.files = paths;
+        opts.select.files = paths.into();
         opts.select.files_recursive = false;
         let (daemon, key, tops, dest) = (
             daemon.clone(),

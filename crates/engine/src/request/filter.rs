@@ -26,8 +26,6 @@
 //! The same filter protects excluded destination entries from sync's
 //! `--delete` (roles::sink::delete), as rsync's receiver does.
 
-use std::collections::HashSet;
-
 use ramsys_proto::control::Selection;
 
 use super::rules::{RuleSpec, Side};
@@ -45,55 +43,45 @@ pub struct Filter {
     pub pieces: Option<std::sync::Arc<super::pieces::Pieces>>,
 }
 
+/// `--files-from`, compiled: the listed paths and the directories above
+/// them, each a [`PathList`] (issue 36: a list of millions of lines costs
+/// its bytes and 4 more a path, where hash sets of `Vec<u8>` cost ~250 B
+/// a line across the three tables this replaced, at each end that
+/// compiles the selection).
 #[derive(Debug)]
 struct FilesFrom {
-    listed: HashSet<Vec<u8>>,
-    parents: HashSet<Vec<u8>>,
+    listed: PathList,
+    parents: PathList,
     recursive: bool,
-    /// The names in each parent directory that lead to a listed path: the
-    /// scan stats these instead of reading the whole directory (issue 38:
-    /// a replication batch costs what it lists, not what its directories
-    /// hold).
-    children: std::collections::HashMap<Vec<u8>, Vec<Vec<u8>>>,
 }
 
 impl FilesFrom {
-    fn new(files: &[Vec<u8>], recursive: bool) -> FilesFrom {
-        let mut listed = HashSet::new();
-        let mut parents = HashSet::new();
+    fn new(files: &[Vec<u8>], recursive: bool) -> Result<FilesFrom, String> {
+        // Every line normalized into one buffer; a parent is a prefix of
+        // a line there, so both lists start as spans of the same bytes.
+        let mut bytes = Vec::with_capacity(files.iter().map(Vec::len).sum());
+        let (mut listed, mut parents) = (Vec::with_capacity(files.len()), Vec::new());
         for f in files {
-            let p = normalize(f);
-            if p.is_empty() {
+            let start = bytes.len();
+            normalize_into(&mut bytes, f);
+            if bytes.len() == start {
                 continue;
             }
-            for (i, &b) in p.iter().enumerate() {
+            let end = u32::try_from(bytes.len())
+                .map_err(|_| "--files-from: the list is over 4 GiB".to_string())?;
+            let start = start as u32;
+            for (i, &b) in bytes[start as usize..].iter().enumerate() {
                 if b == b'/' {
-                    parents.insert(p[..i].to_vec());
+                    parents.push((start, start + i as u32));
                 }
             }
-            listed.insert(p);
+            listed.push((start, end));
         }
-        let mut children: std::collections::HashMap<Vec<u8>, Vec<Vec<u8>>> = Default::default();
-        for p in listed.iter().chain(&parents) {
-            let (dir, name) = match p.iter().rposition(|&b| b == b'/') {
-                Some(i) => (&p[..i], &p[i + 1..]),
-                None => (&b""[..], &p[..]),
-            };
-            children
-                .entry(dir.to_vec())
-                .or_default()
-                .push(name.to_vec());
-        }
-        for v in children.values_mut() {
-            v.sort();
-            v.dedup();
-        }
-        FilesFrom {
-            listed,
-            parents,
+        Ok(FilesFrom {
+            listed: PathList::new(&bytes, listed),
+            parents: PathList::new(&bytes, parents),
             recursive,
-            children,
-        }
+        })
     }
 
     fn selects(&self, path: &[u8]) -> bool {
@@ -107,16 +95,101 @@ impl FilesFrom {
                 .enumerate()
                 .any(|(i, &b)| b == b'/' && self.listed.contains(&path[..i]))
     }
+
+    /// The names directly in `dir` (a path from the root, "" the root)
+    /// that are listed or lead to a listed path, sorted. Paths beginning
+    /// with `dir/` are one run of each sorted list, so a call costs the
+    /// paths below `dir`, and a walk the list times its depth.
+    fn children(&self, dir: &[u8]) -> Vec<Vec<u8>> {
+        let mut prefix = dir.to_vec();
+        if !prefix.is_empty() {
+            prefix.push(b'/');
+        }
+        let mut names: Vec<Vec<u8>> = [&self.listed, &self.parents]
+            .into_iter()
+            .flat_map(|l| l.with_prefix(&prefix))
+            .map(|p| &p[prefix.len()..])
+            .filter(|name| !name.contains(&b'/'))
+            .map(<[u8]>::to_vec)
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
 }
 
-/// A `--files-from` line as a path from the transfer root: no leading
-/// `/` or `./`, no trailing `/`, no empty or `.` components.
-fn normalize(p: &[u8]) -> Vec<u8> {
-    let parts: Vec<&[u8]> = p
-        .split(|&b| b == b'/')
-        .filter(|c| !c.is_empty() && *c != b".")
-        .collect();
-    parts.join(&b'/')
+/// Paths sorted and deduplicated, back to back in one buffer, found by
+/// binary search: a path costs its bytes and a 4-byte end.
+#[derive(Debug, Default)]
+struct PathList {
+    bytes: Vec<u8>,
+    ends: Vec<u32>,
+}
+
+impl PathList {
+    /// The paths `spans` (start, end) of `from` names, sorted, once each.
+    fn new(from: &[u8], mut spans: Vec<(u32, u32)>) -> PathList {
+        let at = |&(s, e): &(u32, u32)| &from[s as usize..e as usize];
+        spans.sort_unstable_by(|x, y| at(x).cmp(at(y)));
+        spans.dedup_by(|x, y| at(x) == at(y));
+        let mut l = PathList {
+            bytes: Vec::with_capacity(spans.iter().map(|&(s, e)| (e - s) as usize).sum()),
+            ends: Vec::with_capacity(spans.len()),
+        };
+        for sp in &spans {
+            l.bytes.extend_from_slice(at(sp));
+            // Within u32: no longer than `from`, whose end was checked.
+            l.ends.push(l.bytes.len() as u32);
+        }
+        l
+    }
+
+    fn get(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.bytes[start..self.ends[i] as usize]
+    }
+
+    fn contains(&self, p: &[u8]) -> bool {
+        let i = self.first_not_below(p);
+        i < self.ends.len() && self.get(i) == p
+    }
+
+    /// The index of the first path not sorted below `p`.
+    fn first_not_below(&self, p: &[u8]) -> usize {
+        let (mut lo, mut hi) = (0, self.ends.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.get(mid) < p {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// The paths that begin with `prefix`, in order.
+    fn with_prefix<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = &'a [u8]> + 'a {
+        (self.first_not_below(prefix)..self.ends.len())
+            .map(|i| self.get(i))
+            .take_while(move |p| p.starts_with(prefix))
+    }
+}
+
+/// A `--files-from` line as a path from the transfer root, appended to
+/// `out`: no leading `/` or `./`, no trailing `/`, no empty or `.`
+/// components.
+fn normalize_into(out: &mut Vec<u8>, p: &[u8]) {
+    let start = out.len();
+    for c in p.split(|&b| b == b'/') {
+        if c.is_empty() || c == b"." {
+            continue;
+        }
+        if out.len() > start {
+            out.push(b'/');
+        }
+        out.extend_from_slice(c);
+    }
 }
 
 /// A compiled rule (rsync's `filter_rule` and its flags).
@@ -171,7 +244,11 @@ impl Filter {
             rules,
             min_size: sel.min_size,
             max_size: sel.max_size,
-            files: (!sel.files.is_empty()).then(|| FilesFrom::new(&sel.files, sel.files_recursive)),
+            files: if sel.files.is_empty() {
+                None
+            } else {
+                Some(FilesFrom::new(&sel.files, sel.files_recursive)?)
+            },
             pieces: None,
         })
     }
@@ -193,7 +270,7 @@ impl Filter {
         {
             return None;
         }
-        Some(f.children.get(dir).cloned().unwrap_or_default())
+        Some(f.children(dir))
     }
 
     pub fn is_all(&self) -> bool {
@@ -431,7 +508,7 @@ mod tests {
     #[test]
     fn files_from_selects_listed_paths_their_parents_and_with_r_their_contents() {
         let sel = |recursive| Selection {
-            files: vec![b"./a/b/c.txt".to_vec(), b"/d/".to_vec(), b"".to_vec()],
+            files: vec![b"./a/b/c.txt".to_vec(), b"/d/".to_vec(), b"".to_vec()].into(),
             files_recursive: recursive,
             ..Default::default()
         };
@@ -455,11 +532,62 @@ mod tests {
         assert!(out(&x, "d/x.tmp") && !out(&x, "d/x.dat"));
         // A path that climbs out is refused.
         let e = Filter::new(&Selection {
-            files: vec![b"a/../../etc/passwd".to_vec()],
+            files: vec![b"a/../../etc/passwd".to_vec()].into(),
             ..Default::default()
         })
         .unwrap_err();
         assert!(e.contains("leaves the source"), "{e}");
+    }
+
+    /// The compiled list against the plain definition (hash sets of every
+    /// listed path and every directory above one) on random lists.
+    #[test]
+    fn files_from_lists_agree_with_hash_sets() {
+        use proptest::prelude::*;
+        use std::collections::HashSet;
+        let comp = "[abc]{1,2}";
+        let line = proptest::collection::vec(comp, 1..4)
+            .prop_map(|c| c.join("/"))
+            .prop_map(|p| p.into_bytes());
+        let lines = proptest::collection::vec(line, 1..40);
+        let probe = proptest::collection::vec(comp, 0..4).prop_map(|c| c.join("/").into_bytes());
+        proptest!(|(files in lines, probes in proptest::collection::vec(probe, 1..20), rec: bool)| {
+            let f = FilesFrom::new(&files, rec).unwrap();
+            let listed: HashSet<Vec<u8>> = files.iter().cloned().collect();
+            let parents: HashSet<Vec<u8>> = files
+                .iter()
+                .flat_map(|p| {
+                    p.iter()
+                        .enumerate()
+                        .filter(|&(_, &b)| b == b'/')
+                        .map(|(i, _)| p[..i].to_vec())
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            for p in &probes {
+                let below = p
+                    .iter()
+                    .enumerate()
+                    .any(|(i, &b)| b == b'/' && listed.contains(&p[..i]));
+                let want = listed.contains(p) || parents.contains(p) || rec && below;
+                prop_assert_eq!(f.selects(p), want);
+                let mut kids: Vec<Vec<u8>> = listed
+                    .iter()
+                    .chain(&parents)
+                    .filter_map(|q| {
+                        let rest = if p.is_empty() {
+                            &q[..]
+                        } else {
+                            q.strip_prefix(&p[..])?.strip_prefix(b"/")?
+                        };
+                        (!rest.contains(&b'/')).then(|| rest.to_vec())
+                    })
+                    .collect();
+                kids.sort();
+                kids.dedup();
+                prop_assert_eq!(f.children(p), kids);
+            }
+        });
     }
 
     fn wire(rules: &[&str]) -> Filter {

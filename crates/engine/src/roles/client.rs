@@ -266,7 +266,10 @@ fn files_ahead(select: &mut Selection) -> Vec<Control> {
     }
     let mut out = Vec::new();
     let (mut chunk, mut bytes) = (Vec::new(), 0);
-    for f in std::mem::take(&mut select.files) {
+    // The options' copy of the list is shared: take it whole only when
+    // this is the last holder.
+    let files = std::mem::take(&mut select.files);
+    for f in std::sync::Arc::try_unwrap(files).unwrap_or_else(|shared| (*shared).clone()) {
         if bytes + size(&f) > FILES_CHUNK && !chunk.is_empty() {
             out.push(Control::SelectFiles {
                 files: std::mem::take(&mut chunk),

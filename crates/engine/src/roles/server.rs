@@ -593,8 +593,9 @@ fn serve_control(
     req.bwlimit = pre.bwlimit;
     req.grow = pre.grow;
     if !pre.files.is_empty() {
-        let own = std::mem::replace(&mut req.select.files, std::mem::take(&mut pre.files));
-        req.select.files.extend(own);
+        let mut all = std::mem::take(&mut pre.files);
+        all.extend(req.select.files.iter().cloned());
+        req.select.files = all.into();
     }
     req.grown_links = path;
     if !authorize(sh, link, &auth.grant, &req.open) {

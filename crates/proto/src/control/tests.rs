@@ -155,7 +155,7 @@ fn roundtrip_every_variant() {
                 rules: vec![b"+ *.c".to_vec(), b"- /build/".to_vec()],
                 min_size: 1,
                 max_size: 1 << 30,
-                files: vec![b"a/b".to_vec()],
+                files: vec![b"a/b".to_vec()].into(),
                 files_recursive: true,
             },
         },

@@ -221,7 +221,7 @@ fn prepare(
         let mine = shares::deal(files, others, &weights, align).swap_remove(usize::from(s.index));
         share = Some((mine.files, mine.bytes, listing));
         opts.pieces = mine.pieces();
-        opts.select.files = mine.paths;
+        opts.select.files = mine.paths.into();
         opts.select.files_recursive = false;
     }
     Ok((opts, tops, share))
