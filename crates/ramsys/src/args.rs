@@ -389,20 +389,16 @@ impl SelectArgs {
             "--max-size must be more than 0"
         );
         let files = match &self.files_from {
-            None => Vec::new(),
+            None => Default::default(),
             Some(f) => {
-                let text = if f.as_os_str() == "-" {
-                    std::io::read_to_string(std::io::stdin()).context("--files-from -")?
+                let read = |r: &mut dyn std::io::BufRead| read_list(r);
+                let v = if f.as_os_str() == "-" {
+                    read(&mut std::io::stdin().lock()).context("--files-from -")?
                 } else {
-                    std::fs::read_to_string(f)
+                    std::fs::File::open(f)
+                        .and_then(|file| read(&mut std::io::BufReader::new(file)))
                         .with_context(|| format!("--files-from {}", f.display()))?
                 };
-                let v: Vec<Vec<u8>> = text
-                    .lines()
-                    .map(|l| l.trim_end_matches('\r'))
-                    .filter(|l| !l.is_empty())
-                    .map(|l| l.as_bytes().to_vec())
-                    .collect();
                 anyhow::ensure!(!v.is_empty(), "--files-from {}: no paths", f.display());
                 v
             }
@@ -411,7 +407,7 @@ impl SelectArgs {
             rules: self.rules.clone(),
             min_size: self.min_size.unwrap_or(0),
             max_size: self.max_size.unwrap_or(0),
-            files: files.into(),
+            files,
             files_recursive: recursive,
         };
         Filter::new(&sel).map_err(|e| anyhow::anyhow!("filter rules: {e}"))?;
@@ -577,5 +573,40 @@ impl WatchArgs {
             mirror,
             ..Default::default()
         }
+    }
+}
+
+/// A `--files-from` list, a path a line (`\r\n` too, empty lines skipped),
+/// read line by line into one packed list (issue 36: millions of lines).
+/// Not UTF-8 is refused, as before: the list names paths as text.
+fn read_list(r: &mut dyn std::io::BufRead) -> std::io::Result<ramsys_proto::control::PathList> {
+    let mut list = ramsys_proto::control::PathList::default();
+    let mut line = Vec::new();
+    while r.read_until(b'\n', &mut line)? > 0 {
+        let l = line.strip_suffix(b"\n").unwrap_or(&line);
+        let l = l.strip_suffix(b"\r").unwrap_or(l);
+        std::str::from_utf8(l)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        if !l.is_empty() {
+            list.push(l)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+        }
+        line.clear();
+    }
+    list.shrink_to_fit();
+    Ok(list)
+}
+
+#[cfg(test)]
+mod list_tests {
+    use super::read_list;
+
+    #[test]
+    fn a_files_from_list_reads_a_path_a_line() {
+        let l = read_list(&mut &b"a/b\r\n\n./c\nlast"[..]).unwrap();
+        let got: Vec<&[u8]> = l.iter().collect();
+        assert_eq!(got, [&b"a/b"[..], b"./c", b"last"]);
+        assert!(read_list(&mut &b"ok\n\xff\n"[..]).is_err());
+        assert!(read_list(&mut &b"\n\r\n"[..]).unwrap().is_empty());
     }
 }

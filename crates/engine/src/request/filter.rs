@@ -26,7 +26,7 @@
 //! The same filter protects excluded destination entries from sync's
 //! `--delete` (roles::sink::delete), as rsync's receiver does.
 
-use ramsys_proto::control::Selection;
+use ramsys_proto::control::{PathList, Selection};
 
 use super::rules::{RuleSpec, Side};
 use super::wildmatch::{Pattern, Start};
@@ -44,24 +44,24 @@ pub struct Filter {
 }
 
 /// `--files-from`, compiled: the listed paths and the directories above
-/// them, each a [`PathList`] (issue 36: a list of millions of lines costs
+/// them, each a [`SortedPaths`] (issue 36: a list of millions of lines costs
 /// its bytes and 4 more a path, where hash sets of `Vec<u8>` cost ~250 B
 /// a line across the three tables this replaced, at each end that
 /// compiles the selection).
 #[derive(Debug)]
 struct FilesFrom {
-    listed: PathList,
-    parents: PathList,
+    listed: SortedPaths,
+    parents: SortedPaths,
     recursive: bool,
 }
 
 impl FilesFrom {
-    fn new(files: &[Vec<u8>], recursive: bool) -> Result<FilesFrom, String> {
+    fn new(files: &PathList, recursive: bool) -> Result<FilesFrom, String> {
         // Every line normalized into one buffer; a parent is a prefix of
         // a line there, so both lists start as spans of the same bytes.
-        let mut bytes = Vec::with_capacity(files.iter().map(Vec::len).sum());
+        let mut bytes = Vec::with_capacity(files.byte_len());
         let (mut listed, mut parents) = (Vec::with_capacity(files.len()), Vec::new());
-        for f in files {
+        for f in files.iter() {
             let start = bytes.len();
             normalize_into(&mut bytes, f);
             if bytes.len() == start {
@@ -78,8 +78,8 @@ impl FilesFrom {
             listed.push((start, end));
         }
         Ok(FilesFrom {
-            listed: PathList::new(&bytes, listed),
-            parents: PathList::new(&bytes, parents),
+            listed: SortedPaths::new(&bytes, listed),
+            parents: SortedPaths::new(&bytes, parents),
             recursive,
         })
     }
@@ -118,48 +118,36 @@ impl FilesFrom {
     }
 }
 
-/// Paths sorted and deduplicated, back to back in one buffer, found by
-/// binary search: a path costs its bytes and a 4-byte end.
+/// Paths sorted and deduplicated, packed ([`PathList`]: a path costs its
+/// bytes and a 4-byte end), found by binary search.
 #[derive(Debug, Default)]
-struct PathList {
-    bytes: Vec<u8>,
-    ends: Vec<u32>,
-}
+struct SortedPaths(PathList);
 
-impl PathList {
+impl SortedPaths {
     /// The paths `spans` (start, end) of `from` names, sorted, once each.
-    fn new(from: &[u8], mut spans: Vec<(u32, u32)>) -> PathList {
+    fn new(from: &[u8], mut spans: Vec<(u32, u32)>) -> SortedPaths {
         let at = |&(s, e): &(u32, u32)| &from[s as usize..e as usize];
         spans.sort_unstable_by(|x, y| at(x).cmp(at(y)));
         spans.dedup_by(|x, y| at(x) == at(y));
-        let mut l = PathList {
-            bytes: Vec::with_capacity(spans.iter().map(|&(s, e)| (e - s) as usize).sum()),
-            ends: Vec::with_capacity(spans.len()),
-        };
+        let mut l = PathList::default();
         for sp in &spans {
-            l.bytes.extend_from_slice(at(sp));
-            // Within u32: no longer than `from`, whose end was checked.
-            l.ends.push(l.bytes.len() as u32);
+            // Within 4 GiB: no longer than `from`, whose end was checked.
+            l.push(at(sp)).expect("checked");
         }
-        l
-    }
-
-    fn get(&self, i: usize) -> &[u8] {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        &self.bytes[start..self.ends[i] as usize]
+        SortedPaths(l)
     }
 
     fn contains(&self, p: &[u8]) -> bool {
         let i = self.first_not_below(p);
-        i < self.ends.len() && self.get(i) == p
+        i < self.0.len() && self.0.get(i) == p
     }
 
     /// The index of the first path not sorted below `p`.
     fn first_not_below(&self, p: &[u8]) -> usize {
-        let (mut lo, mut hi) = (0, self.ends.len());
+        let (mut lo, mut hi) = (0, self.0.len());
         while lo < hi {
             let mid = (lo + hi) / 2;
-            if self.get(mid) < p {
+            if self.0.get(mid) < p {
                 lo = mid + 1;
             } else {
                 hi = mid;
@@ -170,8 +158,8 @@ impl PathList {
 
     /// The paths that begin with `prefix`, in order.
     fn with_prefix<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = &'a [u8]> + 'a {
-        (self.first_not_below(prefix)..self.ends.len())
-            .map(|i| self.get(i))
+        (self.first_not_below(prefix)..self.0.len())
+            .map(|i| self.0.get(i))
             .take_while(move |p| p.starts_with(prefix))
     }
 }
@@ -552,7 +540,7 @@ mod tests {
         let lines = proptest::collection::vec(line, 1..40);
         let probe = proptest::collection::vec(comp, 0..4).prop_map(|c| c.join("/").into_bytes());
         proptest!(|(files in lines, probes in proptest::collection::vec(probe, 1..20), rec: bool)| {
-            let f = FilesFrom::new(&files, rec).unwrap();
+            let f = FilesFrom::new(&files.clone().into(), rec).unwrap();
             let listed: HashSet<Vec<u8>> = files.iter().cloned().collect();
             let parents: HashSet<Vec<u8>> = files
                 .iter()

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ramsys_proto::control::{Bytes32, Open, Role, Selection};
+use ramsys_proto::control::{Bytes32, Open, PathList, Role, Selection};
 use ramsys_proto::Control;
 
 use crate::data::resources::EngineResources;
@@ -234,10 +234,13 @@ fn open_session(
         Control::SelectOpen { select, .. } | Control::ArchiveOpen { select, .. } => {
             files_ahead(select)
         }
-        _ => Vec::new(),
+        _ => None,
     };
-    for m in preamble(server_role, &opts).iter().chain(&ahead) {
-        send_control(&mut *s.ctl, m)?;
+    for m in preamble(server_role, &opts) {
+        send_control(&mut *s.ctl, &m)?;
+    }
+    if let Some(files) = ahead {
+        send_files_ahead(&mut *s.ctl, &files)?;
     }
     send_control(&mut *s.ctl, &request)?;
     Ok(Opened {
@@ -256,31 +259,33 @@ const FILES_INLINE: usize = 256 << 10;
 /// Encoded bytes per SelectFiles chunk, well inside a control frame.
 const FILES_CHUNK: usize = 512 << 10;
 
-/// Take a long `--files-from` list out of `select` as SelectFiles chunks,
-/// in order (none when it fits in the request).
-fn files_ahead(select: &mut Selection) -> Vec<Control> {
-    // A path's length prefix is at most 3 bytes (paths < 2 MiB).
-    let size = |f: &Vec<u8>| f.len() + 3;
-    if select.files.iter().map(size).sum::<usize>() <= FILES_INLINE {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
+/// A path's size in a SelectFiles message: its length prefix is at most 3
+/// bytes (paths < 2 MiB).
+fn listed_size(f: &[u8]) -> usize {
+    f.len() + 3
+}
+
+/// Take a long `--files-from` list out of `select`, to go ahead of the
+/// request (None when it fits in the request).
+fn files_ahead(select: &mut Selection) -> Option<PathList> {
+    let total: usize = select.files.iter().map(listed_size).sum();
+    (total > FILES_INLINE).then(|| std::mem::take(&mut select.files))
+}
+
+/// Send `files` as SelectFiles chunks, in order, each built as it goes
+/// out: the list (shared with the options) is not copied whole.
+fn send_files_ahead(ctl: &mut dyn std::io::Write, files: &PathList) -> Result<(), EngineError> {
     let (mut chunk, mut bytes) = (Vec::new(), 0);
-    // The options' copy of the list is shared: take it whole only when
-    // this is the last holder.
-    let files = std::mem::take(&mut select.files);
-    for f in std::sync::Arc::try_unwrap(files).unwrap_or_else(|shared| (*shared).clone()) {
-        if bytes + size(&f) > FILES_CHUNK && !chunk.is_empty() {
-            out.push(Control::SelectFiles {
-                files: std::mem::take(&mut chunk),
-            });
+    for f in files.iter() {
+        if bytes + listed_size(f) > FILES_CHUNK && !chunk.is_empty() {
+            let files = std::mem::take(&mut chunk);
+            send_control(ctl, &Control::SelectFiles { files })?;
             bytes = 0;
         }
-        bytes += size(&f);
-        chunk.push(f);
+        bytes += listed_size(f);
+        chunk.push(f.to_vec());
     }
-    out.push(Control::SelectFiles { files: chunk });
-    out
+    send_control(ctl, &Control::SelectFiles { files: chunk })
 }
 
 /// What a client may send before its request, in the order the daemon

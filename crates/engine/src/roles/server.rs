@@ -594,8 +594,15 @@ fn serve_control(
     req.grow = pre.grow;
     if !pre.files.is_empty() {
         let mut all = std::mem::take(&mut pre.files);
-        all.extend(req.select.files.iter().cloned());
-        req.select.files = all.into();
+        if all.extend(&req.select.files).is_err() {
+            refuse(
+                link,
+                1,
+                "the --files-from list is over 4 GiB; split it".into(),
+            );
+            return Ok(());
+        }
+        req.select.files = all;
     }
     req.grown_links = path;
     if !authorize(sh, link, &auth.grant, &req.open) {

@@ -15,6 +15,7 @@
 //!   Complete).
 //! - `sync.rs`: the SyncOpen/SyncMode flag bits; `delta.rs`: what the sink
 //!   has and the source's verdict on it (Have, Reuse).
+//! - `paths.rs`: `--files-from`'s list, packed (PathList).
 //! - `relay.rs`: third-party transfers (Relay, Share, RelayReport).
 //! - `transport.rs`: what links and hosts report (TCP buffers, stream growth,
 //!   raw interfaces).
@@ -28,6 +29,7 @@ mod codec;
 mod delta;
 mod meta;
 mod open;
+mod paths;
 mod relay;
 pub mod sync;
 mod transport;
@@ -37,6 +39,7 @@ pub use codec::entry_wire_size;
 pub use delta::{Have, HaveState, Reuse, ReuseKind};
 pub use meta::{Complete, Entry, EntryKind, Failure, MAX_PIECES, SCAN_FAILURES_KEPT};
 pub use open::{Confirm, Open, Propose, Role, Selection};
+pub use paths::{PathList, PathListFull};
 pub use relay::{Relay, RelayReport, Share};
 pub use transport::{GrowStage, RawIface, StageLinks, TcpBuffers};
 pub use watch::{WatchOp, WatchResult, WATCH_VERSION};

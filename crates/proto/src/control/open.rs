@@ -77,11 +77,10 @@ pub struct Selection {
     pub rules: Vec<Vec<u8>>,
     pub min_size: u64,
     pub max_size: u64,
-    /// `--files-from`'s paths, shared: a session's options are cloned for
-    /// each end and each message that carries them, and a list of
-    /// millions of lines must not be copied with them (issue 36). The
-    /// encoding is the list's own (serde's `rc`).
-    pub files: std::sync::Arc<Vec<Vec<u8>>>,
+    /// `--files-from`'s paths, packed and shared: a session's options are
+    /// cloned for each end and each message that carries them, and a list
+    /// of millions of lines must not be copied with them (issue 36).
+    pub files: super::PathList,
     pub files_recursive: bool,
 }
 

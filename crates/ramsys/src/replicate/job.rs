@@ -486,8 +486,12 @@ impl Runner {
             if !b.files.iter().any(|(_, k)| *k == Kind::Mirror) {
                 opts.sync &= !ramsys_engine::request::sync::flags::DELETE;
             }
-            opts.select.files =
-                std::sync::Arc::new(b.files.iter().map(|(p, _)| self.wire(p)).collect());
+            opts.select.files = b
+                .files
+                .iter()
+                .map(|(p, _)| self.wire(p))
+                .collect::<Vec<_>>()
+                .into();
             // A listed directory is a tree that appeared: all of it goes.
             opts.select.files_recursive = true;
             // A small batch needs few links: their setup is its cost.

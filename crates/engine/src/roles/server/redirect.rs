@@ -5,6 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
+use ramsys_proto::control::PathList;
 use ramsys_proto::control::{Bytes32, Role};
 use ramsys_proto::Control;
 
@@ -29,7 +30,7 @@ pub(super) struct Preamble {
     /// A pull that lets this daemon's source add streams (issue 21).
     pub(super) grow: bool,
     /// A long `--files-from` list sent ahead of the request (SelectFiles).
-    pub(super) files: Vec<Vec<u8>>,
+    pub(super) files: PathList,
 }
 
 impl Preamble {
@@ -75,20 +76,21 @@ pub(super) fn preamble(
         Control::GrowStreams => (true, recv_control(&mut **link)?),
         first => (false, first),
     };
-    let (mut files, mut bytes) = (Vec::new(), 0u64);
+    let (mut files, mut bytes) = (PathList::default(), 0u64);
     while let Control::SelectFiles { files: chunk } = first {
-        // The list is held until the scan: it counts against the memory
-        // budget per session (serve --session-memory), so a user cannot
-        // grow the daemon with an endless one.
-        bytes += chunk.iter().map(|f| f.len() as u64 + 24).sum::<u64>();
-        files.extend(chunk);
+        // The list is held until the scan, packed (a path's bytes and 4
+        // more): it counts against the memory budget per session (serve
+        // --session-memory), so a user cannot grow the daemon with an
+        // endless one.
+        bytes += chunk.iter().map(|f| f.len() as u64 + 4).sum::<u64>();
+        let full = chunk.iter().try_for_each(|f| files.push(f)).is_err();
         let budget = sh.opts.meta_budget;
-        if budget > 0 && bytes > budget {
+        if full || budget > 0 && bytes > budget {
             let msg = format!(
                 "the --files-from list ({} paths so far) is larger than this daemon's memory \
                  budget per session ({}, serve --session-memory); split it",
                 files.len(),
-                ramsys_units::format_size(budget)
+                ramsys_units::format_size(budget.min(u32::MAX as u64))
             );
             refuse(link, 1, msg);
             return Ok(None);
