@@ -176,6 +176,50 @@ fn renames_move_no_bytes_and_deletes_arrive() {
     assert!(temp_files(&dst).is_empty());
 }
 
+/// Every batch with data runs as a session on the job's one watch channel
+/// (issue 38, docs/PROTOCOL.md "Kept sessions"): no connection per batch,
+/// plain and under --encrypt, with renames and deletes between them.
+#[test]
+fn many_batches_run_on_one_connection() {
+    for extra in [&[][..], &["--encrypt"][..]] {
+        let s = setup();
+        let d = TestDaemon::start(&s.export, &s.key);
+        // DST exists: the first full sync runs on the channel too.
+        std::fs::create_dir(s.export.join("m")).unwrap();
+        write(&s.src.join("a.txt"), b"first");
+        let src_arg = format!("{}/", s.src.display());
+        let mut args = extra.to_vec();
+        let url = d.url("m");
+        args.extend([src_arg.as_str(), url.as_str()]);
+        let w = Watch::start(&s.key, &s.journal, &args, &[]);
+        let mut lines = w.first_sync();
+        for i in 0..12 {
+            write(
+                &s.src.join(format!("d{}/f{i}", i % 3)),
+                &vec![i as u8; 5000],
+            );
+            if i == 6 {
+                std::fs::rename(s.src.join("d0"), s.src.join("d0-moved")).unwrap();
+                std::fs::remove_file(s.src.join("a.txt")).unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        wait_same(&s.src, &s.export.join("m"), Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(300));
+        lines.extend(w.drain());
+        let data: Vec<_> = lines
+            .iter()
+            .filter(|l| l["full"] == true || l["listed"].as_u64() > Some(0))
+            .collect();
+        assert!(data.len() >= 5, "{extra:?}: too few batches: {lines:?}");
+        for l in &data {
+            assert_eq!(l["ok"], true, "{extra:?}: {l}");
+            assert_eq!(l["kept"], true, "{extra:?}: not on the channel: {l}");
+            assert_eq!(l["channels"], 1, "{extra:?}: a second connection: {l}");
+        }
+    }
+}
+
 /// A file still being written is not sent until closed (or quiet).
 #[test]
 fn a_half_written_file_waits_for_its_close() {
@@ -289,6 +333,14 @@ fn killing_the_destination_daemon_loses_nothing() {
     assert!(
         lines.iter().any(|l| l["ok"] == false),
         "no batch failed while DST was down"
+    );
+    // The job opened a new channel to the restarted daemon and kept its
+    // sessions on it.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["kept"] == true && l["channels"].as_u64() >= Some(2)),
+        "no batch on a reopened channel: {lines:?}"
     );
 }
 
