@@ -105,7 +105,9 @@ struct Chooser {
     rtt: Option<Duration>,
     least: u16,
     most: u16,
-    here: path::TcpLimits,
+    /// This host's limits, read when first needed (a kept session's batch
+    /// with a fixed count never reads them).
+    here: std::cell::OnceCell<path::TcpLimits>,
     source: bool,
 }
 
@@ -125,7 +127,7 @@ impl Chooser {
             rtt,
             least: opts.streams,
             most: most.min(pool),
-            here: path::TcpLimits::read(std::path::Path::new("/")),
+            here: std::cell::OnceCell::new(),
             source,
         }
     }
@@ -134,8 +136,9 @@ impl Chooser {
     /// Both directions grow from the choice (transport::grow): a push's
     /// source is this agent, a pull's the daemon (Control::GrowStreams).
     fn choose(&self, daemon: Option<ramsys_proto::control::TcpBuffers>) -> path::StreamChoice {
+        let here = || path::TcpLimits::read(std::path::Path::new("/"));
         let ends = path::Ends {
-            local: self.here,
+            local: *self.here.get_or_init(here),
             remote: daemon.map(Into::into),
             local_sends: self.source,
         };
