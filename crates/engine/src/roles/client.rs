@@ -260,7 +260,9 @@ fn open_session(
         (c, _) => c,
     };
     seal_control(&mut s, control)?;
-    send_request(&mut *s.ctl, server_role, paths, &opts)?;
+    for m in request_msgs(server_role, paths, &opts) {
+        send_control(&mut *s.ctl, &m)?;
+    }
     Ok(Opened {
         s,
         links,
@@ -269,14 +271,9 @@ fn open_session(
     })
 }
 
-/// The request, all in one flight: what goes ahead of it (preamble, a
-/// long `--files-from` list), then the open.
-fn send_request(
-    ctl: &mut dyn crate::transport::Link,
-    server_role: Role,
-    paths: Vec<Vec<u8>>,
-    opts: &TransferOptions,
-) -> Result<(), EngineError> {
+/// The request, in order: what goes ahead of it (preamble, a long
+/// `--files-from` list), then the open.
+fn request_msgs(server_role: Role, paths: Vec<Vec<u8>>, opts: &TransferOptions) -> Vec<Control> {
     let mut request = open_msg(server_role, paths, opts);
     let ahead = match &mut request {
         Control::SelectOpen { select, .. } | Control::ArchiveOpen { select, .. } => {
@@ -284,10 +281,10 @@ fn send_request(
         }
         _ => Vec::new(),
     };
-    for m in preamble(server_role, opts).iter().chain(&ahead) {
-        send_control(&mut *ctl, m)?;
-    }
-    send_control(&mut *ctl, &request)
+    let mut out = preamble(server_role, opts);
+    out.extend(ahead);
+    out.push(request);
+    out
 }
 
 /// `--files-from` lists up to this size (encoded) ride in the request;
@@ -428,8 +425,11 @@ pub fn push_kept(
         ramsys_proto::auth::batch_session(&kept.session_key, batch),
         key,
     );
-    send_control(&mut *kept.ctl, &Control::WatchBatch { batch })?;
-    send_request(&mut *kept.ctl, Role::Sink, vec![dest], &opts)?;
+    // One write: the daemon wakes once for the whole request.
+    let mut msgs = vec![Control::WatchBatch { batch }];
+    msgs.extend(request_msgs(Role::Sink, vec![dest], &opts));
+    let msgs: Vec<&Control> = msgs.iter().collect();
+    crate::transport::wire::send_batch(&mut *kept.ctl, &[], &msgs)?;
     crate::types::phase::mark("request_sent");
     let spec = SourceSpec {
         root,

@@ -185,6 +185,22 @@ fn kept_sessions_under_encrypt() {
         };
         assert_eq!(c.apply(&[del]).unwrap(), vec![WatchResult::Missing]);
     }
+    // A batch as a mirror's (--delete) lists its files, and a list this
+    // long goes ahead of the open in SelectFiles chunks, all in the
+    // batch's one write on the sealed link.
+    files(&src.join("b4"), 10, 16 << 10, 104);
+    let mut listed: Vec<Vec<u8>> = (0..10)
+        .map(|i| format!("src/b4/d{}/f{i}", i % 7).into_bytes())
+        .collect();
+    listed.extend((0..30_000).map(|i| format!("src/gone/never-there-{i:08}").into_bytes()));
+    let mut o = o.clone();
+    o.sync = ramsys_proto::control::sync::SYNC | ramsys_proto::control::sync::DELETE;
+    o.select.files = listed;
+    o.select.files_recursive = true;
+    let stats = Arc::new(Stats::default());
+    let r = c.push(&remote, root, src_top(), b"m".to_vec(), &o, &res(), stats);
+    r.unwrap_or_else(|e| panic!("a long list: {e}"));
+    same_tree(&src.join("b4"), &dst.join("m/src/b4"));
     assert_eq!(hellos(&net), 1);
 }
 
