@@ -541,12 +541,13 @@ fn huge_length_prefix_is_rejected_cheaply() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
-    /// The watch channel's messages (issue 38) behind their own variant
-    /// indices, so the fuzzer reaches their fields; any of them round-trips.
+    /// The watch channel's messages (issue 38; WatchBatch, its kept
+    /// sessions) behind their own variant indices, so the fuzzer reaches
+    /// their fields; any of them round-trips.
     #[test]
     fn watch_messages_decode_or_fail(
         tail in proptest::collection::vec(any::<u8>(), 0..512),
-        which in 0usize..4,
+        which in 0usize..5,
         a in proptest::collection::vec(any::<u8>(), 0..64),
         b in proptest::collection::vec(any::<u8>(), 0..64),
         dir in any::<bool>(),
@@ -571,6 +572,7 @@ proptest! {
                 seq,
                 results: vec![WatchResult::Done, WatchResult::Missing, WatchResult::Failed(why)],
             },
+            Control::WatchBatch { batch: seq },
         ];
         let m = &ms[which];
         let idx = m.encode().unwrap()[0];

@@ -176,6 +176,52 @@ fn renames_move_no_bytes_and_deletes_arrive() {
     assert!(temp_files(&dst).is_empty());
 }
 
+/// Every batch with data runs as a session on the job's one watch channel
+/// (issue 38, docs/PROTOCOL.md "Kept sessions"): no connection per batch,
+/// plain and under --encrypt, with renames and deletes between them.
+#[test]
+fn many_batches_run_on_one_connection() {
+    for extra in [&[][..], &["--encrypt"][..]] {
+        let s = setup();
+        let d = TestDaemon::start(&s.export, &s.key);
+        // DST exists: the first full sync runs on the channel too.
+        std::fs::create_dir(s.export.join("m")).unwrap();
+        write(&s.src.join("a.txt"), b"first");
+        let src_arg = format!("{}/", s.src.display());
+        let mut args = extra.to_vec();
+        let url = d.url("m");
+        args.extend([src_arg.as_str(), url.as_str()]);
+        let w = Watch::start(&s.key, &s.journal, &args, &[]);
+        let mut lines = w.first_sync();
+        for i in 0..12 {
+            if i == 6 {
+                // Between batches (the last write went 150 ms ago): a
+                // rename racing the batch that reads its tree is the
+                // pending set's case, not this test's.
+                std::fs::rename(s.src.join("d0"), s.src.join("d0-moved")).unwrap();
+                std::fs::remove_file(s.src.join("a.txt")).unwrap();
+                std::thread::sleep(Duration::from_millis(150));
+            }
+            let f = s.src.join(format!("d{}/f{i}", i % 3));
+            write(&f, &vec![i as u8; 5000]);
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        wait_same(&s.src, &s.export.join("m"), Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(300));
+        lines.extend(w.drain());
+        let data: Vec<_> = lines
+            .iter()
+            .filter(|l| l["full"] == true || l["listed"].as_u64() > Some(0))
+            .collect();
+        assert!(data.len() >= 5, "{extra:?}: too few batches: {lines:?}");
+        for l in &data {
+            assert_eq!(l["ok"], true, "{extra:?}: {l}");
+            assert_eq!(l["kept"], true, "{extra:?}: not on the channel: {l}");
+            assert_eq!(l["channels"], 1, "{extra:?}: a second connection: {l}");
+        }
+    }
+}
+
 /// A file still being written is not sent until closed (or quiet).
 #[test]
 fn a_half_written_file_waits_for_its_close() {
@@ -285,10 +331,21 @@ fn killing_the_destination_daemon_loses_nothing() {
     std::thread::sleep(Duration::from_secs(1));
     let _d = start();
     wait_same(&s.src, &s.export.join("m"), Duration::from_secs(90));
-    let lines = w.drain();
+    // The job opened a new channel to the restarted daemon and kept its
+    // sessions on it (the batch's line follows its data at DST).
+    let reopened = |l: &serde_json::Value| l["kept"] == true && l["channels"].as_u64() >= Some(2);
+    let mut lines = w.drain();
+    let end = Instant::now() + Duration::from_secs(10);
+    while !lines.iter().any(reopened) && Instant::now() < end {
+        lines.extend(w.lines.recv_timeout(Duration::from_millis(200)));
+    }
     assert!(
         lines.iter().any(|l| l["ok"] == false),
         "no batch failed while DST was down"
+    );
+    assert!(
+        lines.iter().any(reopened),
+        "no batch on a reopened channel: {lines:?}"
     );
 }
 

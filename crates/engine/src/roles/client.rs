@@ -10,7 +10,7 @@ use ramsys_proto::Control;
 use crate::data::resources::EngineResources;
 use crate::request::walk::Top;
 use crate::roles::sink::{run_sink, SinkSpec};
-use crate::roles::source::{run_source, SourceSpec};
+use crate::roles::source::{run_source, run_source_kept, SourceSpec};
 use crate::roles::SessionEnd;
 use crate::session::options::TransferOptions;
 use crate::session::report::Report;
@@ -68,53 +68,19 @@ fn connect(
 > {
     let ctl = dial(&*remote.transport, &remote.addr, remote.connect_timeout)?;
     crate::types::phase::mark("connected");
-    let rtt = ctl.rtt();
     let mut opts = opts.clone();
-    let most = res.config.max_streams.clamp(1, u16::MAX as usize) as u16;
-    opts.streams = opts.streams.clamp(1, most);
-    let least = opts.streams;
-    let buffers = res.config.memory / res.config.buffer_size.max(1);
-    let pool = path::pool_max_streams(buffers, opts.readers, opts.window as usize, source);
-    // Both directions grow from the choice (transport::grow): a push's
-    // source is this agent, a pull's the daemon (Control::GrowStreams).
-    let choose = |ends| {
-        let mut c = path::choose(
-            rtt,
-            ends,
-            path::DEFAULT_TARGET_BYTES_S,
-            least,
-            most.min(pool),
-        );
-        c.start_low();
-        c
-    };
+    let chooser = Chooser::new(&mut opts, res, source, ctl.rtt());
     // First as if the daemon had this host's limits; corrected below once
     // its Challenge says (transport::path).
-    let here = path::TcpLimits::read(std::path::Path::new("/"));
-    let mut choice = opts
-        .auto_streams
-        .then(|| choose(path::Ends::here(here, source)));
+    let mut choice = opts.auto_streams.then(|| chooser.choose(None));
     if let Some(c) = &choice {
         opts.streams = c.streams;
     }
-    // Raw channels (transport::rawlink::Split): data links only.
-    let data = remote.transport.data_links();
-    let mut pre = PreLinks::start(
-        data.unwrap_or_else(|| remote.transport.clone()),
-        &remote.addr,
-        opts.streams,
-        remote.connect_timeout,
-        opts.idle_timeout,
-    );
+    let mut pre = pre_links(remote, &opts);
     let s = remote.connect().handshake(ctl)?;
     crate::types::phase::mark("challenge");
     if let (Some(c), Some(tcp)) = (&mut choice, s.peer_tcp) {
-        let ends = path::Ends {
-            local: here,
-            remote: Some(tcp.into()),
-            local_sends: source,
-        };
-        *c = choose(ends);
+        *c = chooser.choose(Some(tcp));
         if c.streams as usize != pre.len() {
             tracing::debug!(
                 "the daemon's TCP limits change the streams: {} -> {}",
@@ -132,10 +98,75 @@ fn connect(
     Ok((s, pre, opts, choice))
 }
 
+/// How many data links a session starts with (transport::path): from the
+/// control link's RTT and both hosts' TCP limits, between the count asked
+/// for and what this host's pools allow.
+struct Chooser {
+    rtt: Option<Duration>,
+    least: u16,
+    most: u16,
+    /// This host's limits, read when first needed (a kept session's batch
+    /// with a fixed count never reads them).
+    here: std::cell::OnceCell<path::TcpLimits>,
+    source: bool,
+}
+
+impl Chooser {
+    /// Clamps `opts.streams` to this host's limit on the way.
+    fn new(
+        opts: &mut TransferOptions,
+        res: &EngineResources,
+        source: bool,
+        rtt: Option<Duration>,
+    ) -> Chooser {
+        let most = res.config.max_streams.clamp(1, u16::MAX as usize) as u16;
+        opts.streams = opts.streams.clamp(1, most);
+        let buffers = res.config.memory / res.config.buffer_size.max(1);
+        let pool = path::pool_max_streams(buffers, opts.readers, opts.window as usize, source);
+        Chooser {
+            rtt,
+            least: opts.streams,
+            most: most.min(pool),
+            here: std::cell::OnceCell::new(),
+            source,
+        }
+    }
+
+    /// With the daemon's limits (its Challenge's), or as if it had ours.
+    /// Both directions grow from the choice (transport::grow): a push's
+    /// source is this agent, a pull's the daemon (Control::GrowStreams).
+    fn choose(&self, daemon: Option<ramsys_proto::control::TcpBuffers>) -> path::StreamChoice {
+        let here = || path::TcpLimits::read(std::path::Path::new("/"));
+        let ends = path::Ends {
+            local: *self.here.get_or_init(here),
+            remote: daemon.map(Into::into),
+            local_sends: self.source,
+        };
+        let target = path::DEFAULT_TARGET_BYTES_S;
+        let mut c = path::choose(self.rtt, ends, target, self.least, self.most);
+        c.start_low();
+        c
+    }
+}
+
+/// Start dialling the session's data links (joined once its key is known,
+/// PreLinks::join); raw channels (transport::rawlink::Split) carry data
+/// links only.
+fn pre_links(remote: &Remote, opts: &TransferOptions) -> PreLinks {
+    let data = remote.transport.data_links();
+    PreLinks::start(
+        data.unwrap_or_else(|| remote.transport.clone()),
+        &remote.addr,
+        opts.streams,
+        remote.connect_timeout,
+        opts.idle_timeout,
+    )
+}
+
 /// Under `--encrypt`, ask for a sealed control link and switch to it
 /// before the request is sent (transport/sealed.rs): paths, sizes and
 /// digests then never travel in clear.
-fn seal_control(s: &mut ClientSession, cipher: Cipher) -> Result<(), EngineError> {
+pub(crate) fn seal_control(s: &mut ClientSession, cipher: Cipher) -> Result<(), EngineError> {
     if cipher == Cipher::None {
         return Ok(());
     }
@@ -229,26 +260,43 @@ fn open_session(
         (c, _) => c,
     };
     seal_control(&mut s, control)?;
-    let mut request = open_msg(server_role, paths, &opts);
-    let ahead = match &mut request {
-        Control::SelectOpen { select, .. } | Control::ArchiveOpen { select, .. } => {
-            files_ahead(select)
-        }
-        _ => None,
-    };
-    for m in preamble(server_role, &opts) {
+    let (ahead, files, request) = request_parts(server_role, paths, &opts);
+    let files = files.iter().flat_map(files_chunks);
+    for m in ahead.into_iter().chain(files).chain([request]) {
         send_control(&mut *s.ctl, &m)?;
     }
-    if let Some(files) = ahead {
-        send_files_ahead(&mut *s.ctl, &files)?;
-    }
-    send_control(&mut *s.ctl, &request)?;
     Ok(Opened {
         s,
         links,
         opts,
         choice,
     })
+}
+
+/// The request, in order: what goes ahead of it (preamble, a long
+/// `--files-from` list), then the open.
+fn request_msgs(server_role: Role, paths: Vec<Vec<u8>>, opts: &TransferOptions) -> Vec<Control> {
+    let (mut out, files, request) = request_parts(server_role, paths, opts);
+    out.extend(files.iter().flat_map(files_chunks));
+    out.push(request);
+    out
+}
+
+/// The preamble, a `--files-from` list too long for the open (sent ahead
+/// of it in chunks), and the open.
+fn request_parts(
+    server_role: Role,
+    paths: Vec<Vec<u8>>,
+    opts: &TransferOptions,
+) -> (Vec<Control>, Option<PathList>, Control) {
+    let mut request = open_msg(server_role, paths, opts);
+    let files = match &mut request {
+        Control::SelectOpen { select, .. } | Control::ArchiveOpen { select, .. } => {
+            files_ahead(select)
+        }
+        _ => None,
+    };
+    (preamble(server_role, opts), files, request)
 }
 
 /// `--files-from` lists up to this size (encoded) ride in the request;
@@ -272,20 +320,21 @@ fn files_ahead(select: &mut Selection) -> Option<PathList> {
     (total > FILES_INLINE).then(|| std::mem::take(&mut select.files))
 }
 
-/// Send `files` as SelectFiles chunks, in order, each built as it goes
-/// out: the list (shared with the options) is not copied whole.
-fn send_files_ahead(ctl: &mut dyn std::io::Write, files: &PathList) -> Result<(), EngineError> {
-    let (mut chunk, mut bytes) = (Vec::new(), 0);
-    for f in files.iter() {
-        if bytes + listed_size(f) > FILES_CHUNK && !chunk.is_empty() {
-            let files = std::mem::take(&mut chunk);
-            send_control(ctl, &Control::SelectFiles { files })?;
-            bytes = 0;
+/// `files` as SelectFiles chunks, in order, each built when the one
+/// before has gone out: the list (shared with the options) is not copied
+/// whole.
+fn files_chunks(files: &PathList) -> impl Iterator<Item = Control> + '_ {
+    let mut next = files.iter().peekable();
+    std::iter::from_fn(move || {
+        let (mut chunk, mut bytes) = (Vec::new(), 0);
+        while let Some(f) =
+            next.next_if(|f| chunk.is_empty() || bytes + listed_size(f) <= FILES_CHUNK)
+        {
+            bytes += listed_size(f);
+            chunk.push(f.to_vec());
         }
-        bytes += listed_size(f);
-        chunk.push(f.to_vec());
-    }
-    send_control(ctl, &Control::SelectFiles { files: chunk })
+        (!chunk.is_empty()).then_some(Control::SelectFiles { files: chunk })
+    })
 }
 
 /// What a client may send before its request, in the order the daemon
@@ -359,6 +408,61 @@ pub fn push(
     drop(o.links);
     crate::types::phase::mark("closed");
     finish(r, o.choice, &key)
+}
+
+/// Send local `tops` to `dest` as batch `batch` of a watch channel's kept
+/// link `kept` (issue 38, docs/PROTOCOL.md "Kept sessions"): WatchBatch,
+/// the request and the metadata in one flight, no connect and no
+/// handshake; the data links are dialled at once and join the batch's id
+/// under its key (proto::auth::{batch_session, batch_key}). The link is handed back into
+/// `kept` once the sink's Complete is read; after an error it is left
+/// closed (the job opens a new channel).
+#[allow(clippy::too_many_arguments)]
+pub fn push_kept(
+    kept: &mut ClientSession,
+    batch: u64,
+    remote: &Remote,
+    root: Arc<Root>,
+    tops: Vec<Top>,
+    dest: Vec<u8>,
+    opts: &TransferOptions,
+    res: &EngineResources,
+    stats: Arc<Stats>,
+) -> Result<Report, EngineError> {
+    crate::types::phase::start();
+    let key = ramsys_proto::auth::batch_key(&kept.session_key, batch);
+    let mut opts = opts.clone();
+    let chooser = Chooser::new(&mut opts, res, true, kept.ctl.rtt());
+    // The daemon's limits came with the channel's Challenge.
+    let choice = opts.auto_streams.then(|| chooser.choose(kept.peer_tcp));
+    if let Some(c) = &choice {
+        opts.streams = c.streams;
+    }
+    let mut links = pre_links(remote, &opts);
+    links.join(
+        ramsys_proto::auth::batch_session(&kept.session_key, batch),
+        key,
+    );
+    // One write: the daemon wakes once for the whole request.
+    let mut msgs = vec![Control::WatchBatch { batch }];
+    msgs.extend(request_msgs(Role::Sink, vec![dest], &opts));
+    let msgs: Vec<&Control> = msgs.iter().collect();
+    crate::transport::wire::send_batch(&mut *kept.ctl, &[], &msgs)?;
+    crate::types::phase::mark("request_sent");
+    let spec = SourceSpec {
+        root,
+        tops,
+        pending_auth: None,
+    };
+    let ctl = std::mem::replace(&mut kept.ctl, Box::new(crate::transport::ClosedLink));
+    let r = run_source_kept(ctl, spec, SessionEnd::new(&mut links, &opts, res, stats));
+    drop(links);
+    crate::types::phase::mark("closed");
+    let r = r.map(|(report, ctl)| {
+        kept.ctl = ctl;
+        report
+    });
+    finish(r, choice, &key)
 }
 
 /// A Redirect is followed only if our own daemon sent it (its MAC under

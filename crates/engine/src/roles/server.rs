@@ -41,6 +41,8 @@ mod redirect;
 mod relay;
 // The request: status, token, relay, or a session run here.
 mod request;
+// A replication job's channel and the sessions it keeps (issue 38).
+mod kept;
 
 use auth::{authenticate, authorize, register, seal};
 use redirect::{preamble, sent_elsewhere};
@@ -587,24 +589,22 @@ fn serve_control(
     let Some((mut pre, first)) = preamble(sh, link, &mut auth, (first, sealed))? else {
         return Ok(());
     };
-    let Some(mut req) = serve_request(sh, link, &auth, first)? else {
+    // A replication job's channel (issue 38): its batches' sessions
+    // register under keys of their own (server::kept), never this one.
+    if let Control::WatchOpen { version, dest } = first {
+        drop(registered);
+        return kept::serve_watch(sh, link, &mut auth, (version, dest), (path, sealed));
+    }
+    let Some(req) = serve_request(sh, link, &auth, first)? else {
         return Ok(());
     };
-    req.bwlimit = pre.bwlimit;
-    req.grow = pre.grow;
-    if !pre.files.is_empty() {
-        let mut all = std::mem::take(&mut pre.files);
-        if all.extend(&req.select.files).is_err() {
-            refuse(
-                link,
-                1,
-                "the --files-from list is over 4 GiB; split it".into(),
-            );
+    let req = match req.with_preamble(&mut pre, path) {
+        Ok(r) => r,
+        Err(m) => {
+            refuse(link, 1, m);
             return Ok(());
         }
-        req.select.files = all;
-    }
-    req.grown_links = path;
+    };
     if !authorize(sh, link, &auth.grant, &req.open) {
         return Ok(());
     }
@@ -614,28 +614,43 @@ fn serve_control(
     if let Some(from) = &pre.redirected {
         tracing::info!("session {session:x}: redirected here by {from}");
     }
-    sh.active.fetch_add(1, Ordering::Relaxed);
     let links = ServerLinks {
         rx,
         timeout: Duration::from_secs(30),
         session_key: Some(skey),
         control: link.try_clone_link().ok(),
     };
-    let r = run_session(sh, link, session, &auth.grant, req, links);
+    let r = run_counted(sh, link, (session, &auth.grant), req, links, false);
+    drop(registered);
+    if let Some(d) = &mut auth.one_shot {
+        d.1 = r.as_ref().map(|_| ()).map_err(|e| e.to_string());
+    }
+    r
+}
+
+/// Run an authorized session (request::run_session), counted among the
+/// daemon's active ones while it runs, its entry closed after; `keep`:
+/// hand a sink's control link back into `link` (server::kept).
+fn run_counted(
+    sh: &Arc<DaemonShared>,
+    link: &mut Box<dyn Link>,
+    (session, grant): (u64, &crate::daemon::credentials::Grant),
+    req: request::Request,
+    links: ServerLinks,
+    keep: bool,
+) -> Result<(), EngineError> {
+    sh.active.fetch_add(1, Ordering::Relaxed);
+    let r = run_session(sh, link, session, grant, req, links, keep);
     if sh.active.fetch_sub(1, Ordering::Relaxed) == 1 {
         *sh.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
     }
     crate::types::phase::mark("sink_session_end");
-    drop(registered);
     sh.state.close_session(session);
     match &r {
         Ok(()) => tracing::info!("session {session:x} complete"),
         Err(e) => tracing::warn!("session {session:x} failed: {e}"),
     }
     crate::types::stats::return_freed_memory();
-    if let Some(d) = &mut auth.one_shot {
-        d.1 = r.as_ref().map(|_| ()).map_err(|e| e.to_string());
-    }
     r
 }
 

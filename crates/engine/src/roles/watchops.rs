@@ -10,7 +10,7 @@
 //! later batch may already have put something else there, which must not
 //! be moved or lost (the job then sends the rename's target as data).
 
-use ramsys_proto::control::{WatchOp, WatchResult, WATCH_VERSION};
+use ramsys_proto::control::{WatchOp, WatchResult, WATCH_SESSIONS, WATCH_VERSION};
 use ramsys_proto::path::validate_relative;
 use ramsys_proto::Control;
 
@@ -136,15 +136,21 @@ pub fn apply(root: &Root, dest: &[u8], op: &WatchOp) -> WatchResult {
 /// most 4 KiB (two per rename).
 pub const MAX_OPS: usize = 100;
 
+/// What serves a batch's session on a watch channel (server::kept): the
+/// link and the batch number, checked to follow the last one.
+pub(crate) type BatchSession<'a> =
+    dyn FnMut(&mut Box<dyn Link>, u64) -> Result<(), EngineError> + 'a;
+
 /// Serve a watch channel opened with WatchOpen (server.rs dispatches it):
-/// answer WatchReady, then apply WatchOps until the client closes.
+/// answer WatchReady, then apply WatchOps, and from WATCH_SESSIONS on run
+/// each WatchBatch's session through `batch`, until the client closes.
 /// `root` is the user's sink root; a read-only user is refused.
 pub(crate) fn serve(
     link: &mut Box<dyn Link>,
     root: &Root,
     read_only: bool,
-    version: u16,
-    dest: Vec<u8>,
+    (version, dest): (u16, Vec<u8>),
+    batch: &mut BatchSession,
 ) -> Result<(), EngineError> {
     let refuse = |link: &mut Box<dyn Link>, code: u16, message: String| {
         crate::transport::wire::send_final(&mut **link, &Control::Error { code, message });
@@ -178,17 +184,27 @@ pub(crate) fn serve(
             return Ok(());
         }
     }
-    send_control(
-        &mut **link,
-        &Control::WatchReady {
-            version: WATCH_VERSION.min(version),
-        },
-    )?;
-    // A job may be idle for hours between batches.
-    link.set_read_timeout(None)?;
+    let version = WATCH_VERSION.min(version);
+    send_control(&mut **link, &Control::WatchReady { version })?;
+    let mut last = 0u64;
     loop {
+        // A job may be idle for hours between batches (a session set its
+        // own timeouts).
+        link.set_read_timeout(None)?;
         let (seq, ops) = match recv_control(&mut **link) {
             Ok(Control::WatchOps { seq, ops }) => (seq, ops),
+            Ok(Control::WatchBatch { batch: n }) if version >= WATCH_SESSIONS => {
+                // In order, each once: a batch number (and so its key,
+                // proto::auth::batch_key) is never used twice.
+                if n != last + 1 {
+                    let m = format!("batch {n} out of order (expected {})", last + 1);
+                    refuse(link, 2, m);
+                    return Ok(());
+                }
+                last = n;
+                batch(link, n)?;
+                continue;
+            }
             Ok(m) => {
                 refuse(link, 1, format!("expected WatchOps, got {}", m.name()));
                 return Ok(());
@@ -202,19 +218,33 @@ pub(crate) fn serve(
 }
 
 /// The client end: a connection to the destination daemon that applies
-/// operations batch after batch.
+/// operations batch after batch and, when the daemon serves
+/// WATCH_SESSIONS, carries each batch's session too.
 pub struct WatchChannel {
     s: ClientSession,
     seq: u64,
+    /// The version in force (WatchReady's).
+    version: u16,
+    /// Batches sent as sessions on this link so far.
+    batch: u64,
+    /// How long an answer may take (a session sets its own in between).
+    timeout: std::time::Duration,
 }
 
 impl WatchChannel {
-    /// Connect, authenticate and open the channel for `dest`.
-    pub fn open(remote: &Remote, dest: &[u8]) -> Result<WatchChannel, EngineError> {
+    /// Connect, authenticate, seal the link under `cipher` (`--encrypt`:
+    /// operations and sessions then travel sealed) and open the channel
+    /// for `dest`.
+    pub fn open(
+        remote: &Remote,
+        dest: &[u8],
+        cipher: crate::transport::crypto::Cipher,
+    ) -> Result<WatchChannel, EngineError> {
         let user = remote.user.clone().unwrap_or_else(current_user);
         let mut s = Connect::new(&remote.addr, &remote.key, remote.connect_timeout)
             .user(user)
             .open(&*remote.transport)?;
+        crate::roles::client::seal_control(&mut s, cipher)?;
         send_control(
             &mut *s.ctl,
             &Control::WatchOpen {
@@ -222,13 +252,18 @@ impl WatchChannel {
                 dest: dest.to_vec(),
             },
         )?;
-        s.ctl.set_read_timeout(Some(
-            remote
-                .connect_timeout
-                .max(std::time::Duration::from_secs(30)),
-        ))?;
+        let timeout = remote
+            .connect_timeout
+            .max(std::time::Duration::from_secs(30));
+        s.ctl.set_read_timeout(Some(timeout))?;
         match recv_control(&mut *s.ctl) {
-            Ok(Control::WatchReady { .. }) => Ok(WatchChannel { s, seq: 0 }),
+            Ok(Control::WatchReady { version }) => Ok(WatchChannel {
+                s,
+                seq: 0,
+                version,
+                batch: 0,
+                timeout,
+            }),
             Ok(Control::Error { message, .. }) => Err(EngineError::Refused(message)),
             Ok(m) => Err(EngineError::local(format!(
                 "watch channel: expected WatchReady, got {}",
@@ -244,8 +279,35 @@ impl WatchChannel {
         }
     }
 
+    /// Does the daemon run the job's sessions on this link (an older one
+    /// answers a lower version: a session per batch on its own
+    /// connection, client::push)?
+    pub fn keeps_sessions(&self) -> bool {
+        self.version >= WATCH_SESSIONS
+    }
+
+    /// Send `tops` to `dest` as the next batch's session on this link
+    /// (client::push_kept); only when [`Self::keeps_sessions`]. After an
+    /// error the channel is spent: open a new one.
+    #[allow(clippy::too_many_arguments)]
+    pub fn push(
+        &mut self,
+        remote: &Remote,
+        root: std::sync::Arc<Root>,
+        tops: Vec<crate::request::walk::Top>,
+        dest: Vec<u8>,
+        opts: &crate::TransferOptions,
+        res: &crate::EngineResources,
+        stats: std::sync::Arc<crate::Stats>,
+    ) -> Result<crate::Report, EngineError> {
+        self.batch += 1;
+        let (s, n) = (&mut self.s, self.batch);
+        crate::roles::client::push_kept(s, n, remote, root, tops, dest, opts, res, stats)
+    }
+
     /// Apply `ops` in order; one result each.
     pub fn apply(&mut self, ops: &[WatchOp]) -> Result<Vec<WatchResult>, EngineError> {
+        self.s.ctl.set_read_timeout(Some(self.timeout))?;
         let mut out = Vec::with_capacity(ops.len());
         for chunk in ops.chunks(MAX_OPS) {
             self.seq += 1;

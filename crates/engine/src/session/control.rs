@@ -154,14 +154,29 @@ impl<M: Machine> ControlLink<M> {
     /// Payload phase: a thread (named `name`) reads the peer's messages
     /// and hands them over as events, until the link fails or the
     /// receiving end is dropped. Its messages still pass [`Self::admit`].
-    pub fn spawn_reader(&self, name: &str) -> Result<Receiver<ControlEvent>, EngineError> {
+    /// With `last` (a session on a kept link, issue 38) it also stops
+    /// after the message `last` names (the peer's last of the session) and
+    /// after an Abort or Error: the link's next message belongs to the
+    /// next session, read by the link's owner. A sealed link's clones share
+    /// its record state (transport::sealed), so nothing read is lost.
+    pub fn spawn_reader(
+        &self,
+        name: &str,
+        last: Option<fn(&Control) -> bool>,
+    ) -> Result<Receiver<ControlEvent>, EngineError> {
         let (tx, rx) = unbounded();
         let mut link = self.link.try_clone_link()?;
         std::thread::Builder::new()
             .name(name.into())
             .spawn(move || loop {
                 let r = recv_control(&mut *link);
-                let stop = r.is_err();
+                let stop = match (&r, last) {
+                    (Err(_), _) => true,
+                    (Ok(m), Some(last)) => {
+                        last(m) || matches!(m, Control::Abort { .. } | Control::Error { .. })
+                    }
+                    (Ok(_), None) => false,
+                };
                 if tx.send(r).is_err() || stop {
                     break;
                 }

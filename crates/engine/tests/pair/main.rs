@@ -11,6 +11,7 @@ mod credits;
 mod daemon;
 mod deadlock;
 mod faults;
+mod kept;
 mod metadata;
 mod negotiation;
 mod relink;

@@ -25,6 +25,10 @@ pub mod label {
     pub const DATA_KEY: &[u8] = b"ramsys v3 data key";
     /// Sealed control link keys (engine crypto::control_key).
     pub const CONTROL_KEY: &[u8] = b"ramsys v3 control key";
+    /// A kept session's batch key (issue 38, [`super::batch_key`]).
+    pub const BATCH: &[u8] = b"ramsys v3 batch";
+    /// The id its data links join (issue 38, [`super::batch_session`]).
+    pub const BATCH_ID: &[u8] = b"ramsys v3 batch id";
 }
 
 /// HKDF-Expand(`session_key`, `label` ‖ `context`), 32 bytes.
@@ -43,6 +47,27 @@ pub fn derive(session_key: &Bytes32, label: &[u8], context: &[&[u8]]) -> Bytes32
 
 fn same(a: &Bytes32, b: &Bytes32) -> bool {
     a.ct_eq(b).into()
+}
+
+/// The key of batch `batch` (1, 2, ...) of a watch channel's kept sessions
+/// (issue 38, Control::WatchBatch): it stands in for the session key in
+/// everything that batch's session keys (Join and Rejoin MACs, DATA and
+/// CREDIT keys, a Redirect's MAC), so no AEAD nonce of one batch's links
+/// is ever used again under the same key by another, and a Join or Rejoin
+/// made for one batch fails in every other. The sealed control link keeps
+/// the session key and its record counters for the connection's life.
+pub fn batch_key(session_key: &Bytes32, batch: u64) -> Bytes32 {
+    derive(session_key, label::BATCH, &[&batch.to_le_bytes()])
+}
+
+/// The session id batch `batch`'s data links name in Join and Rejoin
+/// (issue 38): the daemon registers each batch under an id of its own, so
+/// a link of an ended batch finds no session at all. The top bit is set:
+/// a connection's own ids stay below 2^48 (server.rs), so the two never
+/// meet.
+pub fn batch_session(session_key: &Bytes32, batch: u64) -> u64 {
+    let d = derive(session_key, label::BATCH_ID, &[&batch.to_le_bytes()]);
+    u64::from_le_bytes(d[..8].try_into().expect("8 bytes")) | 1 << 63
 }
 
 /// MAC a data link presents to join a session as `stream`.

@@ -49,8 +49,8 @@ use crate::ProtoError;
 
 pub mod keys;
 pub use keys::{
-    derive, join_mac, redirect_mac, rejoin_mac, seal_token_key, verify_join, verify_redirect,
-    verify_rejoin,
+    batch_key, batch_session, derive, join_mac, redirect_mac, rejoin_mac, seal_token_key,
+    verify_join, verify_redirect, verify_rejoin,
 };
 
 /// The Noise protocol the handshake runs.

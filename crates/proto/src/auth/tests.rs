@@ -342,3 +342,33 @@ fn the_session_key_depends_on_both_ephemerals() {
     // And on the name (prologue) with everything else equal.
     assert_ne!(run_with(key, "v", Some((&a, &b))).client.1, base);
 }
+
+/// A kept session's batches (issue 38): each batch key differs from the
+/// session key and from every other batch's, so a Join or Rejoin made for
+/// one batch never verifies in another, and neither does one made with the
+/// connection's own key; each batch's id is its own, and never a
+/// connection's (top bit set).
+#[test]
+fn a_join_of_one_batch_fails_in_every_other() {
+    use super::keys::{batch_key, batch_session, join_mac, rejoin_mac, verify_join, verify_rejoin};
+    use proptest::prelude::*;
+    proptest!(|(sk in any::<[u8; 32]>(), a in 1u64..1 << 40, d in 1u64..1000,
+                stream in any::<u16>(), epoch in 1u16.., nonce in any::<[u8; 32]>())| {
+        let b = a + d;
+        let (ka, kb) = (batch_key(&sk, a), batch_key(&sk, b));
+        prop_assert_ne!(ka, kb);
+        prop_assert_ne!(ka, sk);
+        prop_assert_eq!(batch_key(&sk, a), ka);
+        let (ia, ib) = (batch_session(&sk, a), batch_session(&sk, b));
+        prop_assert!(ia != ib && ia >> 63 == 1 && ib >> 63 == 1);
+        let session = 0x1234;
+        let mac = join_mac(&ka, session, stream, &nonce);
+        prop_assert!(verify_join(&ka, session, stream, &nonce, &mac));
+        prop_assert!(!verify_join(&kb, session, stream, &nonce, &mac));
+        prop_assert!(!verify_join(&sk, session, stream, &nonce, &mac));
+        let own = join_mac(&sk, session, stream, &nonce);
+        prop_assert!(!verify_join(&ka, session, stream, &nonce, &own));
+        let re = rejoin_mac(&ka, session, stream, epoch, &nonce);
+        prop_assert!(!verify_rejoin(&kb, session, stream, epoch, &nonce, &re));
+    });
+}

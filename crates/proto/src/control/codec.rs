@@ -68,6 +68,7 @@ impl Control {
             Control::WatchOps { .. } => "WatchOps",
             Control::WatchDone { .. } => "WatchDone",
             Control::SelectFiles { .. } => "SelectFiles",
+            Control::WatchBatch { .. } => "WatchBatch",
         }
     }
 

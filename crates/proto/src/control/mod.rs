@@ -42,7 +42,7 @@ pub use open::{Confirm, Open, Propose, Role, Selection};
 pub use paths::{PathList, PathListFull};
 pub use relay::{Relay, RelayReport, Share};
 pub use transport::{GrowStage, RawIface, StageLinks, TcpBuffers};
-pub use watch::{WatchOp, WatchResult, WATCH_VERSION};
+pub use watch::{WatchOp, WatchResult, WATCH_SESSIONS, WATCH_VERSION};
 
 /// 256-bit nonce or MAC.
 pub type Bytes32 = [u8; 32];
@@ -392,6 +392,17 @@ pub enum Control {
     /// total counts against its memory budget per session. No answer.
     SelectFiles {
         files: Vec<Vec<u8>>,
+    },
+    /// Client to server on a watch channel of version
+    /// [`WATCH_SESSIONS`](watch::WATCH_SESSIONS) or later (issue 38,
+    /// docs/PROTOCOL.md "Kept sessions"): batch `batch` (1, then one more
+    /// each time) runs a push session on this link now: its preamble and
+    /// open follow exactly as after AuthOk, checked as a first request is;
+    /// its data links join under the batch's key
+    /// ([`crate::auth::batch_key`]). The session ends with Complete and the
+    /// link carries on. No answer of its own.
+    WatchBatch {
+        batch: u64,
     },
 }
 

@@ -351,6 +351,7 @@ fn roundtrip_every_variant() {
         Control::SelectFiles {
             files: vec![b"a/b".to_vec(), b"c".to_vec()],
         },
+        Control::WatchBatch { batch: u64::MAX },
     ];
     for m in msgs {
         let b = m.encode().unwrap();

@@ -3,8 +3,15 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Version of the watch operations ([`Control::WatchOpen`](super::Control::WatchOpen)).
-pub const WATCH_VERSION: u16 = 1;
+/// Version of the watch channel ([`Control::WatchOpen`](super::Control::WatchOpen)):
+/// 1, the operations below; 2, also [`WATCH_SESSIONS`].
+pub const WATCH_VERSION: u16 = 2;
+
+/// The first version whose channel also carries the job's sessions, one per
+/// batch (Control::WatchBatch, issue 38): a server answering a lower
+/// version (an older daemon) gets a session per batch on connections of
+/// their own, as before.
+pub const WATCH_SESSIONS: u16 = 2;
 
 /// An operation a replication job applies at its destination before a
 /// batch's data (issue 38): paths relative to WatchOpen's `dest`, as the

@@ -505,3 +505,53 @@ fn source_rejects_premature_messages() {
     s.on_recv(&Control::Abort { reason: "x".into() }).unwrap();
     assert_eq!(s.phase(), Phase::Aborted);
 }
+
+/// A kept session (issue 38, Control::WatchBatch): the next batch, or any
+/// open, arriving before this session's Complete is a protocol error in
+/// every phase of either machine, and so is a second Propose; a batch
+/// starts only on the link's own loop, once the machine is done.
+#[test]
+fn a_next_batch_or_open_inside_a_session_is_refused() {
+    use crate::control::{Open, Role};
+    let open = Open {
+        server_role: Role::Sink,
+        paths: vec![b"m".to_vec()],
+        recursive: true,
+        streams: 1,
+        block_size: 1 << 20,
+        checksum: true,
+    };
+    let intruders = [
+        Control::WatchBatch { batch: 2 },
+        Control::Open(open.clone()),
+        Control::SyncOpen {
+            open: open.clone(),
+            flags: 1,
+        },
+        Control::WatchOpen {
+            version: 2,
+            dest: vec![],
+        },
+    ];
+    for phase in [
+        Phase::Negotiate,
+        Phase::Metadata,
+        Phase::Syncing,
+        Phase::Payload,
+        Phase::Completing,
+        Phase::Done,
+    ] {
+        for m in &intruders {
+            let mut snk = SinkMachine::new();
+            snk.phase = phase;
+            assert!(snk.on_recv(m).is_err(), "{phase:?}: {}", m.name());
+        }
+    }
+    let mut snk = SinkMachine::new();
+    snk.on_recv(&propose()).unwrap();
+    assert!(snk.on_recv(&propose()).is_err(), "a second Propose");
+    let mut src = SourceMachine::new();
+    for m in &intruders {
+        assert!(src.on_recv(m).is_err() && src.on_send(m).is_err());
+    }
+}

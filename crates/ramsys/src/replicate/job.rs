@@ -117,6 +117,7 @@ pub fn run(
         stats,
         shared,
         chan: None,
+        channels: 0,
         root: crate::agent::open_root(std::path::Path::new("/"), Confinement::None)?,
         busy_until: None,
     };
@@ -257,6 +258,9 @@ struct Runner {
     stats: Arc<JobStats>,
     shared: Shared,
     chan: Option<WatchChannel>,
+    /// Watch channels opened so far (the job's control connections, but
+    /// for the first full sync's when DST was not there yet).
+    channels: u64,
     root: Arc<ramsys_engine::storage::fsops::Root>,
     /// When the last batch ended, until the idle job gave its memory back
     /// (None: given back, or nothing sent since).
@@ -275,6 +279,8 @@ struct Done {
     files: u64,
     bytes: u64,
     failed: Vec<Vec<u8>>,
+    /// The data went as a session on the job's kept watch channel.
+    kept: bool,
 }
 
 impl Runner {
@@ -389,7 +395,8 @@ impl Runner {
             done.ops = self.operations(b)?;
         }
         if b.full || !b.files.is_empty() {
-            let rep = self.data(b)?;
+            let (rep, kept) = self.data(b)?;
+            done.kept = kept;
             done.files = rep.files;
             done.bytes = rep.bytes;
             let src = self.spec.source.as_os_str().as_bytes();
@@ -463,8 +470,12 @@ impl Runner {
     /// is not there yet and this batch is a full sync that makes it.
     fn channel(&mut self, b: &Batch) -> Result<Option<&mut WatchChannel>, EngineError> {
         if self.chan.is_none() {
-            match WatchChannel::open(&self.target.remote(), &self.target.dest) {
-                Ok(c) => self.chan = Some(c),
+            let cipher = self.spec.opts.encrypt;
+            match WatchChannel::open(&self.target.remote(), &self.target.dest, cipher) {
+                Ok(c) => {
+                    self.channels += 1;
+                    self.chan = Some(c)
+                }
                 Err(EngineError::Refused(m)) if b.full && m.contains("not a directory") => {
                     return Ok(None)
                 }
@@ -474,8 +485,10 @@ impl Runner {
         Ok(self.chan.as_mut())
     }
 
-    /// The batch's files, or (full) the whole tree, as a sync session.
-    fn data(&mut self, b: &Batch) -> Result<ramsys_engine::Report, EngineError> {
+    /// The batch's files, or (full) the whole tree, as a sync session: on
+    /// the job's watch channel when its daemon keeps sessions there (no
+    /// connect, no handshake; true), else on connections of its own.
+    fn data(&mut self, b: &Batch) -> Result<(ramsys_engine::Report, bool), EngineError> {
         let mut opts = self.spec.opts.clone();
         if !b.full {
             // Only what the batch lists; deletes travelled as operations,
@@ -507,15 +520,24 @@ impl Runner {
             opts.select.rules = hold.chain(opts.select.rules.drain(..)).collect();
         }
         let stats = Arc::new(Stats::default());
-        push(
-            &self.target.remote(),
+        // A daemon that refuses the channel (one older than it) still
+        // takes the data on connections of its own.
+        match self.channel(b) {
+            Ok(_) | Err(EngineError::Refused(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let (remote, root, tops) = (
+            self.target.remote(),
             self.root.clone(),
             vec![self.spec.top.clone()],
-            self.target.dest.clone(),
-            &opts,
-            &self.res,
-            stats,
-        )
+        );
+        let dest = self.target.dest.clone();
+        match self.chan.as_mut().filter(|c| c.keeps_sessions()) {
+            Some(c) => c
+                .push(&remote, root, tops, dest, &opts, &self.res, stats)
+                .map(|r| (r, true)),
+            None => push(&remote, root, tops, dest, &opts, &self.res, stats).map(|r| (r, false)),
+        }
     }
 
     fn report(&self, b: &Batch, r: &Result<Done, EngineError>, lag: f64, wall: f64) {
@@ -553,6 +575,7 @@ impl Runner {
                 let l = serde_json::json!({"event": "batch", "ok": true, "full": b.full,
                     "ops": d.ops, "files": d.files, "bytes": d.bytes, "listed": b.files.len(),
                     "failed": d.failed.len(), "lag_s": lag, "wall_s": wall,
+                    "kept": d.kept, "channels": self.channels,
                     "overflows": self.stats.overflows.load(Relaxed)});
                 println!("{l}");
             }

@@ -8,7 +8,8 @@
 //!    deletes, directory attributes) on the job's watch channel to the
 //!    destination daemon (engine watchops: one connection for the job's
 //!    life), then its files as a sync session that lists exactly them
-//!    (`--files-from` semantics; the scan stats only the listed names).
+//!    (`--files-from` semantics; the scan stats only the listed names), on
+//!    the same connection when the daemon keeps sessions there.
 //! 3. A batch that fails (DST slow, away, restarting) goes back into the
 //!    pending set and is retried with back-off: the job falls behind and
 //!    catches up, never losing a change. The pending set is journalled
@@ -16,9 +17,10 @@
 //!    at start covers what changed while nothing watched.
 //!
 //! What a batch costs beyond its data is one watch-channel round trip (if
-//! it has operations) and one session setup (control link + data links,
-//! authentication, one metadata round trip); docs/WATCH.md measures it and
-//! says what a session kept open across batches would save.
+//! it has operations) and one session on the same channel (no connect, no
+//! handshake: its data links, one metadata round trip, Complete);
+//! docs/WATCH.md measures it and says what keeping the data links too
+//! would save.
 
 pub mod agent;
 pub mod daemon;

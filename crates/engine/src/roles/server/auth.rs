@@ -111,6 +111,23 @@ pub(super) fn register<'a>(
     Ok((registered, rx))
 }
 
+/// Register a watch channel's batch under its id and key (server::kept),
+/// so its data links find it, until the guard drops; no answer (the
+/// connection's AuthOk was its answer).
+pub(super) fn register_batch(
+    sh: &DaemonShared,
+    session: u64,
+    key: Bytes32,
+) -> (Registered<'_>, Receiver<Arrival>) {
+    let (tx, rx) = unbounded();
+    sh.registry
+        .lock()
+        .unwrap()
+        .insert(session, Slot { key, tx });
+    sh.registry_cv.notify_all();
+    (Registered(sh, session), rx)
+}
+
 /// The request, behind SealControl if the client asked for one (--encrypt,
 /// or a relaying daemon: everything after it is sealed both ways,
 /// transport/sealed.rs; AuthOk was the last clear frame), and whether it

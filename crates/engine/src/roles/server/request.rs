@@ -13,7 +13,7 @@ use crate::daemon::credentials::Grant;
 use crate::daemon::netdev;
 use crate::daemon::users::ExportRoot;
 use crate::request::walk::Top;
-use crate::roles::sink::{run_sink, SinkSpec};
+use crate::roles::sink::{run_sink, run_sink_kept, SinkSpec};
 use crate::roles::source::{run_source, SourceSpec};
 use crate::roles::SessionEnd;
 use crate::session::options::TransferOptions;
@@ -27,6 +27,7 @@ use crate::types::stats::Stats;
 use super::auth::{mint, Authenticated};
 use super::open::{archive_options, request_paths, session_options, source_tops};
 use super::placement::{follow_plan, Place};
+use super::redirect::Preamble;
 use super::relay;
 use super::{refuse, ClosedLink, DaemonShared};
 
@@ -38,7 +39,34 @@ pub(super) fn serve_request(
     a: &Authenticated,
     first: Control,
 ) -> Result<Option<Request>, EngineError> {
-    let req = match first {
+    let first = match open_request(first) {
+        Ok(req) => return Ok(Some(req)),
+        Err(other) => *other,
+    };
+    match first {
+        Control::StatusQuery => {
+            let json = serde_json::to_string(&sh.status_for(a.grant.account.as_deref()))
+                .map_err(|e| EngineError::local(format!("status: {e}")))?;
+            send_control(&mut **link, &Control::StatusReport { json })?;
+        }
+        Control::TokenRequest { ttl_s } => mint(sh, link, a, ttl_s)?,
+        // A third-party transfer from here to a site peer (server::relay).
+        Control::RelayOpen(relay) => relay::serve(sh, link, a.session, &a.grant, relay),
+        // `--transport raw|auto` (transport::rawlink): our interfaces.
+        Control::RawQuery => {
+            let ifaces = sh.raw.get().cloned().unwrap_or_default();
+            send_control(&mut **link, &Control::RawOffer { ifaces })?;
+        }
+        other => refuse(link, 1, format!("expected Open, got {}", other.name())),
+    }
+    Ok(None)
+}
+
+/// A transfer's open as the request it asks for; any other message is
+/// given back. The one reading of the opens, for a first request and for
+/// a watch channel's batch (server::kept).
+pub(super) fn open_request(m: Control) -> Result<Request, Box<Control>> {
+    let req = match m {
         Control::Open(open) => Request {
             open,
             sync: 0,
@@ -87,39 +115,9 @@ pub(super) fn serve_request(
             grow: false,
             grown_links: false,
         },
-        Control::StatusQuery => {
-            let json = serde_json::to_string(&sh.status_for(a.grant.account.as_deref()))
-                .map_err(|e| EngineError::local(format!("status: {e}")))?;
-            send_control(&mut **link, &Control::StatusReport { json })?;
-            return Ok(None);
-        }
-        Control::TokenRequest { ttl_s } => {
-            mint(sh, link, a, ttl_s)?;
-            return Ok(None);
-        }
-        // A third-party transfer from here to a site peer (server::relay).
-        Control::RelayOpen(relay) => {
-            relay::serve(sh, link, a.session, &a.grant, relay);
-            return Ok(None);
-        }
-        // A replication job's operations (issue 38, crate::roles::watchops).
-        Control::WatchOpen { version, dest } => {
-            let (root, ro) = (&a.grant.root.sink, a.grant.read_only);
-            crate::roles::watchops::serve(link, root, ro, version, dest)?;
-            return Ok(None);
-        }
-        // `--transport raw|auto` (transport::rawlink): our interfaces.
-        Control::RawQuery => {
-            let ifaces = sh.raw.get().cloned().unwrap_or_default();
-            send_control(&mut **link, &Control::RawOffer { ifaces })?;
-            return Ok(None);
-        }
-        other => {
-            refuse(link, 1, format!("expected Open, got {}", other.name()));
-            return Ok(None);
-        }
+        other => return Err(Box::new(other)),
     };
-    Ok(Some(req))
+    Ok(req)
 }
 
 /// What the client asked for in its first message.
@@ -139,9 +137,35 @@ pub(super) struct Request {
     pub(super) grown_links: bool,
 }
 
+impl Request {
+    /// With what the client sent ahead of it (server::redirect::preamble)
+    /// and whether its Hello asked for GrownLinks.
+    /// Err: the list sent ahead and the request's own exceed what a
+    /// packed list holds (4 GiB), a line for the client.
+    pub(super) fn with_preamble(
+        mut self,
+        pre: &mut Preamble,
+        grown_links: bool,
+    ) -> Result<Request, String> {
+        self.bwlimit = pre.bwlimit;
+        self.grow = pre.grow;
+        if !pre.files.is_empty() {
+            let mut all = std::mem::take(&mut pre.files);
+            all.extend(&self.select.files)
+                .map_err(|e| format!("the --files-from list: {e}; split it"))?;
+            self.select.files = all;
+        }
+        self.grown_links = grown_links;
+        Ok(self)
+    }
+}
+
 /// Run an authorized transfer: the request poller's step (seed 000 sec.
 /// 6.2.1), a session element in the session list, then a task on the
-/// queue of the storage device the request touches (Fig. 6-3).
+/// queue of the storage device the request touches (Fig. 6-3). With
+/// `keep` (a watch channel's batch, server::kept) a sink session hands the
+/// control link back into `link` once its Complete is out; otherwise, and
+/// after any refusal or error, `link` is left closed.
 pub(super) fn run_session(
     sh: &Arc<DaemonShared>,
     link: &mut Box<dyn Link>,
@@ -149,6 +173,7 @@ pub(super) fn run_session(
     grant: &Grant,
     req: Request,
     mut links: ServerLinks,
+    keep: bool,
 ) -> Result<(), EngineError> {
     let Request {
         open,
@@ -200,7 +225,13 @@ pub(super) fn run_session(
     // Every path resolves beneath the user's export root (daemon::users).
     let ex = &*grant.root;
     match open.server_role {
-        Role::Sink => serve_sink(sh, ctl, &mut links, session, ex, rels, opts, at),
+        Role::Sink => {
+            let back = serve_sink(sh, ctl, &mut links, (session, keep), ex, rels, opts, at)?;
+            if let Some(ctl) = back {
+                *link = ctl;
+            }
+            Ok(())
+        }
         Role::Source => match source_tops(ex, rels, contents) {
             Ok(tops) => serve_source(sh, ctl, &mut links, session, ex, tops, opts, at),
             Err(reason) => {
@@ -211,21 +242,22 @@ pub(super) fn run_session(
     }
 }
 
-/// The daemon as the sink: one destination.
+/// The daemon as the sink: one destination. Some(link): the control
+/// link handed back (`keep`, run_sink_kept).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn serve_sink(
     sh: &Arc<DaemonShared>,
     mut ctl: Box<dyn Link>,
     links: &mut ServerLinks,
-    session: u64,
+    (session, keep): (u64, bool),
     ex: &ExportRoot,
     mut rels: Vec<Vec<u8>>,
     mut opts: TransferOptions,
     at: Place,
-) -> Result<(), EngineError> {
+) -> Result<Option<Box<dyn Link>>, EngineError> {
     if rels.len() != 1 {
         refuse(&mut ctl, 2, "a sink takes exactly one destination".into());
-        return Ok(());
+        return Ok(None);
     }
     let spec = SinkSpec {
         root: ex.sink.clone(),
@@ -240,7 +272,10 @@ pub(super) fn serve_sink(
         .new_task(session, Dir::In, &dev, kind, &at.nic, at.stats.clone());
     follow_plan(sh, &task, true, &dest, &at.local_addr, &mut opts);
     let end = SessionEnd::new(links, &opts, &sh.res, at.stats).managed(&task);
-    let r = run_sink(ctl, spec, end).map(|_| ());
+    let r = match keep {
+        true => run_sink_kept(ctl, spec, end).map(|(_, l)| Some(l)),
+        false => run_sink(ctl, spec, end).map(|_| None),
+    };
     task.finish(&r);
     r
 }

@@ -69,6 +69,28 @@ pub fn run_sink(
     spec: SinkSpec,
     end: SessionEnd,
 ) -> Result<Report, EngineError> {
+    sink_session(ctl_link, spec, end, false).map(|(r, _)| r)
+}
+
+/// [`run_sink`] on a control link kept for more sessions (a watch
+/// channel's batch, issue 38): the source's EndOfData is its last message
+/// of the session, so the control reader stops there, Complete is not
+/// followed by a wait for the source's close, and the link is handed back
+/// open. On an error it is gone with the session.
+pub fn run_sink_kept(
+    ctl_link: Box<dyn Link>,
+    spec: SinkSpec,
+    end: SessionEnd,
+) -> Result<(Report, Box<dyn Link>), EngineError> {
+    sink_session(ctl_link, spec, end, true)
+}
+
+fn sink_session(
+    ctl_link: Box<dyn Link>,
+    spec: SinkSpec,
+    end: SessionEnd,
+    keep: bool,
+) -> Result<(Report, Box<dyn Link>), EngineError> {
     let SessionEnd {
         links,
         opts,
@@ -84,6 +106,7 @@ pub fn run_sink(
         opts,
         stats,
         adm,
+        keep,
     };
     let (prop, dest) = s.negotiate()?;
     crate::types::phase::mark("sink_propose");
@@ -120,7 +143,8 @@ pub fn run_sink(
     if scan_io_error {
         prep_failures.append(&mut scan);
     }
-    s.verdict(done, deferred, prep_failures, scan, dest)
+    let report = s.verdict(done, deferred, prep_failures, scan, dest)?;
+    Ok((report, s.ctl.link))
 }
 
 /// The sink end of one session, between its phases.
@@ -133,6 +157,8 @@ struct SinkSession<'a> {
     /// For the CPU time Complete reports and sync's deletion cut-off.
     cpu0: f64,
     started: SystemTime,
+    /// The control link outlives the session (run_sink_kept).
+    keep: bool,
 }
 
 /// What the sink granted in its Confirm.
@@ -436,8 +462,11 @@ impl SinkSession<'_> {
             failures,
             cpu_s: process_cpu_seconds() - self.cpu0,
         }))?;
-        // Wait for the source to close, so our Complete is read before teardown.
-        let _ = d.control.recv_timeout(Duration::from_secs(10));
+        // Wait for the source to close, so our Complete is read before
+        // teardown; a kept link is not closed (its reader has stopped).
+        if !self.keep {
+            let _ = d.control.recv_timeout(Duration::from_secs(10));
+        }
         Ok(report)
     }
 }

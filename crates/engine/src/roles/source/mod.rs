@@ -55,6 +55,27 @@ pub fn run_source(
     spec: SourceSpec,
     end: SessionEnd,
 ) -> Result<Report, EngineError> {
+    source_session(ctl_link, spec, end, false).map(|(r, _)| r)
+}
+
+/// [`run_source`] on a control link kept for more sessions (a watch
+/// channel's batch, issue 38): the sink's Complete is the session's last
+/// message, so the control reader stops there and the link is handed back
+/// open, not shut. On an error it is gone with the session.
+pub fn run_source_kept(
+    ctl_link: Box<dyn Link>,
+    spec: SourceSpec,
+    end: SessionEnd,
+) -> Result<(Report, Box<dyn Link>), EngineError> {
+    source_session(ctl_link, spec, end, true)
+}
+
+fn source_session(
+    ctl_link: Box<dyn Link>,
+    spec: SourceSpec,
+    end: SessionEnd,
+    keep: bool,
+) -> Result<(Report, Box<dyn Link>), EngineError> {
     let SessionEnd {
         links,
         opts,
@@ -69,6 +90,7 @@ pub fn run_source(
         res,
         stats,
         adm,
+        keep,
     };
     let mut threads = s.negotiate()?;
     crate::types::phase::mark("propose_sent");
@@ -92,7 +114,7 @@ pub fn run_source(
     crate::types::phase::mark("complete");
     let r = data.finish(verdict, failures);
     crate::types::phase::mark("torn_down");
-    r
+    r.map(|r| (r, s.ctl.link))
 }
 
 /// The source end of one session, between its phases.
@@ -103,6 +125,8 @@ struct SourceSession<'a> {
     res: &'a EngineResources,
     stats: Arc<Stats>,
     adm: &'a dyn Admission,
+    /// The control link outlives the session (run_source_kept).
+    keep: bool,
 }
 
 /// Threads reserved before proposing (Fig. 6-4a).

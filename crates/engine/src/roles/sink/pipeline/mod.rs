@@ -201,6 +201,11 @@ fn credit_returns(
     Ok((Arc::new(returns), shutdown))
 }
 
+/// The source's last message of a session.
+fn is_end_of_data(m: &Control) -> bool {
+    matches!(m, Control::EndOfData { .. })
+}
+
 /// How many of the `reserved` writers run. SINK_WRITERS_MIN is for trees
 /// of small files (metadata-bound); a session of large files keeps the
 /// plan's count, `bulk` (4 x 1 GiB took ~10 % more sink CPU with the
@@ -383,7 +388,9 @@ impl<'s> SinkPipeline<'s> {
         for c in returns.iter().take(streams as usize) {
             c.grant(credits_per_stream as u64)?;
         }
-        let control = s.ctl.spawn_reader("sink-ctl")?;
+        // On a kept link the reader stops at EndOfData (run_sink_kept).
+        let last = s.keep.then_some(is_end_of_data as fn(&Control) -> bool);
+        let control = s.ctl.spawn_reader("sink-ctl", last)?;
         let journal_tick = journal_tick(table.resume);
         Ok(SinkPipeline {
             ctl: &mut s.ctl,
@@ -578,6 +585,12 @@ impl<'s> SinkPipeline<'s> {
                 EngineError::local("connection to the source lost mid-transfer"),
             ),
             Ok(Err(e)) => Err(e),
+            // A kept link's reader stopped after EndOfData (run_sink_kept):
+            // nothing more comes from the source in this session.
+            Err(_) if self.progress.eod => {
+                self.events.control = never();
+                Ok(())
+            }
             Err(_) => Err(EngineError::local("control reader stopped")),
         }
     }

@@ -90,6 +90,7 @@ impl Payload<'_> {
             resends,
             mut progress,
             jobs,
+            keep,
             ..
         } = self;
         // Drain so no reader stays blocked on a full queue, then join all.
@@ -133,7 +134,10 @@ impl Payload<'_> {
         drop(closers);
         // The inline links hold a reference to the buffer share.
         drop(inline);
-        ctl.link.shutdown_both();
+        // A kept link carries the next session (run_source_kept).
+        if failed || !keep {
+            ctl.link.shutdown_both();
+        }
         drop(kept);
         drop(pool);
         drop(share);

@@ -86,8 +86,15 @@ pub(super) struct Payload<'s> {
     facts: Facts,
     /// More streams while the rate grows (issue 21); None: fixed count.
     grow: Option<Adapt>,
+    /// The control link outlives a successful session (run_source_kept).
+    keep: bool,
     /// Kept until the end: their unused threads are released already.
     _threads: Threads,
+}
+
+/// The sink's last message of a session.
+fn is_complete(m: &Control) -> bool {
+    matches!(m, Control::Complete(_))
 }
 
 /// What the loop waits on, besides the links' own events.
@@ -320,8 +327,11 @@ impl<'s> Payload<'s> {
         let senders_set = SenderSet::new(make, senders.pool(), ends, inline, opts.idle_timeout);
         senders.release_unused();
         readers.release_unused();
-        // Control reader: sink messages become events.
-        let control = s.ctl.spawn_reader("src-ctl")?;
+        // Control reader: sink messages become events; on a kept link it
+        // stops at Complete (run_source_kept).
+        let last = s.keep.then_some(is_complete as fn(&Control) -> bool);
+        let control = s.ctl.spawn_reader("src-ctl", last)?;
+        let keep = s.keep;
         Ok(Payload {
             ctl: &mut s.ctl,
             root,
@@ -341,6 +351,7 @@ impl<'s> Payload<'s> {
             jobs,
             grow,
             facts: Facts::new(&c, o.desc, path, read_storage, plan, entries),
+            keep,
             _threads: Threads { senders, readers },
         })
     }
