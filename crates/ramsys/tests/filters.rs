@@ -394,3 +394,40 @@ fn a_files_from_list_longer_than_a_frame() {
         assert!(!s.dst.1.join("long/unlisted").exists());
     }
 }
+
+/// A `--files-from` path that is not there is a failure, as rsync's
+/// `link_stat ... failed` (exit 23): named in one line, the rest copied,
+/// a non-zero exit, and `--delete` deletes nothing after it (rsync's
+/// IOERR_GENERAL). Locally, pushed and pulled.
+#[test]
+fn a_listed_path_that_is_not_there_fails_like_rsync() {
+    for kind in [Kind::Local, Kind::Push, Kind::Pull] {
+        let s = setup(kind);
+        let file = s.reference.parent().unwrap().join("list");
+        std::fs::write(&file, "a/x.c\na/nope.c\nno/such/file\n").unwrap();
+        let file = file.display().to_string();
+        let from = format!("{}/", s.src.0);
+        // DST holds an entry the list does not name: --delete may remove
+        // it only when nothing failed.
+        let extra = s.dst.1.join("a/extra");
+        std::fs::create_dir_all(extra.parent().unwrap()).unwrap();
+        std::fs::write(&extra, b"keep").unwrap();
+        let args = ["sync", "--delete", "--files-from", &file, &from, &s.dst.0];
+        let o = ramsys(&s.key, &args);
+        assert!(
+            !o.status.success(),
+            "{kind:?}: a missing listed path passed"
+        );
+        let err = stderr(&o);
+        assert!(
+            err.contains("a/nope.c") && err.contains("No such file"),
+            "{kind:?}: {err}"
+        );
+        assert!(
+            err.contains("no/such") || err.contains("/no:"),
+            "{kind:?}: {err}"
+        );
+        assert!(s.dst.1.join("a/x.c").is_file(), "{kind:?}: the listed file");
+        assert!(extra.is_file(), "{kind:?}: --delete ran after a failure");
+    }
+}

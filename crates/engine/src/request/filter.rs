@@ -41,6 +41,9 @@ pub struct Filter {
     files: Option<FilesFrom>,
     /// A striped push's pieces of big files (TransferOptions::pieces).
     pub pieces: Option<std::sync::Arc<super::pieces::Pieces>>,
+    /// A listed path that is not there is skipped, not a failure
+    /// (TransferOptions::listed_may_vanish).
+    pub listed_may_vanish: bool,
 }
 
 /// `--files-from`, compiled: the listed paths and the directories above
@@ -238,6 +241,7 @@ impl Filter {
                 Some(FilesFrom::new(&sel.files, sel.files_recursive)?)
             },
             pieces: None,
+            listed_may_vanish: false,
         })
     }
 

@@ -101,6 +101,12 @@ pub struct TransferOptions {
     /// the walk sends these pieces instead of the whole files. Local to
     /// the source: the records carry them (EntryKind::Piece).
     pub pieces: Option<std::sync::Arc<crate::request::pieces::Pieces>>,
+    /// A `--files-from` path that is not there is skipped without a word
+    /// (a replication batch lists paths that may be gone by the time it
+    /// reads them: their deletes travel as operations). Otherwise it is a
+    /// failure, as rsync's `link_stat ... failed` (exit 23). Local to the
+    /// source.
+    pub listed_may_vanish: bool,
 }
 
 /// `--timeout SECS` as a wait: 0 is "as long as the connection lives"
@@ -151,6 +157,7 @@ impl Default for TransferOptions {
             redirected_from: None,
             on_behalf: None,
             pieces: None,
+            listed_may_vanish: false,
         }
     }
 }

@@ -490,6 +490,7 @@ impl Runner {
     /// connect, no handshake; true), else on connections of its own.
     fn data(&mut self, b: &Batch) -> Result<(ramsys_engine::Report, bool), EngineError> {
         let mut opts = self.spec.opts.clone();
+        opts.listed_may_vanish = true;
         if !b.full {
             // Only what the batch lists; deletes travelled as operations,
             // except below a mirror (a renamed tree that was in flight,

@@ -80,7 +80,10 @@ fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
     }
     let mut v = Vec::with_capacity(a.len() + 1 + b.len());
     v.extend_from_slice(a);
-    v.push(b'/');
+    // A top named with its trailing '/' (`SRC/`) has one already.
+    if !a.ends_with(b"/") {
+        v.push(b'/');
+    }
     v.extend_from_slice(b);
     v
 }
@@ -769,10 +772,16 @@ fn scan_listed(
         let cwire = join(wire, &name);
         let md = match fs::symlink_metadata(abs(base, &crel)) {
             Ok(md) => md,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && filter.listed_may_vanish => {
+                continue
+            }
             Err(e) => {
+                // A path the user listed is not a path that vanished
+                // while the scan ran: rsync's `link_stat ... failed`
+                // (IOERR_GENERAL, exit 23: --delete deletes nothing).
                 let path = abs(base, &crel).display().to_string();
-                to.failures.push(FailedPath::io(path, e.to_string(), &e));
+                to.failures
+                    .push(FailedPath::new(path, format!("cannot stat: {e}")));
                 continue;
             }
         };

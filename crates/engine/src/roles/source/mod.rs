@@ -220,6 +220,7 @@ impl SourceSession<'_> {
                     .map_err(|e| EngineError::local(format!("filter rules: {e}")))?;
                 // A striped push's pieces of big files (request::shares).
                 filter.pieces.clone_from(&opts.pieces);
+                filter.listed_may_vanish = opts.listed_may_vanish;
                 let (root, tops) = (spec.root.path(), &spec.tops);
                 walk_archive(
                     root,
