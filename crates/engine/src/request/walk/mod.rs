@@ -755,7 +755,10 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
 /// A directory that only leads to `--files-from` paths: stat the listed
 /// names in it instead of reading it whole (request::filter
 /// `listed_children`); a listed name that is not there (removed since it
-/// was listed, as in a replication batch) is skipped.
+/// was listed, as in a replication batch) is a vanished path (rsync's
+/// IOERR_VANISHED: reported, --delete still runs). A watch job learns so
+/// that the batch read a name a late rename event took away
+/// (docs/WATCH.md "Vanished paths").
 fn scan_listed(
     base: &Path,
     rel: &[u8],
@@ -769,7 +772,6 @@ fn scan_listed(
         let cwire = join(wire, &name);
         let md = match fs::symlink_metadata(abs(base, &crel)) {
             Ok(md) => md,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => {
                 let path = abs(base, &crel).display().to_string();
                 to.failures.push(FailedPath::io(path, e.to_string(), &e));
