@@ -183,6 +183,13 @@ pub struct Pending {
     next_seq: u64,
     dirty: BTreeMap<Vec<u8>, Dirty>,
     inflight: Option<InFlight>,
+    /// Paths a finished batch found gone that no event has explained yet
+    /// (docs/WATCH.md "Vanished paths"): the rename or delete that took
+    /// them is still on its way. A rename that arrives for one marks it
+    /// again under its new name, a delete forgets it. Not journaled (a
+    /// restart scans in full); dropped when a full scan is cut (it reads
+    /// every entry at its new name); counted against the cap.
+    gone: BTreeMap<Vec<u8>, Kind>,
     full: Option<Instant>,
     log: Vec<LogRec>,
     pub counters: Counters,
@@ -209,6 +216,7 @@ impl Pending {
             next_seq: 1,
             dirty: BTreeMap::new(),
             inflight: None,
+            gone: BTreeMap::new(),
             full: None,
             log: Vec::new(),
             counters: Counters::default(),
@@ -298,7 +306,13 @@ impl Pending {
                 self.request_full(now);
             }
         }
-        if self.depth() > self.cfg.cap {
+        self.bound(now);
+    }
+
+    /// Above the cap (waiting paths, operations, unexplained vanished
+    /// paths): a full scan instead.
+    fn bound(&mut self, now: Instant) {
+        if self.depth() + self.gone.len() > self.cfg.cap {
             self.collapse(now);
         }
     }
@@ -343,6 +357,11 @@ impl Pending {
         } else {
             self.dirty.remove(path).is_some()
         };
+        if dir {
+            take_under(&mut self.gone, path);
+        } else {
+            self.gone.remove(path);
+        }
         // The batch in flight's paths are in the journal too.
         if let Some(f) = &mut self.inflight {
             gone |= if dir {
@@ -396,11 +415,27 @@ impl Pending {
             self.mark(to, kind, now, now, 0);
             return;
         }
-        // What was at `to` is replaced by what comes from `from`.
-        self.forget(&to, true);
+        // What was at `to` is replaced by what comes from `from`, but its
+        // pending paths stay, the batch in flight's too: fanotify names a
+        // directory as it is when the event is read, so a change made in
+        // `from` before the rename may already be here as one under `to`.
+        // Sent after the rename op, one that was the old `to`'s costs a
+        // quick check (or is found gone).
+        self.gone.retain(|p, _| !under(p, &to));
+        if let Some(f) = &mut self.inflight {
+            for (p, d) in take_under(&mut f.files, &to) {
+                self.log.push(LogRec::Mark {
+                    path: p.clone(),
+                    kind: d.kind,
+                });
+                let e = self.dirty.entry(p).or_insert(Dirty { ready_at: now, ..d });
+                e.kind = e.kind.max(d.kind);
+            }
+        }
         let moving = take_under(&mut self.dirty, &from);
         for (p, d) in moving {
-            self.dirty.insert(moved(&p, &from, &to), d);
+            let e = self.dirty.entry(moved(&p, &from, &to)).or_insert(d);
+            e.kind = e.kind.max(d.kind);
         }
         self.log.push(LogRec::Move {
             from: from.clone(),
@@ -425,6 +460,13 @@ impl Pending {
                 let e = self.dirty.entry(q).or_insert(Dirty { ready_at: now, ..d });
                 e.kind = e.kind.max(d.kind);
             }
+        }
+        // A path the last batches found gone because of this very rename
+        // (they read the old name after it happened on disk, and its event
+        // came after they ended): DST has nothing of it under `from`, so
+        // the rename op cannot bring it; it is sent under its new name.
+        for (p, kind) in take_under(&mut self.gone, &from) {
+            self.mark(moved(&p, &from, &to), kind, now, now, 0);
         }
         let (pf, pt) = (parent(&from).to_vec(), parent(&to).to_vec());
         if self.unsure(&from) {
@@ -481,6 +523,7 @@ impl Pending {
         let oldest = self.oldest().unwrap_or(now);
         self.dirty.clear();
         self.ops.clear();
+        self.gone.clear();
         self.log.push(LogRec::Reset);
         self.full = None;
         self.request_full(oldest);
@@ -519,6 +562,13 @@ impl Pending {
             ops_done: false,
         };
         self.full = None;
+        if f.full {
+            // It reads every entry as the source names it now, after they
+            // vanished: a late rename of one finds DST's old name gone
+            // (mirror) and sends the new one whole, or (copy mode) sends
+            // the new one anyway.
+            self.gone.clear();
+        }
         for (seq, op, at) in &f.ops {
             b.ops.push((*seq, op.clone()));
             b.since = Some(b.since.map_or(*at, |s| s.min(*at)));
@@ -586,14 +636,19 @@ impl Pending {
     }
 
     /// The batch in flight ended. `ok`: its data reached DST, except the
-    /// `failed` paths (sent again once quiet). Not `ok`: all of it goes
-    /// back (its operations too, unless [`Pending::ops_applied`] said they
+    /// `failed` paths (sent again once quiet) and the `vanished` ones (not
+    /// there when the batch read them; the engine names the topmost
+    /// missing directory of a listed path). Not `ok`: all of it goes back
+    /// (its operations too, unless [`Pending::ops_applied`] said they
     /// arrived).
-    pub fn finish(&mut self, ok: bool, failed: &[Vec<u8>], now: Instant) {
+    pub fn finish(&mut self, ok: bool, failed: &[Vec<u8>], vanished: &[Vec<u8>], now: Instant) {
         let Some(f) = self.inflight.take() else {
             return;
         };
         if ok {
+            for v in vanished {
+                self.vanished(&f, v);
+            }
             for p in f.files.keys() {
                 if !self.dirty.contains_key(p) {
                     self.log.push(LogRec::Unmark {
@@ -609,6 +664,7 @@ impl Pending {
             for p in failed {
                 self.mark(p.clone(), Kind::File, quiet, now, 0);
             }
+            self.bound(now);
             return;
         }
         if !f.ops_done {
@@ -624,6 +680,33 @@ impl Pending {
         }
         if f.full {
             self.request_full(now);
+        }
+    }
+
+    /// `v` was gone when batch `f` read it. What `f` still holds at or
+    /// below it (no event took it out while in flight) or, when `f` read
+    /// `v` inside a tree or a full scan, `v` itself, waits in `gone` for
+    /// the event that removed it. One that came while `f` was in flight
+    /// already moved or forgot `f`'s entry: nothing waits then.
+    fn vanished(&mut self, f: &InFlight, v: &[u8]) {
+        let listed = f
+            .files
+            .range(v.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(v))
+            .filter(|(k, _)| under(k, v));
+        let mut any = false;
+        for (p, d) in listed {
+            any = true;
+            self.gone.insert(p.clone(), d.kind);
+        }
+        let mut a = v;
+        let mut inside = f.full;
+        while !any && !inside && !a.is_empty() {
+            a = parent(a);
+            inside = f.files.get(a).is_some_and(|d| d.kind >= Kind::Tree);
+        }
+        if !any && inside {
+            self.gone.insert(v.to_vec(), Kind::Tree);
         }
     }
 

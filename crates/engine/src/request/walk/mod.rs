@@ -758,7 +758,11 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
 /// A directory that only leads to `--files-from` paths: stat the listed
 /// names in it instead of reading it whole (request::filter
 /// `listed_children`); a listed name that is not there (removed since it
-/// was listed, as in a replication batch) is skipped.
+/// was listed, as in a replication batch, Filter::listed_may_vanish) is a
+/// vanished path (rsync's IOERR_VANISHED: reported, --delete still runs):
+/// a watch job learns so that the batch read a name a late rename event
+/// took away (docs/WATCH.md "Vanished paths"). A name the user listed that
+/// is not there is a failure (rsync's link_stat error, exit 23).
 fn scan_listed(
     base: &Path,
     rel: &[u8],
@@ -773,7 +777,11 @@ fn scan_listed(
         let md = match fs::symlink_metadata(abs(base, &crel)) {
             Ok(md) => md,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && filter.listed_may_vanish => {
-                continue
+                // A replication batch's name, gone since it was listed: a
+                // vanished path the job learns from (docs/WATCH.md).
+                let path = abs(base, &crel).display().to_string();
+                to.failures.push(FailedPath::io(path, e.to_string(), &e));
+                continue;
             }
             Err(e) => {
                 // A path the user listed is not a path that vanished

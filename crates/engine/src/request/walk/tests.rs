@@ -206,3 +206,50 @@ fn a_missing_top_is_vanished_other_scan_errors_are_not() {
         assert!(w.failures[0].reason.starts_with("cannot read directory"));
     }
 }
+
+/// A `--files-from` name not there (removed or renamed since it was
+/// listed: a watch job's batch) is a vanished path, named by its topmost
+/// missing directory; the listed paths that are there are sent
+/// (docs/WATCH.md "Vanished paths").
+#[test]
+fn a_listed_name_not_there_is_vanished() {
+    let d = tempfile::tempdir().unwrap();
+    fs::create_dir_all(d.path().join("t/e")).unwrap();
+    fs::write(d.path().join("t/e/f"), b"x").unwrap();
+    fs::write(d.path().join("t/g"), b"y").unwrap();
+    let sel = ramsys_proto::control::Selection {
+        files: vec![b"t/d/f".to_vec(), b"t/g".to_vec(), b"t/h".to_vec()].into(),
+        files_recursive: true,
+        ..Default::default()
+    };
+    // A replication batch's list: vanished. The user's own: a failure
+    // that stops --delete (rsync's link_stat error, exit 23).
+    for may_vanish in [true, false] {
+        let mut filter = Filter::new(&sel).unwrap();
+        filter.listed_may_vanish = may_vanish;
+        let top = Top {
+            rel: b"t".to_vec(),
+            name: b"t".to_vec(),
+        };
+        let mut names = Vec::new();
+        let w = walk_streamed(d.path(), &[top], true, &filter, &mut |es: &[Entry]| {
+            names.extend(es.iter().map(|e| e.path.clone()));
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        let gone: Vec<(bool, &str)> = w
+            .failures
+            .iter()
+            .map(|f| {
+                (
+                    f.vanished,
+                    f.path.strip_prefix(d.path().to_str().unwrap()).unwrap(),
+                )
+            })
+            .collect();
+        let want = [(may_vanish, "/t/d"), (may_vanish, "/t/h")];
+        assert_eq!(gone, want, "{:?}", w.failures);
+        assert!(names.contains(&b"t/g".to_vec()), "{names:?}");
+        assert!(!names.iter().any(|n| n.starts_with(b"t/e")), "{names:?}");
+    }
+}
