@@ -4,6 +4,12 @@
 //! answers the source's control messages, the receivers' ends and the
 //! writers' failures, each with a handler of its own; one teardown joins
 //! every thread and finalizes the files.
+//!
+//! (Over 800 lines: the loop's handlers are methods of one
+//! `SinkPipeline` that share its state: the credits, the receivers and
+//! the writers' wiring. The next step moves the wiring and the credits to
+//! files of their own once the windowed sink (branch `window`, issue 36)
+//! has landed, which reshapes the same handlers.)
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
