@@ -68,6 +68,8 @@ impl Control {
             Control::WatchOps { .. } => "WatchOps",
             Control::WatchDone { .. } => "WatchDone",
             Control::SelectFiles { .. } => "SelectFiles",
+            Control::Ready { .. } => "Ready",
+            Control::SettledThrough { .. } => "SettledThrough",
         }
     }
 
