@@ -168,12 +168,31 @@ impl<M: Machine> ControlLink<M> {
     /// and hands them over as events, until the link fails or the
     /// receiving end is dropped. Its messages still pass [`Self::admit`].
     pub fn spawn_reader(&self, name: &str) -> Result<Receiver<ControlEvent>, EngineError> {
+        self.spawn_reader_idle(name, None)
+    }
+
+    /// [`Self::spawn_reader`] on a link whose reads may time out: while
+    /// `idle` holds, a timeout is delivered (and the reader stops); once it
+    /// is cleared, a read that times out is read again. A windowed sink
+    /// waits for the records with its idle timeout (the source speaks at
+    /// least every 2 s while it has records to send), then for data and
+    /// digests with none (issue 36).
+    pub fn spawn_reader_idle(
+        &self,
+        name: &str,
+        idle: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    ) -> Result<Receiver<ControlEvent>, EngineError> {
         let (tx, rx) = unbounded();
         let mut link = self.link.try_clone_link()?;
         std::thread::Builder::new()
             .name(name.into())
             .spawn(move || loop {
                 let r = recv_control(&mut *link);
+                if let (Err(e), Some(idle)) = (&r, &idle) {
+                    if is_timeout(e) && !idle.load(std::sync::atomic::Ordering::Acquire) {
+                        continue;
+                    }
+                }
                 let stop = r.is_err();
                 if tx.send(r).is_err() || stop {
                     break;
@@ -181,6 +200,14 @@ impl<M: Machine> ControlLink<M> {
             })?;
         Ok(rx)
     }
+}
+
+/// A read that ran into the link's read timeout.
+pub fn is_timeout(e: &EngineError) -> bool {
+    matches!(e, EngineError::Io(io) if matches!(
+        io.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    ))
 }
 
 /// The peer's Abort, Error or Redirect as the error it means.

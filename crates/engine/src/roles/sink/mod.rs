@@ -106,9 +106,14 @@ pub fn run_sink(
         // by the control reader even while the links are awaited, so
         // the source never blocks on a full socket.
         s.ctl.send(&Control::SyncDone { failures: vec![] })?;
-        let control = s.ctl.spawn_reader("sink-ctl")?;
+        // Until MetaEnd the source speaks at least every 2 s (a record,
+        // a digest or a keepalive): a silence of the idle timeout is named.
+        let idle = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let control = s.ctl.spawn_reader_idle("sink-ctl", Some(idle.clone()))?;
         let opened = s.open_links(links, grant.streams)?;
-        (tree, opened, Some(control))
+        let t = s.opts.idle_timeout;
+        s.ctl.link.set_read_timeout(Some(t))?;
+        (tree, opened, Some((control, idle)))
     } else {
         let mut tree = s.receive_metadata(&prop, dest)?;
         crate::types::phase::mark("sink_metadata_in");

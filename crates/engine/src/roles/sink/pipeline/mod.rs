@@ -81,6 +81,8 @@ struct Window<'s> {
     /// the last release: a chunk settles with one of them (a chunk of
     /// directories only, with the Ready that covers it).
     last: (u64, u64),
+    /// The control reader's timeouts count until MetaEnd.
+    idle: Arc<AtomicBool>,
 }
 
 /// What the loop waits on, besides the links' own events.
@@ -336,7 +338,7 @@ impl<'s> SinkPipeline<'s> {
         table: Arc<FileTable>,
         sync: Option<SinkSync>,
         o: Opened,
-        control: Option<Receiver<ControlEvent>>,
+        control: Option<(Receiver<ControlEvent>, Arc<AtomicBool>)>,
         tree: Option<&'s mut Tree>,
     ) -> Result<Self, EngineError> {
         if g.cipher != Cipher::None && o.key.is_none() {
@@ -405,9 +407,9 @@ impl<'s> SinkPipeline<'s> {
         for c in returns.iter().take(streams as usize) {
             c.grant(credits_per_stream as u64)?;
         }
-        let control = match control {
-            Some(c) => c,
-            None => s.ctl.spawn_reader("sink-ctl")?,
+        let (control, records_due) = match control {
+            Some((c, due)) => (c, Some(due)),
+            None => (s.ctl.spawn_reader("sink-ctl")?, None),
         };
         let journal_tick = journal_tick(table.resume);
         Ok(SinkPipeline {
@@ -454,6 +456,7 @@ impl<'s> SinkPipeline<'s> {
                 settled: 0,
                 meta_end: false,
                 last: (u64::MAX, 0),
+                idle: records_due.unwrap_or_default(),
             }),
         })
     }
@@ -626,6 +629,15 @@ impl<'s> SinkPipeline<'s> {
                 }
                 Ok(())
             }
+            Ok(Err(e))
+                if crate::session::control::is_timeout(&e)
+                    && self.window.as_ref().is_some_and(|w| !w.meta_end) =>
+            {
+                Err(EngineError::local(
+                    "no word from the source within the idle timeout (--timeout) \
+                     while waiting for the file list",
+                ))
+            }
             Ok(Err(EngineError::PeerClosed)) | Ok(Err(EngineError::Io(_))) => Err(
                 EngineError::local("connection to the source lost mid-transfer"),
             ),
@@ -648,7 +660,10 @@ impl<'s> SinkPipeline<'s> {
         };
         let root = self.table.root.clone();
         if w.tree.on_message(m, &root)? {
+            // Data and digests may now be far apart: no idle timeout.
             w.meta_end = true;
+            w.idle.store(false, Ordering::Release);
+            self.ctl.link.set_read_timeout(None)?;
         }
         let through = self.table.publish();
         let stats = &self.stats;

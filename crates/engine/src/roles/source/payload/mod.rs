@@ -512,6 +512,7 @@ impl<'s> Payload<'s> {
     /// stream count still grow (transport::grow)?
     fn on_tick(&mut self) -> Step {
         self.streams.check()?;
+        self.keepalive()?;
         let Some(a) = &mut self.grow else {
             return Ok(None);
         };

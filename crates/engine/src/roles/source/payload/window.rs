@@ -73,6 +73,8 @@ pub(in crate::roles::source) struct SrcWindow {
     template: Option<Template>,
     /// The session's memory budget (TransferOptions::meta_budget).
     budget: u64,
+    /// When the last keepalive went out.
+    said: std::time::Instant,
 }
 
 impl SrcWindow {
@@ -112,6 +114,7 @@ impl SrcWindow {
             gen_left: 0,
             template: Some(template),
             budget,
+            said: std::time::Instant::now(),
         };
         (jobs, rdone_rx, win)
     }
@@ -162,6 +165,21 @@ impl Payload<'_> {
         account(&self.stats, &w.ahead, w.budget)?;
         self.next_generation()?;
         Ok(None)
+    }
+
+    /// While records are still to come, an empty Entries every 2 s (the
+    /// scan's keepalive, request::walk::SCAN_KEEPALIVE): the sink waits
+    /// for them with its idle timeout, and a full window or a stalled
+    /// scan sends nothing else on the control link.
+    pub(super) fn keepalive(&mut self) -> Result<(), EngineError> {
+        let Some(w) = &mut self.win else {
+            return Ok(());
+        };
+        if w.scanned || w.said.elapsed() < crate::request::walk::SCAN_KEEPALIVE {
+            return Ok(());
+        }
+        w.said = std::time::Instant::now();
+        self.ctl.send(&Control::Entries(Vec::new()))
     }
 
     /// The sink has slots for every id below `through`: those files are
