@@ -53,11 +53,6 @@ impl SourceMachine {
         self.marks.windows
     }
 
-    /// Records sent so far (the next id).
-    pub fn announced(&self) -> u64 {
-        self.announced
-    }
-
     /// The sink's last Ready and SettledThrough marks.
     pub fn marks(&self) -> (u64, u64) {
         (self.marks.ready, self.marks.settled)
