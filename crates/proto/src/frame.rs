@@ -123,6 +123,12 @@ pub const CREDIT_SEALED_FLAG: u8 = 1;
 /// and [`crate::Control::GrownLinks`] in place of Grown (issue 21). A
 /// daemon never sends either to a client that did not set it.
 pub const HELLO_PATH_FLAG: u8 = 1;
+/// Header flag of the CONTROL frame carrying a Propose (the source can
+/// run the metadata in windows) and of the one carrying the Confirm that
+/// answers it (the sink takes them: a windowed session, issue 36;
+/// docs/PROTOCOL.md "Windows"). A peer of before ignores CONTROL flags, so
+/// it keeps today's whole-tree phases.
+pub const WINDOWS_FLAG: u8 = 2;
 
 /// Body of a sealed CREDIT: n (u32 LE) and a 16-byte tag over header + n.
 pub const CREDIT_SEALED_LEN: u32 = 4 + 16;

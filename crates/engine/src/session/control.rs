@@ -8,23 +8,24 @@ use crossbeam_channel::{unbounded, Receiver};
 use ramsys_proto::session::{Phase, SinkMachine, SourceMachine};
 use ramsys_proto::{Control, ProtoError};
 
-use crate::transport::wire::{recv_control, send_control};
+use crate::transport::wire::{recv_control, recv_control_flags, send_control_flagged};
 use crate::transport::Link;
 use crate::types::error::EngineError;
 
 /// The protocol machine of one end (ramsys_proto::session).
+/// `flags` are those of the message's CONTROL frame (frame::WINDOWS_FLAG).
 pub trait Machine {
-    fn on_send(&mut self, m: &Control) -> Result<(), ProtoError>;
-    fn on_recv(&mut self, m: &Control) -> Result<(), ProtoError>;
+    fn on_send(&mut self, m: &Control, flags: u8) -> Result<(), ProtoError>;
+    fn on_recv(&mut self, m: &Control, flags: u8) -> Result<(), ProtoError>;
     fn phase(&self) -> Phase;
 }
 
 impl Machine for SourceMachine {
-    fn on_send(&mut self, m: &Control) -> Result<(), ProtoError> {
-        SourceMachine::on_send(self, m)
+    fn on_send(&mut self, m: &Control, flags: u8) -> Result<(), ProtoError> {
+        SourceMachine::on_send_flags(self, m, flags)
     }
-    fn on_recv(&mut self, m: &Control) -> Result<(), ProtoError> {
-        SourceMachine::on_recv(self, m)
+    fn on_recv(&mut self, m: &Control, flags: u8) -> Result<(), ProtoError> {
+        SourceMachine::on_recv_flags(self, m, flags)
     }
     fn phase(&self) -> Phase {
         SourceMachine::phase(self)
@@ -32,11 +33,11 @@ impl Machine for SourceMachine {
 }
 
 impl Machine for SinkMachine {
-    fn on_send(&mut self, m: &Control) -> Result<(), ProtoError> {
-        SinkMachine::on_send(self, m)
+    fn on_send(&mut self, m: &Control, flags: u8) -> Result<(), ProtoError> {
+        SinkMachine::on_send_flags(self, m, flags)
     }
-    fn on_recv(&mut self, m: &Control) -> Result<(), ProtoError> {
-        SinkMachine::on_recv(self, m)
+    fn on_recv(&mut self, m: &Control, flags: u8) -> Result<(), ProtoError> {
+        SinkMachine::on_recv_flags(self, m, flags)
     }
     fn phase(&self) -> Phase {
         SinkMachine::phase(self)
@@ -65,9 +66,15 @@ impl<M: Machine> ControlLink<M> {
 
     /// Send `m`, if the machine admits it now.
     pub fn send(&mut self, m: &Control) -> Result<(), EngineError> {
-        self.machine.on_send(m)?;
+        self.send_flagged(m, 0)
+    }
+
+    /// [`Self::send`] with `flags` in the CONTROL frame's header
+    /// (frame::WINDOWS_FLAG on Propose and Confirm).
+    pub fn send_flagged(&mut self, m: &Control, flags: u8) -> Result<(), EngineError> {
+        self.machine.on_send(m, flags)?;
         // A failed write here means the control link is gone: say so.
-        send_control(&mut *self.link, m).map_err(|e| match e {
+        send_control_flagged(&mut *self.link, m, flags).map_err(|e| match e {
             EngineError::Io(e) => {
                 EngineError::local(format!("connection to the {} lost: {e}", self.peer))
             }
@@ -106,9 +113,15 @@ impl<M: Machine> ControlLink<M> {
     /// Receive the next message; the peer's Abort or Error is an error,
     /// and so is a message the machine does not admit now.
     pub fn recv(&mut self) -> Result<Control, EngineError> {
-        let m = recv_control(&mut *self.link).map_err(|e| self.named_timeout(e))?;
-        self.admit(&m)?;
-        Ok(m)
+        self.recv_flagged().map(|(m, _)| m)
+    }
+
+    /// [`Self::recv`] and the flags of the message's CONTROL frame.
+    pub fn recv_flagged(&mut self) -> Result<(Control, u8), EngineError> {
+        let (m, flags) = recv_control_flags(&mut *self.link).map_err(|e| self.named_timeout(e))?;
+        check_abort(&m)?;
+        self.machine.on_recv(&m, flags)?;
+        Ok((m, flags))
     }
 
     /// A read that timed out says what it waited for (issue 36): every
@@ -142,7 +155,7 @@ impl<M: Machine> ControlLink<M> {
     /// Check a message the reader thread delivered, as [`Self::recv`] does.
     pub fn admit(&mut self, m: &Control) -> Result<(), EngineError> {
         check_abort(m)?;
-        self.machine.on_recv(m)?;
+        self.machine.on_recv(m, 0)?;
         Ok(())
     }
 
@@ -164,12 +177,32 @@ impl<M: Machine> ControlLink<M> {
         name: &str,
         last: Option<fn(&Control) -> bool>,
     ) -> Result<Receiver<ControlEvent>, EngineError> {
+        self.spawn_reader_idle(name, last, None)
+    }
+
+    /// [`Self::spawn_reader`] on a link whose reads may time out: while
+    /// `idle` holds, a timeout is delivered (and the reader stops); once it
+    /// is cleared, a read that times out is read again. A windowed sink
+    /// waits for the records with its idle timeout (the source speaks at
+    /// least every 2 s while it has records to send), then for data and
+    /// digests with none (issue 36).
+    pub fn spawn_reader_idle(
+        &self,
+        name: &str,
+        last: Option<fn(&Control) -> bool>,
+        idle: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    ) -> Result<Receiver<ControlEvent>, EngineError> {
         let (tx, rx) = unbounded();
         let mut link = self.link.try_clone_link()?;
         std::thread::Builder::new()
             .name(name.into())
             .spawn(move || loop {
                 let r = recv_control(&mut *link);
+                if let (Err(e), Some(idle)) = (&r, &idle) {
+                    if is_timeout(e) && !idle.load(std::sync::atomic::Ordering::Acquire) {
+                        continue;
+                    }
+                }
                 let stop = match (&r, last) {
                     (Err(_), _) => true,
                     (Ok(m), Some(last)) => {
@@ -183,6 +216,14 @@ impl<M: Machine> ControlLink<M> {
             })?;
         Ok(rx)
     }
+}
+
+/// A read that ran into the link's read timeout.
+pub fn is_timeout(e: &EngineError) -> bool {
+    matches!(e, EngineError::Io(io) if matches!(
+        io.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    ))
 }
 
 /// The peer's Abort, Error or Redirect as the error it means.

@@ -40,6 +40,11 @@ pub struct TransferOptions {
     /// hold; past it the session ends with one line (0: no bound; a
     /// daemon's `--session-memory`, issue 36).
     pub meta_budget: u64,
+    /// Windowed metadata (issue 36, docs/SCALE.md "Windows"): how far the
+    /// source announces records ahead of the sink's settled mark, in ids
+    /// and in path bytes; 0 ids: whole-tree phases. From RAMSYS_WINDOW_FILES
+    /// and RAMSYS_WINDOW_BYTES (tests cross many windows with small ones).
+    pub meta_window: (u64, u64),
     /// fsync each file before it is renamed into place.
     pub fsync: bool,
     /// O_DIRECT reads and writes of large files where the file system
@@ -119,6 +124,42 @@ pub fn idle_timeout(secs: u64) -> Duration {
     }
 }
 
+/// The default window of a windowed session: 65,536 ids (a window of
+/// small files outlasts a 50 ms RTT) and 64 MiB of paths, or what
+/// RAMSYS_WINDOW_FILES and RAMSYS_WINDOW_BYTES say (0 files: no windows).
+fn meta_window() -> (u64, u64) {
+    static W: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+    *W.get_or_init(|| {
+        let var = |k: &str, d: u64| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(d)
+        };
+        let files = var("RAMSYS_WINDOW_FILES", 1 << 16);
+        (
+            files.min(ramsys_proto::session::MAX_WINDOW_IDS / 2),
+            var("RAMSYS_WINDOW_BYTES", 64 << 20).max(1),
+        )
+    })
+}
+
+impl TransferOptions {
+    /// A session that may run its metadata in windows: a plain copy (no
+    /// sync but a copy's default journal, no archive attributes, pieces or
+    /// synthetic files; issue 36).
+    pub fn windows_allowed(&self) -> bool {
+        use crate::request::sync::flags;
+        let synthetic =
+            self.source_engine == crate::storage::DataEngine::Null && self.null_size > 0;
+        self.meta_window.0 > 0
+            && self.sync & !(flags::DEST_DIR | flags::JOURNAL) == 0
+            && self.preserve == 0
+            && self.pieces.is_none()
+            && !synthetic
+    }
+}
+
 impl Default for TransferOptions {
     fn default() -> Self {
         TransferOptions {
@@ -135,6 +176,7 @@ impl Default for TransferOptions {
             window: 8,
             idle_timeout: Duration::from_secs(60),
             meta_budget: 0,
+            meta_window: meta_window(),
             fsync: false,
             direct: true,
             direct_mode: crate::storage::cache::DirectMode::Auto,

@@ -63,8 +63,10 @@ impl DirRef<'_> {
 }
 
 pub struct SinkDirs {
-    index: HashMap<Vec<u8>, u32>,
-    slots: Vec<OnceLock<Dir>>,
+    /// Interned through `&self` (a windowed sink adds files while its
+    /// writers open directories; issue 36): the slots never move.
+    index: std::sync::Mutex<HashMap<Vec<u8>, u32>>,
+    slots: Box<[OnceLock<Dir>]>,
     /// Ask each directory for a default ACL (the sink's file creation
     /// needs it; readers do not).
     acl: bool,
@@ -73,8 +75,8 @@ pub struct SinkDirs {
 impl Default for SinkDirs {
     fn default() -> Self {
         SinkDirs {
-            index: HashMap::new(),
-            slots: Vec::new(),
+            index: Default::default(),
+            slots: (0..MAX_OPEN).map(|_| OnceLock::new()).collect(),
             acl: true,
         }
     }
@@ -91,16 +93,16 @@ impl SinkDirs {
 
     /// The index of directory `rel` (relative to the sink root), or
     /// [`UNCACHED`] past [`MAX_OPEN`] directories.
-    pub fn intern(&mut self, rel: &[u8]) -> u32 {
-        if let Some(&i) = self.index.get(rel) {
+    pub fn intern(&self, rel: &[u8]) -> u32 {
+        let mut index = self.index.lock().unwrap();
+        if let Some(&i) = index.get(rel) {
             return i;
         }
-        if self.slots.len() >= MAX_OPEN {
+        if index.len() >= MAX_OPEN {
             return UNCACHED;
         }
-        let i = self.slots.len() as u32;
-        self.slots.push(OnceLock::new());
-        self.index.insert(rel.to_vec(), i);
+        let i = index.len() as u32;
+        index.insert(rel.to_vec(), i);
         i
     }
 
@@ -120,11 +122,11 @@ impl SinkDirs {
 
     /// Directories interned.
     pub fn len(&self) -> usize {
-        self.slots.len()
+        self.index.lock().unwrap().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+        self.len() == 0
     }
 }
 
@@ -141,7 +143,7 @@ impl ReadDirs {
     /// Intern the parent of every path in `rels` (in walk order, so a
     /// directory's files are adjacent: one hash lookup per directory).
     pub fn new<'a>(rels: impl Iterator<Item = &'a [u8]>) -> ReadDirs {
-        let mut dirs = SinkDirs::reading();
+        let dirs = SinkDirs::reading();
         let mut of_file = Vec::new();
         let mut last: Option<(&[u8], u32)> = None;
         for rel in rels {
@@ -189,7 +191,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         std::fs::create_dir(d.path().join("a")).unwrap();
         let root = Root::open(d.path(), Confinement::Strict).unwrap();
-        let mut dirs = SinkDirs::default();
+        let dirs = SinkDirs::default();
         let a = dirs.intern(b"a");
         assert_eq!(dirs.intern(b""), 1);
         assert_eq!(dirs.intern(b"a"), a);

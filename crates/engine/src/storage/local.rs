@@ -22,7 +22,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
 use crate::storage::fsops::Root;
-use crate::types::file::SourceFile;
+use crate::types::file::LiveFiles;
 
 /// Files at least this large are copied in the kernel; smaller ones are
 /// packed into blocks as usual (a block of many small files costs fewer
@@ -50,7 +50,7 @@ pub struct LocalBridge {
 }
 
 /// One session's source root and its files' paths by entry id.
-type Published = (Arc<Root>, Arc<Vec<SourceFile>>);
+type Published = (Arc<Root>, LiveFiles);
 
 impl std::fmt::Debug for LocalBridge {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -63,7 +63,7 @@ impl LocalBridge {
     /// walk's order; its own list, not a copy of every path: issue 36).
     /// Set by each session before it sends any block (replacing the
     /// previous session's).
-    pub fn publish(&self, root: Arc<Root>, files: Arc<Vec<SourceFile>>) {
+    pub fn publish(&self, root: Arc<Root>, files: LiveFiles) {
         *self.files.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new((root, files)));
     }
 
@@ -76,9 +76,9 @@ impl LocalBridge {
             .clone()
             .ok_or_else(|| io::Error::other("local copy before the source's file list"))?;
         let (root, files) = &*files;
-        match files.binary_search_by_key(&id, |f| f.id) {
-            Ok(i) => root.open_read(&files[i].rel, false),
-            Err(_) => Err(io::Error::other(format!(
+        match files.find(id) {
+            Some(f) => root.open_read(&f.rel, false),
+            None => Err(io::Error::other(format!(
                 "local copy of unknown entry {id}"
             ))),
         }
@@ -164,8 +164,8 @@ mod tests {
         let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
         let bridge = LocalBridge::default();
         assert!(bridge.open(1).is_err(), "nothing published yet");
-        let src = SourceFile::plain(1, b"src", data.len() as u64);
-        bridge.publish(root, Arc::new(vec![src]));
+        let src = crate::types::file::SourceFile::plain(1, b"src", data.len() as u64);
+        bridge.publish(root, LiveFiles::whole(Arc::new(vec![src])));
         assert!(bridge.open(0).is_err(), "entry 0 is not a file");
         assert!(bridge.open(9).is_err(), "no such entry");
         let src = bridge.open(1).unwrap();

@@ -59,8 +59,19 @@ pub fn exchange_preamble(link: &mut dyn Link) -> Result<(), EngineError> {
 
 /// Send one control message.
 pub fn send_control(link: &mut dyn Write, m: &Control) -> Result<(), EngineError> {
+    send_control_flagged(link, m, 0)
+}
+
+/// [`send_control`] with `flags` in the frame header (frame::WINDOWS_FLAG).
+pub fn send_control_flagged(
+    link: &mut dyn Write,
+    m: &Control,
+    flags: u8,
+) -> Result<(), EngineError> {
     let body = m.encode()?;
-    let h = FrameHeader::new(FrameKind::Control, 0, body.len() as u32).encode();
+    let mut h = FrameHeader::new(FrameKind::Control, 0, body.len() as u32);
+    h.flags = flags;
+    let h = h.encode();
     write_all_vectored(link, &mut [IoSlice::new(&h), IoSlice::new(&body)])?;
     Ok(())
 }

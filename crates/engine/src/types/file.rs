@@ -188,9 +188,102 @@ impl IdIndex {
     }
 }
 
+/// A session's source files by entry id, as lists of ascending ids: the
+/// whole walk's list, or in a windowed session one list per batch the
+/// readers took (issue 36), dropped a list at a time once the sink has
+/// settled it. Shared by the re-readers and a local copy's in-process
+/// sink, which look files up by id.
+#[derive(Clone, Default)]
+pub struct LiveFiles(
+    std::sync::Arc<std::sync::RwLock<std::collections::VecDeque<std::sync::Arc<Vec<SourceFile>>>>>,
+);
+
+impl LiveFiles {
+    /// The whole walk's list.
+    pub fn whole(files: std::sync::Arc<Vec<SourceFile>>) -> LiveFiles {
+        let l = LiveFiles::default();
+        l.push(files);
+        l
+    }
+
+    /// A list of ids above every list held.
+    pub fn push(&self, files: std::sync::Arc<Vec<SourceFile>>) {
+        if !files.is_empty() {
+            self.0.write().unwrap().push_back(files);
+        }
+    }
+
+    /// Drop the lists whose files all have ids below `through`.
+    pub fn drop_below(&self, through: u64) {
+        let mut l = self.0.write().unwrap();
+        while l
+            .front()
+            .and_then(|f| f.last())
+            .is_some_and(|f| f.id < through)
+        {
+            l.pop_front();
+        }
+    }
+
+    /// File `id`, if held.
+    pub fn find(&self, id: u64) -> Option<SourceFile> {
+        let l = self.0.read().unwrap();
+        let k = l.partition_point(|f| f.last().is_some_and(|f| f.id < id));
+        let list = l.get(k)?;
+        let i = list.binary_search_by_key(&id, |f| f.id).ok()?;
+        Some(list[i].clone())
+    }
+
+    /// Every file held, in one list (the one list itself when there is
+    /// one; a copy of a window's lists otherwise, for a re-read).
+    pub fn snapshot(&self) -> std::sync::Arc<Vec<SourceFile>> {
+        let l = self.0.read().unwrap();
+        match l.len() {
+            1 => l[0].clone(),
+            _ => std::sync::Arc::new(l.iter().flat_map(|f| f.iter().cloned()).collect()),
+        }
+    }
+
+    /// Files held now.
+    pub fn len(&self) -> usize {
+        self.0.read().unwrap().iter().map(|f| f.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn live_files_find_by_id_and_drop_whole_lists() {
+        let list = |ids: &[u64]| {
+            let v = ids
+                .iter()
+                .map(|&i| SourceFile::plain(i, format!("f{i}").as_bytes(), 1));
+            std::sync::Arc::new(v.collect::<Vec<_>>())
+        };
+        let l = LiveFiles::default();
+        l.push(list(&[1, 3]));
+        l.push(list(&[]));
+        l.push(list(&[4, 9]));
+        assert_eq!(l.find(3).map(|f| f.id), Some(3));
+        assert_eq!(l.find(9).map(|f| &*f.rel.to_vec() == b"f9"), Some(true));
+        assert!(l.find(2).is_none() && l.find(10).is_none());
+        assert_eq!(l.snapshot().len(), 4);
+        // A list goes only when all of it is below the mark.
+        l.drop_below(4);
+        assert!(l.find(3).is_none() && l.find(4).is_some());
+        assert!(
+            std::sync::Arc::ptr_eq(&l.snapshot(), &l.snapshot()),
+            "one list: no copy"
+        );
+        l.drop_below(10);
+        assert!(l.is_empty());
+    }
 
     #[test]
     fn source_file_stays_small() {

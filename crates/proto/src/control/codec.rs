@@ -69,6 +69,8 @@ impl Control {
             Control::WatchDone { .. } => "WatchDone",
             Control::SelectFiles { .. } => "SelectFiles",
             Control::WatchBatch { .. } => "WatchBatch",
+            Control::Ready { .. } => "Ready",
+            Control::SettledThrough { .. } => "SettledThrough",
         }
     }
 

@@ -34,6 +34,14 @@ pub enum EntryKind {
         piece: u64,
         index: u32,
     },
+    /// A further name for the file with id `target_id`, whose own path is
+    /// `target` (relative, as an Entry's path): sent instead of HardLink
+    /// in a windowed session (issue 36), where the sink may have dropped
+    /// the target's slot by the time the second name is found.
+    LinkTo {
+        target_id: u64,
+        target: Vec<u8>,
+    },
 }
 
 /// Most pieces one file may be cut into (each leaves a marker file at the

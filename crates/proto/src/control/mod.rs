@@ -404,6 +404,20 @@ pub enum Control {
     WatchBatch {
         batch: u64,
     },
+    /// Sink to source during the payload of a windowed session (issue 36,
+    /// frame::WINDOWS_FLAG): every id below `through` has its slot; the
+    /// source may read and send those files. Increasing, never past the
+    /// records received.
+    Ready {
+        through: u64,
+    },
+    /// Sink to source during the payload of a windowed session: every file
+    /// of an id below `through` is in place or failed; the source drops
+    /// their state and may announce up to `through` + its window.
+    /// Increasing, never past the last Ready.
+    SettledThrough {
+        through: u64,
+    },
 }
 
 #[cfg(test)]

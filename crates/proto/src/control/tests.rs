@@ -352,6 +352,19 @@ fn roundtrip_every_variant() {
             files: vec![b"a/b".to_vec(), b"c".to_vec()],
         },
         Control::WatchBatch { batch: u64::MAX },
+        Control::Ready { through: 1 << 40 },
+        Control::SettledThrough { through: 7 },
+        Control::Entries(vec![Entry {
+            id: 3,
+            path: b"d/l".to_vec(),
+            kind: EntryKind::LinkTo {
+                target_id: 2,
+                target: b"d/f".to_vec(),
+            },
+            mode: 0o644,
+            mtime_s: 1,
+            mtime_ns: 2,
+        }]),
     ];
     for m in msgs {
         let b = m.encode().unwrap();

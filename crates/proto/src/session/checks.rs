@@ -82,13 +82,13 @@ impl EntryChecker {
             }
             EntryKind::HardLink { target_id } => {
                 self.seen_nondir = true;
-                let word = self.file_ids.get((*target_id / 64) as usize);
-                if word.is_none_or(|w| w & (1 << (*target_id % 64)) == 0) {
-                    return Err(ProtoError::malformed(
-                        "entry",
-                        "hard link to an id that is not an earlier file",
-                    ));
-                }
+                self.earlier_file(*target_id)?;
+            }
+            // The target's path is checked as a record's own (issue 36).
+            EntryKind::LinkTo { target_id, target } => {
+                self.seen_nondir = true;
+                self.earlier_file(*target_id)?;
+                validate_relative(target)?;
             }
             EntryKind::Special { kind, rdev } => {
                 self.seen_nondir = true;
@@ -102,6 +102,20 @@ impl EntryChecker {
                     return Err(ProtoError::malformed("entry", "unknown special file kind"));
                 }
             }
+        }
+        Ok(())
+    }
+}
+
+impl EntryChecker {
+    /// A hard link's target: an earlier File record.
+    fn earlier_file(&self, id: u64) -> Result<(), ProtoError> {
+        let word = self.file_ids.get((id / 64) as usize);
+        if word.is_none_or(|w| w & (1 << (id % 64)) == 0) {
+            return Err(ProtoError::malformed(
+                "entry",
+                "hard link to an id that is not an earlier file",
+            ));
         }
         Ok(())
     }

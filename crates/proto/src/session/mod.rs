@@ -18,8 +18,88 @@ mod checks;
 mod sink;
 mod source;
 
-pub use sink::{SinkMachine, MAX_GROW_STAGES};
+pub use sink::{SinkMachine, MAX_GROW_STAGES, MAX_WINDOW_IDS};
 pub use source::SourceMachine;
+
+/// Windowed metadata (issue 36, frame::WINDOWS_FLAG on Propose and
+/// Confirm): the metadata runs ahead of the data by a window of ids
+/// instead of ending before the payload starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Windows {
+    /// Not proposed, or the sink did not take them: today's phases.
+    #[default]
+    Off,
+    /// Propose carried the flag; Confirm has not answered yet.
+    Proposed,
+    /// Confirm carried it too: Entries, ScanFailed and MetaEnd continue
+    /// into the payload, paced by Ready and SettledThrough.
+    On,
+}
+
+/// What a windowed session has said of its ids so far (both machines).
+#[derive(Debug, Default)]
+pub(super) struct Marks {
+    pub(super) windows: Windows,
+    /// Every id below it has a slot at the sink (Ready).
+    pub(super) ready: u64,
+    /// Every id below it is settled (SettledThrough).
+    pub(super) settled: u64,
+    /// MetaEnd sent or received.
+    pub(super) meta_end: bool,
+}
+
+impl Marks {
+    pub(super) fn on(&self) -> bool {
+        self.windows == Windows::On
+    }
+
+    /// A window flag where the other end's own flag did not come first.
+    pub(super) fn unasked(what: &'static str) -> crate::ProtoError {
+        crate::ProtoError::malformed(what, "windows confirmed but never proposed")
+    }
+
+    /// A Ready for `through`, with `announced` records sent so far.
+    pub(super) fn ready(&mut self, through: u64, announced: u64) -> Result<(), crate::ProtoError> {
+        if !self.on() {
+            return Err(crate::ProtoError::malformed(
+                "ready",
+                "in a session without windows",
+            ));
+        }
+        if through <= self.ready || through > announced {
+            return Err(crate::ProtoError::malformed(
+                "ready",
+                format!(
+                    "through {through}: not past {} or beyond the {announced} records announced",
+                    self.ready
+                ),
+            ));
+        }
+        self.ready = through;
+        Ok(())
+    }
+
+    /// A SettledThrough for `through`.
+    pub(super) fn settled(&mut self, through: u64) -> Result<(), crate::ProtoError> {
+        if !self.on() {
+            return Err(crate::ProtoError::malformed(
+                "settled through",
+                "in a session without windows",
+            ));
+        }
+        if through <= self.settled || through > self.ready {
+            return Err(crate::ProtoError::malformed(
+                "settled through",
+                format!(
+                    "through {through}: not past {} or beyond the ready mark {}",
+                    self.settled, self.ready
+                ),
+            ));
+        }
+        self.settled = through;
+        Ok(())
+    }
+}
 
 /// Phases common to both ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

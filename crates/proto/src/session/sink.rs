@@ -2,8 +2,9 @@
 //! `checks.rs`, the consistency of every record a source sends.
 
 use super::checks::{check_attrs, EntryChecker};
-use super::Phase;
-use crate::control::Control;
+use super::{Marks, Phase, Windows};
+use crate::control::{Control, EntryKind};
+use crate::frame::WINDOWS_FLAG;
 use crate::ProtoError;
 
 /// The sink end of a session.
@@ -11,7 +12,8 @@ use crate::ProtoError;
 pub struct SinkMachine {
     /// pub(super): tests.rs puts a machine straight into a phase.
     pub(super) phase: Phase,
-    entries: EntryChecker,
+    /// pub(super): tests.rs puts a machine far into a window.
+    pub(super) entries: EntryChecker,
     proposed: Option<crate::control::Propose>,
     /// Flags of a SyncMode received (docs/SYNC.md), None for a plain copy.
     sync: Option<u32>,
@@ -19,7 +21,14 @@ pub struct SinkMachine {
     preserve: Option<u32>,
     /// Grown received: once per session.
     grown: bool,
+    /// Windowed metadata (issue 36): negotiated, and the marks so far.
+    marks: Marks,
 }
+
+/// Most ids a windowed source may announce past the sink's settled mark
+/// (its own window is smaller, ~64 k): a source that runs further ahead
+/// is refused, so it cannot grow the sink's table past the window.
+pub const MAX_WINDOW_IDS: u64 = 1 << 20;
 
 /// Most stages a Grown may report: each stage at least adds one stream,
 /// and no session has more than u16::MAX of them; a source reports far
@@ -41,7 +50,63 @@ impl SinkMachine {
             sync: None,
             preserve: None,
             grown: false,
+            marks: Marks::default(),
         }
+    }
+
+    /// Windowed metadata: proposed, taken, or neither.
+    pub fn windows(&self) -> Windows {
+        self.marks.windows
+    }
+
+    /// The Ready and SettledThrough marks sent so far.
+    pub fn marks(&self) -> (u64, u64) {
+        (self.marks.ready, self.marks.settled)
+    }
+
+    /// MetaEnd received.
+    pub fn meta_ended(&self) -> bool {
+        self.marks.meta_end
+    }
+
+    /// Records of a session that may be windowed: no piece; no id as far
+    /// as [`MAX_WINDOW_IDS`] past the settled mark; a HardLink only to a
+    /// slot not yet settled (before the source read Confirm: see
+    /// SourceMachine::count), a LinkTo only once windows are on.
+    fn check_window(&self, es: &[crate::control::Entry]) -> Result<(), ProtoError> {
+        if self.marks.windows == Windows::Off {
+            if es
+                .iter()
+                .any(|e| matches!(e.kind, EntryKind::LinkTo { .. }))
+            {
+                return Err(ProtoError::malformed("entry", "LinkTo without windows"));
+            }
+            return Ok(());
+        }
+        for e in es {
+            let bad = match e.kind {
+                EntryKind::Piece { .. } => true,
+                EntryKind::HardLink { target_id } => target_id < self.marks.settled,
+                EntryKind::LinkTo { .. } => !self.marks.on(),
+                _ => false,
+            };
+            if bad {
+                return Err(ProtoError::malformed(
+                    "entry",
+                    "a piece, or a link the window cannot resolve",
+                ));
+            }
+            if e.id >= self.marks.settled.saturating_add(MAX_WINDOW_IDS) {
+                return Err(ProtoError::malformed("entry", "id beyond the window"));
+            }
+        }
+        Ok(())
+    }
+
+    /// A file id the source reports on: announced, and in a windowed
+    /// session within the ready mark (no data before the slot exists).
+    fn known(&self, id: u64) -> bool {
+        id < self.entries.next_id && (!self.marks.on() || id < self.marks.ready)
     }
 
     /// Flags of the Preserve received, if any.
@@ -64,7 +129,14 @@ impl SinkMachine {
     }
 
     pub fn on_send(&mut self, m: &Control) -> Result<(), ProtoError> {
+        self.on_send_flags(m, 0)
+    }
+
+    /// [`Self::on_send`] of a message whose CONTROL frame carries `flags`
+    /// (frame::WINDOWS_FLAG on Confirm: windows taken, only if proposed).
+    pub fn on_send_flags(&mut self, m: &Control, flags: u8) -> Result<(), ProtoError> {
         use Phase::*;
+        let on = self.marks.on();
         self.phase = match (self.phase, m) {
             (_, Control::Abort { .. }) => Aborted,
             (Negotiate, Control::Confirm(c)) => {
@@ -75,11 +147,28 @@ impl SinkMachine {
                 if c.streams > p.streams || c.block_size > p.block_size || c.streams == 0 {
                     return Err(ProtoError::malformed("confirm", "exceeds proposal"));
                 }
+                self.marks.windows = match (self.marks.windows, flags & WINDOWS_FLAG != 0) {
+                    (Windows::Proposed, true) => Windows::On,
+                    (_, true) => return Err(Marks::unasked("confirm")),
+                    (_, false) => Windows::Off,
+                };
                 Metadata
             }
             (Syncing, Control::Have(_)) if self.sync.is_some() => Syncing,
             (Syncing, Control::SyncDone { .. }) => Payload,
-            (Payload, Control::Resend(_) | Control::Settled | Control::Lost { .. }) => Payload,
+            // Windows: the payload starts at once, the metadata runs on.
+            (Metadata, Control::SyncDone { .. }) if on => Payload,
+            (Payload, Control::Ready { through }) => {
+                self.marks.ready(*through, self.entries.next_id)?;
+                Payload
+            }
+            (Payload, Control::SettledThrough { through }) => {
+                self.marks.settled(*through)?;
+                Payload
+            }
+            // Windows: settled means every record, so not before MetaEnd.
+            (Payload, Control::Settled) if !on || self.marks.meta_end => Payload,
+            (Payload, Control::Resend(_) | Control::Lost { .. }) => Payload,
             (Payload, Control::StreamAdded { .. }) => Payload,
             (Completing, Control::Deleted(_)) if self.sync.is_some() => Completing,
             (Completing, Control::Complete(_)) => Done,
@@ -89,7 +178,15 @@ impl SinkMachine {
     }
 
     pub fn on_recv(&mut self, m: &Control) -> Result<(), ProtoError> {
+        self.on_recv_flags(m, 0)
+    }
+
+    /// [`Self::on_recv`] of a message whose CONTROL frame carried `flags`
+    /// (frame::WINDOWS_FLAG on Propose: the source can run windows).
+    pub fn on_recv_flags(&mut self, m: &Control, flags: u8) -> Result<(), ProtoError> {
         use Phase::*;
+        let plain = self.marks.windows == Windows::Off;
+        let (on, open) = (self.marks.on(), !self.marks.meta_end);
         self.phase = match (self.phase, m) {
             (_, Control::Abort { .. } | Control::Error { .. }) => Aborted,
             (Negotiate, Control::Propose(p)) if self.proposed.is_none() => {
@@ -99,12 +196,21 @@ impl SinkMachine {
                         "zero streams or block size",
                     ));
                 }
+                if flags & WINDOWS_FLAG != 0 {
+                    self.marks.windows = Windows::Proposed;
+                }
                 self.proposed = Some(p.clone());
                 Negotiate
             }
-            // Right behind Propose, so it may arrive after Confirm left.
-            (Negotiate | Metadata, Control::SyncMode { flags })
-                if self.proposed.is_some() && self.sync.is_none() && self.entries.next_id == 0 =>
+            // Right behind Propose, so it may arrive after Confirm left
+            // (windows: after SyncDone). A session that proposed windows is
+            // a plain copy: its default journal (JOURNAL) at most.
+            (Negotiate | Metadata | Payload, Control::SyncMode { flags })
+                if self.proposed.is_some()
+                    && self.sync.is_none()
+                    && self.entries.next_id == 0
+                    && (plain || flags & !crate::control::sync::JOURNAL == 0)
+                    && (self.phase != Payload || on) =>
             {
                 if flags & !crate::control::sync::ALL != 0 {
                     return Err(ProtoError::malformed("sync mode", "unknown flags"));
@@ -115,7 +221,8 @@ impl SinkMachine {
             (Negotiate | Metadata, Control::Preserve { flags })
                 if self.proposed.is_some()
                     && self.preserve.is_none()
-                    && self.entries.next_id == 0 =>
+                    && self.entries.next_id == 0
+                    && plain =>
             {
                 if flags & !crate::attrs::preserve::ALL != 0 {
                     return Err(ProtoError::malformed("preserve", "unknown flags"));
@@ -124,24 +231,33 @@ impl SinkMachine {
                 self.phase
             }
             (Metadata, Control::Entries(es)) => {
+                self.check_window(es)?;
                 for e in es {
                     self.entries.check(e)?;
                 }
                 Metadata
             }
+            (Payload, Control::Entries(es)) if on && open => {
+                self.check_window(es)?;
+                for e in es {
+                    self.entries.check(e)?;
+                }
+                Payload
+            }
             (Metadata, Control::ScanFailed { .. }) => Metadata,
+            (Payload, Control::ScanFailed { .. }) if on && open => Payload,
             (Metadata, Control::Attrs(v)) if self.preserve.is_some() => {
                 check_attrs(v, self.entries.next_id)?;
                 Metadata
             }
             (
-                Metadata,
+                Metadata | Payload,
                 Control::MetaEnd {
                     entries,
                     files,
                     bytes,
                 },
-            ) => {
+            ) if open && (self.phase == Metadata || on) => {
                 if *entries != self.entries.next_id
                     || *files != self.entries.files
                     || *bytes != self.entries.bytes
@@ -151,16 +267,21 @@ impl SinkMachine {
                         "counts do not match the records received",
                     ));
                 }
-                Syncing
+                self.marks.meta_end = true;
+                // Windows: the payload is under way already.
+                match self.phase {
+                    Payload => Payload,
+                    _ => Syncing,
+                }
             }
             (Payload, Control::FilesDone(v)) => {
-                if v.iter().any(|(id, _)| *id >= self.entries.next_id) {
+                if v.iter().any(|(id, _)| !self.known(*id)) {
                     return Err(ProtoError::malformed("files done", "unknown file id"));
                 }
                 Payload
             }
             (Payload, Control::FileFailed { id, .. }) => {
-                if *id >= self.entries.next_id {
+                if !self.known(*id) {
                     return Err(ProtoError::malformed("file failed", "unknown file id"));
                 }
                 Payload
@@ -190,7 +311,7 @@ impl SinkMachine {
                 self.grown = true;
                 Payload
             }
-            (Payload, Control::EndOfData { .. }) => Completing,
+            (Payload, Control::EndOfData { .. }) if !on || !open => Completing,
             _ => return Err(self.phase.unexpected(m)),
         };
         Ok(())

@@ -1,8 +1,9 @@
 //! The source end's machine: which messages it may send and receive in
 //! which phase.
 
-use super::Phase;
-use crate::control::Control;
+use super::{Marks, Phase, Windows};
+use crate::control::{Control, Entry, EntryKind};
+use crate::frame::WINDOWS_FLAG;
 use crate::ProtoError;
 
 /// The source end of a session. The source may stream its metadata right
@@ -20,6 +21,10 @@ pub struct SourceMachine {
     preserve: bool,
     /// Grown sent: once per session.
     grown: bool,
+    /// Windowed metadata (issue 36): negotiated, and the marks so far.
+    marks: Marks,
+    /// Records sent (the next id).
+    announced: u64,
 }
 
 impl Default for SourceMachine {
@@ -38,7 +43,49 @@ impl SourceMachine {
             sent_entries: false,
             preserve: false,
             grown: false,
+            marks: Marks::default(),
+            announced: 0,
         }
+    }
+
+    /// Windowed metadata: proposed, taken by the sink, or neither.
+    pub fn windows(&self) -> Windows {
+        self.marks.windows
+    }
+
+    /// The sink's last Ready and SettledThrough marks.
+    pub fn marks(&self) -> (u64, u64) {
+        (self.marks.ready, self.marks.settled)
+    }
+
+    /// Records about to go out: ids in order from 0, and in a session that
+    /// may be windowed no piece; once windows are on, a second name is a
+    /// LinkTo (the sink may have dropped the target's slot), before that a
+    /// HardLink (the sink cannot, yet: a file settles only after its
+    /// digest, which follows every record sent before Confirm was read).
+    fn count(&mut self, es: &[Entry]) -> Result<(), ProtoError> {
+        for e in es {
+            if e.id != self.announced {
+                return Err(ProtoError::malformed(
+                    "entry",
+                    format!("id {} out of order (expected {})", e.id, self.announced),
+                ));
+            }
+            let bad = match e.kind {
+                EntryKind::Piece { .. } => self.marks.windows != Windows::Off,
+                EntryKind::HardLink { .. } => self.marks.on(),
+                EntryKind::LinkTo { .. } => !self.marks.on(),
+                _ => false,
+            };
+            if bad {
+                return Err(ProtoError::malformed(
+                    "entry",
+                    "a piece, or a link of the other kind, for these windows",
+                ));
+            }
+            self.announced += 1;
+        }
+        Ok(())
     }
 
     pub fn phase(&self) -> Phase {
@@ -47,15 +94,30 @@ impl SourceMachine {
 
     /// Validate a message this end is about to send.
     pub fn on_send(&mut self, m: &Control) -> Result<(), ProtoError> {
+        self.on_send_flags(m, 0)
+    }
+
+    /// [`Self::on_send`] of a message whose CONTROL frame carries `flags`
+    /// (frame::WINDOWS_FLAG on Propose: windows proposed).
+    pub fn on_send_flags(&mut self, m: &Control, flags: u8) -> Result<(), ProtoError> {
         use Phase::*;
+        let plain = self.marks.windows == Windows::Off;
+        let (on, open) = (self.marks.on(), !self.marks.meta_end);
         self.phase = match (self.phase, m) {
             (_, Control::Abort { .. }) => Aborted,
             (Negotiate, Control::Propose(_)) if !self.proposed => {
                 self.proposed = true;
+                if flags & WINDOWS_FLAG != 0 {
+                    self.marks.windows = Windows::Proposed;
+                }
                 Negotiate
             }
+            // A windowed copy keeps its default journal (JOURNAL alone).
             (Negotiate, Control::SyncMode { flags })
-                if self.proposed && !self.sync && !self.sent_entries =>
+                if self.proposed
+                    && !self.sync
+                    && !self.sent_entries
+                    && (plain || flags & !crate::control::sync::JOURNAL == 0) =>
             {
                 if flags & !crate::control::sync::ALL != 0 {
                     return Err(ProtoError::malformed("sync mode", "unknown flags"));
@@ -64,7 +126,7 @@ impl SourceMachine {
                 Negotiate
             }
             (Negotiate, Control::Preserve { flags })
-                if self.proposed && !self.preserve && !self.sent_entries =>
+                if self.proposed && !self.preserve && !self.sent_entries && plain =>
             {
                 if flags & !crate::attrs::preserve::ALL != 0 {
                     return Err(ProtoError::malformed("preserve", "unknown flags"));
@@ -72,15 +134,27 @@ impl SourceMachine {
                 self.preserve = true;
                 Negotiate
             }
-            (Negotiate | Metadata, Control::Entries(_)) if self.proposed => {
+            (Negotiate | Metadata, Control::Entries(es)) if self.proposed => {
+                self.count(es)?;
                 self.sent_entries = true;
                 Metadata
             }
+            // Windows: the metadata runs on into the payload.
+            (Payload, Control::Entries(es)) if on && open => {
+                self.count(es)?;
+                Payload
+            }
             (Metadata, Control::Attrs(_)) if self.preserve => Metadata,
             (Negotiate | Metadata, Control::ScanFailed { .. }) if self.proposed => self.phase,
+            (Payload, Control::ScanFailed { .. }) if on && open => Payload,
             (Negotiate | Metadata, Control::MetaEnd { .. }) if self.proposed => {
                 self.sent_entries = true;
+                self.marks.meta_end = true;
                 Syncing
+            }
+            (Payload, Control::MetaEnd { .. }) if on && open => {
+                self.marks.meta_end = true;
+                Payload
             }
             (Payload, Control::Reuse(_)) if self.sync => Payload,
             (Payload, Control::FilesDone(_) | Control::FileFailed { .. }) => Payload,
@@ -91,7 +165,8 @@ impl SourceMachine {
                 self.grown = true;
                 Payload
             }
-            (Payload, Control::EndOfData { .. }) => Completing,
+            // Windows: not before the last record.
+            (Payload, Control::EndOfData { .. }) if !open || !on => Completing,
             _ => return Err(self.phase.unexpected(m)),
         };
         Ok(())
@@ -99,6 +174,13 @@ impl SourceMachine {
 
     /// Validate a message received from the sink.
     pub fn on_recv(&mut self, m: &Control) -> Result<(), ProtoError> {
+        self.on_recv_flags(m, 0)
+    }
+
+    /// [`Self::on_recv`] of a message whose CONTROL frame carried `flags`
+    /// (frame::WINDOWS_FLAG on Confirm: the sink takes windows, which only
+    /// a Propose of ours carrying it may ask for).
+    pub fn on_recv_flags(&mut self, m: &Control, flags: u8) -> Result<(), ProtoError> {
         use Phase::*;
         self.phase = match (self.phase, m) {
             (_, Control::Abort { .. } | Control::Error { .. }) => Aborted,
@@ -111,11 +193,30 @@ impl SourceMachine {
                         "zero streams, block or credits",
                     ));
                 }
+                self.marks.windows = match (self.marks.windows, flags & WINDOWS_FLAG != 0) {
+                    (Windows::Proposed, true) => Windows::On,
+                    (_, true) => return Err(Marks::unasked("confirm")),
+                    (_, false) => Windows::Off,
+                };
                 self.confirmed = true;
                 self.phase
             }
             (Syncing, Control::Have(_)) if self.confirmed && self.sync => Syncing,
             (Syncing, Control::SyncDone { .. }) if self.confirmed => Payload,
+            // Windows: the sink answers at once, the metadata runs on.
+            (Negotiate | Metadata, Control::SyncDone { .. })
+                if self.confirmed && self.marks.on() =>
+            {
+                Payload
+            }
+            (Payload, Control::Ready { through }) => {
+                self.marks.ready(*through, self.announced)?;
+                Payload
+            }
+            (Payload | Completing, Control::SettledThrough { through }) => {
+                self.marks.settled(*through)?;
+                self.phase
+            }
             (Payload, Control::Resend(_) | Control::Settled) => Payload,
             // A link may break at any time; a Lost sent before the sink
             // saw EndOfData can arrive after we sent it.

@@ -555,3 +555,253 @@ fn a_next_batch_or_open_inside_a_session_is_refused() {
         assert!(src.on_recv(m).is_err() && src.on_send(m).is_err());
     }
 }
+
+/// Both machines through a windowed copy (issue 36): the flag on Propose
+/// and Confirm, records before Confirm, SyncDone at once, records, Ready
+/// and SettledThrough interleaved with the payload, MetaEnd inside it, a
+/// second name as LinkTo once windows are on.
+#[test]
+fn windowed_session_both_ends() {
+    use crate::frame::WINDOWS_FLAG;
+    let mut src = SourceMachine::new();
+    let mut snk = SinkMachine::new();
+    let to_sink = |m: Control, src: &mut SourceMachine, snk: &mut SinkMachine| {
+        src.on_send(&m).unwrap();
+        snk.on_recv(&m).unwrap();
+    };
+    let to_source = |m: Control, src: &mut SourceMachine, snk: &mut SinkMachine| {
+        snk.on_send(&m).unwrap();
+        src.on_recv(&m).unwrap();
+    };
+    let p = propose();
+    src.on_send_flags(&p, WINDOWS_FLAG).unwrap();
+    snk.on_recv_flags(&p, WINDOWS_FLAG).unwrap();
+    assert_eq!(src.windows(), Windows::Proposed);
+    let c = confirm(2);
+    snk.on_send_flags(&c, WINDOWS_FLAG).unwrap();
+    // The first window travels before the source reads Confirm; a
+    // HardLink is still right then.
+    let first = vec![
+        entry(0, "d", EntryKind::Dir),
+        entry(1, "d/a", EntryKind::File { size: 5 }),
+        entry(2, "d/h", EntryKind::HardLink { target_id: 1 }),
+    ];
+    to_sink(Control::Entries(first), &mut src, &mut snk);
+    src.on_recv_flags(&c, WINDOWS_FLAG).unwrap();
+    assert_eq!((src.windows(), snk.windows()), (Windows::On, Windows::On));
+    to_source(Control::SyncDone { failures: vec![] }, &mut src, &mut snk);
+    assert_eq!((src.phase(), snk.phase()), (Phase::Payload, Phase::Payload));
+    to_source(Control::Ready { through: 3 }, &mut src, &mut snk);
+    to_sink(Control::FilesDone(vec![(1, 9)]), &mut src, &mut snk);
+    to_source(Control::SettledThrough { through: 3 }, &mut src, &mut snk);
+    // The next window while the first one's data moved.
+    let next = vec![
+        entry(3, "d/b", EntryKind::File { size: 7 }),
+        entry(
+            4,
+            "d/l",
+            EntryKind::LinkTo {
+                target_id: 1,
+                target: b"d/a".to_vec(),
+            },
+        ),
+    ];
+    to_sink(Control::Entries(next), &mut src, &mut snk);
+    let end = Control::MetaEnd {
+        entries: 5,
+        files: 2,
+        bytes: 12,
+    };
+    to_sink(end, &mut src, &mut snk);
+    assert!(snk.meta_ended());
+    to_source(Control::Ready { through: 5 }, &mut src, &mut snk);
+    to_sink(Control::FilesDone(vec![(3, 1)]), &mut src, &mut snk);
+    to_source(Control::SettledThrough { through: 5 }, &mut src, &mut snk);
+    to_source(Control::Settled, &mut src, &mut snk);
+    to_sink(
+        Control::EndOfData {
+            files: 2,
+            bytes: 12,
+        },
+        &mut src,
+        &mut snk,
+    );
+    assert_eq!((src.marks(), snk.marks()), ((5, 5), (5, 5)));
+    let done = Control::Complete(Complete {
+        files: 2,
+        bytes: 12,
+        failures: vec![],
+        cpu_s: 0.0,
+    });
+    to_source(done, &mut src, &mut snk);
+    assert_eq!((src.phase(), snk.phase()), (Phase::Done, Phase::Done));
+}
+
+/// A windowed pair up to the payload, `n` records announced and ready.
+fn windowed(n: u64) -> (SourceMachine, SinkMachine) {
+    use crate::frame::WINDOWS_FLAG;
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    let p = propose();
+    src.on_send_flags(&p, WINDOWS_FLAG).unwrap();
+    snk.on_recv_flags(&p, WINDOWS_FLAG).unwrap();
+    let c = confirm(1);
+    snk.on_send_flags(&c, WINDOWS_FLAG).unwrap();
+    src.on_recv_flags(&c, WINDOWS_FLAG).unwrap();
+    let sd = Control::SyncDone { failures: vec![] };
+    snk.on_send(&sd).unwrap();
+    src.on_recv(&sd).unwrap();
+    let es: Vec<_> = (0..n)
+        .map(|i| entry(i, &format!("f{i}"), EntryKind::File { size: 1 }))
+        .collect();
+    let es = Control::Entries(es);
+    src.on_send(&es).unwrap();
+    snk.on_recv(&es).unwrap();
+    if n > 0 {
+        let r = Control::Ready { through: n };
+        snk.on_send(&r).unwrap();
+        src.on_recv(&r).unwrap();
+    }
+    (src, snk)
+}
+
+/// What each machine refuses of windows: the flag on a Confirm nobody
+/// proposed, window messages in a session without them, marks beyond what
+/// was announced or ready or not increasing, ids out of order, records and
+/// data outside the window, and the end before the last record.
+#[test]
+fn window_messages_refused_out_of_place() {
+    use crate::frame::WINDOWS_FLAG;
+    // Confirm with the flag, Propose without: both ends refuse it.
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    src.on_send(&propose()).unwrap();
+    snk.on_recv(&propose()).unwrap();
+    assert!(snk.on_send_flags(&confirm(1), WINDOWS_FLAG).is_err());
+    assert!(src.on_recv_flags(&confirm(1), WINDOWS_FLAG).is_err());
+    // An old sink's Confirm (no flag): today's phases, no window message.
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    src.on_send_flags(&propose(), WINDOWS_FLAG).unwrap();
+    snk.on_recv(&propose()).unwrap();
+    snk.on_send(&confirm(1)).unwrap();
+    src.on_recv(&confirm(1)).unwrap();
+    assert_eq!(src.windows(), Windows::Off);
+    let es = Control::Entries(vec![entry(0, "f", EntryKind::File { size: 1 })]);
+    src.on_send(&es).unwrap();
+    snk.on_recv(&es).unwrap();
+    // No SyncDone before MetaEnd without windows, and no Ready at all.
+    assert!(snk
+        .on_send(&Control::SyncDone { failures: vec![] })
+        .is_err());
+    let end = Control::MetaEnd {
+        entries: 1,
+        files: 1,
+        bytes: 1,
+    };
+    src.on_send(&end).unwrap();
+    snk.on_recv(&end).unwrap();
+    let sd = Control::SyncDone { failures: vec![] };
+    snk.on_send(&sd).unwrap();
+    src.on_recv(&sd).unwrap();
+    assert!(snk.on_send(&Control::Ready { through: 1 }).is_err());
+    assert!(src.on_recv(&Control::Ready { through: 1 }).is_err());
+    assert!(src
+        .on_recv(&Control::SettledThrough { through: 1 })
+        .is_err());
+    assert!(snk.on_recv(&es).is_err(), "records after MetaEnd");
+    // Ready beyond the records, SettledThrough beyond Ready, either not
+    // increasing.
+    let (mut src, mut snk) = windowed(3);
+    assert!(snk.on_send(&Control::Ready { through: 4 }).is_err());
+    assert!(src.on_recv(&Control::Ready { through: 4 }).is_err());
+    assert!(src.on_recv(&Control::Ready { through: 3 }).is_err());
+    assert!(snk
+        .on_send(&Control::SettledThrough { through: 4 })
+        .is_err());
+    assert!(src
+        .on_recv(&Control::SettledThrough { through: 4 })
+        .is_err());
+    src.on_recv(&Control::SettledThrough { through: 2 })
+        .unwrap();
+    assert!(src
+        .on_recv(&Control::SettledThrough { through: 2 })
+        .is_err());
+    // Ids out of order in the payload, at both ends.
+    let (mut src, mut snk) = windowed(2);
+    let gap = Control::Entries(vec![entry(3, "g", EntryKind::File { size: 1 })]);
+    assert!(src.on_send(&gap).is_err());
+    assert!(snk.on_recv(&gap).is_err());
+    // Data for an id announced but not ready.
+    let (_, mut snk) = windowed(2);
+    let more = Control::Entries(vec![entry(2, "m", EntryKind::File { size: 1 })]);
+    snk.on_recv(&more).unwrap();
+    assert!(snk.on_recv(&Control::FilesDone(vec![(2, 0)])).is_err());
+    assert!(snk
+        .on_recv(&Control::FileFailed {
+            id: 2,
+            reason: "x".into()
+        })
+        .is_err());
+    // A HardLink to a settled slot, a piece, a LinkTo without windows.
+    let (_, mut snk) = windowed(2);
+    snk.on_send(&Control::SettledThrough { through: 2 })
+        .unwrap();
+    let late = Control::Entries(vec![entry(2, "h", EntryKind::HardLink { target_id: 0 })]);
+    assert!(snk.on_recv(&late).is_err());
+    let (mut src, mut snk) = windowed(1);
+    let p = Control::Entries(vec![entry(1, "p", piece(10, 5, 0))]);
+    assert!(src.on_send(&p).is_err());
+    assert!(snk.on_recv(&p).is_err());
+    let hl = Control::Entries(vec![entry(1, "h", EntryKind::HardLink { target_id: 0 })]);
+    assert!(src.on_send(&hl).is_err(), "a HardLink once windows are on");
+    let mut plain = SinkMachine::new();
+    plain.on_recv(&propose()).unwrap();
+    plain.on_send(&confirm(1)).unwrap();
+    let to = Control::Entries(vec![
+        entry(0, "a", EntryKind::File { size: 1 }),
+        entry(
+            1,
+            "b",
+            EntryKind::LinkTo {
+                target_id: 0,
+                target: b"a".to_vec(),
+            },
+        ),
+    ]);
+    assert!(plain.on_recv(&to).is_err());
+    // A LinkTo's target path is checked as a record's own.
+    let (_, mut snk) = windowed(1);
+    let bad = Control::Entries(vec![entry(
+        1,
+        "l",
+        EntryKind::LinkTo {
+            target_id: 0,
+            target: b"../etc/passwd".to_vec(),
+        },
+    )]);
+    assert!(snk.on_recv(&bad).is_err());
+    // A record as far as MAX_WINDOW_IDS past the settled mark.
+    let (_, mut far) = windowed(0);
+    far.entries.next_id = MAX_WINDOW_IDS;
+    let beyond = Control::Entries(vec![entry(MAX_WINDOW_IDS, "x", EntryKind::Dir)]);
+    assert!(far.on_recv(&beyond).is_err());
+    // SyncMode or Preserve in a session that proposed windows.
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    src.on_send_flags(&propose(), WINDOWS_FLAG).unwrap();
+    snk.on_recv_flags(&propose(), WINDOWS_FLAG).unwrap();
+    let mode = Control::SyncMode { flags: 1 };
+    assert!(src.on_send(&mode).is_err());
+    assert!(snk.on_recv(&mode).is_err());
+    assert!(snk.on_recv(&Control::Preserve { flags: 1 }).is_err());
+    // ...but a copy's default journal, and then only once.
+    let journal = Control::SyncMode {
+        flags: crate::control::sync::JOURNAL,
+    };
+    src.on_send(&journal).unwrap();
+    snk.on_recv(&journal).unwrap();
+    assert!(snk.on_recv(&journal).is_err());
+    // Neither Settled nor EndOfData before MetaEnd.
+    let (mut src, mut snk) = windowed(1);
+    assert!(snk.on_send(&Control::Settled).is_err());
+    let eod = Control::EndOfData { files: 1, bytes: 1 };
+    assert!(src.on_send(&eod).is_err());
+    assert!(snk.on_recv(&eod).is_err());
+}

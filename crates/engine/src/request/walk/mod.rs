@@ -210,6 +210,46 @@ pub fn walk_archive<E>(
     preserve: u32,
     emit: &mut ArchiveEmit<E>,
 ) -> Result<Walk, E> {
+    let mut emit = |es: &[Entry], attrs: &[Attrs], _: &mut Vec<SourceFile>| emit(es, attrs);
+    let how = (preserve, false, STREAM_BATCH);
+    walk_inner(base, tops, recursive, filter, how, &mut emit)
+}
+
+/// [`walk_streamed`] for a windowed session (issue 36): each batch of
+/// records is handed over with the regular files it names (the scan keeps
+/// none), and a second name of an inode is a LinkTo that carries its
+/// target's path (kept only for inodes of several names). The Walk it
+/// returns has no files. Batches of at most `batch` records (a window
+/// holds several).
+pub fn walk_handing<E>(
+    base: &Path,
+    tops: &[Top],
+    (recursive, batch): (bool, usize),
+    filter: &Filter,
+    emit: &mut HandEmit<E>,
+) -> Result<Walk, E> {
+    let mut emit =
+        |es: &[Entry], _: &[Attrs], files: &mut Vec<SourceFile>| emit(es, std::mem::take(files));
+    let how = (0, true, batch.clamp(1, STREAM_BATCH));
+    walk_inner(base, tops, recursive, filter, how, &mut emit)
+}
+
+/// Where [`walk_handing`] hands each batch of records and their files.
+pub type HandEmit<'a, E> = dyn FnMut(&[Entry], Vec<SourceFile>) -> Result<(), E> + 'a;
+
+/// Where [`walk_inner`] hands each batch: records, their Attrs, and the
+/// file list so far (taken by a handing walk).
+type InnerEmit<'a, E> = dyn FnMut(&[Entry], &[Attrs], &mut Vec<SourceFile>) -> Result<(), E> + 'a;
+
+/// The scan behind [`walk_archive`] and [`walk_handing`] (`hand`).
+fn walk_inner<E>(
+    base: &Path,
+    tops: &[Top],
+    recursive: bool,
+    filter: &Filter,
+    (preserve, hand, batch_len): (u32, bool, usize),
+    emit: &mut InnerEmit<E>,
+) -> Result<Walk, E> {
     let mut col = Collector::new(preserve);
     let mut pace = Pace(std::time::Instant::now());
     let mut stopped = None;
@@ -217,7 +257,7 @@ pub fn walk_archive<E>(
     let mut alive = || {
         if pace.due() {
             pace.said();
-            if let Err(e) = emit(&[], &[]) {
+            if let Err(e) = emit(&[], &[], &mut Vec::new()) {
                 stopped = Some(e);
             }
         }
@@ -261,12 +301,15 @@ pub fn walk_archive<E>(
     }
     w.entries = batch.len() as u64;
     if !batch.is_empty() {
-        emit(&batch, &w.attrs)?;
+        emit(&batch, &w.attrs, &mut w.files)?;
         pace.said();
     }
     batch.clear();
     let mut attrs_emitted = w.attrs.len();
-    let mut inodes: HashMap<(u64, u64), u64> = HashMap::new();
+    let mut inodes = Inodes {
+        first: HashMap::new(),
+        by_path: hand,
+    };
     let mut names = NameStat { open: None };
     let mut arena = RelArena::default();
     let mut start = 0;
@@ -295,19 +338,30 @@ pub fn walk_archive<E>(
         }
         // A slow file system's stats send what they have (or nothing, as
         // a keepalive) before the sink's idle timeout.
-        if batch.len() >= STREAM_BATCH || pace.due() {
-            emit(&batch, &w.attrs[attrs_emitted..])?;
+        if batch.len() >= batch_len || pace.due() {
+            if hand {
+                // The files leave with their batch: their paths first.
+                arena.seal(&mut w.files);
+            }
+            emit(&batch, &w.attrs[attrs_emitted..], &mut w.files)?;
             batch.clear();
             attrs_emitted = w.attrs.len();
             pace.said();
         }
     }
-    if !batch.is_empty() {
-        emit(&batch, &w.attrs[attrs_emitted..])?;
-    }
     arena.seal(&mut w.files);
+    if !batch.is_empty() {
+        emit(&batch, &w.attrs[attrs_emitted..], &mut w.files)?;
+    }
     w.files.shrink_to_fit();
     Ok(w)
+}
+
+/// The first name of each inode with several (its id, and its wire path
+/// where second names carry it: a handing walk's LinkTo records).
+struct Inodes {
+    first: HashMap<(u64, u64), (u64, Vec<u8>)>,
+    by_path: bool,
 }
 
 /// Which wire paths are listed already, when several tops could name the
@@ -463,7 +517,7 @@ fn record(
     o: Pending,
     id: u64,
     filter: &Filter,
-    (inodes, arena): (&mut HashMap<(u64, u64), u64>, &mut RelArena),
+    (inodes, arena): (&mut Inodes, &mut RelArena),
 ) -> bool {
     let kind = match o.kind {
         PendingKind::Dir => unreachable!("directories are numbered first"),
@@ -518,12 +572,23 @@ fn record(
                 return false;
             }
             if nlink > 1 {
-                if let Some(&first) = inodes.get(&(dev, ino)) {
-                    let link = EntryKind::HardLink { target_id: first };
+                if let Some((first, path)) = inodes.first.get(&(dev, ino)) {
+                    let link = match inodes.by_path {
+                        true => EntryKind::LinkTo {
+                            target_id: *first,
+                            target: path.clone(),
+                        },
+                        false => EntryKind::HardLink { target_id: *first },
+                    };
                     push_entry(w, batch, id, o.wire, link, o.mode, o.mtime);
                     return false;
                 }
-                inodes.insert((dev, ino), id);
+                let path = if inodes.by_path {
+                    o.wire.clone()
+                } else {
+                    Vec::new()
+                };
+                inodes.first.insert((dev, ino), (id, path));
             }
             w.total_bytes += size;
             let rel = arena.add(&mut w.files, &o.rel);

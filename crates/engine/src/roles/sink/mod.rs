@@ -108,31 +108,69 @@ fn sink_session(
         adm,
         keep,
     };
-    let (prop, dest) = s.negotiate()?;
+    let (prop, dest, asked) = s.negotiate()?;
     crate::types::phase::mark("sink_propose");
-    let grant = s.confirm(&prop, res)?;
+    // Windows (issue 36): only where the source asked and this end runs a
+    // plain copy too; else today's whole-tree phases.
+    let windowed = asked && s.opts.windows_allowed();
+    let grant = s.confirm(&prop, res, windowed)?;
     crate::types::phase::mark("sink_confirm_sent");
-    let tree = s.receive_metadata(&prop, dest)?;
-    crate::types::phase::mark("sink_metadata_in");
-    let Tree {
-        table,
-        deferred,
-        mut prep_failures,
-        scan_failures,
-        scan_failures_dropped,
-        scan_io_error,
-        mut sync,
-        dest,
-        ..
-    } = tree;
-    let opened = s.sync_answer(&table, &mut sync, &prep_failures, links, grant.streams)?;
+    let (mut tree, opened, control) = if windowed {
+        let mut tree = s.new_tree(&prop, dest);
+        tree.windowed = true;
+        // A copy's default journal, from this end's own options (the
+        // same flags the source's SyncMode carries: SyncOpen or the agent's),
+        // set before the writers share the table.
+        let journal = s.opts.sync & crate::request::sync::flags::JOURNAL;
+        if journal != 0 {
+            tree.sync_mode(journal, &s.spec.root.clone());
+        }
+        // The payload starts now; the records arrive during it, read
+        // by the control reader even while the links are awaited, so
+        // the source never blocks on a full socket.
+        s.ctl.send(&Control::SyncDone { failures: vec![] })?;
+        // Until MetaEnd the source speaks at least every 2 s (a record,
+        // a digest or a keepalive): a silence of the idle timeout is named.
+        let idle = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        // (A windowed session is a plain copy, never a kept link's batch:
+        // those are syncs. Its reader stops only when the link does.)
+        let control = s.ctl.spawn_reader_idle("sink-ctl", None, Some(idle.clone()))?;
+        let opened = s.open_links(links, grant.streams)?;
+        let t = s.opts.idle_timeout;
+        s.ctl.link.set_read_timeout(Some(t))?;
+        (tree, opened, Some((control, idle)))
+    } else {
+        let mut tree = s.receive_metadata(&prop, dest)?;
+        crate::types::phase::mark("sink_metadata_in");
+        let t = &mut tree;
+        let opened = s.sync_answer(
+            &t.table,
+            &mut t.sync,
+            &t.prep_failures,
+            links,
+            grant.streams,
+        )?;
+        (tree, opened, None)
+    };
     crate::types::phase::mark("sink_links_open");
-    let mut data = pipeline::SinkPipeline::start(&mut s, grant, Arc::new(table), sync, opened)?;
+    let (table, sync) = (tree.table.clone(), tree.sync.take());
+    let tree_in = windowed.then_some(&mut tree);
+    let mut data =
+        pipeline::SinkPipeline::start(&mut s, grant, table, sync, opened, control, tree_in)?;
     crate::types::phase::mark("sink_payload_started");
     let result = data.run();
     crate::types::phase::mark("sink_payload_done");
     let done = data.teardown(result)?;
     crate::types::phase::mark("sink_torn_down");
+    let Tree {
+        deferred,
+        mut prep_failures,
+        scan_failures,
+        scan_failures_dropped,
+        scan_io_error,
+        dest,
+        ..
+    } = tree;
     // The source's own failures count in this end's verdict: the report
     // names them; an I/O error among them (not just a vanished path)
     // makes sync's --delete delete nothing, as rsync's IOERR_GENERAL does.
@@ -204,7 +242,7 @@ impl SinkSession<'_> {
     /// rule, rsync's for sync, and where an interrupted copy went for a
     /// resumed one); refused here, before any data moves, when the
     /// destination cannot be used.
-    fn negotiate(&mut self) -> Result<(Propose, DestMap), EngineError> {
+    fn negotiate(&mut self) -> Result<(Propose, DestMap, bool), EngineError> {
         // A daemon source may hold the task suspended until threads free up
         // (docs/DAEMON.md): wait as long as for an idle peer.
         self.ctl
@@ -214,13 +252,14 @@ impl SinkSession<'_> {
             crate::session::finish_auth(&mut *self.ctl.link, addr, self.spec.session)?;
         }
         // The machine admits only Propose first.
-        let prop = match self.ctl.recv()? {
-            Control::Propose(p) => p,
-            m => return Err(unexpected(&m, self.ctl.phase())),
+        let (prop, flags) = match self.ctl.recv_flagged()? {
+            (Control::Propose(p), flags) => (p, flags),
+            (m, _) => return Err(unexpected(&m, self.ctl.phase())),
         };
+        let windows = flags & ramsys_proto::frame::WINDOWS_FLAG != 0;
         let spec = &self.spec;
         match DestMap::resolve(&spec.root, &spec.dest, prop.roots, self.opts.sync) {
-            Ok(m) => Ok((prop, m)),
+            Ok(m) => Ok((prop, m, windows)),
             Err(msg) => {
                 let refusal = Control::Error {
                     code: 2,
@@ -239,6 +278,7 @@ impl SinkSession<'_> {
         &mut self,
         prop: &Propose,
         res: &'r EngineResources,
+        windowed: bool,
     ) -> Result<Grant<'r>, EngineError> {
         let opts = self.opts;
         let window = opts.window.max(2) as usize;
@@ -263,14 +303,19 @@ impl SinkSession<'_> {
             Cipher::None => opts.encrypt,
             c => c,
         };
-        self.ctl.send(&Control::Confirm(Confirm {
+        let confirm = Control::Confirm(Confirm {
             streams,
             block_size,
             credits_per_stream,
             capacity_mbps: 0,
             checksum: prop.checksum,
             cipher: cipher.id(),
-        }))?;
+        });
+        let flags = match windowed {
+            true => ramsys_proto::frame::WINDOWS_FLAG,
+            false => 0,
+        };
+        self.ctl.send_flagged(&confirm, flags)?;
         self.adm.transferring(streams);
         Ok(Grant {
             receivers: reserved.receivers,
@@ -285,8 +330,8 @@ impl SinkSession<'_> {
         })
     }
 
-    /// Metadata: build the tree as records arrive (tree.rs).
-    fn receive_metadata(&mut self, prop: &Propose, dest: DestMap) -> Result<Tree, EngineError> {
+    /// The tree the records build (tree.rs), empty.
+    fn new_tree(&self, prop: &Propose, dest: DestMap) -> Tree {
         let (spec, opts) = (&self.spec, self.opts);
         let table = FileTable::new(
             spec.root.clone(),
@@ -301,6 +346,13 @@ impl SinkSession<'_> {
         tree.meta_budget = opts.meta_budget;
         // Checked before the session started (server.rs, the agent).
         tree.protect = crate::request::filter::Filter::new(&opts.select).ok();
+        tree
+    }
+
+    /// Metadata: build the tree as records arrive (tree.rs).
+    fn receive_metadata(&mut self, prop: &Propose, dest: DestMap) -> Result<Tree, EngineError> {
+        let spec = &self.spec;
+        let mut tree = self.new_tree(prop, dest);
         if let Err(e) = tree.receive(&mut self.ctl, &spec.root) {
             tracing::warn!("session {}: {e}", spec.session);
             let _ = send_control(
@@ -313,7 +365,7 @@ impl SinkSession<'_> {
         }
         let stats = &self.stats;
         stats.total_bytes.store(tree.total_bytes, Ordering::Relaxed);
-        let files = tree.table.files().len() as u64;
+        let files = tree.table.file_count();
         stats.total_files.store(files, Ordering::Relaxed);
         stats
             .setid_dropped
@@ -338,13 +390,22 @@ impl SinkSession<'_> {
         if let Some(s) = sync {
             have_sent = s.answer(table, &mut |batch| ctl.send(&Control::Have(batch)));
         }
-        let data_links = have_sent
+        have_sent
             .and_then(|_| {
                 ctl.send(&Control::SyncDone {
                     failures: prep_failures.to_vec(),
                 })
             })
-            .and_then(|_| links.open(streams))?;
+            .and_then(|_| self.open_links(links, streams))
+    }
+
+    /// The data links, once the source dials them.
+    fn open_links(
+        &mut self,
+        links: &mut dyn LinkProvider,
+        streams: u16,
+    ) -> Result<Opened, EngineError> {
+        let data_links = links.open(streams)?;
         let desc = data_links
             .iter()
             .map(|l| crate::transport::describe(&**l))
@@ -352,7 +413,7 @@ impl SinkSession<'_> {
         for l in &data_links {
             l.set_read_timeout(Some(self.opts.idle_timeout))?;
         }
-        ctl.link.set_read_timeout(None)?;
+        self.ctl.link.set_read_timeout(None)?;
         let key = links.session_key();
         let relinks = links.relinks();
         Ok(Opened {

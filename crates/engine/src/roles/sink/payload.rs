@@ -135,9 +135,10 @@ pub(super) fn on_corrupt(
     stats: &Stats,
 ) -> Result<(), EngineError> {
     let plausible = segs.iter().all(|s| {
-        table
-            .get(s.file_id)
-            .is_some_and(|f| s.offset.saturating_add(s.span()) <= f.size)
+        table.is_released(s.file_id)
+            || table
+                .get(s.file_id)
+                .is_some_and(|f| s.offset.saturating_add(s.span()) <= f.size)
     });
     if !plausible {
         return Err(EngineError::local(format!(

@@ -551,9 +551,10 @@ impl SinkSync {
     pub fn close_journal(&mut self, table: &FileTable) {
         self.flush(table, true);
         if let Some(mut j) = self.journal.take() {
-            let removed = j
-                .dests()
-                .and_then(|held| j.remove(&table.final_paths(&held)));
+            let removed = j.dests().and_then(|held| {
+                let done = table.final_paths(&held);
+                j.remove(&done.iter().map(|p| &p[..]).collect::<Vec<_>>())
+            });
             if let Err(e) = removed {
                 tracing::warn!("{e}");
             }

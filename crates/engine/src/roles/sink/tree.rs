@@ -35,15 +35,20 @@ pub(super) struct Deferred {
     /// (path, mode, mtime)
     dirs: Vec<(Vec<u8>, u32, (i64, u32))>,
     symlinks: Vec<SymlinkRec>,
-    /// (path, entry id of the file it links to)
-    hardlinks: Vec<(Vec<u8>, u64)>,
+    /// (path, entry id of the file it links to, that file's path where a
+    /// windowed sink may drop its slot before the links are made)
+    hardlinks: Vec<(Vec<u8>, u64, Option<Vec<u8>>)>,
     /// An archive copy's special files and attributes (crate::storage::archive).
     archive: Option<ArchiveSink>,
 }
 
 /// The tree as the metadata phase builds it.
 pub(super) struct Tree {
-    pub table: FileTable,
+    /// Shared with the writers from the start in a windowed session.
+    pub table: Arc<FileTable>,
+    /// Windowed metadata (issue 36): the records run on into the payload,
+    /// and a hard link names its target by path.
+    pub windowed: bool,
     pub deferred: Deferred,
     /// Directories that could not be made (reported, not fatal).
     pub prep_failures: Vec<Failure>,
@@ -74,7 +79,8 @@ pub(super) struct Tree {
 impl Tree {
     pub fn new(table: FileTable, dest: DestMap) -> Tree {
         Tree {
-            table,
+            table: Arc::new(table),
+            windowed: false,
             deferred: Deferred::default(),
             prep_failures: Vec::new(),
             scan_failures: Vec::new(),
@@ -95,10 +101,18 @@ impl Tree {
         self.sync.as_ref().is_some_and(|s| s.dry())
     }
 
-    /// Read metadata records until MetaEnd.
+    /// Read metadata records until MetaEnd; every file is then reachable.
     pub fn receive(&mut self, ctl: &mut Ctl, root: &Arc<Root>) -> Result<(), EngineError> {
-        loop {
-            match ctl.recv()? {
+        while !self.on_message(ctl.recv()?, root)? {}
+        self.table.publish();
+        Ok(())
+    }
+
+    /// One metadata message (admitted by the machine already); true at
+    /// MetaEnd.
+    pub fn on_message(&mut self, m: Control, root: &Arc<Root>) -> Result<bool, EngineError> {
+        {
+            match m {
                 Control::SyncMode { flags } => self.sync_mode(flags, root),
                 Control::Entries(es) => self.entries(es, root)?,
                 // An archive copy (crate::storage::archive): what the records carry.
@@ -123,7 +137,7 @@ impl Tree {
                     self.scan_failures_dropped += f.len().saturating_sub(room) as u64;
                     self.scan_failures.extend(f.into_iter().take(room));
                 }
-                Control::MetaEnd { .. } => return Ok(()),
+                Control::MetaEnd { .. } => return Ok(true),
                 // SinkMachine admits only these three in this phase.
                 m => {
                     return Err(EngineError::local(format!(
@@ -133,15 +147,19 @@ impl Tree {
                 }
             }
         }
+        Ok(false)
     }
 
-    fn sync_mode(&mut self, flags: u32, root: &Arc<Root>) {
+    pub fn sync_mode(&mut self, flags: u32, root: &Arc<Root>) {
         let journal = sync_flags::RESUME | sync_flags::JOURNAL;
-        self.table.resume = flags & journal != 0 && flags & sync_flags::DRY_RUN == 0;
-        self.table.journal_min = match flags & sync_flags::RESUME {
-            0 => crate::request::sync::journal_min(),
-            _ => 0,
-        };
+        // Before any record (the machine's rule): nobody holds the table.
+        if let Some(t) = Arc::get_mut(&mut self.table) {
+            t.resume = flags & journal != 0 && flags & sync_flags::DRY_RUN == 0;
+            t.journal_min = match flags & sync_flags::RESUME {
+                0 => crate::request::sync::journal_min(),
+                _ => 0,
+            };
+        }
         let mut s = SinkSync::new(flags, root.clone());
         if let Some(f) = self.protect.take() {
             s.protect(f);
@@ -179,7 +197,7 @@ impl Tree {
             self.entry(e, target, root);
         }
         // Per batch: the budget bounds the table before it grows past it.
-        let files = self.table.files().len() as u64;
+        let files = self.table.file_count();
         let keep = self.sync.as_ref().map_or(0, |s| s.keep_bytes());
         (self.table.stats())
             .meta_used(self.table.meta_bytes() + keep, files, self.meta_budget)
@@ -268,7 +286,20 @@ impl Tree {
             // Made by the archive pass (crate::storage::archive::apply).
             EntryKind::File { .. } | EntryKind::Special { .. } | EntryKind::Piece { .. } => {}
             EntryKind::Symlink { target: t } => d.symlinks.push((target, t, mtime)),
-            EntryKind::HardLink { target_id } => d.hardlinks.push((target, target_id)),
+            // Windowed: by path, the target's slot may be dropped by then
+            // (a HardLink comes only while it is held: SinkMachine).
+            EntryKind::HardLink { target_id } if self.windowed => {
+                let to = self.table.path_of(target_id);
+                d.hardlinks.push((target, target_id, to))
+            }
+            EntryKind::HardLink { target_id } => d.hardlinks.push((target, target_id, None)),
+            EntryKind::LinkTo {
+                target_id,
+                target: to,
+            } => {
+                let to = self.dest.map(&to);
+                d.hardlinks.push((target, target_id, Some(to)))
+            }
         }
     }
 }
@@ -328,14 +359,22 @@ impl Deferred {
                 reason,
             })
         };
-        for (i, (target, id)) in self.hardlinks.iter().enumerate() {
-            match table.get(*id) {
-                Some(f) if table.is_final(f) => {
-                    if let Err(e) = root.hardlink(table.rel(f), target, &tmp(i)) {
+        for (i, (target, id, to)) in self.hardlinks.iter().enumerate() {
+            let from = match to {
+                Some(to) if table.placed(*id) == Some(true) => Some(to.clone()),
+                Some(_) => None,
+                None => table
+                    .get(*id)
+                    .filter(|f| table.is_final(f))
+                    .map(|f| f.rel().to_vec()),
+            };
+            match from {
+                Some(from) => {
+                    if let Err(e) = root.hardlink(&from, target, &tmp(i)) {
                         fail(target, format!("hard link: {e}"));
                     }
                 }
-                _ => fail(target, "hard link target was not copied".into()),
+                None => fail(target, "hard link target was not copied".into()),
             }
         }
         let n = self.hardlinks.len();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ramsys_proto::control::{entry_wire_size, Bytes32, Entry, Failure, Propose};
-use ramsys_proto::session::{Phase, SourceMachine};
+use ramsys_proto::session::{Phase, SourceMachine, Windows};
 use ramsys_proto::Control;
 use ramsys_resources::Reservation;
 
@@ -31,6 +31,9 @@ use crate::types::error::EngineError;
 use crate::types::stats::{FailedPath, Stats};
 
 pub mod sync_plan;
+
+// Windowed metadata (issue 36): the scan's thread and the window's marks.
+mod window;
 
 // The data pipeline: readers and senders, its event loop and teardown.
 mod payload;
@@ -94,6 +97,9 @@ fn source_session(
     };
     let mut threads = s.negotiate()?;
     crate::types::phase::mark("propose_sent");
+    if s.ctl.machine.windows() == Windows::Proposed {
+        return run_windowed(&mut s, threads, links);
+    }
     let (walk, kept) = s.stream_metadata()?;
     crate::types::phase::mark("metadata_sent");
     let mut failures = walk.failures.clone();
@@ -115,6 +121,52 @@ fn source_session(
     let r = data.finish(verdict, failures);
     crate::types::phase::mark("torn_down");
     r.map(|r| (r, s.ctl.link))
+}
+
+/// [`run_source`] of a session that proposed windows (issue 36): the
+/// first window before Confirm; then, if the sink took them, the payload
+/// with the records running on ahead of it, else today's phases.
+fn run_windowed(
+    s: &mut SourceSession<'_>,
+    mut threads: Threads,
+    links: &mut dyn LinkProvider,
+) -> Result<Report, EngineError> {
+    let scan = window::start_scan(s)?;
+    let mut ahead = window::Ahead::new(s.opts.meta_window);
+    if let Err(e) = window::first_window(s, &scan, &mut ahead) {
+        return Err(peer_reason(&mut s.ctl, s.spec.pending_auth.as_ref()).unwrap_or(e));
+    }
+    crate::types::phase::mark("metadata_sent");
+    let confirmed = s.confirm(&mut threads.senders)?;
+    crate::types::phase::mark("confirm");
+    if s.ctl.machine.windows() != Windows::On {
+        // A sink of before: every record now, then today's phases.
+        let walk = match window::whole(s, scan, ahead) {
+            Ok(w) => w,
+            Err(e) => return Err(peer_reason(&mut s.ctl, None).unwrap_or(e)),
+        };
+        s.stats
+            .total_bytes
+            .store(walk.total_bytes, Ordering::Relaxed);
+        (s.stats.total_files).store(walk.files.len() as u64, Ordering::Relaxed);
+        let mut failures = walk.failures.clone();
+        let plan = s.sync_answer(&walk, confirmed.block_size, &mut failures)?;
+        let opened = s.open_links(links, &confirmed)?;
+        let plain = (walk, Vec::new());
+        let mut data = payload::Payload::start(s, threads, plain, plan, confirmed, opened)?;
+        let verdict = data.run();
+        return data.finish(verdict, failures);
+    }
+    // The sink's SyncDone comes at once: the payload starts.
+    s.sync_answer(&Walk::default(), confirmed.block_size, &mut Vec::new())?;
+    crate::types::phase::mark("sync_done");
+    let opened = s.open_links(links, &confirmed)?;
+    crate::types::phase::mark("links_open");
+    let mut data = payload::Payload::start_windowed(s, threads, (scan, ahead), confirmed, opened)?;
+    crate::types::phase::mark("payload_started");
+    let verdict = data.run();
+    crate::types::phase::mark("complete");
+    data.finish(verdict, Vec::new())
 }
 
 /// The source end of one session, between its phases.
@@ -173,14 +225,20 @@ impl SourceSession<'_> {
                 );
             })?;
         let block_size = opts.block_size.min(res.buffers.buf_size() as u32).max(4096);
-        self.ctl.send(&Control::Propose(Propose {
+        let propose = Control::Propose(Propose {
             roots: self.spec.tops.len() as u32,
             streams: senders.len() as u16,
             block_size,
             capacity_mbps: 0,
             checksum: opts.checksum,
             cipher: opts.encrypt.id(),
-        }))?;
+        });
+        // A plain copy offers windows (issue 36); an old sink ignores it.
+        let flags = match opts.windows_allowed() {
+            true => ramsys_proto::frame::WINDOWS_FLAG,
+            false => 0,
+        };
+        self.ctl.send_flagged(&propose, flags)?;
         // DEST_DIR is the sink's own (SyncOpen, or its agent's options).
         let mode = opts.sync & !crate::request::sync::flags::DEST_DIR;
         if mode != 0 {
@@ -271,7 +329,7 @@ impl SourceSession<'_> {
             .link
             .set_read_timeout(Some(self.opts.idle_timeout))?;
         // The machine admits only Confirm before SyncDone's Have records.
-        let confirm = match self.ctl.recv()? {
+        let confirm = match self.ctl.recv_flagged()?.0 {
             Control::Confirm(c) => c,
             m => return Err(unexpected(&m, self.ctl.phase())),
         };
@@ -345,8 +403,9 @@ impl SourceSession<'_> {
     ) -> Result<Option<SyncPlan>, EngineError> {
         self.ctl.link.set_read_timeout(None)?;
         let mut haves = crate::roles::source::sync_plan::Answer::default();
-        // SyncDone moves the machine on to the payload phase.
-        while self.ctl.phase() == Phase::Syncing {
+        // SyncDone moves the machine on to the payload phase (a windowed
+        // sink sends it before the last record).
+        while self.ctl.phase() != Phase::Payload {
             match self.ctl.recv()? {
                 Control::Have(v) => haves.extend(v),
                 // The sink's own: each stops its --delete, whatever its cause.

@@ -16,7 +16,7 @@ use crate::storage::fsops::Root;
 /// What the source needs to re-read lost blocks.
 pub struct Requeue {
     pub root: Arc<Root>,
-    pub files: Arc<Vec<crate::types::file::SourceFile>>,
+    pub files: crate::types::file::LiveFiles,
     pub pool: Arc<BufferPool>,
     pub checksum: bool,
     pub null: bool,
@@ -38,7 +38,8 @@ impl Requeue {
         std::thread::Builder::new()
             .name("requeue".into())
             .spawn(move || {
-                let rr = Rereader::new(&me.root, &me.files, me.checksum, me.null);
+                let files = me.files.snapshot();
+                let rr = Rereader::new(&me.root, &files, me.checksum, me.null);
                 for segs in blocks {
                     if me.abort.load(Ordering::Relaxed) {
                         return;

@@ -161,7 +161,9 @@ impl ArchiveSink {
             EntryKind::Symlink { .. } => Kind::Symlink,
             // A striped piece carries no attributes (an archive copy does
             // not cut files: request::shares).
-            EntryKind::HardLink { .. } | EntryKind::Piece { .. } => return,
+            EntryKind::HardLink { .. } | EntryKind::LinkTo { .. } | EntryKind::Piece { .. } => {
+                return
+            }
             EntryKind::Special { kind, rdev } => {
                 self.specials.push(Special {
                     path: target.to_vec(),

@@ -29,7 +29,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use ramsys_proto::data::Segment;
 
@@ -227,7 +227,90 @@ pub type NewFile = (Vec<u8>, u64, u32, (i64, u32));
 
 /// Where a segment goes: its file and descriptors (None for a null sink),
 /// or None when there is nothing to write.
-pub type Prepared<'a> = Option<(&'a SinkFile, Option<Arc<SinkFd>>)>;
+pub type Prepared = Option<(FileRef, Option<Arc<SinkFd>>)>;
+
+/// Most ids per chunk of the table (issue 36, docs/SCALE.md "Windows"):
+/// ids are registered into a chunk being built, which is published (and
+/// never moves again: a writer holds a slot through the chunk's Arc) when
+/// it is full or when the ids so far must be reachable (the end of the
+/// metadata, or a windowed sink's Ready); a published chunk whose files
+/// all settled may be dropped whole ([`FileTable::release`]).
+pub const CHUNK_IDS: u64 = 4096;
+
+/// The slots of a run of ids (`base ..`) and their paths.
+struct Chunk {
+    base: u64,
+    /// id - base -> index in `files` (u16::MAX: not a regular file).
+    by_id: Vec<u16>,
+    files: Vec<SinkFile>,
+    /// The files' paths, back to back (SinkFile::name points in).
+    names: Vec<u8>,
+}
+
+impl Chunk {
+    fn new(base: u64) -> Chunk {
+        Chunk {
+            base,
+            by_id: Vec::new(),
+            files: Vec::new(),
+            names: Vec::new(),
+        }
+    }
+
+    /// One past its last id.
+    fn end(&self) -> u64 {
+        self.base + self.by_id.len() as u64
+    }
+
+    fn slot(&self, id: u64) -> Option<usize> {
+        let i = *self.by_id.get(id.checked_sub(self.base)? as usize)?;
+        (i != u16::MAX).then_some(i as usize)
+    }
+
+    fn bytes(&self) -> u64 {
+        (self.by_id.capacity() * std::mem::size_of::<u16>()
+            + self.files.capacity() * std::mem::size_of::<SinkFile>()
+            + self.names.capacity()) as u64
+    }
+
+    fn settled(&self) -> bool {
+        (self.files.iter()).all(|f| f.flags.load(Ordering::Acquire) & (FINAL | FAILED) != 0)
+    }
+}
+
+/// What the files of dropped chunks leave for the session's verdict.
+#[derive(Default)]
+struct Released {
+    files_moved: u64,
+    bytes_moved: u64,
+    kept: u64,
+    /// (path, reason) of the failed ones.
+    failures: Vec<(Vec<u8>, String)>,
+    /// Their ids, ascending (a hard link to one is not made).
+    failed_ids: Vec<u64>,
+}
+
+/// One file's slot, held through its chunk: valid however the table
+/// changes while it is held.
+#[derive(Clone)]
+pub struct FileRef {
+    chunk: Arc<Chunk>,
+    i: u32,
+}
+
+impl std::ops::Deref for FileRef {
+    type Target = SinkFile;
+    fn deref(&self) -> &SinkFile {
+        &self.chunk.files[self.i as usize]
+    }
+}
+
+impl FileRef {
+    /// Final path relative to the sink root.
+    pub fn rel(&self) -> &[u8] {
+        &self.chunk.names[self.name.range()]
+    }
+}
 
 /// Open descriptors of a temp file. Writers hold a clone while a write is
 /// in flight, so a concurrent failure (which drops the table's reference)
@@ -277,12 +360,24 @@ pub enum WriteError {
     Fatal(String),
 }
 
-/// All files of a session, indexed by entry id.
+/// All files of a session, indexed by entry id: chunk `id / CHUNK_IDS`,
+/// slot `id % CHUNK_IDS` of it.
 pub struct FileTable {
     pub root: Arc<Root>,
-    files: Vec<SinkFile>,
-    /// entry id -> index in `files` (u32::MAX: not a regular file).
-    by_id: Vec<u32>,
+    /// Published chunks, ascending and contiguous.
+    chunks: RwLock<std::collections::VecDeque<Arc<Chunk>>>,
+    /// The chunk ids are registered into, until it is published (shared
+    /// only while a slot of it is held: then it is published as it is).
+    building: Mutex<Arc<Chunk>>,
+    /// Ids below it are in published chunks.
+    published: AtomicU64,
+    /// Ids registered (the next id expected).
+    ids: AtomicU64,
+    /// Regular files registered.
+    nfiles: AtomicU64,
+    /// Ids below it are in dropped chunks, and what their files left.
+    released_below: AtomicU64,
+    released: Mutex<Released>,
     tmp_suffix: String,
     checksum: bool,
     fsync: bool,
@@ -296,19 +391,17 @@ pub struct FileTable {
     /// sync::JOURNAL_MIN).
     pub journal_min: u64,
     /// Files whose written blocks changed since the last journal flush
-    /// (indices into `files`; pushed once per flush when DIRTY is first
-    /// set), so a flush costs the files in flight, not a walk of a table
-    /// of millions (issue 36).
-    dirty: std::sync::Mutex<Vec<u32>>,
-    /// Every file's path, back to back (SinkFile::name points in).
-    names: Vec<u8>,
+    /// (ids; pushed once per flush when DIRTY is first set), so a flush
+    /// costs the files in flight, not a walk of a table of millions
+    /// (issue 36).
+    dirty: std::sync::Mutex<Vec<u64>>,
     /// The destination's storage failed the session (disk full, quota,
     /// read-only): its temp files are not kept for a resume, whichever
     /// error ended the session first (the source closing its links after
     /// the sink's Abort often does).
     storage_failed: AtomicBool,
-    /// Files before this index are all settled (never unsettle again).
-    settled_upto: std::sync::atomic::AtomicUsize,
+    /// Files of ids below this are all settled (never unsettle again).
+    settled_upto: AtomicU64,
     /// The counters reached the table's size once ([`Self::counted_all_first`]).
     counted_all: AtomicBool,
     /// Destination directories, opened once.
@@ -362,8 +455,13 @@ impl FileTable {
     ) -> Self {
         FileTable {
             root,
-            files: Vec::new(),
-            by_id: Vec::new(),
+            chunks: RwLock::new(Default::default()),
+            building: Mutex::new(Arc::new(Chunk::new(0))),
+            published: AtomicU64::new(0),
+            ids: AtomicU64::new(0),
+            nfiles: AtomicU64::new(0),
+            released_below: AtomicU64::new(0),
+            released: Mutex::new(Released::default()),
             tmp_suffix: format!(".ramsys-{session:016x}.part"),
             checksum,
             fsync,
@@ -372,9 +470,8 @@ impl FileTable {
             resume: false,
             journal_min: 0,
             dirty: std::sync::Mutex::new(Vec::new()),
-            names: Vec::new(),
             storage_failed: AtomicBool::new(false),
-            settled_upto: std::sync::atomic::AtomicUsize::new(0),
+            settled_upto: AtomicU64::new(0),
             counted_all: AtomicBool::new(false),
             dirs: SinkDirs::default(),
             anon_ok: AtomicBool::new(tmpfile::enabled()),
@@ -390,15 +487,24 @@ impl FileTable {
     }
 
     /// Register entry `id` (ids arrive in order; non-files get no slot).
-    pub fn push_entry(&mut self, id: u64, file: Option<NewFile>) {
-        debug_assert_eq!(id as usize, self.by_id.len());
+    /// It is found once its chunk is published ([`Self::publish`]).
+    pub fn push_entry(&self, id: u64, file: Option<NewFile>) {
+        let mut b = self.building.lock().unwrap();
+        if Arc::get_mut(&mut b).is_none() {
+            // A slot of it is held (sync's look at a file just
+            // registered): frozen as it is; a new one takes the ids.
+            self.publish_locked(&mut b);
+        }
+        let c = Arc::get_mut(&mut b).expect("a chunk nobody holds");
+        debug_assert_eq!(id, c.end());
+        self.ids.store(id + 1, Ordering::Release);
         match file {
             Some((rel, size, mode, mtime)) => {
-                self.by_id.push(self.files.len() as u32);
+                c.by_id.push(c.files.len() as u16);
                 let dir = self.dirs.intern(split_parent(&rel).0);
-                let name = NameAt::new(self.names.len(), rel.len());
-                self.names.extend_from_slice(&rel);
-                self.files.push(SinkFile {
+                let name = NameAt::new(c.names.len(), rel.len());
+                c.names.extend_from_slice(&rel);
+                c.files.push(SinkFile {
                     id,
                     name,
                     size,
@@ -413,23 +519,167 @@ impl FileTable {
                     rare: Mutex::new(None),
                     piece: None,
                 });
+                self.nfiles.fetch_add(1, Ordering::AcqRel);
             }
-            None => self.by_id.push(u32::MAX),
+            None => c.by_id.push(u16::MAX),
+        }
+        if c.by_id.len() as u64 >= CHUNK_IDS {
+            self.publish_locked(&mut b);
         }
     }
 
+    /// Make every id registered so far reachable (at the end of the
+    /// metadata; a windowed sink before each Ready). Returns the ids
+    /// published (the Ready mark).
+    pub fn publish(&self) -> u64 {
+        let mut b = self.building.lock().unwrap();
+        self.publish_locked(&mut b);
+        b.base
+    }
+
+    fn publish_locked(&self, b: &mut Arc<Chunk>) {
+        if b.by_id.is_empty() {
+            return;
+        }
+        let base = b.end();
+        let mut full = std::mem::replace(b, Arc::new(Chunk::new(base)));
+        if let Some(c) = Arc::get_mut(&mut full) {
+            c.by_id.shrink_to_fit();
+            c.files.shrink_to_fit();
+            c.names.shrink_to_fit();
+        }
+        self.chunks.write().unwrap().push_back(full);
+        self.published.store(base, Ordering::Release);
+    }
+
     /// File `f`'s final path relative to the sink root.
-    pub fn rel(&self, f: &SinkFile) -> &[u8] {
-        &self.names[f.name.range()]
+    pub fn rel<'f>(&self, f: &'f FileRef) -> &'f [u8] {
+        f.rel()
     }
 
-    pub fn get(&self, id: u64) -> Option<&SinkFile> {
-        let i = *self.by_id.get(id as usize)?;
-        self.files.get(i as usize)
+    /// A registered file's slot.
+    pub fn get(&self, id: u64) -> Option<FileRef> {
+        if id >= self.published.load(Ordering::Acquire) {
+            let b = self.building.lock().unwrap();
+            // (Else published since: the chunk is in the list already.)
+            if id >= b.base {
+                let i = b.slot(id)?;
+                return Some(FileRef {
+                    chunk: b.clone(),
+                    i: i as u32,
+                });
+            }
+        }
+        let chunks = self.chunks.read().unwrap();
+        let k = chunks.partition_point(|c| c.end() <= id);
+        let chunk = chunks.get(k)?;
+        let i = chunk.slot(id)?;
+        Some(FileRef {
+            chunk: chunk.clone(),
+            i: i as u32,
+        })
     }
 
-    pub fn files(&self) -> &[SinkFile] {
-        &self.files
+    /// The final path of file `id` while its slot is held: a hard link's
+    /// target, named when the link arrives.
+    pub fn path_of(&self, id: u64) -> Option<Vec<u8>> {
+        self.get(id).map(|f| f.rel().to_vec())
+    }
+
+    /// Whether file `id` made it to its final name, also once its slot
+    /// is dropped; None: not a file (or not yet published).
+    pub fn placed(&self, id: u64) -> Option<bool> {
+        if id < self.released_below.load(Ordering::Acquire) {
+            let r = self.released.lock().unwrap();
+            return Some(r.failed_ids.binary_search(&id).is_err());
+        }
+        self.get(id).map(|f| self.is_final(&f))
+    }
+
+    /// Whether file `id`'s slot was dropped (its file settled earlier).
+    pub fn is_released(&self, id: u64) -> bool {
+        id < self.released_below.load(Ordering::Acquire)
+    }
+
+    /// Regular files registered.
+    pub fn file_count(&self) -> u64 {
+        self.nfiles.load(Ordering::Acquire)
+    }
+
+    /// The chunks as they are now (a copy of the list: callers may look
+    /// files up while they walk it).
+    fn chunk_list(&self) -> Vec<Arc<Chunk>> {
+        let b = self.building.lock().unwrap();
+        let mut v: Vec<_> = self.chunks.read().unwrap().iter().cloned().collect();
+        if !b.by_id.is_empty() {
+            v.push(b.clone());
+        }
+        v
+    }
+
+    /// Every registered file's slot (not yet dropped), in id order.
+    pub fn for_each_file(&self, mut f: impl FnMut(&SinkFile)) {
+        for c in self.chunk_list() {
+            c.files.iter().for_each(&mut f);
+        }
+    }
+
+    /// Every held file, in id order.
+    fn for_each_ref(&self, mut f: impl FnMut(FileRef)) {
+        for c in self.chunk_list() {
+            for i in 0..c.files.len() as u32 {
+                f(FileRef {
+                    chunk: c.clone(),
+                    i,
+                });
+            }
+        }
+    }
+
+    /// Drop the published chunks at the front, up to id `limit` (the Ready
+    /// mark), whose files are all in place or failed (a windowed sink,
+    /// issue 36): what the verdict needs of
+    /// them is kept (counts, failures; a failed file's temp file removed
+    /// now). Returns the ids below which every slot is gone.
+    pub fn release(&self, limit: u64) -> u64 {
+        let mut gone = Vec::new();
+        {
+            let mut chunks = self.chunks.write().unwrap();
+            while chunks
+                .front()
+                .is_some_and(|c| c.end() <= limit && c.settled())
+            {
+                gone.extend(chunks.pop_front());
+            }
+            // Before anyone can miss the slots: late data for them is
+            // dropped, not taken for an unknown id (Self::prepare).
+            if let Some(last) = gone.last() {
+                self.released_below.store(last.end(), Ordering::Release);
+            }
+        }
+        let below = self.released_below.load(Ordering::Acquire);
+        let mut r = self.released.lock().unwrap();
+        for c in gone {
+            for i in 0..c.files.len() as u32 {
+                let f = FileRef {
+                    chunk: c.clone(),
+                    i,
+                };
+                let fl = f.flags.load(Ordering::Acquire);
+                if fl & (FINAL | KEPT) == FINAL {
+                    r.files_moved += (f.size == 0 || f.reused() < f.size) as u64;
+                    r.bytes_moved += f.want() - f.reused().min(f.want());
+                }
+                r.kept += (fl & KEPT != 0) as u64;
+                if fl & FINAL == 0 {
+                    r.failed_ids.push(f.id);
+                    let mut one = Vec::new();
+                    self.finish_one(&f, false, &mut one);
+                    r.failures.append(&mut one);
+                }
+            }
+        }
+        below
     }
 
     /// A storage error that stops the session (is_fatal): remembered, so
@@ -453,12 +703,14 @@ impl FileTable {
     /// names (issue 36's accounting; the sink's dominant share,
     /// docs/SCALE.md).
     pub fn meta_bytes(&self) -> u64 {
-        (self.files.capacity() * std::mem::size_of::<SinkFile>()
-            + self.by_id.capacity() * std::mem::size_of::<u32>()) as u64
-            + self.names.capacity() as u64
+        // The building chunk's lock first, as publish takes them.
+        let building = self.building.lock().unwrap().bytes();
+        let chunks = self.chunks.read().unwrap();
+        let list = chunks.capacity() * std::mem::size_of::<Arc<Chunk>>();
+        list as u64 + building + chunks.iter().map(|c| c.bytes()).sum::<u64>()
     }
 
-    fn tmp_name(&self, f: &SinkFile) -> Vec<u8> {
+    fn tmp_name(&self, f: &FileRef) -> Vec<u8> {
         let (_, name) = split_parent(self.rel(f));
         if f.is_device() {
             // Written in place: the journal names the device itself.
@@ -474,7 +726,7 @@ impl FileTable {
     }
 
     /// Mark a file failed (first reason wins) and close it.
-    pub fn fail(&self, f: &SinkFile, reason: String) {
+    pub fn fail(&self, f: &FileRef, reason: String) {
         let prev = f.flags.fetch_or(FAILED, Ordering::AcqRel);
         if prev & (FAILED | FINAL) == 0 {
             f.rare(|r| r.reason = Some(reason));
@@ -485,7 +737,7 @@ impl FileTable {
     }
 
     /// Take the file's descriptors out of the table.
-    fn take_fd(&self, f: &SinkFile) -> Option<Arc<SinkFd>> {
+    fn take_fd(&self, f: &FileRef) -> Option<Arc<SinkFd>> {
         let fd = f.fd.lock().unwrap().take();
         if let Some(d) = fd.as_ref().filter(|d| d.anon) {
             self.anon_open.fetch_sub(d.fds(), Ordering::AcqRel);
@@ -494,14 +746,14 @@ impl FileTable {
     }
 
     /// The directory file `f` goes into.
-    fn dir_of(&self, f: &SinkFile) -> std::io::Result<DirRef<'_>> {
+    fn dir_of(&self, f: &FileRef) -> std::io::Result<DirRef<'_>> {
         self.dirs
             .get(&self.root, f.dir, split_parent(self.rel(f)).0)
     }
 
     pub fn fail_id(&self, id: u64, reason: String) {
         if let Some(f) = self.get(id) {
-            self.fail(f, reason);
+            self.fail(&f, reason);
         }
     }
 }

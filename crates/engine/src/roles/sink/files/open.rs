@@ -18,10 +18,17 @@ impl FileTable {
     /// Check a segment and find where it goes: None if there is nothing to
     /// do (file failed or already complete); otherwise the file and its
     /// descriptors (None for a null sink), created on first use.
-    pub fn prepare(&self, seg: &Segment) -> Result<Prepared<'_>, WriteError> {
-        let f = self.get(seg.file_id).ok_or_else(|| {
-            WriteError::Protocol(format!("data for unknown file id {}", seg.file_id))
-        })?;
+    pub fn prepare(&self, seg: &Segment) -> Result<Prepared, WriteError> {
+        let Some(f) = self.get(seg.file_id) else {
+            // Late data of a file settled (failed) and dropped since.
+            if self.is_released(seg.file_id) {
+                return Ok(None);
+            }
+            return Err(WriteError::Protocol(format!(
+                "data for unknown file id {}",
+                seg.file_id
+            )));
+        };
         if seg.is_copy() && self.storage.local.is_none() {
             return Err(WriteError::Protocol(
                 "local-copy segment from a peer in another process".into(),
@@ -31,7 +38,7 @@ impl FileTable {
         if end > f.size {
             return Err(WriteError::Protocol(format!(
                 "data past the end of {} ({end} > {})",
-                crate::types::error::show(self.rel(f)),
+                crate::types::error::show(self.rel(&f)),
                 f.size
             )));
         }
@@ -40,7 +47,7 @@ impl FileTable {
                 return Err(WriteError::Protocol(format!(
                     "data outside piece {} of {}",
                     p.index,
-                    crate::types::error::show(self.rel(f))
+                    crate::types::error::show(self.rel(&f))
                 )));
             }
         }
@@ -56,7 +63,7 @@ impl FileTable {
                 // Closed after completion or failure: nothing to write.
                 return Ok(None);
             }
-            match self.create(f) {
+            match self.create(&f) {
                 Ok(fd) => {
                     let anon = if fd.anon { ANON } else { 0 };
                     f.flags.fetch_or(TEMP | anon, Ordering::AcqRel);
@@ -65,17 +72,19 @@ impl FileTable {
                 Err(e) if is_fatal(&e) => return Err(self.storage_fatal(&e)),
                 Err(e) => {
                     drop(g);
-                    self.fail(f, format!("cannot create: {e}"));
+                    self.fail(&f, format!("cannot create: {e}"));
                     return Ok(None);
                 }
             }
         }
-        Ok(Some((f, g.clone())))
+        let fd = g.clone();
+        drop(g);
+        Ok(Some((f, fd)))
     }
 
     /// Create the temp file at its final size, with an O_DIRECT descriptor
     /// for large files where the file system takes one.
-    pub(super) fn create(&self, f: &SinkFile) -> std::io::Result<SinkFd> {
+    pub(super) fn create(&self, f: &FileRef) -> std::io::Result<SinkFd> {
         if f.is_device() {
             return self.open_device(f);
         }
@@ -170,11 +179,7 @@ impl FileTable {
     /// A nameless temp file for a small fresh file no journal will name,
     /// while O_TMPFILE works here and fewer than `anon_cap` are open;
     /// None: use a named one.
-    pub(super) fn create_anon(
-        &self,
-        f: &SinkFile,
-        dir: &DirRef,
-    ) -> std::io::Result<Option<SinkFd>> {
+    pub(super) fn create_anon(&self, f: &FileRef, dir: &DirRef) -> std::io::Result<Option<SinkFd>> {
         let journalled = self.resume && f.size >= self.journal_min;
         if f.size >= DIRECT_MIN
             || journalled
@@ -224,7 +229,7 @@ impl FileTable {
     /// the device refuses O_DIRECT (or /proc is not there to reopen it).
     pub(super) fn anon_direct(
         &self,
-        f: &SinkFile,
+        f: &FileRef,
         buffered: &File,
     ) -> std::io::Result<Option<File>> {
         match self.open_direct(f, buffered, || tmpfile::reopen_direct(buffered)) {
@@ -242,7 +247,7 @@ impl FileTable {
     /// device, so each is tried once per session).
     pub(super) fn open_direct(
         &self,
-        f: &SinkFile,
+        f: &FileRef,
         buffered: &File,
         open: impl FnOnce() -> std::io::Result<File>,
     ) -> std::io::Result<Option<File>> {
@@ -270,7 +275,7 @@ impl FileTable {
     /// taken (an overwrite), under the temp name, renamed over it.
     pub(super) fn link_anon(
         &self,
-        f: &SinkFile,
+        f: &FileRef,
         fd: &SinkFd,
         dir: &DirRef,
         name: &[u8],
@@ -292,7 +297,7 @@ impl FileTable {
 
     /// A device destination: opened in place for writing (never created,
     /// never truncated), with an O_DIRECT descriptor for the aligned part.
-    pub(super) fn open_device(&self, f: &SinkFile) -> std::io::Result<SinkFd> {
+    pub(super) fn open_device(&self, f: &FileRef) -> std::io::Result<SinkFd> {
         let fl = libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
         let buffered = File::from(self.root.openat(self.rel(f), fl, 0)?);
         let direct = if self.storage.write_direct(f.size) {

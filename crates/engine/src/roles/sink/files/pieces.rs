@@ -7,14 +7,16 @@ impl FileTable {
     /// Entry `id` (registered with the whole file's size) is piece `index`
     /// of pieces of `piece` bytes (EntryKind::Piece, checked by the
     /// protocol machine; a bad one is not made a piece and fails).
-    pub fn set_piece(&mut self, id: u64, piece: u64, index: u32) {
-        let Some(&i) = self.by_id.get(id as usize) else {
+    pub fn set_piece(&self, id: u64, piece: u64, index: u32) {
+        // Right after its record: its slot is in the chunk being built.
+        let mut b = self.building.lock().unwrap();
+        let Some(i) = b.slot(id) else { return };
+        let Some(c) = Arc::get_mut(&mut b) else {
             return;
         };
         // The slot and the name arena are separate fields: both borrowed.
-        let Some(f) = self.files.get_mut(i as usize) else {
-            return;
-        };
+        let Chunk { files, names, .. } = c;
+        let f = &mut files[i];
         let kind = ramsys_proto::control::EntryKind::Piece {
             size: f.size,
             piece,
@@ -26,7 +28,7 @@ impl FileTable {
                 len,
                 index,
                 count: f.size.div_ceil(piece) as u32,
-                names: bigfile::Names::new(&self.names[f.name.range()], f.size, f.mtime, piece),
+                names: bigfile::Names::new(&names[f.name.range()], f.size, f.mtime, piece),
                 finished: AtomicBool::new(false),
             }));
         }
@@ -35,7 +37,7 @@ impl FileTable {
     /// Sync: piece `id` is already in the shared temp file, verified (an
     /// earlier run's marker): nothing to send.
     pub fn piece_done(&self, id: u64) -> bool {
-        let Some(f) = self.get(id) else { return false };
+        let Some(f) = &self.get(id) else { return false };
         let Some(p) = &f.piece else { return false };
         self.dir_of(f)
             .is_ok_and(|d| bigfile::piece_done(d.fd(), &p.names, f.size, p.index))
@@ -44,7 +46,7 @@ impl FileTable {
     /// Sync: piece `id` is done already: kept; finish the file if every
     /// other piece is too (an earlier run may have stopped just before).
     pub fn keep_piece(&self, id: u64) {
-        let Some(f) = self.get(id) else { return };
+        let Some(f) = &self.get(id) else { return };
         match self.try_finish(f) {
             Ok(()) => {
                 f.flags.fetch_or(KEPT | FINAL, Ordering::AcqRel);
@@ -55,7 +57,7 @@ impl FileTable {
 
     /// A verified piece: leave its marker, and place the file if every
     /// piece is now in (roles::sink::bigfile).
-    pub(super) fn place_piece(&self, f: &SinkFile, p: &PieceAt) {
+    pub(super) fn place_piece(&self, f: &FileRef, p: &PieceAt) {
         drop(self.take_fd(f));
         let marked = self
             .dir_of(f)
@@ -75,7 +77,7 @@ impl FileTable {
 
     /// Rename the big file piece `f` belongs to into place if every piece
     /// is verified (and nobody did yet).
-    pub(super) fn try_finish(&self, f: &SinkFile) -> std::io::Result<()> {
+    pub(super) fn try_finish(&self, f: &FileRef) -> std::io::Result<()> {
         let Some(p) = &f.piece else { return Ok(()) };
         let dir = self.dir_of(f)?;
         if !bigfile::all_done(dir.fd(), &p.names, p.count) {

@@ -15,7 +15,7 @@ impl FileTable {
     /// Sync: the sink's file is kept as it is; give it the source's mode
     /// and mtime (a metadata-only change moves no data).
     pub fn keep(&self, id: u64, apply_attrs: bool) {
-        let Some(f) = self.get(id) else { return };
+        let Some(f) = &self.get(id) else { return };
         if apply_attrs && !self.storage.null {
             if let Err(e) = self.root.set_dir_attrs(self.rel(f), f.mode, f.mtime) {
                 self.fail(f, format!("attributes: {e}"));
@@ -29,7 +29,7 @@ impl FileTable {
     /// arrives as data. Creates the temp file from the base now, so a file
     /// with no differing block completes here.
     pub fn reuse(&self, id: u64, bytes: u64) -> Result<(), WriteError> {
-        let Some(f) = self.get(id) else {
+        let Some(f) = &self.get(id) else {
             return Err(WriteError::Protocol(format!(
                 "reuse of unknown file id {id}"
             )));
@@ -68,36 +68,41 @@ impl FileTable {
 
     /// File bytes that crossed the wire for files now in place.
     pub fn bytes_moved(&self) -> u64 {
-        self.files
-            .iter()
-            .filter(|f| f.flags.load(Ordering::Acquire) & (FINAL | KEPT) == FINAL)
-            .map(|f| f.want() - f.reused().min(f.want()))
-            .sum()
+        let mut n = self.released.lock().unwrap().bytes_moved;
+        self.for_each_file(|f| {
+            if f.flags.load(Ordering::Acquire) & (FINAL | KEPT) == FINAL {
+                n += f.want() - f.reused().min(f.want());
+            }
+        });
+        n
     }
 
     /// Files now in place whose data (some of it) crossed the wire.
     pub fn files_moved(&self) -> u64 {
-        self.files
-            .iter()
-            .filter(|f| f.flags.load(Ordering::Acquire) & (FINAL | KEPT) == FINAL)
-            .filter(|f| f.size == 0 || f.reused() < f.size)
-            // A big file counts once, at the sink that placed it.
-            .filter(|f| {
-                f.piece
+        let mut n = self.released.lock().unwrap().files_moved;
+        self.for_each_file(|f| {
+            let moved = f.flags.load(Ordering::Acquire) & (FINAL | KEPT) == FINAL
+                && (f.size == 0 || f.reused() < f.size)
+                // A big file counts once, at the sink that placed it.
+                && f
+                    .piece
                     .as_ref()
-                    .is_none_or(|p| p.finished.load(Ordering::Acquire))
-            })
-            .count() as u64
+                    .is_none_or(|p| p.finished.load(Ordering::Acquire));
+            n += moved as u64;
+        });
+        n
     }
 
     /// Files kept as they were at the sink.
     pub fn kept(&self) -> u64 {
-        self.files
-            .iter()
-            .filter(|f| f.flags.load(Ordering::Acquire) & KEPT != 0)
+        let mut n = self.released.lock().unwrap().kept;
+        self.for_each_file(|f| {
             // A big file counts once: at the sink of its first piece.
-            .filter(|f| f.piece.as_ref().is_none_or(|p| p.index == 0))
-            .count() as u64
+            let kept = f.flags.load(Ordering::Acquire) & KEPT != 0
+                && f.piece.as_ref().is_none_or(|p| p.index == 0);
+            n += kept as u64;
+        });
+        n
     }
 
     /// Resume: journal rows of temp files whose written blocks changed
@@ -105,22 +110,21 @@ impl FileTable {
     /// the session's end). A tick takes the dirty list, not the table.
     pub fn journal_rows(&self, all: bool) -> Vec<crate::roles::sink::journal::PartRec> {
         let dirty = std::mem::take(&mut *self.dirty.lock().unwrap());
-        let rows = |f: &SinkFile| self.journal_row(f, all);
+        let mut rows = Vec::new();
         if all {
-            self.files.iter().filter_map(rows).collect()
+            self.for_each_ref(|f| rows.extend(self.journal_row(&f, all)));
         } else {
-            dirty
-                .iter()
-                .filter_map(|&i| self.files.get(i as usize))
-                .filter_map(rows)
-                .collect()
+            for f in dirty.iter().filter_map(|&id| self.get(id)) {
+                rows.extend(self.journal_row(&f, all));
+            }
         }
+        rows
     }
 
     /// The journal row of one file, if it has one to write now.
     pub(super) fn journal_row(
         &self,
-        f: &SinkFile,
+        f: &FileRef,
         all: bool,
     ) -> Option<crate::roles::sink::journal::PartRec> {
         let fl = f.flags.load(Ordering::Acquire);
@@ -157,19 +161,21 @@ impl FileTable {
     /// Paths of files now in place that the journal holds a row for
     /// (`held`: its rows, few): their rows can go. One DELETE per row, not
     /// per file of the tree.
-    pub fn final_paths<'t>(&'t self, held: &std::collections::HashSet<Vec<u8>>) -> Vec<&'t [u8]> {
+    pub fn final_paths(&self, held: &std::collections::HashSet<Vec<u8>>) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
         if held.is_empty() {
-            return Vec::new();
+            return out;
         }
-        self.files
-            .iter()
-            .filter(|f| f.flags.load(Ordering::Acquire) & FINAL != 0 && f.piece.is_none())
-            .filter(|f| held.contains(self.rel(f)))
-            .map(|f| self.rel(f))
-            .collect()
+        self.for_each_ref(|f| {
+            let fin = f.flags.load(Ordering::Acquire) & FINAL != 0 && f.piece.is_none();
+            if fin && held.contains(f.rel()) {
+                out.push(f.rel().to_vec());
+            }
+        });
+        out
     }
 
-    pub(super) fn data_complete(&self, f: &SinkFile) -> Result<(), WriteError> {
+    pub(super) fn data_complete(&self, f: &FileRef) -> Result<(), WriteError> {
         // A nameless file stays open: it is linked through its descriptor.
         let file = {
             let mut g = f.fd.lock().unwrap();
@@ -198,9 +204,14 @@ impl FileTable {
 
     /// The source reported the file fully read with this digest.
     pub fn digest_known(&self, id: u64, digest: u64) -> Result<(), WriteError> {
+        if self.is_released(id) {
+            // Settled (failed here) and dropped before its digest came.
+            return Ok(());
+        }
         let f = self
             .get(id)
             .ok_or_else(|| WriteError::Protocol(format!("digest for unknown file id {id}")))?;
+        let f = &f;
         f.expected.store(digest, Ordering::Release);
         if f.size == 0 && !self.storage.null && f.is_device() {
             f.flags.fetch_or(TEMP | DATA_DONE, Ordering::AcqRel);
@@ -229,7 +240,7 @@ impl FileTable {
         Ok(())
     }
 
-    pub(super) fn finalize(&self, f: &SinkFile) {
+    pub(super) fn finalize(&self, f: &FileRef) {
         if f.flags.load(Ordering::Acquire) & FAILED != 0 {
             return;
         }
@@ -287,7 +298,7 @@ impl FileTable {
     /// Re-read the ranges this session wrote into a device and compare
     /// their segment hashes with the source's digest (without checksums
     /// there is no digest to compare: fsync only).
-    pub(super) fn verify_device(&self, f: &SinkFile, log: &VolumeLog) -> Result<(), String> {
+    pub(super) fn verify_device(&self, f: &FileRef, log: &VolumeLog) -> Result<(), String> {
         crate::storage::volume::corrupt_fault(&self.root, self.rel(f));
         let dev = self
             .root
@@ -314,10 +325,11 @@ impl FileTable {
     /// Files neither in place nor failed yet (the sink tells the source
     /// it may end the payload when none is left; docs/PROTOCOL.md).
     pub fn unsettled(&self) -> usize {
-        self.files
-            .iter()
-            .filter(|f| f.flags.load(Ordering::Acquire) & (FINAL | FAILED) == 0)
-            .count()
+        let mut n = 0;
+        self.for_each_file(|f| {
+            n += (f.flags.load(Ordering::Acquire) & (FINAL | FAILED) == 0) as usize;
+        });
+        n
     }
 
     /// True once, for the first caller that sees the counters (files in
@@ -329,7 +341,7 @@ impl FileTable {
     pub fn counted_all_first(&self) -> bool {
         let n =
             self.stats.files.load(Ordering::Relaxed) + self.stats.failed.load(Ordering::Relaxed);
-        n >= self.files.len() as u64
+        n >= self.file_count()
             && !self.counted_all.load(Ordering::Relaxed)
             && !self.counted_all.swap(true, Ordering::AcqRel)
     }
@@ -340,22 +352,28 @@ impl FileTable {
     /// scan resumes at the first file that was not settled last time.
     pub fn all_settled(&self) -> bool {
         let from = self.settled_upto.load(Ordering::Relaxed);
-        let first = self.files[from.min(self.files.len())..]
-            .iter()
-            .position(|f| f.flags.load(Ordering::Acquire) & (FINAL | FAILED) == 0)
-            .map_or(self.files.len(), |i| from + i);
-        self.settled_upto.store(first, Ordering::Relaxed);
-        first == self.files.len()
+        let chunks = self.chunk_list();
+        let k = chunks.partition_point(|c| c.end() <= from);
+        let first = (chunks[k..].iter())
+            .flat_map(|c| c.files.iter())
+            .find(|f| f.id >= from && f.flags.load(Ordering::Acquire) & (FINAL | FAILED) == 0)
+            .map(|f| f.id);
+        let all = self.ids.load(Ordering::Acquire);
+        self.settled_upto
+            .store(first.unwrap_or(all), Ordering::Relaxed);
+        first.is_none()
     }
 
     /// Whether file `id` is in place or failed (nothing more to ask for).
     pub fn is_settled(&self, id: u64) -> bool {
-        self.get(id)
-            .is_some_and(|f| f.flags.load(Ordering::Acquire) & (FINAL | FAILED) != 0)
+        self.is_released(id)
+            || self
+                .get(id)
+                .is_some_and(|f| f.flags.load(Ordering::Acquire) & (FINAL | FAILED) != 0)
     }
 
     /// Whether a file made it to its final name.
-    pub fn is_final(&self, f: &SinkFile) -> bool {
+    pub fn is_final(&self, f: &FileRef) -> bool {
         f.flags.load(Ordering::Acquire) & FINAL != 0 && f.piece.is_none()
     }
 
@@ -368,39 +386,48 @@ impl FileTable {
     /// [`Self::finish`]; with `keep_parts` (resume), temp files that hold
     /// data stay for the next run (the journal names them).
     pub fn finish_keeping(&self, keep_parts: bool) -> Vec<(Vec<u8>, String)> {
-        let mut out = Vec::new();
-        for f in &self.files {
-            let fl = f.flags.load(Ordering::Acquire);
-            if fl & FINAL != 0 {
-                continue;
-            }
-            // The default journal keeps what the interruption cut short,
-            // not files that failed on their own (changed while read...).
-            let failed_alone = fl & FAILED != 0 && self.journal_min > 0;
-            if fl & FAILED == 0 {
-                let w = f.written.load(Ordering::Acquire);
-                let why = if w < f.want() {
-                    format!("incomplete: received {w} of {} bytes", f.want())
-                } else {
-                    "source never confirmed the file".into()
-                };
-                self.fail(f, why);
-            }
-            self.take_fd(f);
-            let keep = keep_parts
-                && !failed_alone
-                && f.written.load(Ordering::Acquire) > 0
-                && f.size >= self.journal_min;
-            let fl = f.flags.load(Ordering::Acquire);
-            // A piece's temp file is shared with the other sinks of the
-            // stripe and holds the verified pieces `--resume` reuses.
-            if fl & TEMP != 0 && fl & ANON == 0 && !keep && !f.is_device() && f.piece.is_none() {
-                if let Ok(dir) = self.dir_of(f) {
-                    let _ = crate::storage::fsops::unlink_in(dir.fd(), &self.tmp_name(f));
-                }
-            }
-            out.push((self.rel(f).to_vec(), f.reason()));
-        }
+        let mut out = std::mem::take(&mut self.released.lock().unwrap().failures);
+        self.for_each_ref(|f| self.finish_one(&f, keep_parts, &mut out));
         out
+    }
+
+    /// [`Self::finish_keeping`] for one file: failed if not in place, its
+    /// temp file removed unless kept, (path, reason) added to `out`.
+    pub(super) fn finish_one(
+        &self,
+        f: &FileRef,
+        keep_parts: bool,
+        out: &mut Vec<(Vec<u8>, String)>,
+    ) {
+        let fl = f.flags.load(Ordering::Acquire);
+        if fl & FINAL != 0 {
+            return;
+        }
+        // The default journal keeps what the interruption cut short,
+        // not files that failed on their own (changed while read...).
+        let failed_alone = fl & FAILED != 0 && self.journal_min > 0;
+        if fl & FAILED == 0 {
+            let w = f.written.load(Ordering::Acquire);
+            let why = if w < f.want() {
+                format!("incomplete: received {w} of {} bytes", f.want())
+            } else {
+                "source never confirmed the file".into()
+            };
+            self.fail(f, why);
+        }
+        self.take_fd(f);
+        let keep = keep_parts
+            && !failed_alone
+            && f.written.load(Ordering::Acquire) > 0
+            && f.size >= self.journal_min;
+        let fl = f.flags.load(Ordering::Acquire);
+        // A piece's temp file is shared with the other sinks of the
+        // stripe and holds the verified pieces `--resume` reuses.
+        if fl & TEMP != 0 && fl & ANON == 0 && !keep && !f.is_device() && f.piece.is_none() {
+            if let Ok(dir) = self.dir_of(f) {
+                let _ = crate::storage::fsops::unlink_in(dir.fd(), &self.tmp_name(f));
+            }
+        }
+        out.push((self.rel(f).to_vec(), f.reason()));
     }
 }

@@ -14,7 +14,7 @@ fn file_slot_stays_small() {
 fn all_settled_follows_files_settling_in_any_order() {
     let d = tempfile::tempdir().unwrap();
     let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
-    let mut t = FileTable::new(root, 1, false, false, Arc::new(Stats::default()));
+    let t = FileTable::new(root, 1, false, false, Arc::new(Stats::default()));
     for id in 0..4u64 {
         t.push_entry(id, Some((format!("f{id}").into_bytes(), 1, 0o644, (0, 0))));
     }
@@ -36,7 +36,7 @@ fn counted_all_is_hinted_once_when_the_counters_reach_the_table() {
     let d = tempfile::tempdir().unwrap();
     let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
     let stats = Arc::new(Stats::default());
-    let mut t = FileTable::new(root, 1, false, false, stats.clone());
+    let t = FileTable::new(root, 1, false, false, stats.clone());
     for id in 0..3u64 {
         t.push_entry(id, Some((format!("f{id}").into_bytes(), 1, 0o644, (0, 0))));
     }
@@ -88,7 +88,7 @@ fn small_files_appear_only_whole() {
     let d = tempfile::tempdir_in("/var/tmp").unwrap();
     std::fs::create_dir(d.path().join("sub")).unwrap();
     std::fs::write(d.path().join("sub/old"), b"previous contents").unwrap();
-    let mut t = small_table(d.path(), Default::default());
+    let t = small_table(d.path(), Default::default());
     t.push_entry(0, Some((b"sub/a".to_vec(), 5, 0o640, (1_000_000, 9))));
     t.push_entry(1, Some((b"sub/old".to_vec(), 3, 0o4755, (7, 0))));
     t.push_entry(2, Some((b"sub/holey".to_vec(), 10_000, 0o644, (8, 0))));
@@ -130,7 +130,7 @@ fn small_files_appear_only_whole() {
 #[test]
 fn incomplete_small_files_leave_nothing() {
     let d = tempfile::tempdir_in("/var/tmp").unwrap();
-    let mut t = small_table(d.path(), Default::default());
+    let t = small_table(d.path(), Default::default());
     t.push_entry(0, Some((b"half".to_vec(), 10, 0o644, (0, 0))));
     t.push_entry(1, Some((b"bad".to_vec(), 4, 0o644, (0, 0))));
     send(&t, 0, 0, b"12345");
@@ -180,7 +180,7 @@ fn a_nameless_lane_file_has_two_descriptors() {
     let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
     let mut cfg = StorageCfg::plain(true, crate::storage::IoEngine::Sync);
     cfg.lane_bytes = 1 << 20;
-    let mut t = FileTable::new(root, 1, true, false, Arc::new(Stats::default())).with_storage(cfg);
+    let t = FileTable::new(root, 1, true, false, Arc::new(Stats::default())).with_storage(cfg);
     t.anon_ok.store(true, Ordering::Relaxed);
     let size = crate::storage::lane_min() as usize + 5000;
     t.push_entry(0, Some((b"mid".to_vec(), size as u64, 0o644, (7, 0))));
@@ -220,7 +220,7 @@ impl crate::storage::IoHook for NoTmpFile {
 #[test]
 fn o_tmpfile_refused_falls_back_to_named_temp_files() {
     let d = tempfile::tempdir_in("/var/tmp").unwrap();
-    let mut t = small_table(d.path(), crate::storage::Hook(Some(Arc::new(NoTmpFile))));
+    let t = small_table(d.path(), crate::storage::Hook(Some(Arc::new(NoTmpFile))));
     t.push_entry(0, Some((b"a".to_vec(), 5, 0o640, (3, 0))));
     t.push_entry(1, Some((b"b".to_vec(), 3, 0o644, (3, 0))));
     t.push_entry(2, Some((b"e".to_vec(), 0, 0o644, (3, 0))));
@@ -291,7 +291,7 @@ fn pieces_of_one_file_from_two_sessions_meet_and_one_places_it() {
     let d = tempfile::tempdir().unwrap();
     let table = |session: u64, pieces: &[u32]| {
         let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
-        let mut t = FileTable::new(root, session, true, false, Arc::new(Stats::default()));
+        let t = FileTable::new(root, session, true, false, Arc::new(Stats::default()));
         for (id, &i) in pieces.iter().enumerate() {
             t.push_entry(id as u64, Some((b"big".to_vec(), 10, 0o640, (7, 8))));
             t.set_piece(id as u64, 4, i);
@@ -364,7 +364,10 @@ fn local_copy_segments_only_from_an_in_process_source() {
     ));
     let bridge = Arc::new(crate::storage::local::LocalBridge::default());
     let src = crate::types::file::SourceFile::plain(0, b"s", 3 << 20);
-    bridge.publish(root.clone(), Arc::new(vec![src]));
+    bridge.publish(
+        root.clone(),
+        crate::types::file::LiveFiles::whole(Arc::new(vec![src])),
+    );
     let local = table(Some(bridge));
     local.write_segment(&seg, &[], hash).unwrap();
     local.digest_known(0, hash).unwrap();
@@ -372,4 +375,56 @@ fn local_copy_segments_only_from_an_in_process_source() {
         std::fs::read(d.path().join("d")).unwrap(),
         vec![9u8; 3 << 20]
     );
+}
+
+/// A windowed sink's chunks (issue 36): published per batch, found by id
+/// through any number of them, dropped whole only up to the Ready mark
+/// and once every file in them settled; what the verdict needs of a
+/// dropped chunk stays (counts, a failure and its reason), late data and
+/// digests for its ids are dropped, a hard link to one of its files knows
+/// whether the file was placed.
+#[test]
+fn settled_chunks_are_dropped_and_leave_the_verdict() {
+    let d = tempfile::tempdir().unwrap();
+    let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
+    let t = FileTable::new(root, 1, false, false, Arc::new(Stats::default()));
+    let add = |ids: std::ops::Range<u64>| {
+        for id in ids {
+            t.push_entry(id, Some((format!("f{id}").into_bytes(), 1, 0o644, (0, 0))));
+        }
+    };
+    add(0..3);
+    t.push_entry(3, None);
+    assert_eq!(t.publish(), 4);
+    add(4..6);
+    assert_eq!(t.publish(), 6);
+    add(6..8);
+    assert!(t.get(7).is_some(), "a slot is found before it is published");
+    assert!(t.get(3).is_none(), "not a file");
+    for id in [0, 2, 4, 5] {
+        t.keep(id, false);
+    }
+    t.fail_id(1, "gone".into());
+    // Only what Ready covered: the chunk of 6..8 stays though settled.
+    t.keep(6, false);
+    t.keep(7, false);
+    t.publish();
+    assert_eq!(t.release(6), 6);
+    assert!(t.is_released(5) && !t.is_released(6));
+    assert!(t.get(0).is_none() && t.get(6).is_some());
+    assert_eq!(t.placed(0), Some(true));
+    assert_eq!(t.placed(1), Some(false));
+    assert_eq!(t.kept(), 6, "0, 2, 4, 5 dropped, 6 and 7 held");
+    // Late data and a late digest of a dropped file are dropped.
+    let seg = Segment {
+        file_id: 2,
+        offset: 0,
+        len: 1,
+    };
+    assert!(t.prepare(&seg).unwrap().is_none());
+    assert!(t.digest_known(2, 0).is_ok());
+    assert!(t.is_settled(2));
+    assert_eq!(t.release(8), 8);
+    let failed = t.finish();
+    assert_eq!(failed, vec![(b"f1".to_vec(), "gone".to_string())]);
 }

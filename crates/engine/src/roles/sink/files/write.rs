@@ -9,6 +9,7 @@ impl FileTable {
         let Some((f, fd)) = self.prepare(seg)? else {
             return Ok(());
         };
+        let f = &f;
         if let Some(fd) = fd {
             if let Some(r) = self.write_marker(f, &fd, seg, hash) {
                 return r;
@@ -24,7 +25,7 @@ impl FileTable {
     /// copy's range (storage::local) or a hole. None: a data segment.
     pub fn write_marker(
         &self,
-        f: &SinkFile,
+        f: &FileRef,
         fd: &SinkFd,
         seg: &Segment,
         hash: u64,
@@ -47,7 +48,7 @@ impl FileTable {
     /// runs in this process) takes one; from anyone else it is refused.
     pub fn copy_local(
         &self,
-        f: &SinkFile,
+        f: &FileRef,
         fd: &SinkFd,
         seg: &Segment,
         scratch: &mut Vec<u8>,
@@ -80,7 +81,7 @@ impl FileTable {
     /// size, all holes); a device, a file built from a base or a piece's
     /// shared temp file holds old bytes there, which must read as zeros
     /// (storage::volume).
-    pub fn write_hole(&self, f: &SinkFile, fd: &SinkFd, seg: &Segment) -> std::io::Result<()> {
+    pub fn write_hole(&self, f: &FileRef, fd: &SinkFd, seg: &Segment) -> std::io::Result<()> {
         if !fd.sized && seg.offset + seg.span() == f.size {
             // Not created at its size: a hole at the end sets it.
             fd.buffered.set_len(f.size)?;
@@ -99,7 +100,7 @@ impl FileTable {
     /// Write a data segment: aligned prefix direct, tail buffered.
     pub fn write_data(
         &self,
-        f: &SinkFile,
+        f: &FileRef,
         fd: &SinkFd,
         data: &[u8],
         off: u64,
@@ -134,7 +135,7 @@ impl FileTable {
     }
 
     /// A write failed: fatal errors stop the session, others fail the file.
-    pub fn write_failed(&self, f: &SinkFile, e: std::io::Error) -> Result<(), WriteError> {
+    pub fn write_failed(&self, f: &FileRef, e: std::io::Error) -> Result<(), WriteError> {
         if is_fatal(&e) {
             return Err(self.storage_fatal(&e));
         }
@@ -143,7 +144,7 @@ impl FileTable {
     }
 
     /// The segment is on disk (or is a hole, or was discarded): count it.
-    pub fn account(&self, f: &SinkFile, seg: &Segment, hash: u64) -> Result<(), WriteError> {
+    pub fn account(&self, f: &FileRef, seg: &Segment, hash: u64) -> Result<(), WriteError> {
         if self.checksum {
             f.digest.fetch_add(hash, Ordering::AcqRel);
         }
@@ -167,7 +168,7 @@ impl FileTable {
     }
 
     /// Resume: count written bytes per journal block.
-    pub(super) fn note_blocks(&self, f: &SinkFile, id: u64, off: u64, len: u64) {
+    pub(super) fn note_blocks(&self, f: &FileRef, id: u64, off: u64, len: u64) {
         let bs = crate::request::sync::delta_block(f.size) as u64;
         f.rare(|r| {
             let g = &mut r.jblocks;
@@ -185,9 +186,7 @@ impl FileTable {
             }
         });
         if f.flags.fetch_or(DIRTY, Ordering::AcqRel) & DIRTY == 0 {
-            if let Some(&i) = self.by_id.get(id as usize) {
-                self.dirty.lock().unwrap().push(i);
-            }
+            self.dirty.lock().unwrap().push(id);
         }
     }
 }

@@ -20,6 +20,7 @@ use ramsys_proto::control::Bytes32;
 use ramsys_proto::Control;
 use ramsys_resources::{Buf, BufferPool, JobHandle};
 
+use super::tree::Tree;
 use super::{payload, Ctl, Drained, Grant, Opened, SinkSession};
 use crate::data::receiver::{run_receiver, ReceiverEvent};
 use crate::data::resources::ShareGuard;
@@ -68,6 +69,26 @@ pub(super) struct SinkPipeline<'s> {
     facts: (u16, u32, Vec<crate::types::stats::LinkDesc>),
     /// What a daemon-side source's stream adaptation did (Control::Grown).
     growth: Option<Growth>,
+    /// A windowed session's metadata, still arriving (issue 36).
+    window: Option<Window<'s>>,
+}
+
+/// A windowed session's records during the payload (issue 36,
+/// docs/PROTOCOL.md "Windows"): each Entries batch is registered and made
+/// reachable, then Ready; settled chunks are dropped and SettledThrough
+/// says so; Settled only once MetaEnd came and everything settled.
+struct Window<'s> {
+    tree: &'s mut Tree,
+    /// The Ready and SettledThrough marks sent.
+    ready: u64,
+    settled: u64,
+    meta_end: bool,
+    /// Progress (files settled, by the counters) and the Ready mark at
+    /// the last release: a chunk settles with one of them (a chunk of
+    /// directories only, with the Ready that covers it).
+    last: (u64, u64),
+    /// The control reader's timeouts count until MetaEnd.
+    idle: Arc<AtomicBool>,
 }
 
 /// What the loop waits on, besides the links' own events.
@@ -222,11 +243,8 @@ fn writer_count(bulk: Option<usize>, table: &FileTable, reserved: usize) -> usiz
     if table.storage.local.is_some() {
         return reserved;
     }
-    let small = table
-        .files()
-        .iter()
-        .filter(|f| f.size < crate::storage::DIRECT_MIN)
-        .count();
+    let mut small = 0;
+    table.for_each_file(|f| small += (f.size < crate::storage::DIRECT_MIN) as usize);
     match bulk {
         Some(b) if small < crate::daemon::config::placement::MANY_SMALL_FILES => {
             b.clamp(1, reserved)
@@ -331,6 +349,8 @@ impl<'s> SinkPipeline<'s> {
         table: Arc<FileTable>,
         sync: Option<SinkSync>,
         o: Opened,
+        control: Option<(Receiver<ControlEvent>, Arc<AtomicBool>)>,
+        tree: Option<&'s mut Tree>,
     ) -> Result<Self, EngineError> {
         if g.cipher != Cipher::None && o.key.is_none() {
             return Err(EngineError::local("encryption without a session key"));
@@ -359,7 +379,11 @@ impl<'s> SinkPipeline<'s> {
         let (wake_tx, wake_rx) = bounded::<()>(1);
         let (rev_tx, rev_rx) = unbounded::<ReceiverEvent>();
         let (rdone_tx, rdone_rx) = unbounded::<ReceiverDone>();
-        let nw = writer_count(s.opts.bulk_writers, &table, writers.len());
+        // A windowed table starts empty: its trees are many files.
+        let nw = match tree {
+            Some(_) => writers.len(),
+            None => writer_count(s.opts.bulk_writers, &table, writers.len()),
+        };
         let wiring = WriterWiring {
             table: table.clone(),
             pool: pool.clone(),
@@ -396,7 +420,10 @@ impl<'s> SinkPipeline<'s> {
         }
         // On a kept link the reader stops at EndOfData (run_sink_kept).
         let last = s.keep.then_some(is_end_of_data as fn(&Control) -> bool);
-        let control = s.ctl.spawn_reader("sink-ctl", last)?;
+        let (control, records_due) = match control {
+            Some((c, due)) => (c, Some(due)),
+            None => (s.ctl.spawn_reader("sink-ctl", last)?, None),
+        };
         let journal_tick = journal_tick(table.resume);
         Ok(SinkPipeline {
             ctl: &mut s.ctl,
@@ -436,6 +463,14 @@ impl<'s> SinkPipeline<'s> {
             session: s.spec.session,
             facts: (streams, block_size, o.desc),
             growth: None,
+            window: tree.map(|tree| Window {
+                tree,
+                ready: 0,
+                settled: 0,
+                meta_end: false,
+                last: (u64::MAX, 0),
+                idle: records_due.unwrap_or_default(),
+            }),
         })
     }
 
@@ -509,11 +544,25 @@ impl<'s> SinkPipeline<'s> {
         Ok(())
     }
 
-    /// Tell the source once every file is in place or failed.
+    /// Tell the source once every file is in place or failed; in a
+    /// windowed session, drop the chunks that settled and say so.
     fn on_settle_tick(&mut self) -> Step {
         let progress = payload::progress(&self.stats);
         let table = &self.table;
-        if !self.progress.eod && self.progress.settle.look(progress, || table.all_settled()) {
+        let mut all_records = true;
+        if let Some(w) = &mut self.window {
+            all_records = w.meta_end;
+            if (progress, w.ready) != w.last && !self.progress.eod {
+                w.last = (progress, w.ready);
+                let below = table.release(w.ready);
+                if below > w.settled {
+                    w.settled = below;
+                    self.ctl.send(&Control::SettledThrough { through: below })?;
+                }
+            }
+        }
+        let settled = || all_records && table.all_settled();
+        if !self.progress.eod && self.progress.settle.look(progress, settled) {
             self.ctl.send(&Control::Settled)?;
             crate::types::phase::mark("sink_settled_sent");
         }
@@ -567,6 +616,12 @@ impl<'s> SinkPipeline<'s> {
     fn on_control(&mut self, m: Result<ControlEvent, RecvError>) -> Step {
         match m {
             Ok(Ok(Control::AddStream { stream })) => self.on_add_stream(stream),
+            Ok(Ok(
+                m @ (Control::Entries(_)
+                | Control::ScanFailed { .. }
+                | Control::MetaEnd { .. }
+                | Control::SyncMode { .. }),
+            )) if self.window.is_some() => self.on_metadata(m),
             Ok(Ok(m @ (Control::Grown { .. } | Control::GrownLinks { .. }))) => {
                 self.ctl.machine.on_recv(&m)?;
                 self.growth = grown(m);
@@ -587,6 +642,15 @@ impl<'s> SinkPipeline<'s> {
                 }
                 Ok(())
             }
+            Ok(Err(e))
+                if crate::session::control::is_timeout(&e)
+                    && self.window.as_ref().is_some_and(|w| !w.meta_end) =>
+            {
+                Err(EngineError::local(
+                    "no word from the source within the idle timeout (--timeout) \
+                     while waiting for the file list",
+                ))
+            }
             Ok(Err(EngineError::PeerClosed)) | Ok(Err(EngineError::Io(_))) => Err(
                 EngineError::local("connection to the source lost mid-transfer"),
             ),
@@ -599,6 +663,47 @@ impl<'s> SinkPipeline<'s> {
             }
             Err(_) => Err(EngineError::local("control reader stopped")),
         }
+    }
+
+    /// A windowed session's record batch, its scan failures or its end:
+    /// registered, reachable, then Ready for the source.
+    fn on_metadata(&mut self, m: Control) -> Step {
+        self.ctl.admit(&m)?;
+        if let Control::SyncMode { .. } = m {
+            // The journal (all a windowed copy may ask for) was set from
+            // this end's own options before the table was shared.
+            return Ok(());
+        }
+        let Some(w) = &mut self.window else {
+            return Ok(());
+        };
+        let root = self.table.root.clone();
+        if w.tree.on_message(m, &root)? {
+            // Data and digests may now be far apart: no idle timeout.
+            w.meta_end = true;
+            w.idle.store(false, Ordering::Release);
+            self.ctl.link.set_read_timeout(None)?;
+        }
+        let through = self.table.publish();
+        let stats = &self.stats;
+        stats
+            .total_files
+            .store(self.table.file_count(), Ordering::Relaxed);
+        stats
+            .total_bytes
+            .store(w.tree.total_bytes, Ordering::Relaxed);
+        stats
+            .setid_dropped
+            .store(w.tree.setid_dropped, Ordering::Relaxed);
+        if through > w.ready {
+            w.ready = through;
+            self.ctl.send(&Control::Ready { through })?;
+        }
+        // Every record in, and maybe every file settled already.
+        if w.meta_end {
+            self.on_settle_tick()?;
+        }
+        Ok(())
     }
 
     /// A receiver ended: done, its link lost, or failed.

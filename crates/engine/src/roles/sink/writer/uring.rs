@@ -78,7 +78,9 @@ impl Queues {
 pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
     // Make the ring (and register the session's buffers) before data
     // flows, so its set-up cost is not paid on the first block.
-    let big = w.table.files().iter().map(|f| f.size).sum::<u64>() >= FIXED_MIN_BYTES;
+    let mut bytes = 0u64;
+    w.table.for_each_file(|f| bytes += f.size);
+    let big = bytes >= FIXED_MIN_BYTES;
     let mut ring = match Ring::new(w.pool.span(), big) {
         Ok(r) => r,
         Err(e) => {
@@ -203,7 +205,7 @@ fn queue_block(w: &WriterIo<'_>, ring: &mut Ring, q: &mut Queues, s: usize) {
         let (f, fd) = match table.prepare(&seg) {
             Ok(Some((f, Some(fd)))) => (f, fd),
             Ok(Some((f, None))) => {
-                if !w.check(table.account(f, &seg, hash)) {
+                if !w.check(table.account(&f, &seg, hash)) {
                     break;
                 }
                 continue;
@@ -215,7 +217,7 @@ fn queue_block(w: &WriterIo<'_>, ring: &mut Ring, q: &mut Queues, s: usize) {
             }
         };
         // A local copy (in the kernel) or a hole: done synchronously.
-        if let Some(r) = table.write_marker(f, &fd, &seg, hash) {
+        if let Some(r) = table.write_marker(&f, &fd, &seg, hash) {
             if !w.check(r) {
                 break;
             }
@@ -225,9 +227,9 @@ fn queue_block(w: &WriterIo<'_>, ring: &mut Ring, q: &mut Queues, s: usize) {
         if let Err(e) = table
             .storage
             .hook
-            .check(IoOp::Write, table.rel(f), seg.offset, len)
+            .check(IoOp::Write, table.rel(&f), seg.offset, len)
         {
-            if !w.check(table.write_failed(f, e)) {
+            if !w.check(table.write_failed(&f, e)) {
                 break;
             }
             continue;
@@ -297,7 +299,7 @@ fn seg_step(w: &WriterIo<'_>, slots: &mut Slab<WSlot>, segs: &mut Slab<SegWrite>
         return;
     }
     let rec = segs.remove(sw);
-    if let Some(f) = w.table.get(rec.seg.file_id) {
+    if let Some(f) = &w.table.get(rec.seg.file_id) {
         let r = match rec.error {
             Some(e) => w.table.write_failed(f, e),
             None => {

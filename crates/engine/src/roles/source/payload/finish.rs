@@ -10,8 +10,14 @@ impl Payload<'_> {
     pub(in crate::roles::source) fn finish(
         mut self,
         verdict: Result<Complete, EngineError>,
-        failures: Vec<FailedPath>,
+        mut failures: Vec<FailedPath>,
     ) -> Result<Report, EngineError> {
+        // A windowed session's readers wait for generations until their
+        // queues close: closed here, on success and on error alike; the
+        // scan's failures are for the report.
+        if let Some(walk) = self.win.take().and_then(|mut w| w.take_walk()) {
+            failures.extend(walk.failures);
+        }
         // Senders must see their queue close, on success and on error alike.
         self.resends.tx = None;
         let outcome = match verdict {

@@ -40,15 +40,18 @@ use crate::transport::grow::{Grower, Links, Step as GrowStep};
 use crate::transport::Link;
 use crate::types::error::show;
 use crate::types::error::EngineError;
-use crate::types::file::SourceFile;
+use crate::types::file::{LiveFiles, SourceFile};
 use crate::types::sendpath::SendPath;
 use crate::types::stats::{FailedPath, Stats};
 
 // The verdict and teardown; the threads, links and queues the loop runs
-// on (issue 37: one file was 1,160 lines).
+// on (issue 37: one file was 1,160 lines); a windowed session's records
+// and reader generations (issue 36).
 mod finish;
 mod setup;
+mod window;
 use setup::*;
+use window::{SrcWindow, Template};
 
 /// A queued sender's thread body.
 type SenderJob = Box<dyn FnOnce() + Send + 'static>;
@@ -67,7 +70,13 @@ type Step = Result<Option<Complete>, EngineError>;
 pub(super) struct Payload<'s> {
     ctl: &'s mut Ctl,
     root: Arc<Root>,
+    /// The whole walk's files (empty in a windowed session).
     files: Arc<Vec<SourceFile>>,
+    /// The files held, by id: `files`, or a windowed session's
+    /// generations until the sink settles them.
+    live: LiveFiles,
+    /// A windowed session's records and reader generations.
+    win: Option<SrcWindow>,
     stats: Arc<Stats>,
     abort: Arc<AtomicBool>,
     /// Returned to the engine last of all, in `teardown`.
@@ -104,6 +113,13 @@ struct Events {
     readers_done: Receiver<()>,
     senders_done: Receiver<LinkDone>,
     control: Receiver<ControlEvent>,
+}
+
+/// What the readers start from: the whole walk (and a sync's plan), or a
+/// windowed session's scan and window.
+enum Begin {
+    Whole(Walk, Vec<Entry>, Option<SyncPlan>),
+    Windowed(super::window::ScanRx, super::window::Ahead),
 }
 
 /// The data links' sending ends: who sends on them and how they end.
@@ -245,14 +261,55 @@ impl<'s> Payload<'s> {
         c: Confirmed,
         o: Opened,
     ) -> Result<Self, EngineError> {
+        Self::begin(s, threads, Begin::Whole(w, entries, plan), c, o)
+    }
+
+    /// [`Self::start`] of a windowed session (issue 36): no file yet; the
+    /// readers take each batch the sink readies, the records go on.
+    pub(super) fn start_windowed(
+        s: &'s mut SourceSession<'_>,
+        threads: Threads,
+        (scan, ahead): (super::window::ScanRx, super::window::Ahead),
+        c: Confirmed,
+        o: Opened,
+    ) -> Result<Self, EngineError> {
+        Self::begin(s, threads, Begin::Windowed(scan, ahead), c, o)
+    }
+
+    fn begin(
+        s: &'s mut SourceSession<'_>,
+        threads: Threads,
+        what: Begin,
+        c: Confirmed,
+        o: Opened,
+    ) -> Result<Self, EngineError> {
         let (opts, res, stats, root) = (s.opts, s.res, s.stats.clone(), s.spec.root.clone());
         let Threads {
             mut senders,
             mut readers,
         } = threads;
-        let files = publish(opts, &stats, &root, w);
-        let queues = queues(&root, &files, opts, c.block_size, plan.as_ref());
-        more_readers_if_cached(s, &queues, &mut readers);
+        let (files, live, queues, plan, entries, windowed) = match what {
+            Begin::Whole(w, entries, plan) => {
+                let (files, live) = publish(opts, &stats, &root, w);
+                let queues = queues(&root, &files, opts, c.block_size, plan.as_ref());
+                more_readers_if_cached(s, &queues, &mut readers);
+                (files, live, Some(queues), plan, entries, None)
+            }
+            Begin::Windowed(scan, ahead) => {
+                let live = LiveFiles::default();
+                if let Some(bridge) = &opts.local_copy {
+                    bridge.publish(root.clone(), live.clone());
+                }
+                (
+                    Arc::default(),
+                    live,
+                    None,
+                    None,
+                    Vec::new(),
+                    Some((scan, ahead)),
+                )
+            }
+        };
         let nread = readers.len();
         let share = take_share(res, c.streams, nread)?;
         let pool = share.pool().clone();
@@ -277,13 +334,8 @@ impl<'s> Payload<'s> {
             let (tx, pool, abort) = (sdone_tx.clone(), pool.clone(), abort.clone());
             Arc::new(InlineLinks::new(outs, tx, pool, abort, stats.clone()))
         });
-        report_nothing_to_read(&files, plan.as_ref(), &rev_tx);
-        let ctx = ReaderCtx {
+        let template = Template {
             root: root.clone(),
-            files: files.clone(),
-            state: file_states(&files, plan.as_ref()),
-            homes: assign_homes(&queues, nread),
-            queues,
             pool: pool.clone(),
             filled: filled_tx.clone(),
             inline: inline.clone(),
@@ -294,10 +346,30 @@ impl<'s> Payload<'s> {
             block_size: c.block_size,
             storage: Arc::new(opts.source_storage(c.block_size)),
             zerocopy,
-            dirs: Arc::new(ReadDirs::new(files.iter().map(|f| &f.rel[..]))),
+            plan: PlanOptions {
+                block_size: c.block_size as u64,
+                sort: opts.sort,
+                threads: opts.device_threads,
+            },
+            engine: opts.source_engine,
         };
-        let read_storage = ctx.storage.clone();
-        let (mut jobs, rdone_rx) = spawn_readers(&mut readers, ctx);
+        let read_storage = template.storage.clone();
+        let (mut jobs, rdone_rx, win) = match (queues, windowed) {
+            (Some(queues), _) => {
+                report_nothing_to_read(&files, plan.as_ref(), &rev_tx);
+                let state = file_states(&files, plan.as_ref());
+                let ctx = template.ctx(files.clone(), state, queues, nread);
+                let (jobs, rdone) = spawn_readers(&mut readers, ctx);
+                (jobs, rdone, None)
+            }
+            (None, Some((scan, ahead))) => {
+                let budget = opts.meta_budget;
+                let (jobs, rdone, win) =
+                    SrcWindow::spawn(&mut readers, template, (scan, ahead), budget);
+                (jobs, rdone, Some(win))
+            }
+            (None, None) => unreachable!("whole or windowed"),
+        };
         let make = sender_factory(keys, &filled_rx, &pool, &abort, &stats, &sdone_tx, &inline);
         let closers = spawn_senders(&make, data_links, &mut senders, &mut jobs);
         let mut extra = Vec::new();
@@ -317,7 +389,7 @@ impl<'s> Payload<'s> {
         let null = opts.source_engine == crate::storage::DataEngine::Null;
         let requeue = Arc::new(Requeue {
             root: root.clone(),
-            files: files.clone(),
+            files: live.clone(),
             pool: pool.clone(),
             checksum: c.checksum,
             null,
@@ -336,6 +408,8 @@ impl<'s> Payload<'s> {
             ctl: &mut s.ctl,
             root,
             files,
+            live,
+            win,
             stats,
             abort,
             share,
@@ -360,9 +434,15 @@ impl<'s> Payload<'s> {
     pub(super) fn run(&mut self) -> Result<Complete, EngineError> {
         let (root, files) = (self.root.clone(), self.files.clone());
         let resender = Rereader::new(&root, &files, self.checksum, self.null);
+        // A windowed tree announced whole and holding no file: no Ready
+        // will start a generation, so the readers' queues close here.
+        self.next_generation()?;
         loop {
             self.between_events()?;
+            let (scan, gens) = self.window_events();
             let step = select! {
+                recv(scan) -> m => self.on_scan(m),
+                recv(gens) -> g => self.on_generation_done(g),
                 recv(self.events.check_tick) -> _ => self.on_tick(),
                 recv(self.streams.events) -> ev => self.on_link_event(ev),
                 recv(self.events.readers) -> ev => self.on_reader_event(ev),
@@ -443,6 +523,7 @@ impl<'s> Payload<'s> {
     /// stream count still grow (transport::grow)?
     fn on_tick(&mut self) -> Step {
         self.streams.check()?;
+        self.keepalive()?;
         let Some(a) = &mut self.grow else {
             return Ok(None);
         };
@@ -747,9 +828,17 @@ impl<'s> Payload<'s> {
             }
             Control::Resend(v) => {
                 if let Some(tx) = &self.resends.tx {
+                    // Windowed: the window's files, not the (empty) walk's.
+                    let held = self.win.as_ref().map(|_| self.live.snapshot());
+                    let own = held
+                        .as_ref()
+                        .map(|f| Rereader::new(&self.root, f, self.checksum, self.null));
+                    let rr = own.as_ref().unwrap_or(rr);
                     pipeline::on_resend(&v, tx, rr, &self.pool, &self.stats, self.ctl)?;
                 }
             }
+            Control::Ready { through } => self.on_ready(through)?,
+            Control::SettledThrough { through } => self.on_settled_through(through),
             Control::StreamAdded { stream, credits } => self.on_stream_added(stream, credits),
             Control::Complete(c) => return Ok(Some(c)),
             _ => {}

@@ -283,15 +283,16 @@ pub(super) fn publish(
     stats: &Stats,
     root: &Arc<Root>,
     w: Walk,
-) -> Arc<Vec<SourceFile>> {
+) -> (Arc<Vec<SourceFile>>, LiveFiles) {
     let files = Arc::new(w.files);
+    let live = LiveFiles::whole(files.clone());
     if let Some(bridge) = &opts.local_copy {
-        bridge.publish(root.clone(), files.clone());
+        bridge.publish(root.clone(), live.clone());
     }
     if opts.preserve == 0 {
         stats.setid_dropped.store(w.setid, Ordering::Relaxed);
     }
-    files
+    (files, live)
 }
 
 /// Zero-copy sends (storage::zerocopy), decided once: plain TCP links,

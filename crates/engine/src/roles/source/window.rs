@@ -1,0 +1,237 @@
+//! A windowed session's source (issue 36, docs/PROTOCOL.md "Windows"): the
+//! scan runs on a thread of its own and hands its records and files over
+//! a short queue; the control loop announces them at most a window ahead
+//! of the sink's settled mark, the first window in the flight of Propose.
+//! A sink that does not take windows (Confirm without the flag) gets the
+//! rest of the records at once and today's phases.
+
+use std::collections::VecDeque;
+
+use crossbeam_channel::{bounded, Receiver};
+use ramsys_proto::control::{Entry, EntryKind};
+use ramsys_proto::session::Windows;
+use ramsys_proto::Control;
+
+use super::{send_entries, Ctl, SourceSession};
+use crate::request::walk::{walk_handing, Walk};
+use crate::types::error::EngineError;
+use crate::types::file::SourceFile;
+
+/// What the scan thread hands the control loop.
+pub(super) enum ScanMsg {
+    /// A batch of records (empty: the scan's keepalive) and the regular
+    /// files among them.
+    Batch(Vec<Entry>, Vec<SourceFile>),
+    /// The scan is over: its failures and totals (no files).
+    Done(Walk),
+}
+
+pub(super) type ScanRx = Receiver<ScanMsg>;
+
+/// The walk on a thread of its own (issue 36, docs/SCALE.md "Windows"
+/// step 2). Two batches queue at most: a full window stops the scan, so
+/// neither end holds more than the window. Dropping the receiver ends it.
+pub(super) fn start_scan(s: &SourceSession<'_>) -> Result<ScanRx, EngineError> {
+    let filter = crate::request::filter::Filter::new(&s.opts.select)
+        .map_err(|e| EngineError::local(format!("filter rules: {e}")))?;
+    let (base, tops) = (s.spec.root.path().to_path_buf(), s.spec.tops.clone());
+    // Batches of half a window at most: the window then holds two or more.
+    let how = (s.opts.recursive, (s.opts.meta_window.0 / 2).max(1) as usize);
+    let (tx, rx) = bounded(2);
+    std::thread::Builder::new()
+        .name("src-scan".into())
+        .spawn(move || {
+            let walked = walk_handing(&base, &tops, how, &filter, &mut |es, files| {
+                tx.send(ScanMsg::Batch(es.to_vec(), files)).map_err(|_| ())
+            });
+            if let Ok(w) = walked {
+                let _ = tx.send(ScanMsg::Done(w));
+            }
+        })?;
+    Ok(rx)
+}
+
+/// How far the records run ahead of the sink (the source's half of the
+/// window): at most `limit.0` ids past the settled mark and `limit.1`
+/// bytes of their paths.
+pub(super) struct Ahead {
+    limit: (u64, u64),
+    /// Records announced (the next id) and the files among them.
+    pub announced: u64,
+    pub files: u64,
+    /// Bytes of the files announced (the transfer's total so far).
+    pub total_bytes: u64,
+    /// (one past the batch's last id, its path bytes, its files), until
+    /// settled.
+    batches: VecDeque<(u64, u64, u64)>,
+    bytes: u64,
+    /// Files of the batches not yet settled.
+    held: u64,
+    /// The sink's settled mark.
+    pub settled: u64,
+    /// Files announced and not yet ready, ascending ids.
+    pub pending: VecDeque<SourceFile>,
+    /// The scan's end, once it came (MetaEnd is then sent).
+    pub walk: Option<Walk>,
+}
+
+impl Ahead {
+    pub fn new(limit: (u64, u64)) -> Ahead {
+        Ahead {
+            limit,
+            announced: 0,
+            files: 0,
+            total_bytes: 0,
+            batches: VecDeque::new(),
+            bytes: 0,
+            held: 0,
+            settled: 0,
+            pending: VecDeque::new(),
+            walk: None,
+        }
+    }
+
+    /// May another batch of records go out now?
+    pub fn room(&self) -> bool {
+        self.walk.is_none()
+            && self.announced - self.settled < self.limit.0
+            && self.bytes < self.limit.1
+    }
+
+    /// A batch went out.
+    fn sent(&mut self, es: &[Entry], files: Vec<SourceFile>) {
+        let bytes: u64 = es.iter().map(|e| e.path.len() as u64 + 16).sum();
+        let n = files.len() as u64;
+        self.announced += es.len() as u64;
+        self.files += n;
+        self.total_bytes += files.iter().map(|f| f.len()).sum::<u64>();
+        self.pending.extend(files);
+        if !es.is_empty() {
+            self.batches.push_back((self.announced, bytes, n));
+            self.bytes += bytes;
+            self.held += n;
+        }
+    }
+
+    /// The sink settled every id below `through`.
+    pub fn settled(&mut self, through: u64) {
+        self.settled = through;
+        while let Some(&(end, b, n)) = self.batches.front() {
+            if end > through {
+                break;
+            }
+            self.batches.pop_front();
+            self.bytes -= b;
+            self.held -= n;
+        }
+    }
+
+    /// The files the sink has slots for now (ids below `through`).
+    pub fn ready(&mut self, through: u64) -> Vec<SourceFile> {
+        let n = self.pending.partition_point(|f| f.id < through);
+        self.pending.drain(..n).collect()
+    }
+}
+
+/// Records as the windows allow them: a second name is a LinkTo once the
+/// sink took windows, else (before Confirm, or an old sink) a HardLink,
+/// which names its target by id alone.
+fn wire(mut es: Vec<Entry>, on: bool) -> Vec<Entry> {
+    if !on {
+        for e in &mut es {
+            if let EntryKind::LinkTo { target_id, .. } = e.kind {
+                e.kind = EntryKind::HardLink { target_id };
+            }
+        }
+    }
+    es
+}
+
+/// One message of the scan: its records go out (and their files wait for
+/// Ready), or its end: ScanFailed and MetaEnd. False once it has ended.
+pub(super) fn on_scan(
+    ctl: &mut Ctl,
+    ahead: &mut Ahead,
+    m: ScanMsg,
+    root: &crate::storage::fsops::Root,
+) -> Result<bool, EngineError> {
+    match m {
+        ScanMsg::Batch(es, files) => {
+            let on = ctl.machine.windows() == Windows::On;
+            send_entries(ctl, &wire(es.clone(), on))?;
+            ahead.sent(&es, files);
+            Ok(true)
+        }
+        ScanMsg::Done(w) => {
+            super::send_scan_failures(ctl, &w.failures, &root.path().to_string_lossy())?;
+            ctl.send(&Control::MetaEnd {
+                entries: w.entries,
+                files: ahead.files,
+                bytes: w.total_bytes,
+            })?;
+            ahead.walk = Some(w);
+            Ok(false)
+        }
+    }
+}
+
+/// The first window, in the flight of Propose: records until the window
+/// is full or the scan is over (a tree smaller than the window is then
+/// announced whole, MetaEnd included, before Confirm is read).
+pub(super) fn first_window(
+    s: &mut SourceSession<'_>,
+    scan: &ScanRx,
+    ahead: &mut Ahead,
+) -> Result<(), EngineError> {
+    while ahead.room() {
+        let Ok(m) = scan.recv() else {
+            return Err(EngineError::local("the scan stopped"));
+        };
+        on_scan(&mut s.ctl, ahead, m, &s.spec.root.clone())?;
+        account(&s.stats, ahead, s.opts.meta_budget)?;
+    }
+    Ok(())
+}
+
+/// A sink that did not take windows: every record now, the files kept
+/// whole, as the scan of today's phases leaves them.
+pub(super) fn whole(
+    s: &mut SourceSession<'_>,
+    scan: ScanRx,
+    mut ahead: Ahead,
+) -> Result<Walk, EngineError> {
+    let mut files: Vec<SourceFile> = ahead.pending.drain(..).collect();
+    let root = s.spec.root.clone();
+    while ahead.walk.is_none() {
+        let Ok(m) = scan.recv() else {
+            return Err(EngineError::local("the scan stopped"));
+        };
+        on_scan(&mut s.ctl, &mut ahead, m, &root)?;
+        files.extend(ahead.pending.drain(..));
+    }
+    let mut w = ahead.walk.take().expect("the scan's end");
+    files.shrink_to_fit();
+    w.files = files;
+    Ok(w)
+}
+
+/// The records' totals so far, for the progress and the stream growth
+/// (transport::grow reads what is left to send), and what the window
+/// holds, against the session's budget (issue 36's accounting: a
+/// `SourceFile` and its path per file not yet settled).
+pub(super) fn account(
+    stats: &crate::types::stats::Stats,
+    ahead: &Ahead,
+    budget: u64,
+) -> Result<(), EngineError> {
+    use std::sync::atomic::Ordering;
+    stats
+        .total_bytes
+        .store(ahead.total_bytes, Ordering::Relaxed);
+    stats.total_files.store(ahead.files, Ordering::Relaxed);
+    let each = std::mem::size_of::<SourceFile>() as u64;
+    let held = ahead.bytes + ahead.held * each;
+    stats
+        .meta_used(held, ahead.held, budget)
+        .map_err(EngineError::Local)
+}

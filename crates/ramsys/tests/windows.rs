@@ -1,0 +1,208 @@
+//! Windowed metadata (issue 36, docs/PROTOCOL.md "Windows"): with a window
+//! of 100 records (RAMSYS_WINDOW_FILES at both ends), a tree of 3,000
+//! files crosses dozens of windows. A local copy, a push and a pull give
+//! the tree the whole-tree phases give, hard links whose target settled
+//! many windows before included; each end's file list stays within the
+//! window; a file that fails in an early window fails alone.
+
+mod common;
+mod proxy;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use proxy::LinkProxy;
+
+const WINDOW: &str = "100";
+
+/// The varied tree's shapes, 3,000 files of 0-3,000 bytes in 30
+/// directories (every 7th empty), one of 3 MB, and hard links in the last
+/// directory to files of the first.
+fn make_tree(src: &Path) {
+    make_varied_tree(src, 4096);
+    let mut r = Rng(0x36);
+    for d in 0..30 {
+        let dir = src.join(format!("d{d:03}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in 0..100u64 {
+            let n = if f % 7 == 0 { 0 } else { r.next() % 3000 };
+            std::fs::write(dir.join(format!("f{f:04}")), r.bytes(n as usize)).unwrap();
+        }
+    }
+    std::fs::write(src.join("d015/big"), r.bytes(3 << 20)).unwrap();
+    for f in 1..6 {
+        let to = src.join(format!("d029/link{f}"));
+        std::fs::hard_link(src.join(format!("d000/f{f:04}")), to).unwrap();
+    }
+}
+
+/// A daemon with the test's window.
+fn daemon(root: &Path, key: &Path, window: &str) -> TestDaemon {
+    let mut c = Command::new(bin());
+    c.args(["serve", "--listen", "127.0.0.1:0", "--root"])
+        .arg(root)
+        .arg("--key-file")
+        .arg(key)
+        .env("RAMSYS_WINDOW_FILES", window)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    TestDaemon::spawn(c, root)
+}
+
+/// `ramsys cp -r --json ARGS` with the window `window` (0: none).
+fn cp(key: &Path, window: &str, args: &[&str]) -> Output {
+    let mut c = Command::new(bin());
+    c.args(["cp", "-r", "--json"])
+        .args(args)
+        .env("RAMSYS_KEY_FILE", key)
+        .env("RAMSYS_WINDOW_FILES", window);
+    run_with_timeout(c, Duration::from_secs(120))
+}
+
+/// The agent's own file list at its peak (summary `meta_bytes`).
+fn meta_bytes(o: &Output) -> u64 {
+    summary(o)["meta_bytes"].as_u64().expect("meta_bytes")
+}
+
+#[test]
+fn windowed_copies_give_the_whole_tree_and_hold_a_window() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    make_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = daemon(&root, &key, WINDOW);
+    let s = src.to_str().unwrap();
+
+    // Push: the agent is the windowed source.
+    let o = cp(&key, WINDOW, &[s, &d.url("")]);
+    assert_ok(&o);
+    assert_same_tree(&src, &root.join("src"));
+    let pushed = meta_bytes(&o);
+
+    // Pull: the agent is the windowed sink.
+    let back = t.path().join("back");
+    let o = cp(&key, WINDOW, &[&d.url("src"), back.to_str().unwrap()]);
+    assert_ok(&o);
+    assert_same_tree(&src, &back);
+    let pulled = meta_bytes(&o);
+
+    // Local copy: both ends in the agent.
+    let local = t.path().join("local");
+    let o = cp(&key, WINDOW, &[s, local.to_str().unwrap()]);
+    assert_ok(&o);
+    assert_same_tree(&src, &local);
+    assert!(temp_files(&root).is_empty() && temp_files(&back).is_empty());
+    assert!(temp_files(&local).is_empty());
+
+    // The same push without windows holds every file's state: the
+    // windowed ends held a small part of it.
+    let whole = t.path().join("whole");
+    std::fs::create_dir(&whole).unwrap();
+    let d0 = daemon(&whole, &key, "0");
+    let o = cp(&key, "0", &[s, &d0.url("")]);
+    assert_ok(&o);
+    assert_same_tree(&src, &whole.join("src"));
+    let all = meta_bytes(&o);
+    assert!(pushed * 4 < all, "source held {pushed} of {all} bytes");
+    assert!(pulled * 4 < all, "sink held {pulled} of {all} bytes");
+}
+
+/// A windowed agent and a daemon without windows (as a daemon of before,
+/// which ignores the flag): today's phases, the same tree.
+#[test]
+fn a_peer_without_windows_keeps_the_whole_tree_phases() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    make_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = daemon(&root, &key, "0");
+    let o = cp(&key, WINDOW, &[src.to_str().unwrap(), &d.url("")]);
+    assert_ok(&o);
+    assert_same_tree(&src, &root.join("src"));
+    let back = t.path().join("back");
+    let o = cp(&key, WINDOW, &[&d.url("src"), back.to_str().unwrap()]);
+    assert_ok(&o);
+    assert_same_tree(&src, &back);
+}
+
+/// A file of the first window that cannot be put in place (a directory
+/// holds its name at the destination) fails alone: its window is settled
+/// and dropped, the session goes on, every other file arrives, and the
+/// failure is reported with its reason.
+#[test]
+fn a_failed_file_in_an_early_window_fails_alone() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    make_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir_all(root.join("src/d000/f0003/in the way")).unwrap();
+    let d = daemon(&root, &key, WINDOW);
+    let o = cp(&key, WINDOW, &[src.to_str().unwrap(), &d.url("")]);
+    assert!(!o.status.success(), "the failed file fails the copy");
+    // The JSON summary names it, with the reason.
+    let err = String::from_utf8_lossy(&o.stdout).into_owned() + &stderr(&o);
+    assert!(err.contains("d000/f0003"), "{err}");
+    // Everything else is in place.
+    for d in 0..30 {
+        for f in 0..100 {
+            let rel = format!("d{d:03}/f{f:04}");
+            if rel == "d000/f0003" {
+                continue;
+            }
+            let a = std::fs::read(src.join(&rel)).unwrap();
+            let b = std::fs::read(root.join("src").join(&rel)).unwrap();
+            assert!(a == b, "{rel} differs");
+        }
+    }
+    // Hard links to files of that window: made, but for the one whose
+    // target failed (settled and dropped windows before the link came).
+    for f in 1..6 {
+        let to = root.join(format!("src/d029/link{f}"));
+        if f == 3 {
+            assert!(!to.exists() && err.contains("d029/link3"), "{err}");
+            continue;
+        }
+        let a = std::fs::read(src.join(format!("d029/link{f}"))).unwrap();
+        assert!(a == std::fs::read(&to).unwrap(), "link{f} differs");
+        let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+        assert_eq!(ino(&to), ino(&root.join(format!("src/d000/f{f:04}"))));
+    }
+    assert!(temp_files(&root).is_empty(), "{:?}", temp_files(&root));
+}
+
+/// A data link cut mid-transfer (after 1 MB, with windows still to come):
+/// replaced, what it lost read again from the files the window holds, and
+/// the tree complete.
+#[test]
+fn a_data_link_cut_mid_window_is_replaced() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    make_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = daemon(&root, &key, WINDOW);
+    let p = LinkProxy::start(&d.addr);
+    p.rules.cut_data_after.store(1 << 20, Ordering::Relaxed);
+    p.rules.cut_data_max.store(1, Ordering::Relaxed);
+    let to = format!("ramsys://{}/dst", p.addr);
+    let args = ["--streams", "4", "--block-size", "65536"];
+    let o = cp(
+        &key,
+        WINDOW,
+        &[&args[..], &[src.to_str().unwrap(), &to]].concat(),
+    );
+    assert_ok(&o);
+    assert_eq!(p.seen.data_cuts.load(Ordering::Relaxed), 1);
+    assert_same_tree(&src, &root.join("dst"));
+    assert_eq!(summary(&o)["links_replaced"], 1, "{}", summary(&o));
+    assert!(temp_files(&root).is_empty());
+}
