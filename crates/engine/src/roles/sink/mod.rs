@@ -134,7 +134,9 @@ fn sink_session(
         let idle = Arc::new(std::sync::atomic::AtomicBool::new(true));
         // (A windowed session is a plain copy, never a kept link's batch:
         // those are syncs. Its reader stops only when the link does.)
-        let control = s.ctl.spawn_reader_idle("sink-ctl", None, Some(idle.clone()))?;
+        let control = s
+            .ctl
+            .spawn_reader_idle("sink-ctl", None, Some(idle.clone()))?;
         let opened = s.open_links(links, grant.streams)?;
         let t = s.opts.idle_timeout;
         s.ctl.link.set_read_timeout(Some(t))?;

@@ -98,7 +98,9 @@ fn source_session(
     let mut threads = s.negotiate()?;
     crate::types::phase::mark("propose_sent");
     if s.ctl.machine.windows() == Windows::Proposed {
-        return run_windowed(&mut s, threads, links);
+        // (Never on a kept link: windows are not offered there.)
+        let r = run_windowed(&mut s, threads, links);
+        return r.map(|r| (r, s.ctl.link));
     }
     let (walk, kept) = s.stream_metadata()?;
     crate::types::phase::mark("metadata_sent");
@@ -234,7 +236,9 @@ impl SourceSession<'_> {
             cipher: opts.encrypt.id(),
         });
         // A plain copy offers windows (issue 36); an old sink ignores it.
-        let flags = match opts.windows_allowed() {
+        // Not on a kept link (issue 38): its sessions end at Complete with
+        // the control reader stopped, which the windowed phases do not do.
+        let flags = match opts.windows_allowed() && !self.keep {
             true => ramsys_proto::frame::WINDOWS_FLAG,
             false => 0,
         };
