@@ -598,7 +598,7 @@ fn serve_control(
     let Some(req) = serve_request(sh, link, &auth, first)? else {
         return Ok(());
     };
-    let req = match req.with_preamble(&mut pre, path) {
+    let req = match pre.apply(req, path) {
         Ok(r) => r,
         Err(m) => {
             refuse(link, 1, m);

@@ -83,7 +83,7 @@ fn serve_batch(
         return Ok(());
     };
     let req = match open_request(first) {
-        Ok(r) if r.open.server_role == Role::Sink => match r.with_preamble(&mut pre, path) {
+        Ok(r) if r.open.server_role == Role::Sink => match pre.apply(r, path) {
             Ok(r) => r,
             Err(m) => {
                 refuse(link, 1, m);

@@ -34,6 +34,22 @@ pub(super) struct Preamble {
 }
 
 impl Preamble {
+    /// `req` with what the client sent ahead of it and whether its Hello
+    /// asked for GrownLinks. Err: the list sent ahead and the request's
+    /// own exceed what a packed list holds (4 GiB), a line for the client.
+    pub(super) fn apply(&mut self, mut req: Request, grown_links: bool) -> Result<Request, String> {
+        req.bwlimit = self.bwlimit;
+        req.grow = self.grow;
+        if !self.files.is_empty() {
+            let mut all = std::mem::take(&mut self.files);
+            all.extend(&req.select.files)
+                .map_err(|e| format!("the --files-from list: {e}; split it"))?;
+            req.select.files = all;
+        }
+        req.grown_links = grown_links;
+        Ok(req)
+    }
+
     /// Relayed and redirected sessions are never redirected: the agent
     /// chose the pair, and a peer of the site may serve another namespace
     /// (the source site's daemons); a redirect is followed once.

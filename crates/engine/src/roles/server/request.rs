@@ -27,7 +27,6 @@ use crate::types::stats::Stats;
 use super::auth::{mint, Authenticated};
 use super::open::{archive_options, request_paths, session_options, source_tops};
 use super::placement::{follow_plan, Place};
-use super::redirect::Preamble;
 use super::relay;
 use super::{refuse, ClosedLink, DaemonShared};
 
@@ -135,29 +134,6 @@ pub(super) struct Request {
     pub(super) grow: bool,
     /// The client takes GrownLinks (its Hello's frame::HELLO_PATH_FLAG).
     pub(super) grown_links: bool,
-}
-
-impl Request {
-    /// With what the client sent ahead of it (server::redirect::preamble)
-    /// and whether its Hello asked for GrownLinks.
-    /// Err: the list sent ahead and the request's own exceed what a
-    /// packed list holds (4 GiB), a line for the client.
-    pub(super) fn with_preamble(
-        mut self,
-        pre: &mut Preamble,
-        grown_links: bool,
-    ) -> Result<Request, String> {
-        self.bwlimit = pre.bwlimit;
-        self.grow = pre.grow;
-        if !pre.files.is_empty() {
-            let mut all = std::mem::take(&mut pre.files);
-            all.extend(&self.select.files)
-                .map_err(|e| format!("the --files-from list: {e}; split it"))?;
-            self.select.files = all;
-        }
-        self.grown_links = grown_links;
-        Ok(self)
-    }
 }
 
 /// Run an authorized transfer: the request poller's step (seed 000 sec.
