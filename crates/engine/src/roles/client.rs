@@ -72,10 +72,7 @@ fn connect(
     let chooser = Chooser::new(&mut opts, res, source, ctl.rtt());
     // First as if the daemon had this host's limits; corrected below once
     // its Challenge says (transport::path).
-    let mut choice = opts.auto_streams.then(|| chooser.choose(None));
-    if let Some(c) = &choice {
-        opts.streams = c.streams;
-    }
+    let mut choice = chooser.apply(&mut opts, None);
     let mut pre = pre_links(remote, &opts);
     let s = remote.connect().handshake(ctl)?;
     crate::types::phase::mark("challenge");
@@ -130,6 +127,18 @@ impl Chooser {
             here: std::cell::OnceCell::new(),
             source,
         }
+    }
+
+    /// With `--streams auto`, the choice for a daemon of these limits (as
+    /// if it had ours when None), set into `opts`; else None.
+    fn apply(
+        &self,
+        opts: &mut TransferOptions,
+        daemon: Option<ramsys_proto::control::TcpBuffers>,
+    ) -> Option<path::StreamChoice> {
+        let c = opts.auto_streams.then(|| self.choose(daemon))?;
+        opts.streams = c.streams;
+        Some(c)
     }
 
     /// With the daemon's limits (its Challenge's), or as if it had ours.
@@ -434,10 +443,7 @@ pub fn push_kept(
     let mut opts = opts.clone();
     let chooser = Chooser::new(&mut opts, res, true, kept.ctl.rtt());
     // The daemon's limits came with the channel's Challenge.
-    let choice = opts.auto_streams.then(|| chooser.choose(kept.peer_tcp));
-    if let Some(c) = &choice {
-        opts.streams = c.streams;
-    }
+    let choice = chooser.apply(&mut opts, kept.peer_tcp);
     let mut links = pre_links(remote, &opts);
     links.join(
         ramsys_proto::auth::batch_session(&kept.session_key, batch),

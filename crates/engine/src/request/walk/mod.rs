@@ -8,7 +8,7 @@
 //! storage::volume): a file record of the device's size; met inside a
 //! tree, a device node is a special file as before.
 //!
-//! (Over 800 lines: the two passes share the packed name list and the
+//! (Over 800 lines: the two passes share the pending records and the
 //! record rules, and an archive walk the same loop; tests in tests.rs.)
 
 use std::collections::{HashMap, HashSet};
@@ -141,24 +141,25 @@ impl Pace {
     }
 }
 
-/// A non-directory found by the directory pass, stat'ed by the second.
+/// What the directory pass leaves to the second, in scan order.
 enum Deferred {
-    /// Already stat'ed (a top-level file or symlink, or a name whose
-    /// directory entry gave no type).
+    /// Already stat'ed: a top-level file, symlink or device, or a listed
+    /// (`--files-from`) name.
     Ready(Box<Pending>),
-    /// The name ending at `end` in [`Later::names`] (it starts where the
-    /// previous name ended), in directory `dirs[dir]`.
-    Name { dir: u32, end: u64 },
+    /// The non-directory names of `dirs[i]`: the second pass reads the
+    /// directory again (issue 36: the first pass keeps nothing per file,
+    /// so a scan's memory follows its directories, not its files; one
+    /// more getdents per directory is the cost).
+    Dir(u32),
 }
 
-/// What the directory pass leaves to the second, in scan order, packed
-/// (issue 36): a bare name costs its bytes and a 16-byte slot. One
-/// `Pending`-sized slot and a heap name each cost 179 B per file at the
-/// peak of a scan (docs/SCALE.md).
+/// The directory pass's list for the second (docs/SCALE.md "Windows"
+/// step 2): one slot per top-level non-directory and per directory that
+/// holds something else than directories. (It was a packed name per file,
+/// ~30 B a file at 1 M files.)
 #[derive(Default)]
 struct Later {
     items: Vec<Deferred>,
-    names: Vec<u8>,
 }
 
 impl Later {
@@ -166,13 +167,8 @@ impl Later {
         self.items.push(Deferred::Ready(Box::new(p)));
     }
 
-    fn name(&mut self, dir: usize, name: &[u8]) {
-        self.names.extend_from_slice(name);
-        let end = self.names.len() as u64;
-        self.items.push(Deferred::Name {
-            dir: dir as u32,
-            end,
-        });
+    fn dir(&mut self, dir: usize) {
+        self.items.push(Deferred::Dir(dir as u32));
     }
 }
 
@@ -310,27 +306,18 @@ fn walk_inner<E>(
         first: HashMap::new(),
         by_path: hand,
     };
-    let mut names = NameStat { open: None };
     let mut arena = RelArena::default();
-    let mut start = 0;
-    for d in later.items {
-        let p = match d {
-            Deferred::Ready(p) => Some(*p),
-            Deferred::Name { dir, end } => {
-                let name = &later.names[start..end as usize];
-                start = end as usize;
-                names.stat(base, &dirs, dir as usize, name, &col, &mut w.failures)
-            }
-        };
-        let Some(o) = p else { continue };
+    // One record of the second pass: listed, and its batch handed over
+    // when full or when the peer has waited long enough.
+    let mut take = |o: Pending, w: &mut Walk, col: &mut Collector| -> Result<(), E> {
         if !dup.other(&o.wire) {
-            continue;
+            return Ok(());
         }
         let id = w.entries;
         let symlink = matches!(o.kind, PendingKind::Symlink(_));
         let attrs_of = col.wanted().then(|| (abs(base, &o.rel), o.owners));
-        if !record(&mut w, &mut batch, o, id, filter, (&mut inodes, &mut arena)) {
-            continue;
+        if !record(w, &mut batch, o, id, filter, (&mut inodes, &mut arena)) {
+            return Ok(());
         }
         if let Some((path, owners)) = attrs_of {
             let a = col.attrs(id, &path, &owners, symlink, false);
@@ -347,6 +334,21 @@ fn walk_inner<E>(
             batch.clear();
             attrs_emitted = w.attrs.len();
             pace.said();
+        }
+        Ok(())
+    };
+    for d in later.items {
+        match d {
+            Deferred::Ready(p) => take(*p, &mut w, &mut col)?,
+            Deferred::Dir(i) => {
+                let dir = &dirs[i as usize];
+                let Some(mut names) = DirNames::open(base, dir, &mut w.failures) else {
+                    continue;
+                };
+                while let Some(p) = names.next(base, dir, filter, &col, &mut w.failures) {
+                    take(p, &mut w, &mut col)?;
+                }
+            }
         }
     }
     arena.seal(&mut w.files);
@@ -461,49 +463,95 @@ fn first_pass(
     (dirs, later, failures)
 }
 
-/// Second pass: one lstat per name, relative to its directory's
-/// descriptor (opened once per directory, never through a symlink put in
-/// its place since the first pass).
-struct NameStat {
-    /// The directory whose names are being stat'ed: (index, descriptor).
-    open: Option<(usize, Option<fs::File>)>,
+/// Second pass over one directory: its entries read again through a
+/// descriptor (opened once, never through a symlink put in its place
+/// since the first pass), each non-directory lstat'ed relative to it. The
+/// first pass's rules again: our reserved names skipped, the filter
+/// applied. A name created since the first pass is listed, one removed
+/// since is not (either is a change during the scan).
+struct DirNames {
+    fd: fs::File,
+    entries: rustix::fs::Dir,
 }
 
-impl NameStat {
-    fn stat(
+impl DirNames {
+    fn open(base: &Path, dir: &Pending, failures: &mut Vec<FailedPath>) -> Option<DirNames> {
+        let path = abs(base, &dir.rel);
+        let opened = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(&path)
+            .and_then(|fd| {
+                // The Dir reads a dup of its own (same offset: at 0 here).
+                let dup = rustix::io::fcntl_dupfd_cloexec(&fd, 0)?;
+                Ok(DirNames {
+                    entries: rustix::fs::Dir::new(dup)?,
+                    fd,
+                })
+            });
+        match opened {
+            Ok(d) => Some(d),
+            Err(e) => {
+                let reason = format!("cannot read directory: {e}");
+                failures.push(FailedPath::io(path.display().to_string(), reason, &e));
+                None
+            }
+        }
+    }
+
+    /// The next non-directory's record (None at the end, or after a read
+    /// error, which is a failure of the directory).
+    fn next(
         &mut self,
         base: &Path,
-        dirs: &[Pending],
-        dir: usize,
-        name: &[u8],
+        dir: &Pending,
+        filter: &Filter,
         col: &Collector,
         failures: &mut Vec<FailedPath>,
     ) -> Option<Pending> {
-        if self.open.as_ref().is_none_or(|(i, _)| *i != dir) {
-            let f = fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-                .open(abs(base, &dirs[dir].rel));
-            self.open = Some((dir, f.ok()));
-        }
-        let dp = &dirs[dir];
-        let rel = join(&dp.rel, name);
-        let wire = join(&dp.wire, name);
-        let st = match &self.open {
-            Some((_, Some(f))) => {
-                crate::storage::fsops::lstat_at(std::os::fd::AsFd::as_fd(f), name)
+        use rustix::fs::FileType;
+        loop {
+            let ent = match self.entries.next()? {
+                Ok(ent) => ent,
+                Err(e) => {
+                    let e = std::io::Error::from(e);
+                    let path = abs(base, &dir.rel).display().to_string();
+                    let reason = format!("cannot read directory: {e}");
+                    failures.push(FailedPath::io(path, reason, &e));
+                    return None;
+                }
+            };
+            let name = ent.file_name().to_bytes();
+            let dirlike = ent.file_type() == FileType::Directory;
+            if dirlike
+                || name == b"."
+                || name == b".."
+                || crate::request::reserved::is_reserved(name)
+            {
+                continue;
             }
-            _ => Err(std::io::Error::other("cannot open its directory")),
-        };
-        let e = match st {
-            Ok(Some(st)) => return pending(base, rel, wire, &Meta::from(&st), col, failures),
-            // Removed since its directory was read: reported as before.
-            Ok(None) => std::io::Error::from(std::io::ErrorKind::NotFound),
-            Err(e) => e,
-        };
-        let path = abs(base, &rel).display().to_string();
-        failures.push(FailedPath::io(path, e.to_string(), &e));
-        None
+            let (rel, wire) = (join(&dir.rel, name), join(&dir.wire, name));
+            // The type without a stat where the file system gives it; the
+            // record needs the stat anyway.
+            if ent.file_type() != FileType::Unknown && filter.excluded(&wire, false) {
+                continue;
+            }
+            let fd = std::os::fd::AsFd::as_fd(&self.fd);
+            let e = match crate::storage::fsops::lstat_at(fd, name) {
+                Ok(Some(st)) if crate::storage::fsops::is_dir(&st) => continue,
+                Ok(Some(_)) if filter.excluded(&wire, false) => continue,
+                Ok(Some(st)) => match pending(base, rel, wire, &Meta::from(&st), col, failures) {
+                    Some(p) => return Some(p),
+                    None => continue,
+                },
+                // Removed since this read: not a failure (as if removed
+                // before the scan).
+                Ok(None) => continue,
+                Err(e) => e,
+            };
+            let path = abs(base, &rel).display().to_string();
+            failures.push(FailedPath::io(path, e.to_string(), &e));
+        }
     }
 }
 
@@ -775,6 +823,7 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
             return;
         }
     };
+    let mut others = false;
     for de in rd {
         let de = match de {
             Ok(d) => d,
@@ -782,6 +831,8 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
                 let reason = format!("cannot read directory: {e}");
                 to.failures
                     .push(FailedPath::io(path.display().to_string(), reason, &e));
+                // Not read again: one failure for the directory.
+                others = false;
                 break;
             }
         };
@@ -806,7 +857,8 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
             continue;
         }
         if !is_dir {
-            to.later.name(me, name);
+            // Read again, with the others, by the second pass.
+            others = true;
             continue;
         }
         let crel = join(rel, name);
@@ -817,6 +869,9 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
                 to.failures.push(FailedPath::io(path, e.to_string(), &e))
             }
         }
+    }
+    if others {
+        to.later.dir(me);
     }
 }
 

@@ -253,3 +253,62 @@ fn a_listed_name_not_there_is_vanished() {
         assert!(!names.iter().any(|n| n.starts_with(b"t/e")), "{names:?}");
     }
 }
+
+/// The directory pass keeps a slot per directory holding something else
+/// than directories, not a name per file (issue 36, docs/SCALE.md
+/// "Windows" step 2); the second pass reads each such directory again:
+/// a name created in between is listed, one removed in between is not a
+/// failure, and what the filter leaves out stays out.
+#[test]
+fn the_directory_pass_keeps_a_slot_per_directory_not_a_name_per_file() {
+    let d = tempfile::tempdir().unwrap();
+    let t = d.path().join("t");
+    fs::create_dir_all(t.join("a/b/c")).unwrap();
+    fs::create_dir_all(t.join("e")).unwrap();
+    for i in 0..100 {
+        fs::write(t.join(format!("a/f{i}")), b"x").unwrap();
+    }
+    for i in 0..50 {
+        fs::write(t.join(format!("a/b/c/g{i}.tmp")), b"y").unwrap();
+    }
+    std::os::unix::fs::symlink("g1", t.join("a/b/c/s")).unwrap();
+    let sel = ramsys_proto::control::Selection {
+        rules: vec![b"- *.tmp".to_vec()],
+        ..Default::default()
+    };
+    let filter = Filter::new(&sel).unwrap();
+    let tops = [Top {
+        rel: b"t".to_vec(),
+        name: b"t".to_vec(),
+    }];
+    let col = Collector::new(0);
+    let (dirs, later, failures) = first_pass(d.path(), &tops, true, &filter, &col, &mut || true);
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!(dirs.len(), 5);
+    // t/a and t/a/b/c: the only directories with other entries.
+    assert_eq!(later.items.len(), 2);
+    fs::remove_file(t.join("a/f7")).unwrap();
+    fs::write(t.join("a/new"), b"z").unwrap();
+    let mut listed = Vec::new();
+    let mut failures = Vec::new();
+    for item in &later.items {
+        let Deferred::Dir(i) = item else {
+            panic!("a directory's names were kept one by one")
+        };
+        let dir = &dirs[*i as usize];
+        let mut names = DirNames::open(d.path(), dir, &mut failures).unwrap();
+        while let Some(p) = names.next(d.path(), dir, &filter, &col, &mut failures) {
+            listed.push(String::from_utf8(p.wire).unwrap());
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+    listed.sort();
+    let mut want: Vec<String> = (0..100)
+        .filter(|&i| i != 7)
+        .map(|i| format!("t/a/f{i}"))
+        .collect();
+    want.push("t/a/new".into());
+    want.push("t/a/b/c/s".into());
+    want.sort();
+    assert_eq!(listed, want);
+}
