@@ -285,7 +285,10 @@ fn killed_sink_leaves_no_half_written_file() {
         let src = t.path().join("src");
         make_tree(&src, &mut r);
         let slow = [
-            ("RAMSYS_FAULT_SLOW_WRITE_US", "3000".to_string()),
+            // 8 ms a segment: the copy must outlast the kill's 50-450 ms
+            // (windowed metadata starts the writes sooner: at 3 ms most
+            // trees were whole before the kill).
+            ("RAMSYS_FAULT_SLOW_WRITE_US", "8000".to_string()),
             // The default, said explicitly: this test is about them.
             ("RAMSYS_TMPFILE", "1".to_string()),
         ];

@@ -212,6 +212,46 @@ pub fn plan_source(
     )
 }
 
+/// The reader threads that `files`' cached queues would have (the sum of
+/// [`DeviceQueue::threads`] over the queues [`plan_source`] marks
+/// `cached`), found without planning: no FIEMAP, a sample of each
+/// device's files. A windowed source (issue 36) sizes its readers from its
+/// first window this way, before any window is planned: without it a warm
+/// tree kept the one reader of a cold disk.
+pub fn cached_threads(
+    root: &Root,
+    files: &[SourceFile],
+    po: &PlanOptions,
+    engine: crate::storage::DataEngine,
+) -> usize {
+    if engine == crate::storage::DataEngine::Null {
+        return 0;
+    }
+    let mut groups: Vec<(u64, Vec<u32>)> = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        if f.is_empty() {
+            continue;
+        }
+        match groups.iter_mut().find(|g| g.0 == f.dev) {
+            Some(g) => g.1.push(i as u32),
+            None => groups.push((f.dev, vec![i as u32])),
+        }
+    }
+    let kind_of = |f: &SourceFile| {
+        let p = root.path().join(std::ffi::OsStr::from_bytes(&f.rel));
+        crate::storage::device::device_kind(f.dev, &p)
+    };
+    groups
+        .iter()
+        .filter(|(_, idx)| {
+            kind_of(&files[idx[0] as usize]) == DeviceKind::Rotational
+                && small_files(files, idx)
+                && mostly_cached(root, files, idx)
+        })
+        .map(|_| po.threads.for_kind(DeviceKind::Memory))
+        .sum()
+}
+
 /// Mean file size under which a cached rotational queue is read like
 /// memory. Small files are what one reader and a FIEMAP per file slow
 /// down (the 48k-file tree); a queue of large files keeps the disk's

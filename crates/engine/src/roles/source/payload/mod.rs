@@ -295,7 +295,9 @@ impl<'s> Payload<'s> {
                 more_readers_if_cached(s, &queues, &mut readers);
                 (files, live, Some(queues), plan, entries, None)
             }
-            Begin::Windowed(scan, ahead) => {
+            Begin::Windowed(scan, mut ahead) => {
+                let first = ahead.pending.make_contiguous();
+                more_readers_if_first_window_cached(s, first, c.block_size, &mut readers);
                 let live = LiveFiles::default();
                 if let Some(bridge) = &opts.local_copy {
                     bridge.publish(root.clone(), live.clone());

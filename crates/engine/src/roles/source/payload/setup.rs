@@ -151,6 +151,29 @@ pub(super) fn more_readers_if_cached(
     readers: &mut Reservation,
 ) {
     let cached: usize = queues.iter().filter(|q| q.cached).map(|q| q.threads).sum();
+    readers_for_cached(s, cached, readers);
+}
+
+/// A windowed session's readers, from its first window's files (they are
+/// planned per window, later: crate::request::tasks::cached_threads).
+pub(super) fn more_readers_if_first_window_cached(
+    s: &SourceSession<'_>,
+    first: &[SourceFile],
+    block_size: usize,
+    readers: &mut Reservation,
+) {
+    let po = crate::request::tasks::PlanOptions {
+        block_size: block_size as u64,
+        sort: s.opts.sort,
+        threads: s.opts.device_threads,
+    };
+    let cached =
+        crate::request::tasks::cached_threads(&s.spec.root, first, &po, s.opts.source_engine);
+    readers_for_cached(s, cached, readers);
+}
+
+/// Up to `cached` readers, unless --readers fixed the count.
+fn readers_for_cached(s: &SourceSession<'_>, cached: usize, readers: &mut Reservation) {
     let short = cached.saturating_sub(readers.len());
     if !s.opts.readers_fixed && short > 0 {
         s.adm.more_readers(s.res, readers, short);
