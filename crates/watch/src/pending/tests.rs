@@ -109,6 +109,9 @@ enum Step {
     Write(usize),
     Close(usize),
     Rename(usize, usize),
+    /// `mv a b; mkdir a` (or a new file at `a`): something new at the old
+    /// name right after a rename.
+    Replace(usize, usize),
     Delete(usize),
     Take,
     /// 0 delivered, 1 failed before its ops, 2 ops arrived, data failed.
@@ -139,7 +142,14 @@ fn step() -> impl Strategy<Value = Step> {
 
 /// With events read late: the watcher lags the tree.
 fn late_step() -> impl Strategy<Value = Step> {
-    prop_oneof![3 => step(), 1 => Just(Step::Events), 1 => Just(Step::Take), 1 => Just(Step::Deliver(0))]
+    let i = 0..NAMES.len();
+    prop_oneof![
+        3 => step(),
+        1 => Just(Step::Events),
+        1 => Just(Step::Take),
+        1 => Just(Step::Deliver(0)),
+        1 => (i.clone(), i).prop_map(|(a, b)| Step::Replace(a, b)),
+    ]
 }
 
 impl World {
@@ -174,6 +184,16 @@ impl World {
     fn events(&mut self) {
         while let Some(c) = self.queue.pop_front() {
             self.p.apply(c, self.now, 0);
+        }
+        self.p.caught_up(self.p.ended());
+    }
+
+    /// The batch ended; the job then tells the pending set whether the
+    /// watcher has caught up (an event still queued: not yet).
+    fn finish(&mut self, ok: bool, failed: &[Vec<u8>], vanished: &[Vec<u8>]) {
+        self.p.finish(ok, failed, vanished, self.now);
+        if self.queue.is_empty() {
+            self.p.caught_up(self.p.ended());
         }
     }
 
@@ -223,6 +243,19 @@ impl World {
                 }
             }
             Step::Rename(a, b) => self.rename(name(a), name(b)),
+            Step::Replace(a, b) => {
+                let old = self.src.get(&name(a)).cloned();
+                self.rename(name(a), name(b));
+                if let (Some(n), false) = (old, self.src.contains_key(&name(a))) {
+                    let dir = n == Node::Dir;
+                    let again = if dir {
+                        Step::Mkdir(*a)
+                    } else {
+                        Step::Create(*a)
+                    };
+                    self.run(&again);
+                }
+            }
             Step::Delete(i) => self.delete(name(i)),
             Step::Take => {
                 if self.inflight.is_none() {
@@ -280,7 +313,7 @@ impl World {
             return;
         };
         if how == 1 {
-            self.p.finish(false, &[], &[], self.now);
+            self.finish(false, &[], &[]);
             return;
         }
         let mut missing = Vec::new();
@@ -318,7 +351,7 @@ impl World {
         }
         self.p.ops_applied(&missing, self.now);
         if how == 2 {
-            self.p.finish(false, &[], &[], self.now);
+            self.finish(false, &[], &[]);
             return;
         }
         let mut failed = Vec::new();
@@ -371,7 +404,7 @@ impl World {
                 failed.push(p.clone());
             }
         }
-        self.p.finish(true, &failed, &vanished, self.now);
+        self.finish(true, &failed, &vanished);
     }
 
     /// Close everything, wait out the quiet time, deliver until nothing is
@@ -485,6 +518,100 @@ fn a_file_whose_directory_is_renamed_before_its_batch_reads_it_is_sent() {
     assert_eq!(w.dst, w.src);
     assert!(w.dst.contains_key(b"c/x".as_slice()));
     assert_eq!(w.p.depth(), 0);
+}
+
+/// `mv a c; mkdir a` and a file written into the new `a`, all on disk
+/// before a batch cut earlier reads `a` (or below it, or everything), with
+/// the rename's event read only after that batch ended (issue 38,
+/// docs/WATCH.md "Renames behind a batch"): the batch puts the new `a`'s
+/// entries at DST's `a`, and the rename's event must not carry them onto
+/// `c`. `before` runs with events at once (settled), `cut` with events
+/// late and must leave a batch in flight.
+fn replaced_behind_a_batch(before: &[Step], cut: &[Step], made: Step) {
+    let mut w = World::new(true);
+    for s in before {
+        w.run(s);
+    }
+    w.settle();
+    assert_eq!(w.dst, w.src);
+    w.late = true;
+    for s in cut {
+        w.run(s);
+    }
+    assert!(w.inflight.is_some(), "{cut:?}: no batch in flight");
+    for s in [
+        Step::Rename(0, 6),
+        Step::Mkdir(0),
+        made.clone(),
+        Step::Deliver(0),
+    ] {
+        w.run(&s);
+    }
+    // The batch read the new `a`'s file.
+    let Step::Create(i) = made else {
+        unreachable!()
+    };
+    let new = NAMES[i];
+    assert!(w.src.contains_key(new));
+    assert_eq!(w.dst.get(new), w.src.get(new), "{cut:?}");
+    w.run(&Step::Events);
+    w.settle();
+    assert_eq!(w.dst, w.src, "{cut:?}");
+    assert_eq!(w.p.depth(), 0);
+}
+
+#[test]
+fn a_file_read_at_a_name_renamed_and_made_again_is_not_carried_to_the_new_name() {
+    // The batch lists a/x (written again), and reads the new a/x.
+    let before = [Step::Mkdir(0), Step::Create(2), Step::Create(3)];
+    let cut = [Step::Write(2), Step::Close(2), Step::Events, Step::Take];
+    replaced_behind_a_batch(&before, &cut, Step::Create(2));
+}
+
+#[test]
+fn a_tree_read_at_a_name_renamed_and_made_again_is_not_carried_to_the_new_name() {
+    // The batch lists the tree a (new) and reads the new a: its a/y would
+    // stay at DST's c.
+    let cut = [
+        Step::Mkdir(0),
+        Step::Create(2),
+        Step::Close(2),
+        Step::Events,
+        Step::Take,
+    ];
+    replaced_behind_a_batch(&[], &cut, Step::Create(3));
+}
+
+#[test]
+fn a_full_scan_that_read_a_name_renamed_and_made_again_is_not_carried_to_the_new_name() {
+    let before = [Step::Mkdir(0), Step::Create(2), Step::Create(3)];
+    let cut = [Step::Overflow, Step::Events, Step::Take];
+    replaced_behind_a_batch(&before, &cut, Step::Create(2));
+}
+
+#[test]
+fn a_rename_after_the_watcher_caught_up_stays_a_rename() {
+    // The batch that read a/x ended with nothing queued: the rename that
+    // follows happened after its reads and moves 0 bytes.
+    let mut w = World::new(true);
+    for s in [Step::Mkdir(0), Step::Create(2), Step::Close(2), Step::Take] {
+        w.run(&s);
+    }
+    w.run(&Step::Deliver(0));
+    w.run(&Step::Rename(0, 6));
+    let b = w.p.take(w.now, 10).0.unwrap();
+    assert_eq!(
+        b.ops,
+        vec![(
+            1,
+            Op::Rename {
+                from: b"a".to_vec(),
+                to: b"c".to_vec(),
+                dir: true
+            }
+        )]
+    );
+    assert!(b.files.is_empty(), "{:?}", b.files);
 }
 
 #[test]
