@@ -39,9 +39,10 @@ pub enum Kind {
     /// A directory and everything below it.
     Tree = 2,
     /// A directory and everything below it, and (mirror mode) nothing
-    /// else below it at DST: a renamed directory whose tree was in flight,
-    /// which may have reached DST holding entries made at its old name
-    /// after the rename (the batch reads the source when it sends).
+    /// else below it at DST: a renamed path a batch read, which may have
+    /// reached DST holding what the source made at its old name after the
+    /// rename (the batch reads the source when it sends): extra entries,
+    /// or a directory where SRC has a file.
     Mirror = 3,
 }
 
@@ -498,17 +499,19 @@ impl Pending {
         // The batch in flight (or a recent one) may have read these before
         // or after the rename: they are sent again under their new names
         // (a quick check at DST makes that free when the content got
-        // there). A tree it reads after the rename holds what the source
-        // made at the old name since, which the rename op then carries to
-        // the new one: the new name is sent as a mirror, its extra entries
-        // removed.
+        // there). What it reads after the rename is what the source made
+        // at the old name since, which the rename op then carries to the
+        // new one: a tree with extra entries, or a directory where it
+        // listed a file (a listed path is sent with what is below it). The
+        // new name is sent as a mirror: extra entries removed, a directory
+        // in a file's way made way for.
         let mut read = self.take_read(&from);
         if let Some(f) = &mut self.inflight {
             read.extend(take_under(&mut f.files, &from));
         }
         for (p, mut d) in read {
             let q = moved(&p, &from, &to);
-            if d.kind >= Kind::Tree {
+            if d.kind != Kind::DirMeta {
                 d.kind = Kind::Mirror;
             }
             self.log.push(LogRec::Mark {
