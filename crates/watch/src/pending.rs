@@ -204,9 +204,13 @@ pub struct Pending {
     /// last caught up ([`Pending::caught_up`]), oldest first. A rename
     /// whose event comes now may have happened before they read, and they
     /// may have put what the source made at its old name since at DST's
-    /// old name: for renames they count as still in flight. Not
-    /// journaled; counted against the cap; dropped when a full scan is
-    /// cut.
+    /// old name: for renames they count as still in flight, and then
+    /// converge as the batch in flight does. The kernel queues a rename's
+    /// event inside the rename (the parents' locks held), before anything
+    /// can be made at its old name, so once every event queued after a
+    /// batch ended is applied no such rename can come for it (docs/WATCH.md
+    /// "Renames behind a batch"). Not journaled; counted against the cap;
+    /// dropped when a full scan is cut.
     recent: VecDeque<Recent>,
     /// Batches ended so far.
     ended: u64,
