@@ -3,7 +3,10 @@
 //! one line for the user.
 
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::change::Change;
@@ -42,6 +45,32 @@ pub struct Detector {
     inner: Inner,
     /// What was chosen and why, one line.
     pub note: String,
+    /// Set once the queue is seen readable, before it is read; cleared by
+    /// [`Detector::applied`] (read by [`Backlog::empty`]).
+    held: Arc<AtomicBool>,
+}
+
+/// Whether every event the kernel has queued for a [`Detector`] has been
+/// applied by its reader: the queue is empty and the reader holds nothing it
+/// read. Once so after a batch ended, no rename from before the batch's
+/// reads can still come (docs/WATCH.md "Renames behind a batch"), and the
+/// pending set forgets what the batch read ([`crate::Pending::caught_up`]).
+#[derive(Clone)]
+pub struct Backlog {
+    /// A duplicate of the detector's descriptor: the same queue.
+    fd: Arc<OwnedFd>,
+    held: Arc<AtomicBool>,
+}
+
+impl Backlog {
+    /// Ask under the lock the reader applies its changes under (so what it
+    /// read is either applied or still `held`).
+    pub fn empty(&self) -> bool {
+        // The queue before `held`: the reader sets `held` before it reads,
+        // so a queue it emptied in between shows as held.
+        let queued = crate::poll::poll_in(self.fd.as_raw_fd(), Duration::ZERO).unwrap_or(true);
+        !queued && !self.held.load(SeqCst)
+    }
 }
 
 impl Detector {
@@ -56,6 +85,7 @@ impl Detector {
             Some(Ok(f)) => Ok(Detector {
                 inner: Inner::Fan(Box::new(f)),
                 note: "fanotify (one mark for the file system, directory-entry events)".into(),
+                held: Arc::default(),
             }),
             Some(Err(e)) if want == Backend::Fanotify => Err(io::Error::new(
                 e.kind(),
@@ -75,6 +105,7 @@ impl Detector {
                         i.watched()
                     ),
                     inner: Inner::Ino(Box::new(i)),
+                    held: Arc::default(),
                 })
             }
         }
@@ -87,22 +118,51 @@ impl Detector {
         }
     }
 
-    /// Wait up to `timeout` for changes; append them to `out`.
+    fn fd(&self) -> BorrowedFd<'_> {
+        match &self.inner {
+            Inner::Fan(f) => f.fd(),
+            Inner::Ino(i) => i.fd(),
+        }
+    }
+
+    /// Asks whether this detector's reader is behind the kernel (from
+    /// another thread too).
+    pub fn backlog(&self) -> io::Result<Backlog> {
+        Ok(Backlog {
+            fd: Arc::new(self.fd().try_clone_to_owned()?),
+            held: self.held.clone(),
+        })
+    }
+
+    /// Wait up to `timeout` for changes; append them to `out`. Call
+    /// [`Detector::applied`] once they are applied. True when the queue was
+    /// found empty before returning: every event queued before this call
+    /// is in `out` (or was in an earlier call's).
     ///
     /// Test hook: while the file `$RAMSYS_WATCH_STALL_FILE` exists, nothing
     /// is read (the kernel queue fills up and overflows, as under a reader
     /// that cannot keep up).
-    pub fn read(&mut self, out: &mut Vec<Change>, timeout: Duration) -> io::Result<()> {
+    pub fn read(&mut self, out: &mut Vec<Change>, timeout: Duration) -> io::Result<bool> {
         if let Some(f) = std::env::var_os("RAMSYS_WATCH_STALL_FILE") {
             if Path::new(&f).exists() {
                 std::thread::sleep(timeout.max(Duration::from_millis(10)));
-                return Ok(());
+                return Ok(false);
             }
         }
-        match &mut self.inner {
-            Inner::Fan(f) => f.read(out, timeout),
-            Inner::Ino(i) => i.read(out, timeout),
+        if !crate::poll::poll_in(self.fd().as_raw_fd(), timeout)? {
+            return Ok(true);
         }
+        self.held.store(true, SeqCst);
+        match &mut self.inner {
+            Inner::Fan(f) => f.read(out, Duration::ZERO),
+            Inner::Ino(i) => i.read(out, Duration::ZERO),
+        }
+    }
+
+    /// What [`Detector::read`] returned is in the pending set (call under
+    /// the lock [`Backlog::empty`] is asked under).
+    pub fn applied(&self) {
+        self.held.store(false, SeqCst);
     }
 }
 

@@ -96,10 +96,15 @@ impl Fanotify {
         }
     }
 
-    /// Wait up to `timeout` for events and append them to `out`.
-    pub fn read(&mut self, out: &mut Vec<Change>, timeout: Duration) -> io::Result<()> {
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Wait up to `timeout` for events and append them to `out`; true when
+    /// the queue was found empty (detect::Detector::read).
+    pub fn read(&mut self, out: &mut Vec<Change>, timeout: Duration) -> io::Result<bool> {
         if !crate::poll::poll_in(self.fd.as_raw_fd(), timeout)? {
-            return Ok(());
+            return Ok(true);
         }
         // A bounded number of reads per call keeps batches flowing.
         for _ in 0..64 {
@@ -114,19 +119,19 @@ impl Fanotify {
             if n < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::WouldBlock {
-                    break;
+                    return Ok(true);
                 }
                 return Err(e);
             }
             if n == 0 {
-                break;
+                return Ok(true);
             }
             let buf = std::mem::take(&mut self.buf);
             let r = self.parse(&buf[..n as usize], out);
             self.buf = buf;
             r?;
         }
-        Ok(())
+        Ok(false)
     }
 
     fn parse(&mut self, mut b: &[u8], out: &mut Vec<Change>) -> io::Result<()> {

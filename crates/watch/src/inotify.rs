@@ -163,11 +163,19 @@ impl Inotify {
         }
     }
 
-    pub fn read(&mut self, out: &mut Vec<Change>, timeout: Duration) -> io::Result<()> {
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.ino.as_fd()
+    }
+
+    /// Wait up to `timeout` for events and append them to `out`; true when
+    /// the queue was found empty (detect::Detector::read).
+    pub fn read(&mut self, out: &mut Vec<Change>, timeout: Duration) -> io::Result<bool> {
         if !crate::poll::poll_in(self.ino.as_raw_fd(), timeout)? {
             self.flush_from(out);
-            return Ok(());
+            return Ok(true);
         }
+        let mut drained = false;
         for _ in 0..64 {
             let raws = match self.ino.read_events(&mut self.buf) {
                 Ok(evs) => evs
@@ -178,10 +186,14 @@ impl Inotify {
                         name: e.name.map(|n| n.as_bytes().to_vec()),
                     })
                     .collect::<Vec<_>>(),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    drained = true;
+                    break;
+                }
                 Err(e) => return Err(e),
             };
             if raws.is_empty() {
+                drained = true;
                 break;
             }
             for r in raws {
@@ -196,7 +208,7 @@ impl Inotify {
             return self.read(out, Duration::ZERO);
         }
         self.flush_from(out);
-        Ok(())
+        Ok(drained)
     }
 
     fn flush_from(&mut self, out: &mut Vec<Change>) {

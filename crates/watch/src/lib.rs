@@ -29,7 +29,7 @@ pub mod pending;
 mod poll;
 
 pub use change::Change;
-pub use detect::{Backend, Detector};
+pub use detect::{Backend, Backlog, Detector};
 pub use journal::Journal;
 
 pub use pending::{Batch, Op, Pending, PendingConfig};

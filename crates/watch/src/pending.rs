@@ -39,9 +39,10 @@ pub enum Kind {
     /// A directory and everything below it.
     Tree = 2,
     /// A directory and everything below it, and (mirror mode) nothing
-    /// else below it at DST: a renamed directory whose tree was in flight,
-    /// which may have reached DST holding entries made at its old name
-    /// after the rename (the batch reads the source when it sends).
+    /// else below it at DST: a renamed path a batch read, which may have
+    /// reached DST holding what the source made at its old name after the
+    /// rename (the batch reads the source when it sends): extra entries,
+    /// or a directory where SRC has a file.
     Mirror = 3,
 }
 
@@ -168,6 +169,15 @@ struct InFlight {
     ops_done: bool,
 }
 
+/// What a batch that ended read, kept until the watcher has applied every
+/// event queued before it ended (docs/WATCH.md "Renames behind a batch").
+struct Recent {
+    /// Its number in [`Pending::ended`].
+    n: u64,
+    files: BTreeMap<Vec<u8>, Dirty>,
+    full: bool,
+}
+
 /// Counters for status and metrics.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Counters {
@@ -190,6 +200,20 @@ pub struct Pending {
     /// restart scans in full); dropped when a full scan is cut (it reads
     /// every entry at its new name); counted against the cap.
     gone: BTreeMap<Vec<u8>, Kind>,
+    /// Mirror mode: what the batches read that ended after the watcher
+    /// last caught up ([`Pending::caught_up`]), oldest first. A rename
+    /// whose event comes now may have happened before they read, and they
+    /// may have put what the source made at its old name since at DST's
+    /// old name: for renames they count as still in flight, and then
+    /// converge as the batch in flight does. The kernel queues a rename's
+    /// event inside the rename (the parents' locks held), before anything
+    /// can be made at its old name, so once every event queued after a
+    /// batch ended is applied no such rename can come for it (docs/WATCH.md
+    /// "Renames behind a batch"). Not journaled; counted against the cap;
+    /// dropped when a full scan is cut.
+    recent: VecDeque<Recent>,
+    /// Batches ended so far.
+    ended: u64,
     full: Option<Instant>,
     log: Vec<LogRec>,
     pub counters: Counters,
@@ -217,6 +241,8 @@ impl Pending {
             dirty: BTreeMap::new(),
             inflight: None,
             gone: BTreeMap::new(),
+            recent: VecDeque::new(),
+            ended: 0,
             full: None,
             log: Vec::new(),
             counters: Counters::default(),
@@ -309,10 +335,29 @@ impl Pending {
         self.bound(now);
     }
 
+    /// How many batches have ended (the watcher notes it before it reads).
+    pub fn ended(&self) -> u64 {
+        self.ended
+    }
+
+    /// Every event queued before batch `upto` ([`Pending::ended`]) ended
+    /// has been applied: no rename from before the reads of the batches up
+    /// to it can still come, and what they read is forgotten (docs/WATCH.md
+    /// "Renames behind a batch").
+    pub fn caught_up(&mut self, upto: u64) {
+        while self.recent.front().is_some_and(|r| r.n <= upto) {
+            self.recent.pop_front();
+        }
+    }
+
+    fn recent_len(&self) -> usize {
+        self.recent.iter().map(|r| r.files.len()).sum()
+    }
+
     /// Above the cap (waiting paths, operations, unexplained vanished
-    /// paths): a full scan instead.
+    /// paths, what recent batches read): a full scan instead.
     fn bound(&mut self, now: Instant) {
-        if self.depth() + self.gone.len() > self.cfg.cap {
+        if self.depth() + self.gone.len() + self.recent_len() > self.cfg.cap {
             self.collapse(now);
         }
     }
@@ -370,6 +415,15 @@ impl Pending {
                 f.files.remove(path).is_some()
             };
         }
+        // The recent batches' are not (they count as in flight for
+        // renames only).
+        for r in &mut self.recent {
+            if dir {
+                take_under(&mut r.files, path);
+            } else {
+                r.files.remove(path);
+            }
+        }
         if gone {
             self.log.push(LogRec::Unmark {
                 path: path.to_vec(),
@@ -422,15 +476,20 @@ impl Pending {
         // Sent after the rename op, one that was the old `to`'s costs a
         // quick check (or is found gone).
         self.gone.retain(|p, _| !under(p, &to));
+        // The batches that ended before this event came count as in flight
+        // here (docs/WATCH.md "Renames behind a batch"): they may have read
+        // after the rename, as the one in flight may.
+        let mut read = self.take_read(&to);
         if let Some(f) = &mut self.inflight {
-            for (p, d) in take_under(&mut f.files, &to) {
-                self.log.push(LogRec::Mark {
-                    path: p.clone(),
-                    kind: d.kind,
-                });
-                let e = self.dirty.entry(p).or_insert(Dirty { ready_at: now, ..d });
-                e.kind = e.kind.max(d.kind);
-            }
+            read.extend(take_under(&mut f.files, &to));
+        }
+        for (p, d) in read {
+            self.log.push(LogRec::Mark {
+                path: p.clone(),
+                kind: d.kind,
+            });
+            let e = self.dirty.entry(p).or_insert(Dirty { ready_at: now, ..d });
+            e.kind = e.kind.max(d.kind);
         }
         let moving = take_under(&mut self.dirty, &from);
         for (p, d) in moving {
@@ -441,25 +500,30 @@ impl Pending {
             from: from.clone(),
             to: to.clone(),
         });
-        // The batch in flight may have read these before or after the
-        // rename: they are sent again under their new names (a quick check
-        // at DST makes that free when the content got there). A tree it
-        // reads after the rename holds what the source made at the old
-        // name since, which the rename op then carries to the new one: the
-        // new name is sent as a mirror, its extra entries removed.
+        // The batch in flight (or a recent one) may have read these before
+        // or after the rename: they are sent again under their new names
+        // (a quick check at DST makes that free when the content got
+        // there). What it reads after the rename is what the source made
+        // at the old name since, which the rename op then carries to the
+        // new one: a tree with extra entries, or a directory where it
+        // listed a file (a listed path is sent with what is below it). The
+        // new name is sent as a mirror: extra entries removed, a directory
+        // in a file's way made way for.
+        let mut read = self.take_read(&from);
         if let Some(f) = &mut self.inflight {
-            for (p, mut d) in take_under(&mut f.files, &from) {
-                let q = moved(&p, &from, &to);
-                if d.kind >= Kind::Tree {
-                    d.kind = Kind::Mirror;
-                }
-                self.log.push(LogRec::Mark {
-                    path: q.clone(),
-                    kind: d.kind,
-                });
-                let e = self.dirty.entry(q).or_insert(Dirty { ready_at: now, ..d });
-                e.kind = e.kind.max(d.kind);
+            read.extend(take_under(&mut f.files, &from));
+        }
+        for (p, mut d) in read {
+            let q = moved(&p, &from, &to);
+            if d.kind != Kind::DirMeta {
+                d.kind = Kind::Mirror;
             }
+            self.log.push(LogRec::Mark {
+                path: q.clone(),
+                kind: d.kind,
+            });
+            let e = self.dirty.entry(q).or_insert(Dirty { ready_at: now, ..d });
+            e.kind = e.kind.max(d.kind);
         }
         // A path the last batches found gone because of this very rename
         // (they read the old name after it happened on disk, and its event
@@ -470,8 +534,9 @@ impl Pending {
         }
         let (pf, pt) = (parent(&from).to_vec(), parent(&to).to_vec());
         if self.unsure(&from) {
-            // The batch in flight reads a tree holding `from` (or all of
-            // it, a full scan) when it sends: DST's `from` may then be what
+            // The batch in flight (or a recent one) reads a tree holding
+            // `from` (or all of it, a full scan) when it sends, or did
+            // before this event came: DST's `from` may then be what
             // SRC made there after the rename, and moving it would put the
             // wrong entry at `to`. Both names are made again instead: what
             // DST has at either goes, and `to` is sent whole.
@@ -498,22 +563,24 @@ impl Pending {
         self.dir_meta(&pt, now);
     }
 
-    /// Does the batch in flight read `from` as part of a larger tree (a
-    /// tree listed above it, or a full scan)?
+    /// Does the batch in flight, or one that ended before the watcher
+    /// caught up, read `from` as part of a larger tree (a tree listed
+    /// above it, or a full scan)?
     /// One lookup per ancestor, not a pass over the batch: a burst of
     /// renames during a batch of 50,000 files stays cheap.
     fn unsure(&self, from: &[u8]) -> bool {
-        let Some(f) = &self.inflight else {
-            return false;
-        };
-        let mut p = from;
-        while !f.full && !p.is_empty() {
-            p = parent(p);
-            if f.files.get(p).is_some_and(|d| d.kind >= Kind::Tree) {
-                return true;
+        let f = self.inflight.as_ref().map(|f| (&f.files, f.full));
+        let recent = self.recent.iter().map(|r| (&r.files, r.full));
+        f.into_iter().chain(recent).any(|(files, full)| {
+            let mut p = from;
+            while !full && !p.is_empty() {
+                p = parent(p);
+                if files.get(p).is_some_and(|d| d.kind >= Kind::Tree) {
+                    return true;
+                }
             }
-        }
-        f.full
+            full
+        })
     }
 
     /// Too much pending (DST away for long): a full scan instead of the
@@ -524,6 +591,9 @@ impl Pending {
         self.dirty.clear();
         self.ops.clear();
         self.gone.clear();
+        // A rename applied from now on goes ahead of the full scan, which
+        // then makes DST as SRC is.
+        self.recent.clear();
         self.log.push(LogRec::Reset);
         self.full = None;
         self.request_full(oldest);
@@ -566,8 +636,10 @@ impl Pending {
             // It reads every entry as the source names it now, after they
             // vanished: a late rename of one finds DST's old name gone
             // (mirror) and sends the new one whole, or (copy mode) sends
-            // the new one anyway.
+            // the new one anyway. A rename that comes from now on finds
+            // this scan in flight or recent (unsure), or came before it.
             self.gone.clear();
+            self.recent.clear();
         }
         for (seq, op, at) in &f.ops {
             b.ops.push((*seq, op.clone()));
@@ -642,7 +714,7 @@ impl Pending {
     /// (its operations too, unless [`Pending::ops_applied`] said they
     /// arrived).
     pub fn finish(&mut self, ok: bool, failed: &[Vec<u8>], vanished: &[Vec<u8>], now: Instant) {
-        let Some(f) = self.inflight.take() else {
+        let Some(mut f) = self.inflight.take() else {
             return;
         };
         if ok {
@@ -664,23 +736,48 @@ impl Pending {
             for p in failed {
                 self.mark(p.clone(), Kind::File, quiet, now, 0);
             }
+            self.keep_read(f.files, f.full);
             self.bound(now);
             return;
         }
         if !f.ops_done {
-            for o in f.ops.into_iter().rev() {
+            for o in f.ops.drain(..).rev() {
                 self.ops.push_front(o);
             }
         }
-        for (p, d) in f.files {
+        for (p, d) in &f.files {
             // A newer change of the same path keeps its own timing, and
             // the larger need of the two (a tree over its dir meta).
-            let e = self.dirty.entry(p).or_insert(Dirty { ready_at: now, ..d });
+            let e = self.dirty.entry(p.clone()).or_insert(Dirty {
+                ready_at: now,
+                ..*d
+            });
             e.kind = e.kind.max(d.kind);
         }
         if f.full {
             self.request_full(now);
         }
+        // It may have put part of what it read at DST before it failed.
+        self.keep_read(f.files, f.full);
+        self.bound(now);
+    }
+
+    /// A batch ended; mirror mode keeps what it read in `recent`.
+    fn keep_read(&mut self, files: BTreeMap<Vec<u8>, Dirty>, full: bool) {
+        self.ended += 1;
+        if self.cfg.mirror && (full || !files.is_empty()) {
+            let n = self.ended;
+            self.recent.push_back(Recent { n, files, full });
+        }
+    }
+
+    /// The recent batches' paths at or below `dir`, taken out.
+    fn take_read(&mut self, dir: &[u8]) -> Vec<(Vec<u8>, Dirty)> {
+        let mut v = Vec::new();
+        for r in &mut self.recent {
+            v.extend(take_under(&mut r.files, dir));
+        }
+        v
     }
 
     /// `v` was gone when batch `f` read it. What `f` still holds at or

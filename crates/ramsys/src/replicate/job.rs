@@ -17,7 +17,7 @@ use ramsys_engine::{EngineError, EngineResources, Stats, TransferOptions};
 use ramsys_proto::control::{WatchOp, WatchResult};
 use ramsys_watch::change::join;
 use ramsys_watch::pending::{Batch, Kind, Op, PendingConfig};
-use ramsys_watch::{Backend, Change, Detector, Journal, Pending};
+use ramsys_watch::{Backend, Backlog, Change, Detector, Journal, Pending};
 
 use super::Target;
 
@@ -99,6 +99,7 @@ pub fn run(
     pending.restore(paths, ops, full);
     pending.request_full(Instant::now());
     let shared: Shared = Arc::new((Mutex::new(State { pending, journal }), Condvar::new()));
+    let backlog = det.backlog()?;
     let watcher = {
         let (shared, stats, stop) = (shared.clone(), stats.clone(), stop.clone());
         let ctx = Watcher {
@@ -120,6 +121,7 @@ pub fn run(
         channels: 0,
         root: crate::agent::open_root(std::path::Path::new("/"), Confinement::None)?,
         busy_until: None,
+        backlog,
     };
     let r = runner.run(&stop);
     stop.store(true, Relaxed);
@@ -140,16 +142,22 @@ impl Watcher {
         let mut buf = Vec::new();
         let mut tick = Instant::now();
         let (mut changes0, mut files0) = (0, 0);
+        // Batches ended before this read began (Pending::ended).
+        let mut ended = 0;
         while !stop.load(Relaxed) {
-            if let Err(e) = det.read(&mut buf, Duration::from_millis(100)) {
-                JobStats::set(&stats.last_error, format!("change detection: {e}"));
-                eprintln!("ramsys: change detection failed: {e}; relying on full scans");
-                let mut st = lock(shared);
-                st.pending.request_full(Instant::now());
-                drop(st);
-                std::thread::sleep(Duration::from_secs(5));
-                continue;
-            }
+            let drained = det.read(&mut buf, Duration::from_millis(100));
+            let drained = match drained {
+                Ok(d) => d,
+                Err(e) => {
+                    JobStats::set(&stats.last_error, format!("change detection: {e}"));
+                    eprintln!("ramsys: change detection failed: {e}; relying on full scans");
+                    let mut st = lock(shared);
+                    st.pending.request_full(Instant::now());
+                    drop(st);
+                    std::thread::sleep(Duration::from_secs(5));
+                    continue;
+                }
+            };
             let now = Instant::now();
             let mut st = lock(shared);
             for c in buf.drain(..) {
@@ -158,6 +166,13 @@ impl Watcher {
                     st.pending.apply(c, now, size);
                 }
             }
+            // docs/WATCH.md "Renames behind a batch": every event queued
+            // before the batches that ended before this read is applied.
+            det.applied();
+            if drained {
+                st.pending.caught_up(ended);
+            }
+            ended = st.pending.ended();
             save(&mut st);
             // At once, not on the 1 s tick: the full scan an overflow asks
             // for may be taken and reported before the tick.
@@ -265,6 +280,8 @@ struct Runner {
     /// When the last batch ended, until the idle job gave its memory back
     /// (None: given back, or nothing sent since).
     busy_until: Option<Instant>,
+    /// Whether the watcher has applied every event queued so far.
+    backlog: Backlog,
 }
 
 /// A job this long without a batch gives its buffer pools' pages and its
@@ -314,6 +331,13 @@ impl Runner {
                     backoff =
                         (backoff * 2).clamp(Duration::from_millis(500), Duration::from_secs(30));
                 }
+            }
+            // Usually the watcher is waiting on an empty queue: the batch's
+            // reads are forgotten at once, and a rename made from now on
+            // travels as a rename (docs/WATCH.md "Renames behind a batch").
+            if self.backlog.empty() {
+                let n = st.pending.ended();
+                st.pending.caught_up(n);
             }
             save(&mut st);
             let lag = b.since.map_or(0.0, |s| now.duration_since(s).as_secs_f64());

@@ -141,6 +141,51 @@ fn queues_overflow_visibly() {
     }
 }
 
+/// The backlog is empty only once what the kernel queued has been read
+/// and applied (docs/WATCH.md "Renames behind a batch"), and a read says
+/// whether it found the queue empty. fanotify's queue also holds what the
+/// rest of the file system does (other tests): only inotify's is sure to
+/// be empty here.
+fn backlog(want: Backend) {
+    let t = tempfile::tempdir().unwrap();
+    let mut d = Detector::open(t.path(), want).unwrap();
+    let q = d.backlog().unwrap();
+    let ours = want == Backend::Inotify;
+    let mut out = Vec::new();
+    if ours {
+        assert!(d.read(&mut out, Duration::ZERO).unwrap(), "nothing queued");
+        assert!(q.empty());
+    }
+    std::fs::create_dir(t.path().join("d")).unwrap();
+    std::fs::rename(t.path().join("d"), t.path().join("e")).unwrap();
+    assert!(!q.empty(), "{}: queued", d.name());
+    let end = Instant::now() + Duration::from_secs(5);
+    while out.len() < 2 && Instant::now() < end {
+        let drained = d.read(&mut out, Duration::from_millis(50)).unwrap();
+        if ours {
+            assert!(drained);
+        }
+        assert!(!q.empty(), "{}: read, not applied", d.name());
+    }
+    assert!(out.contains(&Change::Renamed {
+        from: b("d"),
+        to: b("e"),
+        dir: true,
+    }));
+    d.applied();
+    if ours {
+        assert!(q.empty(), "applied");
+    }
+}
+
+#[test]
+fn the_backlog_counts_what_is_read_but_not_applied() {
+    backlog(Backend::Inotify);
+    if root() {
+        backlog(Backend::Fanotify);
+    }
+}
+
 #[test]
 fn auto_picks_one_and_says_which() {
     let t = tempfile::tempdir().unwrap();

@@ -175,6 +175,16 @@ impl World {
         while let Some(c) = self.queue.pop_front() {
             self.p.apply(c, self.now, 0);
         }
+        self.p.caught_up(self.p.ended());
+    }
+
+    /// The batch ended; the job then tells the pending set whether the
+    /// watcher has caught up (an event still queued: not yet).
+    fn finish(&mut self, ok: bool, failed: &[Vec<u8>], vanished: &[Vec<u8>]) {
+        self.p.finish(ok, failed, vanished, self.now);
+        if self.queue.is_empty() {
+            self.p.caught_up(self.p.ended());
+        }
     }
 
     fn run(&mut self, s: &Step) {
@@ -280,7 +290,7 @@ impl World {
             return;
         };
         if how == 1 {
-            self.p.finish(false, &[], &[], self.now);
+            self.finish(false, &[], &[]);
             return;
         }
         let mut missing = Vec::new();
@@ -295,6 +305,13 @@ impl World {
                         .get(from)
                         .is_some_and(|n| (*n == Node::Dir) == *dir)
                     {
+                        // The sink makes `to`'s missing parents first
+                        // (watchops::make_parents).
+                        let mut par = parent(to);
+                        while !par.is_empty() && !self.dst.contains_key(par) {
+                            self.dst.insert(par.to_vec(), Node::Dir);
+                            par = parent(par);
+                        }
                         for k in subtree(&self.dst, to) {
                             self.dst.remove(&k);
                         }
@@ -318,7 +335,7 @@ impl World {
         }
         self.p.ops_applied(&missing, self.now);
         if how == 2 {
-            self.p.finish(false, &[], &[], self.now);
+            self.finish(false, &[], &[]);
             return;
         }
         let mut failed = Vec::new();
@@ -371,7 +388,7 @@ impl World {
                 failed.push(p.clone());
             }
         }
-        self.p.finish(true, &failed, &vanished, self.now);
+        self.finish(true, &failed, &vanished);
     }
 
     /// Close everything, wait out the quiet time, deliver until nothing is
@@ -485,6 +502,129 @@ fn a_file_whose_directory_is_renamed_before_its_batch_reads_it_is_sent() {
     assert_eq!(w.dst, w.src);
     assert!(w.dst.contains_key(b"c/x".as_slice()));
     assert_eq!(w.p.depth(), 0);
+}
+
+/// `mv a c; mkdir a` and a file written into the new `a`, all on disk
+/// before a batch cut earlier reads `a` (or below it, or everything), with
+/// the rename's event read only after that batch ended (issue 38,
+/// docs/WATCH.md "Renames behind a batch"): the batch puts the new `a`'s
+/// entries at DST's `a`, and the rename's event must not carry them onto
+/// `c`. `before` runs with events at once (settled), `cut` with events
+/// late and must leave a batch in flight.
+fn replaced_behind_a_batch(before: &[Step], cut: &[Step], made: Step) {
+    let mut w = World::new(true);
+    for s in before {
+        w.run(s);
+    }
+    w.settle();
+    assert_eq!(w.dst, w.src);
+    w.late = true;
+    for s in cut {
+        w.run(s);
+    }
+    assert!(w.inflight.is_some(), "{cut:?}: no batch in flight");
+    for s in [
+        Step::Rename(0, 6),
+        Step::Mkdir(0),
+        made.clone(),
+        Step::Deliver(0),
+    ] {
+        w.run(&s);
+    }
+    // The batch read the new `a`'s file.
+    let Step::Create(i) = made else {
+        unreachable!()
+    };
+    let new = NAMES[i];
+    assert!(w.src.contains_key(new));
+    assert_eq!(w.dst.get(new), w.src.get(new), "{cut:?}");
+    w.run(&Step::Events);
+    w.settle();
+    assert_eq!(w.dst, w.src, "{cut:?}");
+    assert_eq!(w.p.depth(), 0);
+}
+
+#[test]
+fn a_file_read_at_a_name_renamed_and_made_again_is_not_carried_to_the_new_name() {
+    // The batch lists a/x (written again), and reads the new a/x.
+    let before = [Step::Mkdir(0), Step::Create(2), Step::Create(3)];
+    let cut = [Step::Write(2), Step::Close(2), Step::Events, Step::Take];
+    replaced_behind_a_batch(&before, &cut, Step::Create(2));
+}
+
+#[test]
+fn a_tree_read_at_a_name_renamed_and_made_again_is_not_carried_to_the_new_name() {
+    // The batch lists the tree a (new) and reads the new a: its a/y would
+    // stay at DST's c.
+    let cut = [
+        Step::Mkdir(0),
+        Step::Create(2),
+        Step::Close(2),
+        Step::Events,
+        Step::Take,
+    ];
+    replaced_behind_a_batch(&[], &cut, Step::Create(3));
+}
+
+#[test]
+fn a_full_scan_that_read_a_name_renamed_and_made_again_is_not_carried_to_the_new_name() {
+    let before = [Step::Mkdir(0), Step::Create(2), Step::Create(3)];
+    let cut = [Step::Overflow, Step::Events, Step::Take];
+    replaced_behind_a_batch(&before, &cut, Step::Create(2));
+}
+
+#[test]
+fn a_file_read_where_a_directory_now_is_comes_back_as_a_mirror() {
+    // b/x listed as a file; mv b a; mkdir -p b/x before the batch reads
+    // it: the batch puts a directory at DST's b/x, which the rename's
+    // late event carries to a/x, where SRC has the file.
+    let mut w = World::new(true);
+    w.late = true;
+    for s in [Step::Mkdir(1), Step::Create(4), Step::Events, Step::Take] {
+        w.run(&s);
+    }
+    w.run(&Step::Deliver(0));
+    for s in [
+        Step::Rename(1, 0),
+        Step::Mkdir(1),
+        Step::Mkdir(4),
+        Step::Tick,
+        Step::Take,
+    ] {
+        w.run(&s);
+    }
+    let b = w.inflight.as_ref().unwrap();
+    assert_eq!(b.files, vec![(b"b/x".to_vec(), Kind::File)]);
+    w.run(&Step::Deliver(0));
+    assert_eq!(w.dst.get(b"b/x".as_slice()), Some(&Node::Dir));
+    w.settle();
+    assert_eq!(w.dst, w.src);
+    assert_eq!(w.p.depth(), 0);
+}
+
+#[test]
+fn a_rename_after_the_watcher_caught_up_stays_a_rename() {
+    // The batch that read a/x ended with nothing queued: the rename that
+    // follows happened after its reads and moves 0 bytes.
+    let mut w = World::new(true);
+    for s in [Step::Mkdir(0), Step::Create(2), Step::Close(2), Step::Take] {
+        w.run(&s);
+    }
+    w.run(&Step::Deliver(0));
+    w.run(&Step::Rename(0, 6));
+    let b = w.p.take(w.now, 10).0.unwrap();
+    assert_eq!(
+        b.ops,
+        vec![(
+            1,
+            Op::Rename {
+                from: b"a".to_vec(),
+                to: b"c".to_vec(),
+                dir: true
+            }
+        )]
+    );
+    assert!(b.files.is_empty(), "{:?}", b.files);
 }
 
 #[test]
