@@ -193,6 +193,13 @@ pub(super) fn first_window(
         on_scan(&mut s.ctl, ahead, m, &s.spec.root.clone())?;
         account(&s.stats, ahead, s.opts.meta_budget)?;
     }
+    // A tree the first window held whole: the scan's count of set-ID bits
+    // a plain copy drops (the agent's note) is known now; later, when the
+    // payload loop takes the scan's end.
+    if let Some(w) = &ahead.walk {
+        let dropped = &s.stats.setid_dropped;
+        dropped.store(w.setid, std::sync::atomic::Ordering::Relaxed);
+    }
     Ok(())
 }
 
