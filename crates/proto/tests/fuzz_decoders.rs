@@ -617,11 +617,12 @@ proptest! {
         }
     }
 
-    /// A sink machine that took windows, fed arbitrary decoded messages
-    /// with arbitrary frame flags, never panics.
+    /// A sink machine that took windows, of a copy or of a sync, fed
+    /// arbitrary decoded messages with arbitrary frame flags, never panics.
     #[test]
     fn windowed_sink_machine_never_panics(
         msgs in proptest::collection::vec((proptest::collection::vec(any::<u8>(), 0..128), any::<u8>()), 0..16),
+        sync in any::<bool>(),
     ) {
         use ramsys_proto::control::{Confirm, Propose};
         use ramsys_proto::frame::WINDOWS_FLAG;
@@ -630,6 +631,10 @@ proptest! {
             roots: 1, streams: 1, block_size: 4096, capacity_mbps: 0, checksum: true, cipher: 0,
         });
         m.on_recv_flags(&p, WINDOWS_FLAG).unwrap();
+        if sync {
+            let mode = Control::SyncMode { flags: ramsys_proto::control::sync::SYNC };
+            m.on_recv(&mode).unwrap();
+        }
         let c = Control::Confirm(Confirm {
             streams: 1, block_size: 4096, credits_per_stream: 2, capacity_mbps: 0, checksum: true, cipher: 0,
         });
@@ -640,5 +645,63 @@ proptest! {
                 let _ = m.on_recv_flags(&c, flags);
             }
         }
+    }
+
+    /// A windowed sync (issue 36): after `n` file records and a Ready at
+    /// `ready`, the sink may send and the source accepts a Have exactly
+    /// when every id lies in the window being readied (`ready .. n`), and
+    /// a Reuse exactly when every id lies below the Ready mark; the
+    /// machines never panic on any of them.
+    #[test]
+    fn windowed_sync_answers_only_inside_the_window(
+        n in 1u64..64,
+        ready in 0u64..64,
+        have in proptest::collection::vec(0u64..80, 0..8),
+        reuse in proptest::collection::vec(0u64..80, 0..8),
+    ) {
+        use ramsys_proto::control::{
+            Confirm, Entry, EntryKind, Have, HaveState, Propose, Reuse, ReuseKind,
+        };
+        use ramsys_proto::frame::WINDOWS_FLAG;
+        use ramsys_proto::session::SourceMachine;
+        let ready = ready.min(n);
+        let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+        let p = Control::Propose(Propose {
+            roots: 1, streams: 1, block_size: 4096, capacity_mbps: 0, checksum: true, cipher: 0,
+        });
+        src.on_send_flags(&p, WINDOWS_FLAG).unwrap();
+        snk.on_recv_flags(&p, WINDOWS_FLAG).unwrap();
+        let mode = Control::SyncMode { flags: ramsys_proto::control::sync::SYNC };
+        src.on_send(&mode).unwrap();
+        snk.on_recv(&mode).unwrap();
+        let c = Control::Confirm(Confirm {
+            streams: 1, block_size: 4096, credits_per_stream: 2, capacity_mbps: 0, checksum: true, cipher: 0,
+        });
+        snk.on_send_flags(&c, WINDOWS_FLAG).unwrap();
+        src.on_recv_flags(&c, WINDOWS_FLAG).unwrap();
+        let sd = Control::SyncDone { failures: vec![] };
+        snk.on_send(&sd).unwrap();
+        src.on_recv(&sd).unwrap();
+        let es = (0..n).map(|id| Entry {
+            id, path: format!("f{id}").into_bytes(), kind: EntryKind::File { size: 1 },
+            mode: 0o644, mtime_s: 0, mtime_ns: 0,
+        });
+        let es = Control::Entries(es.collect());
+        src.on_send(&es).unwrap();
+        snk.on_recv(&es).unwrap();
+        if ready > 0 {
+            let r = Control::Ready { through: ready };
+            snk.on_send(&r).unwrap();
+            src.on_recv(&r).unwrap();
+        }
+        let h = Control::Have(have.iter().map(|&id| Have { id, state: HaveState::Unchanged }).collect());
+        let inside = have.iter().all(|&id| id >= ready && id < n)
+            && have.len() as u64 <= n - ready;
+        prop_assert_eq!(snk.on_send(&h).is_ok(), inside);
+        prop_assert_eq!(src.on_recv(&h).is_ok(), inside);
+        let r = Control::Reuse(reuse.iter().map(|&id| Reuse { id, what: ReuseKind::Keep }).collect());
+        let readied = reuse.iter().all(|&id| id < ready);
+        prop_assert_eq!(src.on_send(&r).is_ok(), readied);
+        prop_assert_eq!(snk.on_recv(&r).is_ok(), readied);
     }
 }

@@ -3,7 +3,9 @@
 //! files crosses dozens of windows. A local copy, a push and a pull give
 //! the tree the whole-tree phases give, hard links whose target settled
 //! many windows before included; each end's file list stays within the
-//! window; a file that fails in an early window fails alone.
+//! window; a file that fails in an early window fails alone. Syncs
+//! without --delete answer per window: a no-change re-sync moves nothing,
+//! a changed one only what changed.
 
 mod common;
 mod proxy;
@@ -56,6 +58,16 @@ fn daemon(root: &Path, key: &Path, window: &str) -> TestDaemon {
 fn cp(key: &Path, window: &str, args: &[&str]) -> Output {
     let mut c = Command::new(bin());
     c.args(["cp", "-r", "--json"])
+        .args(args)
+        .env("RAMSYS_KEY_FILE", key)
+        .env("RAMSYS_WINDOW_FILES", window);
+    run_with_timeout(c, Duration::from_secs(120))
+}
+
+/// `ramsys sync -r --json ARGS` with the window `window`.
+fn sync(key: &Path, window: &str, args: &[&str]) -> Output {
+    let mut c = Command::new(bin());
+    c.args(["sync", "-r", "--json"])
         .args(args)
         .env("RAMSYS_KEY_FILE", key)
         .env("RAMSYS_WINDOW_FILES", window);
@@ -205,4 +217,62 @@ fn a_data_link_cut_mid_window_is_replaced() {
     assert_same_tree(&src, &root.join("dst"));
     assert_eq!(summary(&o)["links_replaced"], 1, "{}", summary(&o));
     assert!(temp_files(&root).is_empty());
+}
+
+/// Syncs in windows of 100 (push, pull, local): the first one fills DST,
+/// a no-change re-sync moves nothing and finds every file unchanged, a
+/// re-sync after three changes moves those three; every time DST is SRC.
+#[test]
+fn windowed_syncs_move_only_what_changed() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    make_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = daemon(&root, &key, WINDOW);
+    let s = format!("{}/", src.display());
+    let (back, local) = (t.path().join("back"), t.path().join("local"));
+    let (back_s, local_s) = (back.to_str().unwrap(), local.to_str().unwrap());
+    // (source, destination, where it lands), pull after push.
+    let push = d.url("push");
+    let pull = d.url("push/");
+    let runs = [
+        (s.as_str(), push.as_str(), root.join("push")),
+        (pull.as_str(), back_s, back.clone()),
+        (s.as_str(), local_s, local.clone()),
+    ];
+    let n = |o: &Output, k: &str| summary(o)[k].as_u64().unwrap_or_else(|| panic!("{k}"));
+    let mut files = 0;
+    for (from, to, at) in &runs {
+        let o = sync(&key, WINDOW, &[*from, *to]);
+        assert_ok(&o);
+        assert_same_tree(&src, at);
+        files = n(&o, "files");
+    }
+    assert!(files > 3000, "{files} files");
+    for (from, to, at) in &runs {
+        let o = sync(&key, WINDOW, &[*from, *to]);
+        assert_ok(&o);
+        assert_eq!((n(&o, "files"), n(&o, "bytes")), (0, 0), "{from} -> {to}");
+        assert_eq!(n(&o, "unchanged"), files, "{from} -> {to}");
+        assert_same_tree(&src, at);
+    }
+    let mut r = Rng(0x37);
+    let same = std::fs::metadata(src.join("d005/f0010")).unwrap().len();
+    std::fs::write(src.join("d005/f0010"), r.bytes(same as usize)).unwrap();
+    let mut grown = std::fs::read(src.join("d010/f0020")).unwrap();
+    grown.extend_from_slice(b"more");
+    std::fs::write(src.join("d010/f0020"), grown).unwrap();
+    std::fs::write(src.join("d020/new"), r.bytes(1000)).unwrap();
+    for (from, to, at) in &runs {
+        let o = sync(&key, WINDOW, &[*from, *to]);
+        assert_ok(&o);
+        assert_eq!(n(&o, "files"), 3, "{from} -> {to}");
+        assert_eq!(n(&o, "unchanged"), files - 2, "{from} -> {to}");
+        assert_same_tree(&src, at);
+    }
+    for dir in [&root, &back, &local] {
+        assert!(temp_files(dir).is_empty(), "{:?}", temp_files(dir));
+    }
 }

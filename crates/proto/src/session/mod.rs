@@ -46,6 +46,10 @@ pub(super) struct Marks {
     pub(super) settled: u64,
     /// MetaEnd sent or received.
     pub(super) meta_end: bool,
+    /// A windowed sync's Have records since the last Ready: at most one
+    /// per id of the window being readied, so a sink cannot grow the
+    /// source's answer past the window by repeating ids.
+    pub(super) answered: u64,
 }
 
 impl Marks {
@@ -76,7 +80,50 @@ impl Marks {
             ));
         }
         self.ready = through;
+        self.answered = 0;
         Ok(())
+    }
+
+    /// A windowed sync's Have records (docs/PROTOCOL.md "Windows"): each
+    /// names an id the sink has registered (below `announced`) and not yet
+    /// readied (at or past the Ready mark): a window's answer comes before
+    /// its Ready, so the source plans the window's reads once. No more
+    /// records than the window has ids.
+    pub(super) fn have(
+        &mut self,
+        v: &[crate::control::Have],
+        announced: u64,
+    ) -> Result<(), crate::ProtoError> {
+        if let Some(h) = v.iter().find(|h| h.id < self.ready || h.id >= announced) {
+            return Err(crate::ProtoError::malformed(
+                "have",
+                format!(
+                    "id {} outside the window being readied ({} .. {announced})",
+                    h.id, self.ready
+                ),
+            ));
+        }
+        let answered = self.answered + v.len() as u64;
+        if answered > announced - self.ready {
+            return Err(crate::ProtoError::malformed(
+                "have",
+                "more records than the window has ids",
+            ));
+        }
+        self.answered = answered;
+        Ok(())
+    }
+
+    /// A windowed sync's Reuse verdicts: only for ids the sink readied
+    /// (the source plans a window once its Ready came).
+    pub(super) fn reuse(&self, v: &[crate::control::Reuse]) -> Result<(), crate::ProtoError> {
+        match v.iter().find(|r| r.id >= self.ready) {
+            Some(r) => Err(crate::ProtoError::malformed(
+                "reuse",
+                format!("id {} not below the ready mark {}", r.id, self.ready),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// A SettledThrough for `through`.

@@ -155,6 +155,11 @@ impl SinkMachine {
                 Metadata
             }
             (Syncing, Control::Have(_)) if self.sync.is_some() => Syncing,
+            // Windows: a window's answer, right before its Ready.
+            (Payload, Control::Have(v)) if on && self.sync.is_some() => {
+                self.marks.have(v, self.entries.next_id)?;
+                Payload
+            }
             (Syncing, Control::SyncDone { .. }) => Payload,
             // Windows: the payload starts at once, the metadata runs on.
             (Metadata, Control::SyncDone { .. }) if on => Payload,
@@ -204,12 +209,13 @@ impl SinkMachine {
             }
             // Right behind Propose, so it may arrive after Confirm left
             // (windows: after SyncDone). A session that proposed windows is
-            // a plain copy: its default journal (JOURNAL) at most.
+            // a copy (its default journal) or a sync answered per window:
+            // sync::WINDOWED at most (no --delete, dry run or resume).
             (Negotiate | Metadata | Payload, Control::SyncMode { flags })
                 if self.proposed.is_some()
                     && self.sync.is_none()
                     && self.entries.next_id == 0
-                    && (plain || flags & !crate::control::sync::JOURNAL == 0)
+                    && (plain || flags & !crate::control::sync::WINDOWED == 0)
                     && (self.phase != Payload || on) =>
             {
                 if flags & !crate::control::sync::ALL != 0 {
@@ -289,6 +295,9 @@ impl SinkMachine {
             (Payload, Control::Reuse(v)) if self.sync.is_some() => {
                 if v.iter().any(|r| r.id >= self.entries.next_id) {
                     return Err(ProtoError::malformed("reuse", "unknown file id"));
+                }
+                if on {
+                    self.marks.reuse(v)?;
                 }
                 Payload
             }

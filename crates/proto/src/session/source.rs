@@ -14,7 +14,9 @@ pub struct SourceMachine {
     phase: Phase,
     proposed: bool,
     confirmed: bool,
-    /// SyncMode sent (docs/SYNC.md): Have, Reuse and Deleted allowed.
+    /// SyncMode sent (docs/SYNC.md): Have, Reuse and Deleted allowed (in a
+    /// windowed session, Have for the window being readied and Reuse for
+    /// ids readied).
     sync: bool,
     sent_entries: bool,
     /// Preserve sent (crate::attrs): Attrs allowed.
@@ -112,12 +114,13 @@ impl SourceMachine {
                 }
                 Negotiate
             }
-            // A windowed copy keeps its default journal (JOURNAL alone).
+            // A windowed session: a copy's journal, or a sync answered
+            // per window (sync::WINDOWED; no --delete, dry run, resume).
             (Negotiate, Control::SyncMode { flags })
                 if self.proposed
                     && !self.sync
                     && !self.sent_entries
-                    && (plain || flags & !crate::control::sync::JOURNAL == 0) =>
+                    && (plain || flags & !crate::control::sync::WINDOWED == 0) =>
             {
                 if flags & !crate::control::sync::ALL != 0 {
                     return Err(ProtoError::malformed("sync mode", "unknown flags"));
@@ -156,7 +159,12 @@ impl SourceMachine {
                 self.marks.meta_end = true;
                 Payload
             }
-            (Payload, Control::Reuse(_)) if self.sync => Payload,
+            (Payload, Control::Reuse(v)) if self.sync => {
+                if on {
+                    self.marks.reuse(v)?;
+                }
+                Payload
+            }
             (Payload, Control::FilesDone(_) | Control::FileFailed { .. }) => Payload,
             (Payload, Control::LinkDown { .. }) => Payload,
             (Payload, Control::AddStream { .. }) => Payload,
@@ -202,6 +210,11 @@ impl SourceMachine {
                 self.phase
             }
             (Syncing, Control::Have(_)) if self.confirmed && self.sync => Syncing,
+            // Windows: each window's answer right before its Ready.
+            (Payload, Control::Have(v)) if self.sync && self.marks.on() => {
+                self.marks.have(v, self.announced)?;
+                Payload
+            }
             (Syncing, Control::SyncDone { .. }) if self.confirmed => Payload,
             // Windows: the sink answers at once, the metadata runs on.
             (Negotiate | Metadata, Control::SyncDone { .. })

@@ -783,17 +783,21 @@ fn window_messages_refused_out_of_place() {
     far.entries.next_id = MAX_WINDOW_IDS;
     let beyond = Control::Entries(vec![entry(MAX_WINDOW_IDS, "x", EntryKind::Dir)]);
     assert!(far.on_recv(&beyond).is_err());
-    // SyncMode or Preserve in a session that proposed windows.
+    // A SyncMode that needs the whole tree (--delete, dry run, resume,
+    // a device), or a Preserve, in a session that proposed windows.
     let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
     src.on_send_flags(&propose(), WINDOWS_FLAG).unwrap();
     snk.on_recv_flags(&propose(), WINDOWS_FLAG).unwrap();
-    let mode = Control::SyncMode { flags: 1 };
-    assert!(src.on_send(&mode).is_err());
-    assert!(snk.on_recv(&mode).is_err());
+    use crate::control::sync::{DELETE, DRY_RUN, JOURNAL, RESUME, SYNC, WRITE_DEVICES};
+    for bit in [DELETE, DRY_RUN, RESUME, WRITE_DEVICES] {
+        let mode = Control::SyncMode { flags: SYNC | bit };
+        assert!(src.on_send(&mode).is_err(), "{bit}");
+        assert!(snk.on_recv(&mode).is_err(), "{bit}");
+    }
     assert!(snk.on_recv(&Control::Preserve { flags: 1 }).is_err());
-    // ...but a copy's default journal, and then only once.
+    // ...but a copy's default journal or a sync, and then only once.
     let journal = Control::SyncMode {
-        flags: crate::control::sync::JOURNAL,
+        flags: SYNC | JOURNAL,
     };
     src.on_send(&journal).unwrap();
     snk.on_recv(&journal).unwrap();
@@ -804,4 +808,121 @@ fn window_messages_refused_out_of_place() {
     let eod = Control::EndOfData { files: 1, bytes: 1 };
     assert!(src.on_send(&eod).is_err());
     assert!(snk.on_recv(&eod).is_err());
+}
+
+/// A windowed pair of a sync (SyncMode SYNC) up to the payload, `n`
+/// file records announced, none ready yet.
+fn windowed_sync(n: u64) -> (SourceMachine, SinkMachine) {
+    use crate::frame::WINDOWS_FLAG;
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    let p = propose();
+    src.on_send_flags(&p, WINDOWS_FLAG).unwrap();
+    snk.on_recv_flags(&p, WINDOWS_FLAG).unwrap();
+    let mode = Control::SyncMode {
+        flags: crate::control::sync::SYNC,
+    };
+    src.on_send(&mode).unwrap();
+    snk.on_recv(&mode).unwrap();
+    let c = confirm(1);
+    snk.on_send_flags(&c, WINDOWS_FLAG).unwrap();
+    src.on_recv_flags(&c, WINDOWS_FLAG).unwrap();
+    let sd = Control::SyncDone { failures: vec![] };
+    snk.on_send(&sd).unwrap();
+    src.on_recv(&sd).unwrap();
+    let es: Vec<_> = (0..n)
+        .map(|i| entry(i, &format!("f{i}"), EntryKind::File { size: 1 }))
+        .collect();
+    let es = Control::Entries(es);
+    src.on_send(&es).unwrap();
+    snk.on_recv(&es).unwrap();
+    (src, snk)
+}
+
+fn haves(ids: &[u64]) -> Control {
+    use crate::control::{Have, HaveState};
+    let v = ids.iter().map(|&id| Have {
+        id,
+        state: HaveState::Unchanged,
+    });
+    Control::Have(v.collect())
+}
+
+fn reuses(ids: &[u64]) -> Control {
+    use crate::control::{Reuse, ReuseKind};
+    let v = ids.iter().map(|&id| Reuse {
+        id,
+        what: ReuseKind::Keep,
+    });
+    Control::Reuse(v.collect())
+}
+
+/// A windowed sync (issue 36): each window's Have records right before
+/// its Ready, the source's Reuse for readied ids, the next window's
+/// records and answer while the first one's data moves.
+#[test]
+fn windowed_sync_answers_per_window() {
+    let (mut src, mut snk) = windowed_sync(3);
+    let to_source = |m: Control, src: &mut SourceMachine, snk: &mut SinkMachine| {
+        snk.on_send(&m).unwrap();
+        src.on_recv(&m).unwrap();
+    };
+    let to_sink = |m: Control, src: &mut SourceMachine, snk: &mut SinkMachine| {
+        src.on_send(&m).unwrap();
+        snk.on_recv(&m).unwrap();
+    };
+    to_source(haves(&[0, 2]), &mut src, &mut snk);
+    to_source(Control::Ready { through: 3 }, &mut src, &mut snk);
+    to_sink(reuses(&[0, 2]), &mut src, &mut snk);
+    to_sink(Control::FilesDone(vec![(1, 7)]), &mut src, &mut snk);
+    let next = (3..5).map(|i| entry(i, &format!("g{i}"), EntryKind::File { size: 1 }));
+    to_sink(Control::Entries(next.collect()), &mut src, &mut snk);
+    to_source(Control::SettledThrough { through: 3 }, &mut src, &mut snk);
+    to_source(haves(&[4, 3]), &mut src, &mut snk);
+    let end = Control::MetaEnd {
+        entries: 5,
+        files: 5,
+        bytes: 5,
+    };
+    to_sink(end, &mut src, &mut snk);
+    to_source(Control::Ready { through: 5 }, &mut src, &mut snk);
+    to_sink(reuses(&[3, 4]), &mut src, &mut snk);
+    to_source(Control::SettledThrough { through: 5 }, &mut src, &mut snk);
+    to_source(Control::Settled, &mut src, &mut snk);
+    let eod = Control::EndOfData { files: 1, bytes: 1 };
+    to_sink(eod, &mut src, &mut snk);
+    assert_eq!(src.phase(), Phase::Completing);
+}
+
+/// What a windowed sync refuses: a Have for an id not yet announced or
+/// already readied (its window's reads are planned), a Reuse for an id
+/// not readied, at both ends; and Have in a windowed copy (no SyncMode).
+#[test]
+fn windowed_sync_refuses_answers_outside_the_window() {
+    // An id beyond the records: the sink has no slot to answer for.
+    let (mut src, mut snk) = windowed_sync(3);
+    assert!(snk.on_send(&haves(&[1, 3])).is_err());
+    assert!(src.on_recv(&haves(&[1, 3])).is_err());
+    // An id of a window already readied: its plan is made.
+    let (mut src, mut snk) = windowed_sync(3);
+    let r = Control::Ready { through: 2 };
+    snk.on_send(&r).unwrap();
+    src.on_recv(&r).unwrap();
+    assert!(snk.on_send(&haves(&[2, 1])).is_err());
+    assert!(src.on_recv(&haves(&[2, 1])).is_err());
+    snk.on_send(&haves(&[2])).unwrap();
+    src.on_recv(&haves(&[2])).unwrap();
+    // One record per id of the window at most: no repeats past it.
+    assert!(snk.on_send(&haves(&[2])).is_err());
+    assert!(src.on_recv(&haves(&[2])).is_err());
+    // A Reuse for an id the sink has not readied.
+    assert!(src.on_send(&reuses(&[1, 2])).is_err());
+    assert!(snk.on_recv(&reuses(&[1, 2])).is_err());
+    src.on_send(&reuses(&[1])).unwrap();
+    snk.on_recv(&reuses(&[1])).unwrap();
+    // A windowed copy has no answer to give.
+    let (mut src, mut snk) = windowed(2);
+    assert!(snk.on_send(&haves(&[])).is_err());
+    assert!(src.on_recv(&haves(&[])).is_err());
+    assert!(src.on_send(&reuses(&[0])).is_err());
+    assert!(snk.on_recv(&reuses(&[0])).is_err());
 }

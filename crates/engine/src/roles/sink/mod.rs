@@ -118,12 +118,13 @@ fn sink_session(
     let (mut tree, opened, control) = if windowed {
         let mut tree = s.new_tree(&prop, dest);
         tree.windowed = true;
-        // A copy's default journal, from this end's own options (the
-        // same flags the source's SyncMode carries: SyncOpen or the agent's),
-        // set before the writers share the table.
-        let journal = s.opts.sync & crate::request::sync::flags::JOURNAL;
-        if journal != 0 {
-            tree.sync_mode(journal, &s.spec.root.clone());
+        // A copy's default journal or a sync (sync::flags::WINDOWED), from
+        // this end's own options (the same flags the source's SyncMode
+        // carries: SyncOpen or the agent's), set before the writers share
+        // the table; a sync answers each window before its Ready.
+        let mode = s.opts.sync & !crate::request::sync::flags::DEST_DIR;
+        if mode != 0 {
+            tree.sync_mode(mode, &s.spec.root.clone());
         }
         // The payload starts now; the records arrive during it, read
         // by the control reader even while the links are awaited, so
@@ -132,8 +133,8 @@ fn sink_session(
         // Until MetaEnd the source speaks at least every 2 s (a record,
         // a digest or a keepalive): a silence of the idle timeout is named.
         let idle = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        // (A windowed session is a plain copy, never a kept link's batch:
-        // those are syncs. Its reader stops only when the link does.)
+        // (A windowed session is never a kept link's batch: windows are
+        // not offered there. Its reader stops only when the link does.)
         let control = s
             .ctl
             .spawn_reader_idle("sink-ctl", None, Some(idle.clone()))?;

@@ -408,9 +408,11 @@ impl SinkSync {
         }
     }
 
-    /// After MetaEnd: digests and block hashes, in parallel; the Have
-    /// answer handed to `send` in batches that fit a CONTROL frame (the
-    /// Unchanged first, then the comparisons); the first error stops it.
+    /// After MetaEnd (a windowed session: after each batch of records):
+    /// digests and block hashes of the files noted since the last call, in
+    /// parallel; the Have answer handed to `send` in batches that fit a
+    /// CONTROL frame (the Unchanged first, then the comparisons); the first
+    /// error stops it.
     pub fn answer<E>(
         &mut self,
         table: &FileTable,
@@ -505,9 +507,14 @@ impl SinkSync {
         Ok(())
     }
 
-    /// The source's verdicts.
+    /// The source's verdicts. A windowed sink may have dropped the slot of
+    /// a file that failed here meanwhile (its Reuse crossed the
+    /// SettledThrough): nothing is left to reuse for it.
     pub fn on_reuse(&mut self, table: &FileTable, v: Vec<Reuse>) -> Result<(), WriteError> {
         for r in v {
+            if table.is_released(r.id) {
+                continue;
+            }
             match r.what {
                 ReuseKind::Keep => {
                     self.kept(r.id);

@@ -74,6 +74,18 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// `later`, an answer for higher ids (a windowed sync's next window),
+    /// after this one.
+    pub fn append(&mut self, later: Answer) {
+        for (first, n) in later.unchanged {
+            match self.unchanged.last_mut() {
+                Some((f, m)) if *f + *m == first => *m += n,
+                _ => self.unchanged.push((first, n)),
+            }
+        }
+        self.other.extend(later.other);
+    }
+
     pub fn extend(&mut self, v: Vec<Have>) {
         for h in v {
             match h.state {
@@ -251,5 +263,40 @@ pub fn restrict(queues: &mut [DeviceQueue], p: &SyncPlan) {
         }
         q.bytes = units.iter().map(|u| u.len()).sum();
         q.units = units;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn have(id: u64, state: HaveState) -> Have {
+        Have { id, state }
+    }
+
+    /// A windowed sync's answers, window after window (issue 36): the
+    /// Unchanged runs join across the windows' border, the rest is kept
+    /// in order, and the whole equals the answer given at once.
+    #[test]
+    fn answers_of_later_windows_append_as_one() {
+        let given = |ids: std::ops::Range<u64>| {
+            let mut a = Answer::default();
+            let v = ids.map(|id| match id % 10 {
+                7 => have(id, HaveState::Digest(id)),
+                _ => have(id, HaveState::Unchanged),
+            });
+            a.extend(v.collect());
+            a
+        };
+        let mut windows = given(0..25);
+        windows.append(given(25..40));
+        windows.append(Answer::default());
+        windows.append(given(40..60));
+        let whole = given(0..60);
+        assert_eq!(windows.unchanged, whole.unchanged);
+        assert_eq!(windows.unchanged[..2], [(0, 7), (8, 9)]);
+        let ids = |a: &Answer| a.other.iter().map(|h| h.id).collect::<Vec<_>>();
+        assert_eq!(ids(&windows), [7, 17, 27, 37, 47, 57]);
+        assert_eq!(ids(&windows), ids(&whole));
     }
 }

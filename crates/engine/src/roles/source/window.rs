@@ -32,8 +32,11 @@ pub(super) type ScanRx = Receiver<ScanMsg>;
 /// step 2). Two batches queue at most: a full window stops the scan, so
 /// neither end holds more than the window. Dropping the receiver ends it.
 pub(super) fn start_scan(s: &SourceSession<'_>) -> Result<ScanRx, EngineError> {
-    let filter = crate::request::filter::Filter::new(&s.opts.select)
+    let mut filter = crate::request::filter::Filter::new(&s.opts.select)
         .map_err(|e| EngineError::local(format!("filter rules: {e}")))?;
+    // A replication batch's listed paths may be gone by now (a sync
+    // without --delete takes windows too; docs/WATCH.md).
+    filter.listed_may_vanish = s.opts.listed_may_vanish;
     let (base, tops) = (s.spec.root.path().to_path_buf(), s.spec.tops.clone());
     // Batches of half a window at most: the window then holds two or more.
     let how = (s.opts.recursive, (s.opts.meta_window.0 / 2).max(1) as usize);
@@ -189,6 +192,13 @@ pub(super) fn first_window(
         };
         on_scan(&mut s.ctl, ahead, m, &s.spec.root.clone())?;
         account(&s.stats, ahead, s.opts.meta_budget)?;
+    }
+    // A tree the first window held whole: the scan's count of set-ID bits
+    // a plain copy drops (the agent's note) is known now; later, when the
+    // payload loop takes the scan's end.
+    if let Some(w) = &ahead.walk {
+        let dropped = &s.stats.setid_dropped;
+        dropped.store(w.setid, std::sync::atomic::Ordering::Relaxed);
     }
     Ok(())
 }

@@ -548,23 +548,31 @@ impl<'s> SinkPipeline<'s> {
     /// windowed session, drop the chunks that settled and say so.
     fn on_settle_tick(&mut self) -> Step {
         let progress = payload::progress(&self.stats);
+        self.release_settled(progress)?;
         let table = &self.table;
-        let mut all_records = true;
-        if let Some(w) = &mut self.window {
-            all_records = w.meta_end;
-            if (progress, w.ready) != w.last && !self.progress.eod {
-                w.last = (progress, w.ready);
-                let below = table.release(w.ready);
-                if below > w.settled {
-                    w.settled = below;
-                    self.ctl.send(&Control::SettledThrough { through: below })?;
-                }
-            }
-        }
+        let all_records = self.window.as_ref().is_none_or(|w| w.meta_end);
         let settled = || all_records && table.all_settled();
         if !self.progress.eod && self.progress.settle.look(progress, settled) {
             self.ctl.send(&Control::Settled)?;
             crate::types::phase::mark("sink_settled_sent");
+        }
+        Ok(())
+    }
+
+    /// A windowed session: drop the chunks that settled since the last
+    /// look (`progress`: files settled by the counters) and tell the
+    /// source how far.
+    fn release_settled(&mut self, progress: u64) -> Step {
+        let Some(w) = &mut self.window else {
+            return Ok(());
+        };
+        if (progress, w.ready) != w.last && !self.progress.eod {
+            w.last = (progress, w.ready);
+            let below = self.table.release(w.ready);
+            if below > w.settled {
+                w.settled = below;
+                self.ctl.send(&Control::SettledThrough { through: below })?;
+            }
         }
         Ok(())
     }
@@ -628,6 +636,11 @@ impl<'s> SinkPipeline<'s> {
                 Ok(())
             }
             Ok(Ok(m)) => {
+                // A Reuse may settle files (kept) without moving the
+                // counters: the next look releases what settled.
+                if let (Control::Reuse(_), Some(w)) = (&m, &mut self.window) {
+                    w.last = (u64::MAX, 0);
+                }
                 payload::on_control(
                     m,
                     self.ctl,
@@ -670,19 +683,30 @@ impl<'s> SinkPipeline<'s> {
     fn on_metadata(&mut self, m: Control) -> Step {
         self.ctl.admit(&m)?;
         if let Control::SyncMode { .. } = m {
-            // The journal (all a windowed copy may ask for) was set from
-            // this end's own options before the table was shared.
+            // The journal or sync was set from this end's own options
+            // before the table was shared (the same flags).
             return Ok(());
         }
         let Some(w) = &mut self.window else {
             return Ok(());
         };
         let root = self.table.root.clone();
-        if w.tree.on_message(m, &root)? {
+        // The records see the session's sync (the loop holds it for the
+        // Reuse verdicts and the journal).
+        w.tree.sync = self.sync.take();
+        let ended = w.tree.on_message(m, &root);
+        self.sync = w.tree.sync.take();
+        if ended? {
             // Data and digests may now be far apart: no idle timeout.
             w.meta_end = true;
             w.idle.store(false, Ordering::Release);
             self.ctl.link.set_read_timeout(None)?;
+        }
+        // A sync's answer for these records, before the Ready that lets
+        // the source plan their reads (docs/PROTOCOL.md "Windows").
+        if let Some(s) = &mut self.sync {
+            let ctl = &mut *self.ctl;
+            s.answer(&self.table, &mut |batch| ctl.send(&Control::Have(batch)))?;
         }
         let through = self.table.publish();
         let stats = &self.stats;
@@ -695,12 +719,16 @@ impl<'s> SinkPipeline<'s> {
         stats
             .setid_dropped
             .store(w.tree.setid_dropped, Ordering::Relaxed);
+        let meta_end = w.meta_end;
         if through > w.ready {
             w.ready = through;
             self.ctl.send(&Control::Ready { through })?;
+            // A sync's unchanged files settled as they were answered: the
+            // source's window moves on with this Ready, not a look later.
+            self.release_settled(payload::progress(&self.stats))?;
         }
         // Every record in, and maybe every file settled already.
-        if w.meta_end {
+        if meta_end {
             self.on_settle_tick()?;
         }
         Ok(())

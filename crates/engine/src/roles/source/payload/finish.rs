@@ -15,8 +15,11 @@ impl Payload<'_> {
         // A windowed session's readers wait for generations until their
         // queues close: closed here, on success and on error alike; the
         // scan's failures are for the report.
-        if let Some(walk) = self.win.take().and_then(|mut w| w.take_walk()) {
-            failures.extend(walk.failures);
+        if let Some(mut w) = self.win.take() {
+            self.facts.unchanged = w.unchanged;
+            if let Some(walk) = w.take_walk() {
+                failures.extend(walk.failures);
+            }
         }
         // Senders must see their queue close, on success and on error alike.
         self.resends.tx = None;
@@ -62,7 +65,7 @@ impl Payload<'_> {
                 stages: a.grower.stages.clone(),
                 stopped: a.grower.stopped.clone(),
             }),
-            unchanged: f.plan.as_ref().map_or(0, |p| p.unchanged),
+            unchanged: f.plan.as_ref().map_or(f.unchanged, |p| p.unchanged),
             deleted: std::mem::take(&mut f.deleted),
             planned,
         }

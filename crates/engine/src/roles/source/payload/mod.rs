@@ -196,6 +196,8 @@ struct Facts {
     path: SendPath,
     read_storage: Arc<StorageCfg>,
     plan: Option<SyncPlan>,
+    /// A windowed sync's unchanged files (its plans are per window).
+    unchanged: u64,
     entries: Vec<Entry>,
     local_failed: Vec<FailedPath>,
     deleted: Vec<String>,
@@ -217,6 +219,7 @@ impl Facts {
             path,
             read_storage,
             plan,
+            unchanged: 0,
             entries,
             local_failed: Vec::new(),
             deleted: Vec::new(),
@@ -365,9 +368,12 @@ impl<'s> Payload<'s> {
                 (jobs, rdone, None)
             }
             (None, Some((scan, ahead))) => {
-                let budget = opts.meta_budget;
+                let how = (
+                    opts.meta_budget,
+                    opts.sync & crate::request::sync::COMPARE != 0,
+                );
                 let (jobs, rdone, win) =
-                    SrcWindow::spawn(&mut readers, template, (scan, ahead), budget);
+                    SrcWindow::spawn(&mut readers, template, (scan, ahead), how);
                 (jobs, rdone, Some(win))
             }
             (None, None) => unreachable!("whole or windowed"),
@@ -839,6 +845,7 @@ impl<'s> Payload<'s> {
                     pipeline::on_resend(&v, tx, rr, &self.pool, &self.stats, self.ctl)?;
                 }
             }
+            Control::Have(v) => self.on_have(v),
             Control::Ready { through } => self.on_ready(through)?,
             Control::SettledThrough { through } => self.on_settled_through(through),
             Control::StreamAdded { stream, credits } => self.on_stream_added(stream, credits),

@@ -5,6 +5,7 @@
 //! files the sink settled are dropped a generation at a time.
 
 use super::*;
+use crate::roles::source::sync_plan::{self, Answer};
 use crate::roles::source::window::{account, on_scan, Ahead, ScanMsg, ScanRx};
 
 /// What every generation's readers share, and how its queues are made.
@@ -75,6 +76,15 @@ pub(in crate::roles::source) struct SrcWindow {
     budget: u64,
     /// When the last keepalive went out.
     said: std::time::Instant,
+    /// A sync (docs/PROTOCOL.md "Windows"): the sink answers each window
+    /// with Have records right before its Ready.
+    compare: bool,
+    /// Have records of the window the sink is readying now.
+    answer: Answer,
+    /// Have records of the windows it readied, for the next generation.
+    readied: Answer,
+    /// Files found unchanged so far (the report's count).
+    pub unchanged: u64,
 }
 
 impl SrcWindow {
@@ -84,7 +94,7 @@ impl SrcWindow {
         readers: &mut Reservation,
         template: Template,
         (scan, ahead): (ScanRx, Ahead),
-        budget: u64,
+        (budget, compare): (u64, bool),
     ) -> (Vec<JobHandle>, Receiver<()>, SrcWindow) {
         let (rdone_tx, rdone_rx) = unbounded::<()>();
         let (gd_tx, gd_rx) = unbounded::<()>();
@@ -115,6 +125,10 @@ impl SrcWindow {
             template: Some(template),
             budget,
             said: std::time::Instant::now(),
+            compare,
+            answer: Answer::default(),
+            readied: Answer::default(),
+            unchanged: 0,
         };
         (jobs, rdone_rx, win)
     }
@@ -182,12 +196,22 @@ impl Payload<'_> {
         self.ctl.send(&Control::Entries(Vec::new()))
     }
 
+    /// A sync's Have records, for the window the sink readies next
+    /// (SourceMachine: none outside it).
+    pub(super) fn on_have(&mut self, v: Vec<ramsys_proto::control::Have>) {
+        if let Some(w) = self.win.as_mut().filter(|w| w.compare) {
+            w.answer.extend(v);
+        }
+    }
+
     /// The sink has slots for every id below `through`: those files are
-    /// the next generation's.
+    /// the next generation's, with the answer the sink gave for them.
     pub(super) fn on_ready(&mut self, through: u64) -> Result<(), EngineError> {
         if let Some(w) = &mut self.win {
             let files = w.ahead.ready(through);
             w.ready.extend(files);
+            let answer = std::mem::take(&mut w.answer);
+            w.readied.append(answer);
         }
         self.next_generation()
     }
@@ -231,10 +255,27 @@ impl Payload<'_> {
             return Ok(());
         };
         let files = Arc::new(std::mem::take(&mut w.ready));
+        // A sync: our side of the sink's comparisons for these files
+        // (sync_plan), what it may reuse told before any of their data.
+        let mut plan = None;
+        if w.compare {
+            let answer = std::mem::take(&mut w.readied);
+            let max_run = crate::request::tasks::stripe_chunk(t.block_size as u64);
+            let p = sync_plan::plan(&t.root, &files, answer, false, max_run);
+            w.unchanged += p.unchanged;
+            for chunk in p.reuse.chunks(16_384) {
+                self.ctl.send(&Control::Reuse(chunk.to_vec()))?;
+            }
+            plan = Some(p);
+        }
         let root = &t.root;
-        let queues = plan_source(root, &files, &t.plan, t.engine, &|_| false);
-        report_nothing_to_read(&files, None, &t.events);
-        let state = file_states(&files, None);
+        let skip = |i: usize| plan.as_ref().is_some_and(|p| p.skipped(i));
+        let mut queues = plan_source(root, &files, &t.plan, t.engine, &skip);
+        if let Some(p) = &plan {
+            sync_plan::restrict(&mut queues, p);
+        }
+        report_nothing_to_read(&files, plan.as_ref(), &t.events);
+        let state = file_states(&files, plan.as_ref());
         self.live.push(files.clone());
         let ctx = Arc::new(t.ctx(files, state, Arc::new(queues), w.gens.len()));
         for g in &w.gens {
