@@ -226,24 +226,27 @@ fn a_delete_sync_keeps_the_whole_tree_phases() {
 
 /// A windowed sync adds no round trip where a windowed copy adds none
 /// (metadata.rs `windows_add_no_round_trip_on_a_slow_link`: while a
-/// window's batch of data outlasts two round trips): 2,000 files, nine in
+/// window's batch of data outlasts two round trips): 4,000 files, nine in
 /// ten rewritten at their size (a block delta each), in windows of 400 ids
 /// over links that each take `D` each way; the answers travel with each
-/// window's Ready, so the windowed sync stays within 4 round trips of the
-/// whole-tree one. (With half the files changed a batch moves in ~1.3
+/// window's Ready, so the windowed sync stays within 6 round trips of the
+/// whole-tree one, where waiting windows would add ~20. (With half the files changed a batch moves in ~1.3
 /// round trips, and each window then waits for the sink's SettledThrough,
 /// as a copy's would.) Best of three runs each: the machine may be busy
 /// (the answers' hashing at both ends adds CPU per window).
 #[test]
 fn a_windowed_sync_adds_no_round_trip_on_a_slow_link() {
     use ramsys_engine::transport::mem::Fault;
-    const D: std::time::Duration = std::time::Duration::from_millis(4);
+    // 10 ms: what a window costs besides round trips (its answers'
+    // hashing, a generation's planning and drain: 1-7 ms a window here)
+    // stays well inside the bound, while a waiting window costs ~40 ms.
+    const D: std::time::Duration = std::time::Duration::from_millis(10);
     let t = tmp();
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
-    files(&src, 2000, 1 << 10, 5);
+    files(&src, 4000, 1 << 10, 5);
     let old = t.path().join("old");
     mirror(&src, &old);
-    for i in (0..2000).filter(|i| i % 10 != 0) {
+    for i in (0..4000).filter(|i| i % 10 != 0) {
         let p = src.join(format!("d{}/f{i}", i % 7));
         let len = std::fs::metadata(&p).unwrap().len() as usize;
         file(&p, len.max(1), 1000 + i as u64);
@@ -263,20 +266,20 @@ fn a_windowed_sync_adds_no_round_trip_on_a_slow_link() {
         }
         let o = p.run();
         let (_, k) = o.reports();
-        assert_eq!((k.files, k.unchanged), (1800, 200));
+        assert_eq!((k.files, k.unchanged), (3600, 400));
         let readies = o
             .control(SINK)
             .iter()
             .filter(|r| r.name() == "Ready")
             .count();
-        assert_eq!(readies >= 5, windows, "{readies} Ready messages");
+        assert_eq!(readies >= 10, windows, "{readies} Ready messages");
         same_tree(&src, &dst.join("src"));
         o.elapsed
     };
     let whole = (run(false, "w1").min(run(false, "w2"))).min(run(false, "w3"));
     let windowed = (run(true, "n1").min(run(true, "n2"))).min(run(true, "n3"));
     assert!(
-        windowed <= whole + 4 * 2 * D,
+        windowed <= whole + 6 * 2 * D,
         "windowed {windowed:?}, whole tree {whole:?}"
     );
 }
