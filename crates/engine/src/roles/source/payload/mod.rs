@@ -122,6 +122,65 @@ enum Begin {
     Windowed(super::window::ScanRx, super::window::Ahead),
 }
 
+/// What the readers read: the whole walk's queues, or the windows yet to
+/// come (planned one generation at a time).
+enum Reads {
+    Whole(Arc<Vec<DeviceQueue>>),
+    Windowed(super::window::ScanRx, super::window::Ahead),
+}
+
+/// The session's file list as the payload starts (empty when windowed:
+/// the windows bring theirs), and what its readers read.
+struct Listed {
+    files: Arc<Vec<SourceFile>>,
+    live: LiveFiles,
+    reads: Reads,
+    plan: Option<SyncPlan>,
+    entries: Vec<Entry>,
+}
+
+/// The file list published (the local bridge opens files by id from it)
+/// and the readers sized: from the whole tree's queues, or from the first
+/// window's files.
+fn listed(
+    s: &SourceSession<'_>,
+    what: Begin,
+    block_size: usize,
+    readers: &mut Reservation,
+) -> Listed {
+    let (opts, root) = (s.opts, &s.spec.root);
+    match what {
+        Begin::Whole(w, entries, plan) => {
+            let (files, live) = publish(opts, &s.stats, root, w);
+            let queues = queues(root, &files, opts, block_size, plan.as_ref());
+            more_readers_if_cached(s, &queues, readers);
+            let reads = Reads::Whole(queues);
+            Listed {
+                files,
+                live,
+                reads,
+                plan,
+                entries,
+            }
+        }
+        Begin::Windowed(scan, mut ahead) => {
+            let first = ahead.pending.make_contiguous();
+            more_readers_if_first_window_cached(s, first, block_size, readers);
+            let live = LiveFiles::default();
+            if let Some(bridge) = &opts.local_copy {
+                bridge.publish(root.clone(), live.clone());
+            }
+            Listed {
+                files: Arc::default(),
+                live,
+                reads: Reads::Windowed(scan, ahead),
+                plan: None,
+                entries: Vec::new(),
+            }
+        }
+    }
+}
+
 /// The data links' sending ends: who sends on them and how they end.
 struct SenderSet {
     make: SenderFactory,
@@ -291,30 +350,13 @@ impl<'s> Payload<'s> {
             mut senders,
             mut readers,
         } = threads;
-        let (files, live, queues, plan, entries, windowed) = match what {
-            Begin::Whole(w, entries, plan) => {
-                let (files, live) = publish(opts, &stats, &root, w);
-                let queues = queues(&root, &files, opts, c.block_size, plan.as_ref());
-                more_readers_if_cached(s, &queues, &mut readers);
-                (files, live, Some(queues), plan, entries, None)
-            }
-            Begin::Windowed(scan, mut ahead) => {
-                let first = ahead.pending.make_contiguous();
-                more_readers_if_first_window_cached(s, first, c.block_size, &mut readers);
-                let live = LiveFiles::default();
-                if let Some(bridge) = &opts.local_copy {
-                    bridge.publish(root.clone(), live.clone());
-                }
-                (
-                    Arc::default(),
-                    live,
-                    None,
-                    None,
-                    Vec::new(),
-                    Some((scan, ahead)),
-                )
-            }
-        };
+        let Listed {
+            files,
+            live,
+            reads,
+            plan,
+            entries,
+        } = listed(s, what, c.block_size, &mut readers);
         let nread = readers.len();
         let share = take_share(res, c.streams, nread)?;
         let pool = share.pool().clone();
@@ -359,24 +401,21 @@ impl<'s> Payload<'s> {
             engine: opts.source_engine,
         };
         let read_storage = template.storage.clone();
-        let (mut jobs, rdone_rx, win) = match (queues, windowed) {
-            (Some(queues), _) => {
+        let (mut jobs, rdone_rx, win) = match reads {
+            Reads::Whole(queues) => {
                 report_nothing_to_read(&files, plan.as_ref(), &rev_tx);
                 let state = file_states(&files, plan.as_ref());
                 let ctx = template.ctx(files.clone(), state, queues, nread);
                 let (jobs, rdone) = spawn_readers(&mut readers, ctx);
                 (jobs, rdone, None)
             }
-            (None, Some((scan, ahead))) => {
-                let how = (
-                    opts.meta_budget,
-                    opts.sync & crate::request::sync::COMPARE != 0,
-                );
+            Reads::Windowed(scan, ahead) => {
+                let compare = opts.sync & crate::request::sync::COMPARE != 0;
+                let how = (opts.meta_budget, compare);
                 let (jobs, rdone, win) =
                     SrcWindow::spawn(&mut readers, template, (scan, ahead), how);
                 (jobs, rdone, Some(win))
             }
-            (None, None) => unreachable!("whole or windowed"),
         };
         let make = sender_factory(keys, &filled_rx, &pool, &abort, &stats, &sdone_tx, &inline);
         let closers = spawn_senders(&make, data_links, &mut senders, &mut jobs);
