@@ -395,13 +395,19 @@ impl Pending {
     }
 
     /// Forget the pending changes at (and, for a directory, below) `path`,
-    /// in the set and in the batch in flight.
-    fn forget(&mut self, path: &[u8], dir: bool) {
-        let mut gone = if dir {
-            !take_under(&mut self.dirty, path).is_empty()
+    /// in the set and in the batch in flight. True when a batch may have
+    /// put at DST, at or below `path`, an entry SRC made there after the
+    /// event that calls this (docs/WATCH.md "Deletes behind a batch"): the
+    /// batch in flight or a recent one read a path there, or a mirror is
+    /// marked there.
+    fn forget(&mut self, path: &[u8], dir: bool) -> bool {
+        let taken = if dir {
+            take_under(&mut self.dirty, path)
         } else {
-            self.dirty.remove(path).is_some()
+            self.dirty.remove_entry(path).into_iter().collect()
         };
+        let mut gone = !taken.is_empty();
+        let mut read = taken.iter().any(|(_, d)| d.kind == Kind::Mirror);
         if dir {
             take_under(&mut self.gone, path);
         } else {
@@ -409,20 +415,22 @@ impl Pending {
         }
         // The batch in flight's paths are in the journal too.
         if let Some(f) = &mut self.inflight {
-            gone |= if dir {
+            let had = if dir {
                 !take_under(&mut f.files, path).is_empty()
             } else {
                 f.files.remove(path).is_some()
             };
+            gone |= had;
+            read |= had;
         }
         // The recent batches' are not (they count as in flight for
         // renames only).
         for r in &mut self.recent {
-            if dir {
-                take_under(&mut r.files, path);
+            read |= if dir {
+                !take_under(&mut r.files, path).is_empty()
             } else {
-                r.files.remove(path);
-            }
+                r.files.remove(path).is_some()
+            };
         }
         if gone {
             self.log.push(LogRec::Unmark {
@@ -430,6 +438,7 @@ impl Pending {
                 tree: dir,
             });
         }
+        read
     }
 
     fn push_op(&mut self, op: Op, now: Instant) {
@@ -447,10 +456,25 @@ impl Pending {
     }
 
     fn delete(&mut self, path: Vec<u8>, dir: bool, now: Instant) {
-        self.forget(&path, dir);
+        let read = self.forget(&path, dir);
         // The parent's mtime moved; sync sets it at DST in both modes.
         let p = parent(&path).to_vec();
         if self.cfg.mirror {
+            if read {
+                // A batch read `path` (or below it) before this event
+                // came, perhaps after the delete: DST may hold there what
+                // SRC made at the name since, of either kind, which a
+                // later rename of a parent would carry away unmarked, or
+                // which (another kind) the delete would leave. DST's entry
+                // goes whatever its kind: what SRC has there now came
+                // after this event, whose own events mark it again
+                // (docs/WATCH.md "Deletes behind a batch").
+                let other = Op::Delete {
+                    path: path.clone(),
+                    dir: !dir,
+                };
+                self.push_op(other, now);
+            }
             self.push_op(Op::Delete { path, dir }, now);
         }
         self.dir_meta(&p, now);

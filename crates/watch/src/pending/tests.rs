@@ -109,6 +109,9 @@ enum Step {
     Write(usize),
     Close(usize),
     Rename(usize, usize),
+    /// `mv a b; mkdir a` (or a new file at `a`): something new at the old
+    /// name right after a rename.
+    Replace(usize, usize),
     Delete(usize),
     Take,
     /// 0 delivered, 1 failed before its ops, 2 ops arrived, data failed.
@@ -233,6 +236,19 @@ impl World {
                 }
             }
             Step::Rename(a, b) => self.rename(name(a), name(b)),
+            Step::Replace(a, b) => {
+                let old = self.src.get(&name(a)).cloned();
+                self.rename(name(a), name(b));
+                if let (Some(n), false) = (old, self.src.contains_key(&name(a))) {
+                    let dir = n == Node::Dir;
+                    let again = if dir {
+                        Step::Mkdir(*a)
+                    } else {
+                        Step::Create(*a)
+                    };
+                    self.run(&again);
+                }
+            }
             Step::Delete(i) => self.delete(name(i)),
             Step::Take => {
                 if self.inflight.is_none() {
@@ -596,6 +612,67 @@ fn a_file_read_where_a_directory_now_is_comes_back_as_a_mirror() {
     let b = w.inflight.as_ref().unwrap();
     assert_eq!(b.files, vec![(b"b/x".to_vec(), Kind::File)]);
     w.run(&Step::Deliver(0));
+    assert_eq!(w.dst.get(b"b/x".as_slice()), Some(&Node::Dir));
+    w.settle();
+    assert_eq!(w.dst, w.src);
+    assert_eq!(w.p.depth(), 0);
+}
+
+/// The late-events property test's `Step::Replace` found it (docs/WATCH.md
+/// "Deletes behind a batch"): b/x waits as a file; rm b/x; mv b c; mkdir
+/// b; mv c b/x; mkdir c. The next batch lists b/x and puts the directory it
+/// finds there at DST's b/x; then the late events come: the delete of the
+/// file b/x must not leave that directory for the rename b -> c to carry
+/// onto c/x, where SRC has nothing.
+#[test]
+fn a_name_deleted_behind_a_batch_that_read_it_is_not_carried_by_a_rename() {
+    let mut w = World::new(true);
+    w.late = true;
+    let steps = [
+        Step::Create(6),
+        Step::Mkdir(1),
+        Step::Rename(6, 4),
+        Step::Events,
+        Step::Take,
+        Step::Deliver(0),
+        Step::Delete(4),
+        Step::Replace(1, 6),
+        Step::Replace(6, 4),
+        Step::Take,
+    ];
+    for s in &steps {
+        w.run(s);
+    }
+    let b = w.inflight.as_ref().unwrap();
+    assert_eq!(b.files, vec![(b"b/x".to_vec(), Kind::File)]);
+    w.run(&Step::Deliver(0));
+    assert_eq!(w.dst.get(b"b/x".as_slice()), Some(&Node::Dir));
+    w.settle();
+    assert_eq!(w.dst, w.src);
+    assert_eq!(w.p.depth(), 0);
+}
+
+/// The same with the events at once, while the batch that lists b/x is in
+/// flight: rm b/x; mv b c; mkdir -p b/x, then the batch reads b/x.
+#[test]
+fn a_name_deleted_while_its_batch_is_in_flight_is_not_carried_by_a_rename() {
+    let mut w = World::new(true);
+    w.run(&Step::Mkdir(1));
+    w.settle();
+    for s in [Step::Create(4), Step::Close(4), Step::Take] {
+        w.run(&s);
+    }
+    let b = w.inflight.as_ref().unwrap();
+    assert_eq!(b.files, vec![(b"b/x".to_vec(), Kind::File)]);
+    for s in [
+        Step::Delete(4),
+        Step::Rename(1, 6),
+        Step::Mkdir(1),
+        Step::Mkdir(4),
+        Step::Deliver(0),
+    ] {
+        w.run(&s);
+    }
     assert_eq!(w.dst.get(b"b/x".as_slice()), Some(&Node::Dir));
     w.settle();
     assert_eq!(w.dst, w.src);
