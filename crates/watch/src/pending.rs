@@ -42,7 +42,8 @@ pub enum Kind {
     /// else below it at DST: a renamed path a batch read, which may have
     /// reached DST holding what the source made at its old name after the
     /// rename (the batch reads the source when it sends): extra entries,
-    /// or a directory where SRC has a file.
+    /// or a directory where SRC has a file; or a file a batch with
+    /// --delete held out, whatever DST has at its name.
     Mirror = 3,
 }
 
@@ -500,6 +501,12 @@ impl Pending {
         // Sent after the rename op, one that was the old `to`'s costs a
         // quick check (or is found gone).
         self.gone.retain(|p, _| !under(p, &to));
+        // A mirror marked at `from`: DST may hold there an entry of the
+        // other kind (docs/WATCH.md "Files held out of a mirror"), which
+        // the rename (of the kind named only) would leave behind.
+        let mirror = |d: &Dirty| d.kind == Kind::Mirror;
+        let other = self.dirty.get(&from).is_some_and(mirror)
+            || (self.inflight.as_ref()).is_some_and(|f| f.files.get(&from).is_some_and(mirror));
         // The batches that ended before this event came count as in flight
         // here (docs/WATCH.md "Renames behind a batch"): they may have read
         // after the rename, as the one in flight may.
@@ -557,6 +564,13 @@ impl Pending {
             self.mark(moved(&p, &from, &to), kind, now, now, 0);
         }
         let (pf, pt) = (parent(&from).to_vec(), parent(&to).to_vec());
+        if other {
+            let op = Op::Delete {
+                path: from.clone(),
+                dir: !dir,
+            };
+            self.push_op(op, now);
+        }
         if self.unsure(&from) {
             // The batch in flight (or a recent one) reads a tree holding
             // `from` (or all of it, a full scan) when it sends, or did
@@ -683,6 +697,21 @@ impl Pending {
             f.ops_done = true;
         }
         b.hold = self.held(&b, now);
+        if self.cfg.mirror && (b.full || b.files.iter().any(|(_, k)| *k == Kind::Mirror)) {
+            // The batch runs with --delete, which leaves what it holds
+            // out: DST keeps whatever is at those names, perhaps a
+            // directory a rename carried there. Sent as mirrors, the files
+            // make way for it (docs/WATCH.md "Files held out of a mirror").
+            for p in &b.hold {
+                if let Some(d) = self.dirty.get_mut(p) {
+                    d.kind = Kind::Mirror;
+                    self.log.push(LogRec::Mark {
+                        path: p.clone(),
+                        kind: Kind::Mirror,
+                    });
+                }
+            }
+        }
         self.inflight = Some(f);
         (Some(b), next)
     }
@@ -710,7 +739,13 @@ impl Pending {
         };
         self.dirty
             .iter()
-            .filter(|(p, d)| d.kind == Kind::File && d.ready_at > now && (b.full || inside(p)))
+            // A mirror not ready is such a file too (it was held before,
+            // or a renamed file of a batch written again).
+            .filter(|(p, d)| {
+                matches!(d.kind, Kind::File | Kind::Mirror)
+                    && d.ready_at > now
+                    && (b.full || inside(p))
+            })
             .map(|(p, _)| p.clone())
             .take(MAX_HOLD)
             .collect()
