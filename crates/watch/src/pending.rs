@@ -42,7 +42,8 @@ pub enum Kind {
     /// else below it at DST: a renamed path a batch read, which may have
     /// reached DST holding what the source made at its old name after the
     /// rename (the batch reads the source when it sends): extra entries,
-    /// or a directory where SRC has a file.
+    /// or a directory where SRC has a file; or a file a batch with
+    /// --delete held out, whatever DST has at its name.
     Mirror = 3,
 }
 
@@ -395,13 +396,19 @@ impl Pending {
     }
 
     /// Forget the pending changes at (and, for a directory, below) `path`,
-    /// in the set and in the batch in flight.
-    fn forget(&mut self, path: &[u8], dir: bool) {
-        let mut gone = if dir {
-            !take_under(&mut self.dirty, path).is_empty()
+    /// in the set and in the batch in flight. True when a batch may have
+    /// put at DST, at or below `path`, an entry SRC made there after the
+    /// event that calls this (docs/WATCH.md "Deletes behind a batch"): the
+    /// batch in flight or a recent one read a path there, or a mirror is
+    /// marked there.
+    fn forget(&mut self, path: &[u8], dir: bool) -> bool {
+        let taken = if dir {
+            take_under(&mut self.dirty, path)
         } else {
-            self.dirty.remove(path).is_some()
+            self.dirty.remove_entry(path).into_iter().collect()
         };
+        let mut gone = !taken.is_empty();
+        let mut read = taken.iter().any(|(_, d)| d.kind == Kind::Mirror);
         if dir {
             take_under(&mut self.gone, path);
         } else {
@@ -409,20 +416,22 @@ impl Pending {
         }
         // The batch in flight's paths are in the journal too.
         if let Some(f) = &mut self.inflight {
-            gone |= if dir {
+            let had = if dir {
                 !take_under(&mut f.files, path).is_empty()
             } else {
                 f.files.remove(path).is_some()
             };
+            gone |= had;
+            read |= had;
         }
         // The recent batches' are not (they count as in flight for
         // renames only).
         for r in &mut self.recent {
-            if dir {
-                take_under(&mut r.files, path);
+            read |= if dir {
+                !take_under(&mut r.files, path).is_empty()
             } else {
-                r.files.remove(path);
-            }
+                r.files.remove(path).is_some()
+            };
         }
         if gone {
             self.log.push(LogRec::Unmark {
@@ -430,6 +439,7 @@ impl Pending {
                 tree: dir,
             });
         }
+        read
     }
 
     fn push_op(&mut self, op: Op, now: Instant) {
@@ -447,10 +457,25 @@ impl Pending {
     }
 
     fn delete(&mut self, path: Vec<u8>, dir: bool, now: Instant) {
-        self.forget(&path, dir);
+        let read = self.forget(&path, dir);
         // The parent's mtime moved; sync sets it at DST in both modes.
         let p = parent(&path).to_vec();
         if self.cfg.mirror {
+            if read {
+                // A batch read `path` (or below it) before this event
+                // came, perhaps after the delete: DST may hold there what
+                // SRC made at the name since, of either kind, which a
+                // later rename of a parent would carry away unmarked, or
+                // which (another kind) the delete would leave. DST's entry
+                // goes whatever its kind: what SRC has there now came
+                // after this event, whose own events mark it again
+                // (docs/WATCH.md "Deletes behind a batch").
+                let other = Op::Delete {
+                    path: path.clone(),
+                    dir: !dir,
+                };
+                self.push_op(other, now);
+            }
             self.push_op(Op::Delete { path, dir }, now);
         }
         self.dir_meta(&p, now);
@@ -476,6 +501,12 @@ impl Pending {
         // Sent after the rename op, one that was the old `to`'s costs a
         // quick check (or is found gone).
         self.gone.retain(|p, _| !under(p, &to));
+        // A mirror marked at `from`: DST may hold there an entry of the
+        // other kind (docs/WATCH.md "Files held out of a mirror"), which
+        // the rename (of the kind named only) would leave behind.
+        let mirror = |d: &Dirty| d.kind == Kind::Mirror;
+        let other = self.dirty.get(&from).is_some_and(mirror)
+            || (self.inflight.as_ref()).is_some_and(|f| f.files.get(&from).is_some_and(mirror));
         // The batches that ended before this event came count as in flight
         // here (docs/WATCH.md "Renames behind a batch"): they may have read
         // after the rename, as the one in flight may.
@@ -533,6 +564,13 @@ impl Pending {
             self.mark(moved(&p, &from, &to), kind, now, now, 0);
         }
         let (pf, pt) = (parent(&from).to_vec(), parent(&to).to_vec());
+        if other {
+            let op = Op::Delete {
+                path: from.clone(),
+                dir: !dir,
+            };
+            self.push_op(op, now);
+        }
         if self.unsure(&from) {
             // The batch in flight (or a recent one) reads a tree holding
             // `from` (or all of it, a full scan) when it sends, or did
@@ -659,6 +697,21 @@ impl Pending {
             f.ops_done = true;
         }
         b.hold = self.held(&b, now);
+        if self.cfg.mirror && (b.full || b.files.iter().any(|(_, k)| *k == Kind::Mirror)) {
+            // The batch runs with --delete, which leaves what it holds
+            // out: DST keeps whatever is at those names, perhaps a
+            // directory a rename carried there. Sent as mirrors, the files
+            // make way for it (docs/WATCH.md "Files held out of a mirror").
+            for p in &b.hold {
+                if let Some(d) = self.dirty.get_mut(p) {
+                    d.kind = Kind::Mirror;
+                    self.log.push(LogRec::Mark {
+                        path: p.clone(),
+                        kind: Kind::Mirror,
+                    });
+                }
+            }
+        }
         self.inflight = Some(f);
         (Some(b), next)
     }
@@ -686,7 +739,13 @@ impl Pending {
         };
         self.dirty
             .iter()
-            .filter(|(p, d)| d.kind == Kind::File && d.ready_at > now && (b.full || inside(p)))
+            // A mirror not ready is such a file too (it was held before,
+            // or a renamed file of a batch written again).
+            .filter(|(p, d)| {
+                matches!(d.kind, Kind::File | Kind::Mirror)
+                    && d.ready_at > now
+                    && (b.full || inside(p))
+            })
             .map(|(p, _)| p.clone())
             .take(MAX_HOLD)
             .collect()
