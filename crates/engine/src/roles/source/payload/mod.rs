@@ -126,7 +126,7 @@ enum Begin {
 /// come (planned one generation at a time).
 enum Reads {
     Whole(Arc<Vec<DeviceQueue>>),
-    Windowed(super::window::ScanRx, super::window::Ahead),
+    Windowed(super::window::ScanRx, Box<super::window::Ahead>),
 }
 
 /// The session's file list as the payload starts (empty when windowed:
@@ -173,7 +173,7 @@ fn listed(
             Listed {
                 files: Arc::default(),
                 live,
-                reads: Reads::Windowed(scan, ahead),
+                reads: Reads::Windowed(scan, Box::new(ahead)),
                 plan: None,
                 entries: Vec::new(),
             }
@@ -413,7 +413,7 @@ impl<'s> Payload<'s> {
                 let compare = opts.sync & crate::request::sync::COMPARE != 0;
                 let how = (opts.meta_budget, compare);
                 let (jobs, rdone, win) =
-                    SrcWindow::spawn(&mut readers, template, (scan, ahead), how);
+                    SrcWindow::spawn(&mut readers, template, (scan, *ahead), how);
                 (jobs, rdone, Some(win))
             }
         };
