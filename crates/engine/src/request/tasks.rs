@@ -100,17 +100,7 @@ pub fn plan_probed(
     skip: &dyn Fn(usize) -> bool,
     cached: &dyn Fn(&[u32]) -> bool,
 ) -> Vec<DeviceQueue> {
-    // Group file indices by device, in scan order.
-    let mut groups: Vec<(u64, Vec<u32>)> = Vec::new();
-    for (i, f) in files.iter().enumerate() {
-        if f.is_empty() || skip(i) {
-            continue;
-        }
-        match groups.iter_mut().find(|g| g.0 == f.dev) {
-            Some(g) => g.1.push(i as u32),
-            None => groups.push((f.dev, vec![i as u32])),
-        }
-    }
+    let groups = by_device(files, skip);
     let mut queues = Vec::with_capacity(groups.len());
     for (dev, mut idx) in groups {
         let mut kind = kind_of(&files[idx[0] as usize]);
@@ -212,6 +202,22 @@ pub fn plan_source(
     )
 }
 
+/// The indices of `files` with data (and not `skip`ped), grouped by
+/// device, each group in scan order.
+fn by_device(files: &[SourceFile], skip: &dyn Fn(usize) -> bool) -> Vec<(u64, Vec<u32>)> {
+    let mut groups: Vec<(u64, Vec<u32>)> = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        if f.is_empty() || skip(i) {
+            continue;
+        }
+        match groups.iter_mut().find(|g| g.0 == f.dev) {
+            Some(g) => g.1.push(i as u32),
+            None => groups.push((f.dev, vec![i as u32])),
+        }
+    }
+    groups
+}
+
 /// The reader threads that `files`' cached queues would have (the sum of
 /// [`DeviceQueue::threads`] over the queues [`plan_source`] marks
 /// `cached`), found without planning: no FIEMAP, a sample of each
@@ -227,16 +233,7 @@ pub fn cached_threads(
     if engine == crate::storage::DataEngine::Null {
         return 0;
     }
-    let mut groups: Vec<(u64, Vec<u32>)> = Vec::new();
-    for (i, f) in files.iter().enumerate() {
-        if f.is_empty() {
-            continue;
-        }
-        match groups.iter_mut().find(|g| g.0 == f.dev) {
-            Some(g) => g.1.push(i as u32),
-            None => groups.push((f.dev, vec![i as u32])),
-        }
-    }
+    let groups = by_device(files, &|_| false);
     let kind_of = |f: &SourceFile| {
         let p = root.path().join(std::ffi::OsStr::from_bytes(&f.rel));
         crate::storage::device::device_kind(f.dev, &p)
