@@ -3,7 +3,9 @@
 //! after the idle timeout (on a simulated clock) and replaced; and one it
 //! does not: a cut control link ends both sessions cleanly.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ramsys_engine::transport::clock::Clock;
@@ -64,34 +66,52 @@ fn latency_on_every_link_costs_round_trips_not_correctness() {
     same_tree(&src, &dst.join("src"));
 }
 
-/// data0.0 stops delivering after 40 KB. Once its bytes pile up, the
-/// simulated clock jumps past the idle timeout: the sink gives the link
-/// up, the source rejoins and the copy completes, in far less real time
-/// than the timeout.
+/// Both data links stop delivering after 40 KB (1.3 MB to move, so at
+/// least one of them gets there, whichever way the source spreads its
+/// blocks). Once a link's bytes pile up past its stall, the simulated
+/// clock jumps past the idle timeout: the sink gives the link up, the
+/// source rejoins and the copy completes, in far less real time than the
+/// timeout. The clock thread also ends when the run does, so a run that
+/// never reached a stall fails on its assertions instead of hanging.
 #[test]
 fn a_stalled_link_is_given_up_after_the_idle_timeout_and_replaced() {
     let (_t, src, dst) = setup(13);
     let clock = Clock::simulated();
     let p = Pair::with_clock(&src, &dst, clock.clone());
     const AT: u64 = 40_000;
-    p.net.fault("data0.0", SOURCE, Fault::StallAfter(AT));
+    const LINKS: [&str; 2] = ["data0.0", "data1.0"];
+    for link in LINKS {
+        p.net.fault(link, SOURCE, Fault::StallAfter(AT));
+    }
     let net = p.net.clone();
+    let done = Arc::new(AtomicBool::new(false));
+    let ended = done.clone();
     let jump = std::thread::spawn(move || {
-        // The stall holds: bytes written past it, none read.
-        while !net
-            .offsets("data0.0", SOURCE)
-            .is_some_and(|(w, r)| r == AT && w > AT)
-        {
+        let mut jumped = [false; 2];
+        while !ended.load(Relaxed) {
+            for (i, link) in LINKS.iter().enumerate() {
+                // The stall holds: bytes written past it, none read.
+                let stalled = net
+                    .offsets(link, SOURCE)
+                    .is_some_and(|(w, r)| r == AT && w > AT);
+                if stalled && !jumped[i] {
+                    jumped[i] = true;
+                    std::thread::sleep(Duration::from_millis(20));
+                    clock.advance(Duration::from_secs(11));
+                }
+            }
             std::thread::sleep(Duration::from_millis(1));
         }
-        std::thread::sleep(Duration::from_millis(20));
-        clock.advance(Duration::from_secs(11));
+        jumped
     });
     let o = p.run();
-    jump.join().unwrap();
+    done.store(true, Relaxed);
+    let jumped = jump.join().unwrap();
+    assert!(jumped.contains(&true), "no data link reached its stall");
     o.reports();
     assert!(p.sink.stats.links_lost.load(Relaxed) >= 1);
-    assert!(o.transcript.iter().any(|r| r.link == "data0.1"));
+    let replaced = |link: &str| o.transcript.iter().any(|r| r.link == link);
+    assert!(replaced("data0.1") || replaced("data1.1"));
     assert!(o.elapsed < Duration::from_secs(5), "{:?}", o.elapsed);
     same_tree(&src, &dst.join("src"));
 }

@@ -94,7 +94,8 @@ fn a_windowed_tree_travels_in_the_same_flight() {
 /// Ready, then the SettledThrough that makes room) would add about two
 /// round trips per window, 10 here (windows of 200, half a batch's worth,
 /// do stall: ~+110 ms); the windowed copy stays within 4 round trips of
-/// the whole-tree one. Best of two runs each: the machine may be busy.
+/// the whole-tree one (and a tenth: the windows' own CPU, which a busy
+/// machine stretches). Best of three interleaved runs each.
 #[test]
 fn windows_add_no_round_trip_on_a_slow_link() {
     const D: Duration = Duration::from_millis(4);
@@ -119,10 +120,13 @@ fn windows_add_no_round_trip_on_a_slow_link() {
         same_tree(&src, &dst.join("src"));
         o.elapsed
     };
-    let whole = run(false, "w1").min(run(false, "w2"));
-    let windowed = run(true, "n1").min(run(true, "n2"));
+    let (mut whole, mut windowed) = (Duration::MAX, Duration::MAX);
+    for round in 0..3 {
+        whole = whole.min(run(false, &format!("w{round}")));
+        windowed = windowed.min(run(true, &format!("n{round}")));
+    }
     assert!(
-        windowed <= whole + 4 * 2 * D,
+        windowed <= whole + whole / 10 + 4 * 2 * D,
         "windowed {windowed:?}, whole tree {whole:?}"
     );
 }

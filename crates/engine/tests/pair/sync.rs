@@ -232,8 +232,9 @@ fn a_delete_sync_keeps_the_whole_tree_phases() {
 /// window's Ready, so the windowed sync stays within 6 round trips of the
 /// whole-tree one, where waiting windows would add ~20. (With half the files changed a batch moves in ~1.3
 /// round trips, and each window then waits for the sink's SettledThrough,
-/// as a copy's would.) Best of three runs each: the machine may be busy
-/// (the answers' hashing at both ends adds CPU per window).
+/// as a copy's would.) Best of three interleaved runs each, and a tenth of
+/// slack: the answers' hashing at both ends adds CPU per window, which a
+/// busy machine stretches.
 #[test]
 fn a_windowed_sync_adds_no_round_trip_on_a_slow_link() {
     use ramsys_engine::transport::mem::Fault;
@@ -276,10 +277,13 @@ fn a_windowed_sync_adds_no_round_trip_on_a_slow_link() {
         same_tree(&src, &dst.join("src"));
         o.elapsed
     };
-    let whole = (run(false, "w1").min(run(false, "w2"))).min(run(false, "w3"));
-    let windowed = (run(true, "n1").min(run(true, "n2"))).min(run(true, "n3"));
+    let (mut whole, mut windowed) = (std::time::Duration::MAX, std::time::Duration::MAX);
+    for round in 0..3 {
+        whole = whole.min(run(false, &format!("w{round}")));
+        windowed = windowed.min(run(true, &format!("n{round}")));
+    }
     assert!(
-        windowed <= whole + 6 * 2 * D,
+        windowed <= whole + whole / 10 + 6 * 2 * D,
         "windowed {windowed:?}, whole tree {whole:?}"
     );
 }
