@@ -14,6 +14,10 @@ run); medians of --runs. rsync must find nothing to do: checked first
 
     sudo python3 bench/resync_ab.py --old /tmp/old/ramsys --new target/release/ramsys \\
         --files 1000000 --runs 3
+
+--delete syncs every tool with --delete (the daily mirror; nothing to
+delete); --old-env KEY=VALUE runs OLD's agent and daemon with that
+variable (RAMSYS_WINDOW_FILES=0: NEW's binary without windows as OLD).
 """
 import argparse
 import os
@@ -41,6 +45,11 @@ def main():
     ap.add_argument("--files", type=int, default=100000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--work", default="/var/tmp/ramsys-scale")
+    ap.add_argument("--delete", action="store_true",
+                    help="every tool syncs with --delete (nothing to delete: the daily mirror)")
+    ap.add_argument("--old-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment of OLD's agent and daemon only, e.g. "
+                         "RAMSYS_WINDOW_FILES=0 (NEW's binary without windows as OLD)")
     a = ap.parse_args()
     old, new = os.path.abspath(a.old), os.path.abspath(a.new)
     n = a.files
@@ -62,7 +71,8 @@ def main():
         open(os.path.join(export, "push.complete"), "w").close()
         dcp.terminate()
         dcp.wait()
-    dold, aold = serve(old, export, key, env)
+    env_old = dict(env, **dict(kv.split("=", 1) for kv in a.old_env))
+    dold, aold = serve(old, export, key, env_old)
     dnew, anew = serve(new, export, key, env)
     rport = scale.free_port()
     conf = os.path.join(w, "rsyncd.conf")
@@ -85,13 +95,16 @@ def main():
                                  capture_output=True, text=True).stdout.split("\n")
             changed = [x for x in out if x.strip()]
             print(f"rsync -ai -n to {dst}: {len(changed)} itemized", file=sys.stderr)
+        d = ["--delete"] if a.delete else []
         tools = {
-            "ramsys old local": ([old, "sync", "-r", src + "/", local], None),
-            "ramsys new local": ([new, "sync", "-r", src + "/", local], None),
-            "rsync local": (["rsync", "-a", src + "/", local], None),
-            "ramsys old push": ([old, "sync", "-r", src + "/", f"ramsys://{aold}/push"], dold),
-            "ramsys new push": ([new, "sync", "-r", src + "/", f"ramsys://{anew}/push"], dnew),
-            "rsync push": (["rsync", "-a", src + "/", rs], None),
+            "ramsys old local": ([old, "sync", "-r", *d, src + "/", local], None),
+            "ramsys new local": ([new, "sync", "-r", *d, src + "/", local], None),
+            "rsync local": (["rsync", "-a", *d, src + "/", local], None),
+            "ramsys old push": ([old, "sync", "-r", *d, src + "/", f"ramsys://{aold}/push"],
+                                dold),
+            "ramsys new push": ([new, "sync", "-r", *d, src + "/", f"ramsys://{anew}/push"],
+                                dnew),
+            "rsync push": (["rsync", "-a", *d, src + "/", rs], None),
         }
         rng = random.Random(36)
         res = {t: [] for t in tools}
@@ -100,9 +113,9 @@ def main():
             order = list(tools)
             rng.shuffle(order)
             for t in order:
-                cmd, d = tools[t]
-                wall, rss, hwm, rc, err = scale.run(cmd, env=env,
-                                                    daemon_pid=d.pid if d else None)
+                cmd, dm = tools[t]
+                wall, rss, hwm, rc, err = scale.run(cmd, env=env_old if " old " in t else env,
+                                                    daemon_pid=dm.pid if dm else None)
                 if rc:
                     print(f"{t}: failed {err}", file=sys.stderr)
                 res[t].append((wall, rss, hwm))

@@ -4,8 +4,8 @@
 //! the tree the whole-tree phases give, hard links whose target settled
 //! many windows before included; each end's file list stays within the
 //! window; a file that fails in an early window fails alone. Syncs
-//! without --delete answer per window: a no-change re-sync moves nothing,
-//! a changed one only what changed.
+//! answer per window: a no-change re-sync moves nothing, a changed one
+//! only what changed, and `--delete` removes what the source lost.
 
 mod common;
 mod proxy;
@@ -272,6 +272,74 @@ fn windowed_syncs_move_only_what_changed() {
         assert_eq!(n(&o, "unchanged"), files - 2, "{from} -> {to}");
         assert_same_tree(&src, at);
     }
+    for dir in [&root, &back, &local] {
+        assert!(temp_files(dir).is_empty(), "{:?}", temp_files(dir));
+    }
+}
+
+/// `--delete` in windows: the sink keeps a keyed hash per path the source
+/// sent (8-16 bytes) and deletes at the end, as in the whole-tree phases.
+/// Push, pull and local remove what the source lost (a file, a whole
+/// directory) and DST's own extra, leave what the rules exclude (rsync's
+/// rule), give the source's tree, and a second run changes nothing. The
+/// pushing agent's file list stays within its window.
+#[test]
+fn windowed_delete_syncs_remove_what_the_source_lost() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    make_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = daemon(&root, &key, WINDOW);
+    let s = format!("{}/", src.display());
+    let (back, local) = (t.path().join("back"), t.path().join("local"));
+    let (back_s, local_s) = (back.to_str().unwrap(), local.to_str().unwrap());
+    let (push, pull) = (d.url("push"), d.url("push/"));
+    let runs = [
+        (s.as_str(), push.as_str(), root.join("push")),
+        (pull.as_str(), back_s, back.clone()),
+        (s.as_str(), local_s, local.clone()),
+    ];
+    for (from, to, at) in &runs {
+        assert_ok(&sync(&key, WINDOW, &[*from, *to]));
+        assert_same_tree(&src, at);
+    }
+    std::fs::remove_file(src.join("d007/f0003")).unwrap();
+    std::fs::remove_dir_all(src.join("d012")).unwrap();
+    let n = |o: &Output, k: &str| summary(o)[k].as_u64().unwrap_or_else(|| panic!("{k}"));
+    for (from, to, at) in &runs {
+        std::fs::write(at.join("d020/extra"), b"x").unwrap();
+        std::fs::write(at.join("d021/extra.tmp"), b"kept").unwrap();
+        let o = sync(&key, WINDOW, &["--delete", "--exclude", "*.tmp", from, to]);
+        assert_ok(&o);
+        // d007/f0003, d012 (one entry, its files with it), d020/extra.
+        assert_eq!(n(&o, "deleted"), 3, "{from} -> {to}");
+        assert_eq!(n(&o, "files"), 0, "{from} -> {to}");
+        assert_eq!(std::fs::read(at.join("d021/extra.tmp")).unwrap(), b"kept");
+        let o = sync(&key, WINDOW, &["--delete", "--exclude", "*.tmp", from, to]);
+        assert_ok(&o);
+        assert_eq!((n(&o, "deleted"), n(&o, "files")), (0, 0), "{from} -> {to}");
+        // Without the protected file (and its directory's mtime set back
+        // by one more run), the source's tree.
+        std::fs::remove_file(at.join("d021/extra.tmp")).unwrap();
+        assert_ok(&sync(&key, WINDOW, &[*from, *to]));
+        assert_same_tree(&src, at);
+    }
+    // The push again, after one more loss: the agent held a window.
+    std::fs::remove_file(src.join("d001/f0001")).unwrap();
+    let o = sync(&key, WINDOW, &["--delete", &s, &push]);
+    assert_ok(&o);
+    assert_eq!(n(&o, "deleted"), 1);
+    let windowed = meta_bytes(&o);
+    std::fs::write(src.join("d001/f0001"), b"back").unwrap();
+    let whole = t.path().join("whole");
+    std::fs::create_dir(&whole).unwrap();
+    let d0 = daemon(&whole, &key, "0");
+    let o = sync(&key, "0", &["--delete", &s, &d0.url("push")]);
+    assert_ok(&o);
+    let all = meta_bytes(&o);
+    assert!(windowed * 4 < all, "source held {windowed} of {all} bytes");
     for dir in [&root, &back, &local] {
         assert!(temp_files(dir).is_empty(), "{:?}", temp_files(dir));
     }

@@ -146,8 +146,8 @@ fn meta_window() -> (u64, u64) {
 
 impl TransferOptions {
     /// A session that may run its metadata in windows (issue 36): a copy
-    /// or a sync whose answer comes per window (flags::WINDOWED: no
-    /// `--delete`, dry run, resume or device DST), without archive
+    /// or a sync whose answer comes per window (flags::WINDOWED: no dry
+    /// run, resume or device DST), without archive
     /// attributes, pieces or synthetic files.
     pub fn windows_allowed(&self) -> bool {
         use crate::request::sync::flags;

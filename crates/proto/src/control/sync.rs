@@ -33,7 +33,9 @@ pub const DEST_DIR: u32 = 512;
 pub const ALL: u32 = 1023;
 /// The bits a windowed session may carry (issue 36, docs/PROTOCOL.md
 /// "Windows"): a copy's journal, and a sync whose answer the sink gives per
-/// window (Have before each Ready). DELETE, DRY_RUN, RESUME and
-/// WRITE_DEVICES need the whole tree at the sink (its listing, its plan,
-/// its temp files, one device): those sessions keep the whole-tree phases.
-pub const WINDOWED: u32 = SYNC | CHECKSUM | JOURNAL | IGNORE_EXISTING | UPDATE | DEST_DIR;
+/// window (Have before each Ready), with or without DELETE (the sink keeps
+/// a keyed hash per path the source sent and deletes at the end, as in the
+/// whole-tree phases). DRY_RUN, RESUME and WRITE_DEVICES need the whole
+/// tree at the sink (its plan, its temp files, one device): those sessions
+/// keep the whole-tree phases.
+pub const WINDOWED: u32 = SYNC | CHECKSUM | DELETE | JOURNAL | IGNORE_EXISTING | UPDATE | DEST_DIR;

@@ -210,7 +210,7 @@ impl SinkMachine {
             // Right behind Propose, so it may arrive after Confirm left
             // (windows: after SyncDone). A session that proposed windows is
             // a copy (its default journal) or a sync answered per window:
-            // sync::WINDOWED at most (no --delete, dry run or resume).
+            // sync::WINDOWED at most (no dry run, resume or device).
             (Negotiate | Metadata | Payload, Control::SyncMode { flags })
                 if self.proposed.is_some()
                     && self.sync.is_none()

@@ -115,7 +115,7 @@ impl SourceMachine {
                 Negotiate
             }
             // A windowed session: a copy's journal, or a sync answered
-            // per window (sync::WINDOWED; no --delete, dry run, resume).
+            // per window (sync::WINDOWED; no dry run, resume or device).
             (Negotiate, Control::SyncMode { flags })
                 if self.proposed
                     && !self.sync

@@ -783,21 +783,22 @@ fn window_messages_refused_out_of_place() {
     far.entries.next_id = MAX_WINDOW_IDS;
     let beyond = Control::Entries(vec![entry(MAX_WINDOW_IDS, "x", EntryKind::Dir)]);
     assert!(far.on_recv(&beyond).is_err());
-    // A SyncMode that needs the whole tree (--delete, dry run, resume,
-    // a device), or a Preserve, in a session that proposed windows.
+    // A SyncMode that needs the whole tree (dry run, resume, a device),
+    // or a Preserve, in a session that proposed windows.
     let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
     src.on_send_flags(&propose(), WINDOWS_FLAG).unwrap();
     snk.on_recv_flags(&propose(), WINDOWS_FLAG).unwrap();
     use crate::control::sync::{DELETE, DRY_RUN, JOURNAL, RESUME, SYNC, WRITE_DEVICES};
-    for bit in [DELETE, DRY_RUN, RESUME, WRITE_DEVICES] {
+    for bit in [DRY_RUN, RESUME, WRITE_DEVICES] {
         let mode = Control::SyncMode { flags: SYNC | bit };
         assert!(src.on_send(&mode).is_err(), "{bit}");
         assert!(snk.on_recv(&mode).is_err(), "{bit}");
     }
     assert!(snk.on_recv(&Control::Preserve { flags: 1 }).is_err());
-    // ...but a copy's default journal or a sync, and then only once.
+    // ...but a copy's default journal or a sync (with --delete too), and
+    // then only once.
     let journal = Control::SyncMode {
-        flags: SYNC | JOURNAL,
+        flags: SYNC | DELETE | JOURNAL,
     };
     src.on_send(&journal).unwrap();
     snk.on_recv(&journal).unwrap();

@@ -35,7 +35,7 @@ pub(super) fn start_scan(s: &SourceSession<'_>) -> Result<ScanRx, EngineError> {
     let mut filter = crate::request::filter::Filter::new(&s.opts.select)
         .map_err(|e| EngineError::local(format!("filter rules: {e}")))?;
     // A replication batch's listed paths may be gone by now (a sync
-    // without --delete takes windows too; docs/WATCH.md).
+    // takes windows too; docs/WATCH.md).
     filter.listed_may_vanish = s.opts.listed_may_vanish;
     let (base, tops) = (s.spec.root.path().to_path_buf(), s.spec.tops.clone());
     // Batches of half a window at most: the window then holds two or more.
