@@ -4,6 +4,7 @@
 //! relink budget and back-off (crate::session::relink). Only those waits ask it;
 //! the data path never does.
 
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -16,6 +17,10 @@ struct Sim {
     /// Time advanced so far.
     now: Mutex<Duration>,
     advanced: Condvar,
+    /// Threads now in a wait measured on this clock: a test advances time
+    /// only once the wait it means has begun (else the wait's deadline is
+    /// taken from the advanced time and never comes).
+    waiting: AtomicUsize,
 }
 
 /// How often a wait on simulated time looks at the clock again: waits on
@@ -29,6 +34,7 @@ impl Clock {
             base: Instant::now(),
             now: Mutex::new(Duration::ZERO),
             advanced: Condvar::new(),
+            waiting: AtomicUsize::new(0),
         })))
     }
 
@@ -55,9 +61,11 @@ impl Clock {
         };
         let mut now = s.now.lock().unwrap();
         let until = *now + d;
+        s.waiting.fetch_add(1, Relaxed);
         while *now < until {
             now = s.advanced.wait(now).unwrap();
         }
+        s.waiting.fetch_sub(1, Relaxed);
     }
 
     /// Move simulated time on by `d` (ignored by the real clock).
@@ -66,6 +74,18 @@ impl Clock {
             *s.now.lock().unwrap() += d;
             s.advanced.notify_all();
         }
+    }
+
+    /// [`Self::advance`] once some thread is waiting on this clock's time
+    /// (a sleep, or a wait with a deadline): the wait a test means to end
+    /// has taken its deadline from the time before the advance, however
+    /// late the machine ran that thread. Returns at once on the real clock.
+    pub fn advance_once_waited(&self, d: Duration) {
+        let Some(s) = &self.0 else { return };
+        while s.waiting.load(Relaxed) == 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        self.advance(d);
     }
 
     /// Wait on `cv` (guarding `g`) until notified or until `deadline` of
@@ -84,8 +104,13 @@ impl Clock {
         if left.is_zero() {
             return (g, true);
         }
-        let slice = if self.is_simulated() { SIM_POLL } else { left };
-        let g = cv.wait_timeout(g, slice).unwrap().0;
+        let Some(s) = &self.0 else {
+            let g = cv.wait_timeout(g, left).unwrap().0;
+            return (g, Instant::now() >= deadline);
+        };
+        s.waiting.fetch_add(1, Relaxed);
+        let g = cv.wait_timeout(g, SIM_POLL).unwrap().0;
+        s.waiting.fetch_sub(1, Relaxed);
         let passed = self.now() >= deadline;
         (g, passed)
     }
@@ -112,8 +137,9 @@ mod tests {
         assert_eq!(c.since(t0), Duration::ZERO);
         let c2 = c.clone();
         let sleeper = std::thread::spawn(move || c2.sleep(Duration::from_secs(30)));
-        std::thread::sleep(Duration::from_millis(20));
-        c.advance(Duration::from_secs(10));
+        // Only once the sleeper waits: a sleeper the machine started late
+        // would count its 30 s from the advanced time (and never wake).
+        c.advance_once_waited(Duration::from_secs(10));
         std::thread::sleep(Duration::from_millis(20));
         assert!(!sleeper.is_finished());
         c.advance(Duration::from_secs(25));

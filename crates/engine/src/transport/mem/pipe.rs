@@ -269,13 +269,11 @@ mod tests {
         assert_eq!(p.read(&mut b, None).unwrap().0, 0);
     }
 
-    /// Advance `c` by `d` once the caller is likely waiting.
+    /// Advance `c` by `d` once the caller waits on it (an advance before
+    /// the caller's read took its deadline would leave it waiting forever).
     fn advance_soon(c: &Clock, d: Duration) -> std::thread::JoinHandle<()> {
         let c = c.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(5));
-            c.advance(d);
-        })
+        std::thread::spawn(move || c.advance_once_waited(d))
     }
 
     #[test]
