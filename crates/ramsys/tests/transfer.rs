@@ -451,9 +451,12 @@ fn mid_size_files_take_the_direct_lane() {
         // direct, whichever engine reads them (the sync reader packed them
         // unaligned until 2026-11-27: 15 of 3,326 MiB of the mixed set
         // went direct).
+        // At least half direct: the lane narrows while the disk serves
+        // others' reads (a busy CI machine moved a third through the
+        // cache), where an unaligned fill moves almost nothing direct.
         assert!(direct + cached >= 9, "{engine}: {direct} + {cached}");
         assert!(
-            refused || direct >= 9,
+            refused || direct >= 5,
             "{engine}: {direct} direct, {cached} cached"
         );
     }
@@ -476,6 +479,9 @@ fn packed_large_files_reach_the_direct_lane() {
     }
     let (direct, cached, refused) = push_with_lane(t.path(), &src, "256", &["--streams", "1"]);
     // 12 MiB of large files; the tails and small files are packed apart.
+    // At least half of it direct: a quiet machine moves all of it so, a
+    // busy one (the lane narrowed by others' reads of the disk) moved 8 of
+    // 12 in CI; an unaligned fill moves almost nothing direct.
     assert!(direct + cached >= 11, "{direct} + {cached}");
-    assert!(refused || direct >= 11, "{direct} direct, {cached} cached");
+    assert!(refused || direct >= 6, "{direct} direct, {cached} cached");
 }
