@@ -17,9 +17,10 @@ command -v cargo >/dev/null 2>&1 || export PATH="$HOME/.cargo/bin:$PATH"
 cargo build --release -p wanem
 log=$(mktemp)
 rc=0
+# Every test binary runs (--no-fail-fast): one run names every failure.
 # A hung test must end the run red with its name printed (cargo names a
 # test running over 60 s), not outlast CI's own limit: 40 min is ~4x a run.
-timeout -k 30 2400 cargo test --workspace --release -- --test-threads 2 2>&1 | tee "$log" || rc=$?
+timeout -k 30 2400 cargo test --workspace --release --no-fail-fast -- --test-threads 2 2>&1 | tee "$log" || rc=$?
 [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || echo "tests: killed after 40 min; the test named 'running for over 60 seconds' above hung" >&2
 # One line for the whole suite (cargo prints one per test binary).
 awk '/^test result:/ {p += $4; f += $6; i += $8; n++}
