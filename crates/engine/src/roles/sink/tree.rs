@@ -117,12 +117,15 @@ impl Tree {
                 Control::Entries(es) => self.entries(es, root)?,
                 // An archive copy (crate::storage::archive): what the records carry.
                 Control::Preserve { flags } => {
-                    self.deferred.archive = Some(ArchiveSink::new(flags, self.archive_policy))
+                    let a = ArchiveSink::new(flags, self.archive_policy);
+                    // Windowed: a file's attributes as it settles (issue 36).
+                    let a = if self.windowed { a.windowed() } else { a };
+                    self.deferred.archive = Some(a)
                 }
                 Control::Attrs(v) => {
                     let dry = self.dry();
                     if let (Some(a), false) = (&mut self.deferred.archive, dry) {
-                        a.attrs(v)
+                        a.attrs(v, root)
                     }
                 }
                 // The source's unreadable paths (crate::source): reported,
@@ -148,6 +151,14 @@ impl Tree {
             }
         }
         Ok(false)
+    }
+
+    /// A windowed session's files below `below` settled and their slots
+    /// were dropped: an archive copy applies their attributes now.
+    pub fn settled(&mut self, below: u64, root: &Root) {
+        if let Some(a) = &mut self.deferred.archive {
+            a.settled(below, root);
+        }
     }
 
     pub fn sync_mode(&mut self, flags: u32, root: &Arc<Root>) {
