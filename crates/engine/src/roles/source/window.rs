@@ -42,6 +42,7 @@ pub(super) fn start_scan(s: &SourceSession<'_>) -> Result<ScanRx, EngineError> {
     // Batches of half a window at most: the window then holds two or more.
     let half = (s.opts.meta_window.0 / 2).max(1) as usize;
     let how = (s.opts.recursive, half, s.opts.preserve);
+    let archive = s.opts.preserve != 0;
     let (tx, rx) = bounded(2);
     std::thread::Builder::new()
         .name("src-scan".into())
@@ -50,7 +51,12 @@ pub(super) fn start_scan(s: &SourceSession<'_>) -> Result<ScanRx, EngineError> {
                 let batch = ScanMsg::Batch(es.to_vec(), attrs.to_vec(), files);
                 tx.send(batch).map_err(|_| ())
             });
-            if let Ok(w) = walked {
+            if let Ok(mut w) = walked {
+                // Set-ID bits are dropped (and noted) by a plain copy
+                // only: an archive copy keeps what the policy allows.
+                if archive {
+                    w.setid = 0;
+                }
                 let _ = tx.send(ScanMsg::Done(w));
             }
         })?;
