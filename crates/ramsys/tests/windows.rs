@@ -327,8 +327,8 @@ fn make_archive_tree(src: &Path) -> bool {
     x
 }
 
-/// Archive copies (`-a`, `-aX`, issue 36) in windows of 100: a local copy and a
-/// push give what `rsync -a` gives (rsync's dry run between them finds
+/// Archive copies (`-a`, `-aX`, issue 36) in windows of 100: a local copy, a
+/// push and a pull give what `rsync -a` gives (rsync's dry run between them finds
 /// nothing to change), the local one holding a fraction of the file list
 /// the same copy holds without windows; a no-change `sync -a` re-run
 /// moves nothing and changes nothing.
@@ -370,6 +370,16 @@ fn windowed_archive_copies_keep_modes_mtimes_and_owners() {
     let o = cp(&key, WINDOW, &[a, &s, &push]);
     assert_ok(&o);
     assert_eq!(rsync_changes(&src, &root.join("push"), x), "", "push cp -a");
+    // Pull: the daemon is the windowed source of an archive copy.
+    let back = t.path().join("back");
+    let o = cp(&key, WINDOW, &[a, &d.url("push/"), back.to_str().unwrap()]);
+    assert_ok(&o);
+    assert_eq!(rsync_changes(&src, &back, x), "", "pull cp -a");
+    let pulled = meta_bytes(&o);
+    assert!(
+        pulled * 4 < all,
+        "the pulling sink held {pulled} of {all} bytes"
+    );
 
     let n = |o: &Output, k: &str| summary(o)[k].as_u64().unwrap_or_else(|| panic!("{k}"));
     for (to, at) in [(local_s, local.clone()), (push.as_str(), root.join("push"))] {
@@ -378,7 +388,7 @@ fn windowed_archive_copies_keep_modes_mtimes_and_owners() {
         assert_eq!((n(&o, "files"), n(&o, "bytes")), (0, 0), "sync -a {to}");
         assert_eq!(rsync_changes(&src, &at, x), "", "sync -a {to}");
     }
-    for dir in [&root, &local] {
+    for dir in [&root, &local, &back] {
         assert!(temp_files(dir).is_empty(), "{:?}", temp_files(dir));
     }
 }
