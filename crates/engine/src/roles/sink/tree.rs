@@ -125,7 +125,8 @@ impl Tree {
                 Control::Attrs(v) => {
                     let dry = self.dry();
                     if let (Some(a), false) = (&mut self.deferred.archive, dry) {
-                        a.attrs(v, root)
+                        a.attrs(v, root);
+                        self.account()?;
                     }
                 }
                 // The source's unreadable paths (crate::source): reported,
@@ -208,10 +209,21 @@ impl Tree {
             self.entry(e, target, root);
         }
         // Per batch: the budget bounds the table before it grows past it.
+        self.account()
+    }
+
+    /// What the file list holds now (the table, sync's kept runs, an
+    /// archive copy's held attributes), against the session's budget.
+    fn account(&self) -> Result<(), EngineError> {
         let files = self.table.file_count();
         let keep = self.sync.as_ref().map_or(0, |s| s.keep_bytes());
+        let attrs = self.deferred.archive.as_ref().map_or(0, |a| a.held_bytes());
         (self.table.stats())
-            .meta_used(self.table.meta_bytes() + keep, files, self.meta_budget)
+            .meta_used(
+                self.table.meta_bytes() + keep + attrs,
+                files,
+                self.meta_budget,
+            )
             .map_err(EngineError::Local)
     }
 

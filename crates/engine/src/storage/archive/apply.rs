@@ -106,6 +106,18 @@ pub struct ArchiveSink {
     settled: u64,
     /// What failed of the attributes applied during the payload.
     failures: Vec<Failure>,
+    /// Bytes `files` holds (records, paths, Attrs), for the session's
+    /// file-list accounting.
+    held: u64,
+}
+
+/// What a held record costs: the record, its path and its Attrs (their
+/// wire size, near what they hold).
+fn cost(r: &Rec) -> u64 {
+    let attrs = r.attrs.as_deref().map_or(0, |a| {
+        std::mem::size_of::<Attrs>() + ramsys_proto::attrs::attrs_wire_size(a)
+    });
+    (std::mem::size_of::<Rec>() + r.path.len() + attrs) as u64
 }
 
 fn cstr(b: &[u8]) -> io::Result<&[u8]> {
@@ -151,7 +163,21 @@ impl ArchiveSink {
             files: BTreeMap::new(),
             settled: 0,
             failures: Vec::new(),
+            held: 0,
         }
+    }
+
+    /// Bytes held for a windowed session's files not yet given their
+    /// attributes (at most about a window's).
+    pub fn held_bytes(&self) -> u64 {
+        self.held
+    }
+
+    /// A held file's record, no longer held.
+    fn take_file(&mut self, id: u64) -> Option<Rec> {
+        let r = self.files.remove(&id)?;
+        self.held -= cost(&r);
+        Some(r)
     }
 
     /// A windowed session's (issue 36): regular files' attributes are
@@ -209,7 +235,10 @@ impl ArchiveSink {
             // Only where Attrs will come (preserve::ATTRS): else a file
             // has nothing left to apply once it is in place.
             if self.flags & preserve::ATTRS != 0 {
-                self.files.insert(e.id, rec);
+                self.held += cost(&rec);
+                if let Some(old) = self.files.insert(e.id, rec) {
+                    self.held -= cost(&old);
+                }
             }
             return;
         }
@@ -224,9 +253,11 @@ impl ArchiveSink {
         for a in v {
             let id = a.id;
             if let Some(r) = self.files.get_mut(&id) {
+                let before = cost(r);
                 r.attrs = Some(Box::new(a));
+                self.held = self.held - before + cost(r);
                 if id < self.settled {
-                    if let Some(r) = self.files.remove(&id) {
+                    if let Some(r) = self.take_file(id) {
                         self.apply_now(root, r);
                     }
                 }
@@ -245,7 +276,7 @@ impl ArchiveSink {
             .map(|(&id, _)| id)
             .collect();
         for id in due {
-            if let Some(r) = self.files.remove(&id) {
+            if let Some(r) = self.take_file(id) {
                 self.apply_now(root, r);
             }
         }
@@ -282,6 +313,7 @@ impl ArchiveSink {
         }
         // A windowed session's files not settled by the last look (the
         // payload ended first): in place or failed by now.
+        self.held = 0;
         for (_, r) in std::mem::take(&mut self.files) {
             self.apply_now(root, r);
         }
@@ -706,11 +738,12 @@ mod tests {
         assert_eq!(at("b"), 22);
         assert_ne!(at("c"), 33);
         assert_eq!(s.files.keys().copied().collect::<Vec<_>>(), vec![3]);
+        assert_eq!(s.held_bytes(), cost(&s.files[&3]));
         let mut fails = Vec::new();
         s.place(&root, |i| format!(".t{i}").into_bytes(), &mut fails);
         assert!(fails.is_empty(), "{fails:?}");
         assert_eq!(at("c"), 33);
-        assert!(s.files.is_empty());
+        assert!(s.files.is_empty() && s.held_bytes() == 0);
         s.dir_atimes(&root);
         assert_eq!(at("d"), 50);
     }

@@ -697,15 +697,16 @@ impl<'s> SinkPipeline<'s> {
         };
         let root = self.table.root.clone();
         // An archive copy's flags, or a batch's Attrs (right behind its
-        // records): nothing to register or make ready.
-        if let Control::Preserve { .. } | Control::Attrs(_) = m {
-            return w.tree.on_message(m, &root).map(|_| ());
-        }
+        // records): nothing to register or make ready after them.
+        let attrs = matches!(m, Control::Preserve { .. } | Control::Attrs(_));
         // The records see the session's sync (the loop holds it for the
         // Reuse verdicts and the journal).
         w.tree.sync = self.sync.take();
         let ended = w.tree.on_message(m, &root);
         self.sync = w.tree.sync.take();
+        if attrs {
+            return ended.map(|_| ());
+        }
         if ended? {
             // Data and digests may now be far apart: no idle timeout.
             w.meta_end = true;
