@@ -115,14 +115,22 @@ fn same_archive(a: &Path, b: &Path) {
     }
 }
 
-fn archive(src: &Path, dst: &Path, window: u64, sync: u32) -> Outcome {
+/// An archive pair with windows of `window` ids at the source and
+/// `sink_window` at the sink (0: it does not take them, as a sink of
+/// before).
+fn archive_with(src: &Path, dst: &Path, (window, sink_window): (u64, u64), sync: u32) -> Outcome {
     let mut p = Pair::new(src, dst);
     p.both(|o| {
         o.preserve = preserve::OWNER | preserve::GROUP | preserve::XATTRS | preserve::SPECIALS;
         o.meta_window = (window, 64 << 20);
         o.sync = sync;
     });
+    p.sink.opts.meta_window.0 = sink_window;
     p.run()
+}
+
+fn archive(src: &Path, dst: &Path, window: u64, sync: u32) -> Outcome {
+    archive_with(src, dst, (window, window), sync)
 }
 
 /// Attrs messages from the source, and Ready messages from the sink.
@@ -173,13 +181,22 @@ fn a_windowed_archive_copy_keeps_every_attribute() {
     assert!(attrs >= 8, "{attrs} Attrs messages");
     attrs_follow_their_batch(&o);
     same_archive(&src, &dst.join("src"));
-    // Whole-tree phases (a peer without windows): the same tree.
+    // Whole-tree phases (neither end takes windows): the same tree.
     let whole = t.path().join("whole");
     std::fs::create_dir_all(&whole).unwrap();
     let o = archive(&src, &whole, 0, 0);
     o.reports();
     assert_eq!(counts(&o).1, 0, "Ready without windows");
     same_archive(&src, &whole.join("src"));
+    // A windowed source and a sink that does not take windows: its scan's
+    // batches and their Attrs, in the whole-tree phases.
+    let old = t.path().join("old");
+    std::fs::create_dir_all(&old).unwrap();
+    let o = archive_with(&src, &old, (64, 0), 0);
+    o.reports();
+    assert_eq!(counts(&o).1, 0, "Ready from a sink without windows");
+    attrs_follow_their_batch(&o);
+    same_archive(&src, &old.join("src"));
 }
 
 /// A windowed archive re-sync that moves no data: every file is unchanged

@@ -97,9 +97,10 @@ pub struct ArchiveSink {
     by_id: HashMap<u64, usize>,
     specials: Vec<Special>,
     pub not_kept: NotKept,
-    /// A windowed session's regular files (issue 36), by id: held from
-    /// their record until both their Attrs came and they settled.
+    /// A windowed session (issue 36): regular files are held apart.
     windowed: bool,
+    /// Its regular files, by id: held from their record until both their
+    /// Attrs came and they settled.
     files: BTreeMap<u64, Rec>,
     /// Every file of an id below it has settled (the sink's released
     /// slots).
