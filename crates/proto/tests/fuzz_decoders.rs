@@ -623,6 +623,8 @@ proptest! {
     fn windowed_sink_machine_never_panics(
         msgs in proptest::collection::vec((proptest::collection::vec(any::<u8>(), 0..128), any::<u8>()), 0..16),
         sync in any::<bool>(),
+        archive in any::<bool>(),
+        attrs_in in proptest::collection::vec(attrs(), 0..3),
     ) {
         use ramsys_proto::control::{Confirm, Propose};
         use ramsys_proto::frame::WINDOWS_FLAG;
@@ -640,11 +642,84 @@ proptest! {
         });
         m.on_send_flags(&c, WINDOWS_FLAG).unwrap();
         m.on_send(&Control::SyncDone { failures: vec![] }).unwrap();
+        // An archive copy (Preserve after SyncDone): arbitrary Attrs
+        // between the arbitrary messages too.
+        if archive {
+            m.on_recv(&Control::Preserve { flags: ramsys_proto::attrs::preserve::ALL }).unwrap();
+        }
+        let mut attrs_in = attrs_in.into_iter();
         for (b, flags) in msgs {
             if let Ok(c) = Control::decode(&b) {
                 let _ = m.on_recv_flags(&c, flags);
             }
+            if let Some(a) = attrs_in.next() {
+                let _ = m.on_recv(&Control::Attrs(vec![a]));
+            }
         }
+    }
+
+    /// A windowed archive copy (issue 36): after a first batch of `n1`
+    /// records with its Attrs and a second of `n2`, an Attrs is taken at
+    /// both ends exactly when every id lies in the second batch; the
+    /// first batch's Ready and SettledThrough change nothing of that.
+    #[test]
+    fn windowed_attrs_only_for_the_batch_they_follow(
+        n1 in 1u64..32,
+        n2 in 1u64..32,
+        settle in any::<bool>(),
+        ids in proptest::collection::vec(0u64..80, 0..8),
+    ) {
+        use ramsys_proto::attrs::Attrs;
+        use ramsys_proto::control::{Confirm, Entry, EntryKind, Propose};
+        use ramsys_proto::frame::WINDOWS_FLAG;
+        use ramsys_proto::session::SourceMachine;
+        let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+        let p = Control::Propose(Propose {
+            roots: 1, streams: 1, block_size: 4096, capacity_mbps: 0, checksum: true, cipher: 0,
+        });
+        src.on_send_flags(&p, WINDOWS_FLAG).unwrap();
+        snk.on_recv_flags(&p, WINDOWS_FLAG).unwrap();
+        let pr = Control::Preserve { flags: ramsys_proto::attrs::preserve::OWNER };
+        src.on_send(&pr).unwrap();
+        let c = Control::Confirm(Confirm {
+            streams: 1, block_size: 4096, credits_per_stream: 2, capacity_mbps: 0, checksum: true, cipher: 0,
+        });
+        snk.on_send_flags(&c, WINDOWS_FLAG).unwrap();
+        src.on_recv_flags(&c, WINDOWS_FLAG).unwrap();
+        let sd = Control::SyncDone { failures: vec![] };
+        snk.on_send(&sd).unwrap();
+        src.on_recv(&sd).unwrap();
+        snk.on_recv(&pr).unwrap();
+        let batch = |from: u64, to: u64| {
+            let es = (from..to).map(|id| Entry {
+                id, path: format!("f{id}").into_bytes(), kind: EntryKind::File { size: 1 },
+                mode: 0o644, mtime_s: 0, mtime_ns: 0,
+            });
+            Control::Entries(es.collect())
+        };
+        let attrs = |ids: &mut dyn Iterator<Item = u64>| {
+            Control::Attrs(ids.map(|id| Attrs { id, ..Default::default() }).collect())
+        };
+        let (b1, a1) = (batch(0, n1), attrs(&mut (0..n1)));
+        for m in [&b1, &a1] {
+            src.on_send(m).unwrap();
+            snk.on_recv(m).unwrap();
+        }
+        let ready = Control::Ready { through: n1 };
+        snk.on_send(&ready).unwrap();
+        src.on_recv(&ready).unwrap();
+        if settle {
+            let st = Control::SettledThrough { through: n1 };
+            snk.on_send(&st).unwrap();
+            src.on_recv(&st).unwrap();
+        }
+        let b2 = batch(n1, n1 + n2);
+        src.on_send(&b2).unwrap();
+        snk.on_recv(&b2).unwrap();
+        let m = attrs(&mut ids.iter().copied());
+        let inside = ids.iter().all(|&id| id >= n1 && id < n1 + n2);
+        prop_assert_eq!(src.on_send(&m).is_ok(), inside);
+        prop_assert_eq!(snk.on_recv(&m).is_ok(), inside);
     }
 
     /// A windowed sync (issue 36): after `n` file records and a Ready at

@@ -5,7 +5,8 @@
 //! many windows before included; each end's file list stays within the
 //! window; a file that fails in an early window fails alone. Syncs
 //! answer per window: a no-change re-sync moves nothing, a changed one
-//! only what changed, and `--delete` removes what the source lost.
+//! only what changed, and `--delete` removes what the source lost;
+//! archive copies keep modes, mtimes and owners as `rsync -a` does.
 
 mod common;
 mod proxy;
@@ -273,6 +274,122 @@ fn windowed_syncs_move_only_what_changed() {
         assert_same_tree(&src, at);
     }
     for dir in [&root, &back, &local] {
+        assert!(temp_files(dir).is_empty(), "{:?}", temp_files(dir));
+    }
+}
+
+/// `rsync -a` as the oracle: what `rsync -n -a[X] --itemize-changes
+/// --delete A/ B/` would change (empty: the same tree, modes, mtimes,
+/// owners and, with `x`, xattrs included).
+fn rsync_changes(a: &Path, b: &Path, x: bool) -> String {
+    let o = Command::new("rsync")
+        .args([
+            "-n",
+            if x { "-aX" } else { "-a" },
+            "--itemize-changes",
+            "--delete",
+        ])
+        .arg(format!("{}/", a.display()))
+        .arg(format!("{}/", b.display()))
+        .output()
+        .expect("rsync");
+    assert!(o.status.success(), "rsync: {}", stderr(&o));
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// The windows tree with an archive's attributes: every file its own mode
+/// and mtime, every 11th a user xattr (where the file system takes them),
+/// every 13th owned by nobody (as root), the directories' modes and
+/// mtimes set last. Whether xattrs are on.
+fn make_archive_tree(src: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    make_tree(src);
+    let x = xattr::set(src.join("d000/f0000"), "user.probe", b"1").is_ok();
+    let root = rustix::process::geteuid().is_root();
+    let modes = [0o600, 0o640, 0o644, 0o755, 0o700];
+    let mut i = 0usize;
+    for d in 0..30 {
+        let dir = src.join(format!("d{d:03}"));
+        for f in 0..100 {
+            let p = dir.join(format!("f{f:04}"));
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(modes[i % 5])).unwrap();
+            if x && i.is_multiple_of(11) {
+                xattr::set(&p, "user.i", i.to_string().as_bytes()).unwrap();
+            }
+            if root && i.is_multiple_of(13) {
+                std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+            }
+            set_mtime(&p, 1_500_000_000 + i as i64, (i * 1000) as i64);
+            i += 1;
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).unwrap();
+        set_mtime(&dir, 1_400_000_000 + d, 0);
+    }
+    x
+}
+
+/// Archive copies (`-a`, `-aX`, issue 36) in windows of 100: a local copy, a
+/// push and a pull give what `rsync -a` gives (rsync's dry run between them finds
+/// nothing to change), the local one holding a fraction of the file list
+/// the same copy holds without windows; a no-change `sync -a` re-run
+/// moves nothing and changes nothing.
+#[test]
+fn windowed_archive_copies_keep_modes_mtimes_and_owners() {
+    if Command::new("rsync").arg("--version").output().is_err() {
+        eprintln!("skipping: rsync not installed (scripts/install-deps.sh)");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    let x = make_archive_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = daemon(&root, &key, WINDOW);
+    let s = format!("{}/", src.display());
+    let local = t.path().join("local");
+    let whole = t.path().join("whole");
+    let (local_s, whole_s) = (local.to_str().unwrap(), whole.to_str().unwrap());
+    // `-a` as rsync's, with xattrs where the file system takes them.
+    let a = if x { "-aX" } else { "-a" };
+
+    let o = cp(&key, WINDOW, &[a, &s, local_s]);
+    assert_ok(&o);
+    assert_eq!(rsync_changes(&src, &local, x), "", "local cp -a");
+    let windowed = meta_bytes(&o);
+    let o = cp(&key, "0", &[a, &s, whole_s]);
+    assert_ok(&o);
+    assert_eq!(
+        rsync_changes(&src, &whole, x),
+        "",
+        "local cp -a, no windows"
+    );
+    let all = meta_bytes(&o);
+    assert!(windowed * 4 < all, "held {windowed} of {all} bytes");
+
+    let push = d.url("push");
+    let o = cp(&key, WINDOW, &[a, &s, &push]);
+    assert_ok(&o);
+    assert_eq!(rsync_changes(&src, &root.join("push"), x), "", "push cp -a");
+    // Pull: the daemon is the windowed source of an archive copy.
+    let back = t.path().join("back");
+    let o = cp(&key, WINDOW, &[a, &d.url("push/"), back.to_str().unwrap()]);
+    assert_ok(&o);
+    assert_eq!(rsync_changes(&src, &back, x), "", "pull cp -a");
+    let pulled = meta_bytes(&o);
+    assert!(
+        pulled * 4 < all,
+        "the pulling sink held {pulled} of {all} bytes"
+    );
+
+    let n = |o: &Output, k: &str| summary(o)[k].as_u64().unwrap_or_else(|| panic!("{k}"));
+    for (to, at) in [(local_s, local.clone()), (push.as_str(), root.join("push"))] {
+        let o = sync(&key, WINDOW, &[a, &s, to]);
+        assert_ok(&o);
+        assert_eq!((n(&o, "files"), n(&o, "bytes")), (0, 0), "sync -a {to}");
+        assert_eq!(rsync_changes(&src, &at, x), "", "sync -a {to}");
+    }
+    for dir in [&root, &local, &back] {
         assert!(temp_files(dir).is_empty(), "{:?}", temp_files(dir));
     }
 }

@@ -49,7 +49,6 @@ pub fn synthetic_walk(tops: &[Top], size: u64) -> (Walk, Vec<Entry>) {
         }],
         failures: Vec::new(),
         total_bytes: size,
-        attrs: Vec::new(),
     };
     (w, vec![entry])
 }

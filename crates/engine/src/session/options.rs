@@ -147,15 +147,14 @@ fn meta_window() -> (u64, u64) {
 impl TransferOptions {
     /// A session that may run its metadata in windows (issue 36): a copy
     /// or a sync whose answer comes per window (flags::WINDOWED: no dry
-    /// run, resume or device DST), without archive
-    /// attributes, pieces or synthetic files.
+    /// run, resume or device DST), archive copies included (their Attrs
+    /// travel per batch), without pieces or synthetic files.
     pub fn windows_allowed(&self) -> bool {
         use crate::request::sync::flags;
         let synthetic =
             self.source_engine == crate::storage::DataEngine::Null && self.null_size > 0;
         self.meta_window.0 > 0
             && self.sync & !flags::WINDOWED == 0
-            && self.preserve == 0
             && self.pieces.is_none()
             && !synthetic
     }

@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod archive;
 mod credits;
 mod daemon;
 mod deadlock;

@@ -50,6 +50,12 @@ pub(super) struct Marks {
     /// per id of the window being readied, so a sink cannot grow the
     /// source's answer past the window by repeating ids.
     pub(super) answered: u64,
+    /// The first id of the Entries since the last Attrs (or 0), and
+    /// whether an Attrs came since those Entries: in a session that
+    /// proposed windows an Attrs names only records of the batch it
+    /// follows, so nothing of an entry outlives its window.
+    pub(super) attrs_from: u64,
+    pub(super) after_attrs: bool,
 }
 
 impl Marks {
@@ -124,6 +130,41 @@ impl Marks {
             )),
             None => Ok(()),
         }
+    }
+
+    /// An Entries batch whose first record is `first` (None: a keepalive):
+    /// after an Attrs it starts the batch the next Attrs may name.
+    pub(super) fn entries(&mut self, first: Option<u64>) {
+        if let (Some(id), true) = (first, self.after_attrs) {
+            self.attrs_from = id;
+            self.after_attrs = false;
+        }
+    }
+
+    /// An Attrs in a session that proposed windows (docs/PROTOCOL.md
+    /// "Windows"): only ids of the Entries batch it follows, at or past
+    /// `attrs_from` and below the `announced` records. A sink may have
+    /// settled some already (a sync's unchanged files settle with their
+    /// Ready): it applies those at once.
+    pub(super) fn attrs(
+        &mut self,
+        v: &[crate::attrs::Attrs],
+        announced: u64,
+    ) -> Result<(), crate::ProtoError> {
+        if let Some(a) = v
+            .iter()
+            .find(|a| a.id < self.attrs_from || a.id >= announced)
+        {
+            return Err(crate::ProtoError::malformed(
+                "attrs",
+                format!(
+                    "id {} outside the batch it follows ({} .. {announced})",
+                    a.id, self.attrs_from
+                ),
+            ));
+        }
+        self.after_attrs = true;
+        Ok(())
     }
 
     /// A SettledThrough for `through`.

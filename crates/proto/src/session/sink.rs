@@ -224,11 +224,12 @@ impl SinkMachine {
                 self.sync = Some(*flags);
                 self.phase
             }
-            (Negotiate | Metadata, Control::Preserve { flags })
+            // Likewise (windows: after SyncDone, before any record).
+            (Negotiate | Metadata | Payload, Control::Preserve { flags })
                 if self.proposed.is_some()
                     && self.preserve.is_none()
                     && self.entries.next_id == 0
-                    && plain =>
+                    && (self.phase != Payload || on) =>
             {
                 if flags & !crate::attrs::preserve::ALL != 0 {
                     return Err(ProtoError::malformed("preserve", "unknown flags"));
@@ -241,6 +242,7 @@ impl SinkMachine {
                 for e in es {
                     self.entries.check(e)?;
                 }
+                self.marks.entries(es.first().map(|e| e.id));
                 Metadata
             }
             (Payload, Control::Entries(es)) if on && open => {
@@ -248,13 +250,23 @@ impl SinkMachine {
                 for e in es {
                     self.entries.check(e)?;
                 }
+                self.marks.entries(es.first().map(|e| e.id));
                 Payload
             }
             (Metadata, Control::ScanFailed { .. }) => Metadata,
             (Payload, Control::ScanFailed { .. }) if on && open => Payload,
             (Metadata, Control::Attrs(v)) if self.preserve.is_some() => {
                 check_attrs(v, self.entries.next_id)?;
+                if !plain {
+                    self.marks.attrs(v, self.entries.next_id)?;
+                }
                 Metadata
+            }
+            // Windows: a batch's Attrs right behind its records.
+            (Payload, Control::Attrs(v)) if on && open && self.preserve.is_some() => {
+                check_attrs(v, self.entries.next_id)?;
+                self.marks.attrs(v, self.entries.next_id)?;
+                Payload
             }
             (
                 Metadata | Payload,

@@ -129,7 +129,7 @@ impl SourceMachine {
                 Negotiate
             }
             (Negotiate, Control::Preserve { flags })
-                if self.proposed && !self.preserve && !self.sent_entries && plain =>
+                if self.proposed && !self.preserve && !self.sent_entries =>
             {
                 if flags & !crate::attrs::preserve::ALL != 0 {
                     return Err(ProtoError::malformed("preserve", "unknown flags"));
@@ -139,15 +139,27 @@ impl SourceMachine {
             }
             (Negotiate | Metadata, Control::Entries(es)) if self.proposed => {
                 self.count(es)?;
+                self.marks.entries(es.first().map(|e| e.id));
                 self.sent_entries = true;
                 Metadata
             }
             // Windows: the metadata runs on into the payload.
             (Payload, Control::Entries(es)) if on && open => {
                 self.count(es)?;
+                self.marks.entries(es.first().map(|e| e.id));
                 Payload
             }
-            (Metadata, Control::Attrs(_)) if self.preserve => Metadata,
+            (Metadata, Control::Attrs(v)) if self.preserve => {
+                if !plain {
+                    self.marks.attrs(v, self.announced)?;
+                }
+                Metadata
+            }
+            // Windows: a batch's Attrs right behind its records.
+            (Payload, Control::Attrs(v)) if on && open && self.preserve => {
+                self.marks.attrs(v, self.announced)?;
+                Payload
+            }
             (Negotiate | Metadata, Control::ScanFailed { .. }) if self.proposed => self.phase,
             (Payload, Control::ScanFailed { .. }) if on && open => Payload,
             (Negotiate | Metadata, Control::MetaEnd { .. }) if self.proposed => {

@@ -783,8 +783,9 @@ fn window_messages_refused_out_of_place() {
     far.entries.next_id = MAX_WINDOW_IDS;
     let beyond = Control::Entries(vec![entry(MAX_WINDOW_IDS, "x", EntryKind::Dir)]);
     assert!(far.on_recv(&beyond).is_err());
-    // A SyncMode that needs the whole tree (dry run, resume, a device),
-    // or a Preserve, in a session that proposed windows.
+    // A SyncMode that needs the whole tree (dry run, resume, a device)
+    // in a session that proposed windows; a Preserve is taken (an
+    // archive copy runs windowed too).
     let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
     src.on_send_flags(&propose(), WINDOWS_FLAG).unwrap();
     snk.on_recv_flags(&propose(), WINDOWS_FLAG).unwrap();
@@ -794,7 +795,7 @@ fn window_messages_refused_out_of_place() {
         assert!(src.on_send(&mode).is_err(), "{bit}");
         assert!(snk.on_recv(&mode).is_err(), "{bit}");
     }
-    assert!(snk.on_recv(&Control::Preserve { flags: 1 }).is_err());
+    snk.on_recv(&Control::Preserve { flags: 1 }).unwrap();
     // ...but a copy's default journal or a sync (with --delete too), and
     // then only once.
     let journal = Control::SyncMode {
@@ -926,4 +927,79 @@ fn windowed_sync_refuses_answers_outside_the_window() {
     assert!(src.on_recv(&haves(&[])).is_err());
     assert!(src.on_send(&reuses(&[0])).is_err());
     assert!(snk.on_recv(&reuses(&[0])).is_err());
+}
+
+/// A windowed archive copy (issue 36): Preserve after SyncDone at the
+/// sink, each batch's Attrs right behind it, before or after its Ready;
+/// Attrs of an earlier batch, of an id not yet announced, before
+/// Preserve or after MetaEnd are refused at both ends, and so is a
+/// Preserve after records.
+#[test]
+fn windowed_archive_attrs_follow_their_batch() {
+    use crate::attrs::Attrs;
+    use crate::frame::WINDOWS_FLAG;
+    let a = |ids: &[u64]| {
+        let v = ids.iter().map(|&id| Attrs {
+            id,
+            ..Default::default()
+        });
+        Control::Attrs(v.collect())
+    };
+    let files = |from: u64, to: u64| {
+        let v = (from..to).map(|i| entry(i, &format!("f{i}"), EntryKind::File { size: 1 }));
+        Control::Entries(v.collect())
+    };
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    let p = propose();
+    src.on_send_flags(&p, WINDOWS_FLAG).unwrap();
+    snk.on_recv_flags(&p, WINDOWS_FLAG).unwrap();
+    let pr = Control::Preserve { flags: 3 };
+    src.on_send(&pr).unwrap();
+    let c = confirm(1);
+    snk.on_send_flags(&c, WINDOWS_FLAG).unwrap();
+    let sd = Control::SyncDone { failures: vec![] };
+    snk.on_send(&sd).unwrap();
+    // The sink took windows and answered before reading Preserve; no
+    // Attrs before it.
+    assert!(snk.on_recv(&a(&[])).is_err());
+    snk.on_recv(&pr).unwrap();
+    // The first window, before the source read Confirm: two Entries
+    // messages, their Attrs in two messages.
+    for m in [files(0, 2), files(2, 4), a(&[0, 1, 3]), a(&[2])] {
+        src.on_send(&m).unwrap();
+        snk.on_recv(&m).unwrap();
+    }
+    src.on_recv_flags(&c, WINDOWS_FLAG).unwrap();
+    src.on_recv(&sd).unwrap();
+    let r = Control::Ready { through: 4 };
+    snk.on_send(&r).unwrap();
+    src.on_recv(&r).unwrap();
+    let st = Control::SettledThrough { through: 4 };
+    snk.on_send(&st).unwrap();
+    src.on_recv(&st).unwrap();
+    for m in [files(4, 6), a(&[4])] {
+        src.on_send(&m).unwrap();
+        snk.on_recv(&m).unwrap();
+    }
+    // An id of the batch before, and one not yet announced.
+    for bad in [a(&[3]), a(&[6]), a(&[5, 0])] {
+        assert!(src.on_send(&bad).is_err());
+        assert!(snk.on_recv(&bad).is_err());
+    }
+    // A later Attrs for the same batch is still its own (split messages).
+    let more = a(&[5]);
+    src.on_send(&more).unwrap();
+    snk.on_recv(&more).unwrap();
+    // No Preserve once records came.
+    assert!(snk.on_recv(&pr).is_err());
+    assert!(src.on_send(&pr).is_err());
+    let end = Control::MetaEnd {
+        entries: 6,
+        files: 6,
+        bytes: 6,
+    };
+    src.on_send(&end).unwrap();
+    snk.on_recv(&end).unwrap();
+    assert!(src.on_send(&a(&[5])).is_err(), "Attrs after MetaEnd");
+    assert!(snk.on_recv(&a(&[5])).is_err(), "Attrs after MetaEnd");
 }

@@ -37,9 +37,6 @@ pub struct Walk {
     pub files: Vec<SourceFile>,
     pub failures: Vec<FailedPath>,
     pub total_bytes: u64,
-    /// Archive attributes (crate::storage::archive), in entry order; empty unless
-    /// asked for.
-    pub attrs: Vec<Attrs>,
 }
 
 /// A top-level source: path relative to the root, and the name its tree
@@ -213,25 +210,28 @@ pub fn walk_archive<E>(
 
 /// [`walk_streamed`] for a windowed session (issue 36): each batch of
 /// records is handed over with the regular files it names (the scan keeps
-/// none), and a second name of an inode is a LinkTo that carries its
-/// target's path (kept only for inodes of several names). The Walk it
-/// returns has no files. Batches of at most `batch` records (a window
-/// holds several).
+/// none) and, for an archive copy (`preserve`, as [`walk_archive`]), the
+/// Attrs of its entries; a second name of an inode is a LinkTo that
+/// carries its target's path (kept only for inodes of several names). The
+/// Walk it returns has no files. Batches of at most `batch` records (a
+/// window holds several).
 pub fn walk_handing<E>(
     base: &Path,
     tops: &[Top],
-    (recursive, batch): (bool, usize),
+    (recursive, batch, preserve): (bool, usize, u32),
     filter: &Filter,
     emit: &mut HandEmit<E>,
 ) -> Result<Walk, E> {
-    let mut emit =
-        |es: &[Entry], _: &[Attrs], files: &mut Vec<SourceFile>| emit(es, std::mem::take(files));
-    let how = (0, true, batch.clamp(1, STREAM_BATCH));
+    let mut emit = |es: &[Entry], attrs: &[Attrs], files: &mut Vec<SourceFile>| {
+        emit(es, attrs, std::mem::take(files))
+    };
+    let how = (preserve, true, batch.clamp(1, STREAM_BATCH));
     walk_inner(base, tops, recursive, filter, how, &mut emit)
 }
 
-/// Where [`walk_handing`] hands each batch of records and their files.
-pub type HandEmit<'a, E> = dyn FnMut(&[Entry], Vec<SourceFile>) -> Result<(), E> + 'a;
+/// Where [`walk_handing`] hands each batch of records, their Attrs and
+/// their files.
+pub type HandEmit<'a, E> = dyn FnMut(&[Entry], &[Attrs], Vec<SourceFile>) -> Result<(), E> + 'a;
 
 /// Where [`walk_inner`] hands each batch: records, their Attrs, and the
 /// file list so far (taken by a handing walk).
@@ -267,6 +267,9 @@ fn walk_inner<E>(
         failures,
         ..Default::default()
     };
+    // The Attrs of the batch being emitted only (issue 36: none kept
+    // once sent).
+    let mut attrs: Vec<Attrs> = Vec::new();
     // Several tops may name one path (`a/ b/ DST`, or one source named
     // twice): the list keeps one entry per path, as rsync's does (its
     // flist_sort_and_clean): a directory over anything else, else the
@@ -292,16 +295,16 @@ fn walk_inner<E>(
         });
         if col.wanted() {
             let a = col.attrs(i as u64, &abs(base, &d.rel), &d.owners, false, true);
-            w.attrs.push(a);
+            attrs.push(a);
         }
     }
     w.entries = batch.len() as u64;
     if !batch.is_empty() {
-        emit(&batch, &w.attrs, &mut w.files)?;
+        emit(&batch, &attrs, &mut w.files)?;
         pace.said();
     }
     batch.clear();
-    let mut attrs_emitted = w.attrs.len();
+    attrs.clear();
     let mut inodes = Inodes {
         first: HashMap::new(),
         by_path: hand,
@@ -321,7 +324,7 @@ fn walk_inner<E>(
         }
         if let Some((path, owners)) = attrs_of {
             let a = col.attrs(id, &path, &owners, symlink, false);
-            w.attrs.push(a);
+            attrs.push(a);
         }
         // A slow file system's stats send what they have (or nothing, as
         // a keepalive) before the sink's idle timeout.
@@ -330,9 +333,9 @@ fn walk_inner<E>(
                 // The files leave with their batch: their paths first.
                 arena.seal(&mut w.files);
             }
-            emit(&batch, &w.attrs[attrs_emitted..], &mut w.files)?;
+            emit(&batch, &attrs, &mut w.files)?;
             batch.clear();
-            attrs_emitted = w.attrs.len();
+            attrs.clear();
             pace.said();
         }
         Ok(())
@@ -353,7 +356,7 @@ fn walk_inner<E>(
     }
     arena.seal(&mut w.files);
     if !batch.is_empty() {
-        emit(&batch, &w.attrs[attrs_emitted..], &mut w.files)?;
+        emit(&batch, &attrs, &mut w.files)?;
     }
     w.files.shrink_to_fit();
     Ok(w)

@@ -117,12 +117,16 @@ impl Tree {
                 Control::Entries(es) => self.entries(es, root)?,
                 // An archive copy (crate::storage::archive): what the records carry.
                 Control::Preserve { flags } => {
-                    self.deferred.archive = Some(ArchiveSink::new(flags, self.archive_policy))
+                    let a = ArchiveSink::new(flags, self.archive_policy);
+                    // Windowed: a file's attributes as it settles (issue 36).
+                    let a = if self.windowed { a.windowed() } else { a };
+                    self.deferred.archive = Some(a)
                 }
                 Control::Attrs(v) => {
                     let dry = self.dry();
                     if let (Some(a), false) = (&mut self.deferred.archive, dry) {
-                        a.attrs(v)
+                        a.attrs(v, root);
+                        self.account()?;
                     }
                 }
                 // The source's unreadable paths (crate::source): reported,
@@ -148,6 +152,14 @@ impl Tree {
             }
         }
         Ok(false)
+    }
+
+    /// A windowed session's files below `below` settled and their slots
+    /// were dropped: an archive copy applies their attributes now.
+    pub fn settled(&mut self, below: u64, root: &Root) {
+        if let Some(a) = &mut self.deferred.archive {
+            a.settled(below, root);
+        }
     }
 
     pub fn sync_mode(&mut self, flags: u32, root: &Arc<Root>) {
@@ -197,10 +209,21 @@ impl Tree {
             self.entry(e, target, root);
         }
         // Per batch: the budget bounds the table before it grows past it.
+        self.account()
+    }
+
+    /// What the file list holds now (the table, sync's kept runs, an
+    /// archive copy's held attributes), against the session's budget.
+    fn account(&self) -> Result<(), EngineError> {
         let files = self.table.file_count();
         let keep = self.sync.as_ref().map_or(0, |s| s.keep_bytes());
+        let attrs = self.deferred.archive.as_ref().map_or(0, |a| a.held_bytes());
         (self.table.stats())
-            .meta_used(self.table.meta_bytes() + keep, files, self.meta_budget)
+            .meta_used(
+                self.table.meta_bytes() + keep + attrs,
+                files,
+                self.meta_budget,
+            )
             .map_err(EngineError::Local)
     }
 

@@ -235,7 +235,8 @@ impl SourceSession<'_> {
             checksum: opts.checksum,
             cipher: opts.encrypt.id(),
         });
-        // A plain copy offers windows (issue 36); an old sink ignores it.
+        // A copy or sync (archive ones too) offers windows (issue 36); an
+        // old sink ignores it.
         // Not on a kept link (issue 38): its sessions end at Complete with
         // the control reader stopped, which the windowed phases do not do.
         let flags = match opts.windows_allowed() && !self.keep {

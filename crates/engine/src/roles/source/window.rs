@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 
 use crossbeam_channel::{bounded, Receiver};
+use ramsys_proto::attrs::Attrs;
 use ramsys_proto::control::{Entry, EntryKind};
 use ramsys_proto::session::Windows;
 use ramsys_proto::Control;
@@ -19,9 +20,9 @@ use crate::types::file::SourceFile;
 
 /// What the scan thread hands the control loop.
 pub(super) enum ScanMsg {
-    /// A batch of records (empty: the scan's keepalive) and the regular
-    /// files among them.
-    Batch(Vec<Entry>, Vec<SourceFile>),
+    /// A batch of records (empty: the scan's keepalive), their Attrs (an
+    /// archive copy's) and the regular files among them.
+    Batch(Vec<Entry>, Vec<Attrs>, Vec<SourceFile>),
     /// The scan is over: its failures and totals (no files).
     Done(Walk),
 }
@@ -39,15 +40,23 @@ pub(super) fn start_scan(s: &SourceSession<'_>) -> Result<ScanRx, EngineError> {
     filter.listed_may_vanish = s.opts.listed_may_vanish;
     let (base, tops) = (s.spec.root.path().to_path_buf(), s.spec.tops.clone());
     // Batches of half a window at most: the window then holds two or more.
-    let how = (s.opts.recursive, (s.opts.meta_window.0 / 2).max(1) as usize);
+    let half = (s.opts.meta_window.0 / 2).max(1) as usize;
+    let how = (s.opts.recursive, half, s.opts.preserve);
+    let archive = s.opts.preserve != 0;
     let (tx, rx) = bounded(2);
     std::thread::Builder::new()
         .name("src-scan".into())
         .spawn(move || {
-            let walked = walk_handing(&base, &tops, how, &filter, &mut |es, files| {
-                tx.send(ScanMsg::Batch(es.to_vec(), files)).map_err(|_| ())
+            let walked = walk_handing(&base, &tops, how, &filter, &mut |es, attrs, files| {
+                let batch = ScanMsg::Batch(es.to_vec(), attrs.to_vec(), files);
+                tx.send(batch).map_err(|_| ())
             });
-            if let Ok(w) = walked {
+            if let Ok(mut w) = walked {
+                // Set-ID bits are dropped (and noted) by a plain copy
+                // only: an archive copy keeps what the policy allows.
+                if archive {
+                    w.setid = 0;
+                }
                 let _ = tx.send(ScanMsg::Done(w));
             }
         })?;
@@ -150,8 +159,9 @@ fn wire(mut es: Vec<Entry>, on: bool) -> Vec<Entry> {
     es
 }
 
-/// One message of the scan: its records go out (and their files wait for
-/// Ready), or its end: ScanFailed and MetaEnd. False once it has ended.
+/// One message of the scan: its records go out, their Attrs right behind
+/// them (docs/PROTOCOL.md "Windows"), and their files wait for Ready; or
+/// its end: ScanFailed and MetaEnd. False once it has ended.
 pub(super) fn on_scan(
     ctl: &mut Ctl,
     ahead: &mut Ahead,
@@ -159,9 +169,10 @@ pub(super) fn on_scan(
     root: &crate::storage::fsops::Root,
 ) -> Result<bool, EngineError> {
     match m {
-        ScanMsg::Batch(es, files) => {
+        ScanMsg::Batch(es, attrs, files) => {
             let on = ctl.machine.windows() == Windows::On;
             send_entries(ctl, &wire(es.clone(), on))?;
+            crate::storage::archive::collect::send_attrs(&attrs, &mut |m| ctl.send(&m))?;
             ahead.sent(&es, files);
             Ok(true)
         }

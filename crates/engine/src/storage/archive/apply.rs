@@ -2,6 +2,9 @@
 //! extended attributes, ACLs and atimes applied, once every file is in
 //! place (sink::tree's deferred pass, before directories get their mode and
 //! mtime, so nothing made here changes a directory's mtime afterwards).
+//! A windowed session (issue 36) applies a regular file's as soon as the
+//! file has settled and its Attrs came, so nothing of it outlives its
+//! window; directories, symlinks and special files still wait for the end.
 //!
 //! Every call is relative to a directory opened through the sink's
 //! confined [`Root`] and never follows the entry itself (fchownat and
@@ -11,7 +14,7 @@
 //! What the process or the [`Policy`] does not allow is counted and noted
 //! in ONE line at the end, not per file; other errors are failures.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -94,6 +97,28 @@ pub struct ArchiveSink {
     by_id: HashMap<u64, usize>,
     specials: Vec<Special>,
     pub not_kept: NotKept,
+    /// A windowed session (issue 36): regular files are held apart.
+    windowed: bool,
+    /// Its regular files, by id: held from their record until both their
+    /// Attrs came and they settled.
+    files: BTreeMap<u64, Rec>,
+    /// Every file of an id below it has settled (the sink's released
+    /// slots).
+    settled: u64,
+    /// What failed of the attributes applied during the payload.
+    failures: Vec<Failure>,
+    /// Bytes `files` holds (records, paths, Attrs), for the session's
+    /// file-list accounting.
+    held: u64,
+}
+
+/// What a held record costs: the record, its path and its Attrs (their
+/// wire size, near what they hold).
+fn cost(r: &Rec) -> u64 {
+    let attrs = r.attrs.as_deref().map_or(0, |a| {
+        std::mem::size_of::<Attrs>() + ramsys_proto::attrs::attrs_wire_size(a)
+    });
+    (std::mem::size_of::<Rec>() + r.path.len() + attrs) as u64
 }
 
 fn cstr(b: &[u8]) -> io::Result<&[u8]> {
@@ -135,7 +160,32 @@ impl ArchiveSink {
             by_id: HashMap::new(),
             specials: Vec::new(),
             not_kept: NotKept::default(),
+            windowed: false,
+            files: BTreeMap::new(),
+            settled: 0,
+            failures: Vec::new(),
+            held: 0,
         }
+    }
+
+    /// Bytes held for a windowed session's files not yet given their
+    /// attributes (at most about a window's).
+    pub fn held_bytes(&self) -> u64 {
+        self.held
+    }
+
+    /// A held file's record, no longer held.
+    fn take_file(&mut self, id: u64) -> Option<Rec> {
+        let r = self.files.remove(&id)?;
+        self.held -= cost(&r);
+        Some(r)
+    }
+
+    /// A windowed session's (issue 36): regular files' attributes are
+    /// applied as the files settle ([`ArchiveSink::settled`]).
+    pub fn windowed(mut self) -> ArchiveSink {
+        self.windowed = true;
+        self
     }
 
     /// The mode a file is renamed into place with: without its
@@ -175,22 +225,72 @@ impl ArchiveSink {
                 Kind::Special
             }
         };
-        self.by_id.insert(e.id, self.recs.len());
-        self.recs.push(Rec {
+        let rec = Rec {
             path: target.to_vec(),
             kind,
             mode: e.mode,
             mtime: (e.mtime_s, e.mtime_ns),
             attrs: None,
-        });
+        };
+        if self.windowed && kind == Kind::File {
+            // Only where Attrs will come (preserve::ATTRS): else a file
+            // has nothing left to apply once it is in place.
+            if self.flags & preserve::ATTRS != 0 {
+                self.held += cost(&rec);
+                if let Some(old) = self.files.insert(e.id, rec) {
+                    self.held -= cost(&old);
+                }
+            }
+            return;
+        }
+        self.by_id.insert(e.id, self.recs.len());
+        self.recs.push(rec);
     }
 
-    /// Attrs records, for entries already announced.
-    pub fn attrs(&mut self, v: Vec<Attrs>) {
+    /// Attrs records, for entries already announced. A windowed session's
+    /// file that settled already (a sync's unchanged file settles with its
+    /// Ready, before its Attrs arrive) gets them at once.
+    pub fn attrs(&mut self, v: Vec<Attrs>, root: &Root) {
         for a in v {
-            if let Some(&i) = self.by_id.get(&a.id) {
+            let id = a.id;
+            if let Some(r) = self.files.get_mut(&id) {
+                let before = cost(r);
+                r.attrs = Some(Box::new(a));
+                self.held = self.held - before + cost(r);
+                if id < self.settled {
+                    if let Some(r) = self.take_file(id) {
+                        self.apply_now(root, r);
+                    }
+                }
+            } else if let Some(&i) = self.by_id.get(&a.id) {
                 self.recs[i].attrs = Some(Box::new(a));
             }
+        }
+    }
+
+    /// A windowed session: every file below `below` settled (in place or
+    /// failed); those whose Attrs came get them now and are dropped.
+    pub fn settled(&mut self, below: u64, root: &Root) {
+        self.settled = self.settled.max(below);
+        let due: Vec<u64> = (self.files.range(..below))
+            .filter(|(_, r)| r.attrs.is_some())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in due {
+            if let Some(r) = self.take_file(id) {
+                self.apply_now(root, r);
+            }
+        }
+    }
+
+    /// One windowed file's attributes; a failure is kept for the verdict.
+    fn apply_now(&mut self, root: &Root, r: Rec) {
+        let Some(a) = &r.attrs else { return };
+        if let Err(e) = self.apply(root, &r, a) {
+            self.failures.push(Failure {
+                path: r.path.clone(),
+                reason: format!("attributes: {e}"),
+            });
         }
     }
 
@@ -212,6 +312,13 @@ impl ArchiveSink {
                 });
             }
         }
+        // A windowed session's files not settled by the last look (the
+        // payload ended first): in place or failed by now.
+        self.held = 0;
+        for (_, r) in std::mem::take(&mut self.files) {
+            self.apply_now(root, r);
+        }
+        failures.append(&mut self.failures);
         let recs = std::mem::take(&mut self.recs);
         for r in &recs {
             let Some(a) = &r.attrs else { continue };
@@ -555,16 +662,19 @@ mod tests {
         s.entry(&entry(2, EntryKind::File { size: 1 }, 0o644), b"f");
         // Our own gid: settable by anyone; a user.* xattr.
         let gid = rustix::process::getegid().as_raw();
-        s.attrs(vec![Attrs {
-            id: 2,
-            group: Some(Principal {
-                id: gid,
-                name: vec![],
-            }),
-            xattrs: vec![(b"user.k".to_vec(), b"v".to_vec())],
-            atime: Some((5, 6)),
-            ..Default::default()
-        }]);
+        s.attrs(
+            vec![Attrs {
+                id: 2,
+                group: Some(Principal {
+                    id: gid,
+                    name: vec![],
+                }),
+                xattrs: vec![(b"user.k".to_vec(), b"v".to_vec())],
+                atime: Some((5, 6)),
+                ..Default::default()
+            }],
+            &root,
+        );
         let tmp = |i: usize| format!(".t{i}").into_bytes();
         let mut fails = Vec::new();
         s.place(&root, tmp, &mut fails);
@@ -594,6 +704,49 @@ mod tests {
             std::fs::symlink_metadata(d.path().join("p")).unwrap().ino(),
             ino
         );
+    }
+
+    /// A windowed session (issue 36): a file's attributes are applied once
+    /// it settled and its Attrs came, in either order, and nothing of it
+    /// is held after; a file not settled by the last look gets them at the
+    /// end; a directory's wait for the end.
+    #[test]
+    fn windowed_files_get_attributes_as_they_settle() {
+        let d = tempfile::tempdir().unwrap();
+        for f in ["a", "b", "c"] {
+            std::fs::write(d.path().join(f), b"x").unwrap();
+        }
+        std::fs::create_dir(d.path().join("d")).unwrap();
+        let root = Root::open(d.path(), Confinement::Strict).unwrap();
+        let mut s = ArchiveSink::new(preserve::ATIMES, Policy::default()).windowed();
+        let atime = |id: u64, t: i64| Attrs {
+            id,
+            atime: Some((t, 0)),
+            ..Default::default()
+        };
+        let at = |f: &str| std::fs::metadata(d.path().join(f)).unwrap().atime();
+        s.entry(&entry(0, EntryKind::Dir, 0o755), b"d");
+        for (id, f) in [(1, "a"), (2, "b"), (3, "c")] {
+            s.entry(&entry(id, EntryKind::File { size: 1 }, 0o644), f.as_bytes());
+        }
+        s.attrs(vec![atime(0, 50), atime(1, 11)], &root);
+        assert_ne!(at("a"), 11, "not before it settled");
+        s.settled(2, &root);
+        assert_eq!(at("a"), 11);
+        // Settled before its Attrs came (a sync's unchanged file).
+        s.settled(3, &root);
+        s.attrs(vec![atime(2, 22), atime(3, 33)], &root);
+        assert_eq!(at("b"), 22);
+        assert_ne!(at("c"), 33);
+        assert_eq!(s.files.keys().copied().collect::<Vec<_>>(), vec![3]);
+        assert_eq!(s.held_bytes(), cost(&s.files[&3]));
+        let mut fails = Vec::new();
+        s.place(&root, |i| format!(".t{i}").into_bytes(), &mut fails);
+        assert!(fails.is_empty(), "{fails:?}");
+        assert_eq!(at("c"), 33);
+        assert!(s.files.is_empty() && s.held_bytes() == 0);
+        s.dir_atimes(&root);
+        assert_eq!(at("d"), 50);
     }
 
     fn fifo_kind() -> EntryKind {
@@ -627,15 +780,18 @@ mod tests {
             b"null",
         );
         s.entry(&entry(1, EntryKind::File { size: 1 }, 0o644), b"f");
-        s.attrs(vec![Attrs {
-            id: 1,
-            owner: Some(Principal {
-                id: 4242,
-                name: vec![],
-            }),
-            xattrs: vec![(b"trusted.k".to_vec(), b"v".to_vec())],
-            ..Default::default()
-        }]);
+        s.attrs(
+            vec![Attrs {
+                id: 1,
+                owner: Some(Principal {
+                    id: 4242,
+                    name: vec![],
+                }),
+                xattrs: vec![(b"trusted.k".to_vec(), b"v".to_vec())],
+                ..Default::default()
+            }],
+            &root,
+        );
         let mut fails = Vec::new();
         s.place(&root, |i| format!(".t{i}").into_bytes(), &mut fails);
         assert!(fails.is_empty(), "{fails:?}");

@@ -571,6 +571,9 @@ impl<'s> SinkPipeline<'s> {
             let below = self.table.release(w.ready);
             if below > w.settled {
                 w.settled = below;
+                // An archive copy's files get their attributes as they
+                // settle (storage::archive::apply): none held past here.
+                w.tree.settled(below, &self.table.root);
                 self.ctl.send(&Control::SettledThrough { through: below })?;
             }
         }
@@ -628,7 +631,9 @@ impl<'s> SinkPipeline<'s> {
                 m @ (Control::Entries(_)
                 | Control::ScanFailed { .. }
                 | Control::MetaEnd { .. }
-                | Control::SyncMode { .. }),
+                | Control::SyncMode { .. }
+                | Control::Preserve { .. }
+                | Control::Attrs(_)),
             )) if self.window.is_some() => self.on_metadata(m),
             Ok(Ok(m @ (Control::Grown { .. } | Control::GrownLinks { .. }))) => {
                 self.ctl.machine.on_recv(&m)?;
@@ -691,11 +696,17 @@ impl<'s> SinkPipeline<'s> {
             return Ok(());
         };
         let root = self.table.root.clone();
+        // An archive copy's flags, or a batch's Attrs (right behind its
+        // records): nothing to register or make ready after them.
+        let attrs = matches!(m, Control::Preserve { .. } | Control::Attrs(_));
         // The records see the session's sync (the loop holds it for the
         // Reuse verdicts and the journal).
         w.tree.sync = self.sync.take();
         let ended = w.tree.on_message(m, &root);
         self.sync = w.tree.sync.take();
+        if attrs {
+            return ended.map(|_| ());
+        }
         if ended? {
             // Data and digests may now be far apart: no idle timeout.
             w.meta_end = true;
