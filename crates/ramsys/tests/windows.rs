@@ -397,8 +397,9 @@ fn windowed_archive_copies_keep_modes_mtimes_and_owners() {
 /// `--delete` in windows: the sink keeps a keyed hash per path the source
 /// sent (8-16 bytes) and deletes at the end, as in the whole-tree phases.
 /// Push, pull and local remove what the source lost (a file, a whole
-/// directory) and DST's own extra, leave what the rules exclude (rsync's
-/// rule), give the source's tree, and a second run changes nothing. The
+/// directory) and DST's own extra under `-a --delete`, leave what the
+/// rules exclude (rsync's rule), give the source's tree, and a second run
+/// changes nothing. The
 /// pushing agent's file list stays within its window.
 #[test]
 fn windowed_delete_syncs_remove_what_the_source_lost() {
@@ -428,13 +429,22 @@ fn windowed_delete_syncs_remove_what_the_source_lost() {
     for (from, to, at) in &runs {
         std::fs::write(at.join("d020/extra"), b"x").unwrap();
         std::fs::write(at.join("d021/extra.tmp"), b"kept").unwrap();
-        let o = sync(&key, WINDOW, &["--delete", "--exclude", "*.tmp", from, to]);
+        // As rsync users run it: -a --delete (Attrs per window too).
+        let o = sync(
+            &key,
+            WINDOW,
+            &["-a", "--delete", "--exclude", "*.tmp", from, to],
+        );
         assert_ok(&o);
         // d007/f0003, d012 (one entry, its files with it), d020/extra.
         assert_eq!(n(&o, "deleted"), 3, "{from} -> {to}");
         assert_eq!(n(&o, "files"), 0, "{from} -> {to}");
         assert_eq!(std::fs::read(at.join("d021/extra.tmp")).unwrap(), b"kept");
-        let o = sync(&key, WINDOW, &["--delete", "--exclude", "*.tmp", from, to]);
+        let o = sync(
+            &key,
+            WINDOW,
+            &["-a", "--delete", "--exclude", "*.tmp", from, to],
+        );
         assert_ok(&o);
         assert_eq!((n(&o, "deleted"), n(&o, "files")), (0, 0), "{from} -> {to}");
         // Without the protected file (and its directory's mtime set back
@@ -445,7 +455,7 @@ fn windowed_delete_syncs_remove_what_the_source_lost() {
     }
     // The push again, after one more loss: the agent held a window.
     std::fs::remove_file(src.join("d001/f0001")).unwrap();
-    let o = sync(&key, WINDOW, &["--delete", &s, &push]);
+    let o = sync(&key, WINDOW, &["-a", "--delete", &s, &push]);
     assert_ok(&o);
     assert_eq!(n(&o, "deleted"), 1);
     let windowed = meta_bytes(&o);
@@ -453,7 +463,7 @@ fn windowed_delete_syncs_remove_what_the_source_lost() {
     let whole = t.path().join("whole");
     std::fs::create_dir(&whole).unwrap();
     let d0 = daemon(&whole, &key, "0");
-    let o = sync(&key, "0", &["--delete", &s, &d0.url("push")]);
+    let o = sync(&key, "0", &["-a", "--delete", &s, &d0.url("push")]);
     assert_ok(&o);
     let all = meta_bytes(&o);
     assert!(windowed * 4 < all, "source held {windowed} of {all} bytes");
