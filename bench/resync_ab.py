@@ -16,7 +16,7 @@ run); medians of --runs. rsync must find nothing to do: checked first
         --files 1000000 --runs 3
 
 --delete syncs every tool with --delete (the daily mirror; nothing to
-delete); --old-env KEY=VALUE runs OLD's agent and daemon with that
+delete); --archive runs ramsys with -a too (rsync always has -a); --old-env KEY=VALUE runs OLD's agent and daemon with that
 variable (RAMSYS_WINDOW_FILES=0: NEW's binary without windows as OLD).
 """
 import argparse
@@ -47,6 +47,8 @@ def main():
     ap.add_argument("--work", default="/var/tmp/ramsys-scale")
     ap.add_argument("--delete", action="store_true",
                     help="every tool syncs with --delete (nothing to delete: the daily mirror)")
+    ap.add_argument("--archive", action="store_true",
+                    help="ramsys syncs with -a as well (rsync always runs -a)")
     ap.add_argument("--old-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment of OLD's agent and daemon only, e.g. "
                          "RAMSYS_WINDOW_FILES=0 (NEW's binary without windows as OLD)")
@@ -95,16 +97,17 @@ def main():
                                  capture_output=True, text=True).stdout.split("\n")
             changed = [x for x in out if x.strip()]
             print(f"rsync -ai -n to {dst}: {len(changed)} itemized", file=sys.stderr)
-        d = ["--delete"] if a.delete else []
+        dl = ["--delete"] if a.delete else []
+        d = (["-a"] if a.archive else []) + dl
         tools = {
             "ramsys old local": ([old, "sync", "-r", *d, src + "/", local], None),
             "ramsys new local": ([new, "sync", "-r", *d, src + "/", local], None),
-            "rsync local": (["rsync", "-a", *d, src + "/", local], None),
+            "rsync local": (["rsync", "-a", *dl, src + "/", local], None),
             "ramsys old push": ([old, "sync", "-r", *d, src + "/", f"ramsys://{aold}/push"],
                                 dold),
             "ramsys new push": ([new, "sync", "-r", *d, src + "/", f"ramsys://{anew}/push"],
                                 dnew),
-            "rsync push": (["rsync", "-a", *d, src + "/", rs], None),
+            "rsync push": (["rsync", "-a", *dl, src + "/", rs], None),
         }
         rng = random.Random(36)
         res = {t: [] for t in tools}
