@@ -141,6 +141,21 @@ fn denied(e: &io::Error) -> bool {
     )
 }
 
+/// The parent directory of the last entry given its attributes, kept for
+/// one pass (a window's files, or the end's records): entries come in
+/// directory order, so one openat2 serves a directory's files where one per
+/// file cost 2.5 s of a 6.2 s no-change `sync -a` of 1 M files here.
+type DirCache = Option<(Vec<u8>, OwnedFd)>;
+
+/// `parent` under `root`, from `cache` when it holds that directory.
+fn parent_dir<'a>(root: &Root, cache: &'a mut DirCache, parent: &[u8]) -> io::Result<&'a OwnedFd> {
+    if cache.as_ref().is_none_or(|(p, _)| p != parent) {
+        *cache = None;
+        *cache = Some((parent.to_vec(), root.open_dir(parent)?));
+    }
+    Ok(&cache.as_ref().expect("just filled").1)
+}
+
 /// `name` in the open directory `dir`, as a path the l*xattr calls take:
 /// the directory through its descriptor, the last component not followed.
 fn fd_path(dir: &OwnedFd, name: &[u8]) -> PathBuf {
@@ -251,6 +266,7 @@ impl ArchiveSink {
     /// file that settled already (a sync's unchanged file settles with its
     /// Ready, before its Attrs arrive) gets them at once.
     pub fn attrs(&mut self, v: Vec<Attrs>, root: &Root) {
+        let mut dir = None;
         for a in v {
             let id = a.id;
             if let Some(r) = self.files.get_mut(&id) {
@@ -259,7 +275,7 @@ impl ArchiveSink {
                 self.held = self.held - before + cost(r);
                 if id < self.settled {
                     if let Some(r) = self.take_file(id) {
-                        self.apply_now(root, r);
+                        self.apply_now(root, r, &mut dir);
                     }
                 }
             } else if let Some(&i) = self.by_id.get(&a.id) {
@@ -276,17 +292,18 @@ impl ArchiveSink {
             .filter(|(_, r)| r.attrs.is_some())
             .map(|(&id, _)| id)
             .collect();
+        let mut dir = None;
         for id in due {
             if let Some(r) = self.take_file(id) {
-                self.apply_now(root, r);
+                self.apply_now(root, r, &mut dir);
             }
         }
     }
 
     /// One windowed file's attributes; a failure is kept for the verdict.
-    fn apply_now(&mut self, root: &Root, r: Rec) {
+    fn apply_now(&mut self, root: &Root, r: Rec, dir: &mut DirCache) {
         let Some(a) = &r.attrs else { return };
-        if let Err(e) = self.apply(root, &r, a) {
+        if let Err(e) = self.apply(root, &r, a, dir) {
             self.failures.push(Failure {
                 path: r.path.clone(),
                 reason: format!("attributes: {e}"),
@@ -315,14 +332,16 @@ impl ArchiveSink {
         // A windowed session's files not settled by the last look (the
         // payload ended first): in place or failed by now.
         self.held = 0;
+        let mut dir = None;
         for (_, r) in std::mem::take(&mut self.files) {
-            self.apply_now(root, r);
+            self.apply_now(root, r, &mut dir);
         }
         failures.append(&mut self.failures);
         let recs = std::mem::take(&mut self.recs);
+        let mut dir = None;
         for r in &recs {
             let Some(a) = &r.attrs else { continue };
-            if let Err(e) = self.apply(root, r, a) {
+            if let Err(e) = self.apply(root, r, a, &mut dir) {
                 failures.push(Failure {
                     path: r.path.clone(),
                     reason: format!("attributes: {e}"),
@@ -408,9 +427,9 @@ impl ArchiveSink {
         set_times(&dir, name, None, s.mtime)
     }
 
-    fn apply(&mut self, root: &Root, r: &Rec, a: &Attrs) -> io::Result<()> {
+    fn apply(&mut self, root: &Root, r: &Rec, a: &Attrs, cache: &mut DirCache) -> io::Result<()> {
         let (parent, name) = split_parent(&r.path);
-        let dir = root.open_dir(parent)?;
+        let dir = parent_dir(root, cache, parent)?;
         // A file that failed (reported already) or a device not made.
         let Some(st) = lstat_at(dir.as_fd(), name)? else {
             return Ok(());
@@ -420,7 +439,7 @@ impl ArchiveSink {
         }
         let numeric = self.flags & preserve::NUMERIC_IDS != 0;
         let n = cstr(if name.is_empty() { b"." } else { name })?;
-        let own = self.owners(&dir, n, a, &st, numeric)?;
+        let own = self.owners(dir, n, a, &st, numeric)?;
         // chown clears set-user-ID and set-group-ID bits of a file, and
         // files were placed without them (placed_mode): put back what the
         // policy allows now that the owner is known (issue 34: never a
@@ -431,18 +450,18 @@ impl ArchiveSink {
         let file = matches!(r.kind, Kind::File | Kind::Special);
         if file && setid && (own.chowned || st.st_mode & 0o7777 != mode) {
             // The entry is not a symlink.
-            rustix::fs::chmodat(&dir, n, Mode::from_bits_retain(mode), AtFlags::empty())?;
+            rustix::fs::chmodat(dir, n, Mode::from_bits_retain(mode), AtFlags::empty())?;
         }
         if r.kind != Kind::Symlink {
             if self.flags & preserve::XATTRS != 0 {
-                self.xattrs(&dir, name, a)?;
+                self.xattrs(dir, name, a)?;
             }
             if self.flags & preserve::ACLS != 0 {
-                self.acls(&dir, name, r, a, numeric)?;
+                self.acls(dir, name, r, a, numeric)?;
             }
         }
         if let (Some(at), false) = (a.atime, r.kind == Kind::Dir) {
-            set_times(&dir, name, Some(at), r.mtime)?;
+            set_times(dir, name, Some(at), r.mtime)?;
         }
         Ok(())
     }
