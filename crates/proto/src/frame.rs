@@ -129,6 +129,14 @@ pub const HELLO_PATH_FLAG: u8 = 1;
 /// docs/PROTOCOL.md "Windows"). A peer of before ignores CONTROL flags, so
 /// it keeps today's whole-tree phases.
 pub const WINDOWS_FLAG: u8 = 2;
+/// Header flag of the CONTROL frame carrying a Propose, in place of
+/// [`WINDOWS_FLAG`], for a session a sink of before would refuse in
+/// windows: an archive copy (Preserve) or a `--delete` sync. A sink of
+/// before ignores it and keeps the whole-tree phases; a sink of now takes
+/// it as [`WINDOWS_FLAG`] and answers with WINDOWS_FLAG on its Confirm.
+pub const WIDE_WINDOWS_FLAG: u8 = 4;
+/// Either flag on a Propose: the source can run windows.
+pub const ANY_WINDOWS: u8 = WINDOWS_FLAG | WIDE_WINDOWS_FLAG;
 
 /// Body of a sealed CREDIT: n (u32 LE) and a 16-byte tag over header + n.
 pub const CREDIT_SEALED_LEN: u32 = 4 + 16;

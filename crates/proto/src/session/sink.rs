@@ -4,7 +4,7 @@
 use super::checks::{check_attrs, EntryChecker};
 use super::{Marks, Phase, Windows};
 use crate::control::{Control, EntryKind};
-use crate::frame::WINDOWS_FLAG;
+use crate::frame::{ANY_WINDOWS, WINDOWS_FLAG};
 use crate::ProtoError;
 
 /// The sink end of a session.
@@ -187,7 +187,8 @@ impl SinkMachine {
     }
 
     /// [`Self::on_recv`] of a message whose CONTROL frame carried `flags`
-    /// (frame::WINDOWS_FLAG on Propose: the source can run windows).
+    /// (frame::WINDOWS_FLAG or WIDE_WINDOWS_FLAG on Propose: the source can
+    /// run windows).
     pub fn on_recv_flags(&mut self, m: &Control, flags: u8) -> Result<(), ProtoError> {
         use Phase::*;
         let plain = self.marks.windows == Windows::Off;
@@ -201,7 +202,7 @@ impl SinkMachine {
                         "zero streams or block size",
                     ));
                 }
-                if flags & WINDOWS_FLAG != 0 {
+                if flags & ANY_WINDOWS != 0 {
                     self.marks.windows = Windows::Proposed;
                 }
                 self.proposed = Some(p.clone());

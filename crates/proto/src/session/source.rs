@@ -3,7 +3,7 @@
 
 use super::{Marks, Phase, Windows};
 use crate::control::{Control, Entry, EntryKind};
-use crate::frame::WINDOWS_FLAG;
+use crate::frame::{ANY_WINDOWS, WINDOWS_FLAG};
 use crate::ProtoError;
 
 /// The source end of a session. The source may stream its metadata right
@@ -100,7 +100,8 @@ impl SourceMachine {
     }
 
     /// [`Self::on_send`] of a message whose CONTROL frame carries `flags`
-    /// (frame::WINDOWS_FLAG on Propose: windows proposed).
+    /// (frame::WINDOWS_FLAG or WIDE_WINDOWS_FLAG on Propose: windows
+    /// proposed).
     pub fn on_send_flags(&mut self, m: &Control, flags: u8) -> Result<(), ProtoError> {
         use Phase::*;
         let plain = self.marks.windows == Windows::Off;
@@ -109,7 +110,7 @@ impl SourceMachine {
             (_, Control::Abort { .. }) => Aborted,
             (Negotiate, Control::Propose(_)) if !self.proposed => {
                 self.proposed = true;
-                if flags & WINDOWS_FLAG != 0 {
+                if flags & ANY_WINDOWS != 0 {
                     self.marks.windows = Windows::Proposed;
                 }
                 Negotiate

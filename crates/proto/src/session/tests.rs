@@ -812,6 +812,41 @@ fn window_messages_refused_out_of_place() {
     assert!(snk.on_recv(&eod).is_err());
 }
 
+/// An archive copy or a `--delete` sync proposes windows with the wide
+/// flag (a sink of before ignores it and keeps the whole-tree phases):
+/// both ends take it as a windowed Propose, its Preserve and SyncMode
+/// included, and the Confirm answers with the plain flag.
+#[test]
+fn the_wide_flag_proposes_windows_for_archive_and_delete_syncs() {
+    use crate::control::sync::{DELETE, SYNC};
+    use crate::frame::{WIDE_WINDOWS_FLAG, WINDOWS_FLAG};
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    let p = propose();
+    src.on_send_flags(&p, WIDE_WINDOWS_FLAG).unwrap();
+    snk.on_recv_flags(&p, WIDE_WINDOWS_FLAG).unwrap();
+    let mode = Control::SyncMode {
+        flags: SYNC | DELETE,
+    };
+    src.on_send(&mode).unwrap();
+    snk.on_recv(&mode).unwrap();
+    let keep = Control::Preserve { flags: 1 };
+    src.on_send(&keep).unwrap();
+    snk.on_recv(&keep).unwrap();
+    let c = confirm(1);
+    snk.on_send_flags(&c, WINDOWS_FLAG).unwrap();
+    src.on_recv_flags(&c, WINDOWS_FLAG).unwrap();
+    let sd = Control::SyncDone { failures: vec![] };
+    snk.on_send(&sd).unwrap();
+    src.on_recv(&sd).unwrap();
+    // Windowed: records during the payload, and a Ready for them.
+    let es = Control::Entries(vec![entry(0, "f", EntryKind::File { size: 1 })]);
+    src.on_send(&es).unwrap();
+    snk.on_recv(&es).unwrap();
+    let ready = Control::Ready { through: 1 };
+    snk.on_send(&ready).unwrap();
+    src.on_recv(&ready).unwrap();
+}
+
 /// A windowed pair of a sync (SyncMode SYNC) up to the payload, `n`
 /// file records announced, none ready yet.
 fn windowed_sync(n: u64) -> (SourceMachine, SinkMachine) {

@@ -259,7 +259,7 @@ impl SinkSession<'_> {
             (Control::Propose(p), flags) => (p, flags),
             (m, _) => return Err(unexpected(&m, self.ctl.phase())),
         };
-        let windows = flags & ramsys_proto::frame::WINDOWS_FLAG != 0;
+        let windows = flags & ramsys_proto::frame::ANY_WINDOWS != 0;
         let spec = &self.spec;
         match DestMap::resolve(&spec.root, &spec.dest, prop.roots, self.opts.sync) {
             Ok(m) => Ok((prop, m, windows)),

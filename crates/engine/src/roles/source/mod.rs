@@ -239,9 +239,16 @@ impl SourceSession<'_> {
         // old sink ignores it.
         // Not on a kept link (issue 38): its sessions end at Complete with
         // the control reader stopped, which the windowed phases do not do.
-        let flags = match opts.windows_allowed() && !self.keep {
-            true => ramsys_proto::frame::WINDOWS_FLAG,
-            false => 0,
+        // An archive copy or a `--delete` sync offers them with the wide
+        // flag, which a sink of before (windows for plain copies and syncs
+        // only) ignores instead of refusing the session's Preserve or
+        // SyncMode.
+        use ramsys_proto::frame::{WIDE_WINDOWS_FLAG, WINDOWS_FLAG};
+        let wide = opts.preserve != 0 || opts.sync & crate::request::sync::flags::DELETE != 0;
+        let flags = match (opts.windows_allowed() && !self.keep, wide) {
+            (false, _) => 0,
+            (true, false) => WINDOWS_FLAG,
+            (true, true) => WIDE_WINDOWS_FLAG,
         };
         self.ctl.send_flagged(&propose, flags)?;
         // DEST_DIR is the sink's own (SyncOpen, or its agent's options).
