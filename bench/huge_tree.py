@@ -15,7 +15,8 @@ alternating order. The destination is a fresh file system each time
 (mkfs, not rm -rf: removing 10 M files takes longer than copying them and
 leaves ext4 slow to create). Caches dropped, the source's metadata re-read
 before each run. Wall time, files/s, the agent's max RSS (wait4) and the
-daemon's VmHWM.
+daemon's VmHWM. --resync ARGS also times a no-change `sync ARGS` (e.g.
+`-a --delete`) onto each fresh copy (its row's files/s: files compared).
 
     sudo python3 bench/huge_tree.py --bin target/release/ramsys --sizes 100000,1000000,10000000
 """
@@ -66,6 +67,9 @@ def main():
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--modes", default="local,push")
     ap.add_argument("--work", default="/var/tmp/ramsys-huge")
+    ap.add_argument("--resync", metavar="ARGS",
+                    help="after each copy, time `ramsys sync ARGS SRC/ DST` onto it "
+                         "(a no-change re-sync, e.g. '-a --delete'; same mode, warm)")
     a = ap.parse_args()
     binary = os.path.abspath(a.bin)
     os.makedirs(a.work, exist_ok=True)
@@ -108,6 +112,15 @@ def main():
                 cmd = [binary, "cp", "-r", os.path.join(src, "t") + "/", to]
                 wall, rss, hwm, rc, err = scale.run(cmd, env=env,
                                                     daemon_pid=d.pid if d else None)
+                if a.resync:
+                    again = [binary, "sync", "-r", *a.resync.split(),
+                             os.path.join(src, "t") + "/", to]
+                    w2, r2, h2, rc2, err2 = scale.run(again, env=env,
+                                                      daemon_pid=d.pid if d else None)
+                    print(f"{n} {mode} re-sync {a.resync}: {w2:.1f} s, agent {r2:.0f} MiB, "
+                          f"daemon {h2 or 0:.0f} MiB, rc {rc2} {err2}", file=sys.stderr)
+                    res.setdefault(mode + " re-sync", []).append(
+                        (w2, r2, h2 or 0, rc2 == 0))
                 if d:
                     d.terminate()
                     d.wait()
