@@ -5,7 +5,6 @@
 //! that descriptor, and a symlink is removed, never followed. The sink runs
 //! this after every new file, link and directory attribute is in place.
 
-use std::collections::HashSet;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
 
@@ -28,16 +27,72 @@ fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
     v
 }
 
-/// The destination paths the source sent, as keyed 64-bit hashes: 8-16
-/// bytes a path where a set of the paths took ~100 (a million-file
-/// `--delete` held 100 MB for it, issue 36). A collision can only keep
-/// an entry that should go (never delete one the source sent), with odds
-/// of about n / 2^64 per entry looked up; the key is random per session,
-/// so no name can be made to collide on purpose.
+/// The destination paths the source sent, as keyed 64-bit hashes: 8
+/// bytes a path and half a byte of index, where a set of the paths took
+/// ~100 (a million-file `--delete` held 100 MB for it, issue 36) and a
+/// hash table of them 9-18 (its buckets double: 150 MB at 10 M paths, the
+/// most a windowed 10 M-file `-a --delete` held). A collision can only
+/// keep an entry that should go (never delete one the source sent), with
+/// odds of about n / 2^64 per entry looked up; the key is random per
+/// session, so no name can be made to collide on purpose.
+///
+/// Every lookup comes after the last path (`--delete` and the orphan
+/// clean-up run at the session's end), so the hashes are appended to one
+/// vector while paths arrive and sorted in place once, at the first
+/// lookup; the top bits of a hash index its run. (A large vector grows by
+/// `mremap`, and its capacity not yet written is not resident: RSS is 8
+/// bytes a path, with no copy while it grows.)
 #[derive(Default)]
 pub struct KeepSet {
     key: std::collections::hash_map::RandomState,
-    set: HashSet<u64>,
+    /// Hashes not sorted yet.
+    unsorted: std::cell::RefCell<Vec<u64>>,
+    sorted: std::cell::OnceCell<Sorted>,
+}
+
+/// The hashes sorted, and where each run of equal top `bits` starts.
+struct Sorted {
+    hashes: Vec<u64>,
+    /// `index[b]`: the first hash whose top `bits` bits are `b` or more;
+    /// 2^bits + 1 entries (about one per 4-8 hashes).
+    index: Vec<u32>,
+    bits: u32,
+}
+
+impl Sorted {
+    fn top(&self, h: u64) -> usize {
+        match self.bits {
+            0 => 0,
+            b => (h >> (64 - b)) as usize,
+        }
+    }
+
+    fn new(mut hashes: Vec<u64>) -> Sorted {
+        hashes.sort_unstable();
+        let n = hashes.len();
+        // About 4-8 hashes a run: one or two cache lines a lookup.
+        let bits = (n / 8).max(1).ilog2();
+        let mut s = Sorted {
+            hashes,
+            index: Vec::with_capacity((1 << bits) + 1),
+            bits,
+        };
+        let mut at = 0;
+        for b in 0..1usize << bits {
+            while at < n && s.top(s.hashes[at]) < b {
+                at += 1;
+            }
+            s.index.push(at as u32);
+        }
+        s.index.push(n as u32);
+        s
+    }
+
+    fn contains(&self, h: u64) -> bool {
+        let b = self.top(h);
+        let run = &self.hashes[self.index[b] as usize..self.index[b + 1] as usize];
+        run.binary_search(&h).is_ok()
+    }
 }
 
 impl KeepSet {
@@ -47,16 +102,29 @@ impl KeepSet {
 
     pub fn insert(&mut self, path: &[u8]) {
         let h = self.hash(path);
-        self.set.insert(h);
+        // A path after a lookup (never in a session): sorted again later.
+        if let Some(s) = self.sorted.take() {
+            *self.unsorted.get_mut() = s.hashes;
+        }
+        self.unsorted.get_mut().push(h);
     }
 
     pub fn contains(&self, path: &[u8]) -> bool {
-        self.set.contains(&self.hash(path))
+        let h = self.hash(path);
+        let sorted = self
+            .sorted
+            .get_or_init(|| Sorted::new(std::mem::take(&mut *self.unsorted.borrow_mut())));
+        sorted.contains(h)
     }
 
-    /// Bytes held (the session's accounting).
+    /// Bytes held (the session's accounting): what is written, 8 bytes a
+    /// path and the index.
     pub fn bytes(&self) -> usize {
-        self.set.capacity() * 9
+        let sorted = self
+            .sorted
+            .get()
+            .map_or(0, |s| s.hashes.len() * 8 + s.index.len() * 4);
+        self.unsorted.borrow().len() * 8 + sorted
     }
 }
 
@@ -197,6 +265,38 @@ pub fn make_way(root: &Root, rel: &[u8], tree: bool) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use fsops::Confinement;
+
+    /// Every path inserted is found, at every size the index takes (one
+    /// run up to 2^17 runs); others are not; a path added after a lookup
+    /// is found too.
+    #[test]
+    fn keep_set_finds_every_path_it_was_given_and_no_other() {
+        for n in [0usize, 1, 7, 8, 9, 100, 8191, 8192, 1 << 20] {
+            let mut k = KeepSet::default();
+            for i in 0..n {
+                k.insert(format!("d{}/f{i}", i % 97).as_bytes());
+            }
+            for i in 0..n {
+                assert!(
+                    k.contains(format!("d{}/f{i}", i % 97).as_bytes()),
+                    "{n}: {i}"
+                );
+            }
+            for i in n..n + 1000 {
+                assert!(
+                    !k.contains(format!("d{}/f{i}", i % 97).as_bytes()),
+                    "{n}: {i}"
+                );
+            }
+            assert!(
+                k.bytes() >= n * 8 && k.bytes() <= n * 9 + 8,
+                "{n}: {}",
+                k.bytes()
+            );
+            k.insert(b"late");
+            assert!(k.contains(b"late") && (n == 0 || k.contains(b"d0/f0")));
+        }
+    }
 
     #[test]
     fn finds_and_removes_only_extraneous_never_through_symlinks() {
