@@ -395,7 +395,7 @@ fn windowed_archive_copies_keep_modes_mtimes_and_owners() {
 }
 
 /// `--delete` in windows: the sink keeps a keyed hash per path the source
-/// sent (8-16 bytes) and deletes at the end, as in the whole-tree phases.
+/// sent (8.5 bytes) and deletes at the end, as in the whole-tree phases.
 /// Push, pull and local remove what the source lost (a file, a whole
 /// directory) and DST's own extra under `-a --delete`, leave what the
 /// rules exclude (rsync's rule), give the source's tree, and a second run
