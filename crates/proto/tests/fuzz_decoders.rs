@@ -670,37 +670,14 @@ proptest! {
         ids in proptest::collection::vec(0u64..80, 0..8),
     ) {
         use ramsys_proto::attrs::Attrs;
-        use ramsys_proto::control::{Confirm, Entry, EntryKind, Propose};
-        use ramsys_proto::frame::WINDOWS_FLAG;
-        use ramsys_proto::session::SourceMachine;
-        let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
-        let p = Control::Propose(Propose {
-            roots: 1, streams: 1, block_size: 4096, capacity_mbps: 0, checksum: true, cipher: 0,
-        });
-        src.on_send_flags(&p, WINDOWS_FLAG).unwrap();
-        snk.on_recv_flags(&p, WINDOWS_FLAG).unwrap();
+        // Preserve reaches the sink after SyncDone, as a windowed sink may
+        // read it.
         let pr = Control::Preserve { flags: ramsys_proto::attrs::preserve::OWNER };
-        src.on_send(&pr).unwrap();
-        let c = Control::Confirm(Confirm {
-            streams: 1, block_size: 4096, credits_per_stream: 2, capacity_mbps: 0, checksum: true, cipher: 0,
-        });
-        snk.on_send_flags(&c, WINDOWS_FLAG).unwrap();
-        src.on_recv_flags(&c, WINDOWS_FLAG).unwrap();
-        let sd = Control::SyncDone { failures: vec![] };
-        snk.on_send(&sd).unwrap();
-        src.on_recv(&sd).unwrap();
-        snk.on_recv(&pr).unwrap();
-        let batch = |from: u64, to: u64| {
-            let es = (from..to).map(|id| Entry {
-                id, path: format!("f{id}").into_bytes(), kind: EntryKind::File { size: 1 },
-                mode: 0o644, mtime_s: 0, mtime_ns: 0,
-            });
-            Control::Entries(es.collect())
-        };
+        let (mut src, mut snk) = windowed_pair(&[], &[pr]);
         let attrs = |ids: &mut dyn Iterator<Item = u64>| {
             Control::Attrs(ids.map(|id| Attrs { id, ..Default::default() }).collect())
         };
-        let (b1, a1) = (batch(0, n1), attrs(&mut (0..n1)));
+        let (b1, a1) = (files(0, n1), attrs(&mut (0..n1)));
         for m in [&b1, &a1] {
             src.on_send(m).unwrap();
             snk.on_recv(m).unwrap();
@@ -713,7 +690,7 @@ proptest! {
             snk.on_send(&st).unwrap();
             src.on_recv(&st).unwrap();
         }
-        let b2 = batch(n1, n1 + n2);
+        let b2 = files(n1, n1 + n2);
         src.on_send(&b2).unwrap();
         snk.on_recv(&b2).unwrap();
         let m = attrs(&mut ids.iter().copied());
@@ -734,34 +711,11 @@ proptest! {
         have in proptest::collection::vec(0u64..80, 0..8),
         reuse in proptest::collection::vec(0u64..80, 0..8),
     ) {
-        use ramsys_proto::control::{
-            Confirm, Entry, EntryKind, Have, HaveState, Propose, Reuse, ReuseKind,
-        };
-        use ramsys_proto::frame::WINDOWS_FLAG;
-        use ramsys_proto::session::SourceMachine;
+        use ramsys_proto::control::{Have, HaveState, Reuse, ReuseKind};
         let ready = ready.min(n);
-        let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
-        let p = Control::Propose(Propose {
-            roots: 1, streams: 1, block_size: 4096, capacity_mbps: 0, checksum: true, cipher: 0,
-        });
-        src.on_send_flags(&p, WINDOWS_FLAG).unwrap();
-        snk.on_recv_flags(&p, WINDOWS_FLAG).unwrap();
         let mode = Control::SyncMode { flags: ramsys_proto::control::sync::SYNC };
-        src.on_send(&mode).unwrap();
-        snk.on_recv(&mode).unwrap();
-        let c = Control::Confirm(Confirm {
-            streams: 1, block_size: 4096, credits_per_stream: 2, capacity_mbps: 0, checksum: true, cipher: 0,
-        });
-        snk.on_send_flags(&c, WINDOWS_FLAG).unwrap();
-        src.on_recv_flags(&c, WINDOWS_FLAG).unwrap();
-        let sd = Control::SyncDone { failures: vec![] };
-        snk.on_send(&sd).unwrap();
-        src.on_recv(&sd).unwrap();
-        let es = (0..n).map(|id| Entry {
-            id, path: format!("f{id}").into_bytes(), kind: EntryKind::File { size: 1 },
-            mode: 0o644, mtime_s: 0, mtime_ns: 0,
-        });
-        let es = Control::Entries(es.collect());
+        let (mut src, mut snk) = windowed_pair(&[mode], &[]);
+        let es = files(0, n);
         src.on_send(&es).unwrap();
         snk.on_recv(&es).unwrap();
         if ready > 0 {
@@ -779,4 +733,68 @@ proptest! {
         prop_assert_eq!(src.on_send(&r).is_ok(), readied);
         prop_assert_eq!(snk.on_recv(&r).is_ok(), readied);
     }
+}
+
+/// A source and a sink machine that took windows, up to the payload:
+/// `before` (SyncMode, Preserve) sent right behind the Propose and read by
+/// the sink there, `late` sent there too but read by the sink only after
+/// SyncDone.
+fn windowed_pair(
+    before: &[Control],
+    late: &[Control],
+) -> (ramsys_proto::session::SourceMachine, SinkMachine) {
+    use ramsys_proto::control::{Confirm, Propose};
+    use ramsys_proto::frame::WINDOWS_FLAG;
+    let (mut src, mut snk) = (
+        ramsys_proto::session::SourceMachine::new(),
+        SinkMachine::new(),
+    );
+    let p = Control::Propose(Propose {
+        roots: 1,
+        streams: 1,
+        block_size: 4096,
+        capacity_mbps: 0,
+        checksum: true,
+        cipher: 0,
+    });
+    src.on_send_flags(&p, WINDOWS_FLAG).unwrap();
+    snk.on_recv_flags(&p, WINDOWS_FLAG).unwrap();
+    for m in before {
+        src.on_send(m).unwrap();
+        snk.on_recv(m).unwrap();
+    }
+    for m in late {
+        src.on_send(m).unwrap();
+    }
+    let c = Control::Confirm(Confirm {
+        streams: 1,
+        block_size: 4096,
+        credits_per_stream: 2,
+        capacity_mbps: 0,
+        checksum: true,
+        cipher: 0,
+    });
+    snk.on_send_flags(&c, WINDOWS_FLAG).unwrap();
+    src.on_recv_flags(&c, WINDOWS_FLAG).unwrap();
+    let sd = Control::SyncDone { failures: vec![] };
+    snk.on_send(&sd).unwrap();
+    src.on_recv(&sd).unwrap();
+    for m in late {
+        snk.on_recv(m).unwrap();
+    }
+    (src, snk)
+}
+
+/// Entries of one-byte files with ids `from..to`.
+fn files(from: u64, to: u64) -> Control {
+    use ramsys_proto::control::{Entry, EntryKind};
+    let es = (from..to).map(|id| Entry {
+        id,
+        path: format!("f{id}").into_bytes(),
+        kind: EntryKind::File { size: 1 },
+        mode: 0o644,
+        mtime_s: 0,
+        mtime_ns: 0,
+    });
+    Control::Entries(es.collect())
 }

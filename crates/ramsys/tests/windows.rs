@@ -220,44 +220,77 @@ fn a_data_link_cut_mid_window_is_replaced() {
     assert!(temp_files(&root).is_empty());
 }
 
+/// The tree, a daemon with the test's window, and the three ways a sync
+/// runs: (source, destination, where it lands) of a push, a pull of what
+/// the push left (after it), and a local sync.
+struct ThreeWays {
+    t: tempfile::TempDir,
+    key: std::path::PathBuf,
+    src: std::path::PathBuf,
+    /// `SRC/`: its contents.
+    s: String,
+    /// Served for the runs' push and pull while the fixture lives.
+    _daemon: TestDaemon,
+    runs: [(String, String, std::path::PathBuf); 3],
+}
+
+impl ThreeWays {
+    fn new() -> ThreeWays {
+        let t = tempfile::tempdir().unwrap();
+        let key = key_file(t.path());
+        let src = t.path().join("src");
+        make_tree(&src);
+        let root = t.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        let d = daemon(&root, &key, WINDOW);
+        let s = format!("{}/", src.display());
+        let (back, local) = (t.path().join("back"), t.path().join("local"));
+        let path = |p: &Path| p.to_str().unwrap().to_string();
+        let runs = [
+            (s.clone(), d.url("push"), root.join("push")),
+            (d.url("push/"), path(&back), back),
+            (s.clone(), path(&local), local),
+        ];
+        ThreeWays {
+            t,
+            key,
+            src,
+            s,
+            _daemon: d,
+            runs,
+        }
+    }
+
+    /// No temp file left at any destination.
+    fn no_temp_files(&self) {
+        for (_, _, at) in &self.runs {
+            assert!(temp_files(at).is_empty(), "{:?}", temp_files(at));
+        }
+    }
+}
+
 /// Syncs in windows of 100 (push, pull, local): the first one fills DST,
 /// a no-change re-sync moves nothing and finds every file unchanged, a
 /// re-sync after three changes moves those three; every time DST is SRC.
 #[test]
 fn windowed_syncs_move_only_what_changed() {
-    let t = tempfile::tempdir().unwrap();
-    let key = key_file(t.path());
-    let src = t.path().join("src");
-    make_tree(&src);
-    let root = t.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let d = daemon(&root, &key, WINDOW);
-    let s = format!("{}/", src.display());
-    let (back, local) = (t.path().join("back"), t.path().join("local"));
-    let (back_s, local_s) = (back.to_str().unwrap(), local.to_str().unwrap());
-    // (source, destination, where it lands), pull after push.
-    let push = d.url("push");
-    let pull = d.url("push/");
-    let runs = [
-        (s.as_str(), push.as_str(), root.join("push")),
-        (pull.as_str(), back_s, back.clone()),
-        (s.as_str(), local_s, local.clone()),
-    ];
+    let w = ThreeWays::new();
+    let (key, src) = (&w.key, &w.src);
     let n = |o: &Output, k: &str| summary(o)[k].as_u64().unwrap_or_else(|| panic!("{k}"));
     let mut files = 0;
-    for (from, to, at) in &runs {
-        let o = sync(&key, WINDOW, &[*from, *to]);
+    for (from, to, at) in &w.runs {
+        let o = sync(key, WINDOW, &[from, to]);
         assert_ok(&o);
-        assert_same_tree(&src, at);
+        assert_same_tree(src, at);
         files = n(&o, "files");
     }
     assert!(files > 3000, "{files} files");
-    for (from, to, at) in &runs {
-        let o = sync(&key, WINDOW, &[*from, *to]);
+    for (from, to, at) in &w.runs {
+        let o = sync(key, WINDOW, &[from, to]);
         assert_ok(&o);
         assert_eq!((n(&o, "files"), n(&o, "bytes")), (0, 0), "{from} -> {to}");
         assert_eq!(n(&o, "unchanged"), files, "{from} -> {to}");
-        assert_same_tree(&src, at);
+        assert_same_tree(src, at);
     }
     let mut r = Rng(0x37);
     let same = std::fs::metadata(src.join("d005/f0010")).unwrap().len();
@@ -266,16 +299,14 @@ fn windowed_syncs_move_only_what_changed() {
     grown.extend_from_slice(b"more");
     std::fs::write(src.join("d010/f0020"), grown).unwrap();
     std::fs::write(src.join("d020/new"), r.bytes(1000)).unwrap();
-    for (from, to, at) in &runs {
-        let o = sync(&key, WINDOW, &[*from, *to]);
+    for (from, to, at) in &w.runs {
+        let o = sync(key, WINDOW, &[from, to]);
         assert_ok(&o);
         assert_eq!(n(&o, "files"), 3, "{from} -> {to}");
         assert_eq!(n(&o, "unchanged"), files - 2, "{from} -> {to}");
-        assert_same_tree(&src, at);
+        assert_same_tree(src, at);
     }
-    for dir in [&root, &back, &local] {
-        assert!(temp_files(dir).is_empty(), "{:?}", temp_files(dir));
-    }
+    w.no_temp_files();
 }
 
 /// `rsync -a` as the oracle: what `rsync -n -a[X] --itemize-changes
@@ -399,39 +430,24 @@ fn windowed_archive_copies_keep_modes_mtimes_and_owners() {
 /// Push, pull and local remove what the source lost (a file, a whole
 /// directory) and DST's own extra under `-a --delete`, leave what the
 /// rules exclude (rsync's rule), give the source's tree, and a second run
-/// changes nothing. The
-/// pushing agent's file list stays within its window.
+/// changes nothing. The pushing agent's file list stays within its window.
 #[test]
 fn windowed_delete_syncs_remove_what_the_source_lost() {
-    let t = tempfile::tempdir().unwrap();
-    let key = key_file(t.path());
-    let src = t.path().join("src");
-    make_tree(&src);
-    let root = t.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let d = daemon(&root, &key, WINDOW);
-    let s = format!("{}/", src.display());
-    let (back, local) = (t.path().join("back"), t.path().join("local"));
-    let (back_s, local_s) = (back.to_str().unwrap(), local.to_str().unwrap());
-    let (push, pull) = (d.url("push"), d.url("push/"));
-    let runs = [
-        (s.as_str(), push.as_str(), root.join("push")),
-        (pull.as_str(), back_s, back.clone()),
-        (s.as_str(), local_s, local.clone()),
-    ];
-    for (from, to, at) in &runs {
-        assert_ok(&sync(&key, WINDOW, &[*from, *to]));
-        assert_same_tree(&src, at);
+    let w = ThreeWays::new();
+    let (key, src) = (&w.key, &w.src);
+    for (from, to, at) in &w.runs {
+        assert_ok(&sync(key, WINDOW, &[from, to]));
+        assert_same_tree(src, at);
     }
     std::fs::remove_file(src.join("d007/f0003")).unwrap();
     std::fs::remove_dir_all(src.join("d012")).unwrap();
     let n = |o: &Output, k: &str| summary(o)[k].as_u64().unwrap_or_else(|| panic!("{k}"));
-    for (from, to, at) in &runs {
+    for (from, to, at) in &w.runs {
         std::fs::write(at.join("d020/extra"), b"x").unwrap();
         std::fs::write(at.join("d021/extra.tmp"), b"kept").unwrap();
         // As rsync users run it: -a --delete (Attrs per window too).
         let o = sync(
-            &key,
+            key,
             WINDOW,
             &["-a", "--delete", "--exclude", "*.tmp", from, to],
         );
@@ -441,7 +457,7 @@ fn windowed_delete_syncs_remove_what_the_source_lost() {
         assert_eq!(n(&o, "files"), 0, "{from} -> {to}");
         assert_eq!(std::fs::read(at.join("d021/extra.tmp")).unwrap(), b"kept");
         let o = sync(
-            &key,
+            key,
             WINDOW,
             &["-a", "--delete", "--exclude", "*.tmp", from, to],
         );
@@ -450,24 +466,22 @@ fn windowed_delete_syncs_remove_what_the_source_lost() {
         // Without the protected file (and its directory's mtime set back
         // by one more run), the source's tree.
         std::fs::remove_file(at.join("d021/extra.tmp")).unwrap();
-        assert_ok(&sync(&key, WINDOW, &[*from, *to]));
-        assert_same_tree(&src, at);
+        assert_ok(&sync(key, WINDOW, &[from, to]));
+        assert_same_tree(src, at);
     }
     // The push again, after one more loss: the agent held a window.
     std::fs::remove_file(src.join("d001/f0001")).unwrap();
-    let o = sync(&key, WINDOW, &["-a", "--delete", &s, &push]);
+    let o = sync(key, WINDOW, &["-a", "--delete", &w.s, &w.runs[0].1]);
     assert_ok(&o);
     assert_eq!(n(&o, "deleted"), 1);
     let windowed = meta_bytes(&o);
     std::fs::write(src.join("d001/f0001"), b"back").unwrap();
-    let whole = t.path().join("whole");
+    let whole = w.t.path().join("whole");
     std::fs::create_dir(&whole).unwrap();
-    let d0 = daemon(&whole, &key, "0");
-    let o = sync(&key, "0", &["-a", "--delete", &s, &d0.url("push")]);
+    let d0 = daemon(&whole, key, "0");
+    let o = sync(key, "0", &["-a", "--delete", &w.s, &d0.url("push")]);
     assert_ok(&o);
     let all = meta_bytes(&o);
     assert!(windowed * 4 < all, "source held {windowed} of {all} bytes");
-    for dir in [&root, &back, &local] {
-        assert!(temp_files(dir).is_empty(), "{:?}", temp_files(dir));
-    }
+    w.no_temp_files();
 }

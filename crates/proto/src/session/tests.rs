@@ -637,13 +637,19 @@ fn windowed_session_both_ends() {
     assert_eq!((src.phase(), snk.phase()), (Phase::Done, Phase::Done));
 }
 
-/// A windowed pair up to the payload, `n` records announced and ready.
-fn windowed(n: u64) -> (SourceMachine, SinkMachine) {
+/// A windowed pair up to the payload: a Propose with `flag`, `modes`
+/// (SyncMode, Preserve) right behind it, a Confirm with WINDOWS_FLAG,
+/// SyncDone, then `n` file records announced, none ready yet.
+fn windowed_with(flag: u8, modes: &[Control], n: u64) -> (SourceMachine, SinkMachine) {
     use crate::frame::WINDOWS_FLAG;
     let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
     let p = propose();
-    src.on_send_flags(&p, WINDOWS_FLAG).unwrap();
-    snk.on_recv_flags(&p, WINDOWS_FLAG).unwrap();
+    src.on_send_flags(&p, flag).unwrap();
+    snk.on_recv_flags(&p, flag).unwrap();
+    for m in modes {
+        src.on_send(m).unwrap();
+        snk.on_recv(m).unwrap();
+    }
     let c = confirm(1);
     snk.on_send_flags(&c, WINDOWS_FLAG).unwrap();
     src.on_recv_flags(&c, WINDOWS_FLAG).unwrap();
@@ -656,10 +662,21 @@ fn windowed(n: u64) -> (SourceMachine, SinkMachine) {
     let es = Control::Entries(es);
     src.on_send(&es).unwrap();
     snk.on_recv(&es).unwrap();
+    (src, snk)
+}
+
+/// `n` ids ready: the sink's Ready through `n`, at both ends.
+fn ready(n: u64, src: &mut SourceMachine, snk: &mut SinkMachine) {
+    let r = Control::Ready { through: n };
+    snk.on_send(&r).unwrap();
+    src.on_recv(&r).unwrap();
+}
+
+/// A windowed pair up to the payload, `n` records announced and ready.
+fn windowed(n: u64) -> (SourceMachine, SinkMachine) {
+    let (mut src, mut snk) = windowed_with(crate::frame::WINDOWS_FLAG, &[], n);
     if n > 0 {
-        let r = Control::Ready { through: n };
-        snk.on_send(&r).unwrap();
-        src.on_recv(&r).unwrap();
+        ready(n, &mut src, &mut snk);
     }
     (src, snk)
 }
@@ -819,60 +836,24 @@ fn window_messages_refused_out_of_place() {
 #[test]
 fn the_wide_flag_proposes_windows_for_archive_and_delete_syncs() {
     use crate::control::sync::{DELETE, SYNC};
-    use crate::frame::{WIDE_WINDOWS_FLAG, WINDOWS_FLAG};
-    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
-    let p = propose();
-    src.on_send_flags(&p, WIDE_WINDOWS_FLAG).unwrap();
-    snk.on_recv_flags(&p, WIDE_WINDOWS_FLAG).unwrap();
-    let mode = Control::SyncMode {
-        flags: SYNC | DELETE,
-    };
-    src.on_send(&mode).unwrap();
-    snk.on_recv(&mode).unwrap();
-    let keep = Control::Preserve { flags: 1 };
-    src.on_send(&keep).unwrap();
-    snk.on_recv(&keep).unwrap();
-    let c = confirm(1);
-    snk.on_send_flags(&c, WINDOWS_FLAG).unwrap();
-    src.on_recv_flags(&c, WINDOWS_FLAG).unwrap();
-    let sd = Control::SyncDone { failures: vec![] };
-    snk.on_send(&sd).unwrap();
-    src.on_recv(&sd).unwrap();
-    // Windowed: records during the payload, and a Ready for them.
-    let es = Control::Entries(vec![entry(0, "f", EntryKind::File { size: 1 })]);
-    src.on_send(&es).unwrap();
-    snk.on_recv(&es).unwrap();
-    let ready = Control::Ready { through: 1 };
-    snk.on_send(&ready).unwrap();
-    src.on_recv(&ready).unwrap();
+    let modes = [
+        Control::SyncMode {
+            flags: SYNC | DELETE,
+        },
+        Control::Preserve { flags: 1 },
+    ];
+    // Windowed: the record goes during the payload, and a Ready for it.
+    let (mut src, mut snk) = windowed_with(crate::frame::WIDE_WINDOWS_FLAG, &modes, 1);
+    ready(1, &mut src, &mut snk);
 }
 
 /// A windowed pair of a sync (SyncMode SYNC) up to the payload, `n`
 /// file records announced, none ready yet.
 fn windowed_sync(n: u64) -> (SourceMachine, SinkMachine) {
-    use crate::frame::WINDOWS_FLAG;
-    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
-    let p = propose();
-    src.on_send_flags(&p, WINDOWS_FLAG).unwrap();
-    snk.on_recv_flags(&p, WINDOWS_FLAG).unwrap();
     let mode = Control::SyncMode {
         flags: crate::control::sync::SYNC,
     };
-    src.on_send(&mode).unwrap();
-    snk.on_recv(&mode).unwrap();
-    let c = confirm(1);
-    snk.on_send_flags(&c, WINDOWS_FLAG).unwrap();
-    src.on_recv_flags(&c, WINDOWS_FLAG).unwrap();
-    let sd = Control::SyncDone { failures: vec![] };
-    snk.on_send(&sd).unwrap();
-    src.on_recv(&sd).unwrap();
-    let es: Vec<_> = (0..n)
-        .map(|i| entry(i, &format!("f{i}"), EntryKind::File { size: 1 }))
-        .collect();
-    let es = Control::Entries(es);
-    src.on_send(&es).unwrap();
-    snk.on_recv(&es).unwrap();
-    (src, snk)
+    windowed_with(crate::frame::WINDOWS_FLAG, &[mode], n)
 }
 
 fn haves(ids: &[u64]) -> Control {
