@@ -1,7 +1,8 @@
 //! Faults on the links that the protocol absorbs: blocks reordered on a
 //! link, a corrupt block sent again, latency, a stalled link given up
 //! after the idle timeout (on a simulated clock) and replaced; and one it
-//! does not: a cut control link ends both sessions cleanly.
+//! does not: a cut control link ends both sessions cleanly, and a full
+//! sink disk ends both with the sink's reason.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
@@ -148,6 +149,73 @@ fn a_cut_control_link_ends_both_sessions_cleanly() {
         let rel = f.strip_prefix(dst.join("src")).unwrap();
         let whole = std::fs::read(src.join(rel)).unwrap() == std::fs::read(&f).unwrap();
         assert!(whole, "{} half-written", f.display());
+    }
+}
+
+/// The sink's disk fills mid-payload: the sink aborts and closes its
+/// links, and the source, whichever of its writes then fails first (a
+/// block on a data link, FilesDone or EndOfData on the control link),
+/// reports the sink's reason, not a broken pipe (the watch job's batch
+/// line said "connection to the sink lost: Broken pipe" once in CI).
+/// Run 12 times: the race differs from run to run.
+#[test]
+fn a_full_sink_disk_is_the_reason_the_source_gives() {
+    let (_t, src, _) = setup(15);
+    let Some(fs) = SmallTmpfs::mount("256k") else {
+        return;
+    };
+    for round in 0..12 {
+        let dst = fs.0.path().join(format!("r{round}"));
+        std::fs::create_dir(&dst).unwrap();
+        let p = Pair::new(&src, &dst);
+        let o = p.run();
+        assert!(!o.stuck, "round {round}: stuck");
+        let sink = o.sink.as_ref().expect_err("the sink fit 1.3 MB in 256 KiB");
+        assert!(
+            sink.to_string().contains("disk full"),
+            "round {round}: {sink}"
+        );
+        let e = o.source.as_ref().expect_err("the source did not fail");
+        let e = e.to_string();
+        assert!(
+            e.contains("disk full") && !e.contains('\n'),
+            "round {round}: {e}"
+        );
+        for f in walk(&dst) {
+            let rel = f.strip_prefix(dst.join("src")).unwrap();
+            let whole = std::fs::read(src.join(rel)).unwrap() == std::fs::read(&f).unwrap();
+            assert!(whole, "round {round}: {} half-written", f.display());
+        }
+        std::fs::remove_dir_all(&dst).unwrap();
+    }
+}
+
+/// A tmpfs of `size` mounted for a test (needs root: skipped otherwise),
+/// unmounted on drop.
+struct SmallTmpfs(tempfile::TempDir);
+
+impl SmallTmpfs {
+    fn mount(size: &str) -> Option<SmallTmpfs> {
+        let dir = tmp();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("skipping: cannot mount tmpfs (not root?)");
+        }
+        ok.then_some(SmallTmpfs(dir))
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .status();
     }
 }
 

@@ -477,8 +477,14 @@ impl<'s> Payload<'s> {
         })
     }
 
-    /// The event loop: until the sink's Complete or the first error.
+    /// The event loop: until the sink's Complete or the first error, which
+    /// yields to the sink's reason if it gave one (whichever write failed
+    /// first: a block, or FilesDone between events).
     pub(super) fn run(&mut self) -> Result<Complete, EngineError> {
+        self.events_loop().map_err(|e| self.sink_reason(e))
+    }
+
+    fn events_loop(&mut self) -> Result<Complete, EngineError> {
         let (root, files) = (self.root.clone(), self.files.clone());
         let resender = Rereader::new(&root, &files, self.checksum, self.null);
         // A windowed tree announced whole and holding no file: no Ready
@@ -499,10 +505,8 @@ impl<'s> Payload<'s> {
                 // Pending digests come due by age (pipeline::DIGEST_WAIT).
                 default(self.progress.flush_wait()) => Ok(None),
             };
-            match step {
-                Ok(Some(c)) => return Ok(c),
-                Ok(None) => {}
-                Err(e) => return Err(self.sink_reason(e)),
+            if let Some(c) = step? {
+                return Ok(c);
             }
         }
     }
