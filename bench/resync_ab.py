@@ -16,7 +16,7 @@ run); medians of --runs. rsync must find nothing to do: checked first
         --files 1000000 --runs 3
 
 --delete syncs every tool with --delete (the daily mirror; nothing to
-delete); --archive runs ramsys with -a too (rsync always has -a); --old-env KEY=VALUE runs OLD's agent and daemon with that
+delete); --dry-run runs every tool with -n; --archive runs ramsys with -a too (rsync always has -a); --old-env KEY=VALUE runs OLD's agent and daemon with that
 variable (RAMSYS_WINDOW_FILES=0: NEW's binary without windows as OLD).
 """
 import argparse
@@ -49,6 +49,8 @@ def main():
                     help="every tool syncs with --delete (nothing to delete: the daily mirror)")
     ap.add_argument("--archive", action="store_true",
                     help="ramsys syncs with -a as well (rsync always runs -a)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="every tool runs -n (the preview of the daily mirror)")
     ap.add_argument("--old-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment of OLD's agent and daemon only, e.g. "
                          "RAMSYS_WINDOW_FILES=0 (NEW's binary without windows as OLD)")
@@ -97,7 +99,7 @@ def main():
                                  capture_output=True, text=True).stdout.split("\n")
             changed = [x for x in out if x.strip()]
             print(f"rsync -ai -n to {dst}: {len(changed)} itemized", file=sys.stderr)
-        dl = ["--delete"] if a.delete else []
+        dl = (["--delete"] if a.delete else []) + (["-n"] if a.dry_run else [])
         d = (["-a"] if a.archive else []) + dl
         tools = {
             "ramsys old local": ([old, "sync", "-r", *d, src + "/", local], None),

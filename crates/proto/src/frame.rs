@@ -135,8 +135,13 @@ pub const WINDOWS_FLAG: u8 = 2;
 /// before ignores it and keeps the whole-tree phases; a sink of now takes
 /// it as [`WINDOWS_FLAG`] and answers with WINDOWS_FLAG on its Confirm.
 pub const WIDE_WINDOWS_FLAG: u8 = 4;
-/// Either flag on a Propose: the source can run windows.
-pub const ANY_WINDOWS: u8 = WINDOWS_FLAG | WIDE_WINDOWS_FLAG;
+/// Header flag of the CONTROL frame carrying a Propose, in place of the
+/// two above, for a dry run (SyncMode DRY_RUN), which a sink of before
+/// refused in windows: it ignores this flag and keeps the whole-tree
+/// phases; a sink of now takes it as [`WINDOWS_FLAG`].
+pub const DRY_WINDOWS_FLAG: u8 = 16;
+/// Any of them on a Propose: the source can run windows.
+pub const ANY_WINDOWS: u8 = WINDOWS_FLAG | WIDE_WINDOWS_FLAG | DRY_WINDOWS_FLAG;
 
 /// Body of a sealed CREDIT: n (u32 LE) and a 16-byte tag over header + n.
 pub const CREDIT_SEALED_LEN: u32 = 4 + 16;

@@ -485,3 +485,117 @@ fn windowed_delete_syncs_remove_what_the_source_lost() {
     assert!(windowed * 4 < all, "source held {windowed} of {all} bytes");
     w.no_temp_files();
 }
+
+/// Dry runs in windows of 100 (push, pull, local; the pulling agent is
+/// the windowed sink): `sync -n --delete` names what `rsync -n --delete`
+/// names, sends and deletes nothing, counts the rest unchanged, with
+/// `--checksum` too (a same-size, same-mtime change found by content);
+/// the pushing agent's file list stays within its window.
+#[test]
+fn windowed_dry_runs_list_what_rsync_would_change() {
+    let w = ThreeWays::new();
+    let (key, src) = (&w.key, &w.src);
+    for (from, to, _) in &w.runs {
+        assert_ok(&sync(key, WINDOW, &[from, to]));
+    }
+    let mut r = Rng(0x38);
+    std::fs::write(src.join("d003/f0004"), r.bytes(1000)).unwrap();
+    std::fs::write(src.join("d020/new"), r.bytes(10)).unwrap();
+    std::fs::remove_file(src.join("d007/f0003")).unwrap();
+    // Same size, same mtime, other bytes: only --checksum sees it.
+    let hidden = src.join("d011/f0005");
+    let len = std::fs::metadata(&hidden).unwrap().len() as usize;
+    let mtime = std::fs::metadata(&hidden).unwrap().modified().unwrap();
+    std::fs::write(&hidden, r.bytes(len)).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&hidden)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    let names = |o: &Output, k: &str| -> Vec<String> {
+        let mut v: Vec<String> = summary(o)[k]
+            .as_array()
+            .unwrap_or_else(|| panic!("{k}"))
+            .iter()
+            .map(|s| s.as_str().unwrap().to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    let n = |o: &Output, k: &str| summary(o)[k].as_u64().unwrap_or_else(|| panic!("{k}"));
+    let pushed = &w.runs[0].2;
+    for (i, (from, to, at)) in w.runs.iter().enumerate() {
+        // The pull's source is the daemon's copy: brought up to SRC (the
+        // hidden change too) after the push's dry runs.
+        let from_dir = match i {
+            1 => {
+                let args = ["--delete", "--checksum", &w.s, &w.runs[0].1];
+                assert_ok(&sync(key, WINDOW, &args));
+                pushed.as_path()
+            }
+            _ => src.as_path(),
+        };
+        std::fs::write(at.join("d020/extra"), b"x").unwrap();
+        let before = snapshot(at);
+        for checksum in [false, true] {
+            let mut args = vec!["-n", "--delete"];
+            let mut oracle = vec!["-rn", "--delete", "--out-format=%n"];
+            if checksum {
+                args.push("--checksum");
+                oracle.push("--checksum");
+            }
+            args.extend([from.as_str(), to.as_str()]);
+            let o = sync(key, WINDOW, &args);
+            assert_ok(&o);
+            let (send, delete) = rsync_would(from_dir, at, &oracle);
+            let run = format!("{from} -> {to}, checksum {checksum}");
+            // (Not the lists in full: a wrong one may name 3,000 files.)
+            let (got_send, got_delete) = (names(&o, "would_send"), names(&o, "would_delete"));
+            let few = |v: &[String]| format!("{} {:?}", v.len(), &v[..v.len().min(5)]);
+            assert!(got_send == send, "{run}: {} for {send:?}", few(&got_send));
+            assert!(
+                got_delete == delete,
+                "{run}: {} for {delete:?}",
+                few(&got_delete)
+            );
+            assert_eq!(send.len(), 2 + usize::from(checksum), "{run}");
+            assert!(n(&o, "unchanged") > 3000, "{run}");
+            assert_eq!((n(&o, "files"), n(&o, "bytes")), (0, 0), "{run}");
+            assert!(before == snapshot(at), "{run}: the dry run changed DST");
+        }
+        std::fs::remove_file(at.join("d020/extra")).unwrap();
+    }
+    // The pushing agent held a window of the tree, not the tree.
+    let o = sync(key, WINDOW, &["-n", &w.s, &w.runs[0].1]);
+    assert_ok(&o);
+    let windowed = meta_bytes(&o);
+    let o = sync(key, "0", &["-n", &w.s, &w.runs[0].1]);
+    assert_ok(&o);
+    let all = meta_bytes(&o);
+    assert!(windowed * 4 < all, "source held {windowed} of {all} bytes");
+    w.no_temp_files();
+}
+
+/// What `rsync ARGS A/ B/` names: the regular files it would send and
+/// the entries it would delete, each sorted.
+fn rsync_would(a: &Path, b: &Path, args: &[&str]) -> (Vec<String>, Vec<String>) {
+    let o = Command::new("rsync")
+        .args(args)
+        .arg(format!("{}/", a.display()))
+        .arg(format!("{}/", b.display()))
+        .output()
+        .expect("rsync");
+    assert!(o.status.success(), "rsync: {}", stderr(&o));
+    let (mut send, mut delete) = (Vec::new(), Vec::new());
+    for l in String::from_utf8_lossy(&o.stdout).lines() {
+        match l.strip_prefix("deleting ") {
+            Some(p) => delete.push(p.to_string()),
+            None if a.join(l).is_file() => send.push(l.to_string()),
+            None => {}
+        }
+    }
+    send.sort();
+    delete.sort();
+    (send, delete)
+}

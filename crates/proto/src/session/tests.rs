@@ -800,14 +800,14 @@ fn window_messages_refused_out_of_place() {
     far.entries.next_id = MAX_WINDOW_IDS;
     let beyond = Control::Entries(vec![entry(MAX_WINDOW_IDS, "x", EntryKind::Dir)]);
     assert!(far.on_recv(&beyond).is_err());
-    // A SyncMode that needs the whole tree (dry run, resume, a device)
-    // in a session that proposed windows; a Preserve is taken (an
-    // archive copy runs windowed too).
+    // A SyncMode that needs the whole tree (resume, a device) in a
+    // session that proposed windows; a Preserve is taken (an archive
+    // copy runs windowed too).
     let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
     src.on_send_flags(&propose(), WINDOWS_FLAG).unwrap();
     snk.on_recv_flags(&propose(), WINDOWS_FLAG).unwrap();
-    use crate::control::sync::{DELETE, DRY_RUN, JOURNAL, RESUME, SYNC, WRITE_DEVICES};
-    for bit in [DRY_RUN, RESUME, WRITE_DEVICES] {
+    use crate::control::sync::{DELETE, JOURNAL, RESUME, SYNC, WRITE_DEVICES};
+    for bit in [RESUME, WRITE_DEVICES] {
         let mode = Control::SyncMode { flags: SYNC | bit };
         assert!(src.on_send(&mode).is_err(), "{bit}");
         assert!(snk.on_recv(&mode).is_err(), "{bit}");
@@ -845,6 +845,30 @@ fn the_wide_flag_proposes_windows_for_archive_and_delete_syncs() {
     // Windowed: the record goes during the payload, and a Ready for it.
     let (mut src, mut snk) = windowed_with(crate::frame::WIDE_WINDOWS_FLAG, &modes, 1);
     ready(1, &mut src, &mut snk);
+}
+
+/// A dry run proposes windows with a flag of its own (a sink of before
+/// refused its SyncMode in windows, and ignores the flag): both ends take
+/// it as a windowed Propose, its DRY_RUN SyncMode included; the Confirm
+/// answers with the plain flag, and the answer and Ready run per window.
+#[test]
+fn the_dry_flag_proposes_windows_for_dry_runs() {
+    use crate::control::sync::{DELETE, DRY_RUN, SYNC};
+    let modes = [Control::SyncMode {
+        flags: SYNC | DELETE | DRY_RUN,
+    }];
+    let (mut src, mut snk) = windowed_with(crate::frame::DRY_WINDOWS_FLAG, &modes, 2);
+    snk.on_send(&haves(&[1])).unwrap();
+    src.on_recv(&haves(&[1])).unwrap();
+    ready(2, &mut src, &mut snk);
+    // A flag no build gives meaning to proposes nothing: a Confirm with
+    // WINDOWS_FLAG to it is refused at both ends.
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    src.on_send_flags(&propose(), 128).unwrap();
+    snk.on_recv_flags(&propose(), 128).unwrap();
+    let c = confirm(1);
+    assert!(snk.on_send_flags(&c, crate::frame::WINDOWS_FLAG).is_err());
+    assert!(src.on_recv_flags(&c, crate::frame::WINDOWS_FLAG).is_err());
 }
 
 /// A windowed pair of a sync (SyncMode SYNC) up to the payload, `n`

@@ -3,7 +3,7 @@
 //! verdicts, keep the resume journal, and delete what the source no longer
 //! has once everything new is in place.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use ramsys_proto::control::{Have, HaveState, Reuse, ReuseKind};
@@ -45,12 +45,13 @@ pub struct SinkSync {
     wires: Vec<Vec<u8>>,
     /// The user's selection: what it excludes is never deleted.
     protect: Option<crate::request::filter::Filter>,
-    /// Dry run: files that would be sent, by id.
-    dry_files: Vec<(u64, Vec<u8>)>,
-    /// Dry run: ids the sink or source found unchanged (empty otherwise:
-    /// a SipHash insert per unchanged file was a no-change re-sync's
-    /// largest user-space cost at 1 M files, issue 36).
-    dry_kept: HashSet<u64>,
+    /// Dry run: files that would be sent, by id; a file found unchanged
+    /// (here, or by the source's Reuse) leaves at once, so what stays is
+    /// the report's list and the comparisons in flight, not the tree
+    /// (issue 36: dry runs run in windows).
+    dry_files: BTreeMap<u64, Vec<u8>>,
+    /// Dry run: files found unchanged.
+    dry_kept: u64,
     /// Resume: temp files taken as bases (paths under the root).
     used_parts: HashSet<Vec<u8>>,
     /// The directory of the last file looked up: records arrive in walk
@@ -90,8 +91,8 @@ impl SinkSync {
             dirs: Vec::new(),
             wires: Vec::new(),
             protect: None,
-            dry_files: Vec::new(),
-            dry_kept: HashSet::new(),
+            dry_files: BTreeMap::new(),
+            dry_kept: 0,
             used_parts: HashSet::new(),
             dir: None,
             made_way: Vec::new(),
@@ -191,7 +192,7 @@ impl SinkSync {
     fn note_data(&mut self, id: u64, target: &[u8]) -> bool {
         self.remember(target);
         if self.dry() {
-            self.dry_files.push((id, target.to_vec()));
+            self.dry_files.insert(id, target.to_vec());
         }
         self.flags & crate::request::sync::COMPARE != 0
     }
@@ -222,8 +223,8 @@ impl SinkSync {
 
     /// Dry run: count `id` among the unchanged (nothing to do otherwise).
     fn kept(&mut self, id: u64) {
-        if self.dry() {
-            self.dry_kept.insert(id);
+        if self.dry() && self.dry_files.remove(&id).is_some() {
+            self.dry_kept += 1;
         }
     }
 
@@ -509,9 +510,17 @@ impl SinkSync {
 
     /// The source's verdicts. A windowed sink may have dropped the slot of
     /// a file that failed here meanwhile (its Reuse crossed the
-    /// SettledThrough): nothing is left to reuse for it.
+    /// SettledThrough): nothing is left to reuse for it. A dry run has no
+    /// slots (its files settle with their Ready): a Keep only strikes the
+    /// file off the list it would send.
     pub fn on_reuse(&mut self, table: &FileTable, v: Vec<Reuse>) -> Result<(), WriteError> {
         for r in v {
+            if self.dry() {
+                if let ReuseKind::Keep = r.what {
+                    self.kept(r.id);
+                }
+                continue;
+            }
             if table.is_released(r.id) {
                 continue;
             }
@@ -691,12 +700,6 @@ impl SinkSync {
 
     /// Dry run: files that would be sent, and how many were unchanged.
     pub fn planned(&self) -> (Vec<Vec<u8>>, u64) {
-        let p = self
-            .dry_files
-            .iter()
-            .filter(|(id, _)| !self.dry_kept.contains(id))
-            .map(|(_, t)| t.clone())
-            .collect();
-        (p, self.dry_kept.len() as u64)
+        (self.dry_files.values().cloned().collect(), self.dry_kept)
     }
 }

@@ -134,7 +134,8 @@ fn run_windowed(
     links: &mut dyn LinkProvider,
 ) -> Result<Report, EngineError> {
     let scan = window::start_scan(s)?;
-    let mut ahead = window::Ahead::new(s.opts.meta_window);
+    let dry = s.opts.sync & crate::request::sync::flags::DRY_RUN != 0;
+    let mut ahead = window::Ahead::new(s.opts.meta_window).naming(dry);
     if let Err(e) = window::first_window(s, &scan, &mut ahead) {
         return Err(peer_reason(&mut s.ctl, s.spec.pending_auth.as_ref()).unwrap_or(e));
     }
@@ -143,7 +144,7 @@ fn run_windowed(
     crate::types::phase::mark("confirm");
     if s.ctl.machine.windows() != Windows::On {
         // A sink of before: every record now, then today's phases.
-        let walk = match window::whole(s, scan, ahead) {
+        let (walk, names) = match window::whole(s, scan, ahead) {
             Ok(w) => w,
             Err(e) => return Err(peer_reason(&mut s.ctl, None).unwrap_or(e)),
         };
@@ -154,7 +155,7 @@ fn run_windowed(
         let mut failures = walk.failures.clone();
         let plan = s.sync_answer(&walk, confirmed.block_size, &mut failures)?;
         let opened = s.open_links(links, &confirmed)?;
-        let plain = (walk, Vec::new());
+        let plain = (walk, names);
         let mut data = payload::Payload::start(s, threads, plain, plan, confirmed, opened)?;
         let verdict = data.run();
         return data.finish(verdict, failures);
@@ -243,10 +244,14 @@ impl SourceSession<'_> {
         // flag, which a sink of before (windows for plain copies and syncs
         // only) ignores instead of refusing the session's Preserve or
         // SyncMode.
-        use ramsys_proto::frame::{WIDE_WINDOWS_FLAG, WINDOWS_FLAG};
-        let wide = opts.preserve != 0 || opts.sync & crate::request::sync::flags::DELETE != 0;
+        // A dry run offers them with a flag of its own, which a sink of
+        // before (it refused DRY_RUN in windows) ignores likewise.
+        use crate::request::sync::flags::{DELETE, DRY_RUN};
+        use ramsys_proto::frame::{DRY_WINDOWS_FLAG, WIDE_WINDOWS_FLAG, WINDOWS_FLAG};
+        let wide = opts.preserve != 0 || opts.sync & DELETE != 0;
         let flags = match (opts.windows_allowed() && !self.keep, wide) {
             (false, _) => 0,
+            (true, _) if opts.sync & DRY_RUN != 0 => DRY_WINDOWS_FLAG,
             (true, false) => WINDOWS_FLAG,
             (true, true) => WIDE_WINDOWS_FLAG,
         };
@@ -270,19 +275,21 @@ impl SourceSession<'_> {
     /// behind Propose; Confirm and the single SyncDone are read after.
     /// The scan streams its records as it goes (walk_streamed), so the
     /// sink checks what it holds while the source still scans.
-    fn stream_metadata(&mut self) -> Result<(Walk, Vec<Entry>), EngineError> {
+    fn stream_metadata(&mut self) -> Result<(Walk, Names), EngineError> {
         let (opts, spec, ctl) = (self.opts, &self.spec, &mut self.ctl);
         // Records are not kept once sent (issue 36), but for a dry run,
         // whose report names the files it would send.
         let keep = opts.sync & crate::request::sync::flags::DRY_RUN != 0;
-        let mut kept = Vec::new();
+        let mut kept = Names::new();
         let mut held = MetaHeld::default();
         let stats = &self.stats;
         let scanned =
             if opts.source_engine == crate::storage::DataEngine::Null && opts.null_size > 0 {
                 let (w, es) = crate::request::null::synthetic_walk(&spec.tops, opts.null_size);
-                kept = es;
-                send_entries(ctl, &kept).map(|_| w)
+                if keep {
+                    kept.extend(names_of(&es));
+                }
+                send_entries(ctl, &es).map(|_| w)
             } else {
                 // What the user selected (request::filter); checked before the
                 // session started, so an error here is the peer's malformed rule.
@@ -300,7 +307,7 @@ impl SourceSession<'_> {
                     opts.preserve,
                     &mut |es, attrs| {
                         if keep {
-                            kept.extend_from_slice(es);
+                            kept.extend(names_of(es));
                         }
                         held.add(es);
                         stats
@@ -510,6 +517,24 @@ fn wire_path<'p>(root: &str, path: &'p str) -> &'p str {
         Some(r) if !root.is_empty() => r.trim_start_matches('/'),
         _ => path,
     }
+}
+
+/// A dry run's report names the files it would send by their wire paths:
+/// (id, path) of each regular file, ascending ids.
+pub(super) type Names = Vec<(u64, Vec<u8>)>;
+
+/// The regular files among `es`, named.
+pub(super) fn names_of(es: &[Entry]) -> impl Iterator<Item = (u64, Vec<u8>)> + '_ {
+    use ramsys_proto::control::EntryKind;
+    es.iter()
+        .filter(|e| matches!(e.kind, EntryKind::File { .. } | EntryKind::Piece { .. }))
+        .map(|e| (e.id, e.path.clone()))
+}
+
+/// File `id`'s name in `names`, as the report shows it.
+pub(super) fn name_of(names: &[(u64, Vec<u8>)], id: u64) -> Option<String> {
+    let k = names.binary_search_by_key(&id, |(id, _)| *id).ok()?;
+    Some(show(&names[k].1))
 }
 
 /// After a failed send: the reason the peer gave, if it sent one.

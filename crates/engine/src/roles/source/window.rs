@@ -85,6 +85,10 @@ pub(super) struct Ahead {
     pub pending: VecDeque<SourceFile>,
     /// The scan's end, once it came (MetaEnd is then sent).
     pub walk: Option<Walk>,
+    /// A dry run's report names the files it would send: the wire paths
+    /// of the files announced and not yet ready, ascending ids (None
+    /// otherwise).
+    names: Option<VecDeque<(u64, Vec<u8>)>>,
 }
 
 impl Ahead {
@@ -100,7 +104,14 @@ impl Ahead {
             settled: 0,
             pending: VecDeque::new(),
             walk: None,
+            names: None,
         }
+    }
+
+    /// Keep the files' wire paths until they are ready (a dry run).
+    pub fn naming(mut self, on: bool) -> Ahead {
+        self.names = on.then(VecDeque::new);
+        self
     }
 
     /// May another batch of records go out now?
@@ -118,6 +129,9 @@ impl Ahead {
         self.files += n;
         self.total_bytes += files.iter().map(|f| f.len()).sum::<u64>();
         self.pending.extend(files);
+        if let Some(names) = &mut self.names {
+            names.extend(super::names_of(es));
+        }
         if !es.is_empty() {
             self.batches.push_back((self.announced, bytes, n));
             self.bytes += bytes;
@@ -138,10 +152,15 @@ impl Ahead {
         }
     }
 
-    /// The files the sink has slots for now (ids below `through`).
-    pub fn ready(&mut self, through: u64) -> Vec<SourceFile> {
+    /// The files the sink has slots for now (ids below `through`), and
+    /// their wire paths if named.
+    pub fn ready(&mut self, through: u64) -> (Vec<SourceFile>, super::Names) {
         let n = self.pending.partition_point(|f| f.id < through);
-        self.pending.drain(..n).collect()
+        let names = self.names.as_mut().map_or(Vec::new(), |v| {
+            let k = v.partition_point(|(id, _)| *id < through);
+            v.drain(..k).collect()
+        });
+        (self.pending.drain(..n).collect(), names)
     }
 }
 
@@ -215,25 +234,32 @@ pub(super) fn first_window(
 }
 
 /// A sink that did not take windows: every record now, the files kept
-/// whole, as the scan of today's phases leaves them.
+/// whole, as the scan of today's phases leaves them (and a dry run's
+/// names).
 pub(super) fn whole(
     s: &mut SourceSession<'_>,
     scan: ScanRx,
     mut ahead: Ahead,
-) -> Result<Walk, EngineError> {
-    let mut files: Vec<SourceFile> = ahead.pending.drain(..).collect();
+) -> Result<(Walk, super::Names), EngineError> {
+    let mut files: Vec<SourceFile> = Vec::new();
+    let mut names = super::Names::new();
     let root = s.spec.root.clone();
-    while ahead.walk.is_none() {
+    loop {
+        let (f, n) = ahead.ready(u64::MAX);
+        files.extend(f);
+        names.extend(n);
+        if ahead.walk.is_some() {
+            break;
+        }
         let Ok(m) = scan.recv() else {
             return Err(EngineError::local("the scan stopped"));
         };
         on_scan(&mut s.ctl, &mut ahead, m, &root)?;
-        files.extend(ahead.pending.drain(..));
     }
     let mut w = ahead.walk.take().expect("the scan's end");
     files.shrink_to_fit();
     w.files = files;
-    Ok(w)
+    Ok((w, names))
 }
 
 /// The records' totals so far, for the progress and the stream growth

@@ -17,6 +17,7 @@ impl Payload<'_> {
         // scan's failures are for the report.
         if let Some(mut w) = self.win.take() {
             self.facts.unchanged = w.unchanged;
+            self.facts.planned = std::mem::take(&mut w.planned);
             if let Some(walk) = w.take_walk() {
                 failures.extend(walk.failures);
             }
@@ -40,12 +41,10 @@ impl Payload<'_> {
         failed.append(&mut f.local_failed);
         let sinks = sink_only_failures(&failed, c.failures);
         failed.extend(sinks);
-        let planned = f.plan.as_ref().map_or(Vec::new(), |p| {
-            // Wire paths (entry ids index the entry list).
+        let planned = f.plan.as_ref().map_or(std::mem::take(&mut f.planned), |p| {
             p.planned
                 .iter()
-                .filter_map(|&i| f.entries.get(self.files[i].id as usize))
-                .map(|e| show(&e.path))
+                .filter_map(|&i| name_of(&f.names, self.files[i].id))
                 .collect()
         });
         Report {

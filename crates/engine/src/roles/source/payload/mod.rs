@@ -11,12 +11,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, never, select, unbounded, Receiver, RecvError, Sender};
-use ramsys_proto::control::{Bytes32, Complete, Entry, GrowStage, StageLinks};
+use ramsys_proto::control::{Bytes32, Complete, GrowStage, StageLinks};
 use ramsys_proto::relink::SentLog;
 use ramsys_proto::Control;
 use ramsys_resources::{Buf, BufferPool, JobHandle, Reservation, ThreadPool};
 
 use super::pipeline::{self, LostLinks, Pipeline};
+use super::{name_of, Names};
 use super::{Confirmed, Ctl, Opened, SourceSession, Threads};
 use crate::data::inline::InlineLinks;
 use crate::data::queue::DeviceQueue;
@@ -118,7 +119,7 @@ struct Events {
 /// What the readers start from: the whole walk (and a sync's plan), or a
 /// windowed session's scan and window.
 enum Begin {
-    Whole(Walk, Vec<Entry>, Option<SyncPlan>),
+    Whole(Walk, Names, Option<SyncPlan>),
     Windowed(super::window::ScanRx, super::window::Ahead),
 }
 
@@ -136,7 +137,7 @@ struct Listed {
     live: LiveFiles,
     reads: Reads,
     plan: Option<SyncPlan>,
-    entries: Vec<Entry>,
+    names: Names,
 }
 
 /// The file list published (the local bridge opens files by id from it)
@@ -150,7 +151,7 @@ fn listed(
 ) -> Listed {
     let (opts, root) = (s.opts, &s.spec.root);
     match what {
-        Begin::Whole(w, entries, plan) => {
+        Begin::Whole(w, names, plan) => {
             let (files, live) = publish(opts, &s.stats, root, w);
             let queues = queues(root, &files, opts, block_size, plan.as_ref());
             more_readers_if_cached(s, &queues, readers);
@@ -160,7 +161,7 @@ fn listed(
                 live,
                 reads,
                 plan,
-                entries,
+                names,
             }
         }
         Begin::Windowed(scan, mut ahead) => {
@@ -175,7 +176,7 @@ fn listed(
                 live,
                 reads: Reads::Windowed(scan, Box::new(ahead)),
                 plan: None,
-                entries: Vec::new(),
+                names: Vec::new(),
             }
         }
     }
@@ -255,9 +256,12 @@ struct Facts {
     path: SendPath,
     read_storage: Arc<StorageCfg>,
     plan: Option<SyncPlan>,
-    /// A windowed sync's unchanged files (its plans are per window).
+    /// A windowed sync's unchanged files and a windowed dry run's files
+    /// to send (its plans are per window).
     unchanged: u64,
-    entries: Vec<Entry>,
+    planned: Vec<String>,
+    /// A dry run's files' wire paths by id (the whole-tree phases).
+    names: Names,
     local_failed: Vec<FailedPath>,
     deleted: Vec<String>,
 }
@@ -269,7 +273,7 @@ impl Facts {
         path: SendPath,
         read_storage: Arc<StorageCfg>,
         plan: Option<SyncPlan>,
-        entries: Vec<Entry>,
+        names: Names,
     ) -> Facts {
         Facts {
             streams: c.streams,
@@ -279,7 +283,8 @@ impl Facts {
             read_storage,
             plan,
             unchanged: 0,
-            entries,
+            planned: Vec::new(),
+            names,
             local_failed: Vec::new(),
             deleted: Vec::new(),
         }
@@ -318,12 +323,12 @@ impl<'s> Payload<'s> {
     pub(super) fn start(
         s: &'s mut SourceSession<'_>,
         threads: Threads,
-        (w, entries): (Walk, Vec<Entry>),
+        (w, names): (Walk, Names),
         plan: Option<SyncPlan>,
         c: Confirmed,
         o: Opened,
     ) -> Result<Self, EngineError> {
-        Self::begin(s, threads, Begin::Whole(w, entries, plan), c, o)
+        Self::begin(s, threads, Begin::Whole(w, names, plan), c, o)
     }
 
     /// [`Self::start`] of a windowed session (issue 36): no file yet; the
@@ -355,7 +360,7 @@ impl<'s> Payload<'s> {
             live,
             reads,
             plan,
-            entries,
+            names,
         } = listed(s, what, c.block_size, &mut readers);
         let nread = readers.len();
         let share = take_share(res, c.streams, nread)?;
@@ -411,7 +416,8 @@ impl<'s> Payload<'s> {
             }
             Reads::Windowed(scan, ahead) => {
                 let compare = opts.sync & crate::request::sync::COMPARE != 0;
-                let how = (opts.meta_budget, compare);
+                let dry = opts.sync & crate::request::sync::flags::DRY_RUN != 0;
+                let how = (opts.meta_budget, compare, dry);
                 let (jobs, rdone, win) =
                     SrcWindow::spawn(&mut readers, template, (scan, *ahead), how);
                 (jobs, rdone, Some(win))
@@ -471,7 +477,7 @@ impl<'s> Payload<'s> {
             progress: Pipeline::new(nread, c.streams as usize),
             jobs,
             grow,
-            facts: Facts::new(&c, o.desc, path, read_storage, plan, entries),
+            facts: Facts::new(&c, o.desc, path, read_storage, plan, names),
             keep,
             _threads: Threads { senders, readers },
         })

@@ -85,6 +85,12 @@ pub(in crate::roles::source) struct SrcWindow {
     readied: Answer,
     /// Files found unchanged so far (the report's count).
     pub unchanged: u64,
+    /// A dry run: nothing is read; the files that differ are named.
+    dry: bool,
+    /// Wire paths of the files readied that no generation took yet.
+    ready_names: Names,
+    /// A dry run's files that would be sent (the report's list).
+    pub planned: Vec<String>,
 }
 
 impl SrcWindow {
@@ -94,7 +100,7 @@ impl SrcWindow {
         readers: &mut Reservation,
         template: Template,
         (scan, ahead): (ScanRx, Ahead),
-        (budget, compare): (u64, bool),
+        (budget, compare, dry): (u64, bool, bool),
     ) -> (Vec<JobHandle>, Receiver<()>, SrcWindow) {
         let (rdone_tx, rdone_rx) = unbounded::<()>();
         let (gd_tx, gd_rx) = unbounded::<()>();
@@ -129,6 +135,9 @@ impl SrcWindow {
             answer: Answer::default(),
             readied: Answer::default(),
             unchanged: 0,
+            dry,
+            ready_names: Vec::new(),
+            planned: Vec::new(),
         };
         (jobs, rdone_rx, win)
     }
@@ -208,8 +217,9 @@ impl Payload<'_> {
     /// the next generation's, with the answer the sink gave for them.
     pub(super) fn on_ready(&mut self, through: u64) -> Result<(), EngineError> {
         if let Some(w) = &mut self.win {
-            let files = w.ahead.ready(through);
+            let (files, names) = w.ahead.ready(through);
             w.ready.extend(files);
+            w.ready_names.extend(names);
             let answer = std::mem::take(&mut w.answer);
             w.readied.append(answer);
         }
@@ -261,8 +271,17 @@ impl Payload<'_> {
         if w.compare {
             let answer = std::mem::take(&mut w.readied);
             let max_run = crate::request::tasks::stripe_chunk(t.block_size as u64);
-            let p = sync_plan::plan(&t.root, &files, answer, false, max_run);
+            let p = sync_plan::plan(&t.root, &files, answer, w.dry, max_run);
             w.unchanged += p.unchanged;
+            if w.dry {
+                // Named as the whole-tree phases name them (wire paths).
+                let names = std::mem::take(&mut w.ready_names);
+                let named = p
+                    .planned
+                    .iter()
+                    .filter_map(|&i| name_of(&names, files[i].id));
+                w.planned.extend(named);
+            }
             for chunk in p.reuse.chunks(16_384) {
                 self.ctl.send(&Control::Reuse(chunk.to_vec()))?;
             }
