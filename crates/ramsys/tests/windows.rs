@@ -11,6 +11,7 @@
 mod common;
 mod proxy;
 
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::Ordering;
@@ -229,8 +230,8 @@ struct ThreeWays {
     src: std::path::PathBuf,
     /// `SRC/`: its contents.
     s: String,
-    /// Served for the runs' push and pull while the fixture lives.
-    _daemon: TestDaemon,
+    /// Serves the runs' push and pull while the fixture lives.
+    daemon: TestDaemon,
     runs: [(String, String, std::path::PathBuf); 3],
 }
 
@@ -256,7 +257,7 @@ impl ThreeWays {
             key,
             src,
             s,
-            _daemon: d,
+            daemon: d,
             runs,
         }
     }
@@ -566,6 +567,30 @@ fn windowed_dry_runs_list_what_rsync_would_change() {
         }
         std::fs::remove_file(at.join("d020/extra")).unwrap();
     }
+    // Into a DST that does not exist, twice: every file, DST not made
+    // (rsync -n makes nothing either).
+    let none = w.t.path().join("none");
+    // (-H: a second name of a file is a link, its data not sent again;
+    // %L sets links apart.)
+    let files = rsync_would(src, &none, &["-rnH", "--out-format=%n%L"]).0;
+    for to in [none.to_str().unwrap().to_string(), w.daemon.url("none")] {
+        for _ in 0..2 {
+            let o = sync(key, WINDOW, &["-n", &w.s, &to]);
+            assert_ok(&o);
+            // Which name of a hard-linked file carries its data is each
+            // tool's own choice (walk order): those are only counted.
+            let got = names(&o, "would_send");
+            assert_eq!(got.len(), files.len(), "{to}");
+            let single = |p: &&String| std::fs::metadata(src.join(p)).unwrap().nlink() == 1;
+            let odd: Vec<_> = got
+                .iter()
+                .filter(single)
+                .filter(|p| !files.contains(p))
+                .collect();
+            assert!(odd.is_empty(), "{to}: {odd:?} not in rsync's list");
+        }
+    }
+    assert!(!none.exists() && !w.t.path().join("root/none").exists());
     // The pushing agent held a window of the tree, not the tree.
     let o = sync(key, WINDOW, &["-n", &w.s, &w.runs[0].1]);
     assert_ok(&o);

@@ -25,7 +25,7 @@ use crate::types::error::show;
 
 use super::journal::Journal;
 use crate::request::reserved::JOURNAL_NAME;
-use crate::request::sync::flags::{DEST_DIR, JOURNAL, RESUME, SYNC, WRITE_DEVICES};
+use crate::request::sync::flags::{DEST_DIR, DRY_RUN, JOURNAL, RESUME, SYNC, WRITE_DEVICES};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -140,12 +140,12 @@ impl DestMap {
                     // `DST/`: a directory, whatever the one top is (rsync
                     // makes it and puts a file inside; issue 35).
                     (true, true) if flags & DEST_DIR != 0 => {
-                        mkdir(root, dest)?;
+                        mkdir(root, dest, flags)?;
                         State::Into
                     }
                     (true, true) => State::SyncFirst,
                     (true, false) => {
-                        mkdir(root, dest)?;
+                        mkdir(root, dest, flags)?;
                         State::Into
                     }
                     (false, true) if flags & (RESUME | JOURNAL) != 0 => State::CopyFirst,
@@ -186,12 +186,12 @@ impl DestMap {
             State::SyncFirst | State::CopyFirst | State::AsTop
                 if first.dir && first.path.is_empty() =>
             {
-                mkdir(root, &self.dest)?;
+                mkdir(root, &self.dest, self.flags)?;
                 self.state = State::Into;
             }
             State::ResumeProbe if first.path.is_empty() => self.state = State::Into,
             State::SyncFirst if first.dir => {
-                mkdir(root, &self.dest)?;
+                mkdir(root, &self.dest, self.flags)?;
                 self.state = State::Into;
             }
             State::SyncFirst => self.state = State::AsTop,
@@ -310,8 +310,10 @@ fn non_empty(root: &Root, dir: &[u8]) -> bool {
         .unwrap_or(false)
 }
 
-fn mkdir(root: &Root, dest: &[u8]) -> Result<(), String> {
-    if dest.is_empty() {
+/// Make DST where rsync makes it; a dry run changes nothing (rsync -n
+/// makes no directory either: its files are then all to send).
+fn mkdir(root: &Root, dest: &[u8], flags: u32) -> Result<(), String> {
+    if dest.is_empty() || flags & DRY_RUN != 0 {
         return Ok(());
     }
     root.mkdir(dest, 0o755)
@@ -416,6 +418,26 @@ mod tests {
         let m = DestMap::resolve(&r, b"many", 3, SYNC).unwrap();
         assert!(d.path().join("many").is_dir());
         assert_eq!(m.map(b"a/b"), b"many/a/b");
+    }
+
+    /// A dry run maps DST as the sync would, twice alike, and makes no
+    /// directory (rsync -n makes none either).
+    #[test]
+    fn a_dry_run_maps_dst_and_makes_nothing() {
+        let (d, r) = root();
+        let dry = SYNC | DRY_RUN;
+        for _ in 0..2 {
+            let mut m = DestMap::resolve(&r, b"x", 1, dry).unwrap();
+            m.settle(&r, &dir(b"src")).unwrap();
+            assert_eq!(m.map(b"src/a"), b"x/src/a");
+            let mut m = DestMap::resolve(&r, b"t", 1, dry | DEST_DIR).unwrap();
+            m.settle(&r, &dir(b"")).unwrap();
+            assert_eq!(m.map(b"a"), b"t/a");
+            let m = DestMap::resolve(&r, b"many", 3, dry).unwrap();
+            assert_eq!(m.map(b"a/b"), b"many/a/b");
+        }
+        let left: Vec<_> = std::fs::read_dir(d.path()).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 
     #[test]
