@@ -134,13 +134,23 @@ fn run_windowed(
     links: &mut dyn LinkProvider,
 ) -> Result<Report, EngineError> {
     let scan = window::start_scan(s)?;
-    let mut ahead = window::Ahead::new(s.opts.meta_window);
+    // The first window, until the sink's answer says what it holds
+    // (frame::WINDOW_LIMIT_FLAG): within ours and FIRST_WINDOW.
+    let own = window::own_window(s.opts);
+    let first = ramsys_proto::session::FIRST_WINDOW;
+    let mut ahead = window::Ahead::new((own.0.min(first.0), own.1.min(first.1)));
     if let Err(e) = window::first_window(s, &scan, &mut ahead) {
         return Err(peer_reason(&mut s.ctl, s.spec.pending_auth.as_ref()).unwrap_or(e));
     }
     crate::types::phase::mark("metadata_sent");
     let confirmed = s.confirm(&mut threads.senders)?;
     crate::types::phase::mark("confirm");
+    // Ours, within the window the sink announced for its memory budget
+    // (Control::Window; docs/SCALE.md "Bounds and reports").
+    ahead.set_limit(match confirmed.limit {
+        Some(w) => (own.0.min(w.0), own.1.min(w.1)),
+        None => own,
+    });
     if s.ctl.machine.windows() != Windows::On {
         // A sink of before: every record now, then today's phases.
         let walk = match window::whole(s, scan, ahead) {
@@ -162,6 +172,9 @@ fn run_windowed(
     // The sink's SyncDone comes at once: the payload starts.
     s.sync_answer(&Walk::default(), confirmed.block_size, &mut Vec::new())?;
     crate::types::phase::mark("sync_done");
+    // What the first window left carried, as far as the window now goes.
+    window::flush(&mut s.ctl, &mut ahead)?;
+    window::account(&s.stats, &ahead, s.opts.meta_budget)?;
     let opened = s.open_links(links, &confirmed)?;
     crate::types::phase::mark("links_open");
     let mut data = payload::Payload::start_windowed(s, threads, (scan, ahead), confirmed, opened)?;
@@ -197,6 +210,9 @@ struct Confirmed {
     cipher: Cipher,
     /// Credits per stream (the sending window).
     window: u32,
+    /// The records' window the sink announced for its memory budget
+    /// (Control::Window, right behind a Confirm with WINDOW_LIMIT_FLAG).
+    limit: Option<(u64, u64)>,
 }
 
 /// The data links as first opened.
@@ -243,12 +259,15 @@ impl SourceSession<'_> {
         // flag, which a sink of before (windows for plain copies and syncs
         // only) ignores instead of refusing the session's Preserve or
         // SyncMode.
-        use ramsys_proto::frame::{WIDE_WINDOWS_FLAG, WINDOWS_FLAG};
+        // Either with WINDOW_LIMIT_FLAG: a sink with a memory budget may
+        // answer with the window it holds (Control::Window); a sink of
+        // before ignores it.
+        use ramsys_proto::frame::{WIDE_WINDOWS_FLAG, WINDOWS_FLAG, WINDOW_LIMIT_FLAG};
         let wide = opts.preserve != 0 || opts.sync & crate::request::sync::flags::DELETE != 0;
         let flags = match (opts.windows_allowed() && !self.keep, wide) {
             (false, _) => 0,
-            (true, false) => WINDOWS_FLAG,
-            (true, true) => WIDE_WINDOWS_FLAG,
+            (true, false) => WINDOWS_FLAG | WINDOW_LIMIT_FLAG,
+            (true, true) => WIDE_WINDOWS_FLAG | WINDOW_LIMIT_FLAG,
         };
         self.ctl.send_flagged(&propose, flags)?;
         // DEST_DIR is the sink's own (SyncOpen, or its agent's options).
@@ -341,9 +360,17 @@ impl SourceSession<'_> {
             .link
             .set_read_timeout(Some(self.opts.idle_timeout))?;
         // The machine admits only Confirm before SyncDone's Have records.
-        let confirm = match self.ctl.recv_flagged()?.0 {
-            Control::Confirm(c) => c,
-            m => return Err(unexpected(&m, self.ctl.phase())),
+        let (confirm, flags) = match self.ctl.recv_flagged()? {
+            (Control::Confirm(c), flags) => (c, flags),
+            (m, _) => return Err(unexpected(&m, self.ctl.phase())),
+        };
+        // The sink's window, right behind (the machine admits nothing else).
+        let limit = match flags & ramsys_proto::frame::WINDOW_LIMIT_FLAG {
+            0 => None,
+            _ => match self.ctl.recv()? {
+                Control::Window { files, bytes } => Some((files, bytes)),
+                m => return Err(unexpected(&m, self.ctl.phase())),
+            },
         };
         senders.shrink_to(confirm.streams as usize);
         let streams = senders.len() as u16;
@@ -369,6 +396,7 @@ impl SourceSession<'_> {
             checksum: confirm.checksum,
             cipher,
             window: confirm.credits_per_stream,
+            limit,
         })
     }
 
