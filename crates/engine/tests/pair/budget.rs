@@ -72,6 +72,50 @@ fn a_small_sink_budget_slows_a_windowed_copy_instead_of_ending_it() {
     assert!(free.control(SINK).iter().all(|r| r.name() != "Window"));
 }
 
+/// An archive copy's sink holds a file's record and Attrs too until it
+/// settles (about twice a plain copy's per file): its first window of
+/// 512 files takes more than 128 KiB.
+const ARCHIVE_BUDGET: u64 = 512 << 10;
+
+/// A budget over an archive `--delete` sync (the wide flag, Attrs behind
+/// each batch the window splits): it completes in windows into a DST
+/// holding an extra file, which it deletes, modes and mtimes kept.
+#[test]
+fn a_small_sink_budget_slows_an_archive_delete_sync_too() {
+    use std::os::unix::fs::MetadataExt;
+    let t = tmp();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    small_files(&src, 3000, 39);
+    std::fs::create_dir_all(dst.join("src")).unwrap();
+    std::fs::write(dst.join("src/extra"), b"x").unwrap();
+    let mut p = Pair::new(&src, &dst);
+    p.both(|o| {
+        o.preserve = ramsys_proto::attrs::preserve::OWNER | ramsys_proto::attrs::preserve::GROUP;
+        o.sync = flags::SYNC | flags::DELETE;
+    });
+    p.sink.opts.meta_budget = ARCHIVE_BUDGET;
+    let o = p.run();
+    let (_, k) = o.reports();
+    assert_eq!(k.files, 3000);
+    same_tree(&src, &dst.join("src"));
+    assert!(!dst.join("src/extra").exists());
+    let held = p.sink.stats.meta_bytes.load(Ordering::Relaxed);
+    assert!(held <= ARCHIVE_BUDGET, "the sink held {held} bytes");
+    let (a, b) = (src.join("d1/f700"), dst.join("src/d1/f700"));
+    let (a, b) = (a.metadata().unwrap(), b.metadata().unwrap());
+    assert_eq!((a.mode(), a.mtime()), (b.mode(), b.mtime()));
+    let attrs = o
+        .control(SOURCE)
+        .iter()
+        .filter(|r| r.name() == "Attrs")
+        .count();
+    let (readies, _) = windows(&o);
+    assert!(
+        attrs >= 3000 / 600 && readies >= 3000 / 600,
+        "{attrs} Attrs, {readies} Ready"
+    );
+}
+
 /// A pull from a daemon with a small budget: the source sizes its own
 /// window by it (the sink, an agent, announces none), from the first
 /// record on: batches of half of it, where its own window (65,536 ids)
