@@ -72,6 +72,54 @@ fn a_small_sink_budget_slows_a_windowed_copy_instead_of_ending_it() {
     assert!(free.control(SINK).iter().all(|r| r.name() != "Window"));
 }
 
+/// Long paths fill the sink's window by bytes before ids: 2,000 files
+/// under a 200-byte directory path (about 230 bytes a record) against a
+/// budget of 512 KiB, whose Window allows 64 KiB of records (some 280 a
+/// window) where its ids allow 528. (The first window, 128 KiB of such
+/// records and their slots, is more than a 128 KiB budget holds.)
+#[test]
+fn long_paths_fill_the_sinks_window_by_bytes() {
+    let t = tmp();
+    let src = t.path().join("src");
+    let deep = src.join(["d".repeat(99), "e".repeat(99)].join("/"));
+    std::fs::create_dir_all(&deep).unwrap();
+    for i in 0..2000 {
+        std::fs::write(deep.join(format!("file-{i:04}")), i.to_string()).unwrap();
+    }
+    let dst = t.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let mut p = Pair::new(&src, &dst);
+    p.sink.opts.meta_budget = ARCHIVE_BUDGET;
+    let o = p.run();
+    let (_, k) = o.reports();
+    assert_eq!(k.files, 2000);
+    same_tree(&src, &dst.join("src"));
+    let (files, bytes) = budget_window(ARCHIVE_BUDGET, SLOT_BYTES).unwrap();
+    let (readies, _) = windows(&o);
+    assert!(readies >= 2000 / 300, "{readies} windows");
+    // Past the first window (sent before the Window was read), no
+    // Entries message holds more records than the Window's bytes allow,
+    // fewer than its ids would.
+    let first = ramsys_proto::session::FIRST_WINDOW.0;
+    let most = (o.control(SOURCE).iter())
+        .filter_map(|r| match &r.control {
+            Some(Control::Entries(es)) if es.first().is_some_and(|e| e.id >= first) => {
+                Some(es.len() as u64)
+            }
+            _ => None,
+        })
+        .max()
+        .unwrap();
+    // A record: "src/", the two 99-byte names, "file-NNNN", 16 more.
+    let record = (4 + 100 + 100 + 9 + 16) as u64;
+    assert!(
+        most <= bytes / record + 1 && most < files,
+        "{most} records in a message"
+    );
+    let held = p.sink.stats.meta_bytes.load(Ordering::Relaxed);
+    assert!(held <= ARCHIVE_BUDGET, "the sink held {held} bytes");
+}
+
 /// An archive copy's sink holds a file's record and Attrs too until it
 /// settles (about twice a plain copy's per file): its first window of
 /// 512 files takes more than 128 KiB.
