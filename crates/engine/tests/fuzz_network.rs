@@ -104,6 +104,11 @@ fn seeds() -> Vec<Control> {
             bytes: 30,
         },
         Control::SyncDone { failures: vec![] },
+        // The sink's window for its memory budget (issue 36).
+        Control::Window {
+            files: 4096,
+            bytes: 1 << 20,
+        },
         Control::FilesDone(vec![(1, 77)]),
         Control::Resend(vec![(1, 0, 10)]),
         Control::Settled,

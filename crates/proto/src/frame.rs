@@ -142,6 +142,14 @@ pub const WIDE_WINDOWS_FLAG: u8 = 4;
 pub const DRY_WINDOWS_FLAG: u8 = 16;
 /// Any of them on a Propose: the source can run windows.
 pub const ANY_WINDOWS: u8 = WINDOWS_FLAG | WIDE_WINDOWS_FLAG | DRY_WINDOWS_FLAG;
+/// Header flag of the CONTROL frame carrying a Propose that proposes
+/// windows: the source keeps its records within
+/// [`crate::session::FIRST_WINDOW`] until it has read the answer, and takes
+/// a window from the sink. On the Confirm that takes windows: a
+/// [`crate::Control::Window`] follows right behind it (the sink's memory
+/// budget per session, issue 36; docs/PROTOCOL.md "Windows"). A peer of
+/// before ignores it: an old sink sends no Window, an old source gets none.
+pub const WINDOW_LIMIT_FLAG: u8 = 8;
 
 /// Body of a sealed CREDIT: n (u32 LE) and a 16-byte tag over header + n.
 pub const CREDIT_SEALED_LEN: u32 = 4 + 16;

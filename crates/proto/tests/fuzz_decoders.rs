@@ -588,7 +588,7 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
-    /// The window messages (issue 36) and a LinkTo record behind their own
+    /// The window messages (issue 36; Window, the sink's limit) and a LinkTo record behind their own
     /// variant indices, so the fuzzer reaches their fields; each
     /// round-trips, and arbitrary bytes after the tag decode or fail.
     #[test]
@@ -607,6 +607,7 @@ proptest! {
             Control::Ready { through },
             Control::SettledThrough { through },
             Control::Entries(vec![link]),
+            Control::Window { files: through, bytes: through.rotate_left(17) },
         ];
         for m in ms {
             let b = m.encode().unwrap();
@@ -625,14 +626,18 @@ proptest! {
         sync in any::<bool>(),
         archive in any::<bool>(),
         attrs_in in proptest::collection::vec(attrs(), 0..3),
+        limit in any::<bool>(),
     ) {
         use ramsys_proto::control::{Confirm, Propose};
-        use ramsys_proto::frame::WINDOWS_FLAG;
+        use ramsys_proto::frame::{WINDOWS_FLAG, WINDOW_LIMIT_FLAG};
         let mut m = SinkMachine::new();
         let p = Control::Propose(Propose {
             roots: 1, streams: 1, block_size: 4096, capacity_mbps: 0, checksum: true, cipher: 0,
         });
-        m.on_recv_flags(&p, WINDOWS_FLAG).unwrap();
+        // With a window limit announced too (a small one: records past it
+        // are refused, not held).
+        let flags = WINDOWS_FLAG | if limit { WINDOW_LIMIT_FLAG } else { 0 };
+        m.on_recv_flags(&p, flags).unwrap();
         if sync {
             let mode = Control::SyncMode { flags: ramsys_proto::control::sync::SYNC };
             m.on_recv(&mode).unwrap();
@@ -640,7 +645,10 @@ proptest! {
         let c = Control::Confirm(Confirm {
             streams: 1, block_size: 4096, credits_per_stream: 2, capacity_mbps: 0, checksum: true, cipher: 0,
         });
-        m.on_send_flags(&c, WINDOWS_FLAG).unwrap();
+        m.on_send_flags(&c, flags).unwrap();
+        if limit {
+            m.on_send(&Control::Window { files: 64, bytes: 16 << 10 }).unwrap();
+        }
         m.on_send(&Control::SyncDone { failures: vec![] }).unwrap();
         // An archive copy (Preserve after SyncDone): arbitrary Attrs
         // between the arbitrary messages too.
@@ -732,6 +740,62 @@ proptest! {
         let readied = reuse.iter().all(|&id| id < ready);
         prop_assert_eq!(src.on_send(&r).is_ok(), readied);
         prop_assert_eq!(snk.on_recv(&r).is_ok(), readied);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// A sink's Window (issue 36) is taken at both ends exactly when it
+    /// lies within MIN_WINDOW and (MAX_WINDOW_IDS, MAX_WINDOW_BYTES);
+    /// then a batch of `n` records whose paths are `len` bytes is taken at
+    /// both ends exactly when it fits the window in force (the larger of
+    /// the sink's and the first window: the source may have sent that
+    /// much before it read the Window), its first record whatever its size.
+    #[test]
+    fn the_sinks_window_holds_at_both_ends(
+        files in prop_oneof![0u64..2048, any::<u64>()],
+        bytes in prop_oneof![0u64..(1 << 19), any::<u64>()],
+        n in 1u64..1200,
+        len in 1usize..250,
+    ) {
+        use ramsys_proto::control::{Confirm, Entry, EntryKind, Propose};
+        use ramsys_proto::frame::{WINDOWS_FLAG, WINDOW_LIMIT_FLAG};
+        use ramsys_proto::session::{FIRST_WINDOW, MAX_WINDOW_BYTES, MAX_WINDOW_IDS, MIN_WINDOW};
+        let flags = WINDOWS_FLAG | WINDOW_LIMIT_FLAG;
+        let (mut src, mut snk) = (ramsys_proto::session::SourceMachine::new(), SinkMachine::new());
+        let p = Control::Propose(Propose {
+            roots: 1, streams: 1, block_size: 4096, capacity_mbps: 0, checksum: true, cipher: 0,
+        });
+        src.on_send_flags(&p, flags).unwrap();
+        snk.on_recv_flags(&p, flags).unwrap();
+        let c = Control::Confirm(Confirm {
+            streams: 1, block_size: 4096, credits_per_stream: 2, capacity_mbps: 0, checksum: true, cipher: 0,
+        });
+        snk.on_send_flags(&c, flags).unwrap();
+        src.on_recv_flags(&c, flags).unwrap();
+        let w = Control::Window { files, bytes };
+        let valid = (MIN_WINDOW.0..=MAX_WINDOW_IDS).contains(&files)
+            && (MIN_WINDOW.1..=MAX_WINDOW_BYTES).contains(&bytes);
+        prop_assert_eq!(snk.on_send(&w).is_ok(), valid);
+        prop_assert_eq!(src.on_recv(&w).is_ok(), valid);
+        if !valid {
+            return Ok(());
+        }
+        let sd = Control::SyncDone { failures: vec![] };
+        snk.on_send(&sd).unwrap();
+        src.on_recv(&sd).unwrap();
+        let es: Vec<_> = (0..n).map(|id| {
+            let mut path = format!("f{id}").into_bytes();
+            path.resize(len.max(path.len()), b'x');
+            Entry { id, path, kind: EntryKind::File { size: 1 }, mode: 0o644, mtime_s: 0, mtime_ns: 0 }
+        }).collect();
+        let weight: u64 = es.iter().map(ramsys_proto::session::record_bytes).sum();
+        let fits = n <= files.max(FIRST_WINDOW.0)
+            && (n == 1 || weight <= bytes.max(FIRST_WINDOW.1));
+        let m = Control::Entries(es);
+        prop_assert_eq!(src.on_send(&m).is_ok(), fits);
+        prop_assert_eq!(snk.on_recv(&m).is_ok(), fits);
     }
 }
 

@@ -69,8 +69,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 8)]
     pub window: u32,
     /// Memory one session may hold for its file list and per-file state
-    /// (not the data buffers, which --memory bounds); a session whose tree
-    /// outgrows it ends with one line saying so (issue 36; docs/SCALE.md).
+    /// (not the data buffers, which --memory bounds): a windowed session
+    /// runs in windows that fit it (smaller windows, more of them); a
+    /// whole-tree one (a dry run, --resume) whose tree outgrows it ends
+    /// with one line saying so (issue 36; docs/SCALE.md).
     /// Default: a quarter of this host's memory; 0: no bound.
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub session_memory: Option<u64>,

@@ -37,8 +37,9 @@ pub struct TransferOptions {
     /// Give up on a peer that sends nothing for this long.
     pub idle_timeout: Duration,
     /// Bytes of per-file state (file list, file table) one session may
-    /// hold; past it the session ends with one line (0: no bound; a
-    /// daemon's `--session-memory`, issue 36).
+    /// hold (0: no bound; a daemon's `--session-memory`, issue 36): a
+    /// windowed session's window fits it ([`budget_window`]), past it any
+    /// other session ends with one line.
     pub meta_budget: u64,
     /// Windowed metadata (issue 36, docs/SCALE.md "Windows"): how far the
     /// source announces records ahead of the sink's settled mark, in ids
@@ -142,6 +143,26 @@ fn meta_window() -> (u64, u64) {
             var("RAMSYS_WINDOW_BYTES", 64 << 20).max(1),
         )
     })
+}
+
+/// The window a memory budget per session holds (issue 36, docs/SCALE.md
+/// "Bounds and reports"), for an end that keeps `per_id` bytes of state
+/// an id: an eighth of the budget for that state, an eighth for the
+/// records' paths. A quarter in all (half while the vectors of the batch
+/// being registered grow by doubling), the rest left for what grows with
+/// the tree and not with the window: the directories' and links' records,
+/// `--delete`'s keyed hashes, an archive copy's held Attrs. Within what a
+/// Control::Window may say; None without a budget.
+pub fn budget_window(budget: u64, per_id: u64) -> Option<(u64, u64)> {
+    use ramsys_proto::session::{MAX_WINDOW_BYTES, MAX_WINDOW_IDS, MIN_WINDOW};
+    if budget == 0 {
+        return None;
+    }
+    let eighth = budget / 8;
+    Some((
+        (eighth / per_id.max(1)).clamp(MIN_WINDOW.0, MAX_WINDOW_IDS),
+        eighth.clamp(MIN_WINDOW.1, MAX_WINDOW_BYTES),
+    ))
 }
 
 impl TransferOptions {

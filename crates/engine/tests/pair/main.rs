@@ -8,6 +8,7 @@
 mod common;
 
 mod archive;
+mod budget;
 mod credits;
 mod daemon;
 mod deadlock;

@@ -71,6 +71,7 @@ impl Control {
             Control::WatchBatch { .. } => "WatchBatch",
             Control::Ready { .. } => "Ready",
             Control::SettledThrough { .. } => "SettledThrough",
+            Control::Window { .. } => "Window",
         }
     }
 

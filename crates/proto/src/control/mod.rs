@@ -418,6 +418,17 @@ pub enum Control {
     SettledThrough {
         through: u64,
     },
+    /// Sink to source, right behind a Confirm carrying
+    /// frame::WINDOW_LIMIT_FLAG (only if the Propose carried it; issue 36,
+    /// docs/PROTOCOL.md "Windows"): from here on the source announces at
+    /// most `files` ids past the settled mark and `bytes` of records
+    /// (session::record_bytes) not yet settled, so the window fits the
+    /// sink's memory budget. Within session::MIN_WINDOW and
+    /// (MAX_WINDOW_IDS, MAX_WINDOW_BYTES).
+    Window {
+        files: u64,
+        bytes: u64,
+    },
 }
 
 #[cfg(test)]

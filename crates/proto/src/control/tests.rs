@@ -354,6 +354,10 @@ fn roundtrip_every_variant() {
         Control::WatchBatch { batch: u64::MAX },
         Control::Ready { through: 1 << 40 },
         Control::SettledThrough { through: 7 },
+        Control::Window {
+            files: 1 << 20,
+            bytes: u64::MAX,
+        },
         Control::Entries(vec![Entry {
             id: 3,
             path: b"d/l".to_vec(),

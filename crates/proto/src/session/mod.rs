@@ -21,6 +21,94 @@ mod source;
 pub use sink::{SinkMachine, MAX_GROW_STAGES, MAX_WINDOW_IDS};
 pub use source::SourceMachine;
 
+use std::collections::VecDeque;
+
+use crate::control::Entry;
+use crate::frame::{ANY_WINDOWS, WINDOW_LIMIT_FLAG};
+use crate::ProtoError;
+
+/// The window (ids, record bytes) a source that proposed with
+/// frame::WINDOW_LIMIT_FLAG keeps to until it has read the sink's answer
+/// (issue 36, docs/PROTOCOL.md "Windows"): a tree this small still
+/// travels whole in Propose's flight, and a sink with a small memory
+/// budget is not sent more before it can say so (about 190 KB of slots
+/// and names at the sink).
+pub const FIRST_WINDOW: (u64, u64) = (512, 128 << 10);
+/// The least window a sink may announce (Control::Window): a window of
+/// no id would never move, and 16 KiB holds a record of the longest path
+/// (path::MAX_PATH) three times.
+pub const MIN_WINDOW: (u64, u64) = (64, 16 << 10);
+/// The most record bytes a sink may announce.
+pub const MAX_WINDOW_BYTES: u64 = 1 << 32;
+
+/// What a record weighs in a window's bytes (Control::Window, and the
+/// source's own window): its path and 16 for the rest of it.
+pub fn record_bytes(e: &Entry) -> u64 {
+    e.path.len() as u64 + 16
+}
+
+/// A window the records keep to (docs/PROTOCOL.md "Windows"): ids below
+/// the settled mark plus `files`, and at most `bytes` of the records not
+/// yet settled. Both machines keep it: the sink refuses records beyond
+/// it, the source refuses to send them.
+#[derive(Debug)]
+pub(super) struct Limit {
+    files: u64,
+    bytes: u64,
+    /// (one past the last id, record bytes) of each Entries batch not
+    /// yet settled.
+    batches: VecDeque<(u64, u64)>,
+    held: u64,
+}
+
+impl Limit {
+    fn first() -> Limit {
+        Limit {
+            files: FIRST_WINDOW.0,
+            bytes: FIRST_WINDOW.1,
+            batches: VecDeque::new(),
+            held: 0,
+        }
+    }
+
+    /// A batch of records going out or coming in, with `settled` the
+    /// settled mark this end knows. A record of an empty window is taken
+    /// whatever its size, so no window stands still (the sink refuses a
+    /// path that long on its own: path::MAX_PATH).
+    fn entries(&mut self, es: &[Entry], settled: u64) -> Result<(), ProtoError> {
+        let Some(last) = es.last() else {
+            return Ok(());
+        };
+        let mut held = self.held;
+        for e in es {
+            let b = record_bytes(e);
+            if e.id >= settled.saturating_add(self.files) || (held > 0 && held + b > self.bytes) {
+                return Err(ProtoError::malformed(
+                    "entry",
+                    format!(
+                        "id {} beyond the window of {} ids and {} bytes",
+                        e.id, self.files, self.bytes
+                    ),
+                ));
+            }
+            held += b;
+        }
+        self.batches.push_back((last.id + 1, held - self.held));
+        self.held = held;
+        Ok(())
+    }
+
+    fn settled(&mut self, through: u64) {
+        while let Some(&(end, b)) = self.batches.front() {
+            if end > through {
+                break;
+            }
+            self.batches.pop_front();
+            self.held -= b;
+        }
+    }
+}
+
 /// Windowed metadata (issue 36, frame::WINDOWS_FLAG on Propose and
 /// Confirm): the metadata runs ahead of the data by a window of ids
 /// instead of ending before the payload starts.
@@ -56,6 +144,13 @@ pub(super) struct Marks {
     /// follows, so nothing of an entry outlives its window.
     pub(super) attrs_from: u64,
     pub(super) after_attrs: bool,
+    /// The window in force (frame::WINDOW_LIMIT_FLAG): the first window
+    /// from the Propose on, the sink's once it sent Window; None: only
+    /// [`MAX_WINDOW_IDS`].
+    pub(super) limit: Option<Limit>,
+    /// Confirm carried WINDOW_LIMIT_FLAG: the sink's next message is its
+    /// Window.
+    pub(super) window_due: bool,
 }
 
 impl Marks {
@@ -66,6 +161,86 @@ impl Marks {
     /// A window flag where the other end's own flag did not come first.
     pub(super) fn unasked(what: &'static str) -> crate::ProtoError {
         crate::ProtoError::malformed(what, "windows confirmed but never proposed")
+    }
+
+    /// A Propose's flags: WINDOW_LIMIT_FLAG only with windows, and then
+    /// the first window holds.
+    pub(super) fn propose_limit(&mut self, flags: u8) -> Result<(), ProtoError> {
+        if flags & WINDOW_LIMIT_FLAG != 0 {
+            if flags & ANY_WINDOWS == 0 {
+                return Err(ProtoError::malformed(
+                    "propose",
+                    "a window limit without windows",
+                ));
+            }
+            self.limit = Some(Limit::first());
+        }
+        Ok(())
+    }
+
+    /// A Confirm's flags (`on`: it takes windows): WINDOW_LIMIT_FLAG only
+    /// on one that takes windows the Propose offered it for (a Window is
+    /// then due); without it the source keeps its own window.
+    pub(super) fn confirm_limit(&mut self, flags: u8, on: bool) -> Result<(), ProtoError> {
+        if flags & WINDOW_LIMIT_FLAG == 0 {
+            self.limit = None;
+        } else if on && self.limit.is_some() {
+            self.window_due = true;
+        } else {
+            return Err(ProtoError::malformed(
+                "confirm",
+                "a window limit never proposed, or without windows",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The sink's Window, due right behind its Confirm. Records the source
+    /// sent before it read it kept to the first window, so the sink's
+    /// check allows the larger of the two; the source keeps to the Window.
+    pub(super) fn window(&mut self, files: u64, bytes: u64) -> Result<(), ProtoError> {
+        let (Some(l), true) = (&mut self.limit, self.window_due) else {
+            return Err(ProtoError::malformed(
+                "window",
+                "not right behind a Confirm that announced it",
+            ));
+        };
+        if !(MIN_WINDOW.0..=MAX_WINDOW_IDS).contains(&files)
+            || !(MIN_WINDOW.1..=MAX_WINDOW_BYTES).contains(&bytes)
+        {
+            return Err(ProtoError::malformed(
+                "window",
+                format!("{files} ids and {bytes} bytes: out of bounds"),
+            ));
+        }
+        (l.files, l.bytes) = (files.max(FIRST_WINDOW.0), bytes.max(FIRST_WINDOW.1));
+        self.window_due = false;
+        Ok(())
+    }
+
+    /// A message other than the Window while it is due.
+    pub(super) fn not_window(&self, m: &crate::control::Control) -> Result<(), ProtoError> {
+        use crate::control::Control;
+        if self.window_due
+            && !matches!(
+                m,
+                Control::Window { .. } | Control::Abort { .. } | Control::Error { .. }
+            )
+        {
+            return Err(ProtoError::Unexpected {
+                got: m.name(),
+                state: "window due",
+            });
+        }
+        Ok(())
+    }
+
+    /// Records within the window in force, if any.
+    pub(super) fn limit_entries(&mut self, es: &[Entry]) -> Result<(), ProtoError> {
+        match &mut self.limit {
+            Some(l) => l.entries(es, self.settled),
+            None => Ok(()),
+        }
     }
 
     /// A Ready for `through`, with `announced` records sent so far.
@@ -185,6 +360,9 @@ impl Marks {
             ));
         }
         self.settled = through;
+        if let Some(l) = &mut self.limit {
+            l.settled(through);
+        }
         Ok(())
     }
 }

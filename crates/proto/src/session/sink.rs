@@ -136,6 +136,7 @@ impl SinkMachine {
     /// (frame::WINDOWS_FLAG on Confirm: windows taken, only if proposed).
     pub fn on_send_flags(&mut self, m: &Control, flags: u8) -> Result<(), ProtoError> {
         use Phase::*;
+        self.marks.not_window(m)?;
         let on = self.marks.on();
         self.phase = match (self.phase, m) {
             (_, Control::Abort { .. }) => Aborted,
@@ -147,11 +148,18 @@ impl SinkMachine {
                 if c.streams > p.streams || c.block_size > p.block_size || c.streams == 0 {
                     return Err(ProtoError::malformed("confirm", "exceeds proposal"));
                 }
-                self.marks.windows = match (self.marks.windows, flags & WINDOWS_FLAG != 0) {
+                let windows = match (self.marks.windows, flags & WINDOWS_FLAG != 0) {
                     (Windows::Proposed, true) => Windows::On,
                     (_, true) => return Err(Marks::unasked("confirm")),
                     (_, false) => Windows::Off,
                 };
+                self.marks.confirm_limit(flags, windows == Windows::On)?;
+                self.marks.windows = windows;
+                Metadata
+            }
+            // Right behind a Confirm that announced it (WINDOW_LIMIT_FLAG).
+            (Metadata, Control::Window { files, bytes }) => {
+                self.marks.window(*files, *bytes)?;
                 Metadata
             }
             (Syncing, Control::Have(_)) if self.sync.is_some() => Syncing,
@@ -205,6 +213,7 @@ impl SinkMachine {
                 if flags & ANY_WINDOWS != 0 {
                     self.marks.windows = Windows::Proposed;
                 }
+                self.marks.propose_limit(flags)?;
                 self.proposed = Some(p.clone());
                 Negotiate
             }
@@ -240,6 +249,7 @@ impl SinkMachine {
             }
             (Metadata, Control::Entries(es)) => {
                 self.check_window(es)?;
+                self.marks.limit_entries(es)?;
                 for e in es {
                     self.entries.check(e)?;
                 }
@@ -248,6 +258,7 @@ impl SinkMachine {
             }
             (Payload, Control::Entries(es)) if on && open => {
                 self.check_window(es)?;
+                self.marks.limit_entries(es)?;
                 for e in es {
                     self.entries.check(e)?;
                 }

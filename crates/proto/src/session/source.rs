@@ -66,11 +66,12 @@ impl SourceMachine {
     /// HardLink (the sink cannot, yet: a file settles only after its
     /// digest, which follows every record sent before Confirm was read).
     fn count(&mut self, es: &[Entry]) -> Result<(), ProtoError> {
+        let mut next = self.announced;
         for e in es {
-            if e.id != self.announced {
+            if e.id != next {
                 return Err(ProtoError::malformed(
                     "entry",
-                    format!("id {} out of order (expected {})", e.id, self.announced),
+                    format!("id {} out of order (expected {})", e.id, next),
                 ));
             }
             let bad = match e.kind {
@@ -85,8 +86,12 @@ impl SourceMachine {
                     "a piece, or a link of the other kind, for these windows",
                 ));
             }
-            self.announced += 1;
+            next += 1;
         }
+        // Within the window in force (frame::WINDOW_LIMIT_FLAG); nothing
+        // counted of a batch refused.
+        self.marks.limit_entries(es)?;
+        self.announced = next;
         Ok(())
     }
 
@@ -109,10 +114,11 @@ impl SourceMachine {
         self.phase = match (self.phase, m) {
             (_, Control::Abort { .. }) => Aborted,
             (Negotiate, Control::Propose(_)) if !self.proposed => {
-                self.proposed = true;
                 if flags & ANY_WINDOWS != 0 {
                     self.marks.windows = Windows::Proposed;
                 }
+                self.marks.propose_limit(flags)?;
+                self.proposed = true;
                 Negotiate
             }
             // A windowed session: a copy's journal, or a sync answered
@@ -203,6 +209,7 @@ impl SourceMachine {
     /// a Propose of ours carrying it may ask for).
     pub fn on_recv_flags(&mut self, m: &Control, flags: u8) -> Result<(), ProtoError> {
         use Phase::*;
+        self.marks.not_window(m)?;
         self.phase = match (self.phase, m) {
             (_, Control::Abort { .. } | Control::Error { .. }) => Aborted,
             (Negotiate | Metadata | Syncing, Control::Confirm(c))
@@ -214,12 +221,19 @@ impl SourceMachine {
                         "zero streams, block or credits",
                     ));
                 }
-                self.marks.windows = match (self.marks.windows, flags & WINDOWS_FLAG != 0) {
+                let windows = match (self.marks.windows, flags & WINDOWS_FLAG != 0) {
                     (Windows::Proposed, true) => Windows::On,
                     (_, true) => return Err(Marks::unasked("confirm")),
                     (_, false) => Windows::Off,
                 };
+                self.marks.confirm_limit(flags, windows == Windows::On)?;
+                self.marks.windows = windows;
                 self.confirmed = true;
+                self.phase
+            }
+            // Right behind a Confirm that announced it (WINDOW_LIMIT_FLAG).
+            (Negotiate | Metadata | Syncing, Control::Window { files, bytes }) => {
+                self.marks.window(*files, *bytes)?;
                 self.phase
             }
             (Syncing, Control::Have(_)) if self.confirmed && self.sync => Syncing,

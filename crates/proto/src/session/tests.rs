@@ -1043,3 +1043,162 @@ fn windowed_archive_attrs_follow_their_batch() {
     assert!(src.on_send(&a(&[5])).is_err(), "Attrs after MetaEnd");
     assert!(snk.on_recv(&a(&[5])).is_err(), "Attrs after MetaEnd");
 }
+
+/// Records `from..to`, files whose paths are `len` bytes long.
+fn long_files(from: u64, to: u64, len: usize) -> Control {
+    let es = (from..to).map(|id| {
+        // Components of at most 200 bytes (path::MAX_NAME).
+        let mut p = format!("f{id}").into_bytes();
+        while p.len() < len {
+            p.push(if p.len() % 200 == 0 { b'/' } else { b'x' });
+        }
+        let path = String::from_utf8(p).unwrap();
+        entry(id, &path, EntryKind::File { size: 1 })
+    });
+    Control::Entries(es.collect())
+}
+
+/// A pair whose Propose and Confirm carried WINDOW_LIMIT_FLAG, up to
+/// the payload: the sink's Window (`files`, `bytes`) at both ends.
+fn limited(files: u64, bytes: u64) -> (SourceMachine, SinkMachine) {
+    use crate::frame::{WINDOWS_FLAG, WINDOW_LIMIT_FLAG};
+    let both = WINDOWS_FLAG | WINDOW_LIMIT_FLAG;
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    src.on_send_flags(&propose(), both).unwrap();
+    snk.on_recv_flags(&propose(), both).unwrap();
+    snk.on_send_flags(&confirm(1), both).unwrap();
+    src.on_recv_flags(&confirm(1), both).unwrap();
+    let w = Control::Window { files, bytes };
+    snk.on_send(&w).unwrap();
+    src.on_recv(&w).unwrap();
+    let sd = Control::SyncDone { failures: vec![] };
+    snk.on_send(&sd).unwrap();
+    src.on_recv(&sd).unwrap();
+    (src, snk)
+}
+
+/// The window a sink announces for its memory budget (issue 36,
+/// docs/PROTOCOL.md "Windows"): records past it, in ids or in bytes, are
+/// refused at both ends until the sink's SettledThrough makes room; the
+/// first window holds before the source read it.
+#[test]
+fn the_window_the_sink_announces_holds_at_both_ends() {
+    let send = |m: &Control, src: &mut SourceMachine, snk: &mut SinkMachine| {
+        src.on_send(m).unwrap();
+        snk.on_recv(m).unwrap();
+    };
+    let (first, first_bytes) = FIRST_WINDOW;
+    // Ids: a window of 1,000; one more only once 10 are settled.
+    let (mut src, mut snk) = limited(1000, 1 << 20);
+    send(&long_files(0, 1000, 8), &mut src, &mut snk);
+    let over = long_files(1000, 1001, 8);
+    assert!(src.on_send(&over).is_err() && snk.on_recv(&over).is_err());
+    let (r, st) = (
+        Control::Ready { through: 10 },
+        Control::SettledThrough { through: 10 },
+    );
+    for m in [&r, &st] {
+        snk.on_send(m).unwrap();
+        src.on_recv(m).unwrap();
+    }
+    send(&long_files(1000, 1010, 8), &mut src, &mut snk);
+    // Bytes: the first window's 128 KiB at least (the larger of the two
+    // holds); records of 4,096 bytes each, 32 fit, not 33, in two batches.
+    let (mut src, mut snk) = limited(MIN_WINDOW.0, MIN_WINDOW.1);
+    let long = 4096 - 16;
+    assert_eq!(first_bytes / 4096, 32);
+    send(&long_files(0, 20, long), &mut src, &mut snk);
+    send(&long_files(20, 32, long), &mut src, &mut snk);
+    let over = long_files(32, 33, long);
+    assert!(src.on_send(&over).is_err() && snk.on_recv(&over).is_err());
+    // The first batch settled: its bytes are free again.
+    for m in [
+        Control::Ready { through: 20 },
+        Control::SettledThrough { through: 20 },
+    ] {
+        snk.on_send(&m).unwrap();
+        src.on_recv(&m).unwrap();
+    }
+    send(&long_files(32, 52, long), &mut src, &mut snk);
+    // Before the Window (before Confirm, even): the first window.
+    use crate::frame::{WINDOWS_FLAG, WINDOW_LIMIT_FLAG};
+    let both = WINDOWS_FLAG | WINDOW_LIMIT_FLAG;
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    src.on_send_flags(&propose(), both).unwrap();
+    snk.on_recv_flags(&propose(), both).unwrap();
+    snk.on_send_flags(&confirm(1), both).unwrap();
+    send(&long_files(0, first, 8), &mut src, &mut snk);
+    let over = long_files(first, first + 1, 8);
+    assert!(src.on_send(&over).is_err() && snk.on_recv(&over).is_err());
+    // A sink that announces none (no budget) leaves the source its own.
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    src.on_send_flags(&propose(), both).unwrap();
+    snk.on_recv_flags(&propose(), both).unwrap();
+    snk.on_send_flags(&confirm(1), WINDOWS_FLAG).unwrap();
+    src.on_recv_flags(&confirm(1), WINDOWS_FLAG).unwrap();
+    send(&long_files(0, 4 * first, 8), &mut src, &mut snk);
+}
+
+/// What each machine refuses of a window limit: the flag on a Propose
+/// without windows, on a Confirm whose Propose did not carry it or that
+/// takes no windows; a Window not due, out of bounds (no id, absurd
+/// sizes), or anything else where it is due.
+#[test]
+fn window_limits_refused_out_of_place() {
+    use crate::frame::{WINDOWS_FLAG, WINDOW_LIMIT_FLAG};
+    let both = WINDOWS_FLAG | WINDOW_LIMIT_FLAG;
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    assert!(src.on_send_flags(&propose(), WINDOW_LIMIT_FLAG).is_err());
+    assert!(snk.on_recv_flags(&propose(), WINDOW_LIMIT_FLAG).is_err());
+    // Windows proposed without the limit: a Confirm with it is refused,
+    // and so is a Window.
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    src.on_send_flags(&propose(), WINDOWS_FLAG).unwrap();
+    snk.on_recv_flags(&propose(), WINDOWS_FLAG).unwrap();
+    assert!(snk.on_send_flags(&confirm(1), both).is_err());
+    assert!(src.on_recv_flags(&confirm(1), both).is_err());
+    snk.on_send_flags(&confirm(1), WINDOWS_FLAG).unwrap();
+    src.on_recv_flags(&confirm(1), WINDOWS_FLAG).unwrap();
+    let w = Control::Window {
+        files: 1000,
+        bytes: 1 << 20,
+    };
+    assert!(snk.on_send(&w).is_err() && src.on_recv(&w).is_err());
+    // The limit on a Confirm that takes no windows.
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    src.on_send_flags(&propose(), both).unwrap();
+    snk.on_recv_flags(&propose(), both).unwrap();
+    assert!(snk.on_send_flags(&confirm(1), WINDOW_LIMIT_FLAG).is_err());
+    assert!(src.on_recv_flags(&confirm(1), WINDOW_LIMIT_FLAG).is_err());
+    // Due: nothing else first; out of bounds refused at both ends.
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    src.on_send_flags(&propose(), both).unwrap();
+    snk.on_recv_flags(&propose(), both).unwrap();
+    snk.on_send_flags(&confirm(1), both).unwrap();
+    src.on_recv_flags(&confirm(1), both).unwrap();
+    let sd = Control::SyncDone { failures: vec![] };
+    assert!(snk.on_send(&sd).is_err() && src.on_recv(&sd).is_err());
+    for (files, bytes) in [
+        (0, 1 << 20),
+        (MIN_WINDOW.0 - 1, 1 << 20),
+        (MAX_WINDOW_IDS + 1, 1 << 20),
+        (u64::MAX, u64::MAX),
+        (1000, 0),
+        (1000, MIN_WINDOW.1 - 1),
+        (1000, MAX_WINDOW_BYTES + 1),
+    ] {
+        let w = Control::Window { files, bytes };
+        assert!(snk.on_send(&w).is_err(), "{files} {bytes}");
+        assert!(src.on_recv(&w).is_err(), "{files} {bytes}");
+    }
+    let w = Control::Window {
+        files: MAX_WINDOW_IDS,
+        bytes: MAX_WINDOW_BYTES,
+    };
+    snk.on_send(&w).unwrap();
+    src.on_recv(&w).unwrap();
+    // Once only.
+    assert!(snk.on_send(&w).is_err() && src.on_recv(&w).is_err());
+    snk.on_send(&sd).unwrap();
+    src.on_recv(&sd).unwrap();
+}

@@ -108,12 +108,19 @@ fn sink_session(
         adm,
         keep,
     };
-    let (prop, dest, asked) = s.negotiate()?;
+    let (prop, dest, flags) = s.negotiate()?;
     crate::types::phase::mark("sink_propose");
     // Windows (issue 36): only where the source asked and this end runs a
     // plain copy too; else today's whole-tree phases.
-    let windowed = asked && s.opts.windows_allowed();
-    let grant = s.confirm(&prop, res, windowed)?;
+    use ramsys_proto::frame::{ANY_WINDOWS, WINDOW_LIMIT_FLAG};
+    let windowed = flags & ANY_WINDOWS != 0 && s.opts.windows_allowed();
+    // The window this end's memory budget holds, told to a source that
+    // takes one (docs/SCALE.md "Bounds and reports"): a windowed session
+    // then slows down instead of ending.
+    let limit = (windowed && flags & WINDOW_LIMIT_FLAG != 0)
+        .then(|| crate::session::options::budget_window(s.opts.meta_budget, files::SLOT_BYTES))
+        .flatten();
+    let grant = s.confirm(&prop, res, windowed, limit)?;
     crate::types::phase::mark("sink_confirm_sent");
     let (mut tree, opened, control) = if windowed {
         let mut tree = s.new_tree(&prop, dest);
@@ -245,7 +252,7 @@ impl SinkSession<'_> {
     /// rule, rsync's for sync, and where an interrupted copy went for a
     /// resumed one); refused here, before any data moves, when the
     /// destination cannot be used.
-    fn negotiate(&mut self) -> Result<(Propose, DestMap, bool), EngineError> {
+    fn negotiate(&mut self) -> Result<(Propose, DestMap, u8), EngineError> {
         // A daemon source may hold the task suspended until threads free up
         // (docs/DAEMON.md): wait as long as for an idle peer.
         self.ctl
@@ -259,10 +266,9 @@ impl SinkSession<'_> {
             (Control::Propose(p), flags) => (p, flags),
             (m, _) => return Err(unexpected(&m, self.ctl.phase())),
         };
-        let windows = flags & ramsys_proto::frame::ANY_WINDOWS != 0;
         let spec = &self.spec;
         match DestMap::resolve(&spec.root, &spec.dest, prop.roots, self.opts.sync) {
-            Ok(m) => Ok((prop, m, windows)),
+            Ok(m) => Ok((prop, m, flags)),
             Err(msg) => {
                 let refusal = Control::Error {
                     code: 2,
@@ -282,6 +288,7 @@ impl SinkSession<'_> {
         prop: &Propose,
         res: &'r EngineResources,
         windowed: bool,
+        limit: Option<(u64, u64)>,
     ) -> Result<Grant<'r>, EngineError> {
         let opts = self.opts;
         let window = opts.window.max(2) as usize;
@@ -314,11 +321,16 @@ impl SinkSession<'_> {
             checksum: prop.checksum,
             cipher: cipher.id(),
         });
-        let flags = match windowed {
-            true => ramsys_proto::frame::WINDOWS_FLAG,
-            false => 0,
+        use ramsys_proto::frame::{WINDOWS_FLAG, WINDOW_LIMIT_FLAG};
+        let flags = match (windowed, limit) {
+            (true, Some(_)) => WINDOWS_FLAG | WINDOW_LIMIT_FLAG,
+            (true, None) => WINDOWS_FLAG,
+            (false, _) => 0,
         };
         self.ctl.send_flagged(&confirm, flags)?;
+        if let (true, Some((files, bytes))) = (windowed, limit) {
+            self.ctl.send(&Control::Window { files, bytes })?;
+        }
         self.adm.transferring(streams);
         Ok(Grant {
             receivers: reserved.receivers,

@@ -134,14 +134,24 @@ fn run_windowed(
     links: &mut dyn LinkProvider,
 ) -> Result<Report, EngineError> {
     let scan = window::start_scan(s)?;
+    // The first window, until the sink's answer says what it holds
+    // (frame::WINDOW_LIMIT_FLAG): within ours and FIRST_WINDOW.
+    let own = window::own_window(s.opts);
+    let first = ramsys_proto::session::FIRST_WINDOW;
     let dry = s.opts.sync & crate::request::sync::flags::DRY_RUN != 0;
-    let mut ahead = window::Ahead::new(s.opts.meta_window).naming(dry);
+    let mut ahead = window::Ahead::new((own.0.min(first.0), own.1.min(first.1))).naming(dry);
     if let Err(e) = window::first_window(s, &scan, &mut ahead) {
         return Err(peer_reason(&mut s.ctl, s.spec.pending_auth.as_ref()).unwrap_or(e));
     }
     crate::types::phase::mark("metadata_sent");
     let confirmed = s.confirm(&mut threads.senders)?;
     crate::types::phase::mark("confirm");
+    // Ours, within the window the sink announced for its memory budget
+    // (Control::Window; docs/SCALE.md "Bounds and reports").
+    ahead.set_limit(match confirmed.limit {
+        Some(w) => (own.0.min(w.0), own.1.min(w.1)),
+        None => own,
+    });
     if s.ctl.machine.windows() != Windows::On {
         // A sink of before: every record now, then today's phases.
         let (walk, names) = match window::whole(s, scan, ahead) {
@@ -163,6 +173,9 @@ fn run_windowed(
     // The sink's SyncDone comes at once: the payload starts.
     s.sync_answer(&Walk::default(), confirmed.block_size, &mut Vec::new())?;
     crate::types::phase::mark("sync_done");
+    // What the first window left carried, as far as the window now goes.
+    window::flush(&mut s.ctl, &mut ahead)?;
+    window::account(&s.stats, &ahead, s.opts.meta_budget)?;
     let opened = s.open_links(links, &confirmed)?;
     crate::types::phase::mark("links_open");
     let mut data = payload::Payload::start_windowed(s, threads, (scan, ahead), confirmed, opened)?;
@@ -198,6 +211,9 @@ struct Confirmed {
     cipher: Cipher,
     /// Credits per stream (the sending window).
     window: u32,
+    /// The records' window the sink announced for its memory budget
+    /// (Control::Window, right behind a Confirm with WINDOW_LIMIT_FLAG).
+    limit: Option<(u64, u64)>,
 }
 
 /// The data links as first opened.
@@ -245,15 +261,22 @@ impl SourceSession<'_> {
         // only) ignores instead of refusing the session's Preserve or
         // SyncMode.
         // A dry run offers them with a flag of its own, which a sink of
-        // before (it refused DRY_RUN in windows) ignores likewise.
+        // before (it refused DRY_RUN in windows) ignores likewise. Each
+        // with WINDOW_LIMIT_FLAG: a sink with a memory budget may answer
+        // with the window it holds (Control::Window); a sink of before
+        // ignores it.
         use crate::request::sync::flags::{DELETE, DRY_RUN};
         use ramsys_proto::frame::{DRY_WINDOWS_FLAG, WIDE_WINDOWS_FLAG, WINDOWS_FLAG};
         let wide = opts.preserve != 0 || opts.sync & DELETE != 0;
-        let flags = match (opts.windows_allowed() && !self.keep, wide) {
+        let offer = match (opts.windows_allowed() && !self.keep, wide) {
             (false, _) => 0,
             (true, _) if opts.sync & DRY_RUN != 0 => DRY_WINDOWS_FLAG,
             (true, false) => WINDOWS_FLAG,
             (true, true) => WIDE_WINDOWS_FLAG,
+        };
+        let flags = match offer {
+            0 => 0,
+            f => f | ramsys_proto::frame::WINDOW_LIMIT_FLAG,
         };
         self.ctl.send_flagged(&propose, flags)?;
         // DEST_DIR is the sink's own (SyncOpen, or its agent's options).
@@ -348,9 +371,17 @@ impl SourceSession<'_> {
             .link
             .set_read_timeout(Some(self.opts.idle_timeout))?;
         // The machine admits only Confirm before SyncDone's Have records.
-        let confirm = match self.ctl.recv_flagged()?.0 {
-            Control::Confirm(c) => c,
-            m => return Err(unexpected(&m, self.ctl.phase())),
+        let (confirm, flags) = match self.ctl.recv_flagged()? {
+            (Control::Confirm(c), flags) => (c, flags),
+            (m, _) => return Err(unexpected(&m, self.ctl.phase())),
+        };
+        // The sink's window, right behind (the machine admits nothing else).
+        let limit = match flags & ramsys_proto::frame::WINDOW_LIMIT_FLAG {
+            0 => None,
+            _ => match self.ctl.recv()? {
+                Control::Window { files, bytes } => Some((files, bytes)),
+                m => return Err(unexpected(&m, self.ctl.phase())),
+            },
         };
         senders.shrink_to(confirm.streams as usize);
         let streams = senders.len() as u16;
@@ -376,6 +407,7 @@ impl SourceSession<'_> {
             checksum: confirm.checksum,
             cipher,
             window: confirm.credits_per_stream,
+            limit,
         })
     }
 

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use crossbeam_channel::{bounded, Receiver};
 use ramsys_proto::attrs::Attrs;
 use ramsys_proto::control::{Entry, EntryKind};
-use ramsys_proto::session::Windows;
+use ramsys_proto::session::{record_bytes, Windows};
 use ramsys_proto::Control;
 
 use super::{send_entries, Ctl, SourceSession};
@@ -29,6 +29,23 @@ pub(super) enum ScanMsg {
 
 pub(super) type ScanRx = Receiver<ScanMsg>;
 
+/// A scan batch: records, their Attrs, the regular files among them.
+type Batch = (Vec<Entry>, Vec<Attrs>, Vec<SourceFile>);
+
+/// This end's window: RAMSYS_WINDOW_FILES and _BYTES
+/// (TransferOptions::meta_window) within what its own memory budget holds
+/// (a daemon's pull; docs/SCALE.md "Bounds and reports"). Per file, what
+/// `account` counts of it (a `SourceFile`) and the 32 bytes its readers'
+/// generation keeps of it (a queue entry, a state).
+pub(super) fn own_window(opts: &crate::TransferOptions) -> (u64, u64) {
+    let per_file = std::mem::size_of::<SourceFile>() as u64 + 32;
+    let w = opts.meta_window;
+    match crate::session::options::budget_window(opts.meta_budget, per_file) {
+        Some(b) => (w.0.min(b.0), w.1.min(b.1)),
+        None => w,
+    }
+}
+
 /// The walk on a thread of its own (issue 36, docs/SCALE.md "Windows"
 /// step 2). Two batches queue at most: a full window stops the scan, so
 /// neither end holds more than the window. Dropping the receiver ends it.
@@ -40,7 +57,7 @@ pub(super) fn start_scan(s: &SourceSession<'_>) -> Result<ScanRx, EngineError> {
     filter.listed_may_vanish = s.opts.listed_may_vanish;
     let (base, tops) = (s.spec.root.path().to_path_buf(), s.spec.tops.clone());
     // Batches of half a window at most: the window then holds two or more.
-    let half = (s.opts.meta_window.0 / 2).max(1) as usize;
+    let half = (own_window(s.opts).0 / 2).max(1) as usize;
     let how = (s.opts.recursive, half, s.opts.preserve);
     let archive = s.opts.preserve != 0;
     let (tx, rx) = bounded(2);
@@ -65,9 +82,13 @@ pub(super) fn start_scan(s: &SourceSession<'_>) -> Result<ScanRx, EngineError> {
 
 /// How far the records run ahead of the sink (the source's half of the
 /// window): at most `limit.0` ids past the settled mark and `limit.1`
-/// bytes of their paths.
+/// bytes of records (proto::session::record_bytes) not settled, as the
+/// sink's machine checks them.
 pub(super) struct Ahead {
     limit: (u64, u64),
+    /// What of the scan's last batch the window had no room for yet (a
+    /// window smaller than a batch: the sink's, or the first one).
+    carry: Option<Batch>,
     /// Records announced (the next id) and the files among them.
     pub announced: u64,
     pub files: u64,
@@ -95,6 +116,7 @@ impl Ahead {
     pub fn new(limit: (u64, u64)) -> Ahead {
         Ahead {
             limit,
+            carry: None,
             announced: 0,
             files: 0,
             total_bytes: 0,
@@ -114,16 +136,41 @@ impl Ahead {
         self
     }
 
-    /// May another batch of records go out now?
+    /// May the scan's next message be taken now?
     pub fn room(&self) -> bool {
         self.walk.is_none()
+            && self.carry.is_none()
             && self.announced - self.settled < self.limit.0
             && self.bytes < self.limit.1
     }
 
+    /// The window from now on: the sink's answer was read.
+    pub fn set_limit(&mut self, limit: (u64, u64)) {
+        self.limit = limit;
+    }
+
+    /// How many of `es` (the next ids) fit the window now: ids below the
+    /// settled mark plus `limit.0`, record bytes within `limit.1`, the
+    /// first record of an empty window whatever its size (the machines'
+    /// rule, proto::session::Limit).
+    fn fit(&self, es: &[Entry]) -> usize {
+        let ids = (self.settled.saturating_add(self.limit.0)).saturating_sub(self.announced);
+        let mut held = self.bytes;
+        let mut n = 0;
+        for e in es.iter().take(ids.min(es.len() as u64) as usize) {
+            let b = record_bytes(e);
+            if held > 0 && held.saturating_add(b) > self.limit.1 {
+                break;
+            }
+            held += b;
+            n += 1;
+        }
+        n
+    }
+
     /// A batch went out.
     fn sent(&mut self, es: &[Entry], files: Vec<SourceFile>) {
-        let bytes: u64 = es.iter().map(|e| e.path.len() as u64 + 16).sum();
+        let bytes: u64 = es.iter().map(record_bytes).sum();
         let n = files.len() as u64;
         self.announced += es.len() as u64;
         self.files += n;
@@ -178,9 +225,9 @@ fn wire(mut es: Vec<Entry>, on: bool) -> Vec<Entry> {
     es
 }
 
-/// One message of the scan: its records go out, their Attrs right behind
-/// them (docs/PROTOCOL.md "Windows"), and their files wait for Ready; or
-/// its end: ScanFailed and MetaEnd. False once it has ended.
+/// One message of the scan: its records go out as far as the window
+/// goes ([`flush`]; an empty batch is the scan's keepalive); or its end:
+/// ScanFailed and MetaEnd. False once it has ended.
 pub(super) fn on_scan(
     ctl: &mut Ctl,
     ahead: &mut Ahead,
@@ -188,11 +235,13 @@ pub(super) fn on_scan(
     root: &crate::storage::fsops::Root,
 ) -> Result<bool, EngineError> {
     match m {
+        ScanMsg::Batch(es, ..) if es.is_empty() => {
+            send_entries(ctl, &[])?;
+            Ok(true)
+        }
         ScanMsg::Batch(es, attrs, files) => {
-            let on = ctl.machine.windows() == Windows::On;
-            send_entries(ctl, &wire(es.clone(), on))?;
-            crate::storage::archive::collect::send_attrs(&attrs, &mut |m| ctl.send(&m))?;
-            ahead.sent(&es, files);
+            ahead.carry = Some((es, attrs, files));
+            flush(ctl, ahead)?;
             Ok(true)
         }
         ScanMsg::Done(w) => {
@@ -206,6 +255,34 @@ pub(super) fn on_scan(
             Ok(false)
         }
     }
+}
+
+/// What of the carried batch the window has room for now goes out: its
+/// records, their Attrs right behind them (docs/PROTOCOL.md "Windows"),
+/// their files waiting for Ready; the rest stays carried until the sink
+/// settles more (a window smaller than the scan's batch: the sink's
+/// memory budget, docs/SCALE.md "Bounds and reports").
+pub(super) fn flush(ctl: &mut Ctl, ahead: &mut Ahead) -> Result<(), EngineError> {
+    let Some((mut es, mut attrs, mut files)) = ahead.carry.take() else {
+        return Ok(());
+    };
+    let n = ahead.fit(&es);
+    if n == 0 {
+        ahead.carry = Some((es, attrs, files));
+        return Ok(());
+    }
+    let rest = es.split_off(n);
+    let end = es[n - 1].id + 1;
+    let rest_attrs = attrs.split_off(attrs.partition_point(|a| a.id < end));
+    let rest_files = files.split_off(files.partition_point(|f| f.id < end));
+    let on = ctl.machine.windows() == Windows::On;
+    send_entries(ctl, &wire(es.clone(), on))?;
+    crate::storage::archive::collect::send_attrs(&attrs, &mut |m| ctl.send(&m))?;
+    ahead.sent(&es, files);
+    if !rest.is_empty() {
+        ahead.carry = Some((rest, rest_attrs, rest_files));
+    }
+    Ok(())
 }
 
 /// The first window, in the flight of Propose: records until the window
@@ -241,6 +318,9 @@ pub(super) fn whole(
     scan: ScanRx,
     mut ahead: Ahead,
 ) -> Result<(Walk, super::Names), EngineError> {
+    // No window: what the first one left carried goes now.
+    ahead.set_limit((u64::MAX, u64::MAX));
+    flush(&mut s.ctl, &mut ahead)?;
     let mut files: Vec<SourceFile> = Vec::new();
     let mut names = super::Names::new();
     let root = s.spec.root.clone();

@@ -237,6 +237,11 @@ pub type Prepared = Option<(FileRef, Option<Arc<SinkFd>>)>;
 /// all settled may be dropped whole ([`FileTable::release`]).
 pub const CHUNK_IDS: u64 = 4096;
 
+/// What a registered id holds of the table besides its path: a slot and
+/// its entry in the chunk's index (the window a sink's budget holds,
+/// session::options::budget_window).
+pub const SLOT_BYTES: u64 = (std::mem::size_of::<SinkFile>() + std::mem::size_of::<u16>()) as u64;
+
 /// The slots of a run of ids (`base ..`) and their paths.
 struct Chunk {
     base: u64,

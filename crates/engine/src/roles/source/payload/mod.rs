@@ -896,7 +896,7 @@ impl<'s> Payload<'s> {
             }
             Control::Have(v) => self.on_have(v),
             Control::Ready { through } => self.on_ready(through)?,
-            Control::SettledThrough { through } => self.on_settled_through(through),
+            Control::SettledThrough { through } => self.on_settled_through(through)?,
             Control::StreamAdded { stream, credits } => self.on_stream_added(stream, credits),
             Control::Complete(c) => return Ok(Some(c)),
             _ => {}

@@ -6,7 +6,7 @@
 
 use super::*;
 use crate::roles::source::sync_plan::{self, Answer};
-use crate::roles::source::window::{account, on_scan, Ahead, ScanMsg, ScanRx};
+use crate::roles::source::window::{account, flush, on_scan, Ahead, ScanMsg, ScanRx};
 
 /// What every generation's readers share, and how its queues are made.
 pub(in crate::roles::source) struct Template {
@@ -227,12 +227,15 @@ impl Payload<'_> {
     }
 
     /// Every id below `through` is settled: their files go, and the window
-    /// moves on.
-    pub(super) fn on_settled_through(&mut self, through: u64) {
+    /// moves on (first over what it carries of the scan's last batch).
+    pub(super) fn on_settled_through(&mut self, through: u64) -> Result<(), EngineError> {
         if let Some(w) = &mut self.win {
             w.ahead.settled(through);
             self.live.drop_below(through);
+            flush(self.ctl, &mut w.ahead)?;
+            account(&self.stats, &w.ahead, w.budget)?;
         }
+        Ok(())
     }
 
     /// A reader is done with its part of the generation.
