@@ -140,8 +140,12 @@ pub const WIDE_WINDOWS_FLAG: u8 = 4;
 /// refused in windows: it ignores this flag and keeps the whole-tree
 /// phases; a sink of now takes it as [`WINDOWS_FLAG`].
 pub const DRY_WINDOWS_FLAG: u8 = 16;
+/// Likewise for a resume (SyncMode RESUME), which a sink of before refused
+/// in windows.
+pub const RESUME_WINDOWS_FLAG: u8 = 32;
 /// Any of them on a Propose: the source can run windows.
-pub const ANY_WINDOWS: u8 = WINDOWS_FLAG | WIDE_WINDOWS_FLAG | DRY_WINDOWS_FLAG;
+pub const ANY_WINDOWS: u8 =
+    WINDOWS_FLAG | WIDE_WINDOWS_FLAG | DRY_WINDOWS_FLAG | RESUME_WINDOWS_FLAG;
 /// Header flag of the CONTROL frame carrying a Propose that proposes
 /// windows: the source keeps its records within
 /// [`crate::session::FIRST_WINDOW`] until it has read the answer, and takes

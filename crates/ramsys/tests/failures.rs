@@ -476,7 +476,8 @@ fn a_slow_scan_outlives_the_idle_timeout_and_a_silent_one_is_named() {
 /// (issue 36, `serve --session-memory`; docs/SCALE.md "Bounds and
 /// reports"), 3,000 files against a budget of 128 KiB (about 600 files'
 /// slots and names): a windowed push slows down to windows the budget holds
-/// (Control::Window) and completes; a whole-tree session (`--resume`) ends
+/// (Control::Window) and completes; a whole-tree session (an agent that
+/// proposes no windows, as one of before) ends
 /// with one line naming the budget and nothing under a final name
 /// half-written; a small tree passes, and its JSON summary and the daemon's
 /// status report the memory (peak RSS, the accounted file list).
@@ -504,10 +505,12 @@ fn a_session_past_its_memory_budget_ends_in_one_line() {
     );
     assert_ok(&o);
     assert_same_tree(&big, &root.join("windowed"));
-    let o = ramsys(
-        &key,
-        &["cp", "-r", "--resume", big.to_str().unwrap(), &d.url("big")],
-    );
+    let mut whole = std::process::Command::new(bin());
+    whole
+        .args(["cp", "-r", big.to_str().unwrap(), &d.url("big")])
+        .env("RAMSYS_KEY_FILE", &key)
+        .env("RAMSYS_WINDOW_FILES", "0");
+    let o = run_with_timeout(whole, std::time::Duration::from_secs(60));
     assert!(!o.status.success());
     let e = stderr(&o);
     assert!(e.contains("memory budget per session"), "{e}");

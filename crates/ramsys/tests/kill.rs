@@ -113,8 +113,10 @@ fn run_seed(seed: u64) -> bool {
     let mut parent_before = names(&parent);
     parent_before.insert("dst".into());
 
-    // The sink writes slowly, so a kill lands mid-transfer more often.
-    let slow = [("RAMSYS_FAULT_SLOW_WRITE_US", "3000".to_string())];
+    // The sink writes slowly, so a kill lands mid-transfer more often
+    // (10 ms a segment: a windowed resume's data starts in its first
+    // flight, and at 3 ms most runs ended before the kill).
+    let slow = [("RAMSYS_FAULT_SLOW_WRITE_US", "10000".to_string())];
     let daemon_args = ["--send-path", send_path];
     let mut d = daemon(&root, &key, if push { &slow } else { &[] }, &daemon_args);
     let args = |d: &TestDaemon| -> Vec<String> {

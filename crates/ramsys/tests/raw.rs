@@ -481,7 +481,7 @@ fn killed_either_end_resumes_over_raw() {
     let sent = summary(&o)["bytes"].as_u64().unwrap();
     assert!(sent < size, "resume sent {sent} of {size}");
     same_file(&file, &target);
-    assert!(temp_files(&d.root).is_empty());
+    assert!(temp_files(&d.root).is_empty(), "{:?}", temp_files(&d.root));
 }
 
 /// The refusals: an unknown interface or a missing CAP_NET_RAW stops the

@@ -624,3 +624,90 @@ fn rsync_would(a: &Path, b: &Path, args: &[&str]) -> (Vec<String>, Vec<String>) 
     delete.sort();
     (send, delete)
 }
+
+/// `cp --resume` in windows of 100 (issue 36): a push killed midway (its
+/// sink daemon slowed, then killed) and run again with the same arguments
+/// completes the tree from what is there, in windows: it sends less than
+/// the tree holds, leaves no temp file and no journal, and a third run
+/// sends nothing.
+#[test]
+fn a_killed_push_resumes_in_windows() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    make_tree(&src);
+    let total: u64 = walk_paths(&src)
+        .iter()
+        .filter(|p| p.is_file())
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let mut slow = Command::new(bin());
+    slow.args(["serve", "--listen", "127.0.0.1:0", "--root"])
+        .arg(&root)
+        .arg("--key-file")
+        .arg(&key)
+        .env("RAMSYS_WINDOW_FILES", WINDOW)
+        .env("RAMSYS_FAULT_SLOW_WRITE_US", "3000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut slow = TestDaemon::spawn(slow, &root);
+    let s = format!("{}/", src.display());
+    let args = |url: &str| -> Vec<String> {
+        [
+            "cp",
+            "-r",
+            "--resume",
+            "--json",
+            "--block-size",
+            "64K",
+            &s,
+            url,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let mut agent = Command::new(bin())
+        .args(args(&slow.url("push")))
+        .env("RAMSYS_KEY_FILE", &key)
+        .env("RAMSYS_WINDOW_FILES", WINDOW)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Some files in place (past the first windows), some still in flight.
+    let t0 = std::time::Instant::now();
+    while walk_paths(&root).len() < 600 && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    slow.child.kill().unwrap();
+    slow.child.wait().unwrap();
+    let _ = agent.wait();
+    let placed = walk_paths(&root.join("push")).len();
+    assert!(placed > 300, "only {placed} entries before the kill");
+
+    let d = daemon(&root, &key, WINDOW);
+    let run = |url: &str, window: &str| {
+        let mut c = Command::new(bin());
+        c.args(args(url))
+            .env("RAMSYS_KEY_FILE", &key)
+            .env("RAMSYS_WINDOW_FILES", window);
+        run_with_timeout(c, Duration::from_secs(120))
+    };
+    let o = run(&d.url("push"), WINDOW);
+    assert_ok(&o);
+    let sent = summary(&o)["bytes"].as_u64().unwrap();
+    assert!(sent < total, "resume sent {sent} of {total}");
+    assert_same_tree(&src, &root.join("push"));
+    assert!(temp_files(&root).is_empty(), "{:?}", temp_files(&root));
+    let o = run(&d.url("push"), WINDOW);
+    assert_ok(&o);
+    assert_eq!(summary(&o)["bytes"].as_u64(), Some(0));
+    // In windows: the agent held a window of the tree, not the tree.
+    let windowed = meta_bytes(&o);
+    let o = run(&d.url("push"), "0");
+    assert_ok(&o);
+    let all = meta_bytes(&o);
+    assert!(windowed * 4 < all, "source held {windowed} of {all} bytes");
+}

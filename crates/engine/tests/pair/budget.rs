@@ -189,8 +189,9 @@ fn a_small_source_budget_slows_a_windowed_copy_instead_of_ending_it() {
     assert!(held <= BUDGET, "the source held {held} bytes");
 }
 
-/// A whole-tree session (`--resume`: the sink holds every file's slot
-/// until the end) past the same budget still ends, with the one line.
+/// A whole-tree session (a source that proposes no windows, as one of
+/// before: the sink holds every file's slot until the end) past the same
+/// budget still ends, with the one line.
 #[test]
 fn a_whole_tree_session_past_its_budget_still_ends() {
     let t = tmp();
@@ -199,6 +200,7 @@ fn a_whole_tree_session_past_its_budget_still_ends() {
     std::fs::create_dir(&dst).unwrap();
     let mut p = Pair::new(&src, &dst);
     p.both(|o| o.sync = flags::RESUME);
+    p.source.opts.meta_window = (0, 0);
     p.sink.opts.meta_budget = BUDGET;
     let o = p.run();
     assert!(!o.stuck);

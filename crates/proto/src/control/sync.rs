@@ -35,9 +35,10 @@ pub const ALL: u32 = 1023;
 /// "Windows"): a copy's journal, and a sync whose answer the sink gives per
 /// window (Have before each Ready), with or without DELETE (the sink keeps
 /// a keyed hash per path the source sent and deletes at the end, as in the
-/// whole-tree phases) or DRY_RUN (each end lists the files it would send
-/// per window, frame::DRY_WINDOWS_FLAG). RESUME and WRITE_DEVICES need the
-/// whole tree at the sink (its temp files, one device): those sessions
-/// keep the whole-tree phases.
+/// whole-tree phases), DRY_RUN (each end lists the files it would send
+/// per window, frame::DRY_WINDOWS_FLAG) or RESUME (the sink looks each
+/// file up in its journal as its record comes, frame::RESUME_WINDOWS_FLAG).
+/// WRITE_DEVICES needs the whole tree at the sink (one device): those
+/// sessions keep the whole-tree phases.
 pub const WINDOWED: u32 =
-    SYNC | CHECKSUM | DELETE | DRY_RUN | JOURNAL | IGNORE_EXISTING | UPDATE | DEST_DIR;
+    SYNC | CHECKSUM | DELETE | DRY_RUN | RESUME | JOURNAL | IGNORE_EXISTING | UPDATE | DEST_DIR;

@@ -800,18 +800,18 @@ fn window_messages_refused_out_of_place() {
     far.entries.next_id = MAX_WINDOW_IDS;
     let beyond = Control::Entries(vec![entry(MAX_WINDOW_IDS, "x", EntryKind::Dir)]);
     assert!(far.on_recv(&beyond).is_err());
-    // A SyncMode that needs the whole tree (resume, a device) in a
-    // session that proposed windows; a Preserve is taken (an archive
-    // copy runs windowed too).
+    // A SyncMode that needs the whole tree (a device) in a session that
+    // proposed windows; a Preserve is taken (an archive copy runs
+    // windowed too).
     let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
     src.on_send_flags(&propose(), WINDOWS_FLAG).unwrap();
     snk.on_recv_flags(&propose(), WINDOWS_FLAG).unwrap();
-    use crate::control::sync::{DELETE, JOURNAL, RESUME, SYNC, WRITE_DEVICES};
-    for bit in [RESUME, WRITE_DEVICES] {
-        let mode = Control::SyncMode { flags: SYNC | bit };
-        assert!(src.on_send(&mode).is_err(), "{bit}");
-        assert!(snk.on_recv(&mode).is_err(), "{bit}");
-    }
+    use crate::control::sync::{DELETE, JOURNAL, SYNC, WRITE_DEVICES};
+    let mode = Control::SyncMode {
+        flags: SYNC | WRITE_DEVICES,
+    };
+    assert!(src.on_send(&mode).is_err());
+    assert!(snk.on_recv(&mode).is_err());
     snk.on_recv(&Control::Preserve { flags: 1 }).unwrap();
     // ...but a copy's default journal or a sync (with --delete too), and
     // then only once.
@@ -847,12 +847,13 @@ fn the_wide_flag_proposes_windows_for_archive_and_delete_syncs() {
     ready(1, &mut src, &mut snk);
 }
 
-/// A dry run proposes windows with a flag of its own (a sink of before
-/// refused its SyncMode in windows, and ignores the flag): both ends take
+/// A dry run, and a resume, propose windows with a flag of their own (a
+/// sink of before refused their SyncMode in windows, and ignores the
+/// flag): both ends take
 /// it as a windowed Propose, its DRY_RUN SyncMode included; the Confirm
 /// answers with the plain flag, and the answer and Ready run per window.
 #[test]
-fn the_dry_flag_proposes_windows_for_dry_runs() {
+fn the_dry_and_resume_flags_propose_windows() {
     use crate::control::sync::{DELETE, DRY_RUN, SYNC};
     let modes = [Control::SyncMode {
         flags: SYNC | DELETE | DRY_RUN,
@@ -860,6 +861,12 @@ fn the_dry_flag_proposes_windows_for_dry_runs() {
     let (mut src, mut snk) = windowed_with(crate::frame::DRY_WINDOWS_FLAG, &modes, 2);
     snk.on_send(&haves(&[1])).unwrap();
     src.on_recv(&haves(&[1])).unwrap();
+    ready(2, &mut src, &mut snk);
+    // A resume likewise, with a flag of its own.
+    let resume = [Control::SyncMode {
+        flags: crate::control::sync::RESUME | crate::control::sync::JOURNAL,
+    }];
+    let (mut src, mut snk) = windowed_with(crate::frame::RESUME_WINDOWS_FLAG, &resume, 2);
     ready(2, &mut src, &mut snk);
     // A flag no build gives meaning to proposes nothing: a Confirm with
     // WINDOWS_FLAG to it is refused at both ends.

@@ -403,7 +403,7 @@ impl SinkSession<'_> {
         let ctl = &mut self.ctl;
         let mut have_sent = Ok(());
         if let Some(s) = sync {
-            have_sent = s.answer(table, &mut |batch| ctl.send(&Control::Have(batch)));
+            have_sent = s.answer(table, true, &mut |batch| ctl.send(&Control::Have(batch)));
         }
         have_sent
             .and_then(|_| {

@@ -54,6 +54,10 @@ pub struct SinkSync {
     dry_kept: u64,
     /// Resume: temp files taken as bases (paths under the root).
     used_parts: HashSet<Vec<u8>>,
+    /// This session's own temp names end so (FileTable's suffix): never
+    /// stale, though a windowed session writes them before its last
+    /// records come.
+    own_suffix: Vec<u8>,
     /// The directory of the last file looked up: records arrive in walk
     /// order, so one confined open per directory instead of per file
     /// (None: it does not exist here).
@@ -94,6 +98,7 @@ impl SinkSync {
             dry_files: BTreeMap::new(),
             dry_kept: 0,
             used_parts: HashSet::new(),
+            own_suffix: Vec::new(),
             dir: None,
             made_way: Vec::new(),
         }
@@ -134,6 +139,11 @@ impl SinkSync {
 
     pub fn resume(&self) -> bool {
         self.flags & RESUME != 0 && !self.dry()
+    }
+
+    /// The suffix of this session's own temp names (FileTable::tmp_suffix).
+    pub fn own_temp_suffix(&mut self, suffix: &str) {
+        self.own_suffix = suffix.as_bytes().to_vec();
     }
 
     /// `--delete` leaves what this selection excludes (rsync's rule).
@@ -394,6 +404,9 @@ impl SinkSync {
                 if !s.starts_with('.') || !s.ends_with(".part") {
                     continue;
                 }
+                if !self.own_suffix.is_empty() && name.ends_with(&self.own_suffix) {
+                    continue;
+                }
                 let mut dest = d.clone();
                 let mut part = d.clone();
                 if !d.is_empty() {
@@ -413,13 +426,15 @@ impl SinkSync {
     /// digests and block hashes of the files noted since the last call, in
     /// parallel; the Have answer handed to `send` in batches that fit a
     /// CONTROL frame (the Unchanged first, then the comparisons); the first
-    /// error stops it.
+    /// error stops it. `all_in`: every record has come (MetaEnd), so a
+    /// resume knows which temp files no record took: those go, once.
     pub fn answer<E>(
         &mut self,
         table: &FileTable,
+        all_in: bool,
         send: &mut dyn FnMut(Vec<Have>) -> Result<(), E>,
     ) -> Result<(), E> {
-        if self.resume() {
+        if self.resume() && all_in {
             self.drop_stale_parts();
         }
         let root = self.root.clone();
@@ -568,7 +583,17 @@ impl SinkSync {
         self.flush(table, true);
         if let Some(mut j) = self.journal.take() {
             let removed = j.dests().and_then(|held| {
-                let done = table.final_paths(&held);
+                let mut done = table.final_paths(&held);
+                // A windowed session's table no longer holds the files of
+                // its settled windows: a row whose temp file is gone (put
+                // in place, or removed) has nothing left to resume.
+                let listed: HashSet<Vec<u8>> = done.iter().cloned().collect();
+                for d in held.iter().filter(|d| !listed.contains(*d)) {
+                    let row = j.lookup(d).ok().flatten();
+                    if row.is_some_and(|r| !self.part_exists(&r)) {
+                        done.push(d.clone());
+                    }
+                }
                 j.remove(&done.iter().map(|p| &p[..]).collect::<Vec<_>>())
             });
             if let Err(e) = removed {
@@ -576,6 +601,16 @@ impl SinkSync {
             }
             j.close();
         }
+    }
+
+    /// Whether a journal row's temp file (or device) is still there.
+    fn part_exists(&self, r: &PartRec) -> bool {
+        let (parent, _) = split_parent(&r.dest);
+        let p = match parent.is_empty() {
+            true => r.part.clone(),
+            false => [parent, b"/", &r.part].concat(),
+        };
+        matches!(self.root.lstat(&p), Ok(Some(_)))
     }
 
     /// Orphans (issue 15): once a transfer to `dest` has succeeded, journal
@@ -701,5 +736,59 @@ impl SinkSync {
     /// Dry run: files that would be sent, and how many were unchanged.
     pub fn planned(&self) -> (Vec<Vec<u8>>, u64) {
         (self.dry_files.values().cloned().collect(), self.dry_kept)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::fsops::Confinement;
+
+    fn row(dest: &[u8], part: &[u8]) -> PartRec {
+        PartRec {
+            dest: dest.to_vec(),
+            size: 10,
+            mtime: (5, 6),
+            part: part.to_vec(),
+            block_size: 4,
+            written: vec![1],
+        }
+    }
+
+    /// A windowed resume's table no longer holds the files of its settled
+    /// windows: at the end, a journal row whose temp file is gone goes, one
+    /// whose temp file is still there stays (issue 36), and an emptied
+    /// journal is removed.
+    #[test]
+    fn closing_the_journal_drops_rows_whose_temp_file_is_gone() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("a")).unwrap();
+        std::fs::write(d.path().join("a/.kept.ramsys-1.part"), b"x").unwrap();
+        let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
+        let stats = Arc::new(crate::types::stats::Stats::default());
+        let table = FileTable::new(root.clone(), 2, false, false, stats);
+        let mut j = Journal::open(d.path()).unwrap();
+        let rows = [
+            row(b"a/kept", b".kept.ramsys-1.part"),
+            row(b"a/placed", b".placed.ramsys-1.part"),
+            row(b"top", b".top.ramsys-1.part"),
+        ];
+        j.put(&rows).unwrap();
+        let mut s = SinkSync::new(RESUME, root.clone());
+        s.journal = Some(j);
+        s.close_journal(&table);
+        let j = Journal::open(d.path()).unwrap();
+        assert!(j.lookup(b"a/kept").unwrap().is_some());
+        assert!(j.lookup(b"a/placed").unwrap().is_none());
+        assert!(j.lookup(b"top").unwrap().is_none());
+        j.close();
+        std::fs::remove_file(d.path().join("a/.kept.ramsys-1.part")).unwrap();
+        let mut s = SinkSync::new(RESUME, root);
+        s.journal = Some(Journal::open(d.path()).unwrap());
+        s.close_journal(&table);
+        assert!(!d
+            .path()
+            .join(crate::request::reserved::JOURNAL_NAME)
+            .exists());
     }
 }

@@ -173,6 +173,7 @@ impl Tree {
             };
         }
         let mut s = SinkSync::new(flags, root.clone());
+        s.own_temp_suffix(self.table.tmp_suffix());
         if let Some(f) = self.protect.take() {
             s.protect(f);
         }

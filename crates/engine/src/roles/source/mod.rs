@@ -260,17 +260,20 @@ impl SourceSession<'_> {
         // flag, which a sink of before (windows for plain copies and syncs
         // only) ignores instead of refusing the session's Preserve or
         // SyncMode.
-        // A dry run offers them with a flag of its own, which a sink of
-        // before (it refused DRY_RUN in windows) ignores likewise. Each
+        // A dry run and a resume offer them with a flag of their own, which
+        // a sink of before (it refused DRY_RUN and RESUME in windows)
+        // ignores likewise. Each
         // with WINDOW_LIMIT_FLAG: a sink with a memory budget may answer
         // with the window it holds (Control::Window); a sink of before
         // ignores it.
-        use crate::request::sync::flags::{DELETE, DRY_RUN};
-        use ramsys_proto::frame::{DRY_WINDOWS_FLAG, WIDE_WINDOWS_FLAG, WINDOWS_FLAG};
+        use crate::request::sync::flags::{DELETE, DRY_RUN, RESUME};
+        use ramsys_proto::frame::{DRY_WINDOWS_FLAG, RESUME_WINDOWS_FLAG};
+        use ramsys_proto::frame::{WIDE_WINDOWS_FLAG, WINDOWS_FLAG};
         let wide = opts.preserve != 0 || opts.sync & DELETE != 0;
         let offer = match (opts.windows_allowed() && !self.keep, wide) {
             (false, _) => 0,
             (true, _) if opts.sync & DRY_RUN != 0 => DRY_WINDOWS_FLAG,
+            (true, _) if opts.sync & RESUME != 0 => RESUME_WINDOWS_FLAG,
             (true, false) => WINDOWS_FLAG,
             (true, true) => WIDE_WINDOWS_FLAG,
         };

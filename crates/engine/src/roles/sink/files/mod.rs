@@ -715,6 +715,11 @@ impl FileTable {
         list as u64 + building + chunks.iter().map(|c| c.bytes()).sum::<u64>()
     }
 
+    /// What this session's temp names end with (`.ramsys-SESSION.part`).
+    pub fn tmp_suffix(&self) -> &str {
+        &self.tmp_suffix
+    }
+
     fn tmp_name(&self, f: &FileRef) -> Vec<u8> {
         let (_, name) = split_parent(self.rel(f));
         if f.is_device() {

@@ -717,7 +717,10 @@ impl<'s> SinkPipeline<'s> {
         // the source plan their reads (docs/PROTOCOL.md "Windows").
         if let Some(s) = &mut self.sync {
             let ctl = &mut *self.ctl;
-            s.answer(&self.table, &mut |batch| ctl.send(&Control::Have(batch)))?;
+            let all_in = w.meta_end;
+            s.answer(&self.table, all_in, &mut |batch| {
+                ctl.send(&Control::Have(batch))
+            })?;
         }
         let through = self.table.publish();
         let stats = &self.stats;
