@@ -487,7 +487,9 @@ fn a_drain_past_its_grace_period_stops_resumably() {
     );
     assert!(
         !temp_files(&s.a).is_empty(),
-        "the temp file is kept for --resume"
+        "the temp file is kept for --resume: {:?} {:?}",
+        walk_paths(&s.a),
+        d.log()
     );
     let d2 = Serve::start(s.t.path(), &args);
     let o = as_user(

@@ -76,7 +76,7 @@ impl<M: Machine> ControlLink<M> {
         // A failed write here means the control link is gone: say so.
         send_control_flagged(&mut *self.link, m, flags).map_err(|e| match e {
             EngineError::Io(e) => {
-                EngineError::local(format!("connection to the {} lost: {e}", self.peer))
+                EngineError::Lost(format!("connection to the {} lost: {e}", self.peer))
             }
             e => e,
         })

@@ -19,6 +19,11 @@ pub enum EngineError {
     Refused(String),
     #[error("{0}")]
     Local(String),
+    /// The peer's connection went away mid-session: an interruption, not a
+    /// failure of this end, so the default journal keeps the large temp
+    /// files for `--resume` (roles::sink::pipeline teardown).
+    #[error("{0}")]
+    Lost(String),
     /// The daemon is at its admission limit and sent the session to a peer
     /// of its site (Control::Redirect, docs/SITE.md): the agent opens it
     /// there instead, once. `mac` is checked where the session key is

@@ -54,6 +54,11 @@ pub struct SinkSync {
     dry_kept: u64,
     /// Resume: temp files taken as bases (paths under the root).
     used_parts: HashSet<Vec<u8>>,
+    /// Resume: the destinations the journal held rows for at the first
+    /// record, if few (most trees have a handful: one SQLite query per
+    /// file was most of a no-change resume of 1 M files); Some(None): ask
+    /// the journal for each file; None: not read yet.
+    held_rows: Option<Option<HashSet<Vec<u8>>>>,
     /// This session's own temp names end so (FileTable's suffix): never
     /// stale, though a windowed session writes them before its last
     /// records come.
@@ -99,6 +104,7 @@ impl SinkSync {
             dry_kept: 0,
             used_parts: HashSet::new(),
             own_suffix: Vec::new(),
+            held_rows: None,
             dir: None,
             made_way: Vec::new(),
         }
@@ -266,9 +272,13 @@ impl SinkSync {
                     Err(e) => tracing::warn!("{e}; resuming without it"),
                 }
             }
-            let rec = self
-                .journal
-                .as_ref()
+            if self.held_rows.is_none() {
+                self.held_rows = Some(self.journal.as_ref().and_then(held_rows));
+            }
+            let listed = self.held_rows.as_ref().and_then(|h| h.as_ref());
+            let listed = listed.is_none_or(|h| h.contains(target));
+            let rec = (self.journal.as_ref())
+                .filter(|_| listed)
                 .and_then(|j| j.lookup(target).ok().flatten());
             if let Some(r) = rec.filter(|r| r.size == size && r.mtime == mtime) {
                 let (parent, _) = split_parent(target);
@@ -737,6 +747,14 @@ impl SinkSync {
     pub fn planned(&self) -> (Vec<Vec<u8>>, u64) {
         (self.dry_files.values().cloned().collect(), self.dry_kept)
     }
+}
+
+/// The journal's destinations, read once when it holds at most
+/// `HELD_ROWS_MAX` rows (a set of that many paths is a few MB).
+fn held_rows(j: &Journal) -> Option<HashSet<Vec<u8>>> {
+    const HELD_ROWS_MAX: u64 = 1 << 16;
+    let n = j.count().ok()?;
+    (n <= HELD_ROWS_MAX).then(|| j.dests().ok()).flatten()
 }
 
 #[cfg(test)]

@@ -670,7 +670,7 @@ impl<'s> SinkPipeline<'s> {
                 ))
             }
             Ok(Err(EngineError::PeerClosed)) | Ok(Err(EngineError::Io(_))) => Err(
-                EngineError::local("connection to the source lost mid-transfer"),
+                EngineError::Lost("connection to the source lost mid-transfer".into()),
             ),
             Ok(Err(e)) => Err(e),
             // A kept link's reader stopped after EndOfData (run_sink_kept):

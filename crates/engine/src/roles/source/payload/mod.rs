@@ -851,7 +851,7 @@ impl<'s> Payload<'s> {
         match m {
             Ok(Ok(m)) => self.on_message(m, rr),
             Ok(Err(EngineError::PeerClosed)) | Ok(Err(EngineError::Io(_))) => Err(
-                EngineError::local("connection to the sink lost mid-transfer"),
+                EngineError::Lost("connection to the sink lost mid-transfer".into()),
             ),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(EngineError::local("control reader stopped")),
