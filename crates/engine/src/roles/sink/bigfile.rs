@@ -77,18 +77,30 @@ fn exists(dir: BorrowedFd<'_>, name: &[u8]) -> bool {
     matches!(crate::storage::fsops::lstat_at(dir, name), Ok(Some(_)))
 }
 
-/// Open the shared temp file for writing, creating it if missing (a
-/// fresh one first drops markers another version may have left), and
+/// Open the shared temp file for writing, creating it if missing (its
+/// creator then drops the markers another version may have left), and
 /// give it its final size. Never truncates what another sink wrote.
 pub fn open(dir: BorrowedFd<'_>, n: &Names, size: u64, count: u32) -> io::Result<File> {
     let f = match open_at(dir, &n.tmp, libc::O_WRONLY) {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-            // Markers without their temp file vouch for nothing. Dropped
-            // before the create, so no marker of this run can go: at
-            // worst a sink racing here removes one written since, and
-            // that piece is sent again by `--resume`.
-            clear(dir, n, count);
-            open_at(dir, &n.tmp, libc::O_WRONLY | libc::O_CREAT)?
+            // Markers without their temp file vouch for nothing: the one
+            // sink whose exclusive create made it drops them, at once. A
+            // sink that found no temp file but lost the create opens the
+            // winner's and clears nothing: clearing before the create let
+            // a sink racing here remove markers the creator had written
+            // since, and no sink ever placed the file (a striped push of
+            // a sparse file, whose hole-only pieces verify at once, exited
+            // 0 without it).
+            match open_at(dir, &n.tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL) {
+                Ok(f) => {
+                    clear(dir, n, count);
+                    f
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                    open_at(dir, &n.tmp, libc::O_WRONLY)?
+                }
+                Err(e) => return Err(e),
+            }
         }
         r => r?,
     };
@@ -203,7 +215,9 @@ mod tests {
     }
 
     /// Markers without their temp file (it was removed) are dropped when a
-    /// fresh temp file is made: they cannot complete a file of zeros.
+    /// fresh temp file is made: they cannot complete a file of zeros. A
+    /// sink that opens the temp file another made clears nothing: the
+    /// markers written since stay.
     #[test]
     fn stale_markers_do_not_count_for_a_fresh_temp_file() {
         let d = tempfile::tempdir().unwrap();
@@ -224,6 +238,10 @@ mod tests {
             .len(),
             8
         );
+        // Another sink opening the same temp file keeps the markers.
+        mark(dir, &n, 0).unwrap();
+        drop(open(dir, &n, 8, 2).unwrap());
+        assert!(piece_done(dir, &n, 8, 0));
         // A long name stays within NAME_MAX.
         let long = vec![b'x'; 255];
         let n = Names::new(&long, 8, (1, 0), 4);
