@@ -45,12 +45,18 @@ fn make_tree(src: &Path) {
 
 /// A daemon with the test's window.
 fn daemon(root: &Path, key: &Path, window: &str) -> TestDaemon {
+    daemon_with(root, key, window, &[])
+}
+
+/// [`daemon`] with more environment (a fault injection).
+fn daemon_with(root: &Path, key: &Path, window: &str, env: &[(&str, &str)]) -> TestDaemon {
     let mut c = Command::new(bin());
     c.args(["serve", "--listen", "127.0.0.1:0", "--root"])
         .arg(root)
         .arg("--key-file")
         .arg(key)
         .env("RAMSYS_WINDOW_FILES", window)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     TestDaemon::spawn(c, root)
@@ -314,19 +320,22 @@ fn windowed_syncs_move_only_what_changed() {
 /// --delete A/ B/` would change (empty: the same tree, modes, mtimes,
 /// owners and, with `x`, xattrs included).
 fn rsync_changes(a: &Path, b: &Path, x: bool) -> String {
+    let a_flag = if x { "-aX" } else { "-a" };
+    rsync_out(a, b, &["-n", a_flag, "--itemize-changes", "--delete"])
+        .trim()
+        .to_string()
+}
+
+/// What `rsync ARGS A/ B/` printed (it must succeed).
+fn rsync_out(a: &Path, b: &Path, args: &[&str]) -> String {
     let o = Command::new("rsync")
-        .args([
-            "-n",
-            if x { "-aX" } else { "-a" },
-            "--itemize-changes",
-            "--delete",
-        ])
+        .args(args)
         .arg(format!("{}/", a.display()))
         .arg(format!("{}/", b.display()))
         .output()
         .expect("rsync");
     assert!(o.status.success(), "rsync: {}", stderr(&o));
-    String::from_utf8_lossy(&o.stdout).trim().to_string()
+    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 /// The windows tree with an archive's attributes: every file its own mode
@@ -605,15 +614,8 @@ fn windowed_dry_runs_list_what_rsync_would_change() {
 /// What `rsync ARGS A/ B/` names: the regular files it would send and
 /// the entries it would delete, each sorted.
 fn rsync_would(a: &Path, b: &Path, args: &[&str]) -> (Vec<String>, Vec<String>) {
-    let o = Command::new("rsync")
-        .args(args)
-        .arg(format!("{}/", a.display()))
-        .arg(format!("{}/", b.display()))
-        .output()
-        .expect("rsync");
-    assert!(o.status.success(), "rsync: {}", stderr(&o));
     let (mut send, mut delete) = (Vec::new(), Vec::new());
-    for l in String::from_utf8_lossy(&o.stdout).lines() {
+    for l in rsync_out(a, b, args).lines() {
         match l.strip_prefix("deleting ") {
             Some(p) => delete.push(p.to_string()),
             None if a.join(l).is_file() => send.push(l.to_string()),
@@ -643,16 +645,8 @@ fn a_killed_push_resumes_in_windows() {
         .sum();
     let root = t.path().join("root");
     std::fs::create_dir(&root).unwrap();
-    let mut slow = Command::new(bin());
-    slow.args(["serve", "--listen", "127.0.0.1:0", "--root"])
-        .arg(&root)
-        .arg("--key-file")
-        .arg(&key)
-        .env("RAMSYS_WINDOW_FILES", WINDOW)
-        .env("RAMSYS_FAULT_SLOW_WRITE_US", "3000")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut slow = TestDaemon::spawn(slow, &root);
+    let slow_writes = [("RAMSYS_FAULT_SLOW_WRITE_US", "3000")];
+    let mut slow = daemon_with(&root, &key, WINDOW, &slow_writes);
     let s = format!("{}/", src.display());
     let args = |url: &str| -> Vec<String> {
         [

@@ -56,9 +56,9 @@ pub struct SinkSync {
     used_parts: HashSet<Vec<u8>>,
     /// Resume: the destinations the journal held rows for at the first
     /// record, if few (most trees have a handful: one SQLite query per
-    /// file was most of a no-change resume of 1 M files); Some(None): ask
-    /// the journal for each file; None: not read yet.
-    held_rows: Option<Option<HashSet<Vec<u8>>>>,
+    /// file was most of a no-change resume of 1 M files); None inside:
+    /// ask the journal for each file.
+    held_rows: std::cell::OnceCell<Option<HashSet<Vec<u8>>>>,
     /// This session's own temp names end so (FileTable's suffix): never
     /// stale, though a windowed session writes them before its last
     /// records come.
@@ -104,7 +104,7 @@ impl SinkSync {
             dry_kept: 0,
             used_parts: HashSet::new(),
             own_suffix: Vec::new(),
-            held_rows: None,
+            held_rows: Default::default(),
             dir: None,
             made_way: Vec::new(),
         }
@@ -272,11 +272,11 @@ impl SinkSync {
                     Err(e) => tracing::warn!("{e}; resuming without it"),
                 }
             }
-            if self.held_rows.is_none() {
-                self.held_rows = Some(self.journal.as_ref().and_then(held_rows));
-            }
-            let listed = self.held_rows.as_ref().and_then(|h| h.as_ref());
-            let listed = listed.is_none_or(|h| h.contains(target));
+            let journal = &self.journal;
+            let held = self
+                .held_rows
+                .get_or_init(|| journal.as_ref().and_then(held_rows));
+            let listed = held.as_ref().is_none_or(|h| h.contains(target));
             let rec = (self.journal.as_ref())
                 .filter(|_| listed)
                 .and_then(|j| j.lookup(target).ok().flatten());
