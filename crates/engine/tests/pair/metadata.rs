@@ -95,7 +95,7 @@ fn a_windowed_tree_travels_in_the_same_flight() {
 /// round trips per window, 10 here (windows of 200, half a batch's worth,
 /// do stall: ~+110 ms); the windowed copy stays within 4 round trips of
 /// the whole-tree one (and a tenth: the windows' own CPU, which a busy
-/// machine stretches). Best of three interleaved runs each.
+/// machine stretches). Best of three interleaved runs each (up to six).
 #[test]
 fn windows_add_no_round_trip_on_a_slow_link() {
     const D: Duration = Duration::from_millis(4);
@@ -121,12 +121,18 @@ fn windows_add_no_round_trip_on_a_slow_link() {
         o.elapsed
     };
     let (mut whole, mut windowed) = (Duration::MAX, Duration::MAX);
-    for round in 0..3 {
+    let fits = |windowed: Duration, whole: Duration| windowed <= whole + whole / 10 + 4 * 2 * D;
+    // Three rounds, up to six while a busy machine keeps the bound out of
+    // reach (3x CPU oversubscription stretched the windowed runs 30 %).
+    for round in 0..6 {
         whole = whole.min(run(false, &format!("w{round}")));
         windowed = windowed.min(run(true, &format!("n{round}")));
+        if round >= 2 && fits(windowed, whole) {
+            break;
+        }
     }
     assert!(
-        windowed <= whole + whole / 10 + 4 * 2 * D,
+        fits(windowed, whole),
         "windowed {windowed:?}, whole tree {whole:?}"
     );
 }
