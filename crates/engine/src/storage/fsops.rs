@@ -447,6 +447,18 @@ pub fn create_temp_in(dir: BorrowedFd<'_>, tmp: &[u8]) -> io::Result<File> {
     Ok(File::from(fd))
 }
 
+/// Create `name` in `dir`, exclusively (following no link), with these
+/// permission bits (masked by the umask or the directory's default ACL).
+pub fn create_new_in(dir: BorrowedFd<'_>, name: &[u8], mode: u32) -> io::Result<File> {
+    let fd = rustix::fs::openat(
+        dir,
+        cpath(name)?,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_bits_retain(mode & 0o777),
+    )?;
+    Ok(File::from(fd))
+}
+
 /// Give temp file `tmp` in `dir` its mode and mtime and rename it over
 /// `name` (one directory, so the rename is atomic).
 pub fn finalize_in(

@@ -161,6 +161,8 @@ pub enum IoOp {
     /// Creating a nameless temp file (O_TMPFILE); an error the file
     /// system would give for no support makes the sink name its temp files.
     TmpFile,
+    /// Creating an empty file at its final name (nothing to half-write).
+    CreateEmpty,
 }
 
 /// Fault injection: consulted before every storage operation of both

@@ -216,7 +216,25 @@ impl FileTable {
         if f.size == 0 && !self.storage.null && f.is_device() {
             f.flags.fetch_or(TEMP | DATA_DONE, Ordering::AcqRel);
         } else if f.size == 0 && !self.storage.null {
-            // No payload will come: create the empty file now.
+            // No payload will come: create the empty file now, at its
+            // final name where nothing is there (a digest that is not the
+            // empty data's fails in finalize, as any other).
+            let verified = !self.checksum || f.digest.load(Ordering::Acquire) == digest;
+            match verified.then(|| self.create_empty_in_place(f)).flatten() {
+                Some(Ok(())) => {
+                    f.flags
+                        .fetch_or(DATA_DONE | DIGEST_KNOWN | FINAL, Ordering::AcqRel);
+                    self.stats.files.fetch_add(1, Ordering::Relaxed);
+                    crate::types::phase::mark("sink_file_in_place");
+                    return Ok(());
+                }
+                Some(Err(e)) if is_fatal(&e) => return Err(self.storage_fatal(&e)),
+                Some(Err(e)) => {
+                    self.fail(f, format!("cannot create: {e}"));
+                    return Ok(());
+                }
+                None => {}
+            }
             let mut g = f.fd.lock().unwrap();
             match self.create(f) {
                 Ok(fd) => {

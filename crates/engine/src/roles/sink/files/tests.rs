@@ -126,6 +126,76 @@ fn small_files_appear_only_whole() {
     assert_eq!(std::fs::metadata(sub.join("empty")).unwrap().len(), 0);
 }
 
+struct FailCreate;
+impl crate::storage::IoHook for FailCreate {
+    fn check(&self, op: IoOp, path: &[u8], _: u64, _: usize) -> std::io::Result<()> {
+        match op {
+            IoOp::CreateEmpty if path == b"bad" => {
+                Err(std::io::Error::from_raw_os_error(libc::EIO))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Empty files are made at their final name (no temp file: nothing in
+/// them can be half-written) with their mode and mtime; a name that is
+/// taken (a file, a link to outside) is replaced through a temp file as
+/// before, never followed; a digest that is not the empty data's fails
+/// the file, and so does a failed create, leaving nothing.
+#[test]
+fn empty_files_are_made_at_their_final_name() {
+    use std::os::unix::fs::MetadataExt;
+    let d = tempfile::tempdir_in("/var/tmp").unwrap();
+    let out = tempfile::tempdir_in("/var/tmp").unwrap();
+    std::fs::write(d.path().join("old"), b"previous contents").unwrap();
+    std::fs::write(out.path().join("target"), b"outside").unwrap();
+    std::os::unix::fs::symlink(out.path().join("target"), d.path().join("link")).unwrap();
+    let t = small_table(d.path(), crate::storage::Hook(Some(Arc::new(FailCreate))));
+    let entries: [(&[u8], u32); 5] = [
+        (b"new", 0o4755),
+        (b"old", 0o640),
+        (b"link", 0o600),
+        (b"corrupt", 0o644),
+        (b"bad", 0o644),
+    ];
+    for (id, (name, mode)) in entries.iter().enumerate() {
+        t.push_entry(id as u64, Some((name.to_vec(), 0, *mode, (11, 12))));
+    }
+    for id in 0..3 {
+        t.digest_known(id, 0).unwrap();
+    }
+    t.digest_known(3, 1).unwrap();
+    t.digest_known(4, 0).unwrap();
+    let failed = t.finish();
+    let why: Vec<_> = failed
+        .iter()
+        .map(|(p, e)| (p.as_slice(), e.as_str()))
+        .collect();
+    assert_eq!(failed.len(), 2, "{why:?}");
+    assert!(
+        why.iter()
+            .any(|(p, e)| *p == b"corrupt" && e.contains("checksum")),
+        "{why:?}"
+    );
+    assert!(
+        why.iter()
+            .any(|(p, e)| *p == b"bad" && e.contains("cannot create")),
+        "{why:?}"
+    );
+    assert_eq!(names(d.path()), vec!["link", "new", "old"]);
+    for (name, mode) in [("new", 0o4755), ("old", 0o640), ("link", 0o600)] {
+        let md = std::fs::symlink_metadata(d.path().join(name)).unwrap();
+        assert!(md.is_file(), "{name}");
+        assert_eq!((md.len(), md.mode() & 0o7777), (0, mode), "{name}");
+        assert_eq!((md.mtime(), md.mtime_nsec()), (11, 12), "{name}");
+    }
+    assert_eq!(
+        std::fs::read(out.path().join("target")).unwrap(),
+        b"outside"
+    );
+}
+
 /// A file that fails or never completes leaves nothing behind.
 #[test]
 fn incomplete_small_files_leave_nothing() {
