@@ -296,9 +296,6 @@ struct Done {
     files: u64,
     bytes: u64,
     failed: Vec<Vec<u8>>,
-    /// Source paths that were not there when the batch read them
-    /// (pending::Pending::finish).
-    vanished: Vec<Vec<u8>>,
     /// The data went as a session on the job's kept watch channel.
     kept: bool,
 }
@@ -317,7 +314,7 @@ impl Runner {
             let mut st = lock(&self.shared);
             match &r {
                 Ok(d) => {
-                    st.pending.finish(true, &d.failed, &d.vanished, now);
+                    st.pending.finish(true, &d.failed, now);
                     backoff = Duration::ZERO;
                     if b.full {
                         last_full = now;
@@ -325,7 +322,7 @@ impl Runner {
                     }
                 }
                 Err(_) => {
-                    st.pending.finish(false, &[], &[], now);
+                    st.pending.finish(false, &[], now);
                     self.chan = None;
                     self.stats.failed_batches.fetch_add(1, Relaxed);
                     backoff =
@@ -429,18 +426,18 @@ impl Runner {
             let src = self.spec.source.as_os_str().as_bytes();
             for f in &rep.failed {
                 // A vanished path is the tree moving under the batch (a
-                // temporary file renamed into place), not a fault.
-                match f.vanished {
-                    true => tracing::debug!("{}: {}", f.path, f.reason),
-                    false => tracing::warn!("{}: {}", f.path, f.reason),
+                // temporary file renamed into place), not a fault: the
+                // event that took it follows (docs/WATCH.md "Vanished
+                // paths").
+                if f.vanished {
+                    tracing::debug!("{}: {}", f.path, f.reason);
+                    continue;
                 }
+                tracing::warn!("{}: {}", f.path, f.reason);
                 // Source-side failures name the source path.
                 if let Some(rel) = f.path.as_bytes().strip_prefix(src) {
                     let rel = rel.strip_prefix(b"/").unwrap_or(rel).to_vec();
-                    match f.vanished {
-                        true => done.vanished.push(rel),
-                        false => done.failed.push(rel),
-                    }
+                    done.failed.push(rel);
                 }
             }
         }
