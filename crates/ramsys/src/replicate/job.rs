@@ -122,6 +122,7 @@ pub fn run(
         root: crate::agent::open_root(std::path::Path::new("/"), Confinement::None)?,
         busy_until: None,
         backlog,
+        pause: std::env::var_os("RAMSYS_WATCH_PAUSE_FILE").map(PathBuf::from),
     };
     let r = runner.run(&stop);
     stop.store(true, Relaxed);
@@ -282,6 +283,8 @@ struct Runner {
     busy_until: Option<Instant>,
     /// Whether the watcher has applied every event queued so far.
     backlog: Backlog,
+    /// Test hook `$RAMSYS_WATCH_PAUSE_FILE` ([`Runner::pause`]), read once.
+    pause: Option<PathBuf>,
 }
 
 /// A job this long without a batch gives its buffer pools' pages and its
@@ -305,6 +308,7 @@ impl Runner {
         let mut backoff = Duration::ZERO;
         let mut last_full = Instant::now();
         while let Some(b) = self.next_batch(stop, &mut last_full) {
+            self.pause(&b, stop);
             let t0 = Instant::now();
             let state = if b.full { "scanning" } else { "sending" };
             JobStats::set(&self.stats.state, state);
@@ -348,6 +352,26 @@ impl Runner {
             sleep_unless(stop, backoff);
         }
         Ok(())
+    }
+
+    /// Test hook: while the file `$RAMSYS_WATCH_PAUSE_FILE` exists, a batch
+    /// waits once taken, before its operations and before it reads the
+    /// source, having written the paths it lists into the file (one a
+    /// line), so a test can change the tree behind a batch in flight
+    /// (docs/WATCH.md "Deletes behind a batch").
+    fn pause(&self, b: &Batch, stop: &AtomicBool) {
+        let Some(f) = self.pause.as_deref().filter(|f| f.exists()) else {
+            return;
+        };
+        let listed: Vec<u8> = (b.files.iter())
+            .flat_map(|(p, _)| p.iter().copied().chain([b'\n']))
+            .collect();
+        if std::fs::write(f, listed).is_err() {
+            return;
+        }
+        while f.exists() && !stop.load(Relaxed) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Wait for the next batch: ready paths or operations, then the
