@@ -4,7 +4,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +48,8 @@ pub struct Detector {
     /// Set once the queue is seen readable, before it is read; cleared by
     /// [`Detector::applied`] (read by [`Backlog::empty`]).
     held: Arc<AtomicBool>,
+    /// Test hook `$RAMSYS_WATCH_STALL_FILE` ([`Detector::read`]), read once.
+    stall: Option<PathBuf>,
 }
 
 /// Whether every event the kernel has queued for a [`Detector`] has been
@@ -86,6 +88,7 @@ impl Detector {
                 inner: Inner::Fan(Box::new(f)),
                 note: "fanotify (one mark for the file system, directory-entry events)".into(),
                 held: Arc::default(),
+                stall: stall_file(),
             }),
             Some(Err(e)) if want == Backend::Fanotify => Err(io::Error::new(
                 e.kind(),
@@ -106,6 +109,7 @@ impl Detector {
                     ),
                     inner: Inner::Ino(Box::new(i)),
                     held: Arc::default(),
+                    stall: stall_file(),
                 })
             }
         }
@@ -141,16 +145,19 @@ impl Detector {
     ///
     /// Test hook: while the file `$RAMSYS_WATCH_STALL_FILE` exists, nothing
     /// is read (the kernel queue fills up and overflows, as under a reader
-    /// that cannot keep up).
+    /// that cannot keep up). Looked at again once the queue is readable, so
+    /// no event queued after the file appeared is read until it goes.
     pub fn read(&mut self, out: &mut Vec<Change>, timeout: Duration) -> io::Result<bool> {
-        if let Some(f) = std::env::var_os("RAMSYS_WATCH_STALL_FILE") {
-            if Path::new(&f).exists() {
-                std::thread::sleep(timeout.max(Duration::from_millis(10)));
-                return Ok(false);
-            }
+        let stalled = |d: &Detector| d.stall.as_deref().is_some_and(Path::exists);
+        if stalled(self) {
+            std::thread::sleep(timeout.max(Duration::from_millis(10)));
+            return Ok(false);
         }
         if !crate::poll::poll_in(self.fd().as_raw_fd(), timeout)? {
             return Ok(true);
+        }
+        if stalled(self) {
+            return Ok(false);
         }
         self.held.store(true, SeqCst);
         match &mut self.inner {
@@ -164,6 +171,10 @@ impl Detector {
     pub fn applied(&self) {
         self.held.store(false, SeqCst);
     }
+}
+
+fn stall_file() -> Option<PathBuf> {
+    std::env::var_os("RAMSYS_WATCH_STALL_FILE").map(PathBuf::from)
 }
 
 #[cfg(test)]

@@ -251,12 +251,12 @@ mod tests {
         // A failed batch leaves the journal as it was; a delivered one
         // empties it.
         let _ = p.take(t, 100);
-        p.finish(false, &[], &[], t);
+        p.finish(false, &[], t);
         j.apply(&p.drain_log()).unwrap();
         assert_eq!(j.rows().unwrap(), 6);
         let _ = p.take(t, 100);
         p.ops_applied(&[], t);
-        p.finish(true, &[], &[], t);
+        p.finish(true, &[], t);
         j.apply(&p.drain_log()).unwrap();
         assert_eq!(j.rows().unwrap(), 0);
         drop(j);

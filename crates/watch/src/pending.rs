@@ -194,19 +194,13 @@ pub struct Pending {
     next_seq: u64,
     dirty: BTreeMap<Vec<u8>, Dirty>,
     inflight: Option<InFlight>,
-    /// Paths a finished batch found gone that no event has explained yet
-    /// (docs/WATCH.md "Vanished paths"): the rename or delete that took
-    /// them is still on its way. A rename that arrives for one marks it
-    /// again under its new name, a delete forgets it. Not journaled (a
-    /// restart scans in full); dropped when a full scan is cut (it reads
-    /// every entry at its new name); counted against the cap.
-    gone: BTreeMap<Vec<u8>, Kind>,
     /// Mirror mode: what the batches read that ended after the watcher
     /// last caught up ([`Pending::caught_up`]), oldest first. A rename
     /// whose event comes now may have happened before they read, and they
     /// may have put what the source made at its old name since at DST's
-    /// old name: for renames they count as still in flight, and then
-    /// converge as the batch in flight does. The kernel queues a rename's
+    /// old name, or found it gone (docs/WATCH.md "Vanished paths"): for
+    /// renames they count as still in flight, and then converge as the
+    /// batch in flight does. The kernel queues a rename's
     /// event inside the rename (the parents' locks held), before anything
     /// can be made at its old name, so once every event queued after a
     /// batch ended is applied no such rename can come for it (docs/WATCH.md
@@ -241,7 +235,6 @@ impl Pending {
             next_seq: 1,
             dirty: BTreeMap::new(),
             inflight: None,
-            gone: BTreeMap::new(),
             recent: VecDeque::new(),
             ended: 0,
             full: None,
@@ -355,10 +348,10 @@ impl Pending {
         self.recent.iter().map(|r| r.files.len()).sum()
     }
 
-    /// Above the cap (waiting paths, operations, unexplained vanished
-    /// paths, what recent batches read): a full scan instead.
+    /// Above the cap (waiting paths, operations, what recent batches
+    /// read): a full scan instead.
     fn bound(&mut self, now: Instant) {
-        if self.depth() + self.gone.len() + self.recent_len() > self.cfg.cap {
+        if self.depth() + self.recent_len() > self.cfg.cap {
             self.collapse(now);
         }
     }
@@ -407,13 +400,8 @@ impl Pending {
         } else {
             self.dirty.remove_entry(path).into_iter().collect()
         };
-        let mut gone = !taken.is_empty();
+        let mut journaled = !taken.is_empty();
         let mut read = taken.iter().any(|(_, d)| d.kind == Kind::Mirror);
-        if dir {
-            take_under(&mut self.gone, path);
-        } else {
-            self.gone.remove(path);
-        }
         // The batch in flight's paths are in the journal too.
         if let Some(f) = &mut self.inflight {
             let had = if dir {
@@ -421,7 +409,7 @@ impl Pending {
             } else {
                 f.files.remove(path).is_some()
             };
-            gone |= had;
+            journaled |= had;
             read |= had;
         }
         // The recent batches' are not (they count as in flight for
@@ -433,7 +421,7 @@ impl Pending {
                 r.files.remove(path).is_some()
             };
         }
-        if gone {
+        if journaled {
             self.log.push(LogRec::Unmark {
                 path: path.to_vec(),
                 tree: dir,
@@ -500,7 +488,6 @@ impl Pending {
         // `from` before the rename may already be here as one under `to`.
         // Sent after the rename op, one that was the old `to`'s costs a
         // quick check (or is found gone).
-        self.gone.retain(|p, _| !under(p, &to));
         // A mirror marked at `from`: DST may hold there an entry of the
         // other kind (docs/WATCH.md "Files held out of a mirror"), which
         // the rename (of the kind named only) would leave behind.
@@ -555,13 +542,6 @@ impl Pending {
             });
             let e = self.dirty.entry(q).or_insert(Dirty { ready_at: now, ..d });
             e.kind = e.kind.max(d.kind);
-        }
-        // A path the last batches found gone because of this very rename
-        // (they read the old name after it happened on disk, and its event
-        // came after they ended): DST has nothing of it under `from`, so
-        // the rename op cannot bring it; it is sent under its new name.
-        for (p, kind) in take_under(&mut self.gone, &from) {
-            self.mark(moved(&p, &from, &to), kind, now, now, 0);
         }
         let (pf, pt) = (parent(&from).to_vec(), parent(&to).to_vec());
         if other {
@@ -628,7 +608,6 @@ impl Pending {
         let oldest = self.oldest().unwrap_or(now);
         self.dirty.clear();
         self.ops.clear();
-        self.gone.clear();
         // A rename applied from now on goes ahead of the full scan, which
         // then makes DST as SRC is.
         self.recent.clear();
@@ -671,12 +650,8 @@ impl Pending {
         };
         self.full = None;
         if f.full {
-            // It reads every entry as the source names it now, after they
-            // vanished: a late rename of one finds DST's old name gone
-            // (mirror) and sends the new one whole, or (copy mode) sends
-            // the new one anyway. A rename that comes from now on finds
-            // this scan in flight or recent (unsure), or came before it.
-            self.gone.clear();
+            // A rename that comes from now on finds this scan in flight or
+            // recent (unsure), or came before it.
             self.recent.clear();
         }
         for (seq, op, at) in &f.ops {
@@ -767,19 +742,16 @@ impl Pending {
     }
 
     /// The batch in flight ended. `ok`: its data reached DST, except the
-    /// `failed` paths (sent again once quiet) and the `vanished` ones (not
-    /// there when the batch read them; the engine names the topmost
-    /// missing directory of a listed path). Not `ok`: all of it goes back
-    /// (its operations too, unless [`Pending::ops_applied`] said they
-    /// arrived).
-    pub fn finish(&mut self, ok: bool, failed: &[Vec<u8>], vanished: &[Vec<u8>], now: Instant) {
+    /// `failed` paths (sent again once quiet). A path it found gone needs
+    /// nothing: the delete or rename that took it comes as an event, and a
+    /// rename finds it in `recent` (docs/WATCH.md "Vanished paths"). Not
+    /// `ok`: all of it goes back (its operations too, unless
+    /// [`Pending::ops_applied`] said they arrived).
+    pub fn finish(&mut self, ok: bool, failed: &[Vec<u8>], now: Instant) {
         let Some(mut f) = self.inflight.take() else {
             return;
         };
         if ok {
-            for v in vanished {
-                self.vanished(&f, v);
-            }
             for p in f.files.keys() {
                 if !self.dirty.contains_key(p) {
                     self.log.push(LogRec::Unmark {
@@ -837,33 +809,6 @@ impl Pending {
             v.extend(take_under(&mut r.files, dir));
         }
         v
-    }
-
-    /// `v` was gone when batch `f` read it. What `f` still holds at or
-    /// below it (no event took it out while in flight) or, when `f` read
-    /// `v` inside a tree or a full scan, `v` itself, waits in `gone` for
-    /// the event that removed it. One that came while `f` was in flight
-    /// already moved or forgot `f`'s entry: nothing waits then.
-    fn vanished(&mut self, f: &InFlight, v: &[u8]) {
-        let listed = f
-            .files
-            .range(v.to_vec()..)
-            .take_while(|(k, _)| k.starts_with(v))
-            .filter(|(k, _)| under(k, v));
-        let mut any = false;
-        for (p, d) in listed {
-            any = true;
-            self.gone.insert(p.clone(), d.kind);
-        }
-        let mut a = v;
-        let mut inside = f.full;
-        while !any && !inside && !a.is_empty() {
-            a = parent(a);
-            inside = f.files.get(a).is_some_and(|d| d.kind >= Kind::Tree);
-        }
-        if !any && inside {
-            self.gone.insert(v.to_vec(), Kind::Tree);
-        }
     }
 
     /// Restore from the journal: paths (ready now), operations in order,

@@ -122,6 +122,7 @@ pub fn run(
         root: crate::agent::open_root(std::path::Path::new("/"), Confinement::None)?,
         busy_until: None,
         backlog,
+        pause: std::env::var_os("RAMSYS_WATCH_PAUSE_FILE").map(PathBuf::from),
     };
     let r = runner.run(&stop);
     stop.store(true, Relaxed);
@@ -282,6 +283,8 @@ struct Runner {
     busy_until: Option<Instant>,
     /// Whether the watcher has applied every event queued so far.
     backlog: Backlog,
+    /// Test hook `$RAMSYS_WATCH_PAUSE_FILE` ([`Runner::pause`]), read once.
+    pause: Option<PathBuf>,
 }
 
 /// A job this long without a batch gives its buffer pools' pages and its
@@ -296,9 +299,6 @@ struct Done {
     files: u64,
     bytes: u64,
     failed: Vec<Vec<u8>>,
-    /// Source paths that were not there when the batch read them
-    /// (pending::Pending::finish).
-    vanished: Vec<Vec<u8>>,
     /// The data went as a session on the job's kept watch channel.
     kept: bool,
 }
@@ -308,6 +308,7 @@ impl Runner {
         let mut backoff = Duration::ZERO;
         let mut last_full = Instant::now();
         while let Some(b) = self.next_batch(stop, &mut last_full) {
+            self.pause(&b, stop);
             let t0 = Instant::now();
             let state = if b.full { "scanning" } else { "sending" };
             JobStats::set(&self.stats.state, state);
@@ -317,7 +318,7 @@ impl Runner {
             let mut st = lock(&self.shared);
             match &r {
                 Ok(d) => {
-                    st.pending.finish(true, &d.failed, &d.vanished, now);
+                    st.pending.finish(true, &d.failed, now);
                     backoff = Duration::ZERO;
                     if b.full {
                         last_full = now;
@@ -325,7 +326,7 @@ impl Runner {
                     }
                 }
                 Err(_) => {
-                    st.pending.finish(false, &[], &[], now);
+                    st.pending.finish(false, &[], now);
                     self.chan = None;
                     self.stats.failed_batches.fetch_add(1, Relaxed);
                     backoff =
@@ -351,6 +352,26 @@ impl Runner {
             sleep_unless(stop, backoff);
         }
         Ok(())
+    }
+
+    /// Test hook: while the file `$RAMSYS_WATCH_PAUSE_FILE` exists, a batch
+    /// waits once taken, before its operations and before it reads the
+    /// source, having written the paths it lists into the file (one a
+    /// line), so a test can change the tree behind a batch in flight
+    /// (docs/WATCH.md "Deletes behind a batch").
+    fn pause(&self, b: &Batch, stop: &AtomicBool) {
+        let Some(f) = self.pause.as_deref().filter(|f| f.exists()) else {
+            return;
+        };
+        let listed: Vec<u8> = (b.files.iter())
+            .flat_map(|(p, _)| p.iter().copied().chain([b'\n']))
+            .collect();
+        if std::fs::write(f, listed).is_err() {
+            return;
+        }
+        while f.exists() && !stop.load(Relaxed) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Wait for the next batch: ready paths or operations, then the
@@ -429,18 +450,18 @@ impl Runner {
             let src = self.spec.source.as_os_str().as_bytes();
             for f in &rep.failed {
                 // A vanished path is the tree moving under the batch (a
-                // temporary file renamed into place), not a fault.
-                match f.vanished {
-                    true => tracing::debug!("{}: {}", f.path, f.reason),
-                    false => tracing::warn!("{}: {}", f.path, f.reason),
+                // temporary file renamed into place), not a fault: the
+                // event that took it follows (docs/WATCH.md "Vanished
+                // paths").
+                if f.vanished {
+                    tracing::debug!("{}: {}", f.path, f.reason);
+                    continue;
                 }
+                tracing::warn!("{}: {}", f.path, f.reason);
                 // Source-side failures name the source path.
                 if let Some(rel) = f.path.as_bytes().strip_prefix(src) {
                     let rel = rel.strip_prefix(b"/").unwrap_or(rel).to_vec();
-                    match f.vanished {
-                        true => done.vanished.push(rel),
-                        false => done.failed.push(rel),
-                    }
+                    done.failed.push(rel);
                 }
             }
         }

@@ -190,8 +190,8 @@ impl World {
 
     /// The batch ended; the job then tells the pending set whether the
     /// watcher has caught up (an event still queued: not yet).
-    fn finish(&mut self, ok: bool, failed: &[Vec<u8>], vanished: &[Vec<u8>]) {
-        self.p.finish(ok, failed, vanished, self.now);
+    fn finish(&mut self, ok: bool, failed: &[Vec<u8>]) {
+        self.p.finish(ok, failed, self.now);
         if self.queue.is_empty() {
             self.p.caught_up(self.p.ended());
         }
@@ -313,7 +313,7 @@ impl World {
             return;
         };
         if how == 1 {
-            self.finish(false, &[], &[]);
+            self.finish(false, &[]);
             return;
         }
         let mut missing = Vec::new();
@@ -358,25 +358,10 @@ impl World {
         }
         self.p.ops_applied(&missing, self.now);
         if how == 2 {
-            self.finish(false, &[], &[]);
+            self.finish(false, &[]);
             return;
         }
         let mut failed = Vec::new();
-        // A listed path not there: the walk names its topmost missing
-        // directory (request::walk scan_listed) as vanished.
-        let mut vanished = Vec::new();
-        for (p, _) in &b.files {
-            if self.src.contains_key(p) {
-                continue;
-            }
-            let mut top: &[u8] = p;
-            while !parent(top).is_empty() && !self.src.contains_key(parent(top)) {
-                top = parent(top);
-            }
-            if !vanished.iter().any(|v: &Vec<u8>| v == top) {
-                vanished.push(top.to_vec());
-            }
-        }
         // Files still being written (b.hold) are left out: not sent, and
         // (excluded) not deleted.
         if b.full {
@@ -411,7 +396,7 @@ impl World {
                 failed.push(p.clone());
             }
         }
-        self.finish(true, &failed, &vanished);
+        self.finish(true, &failed);
     }
 
     /// Close everything, wait out the quiet time, deliver until nothing is
@@ -796,7 +781,7 @@ fn a_file_waits_for_its_close_or_quiet_time() {
     let b = b.unwrap();
     assert_eq!(b.files, vec![(b"f".to_vec(), Kind::File)]);
     assert_eq!(b.bytes, 4096);
-    p.finish(true, &[], &[], t);
+    p.finish(true, &[], t);
     assert_eq!(p.depth(), 0);
     // Written and never closed (a log): sent once quiet.
     p.apply(Change::Modified(b"log".to_vec()), t, 0);
@@ -885,7 +870,7 @@ fn a_new_tree_goes_without_its_files_still_being_written() {
     // Held: the tree would read it half-written. Not held: a file outside
     // every listed tree (nothing would send it).
     assert_eq!(b.hold, vec![b"d/writing".to_vec()]);
-    p.finish(true, &[], &[], t);
+    p.finish(true, &[], t);
     p.apply(Change::Closed(b"d/writing".to_vec()), t, 10);
     let b = p.take(t, 100).0.unwrap();
     assert_eq!(b.files, vec![(b"d/writing".to_vec(), Kind::File)]);
@@ -907,7 +892,7 @@ fn overflow_and_cap_ask_for_a_full_scan() {
     assert_eq!(p.depth(), 0);
     let (b, _) = p.take(t, 100);
     assert!(b.unwrap().full);
-    p.finish(false, &[], &[], t);
+    p.finish(false, &[], t);
     assert!(p.full_requested(), "a failed full scan is due again");
     p.apply(Change::Overflow, t, 0);
     assert_eq!(p.counters.overflows, 1);
@@ -929,7 +914,7 @@ fn a_failed_batch_goes_back_and_its_applied_ops_do_not() {
     let b = p.take(t, 100).0.unwrap();
     assert_eq!(b.ops.len(), 1);
     p.ops_applied(&[], t);
-    p.finish(false, &[], &[], t);
+    p.finish(false, &[], t);
     let b = p.take(t, 100).0.unwrap();
     assert!(b.ops.is_empty());
     assert_eq!(b.files, vec![(b"y".to_vec(), Kind::File)]);
