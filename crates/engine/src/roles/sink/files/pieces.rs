@@ -58,10 +58,18 @@ impl FileTable {
     /// A verified piece: leave its marker, and place the file if every
     /// piece is now in (roles::sink::bigfile).
     pub(super) fn place_piece(&self, f: &FileRef, p: &PieceAt) {
-        drop(self.take_fd(f));
-        let marked = self
-            .dir_of(f)
-            .and_then(|d| bigfile::mark(d.fd(), &p.names, p.index));
+        // The marker is a link to the file this piece was written into
+        // (roles::sink::bigfile): taken before the descriptor closes.
+        let fd = self.take_fd(f);
+        let marked = self.dir_of(f).and_then(|d| {
+            bigfile::mark(
+                d.fd(),
+                &p.names,
+                p.index,
+                fd.as_ref().map(|fd| &fd.buffered),
+            )
+        });
+        drop(fd);
         if let Err(e) = marked {
             self.fail(f, format!("cannot mark piece {} done: {e}", p.index));
             return;
@@ -80,7 +88,7 @@ impl FileTable {
     pub(super) fn try_finish(&self, f: &FileRef) -> std::io::Result<()> {
         let Some(p) = &f.piece else { return Ok(()) };
         let dir = self.dir_of(f)?;
-        if !bigfile::all_done(dir.fd(), &p.names, p.count) {
+        if !bigfile::all_done(dir.fd(), &p.names, f.size, p.count) {
             return Ok(());
         }
         let (_, name) = split_parent(self.rel(f));
