@@ -36,6 +36,12 @@
 //! marker. Markers need hard links in the destination directory (every
 //! POSIX file system a stripe shares: NFS, Lustre, CephFS, BeeGFS within
 //! one directory); where linkat fails, the piece fails with its error.
+//!
+//! Each session names the big files of its pieces it saw in place (it
+//! placed one, another sink had, or it was kept) in a Placed before its
+//! Complete (files::FileTable::big_files_placed), so the agent fails a
+//! push whose pieces all verified but whose file no sink placed, instead
+//! of exiting 0 without it (ramsys::stripe).
 
 use std::fs::File;
 use std::io;

@@ -23,6 +23,11 @@ impl FileTable {
             }
         }
         f.flags.fetch_or(KEPT | FINAL, Ordering::AcqRel);
+        if let Some(p) = &f.piece {
+            // Kept: the big file is in place (or left as it is, by
+            // --ignore-existing or -u).
+            p.in_place.store(true, Ordering::Release);
+        }
     }
 
     /// Sync: the source reuses `bytes` of file `id`'s base; only the rest
@@ -249,9 +254,12 @@ impl FileTable {
             return;
         }
         if self.storage.null {
-            // Verified and discarded.
+            // Verified and discarded: as good as placed.
             f.flags.fetch_or(FINAL, Ordering::AcqRel);
             self.stats.files.fetch_add(1, Ordering::Relaxed);
+            if let Some(p) = &f.piece {
+                p.in_place.store(true, Ordering::Release);
+            }
             return;
         }
         if let Some(p) = &f.piece {
