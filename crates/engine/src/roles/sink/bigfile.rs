@@ -32,7 +32,8 @@
 //! fresh temp file, lost their markers, and no sink placed the file (the
 //! striped push exited 0 without it; issue 36). A stale marker is
 //! replaced when its piece is marked again and removed when the file is
-//! placed. A link appears whole or not at all, so no reader sees half a
+//! placed (or, left linked to the placed file by a sink stopped between
+//! its rename and their removal, when a later run finds it in place). A link appears whole or not at all, so no reader sees half a
 //! marker. Markers need hard links in the destination directory (every
 //! POSIX file system a stripe shares: NFS, Lustre, CephFS, BeeGFS within
 //! one directory); where linkat fails, the piece fails with its error.
@@ -198,6 +199,27 @@ fn clear(dir: BorrowedFd<'_>, n: &Names, count: u32) {
     }
 }
 
+/// The file is in place under `name` (a run again, a resume): remove
+/// markers still linked to it, left when a sink stopped between its
+/// rename and [`clear`] (they would keep its data alive after the file
+/// is removed, and make it a hard link). A fresh temp file's markers are
+/// another inode: never touched.
+pub fn forget(dir: BorrowedFd<'_>, n: &Names, name: &[u8], count: u32) {
+    // Nothing to look for in a file of one link (the usual case).
+    let Ok(Some(st)) = lstat_at(dir, name) else {
+        return;
+    };
+    let Some(placed) = inode(&st).filter(|_| st.st_nlink > 1) else {
+        return;
+    };
+    for i in 0..count {
+        let m = n.marker(i);
+        if inode_at(dir, &m) == Some(placed) {
+            let _ = unlink_in(dir, &m);
+        }
+    }
+}
+
 /// Every piece verified: give the temp file its mode and mtime and rename
 /// it to `name`, then drop the markers. Ok(true): this call placed it;
 /// Ok(false): another sink did first (its rename won).
@@ -236,6 +258,10 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    fn exists(dir: BorrowedFd<'_>, name: &[u8]) -> bool {
+        matches!(lstat_at(dir, name), Ok(Some(_)))
     }
 
     fn path(d: &std::path::Path, name: &[u8]) -> std::path::PathBuf {
@@ -383,5 +409,26 @@ mod tests {
         clear(dir, &n, 2);
         assert!(piece_done(dir, &n, 4, 1) && !piece_done(dir, &n, 4, 0));
         assert_eq!(std::fs::metadata(d.path().join("h")).unwrap().nlink(), 1);
+    }
+
+    /// A sink that stopped between its rename and removing the markers
+    /// left them linked to the placed file: a later run that finds the
+    /// file in place removes those, and only those.
+    #[test]
+    fn markers_left_linked_to_the_placed_file_are_forgotten() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = File::open(d.path()).unwrap();
+        let dir = dir.as_fd();
+        let n = Names::new(b"k", 4, (3, 0), 4);
+        let t = open(dir, &n, 4).unwrap();
+        mark(dir, &n, 0, Some(&t)).unwrap();
+        mark(dir, &n, 1, Some(&t)).unwrap();
+        crate::storage::fsops::rename_in_dir(dir, &n.tmp, b"k").unwrap();
+        let fresh = open(dir, &n, 4).unwrap();
+        mark(dir, &n, 1, Some(&fresh)).unwrap();
+        assert_eq!(std::fs::metadata(d.path().join("k")).unwrap().nlink(), 2);
+        forget(dir, &n, b"k", 2);
+        assert_eq!(std::fs::metadata(d.path().join("k")).unwrap().nlink(), 1);
+        assert!(!exists(dir, &n.marker(0)) && piece_done(dir, &n, 4, 1));
     }
 }

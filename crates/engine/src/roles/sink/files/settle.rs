@@ -25,8 +25,15 @@ impl FileTable {
         f.flags.fetch_or(KEPT | FINAL, Ordering::AcqRel);
         if let Some(p) = &f.piece {
             // Kept: the big file is in place (or left as it is, by
-            // --ignore-existing or -u).
+            // --ignore-existing or -u); markers an interrupted finish
+            // left linked to it go (the session of its first piece).
             p.in_place.store(true, Ordering::Release);
+            if p.index == 0 && !self.storage.null {
+                if let Ok(dir) = self.dir_of(f) {
+                    let (_, name) = split_parent(self.rel(f));
+                    bigfile::forget(dir.fd(), &p.names, name, p.count);
+                }
+            }
         }
     }
 
