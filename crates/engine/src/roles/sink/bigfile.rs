@@ -33,10 +33,11 @@
 //! striped push exited 0 without it; issue 36). A stale marker is
 //! replaced when its piece is marked again and removed when the file is
 //! placed (or, left linked to the placed file by a sink stopped between
-//! its rename and their removal, when a later run finds it in place). A link appears whole or not at all, so no reader sees half a
-//! marker. Markers need hard links in the destination directory (every
-//! POSIX file system a stripe shares: NFS, Lustre, CephFS, BeeGFS within
-//! one directory); where linkat fails, the piece fails with its error.
+//! its rename and their removal, when a later run finds it in place). A
+//! link appears whole or not at all, so no reader sees half a marker.
+//! Markers need hard links in the destination directory (every POSIX file
+//! system a stripe shares: NFS, Lustre, CephFS, BeeGFS within one
+//! directory); where linkat fails, the piece fails with its error.
 //!
 //! Each session names the big files of its pieces it saw in place (it
 //! placed one, another sink had, or it was kept) in a Placed before its
