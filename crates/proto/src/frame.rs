@@ -154,6 +154,12 @@ pub const ANY_WINDOWS: u8 =
 /// budget per session, issue 36; docs/PROTOCOL.md "Windows"). A peer of
 /// before ignores it: an old sink sends no Window, an old source gets none.
 pub const WINDOW_LIMIT_FLAG: u8 = 8;
+/// Header flag of the CONTROL frame carrying a Propose of a session that
+/// sends pieces of big files (a striped push, issue 36): the sink names
+/// the big files in place in a [`crate::Control::Placed`] right before its
+/// Complete, so the agent can tell a file no sink placed. A sink of before
+/// ignores it and sends none.
+pub const PLACED_FLAG: u8 = 64;
 
 /// Body of a sealed CREDIT: n (u32 LE) and a 16-byte tag over header + n.
 pub const CREDIT_SEALED_LEN: u32 = 4 + 16;

@@ -16,7 +16,9 @@
 //! so a share's parent directories are created by whichever session gets
 //! there first. The pieces of a big file meet in one temp file at the
 //! sinks and the sink that verifies the last renames it into place
-//! (engine roles::sink::bigfile). A lost daemon fails its share only; running the same
+//! (engine roles::sink::bigfile); each sink names the files it saw in
+//! place, and a file none named fails the push ([`unplaced`], issue 36).
+//! A lost daemon fails its share only; running the same
 //! command again with `--resume` over the daemons that answer sends what
 //! is missing (the sinks compare with what DST holds).
 
@@ -31,6 +33,7 @@ use ramsys_engine::request::walk::Top;
 use ramsys_engine::roles::client::{push, Remote};
 use ramsys_engine::storage::fsops::{Confinement, Root};
 use ramsys_engine::transport::tcp::Tcp;
+use ramsys_engine::types::error::show;
 use ramsys_engine::types::stats::FailedPath;
 use ramsys_engine::{EngineError, EngineResources, Report, Stats, TransferOptions};
 
@@ -131,6 +134,7 @@ pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>,
     let mut handles = Vec::new();
     for (daemon, share) in daemons.iter().zip(shares) {
         let pieces = share.pieces();
+        let cut: Vec<Vec<u8>> = share.pieces.keys().cloned().collect();
         let (paths, nfiles, nbytes) = (share.paths, share.files, share.bytes);
         if paths.is_empty() {
             continue; // more daemons than entries (an empty list selects all)
@@ -155,14 +159,19 @@ pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>,
             .name("stripe".into())
             .spawn(move || {
                 let r = one(&daemon, key, tops, dest, &opts, &cfg, timeout);
-                (daemon, nfiles, nbytes, r)
+                (daemon, nfiles, nbytes, cut, r)
             })?;
         handles.push(h);
     }
     let mut outcomes = Outcomes::default();
     let mut stripes = Vec::new();
+    let mut pieced = Vec::new();
     for h in handles {
-        let (daemon, share_files, share_bytes, r) = h.join().expect("stripe thread");
+        let (daemon, share_files, share_bytes, cut, r) = h.join().expect("stripe thread");
+        pieced.push(Pieced {
+            cut,
+            placed: r.as_ref().ok().map(|rep| rep.placed.clone()),
+        });
         let mut s = Stripe {
             daemon: daemon.clone(),
             sink: None,
@@ -176,7 +185,59 @@ pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>,
         stripes.push(s);
     }
     let share = |s: &Stripe| format!("(share of {}: {} files)", s.daemon, s.share_files);
-    Ok((outcomes.report(&stripes, share), stripes))
+    let mut report = outcomes.report(&stripes, share);
+    if let Ok(rep) = &mut report {
+        if rep.failed.is_empty() {
+            for f in unplaced(&pieced) {
+                rep.failed.push(FailedPath::new(show(&f), UNPLACED));
+            }
+        }
+    }
+    Ok((report, stripes))
+}
+
+/// The failure of a big file whose pieces all verified but that no sink
+/// placed (issue 36).
+const UNPLACED: &str =
+    "every piece verified but no sink placed the file; run again with --resume to place it";
+
+/// One share's big files cut into pieces, and what its session said of
+/// them: None when it failed, Some(None) when its sink sent no Placed (a
+/// sink of before), else the record paths in place at its end.
+struct Pieced {
+    cut: Vec<Vec<u8>>,
+    placed: Option<Option<Vec<Vec<u8>>>>,
+}
+
+/// The big files no sink placed (docs/SITE.md "A big file's blocks"):
+/// every session ran, and none of those holding its pieces saw it in
+/// place. A file is placed by the sink that verifies its last piece, or
+/// found in place (a `--resume`, a run again), before that sink's
+/// Complete, so a file every session is silent on is not in place. Not
+/// judged when a session failed (the push fails anyway, its pieces named),
+/// nor for a file whose pieces went to a sink of before (it cannot say).
+fn unplaced(sessions: &[Pieced]) -> Vec<Vec<u8>> {
+    use std::collections::BTreeMap;
+    if sessions.iter().any(|s| s.placed.is_none()) {
+        return Vec::new();
+    }
+    // Per file: judged (every sink of its pieces answers) and placed.
+    let mut files: BTreeMap<&[u8], (bool, bool)> = BTreeMap::new();
+    for s in sessions {
+        let placed = s.placed.as_ref().and_then(|p| p.as_ref());
+        for f in &s.cut {
+            let e = files.entry(f).or_insert((true, false));
+            match placed {
+                None => e.0 = false,
+                Some(p) => e.1 |= p.contains(f),
+            }
+        }
+    }
+    files
+        .into_iter()
+        .filter(|(_, (judged, placed))| *judged && !placed)
+        .map(|(f, _)| f.to_vec())
+        .collect()
 }
 
 /// The stripes' reports merged as they come in (here and
@@ -312,4 +373,47 @@ pub(crate) fn merge(mut a: Report, b: Report) -> Report {
     a.handoffs += b.handoffs;
     a.zerocopy_blocks += b.zerocopy_blocks;
     a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(cut: &[&str], placed: Option<Option<&[&str]>>) -> Pieced {
+        let v = |l: &[&str]| l.iter().map(|s| s.as_bytes().to_vec()).collect();
+        Pieced {
+            cut: v(cut),
+            placed: placed.map(|p| p.map(v)),
+        }
+    }
+
+    /// A big file is placed when any session of its pieces saw it in
+    /// place; one no session saw is named; nothing is judged when a
+    /// session failed, nor a file whose pieces went to a sink of before.
+    #[test]
+    fn a_big_file_no_sink_placed_is_named() {
+        let all = [
+            session(&["a", "b"], Some(Some(&[]))),
+            session(&["a", "b", "c"], Some(Some(&["a"]))),
+            session(&["c"], Some(Some(&[]))),
+        ];
+        assert_eq!(unplaced(&all), vec![b"b".to_vec(), b"c".to_vec()]);
+        // A resume that found every file in place: each says so.
+        let again = [
+            session(&["a"], Some(Some(&["a"]))),
+            session(&["a"], Some(Some(&["a"]))),
+        ];
+        assert!(unplaced(&again).is_empty());
+        // A sink of before cannot say: its files are not judged.
+        let old = [
+            session(&["a", "b"], Some(None)),
+            session(&["b", "c"], Some(Some(&[]))),
+        ];
+        assert_eq!(unplaced(&old), vec![b"c".to_vec()]);
+        // A failed session: the push fails on its own.
+        let failed = [session(&["a"], None), session(&["a"], Some(Some(&[])))];
+        assert!(unplaced(&failed).is_empty());
+        // No pieces at all.
+        assert!(unplaced(&[session(&[], Some(None))]).is_empty());
+    }
 }

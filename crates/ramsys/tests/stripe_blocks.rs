@@ -124,3 +124,63 @@ fn a_daemon_killed_mid_file_leaves_no_final_name_and_resume_sends_the_rest() {
     assert_same_tree(&src, &root.join("src"));
     assert!(temp_files(&root).is_empty(), "{:?}", temp_files(&root));
 }
+
+/// Issue 36: pieces that all verified but a file no sink placed (the
+/// sinks' fault hook skips every rename, as the lost-marker race did) fail
+/// the push in one line naming the file, with a non-zero exit (it exited 0
+/// before); `--resume` over sound daemons then places it from the pieces
+/// kept, and a run again finds it in place without a false failure.
+#[test]
+fn a_big_file_no_sink_placed_fails_the_push_in_one_line() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let root = t.path().join("shared");
+    std::fs::create_dir(&root).unwrap();
+    let faulty: Vec<TestDaemon> = (0..3)
+        .map(|_| {
+            let mut c = std::process::Command::new(bin());
+            c.args(["serve", "--listen", "127.0.0.1:0", "--root"])
+                .arg(&root)
+                .arg("--key-file")
+                .arg(&key)
+                .env("RAMSYS_FAULT_SKIP_PLACE", "1")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::inherit());
+            TestDaemon::spawn(c, &root)
+        })
+        .collect();
+    let list: Vec<&str> = faulty.iter().map(|d| d.addr.as_str()).collect();
+    let url = format!("ramsys://{}/", list.join(","));
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write_big(&src.join("big"), 24 << 20, 14);
+    let o = ramsys(&key, &["cp", "-r", "--stripe", src.to_str().unwrap(), &url]);
+    assert!(!o.status.success(), "exit 0 without the file");
+    let err = String::from_utf8_lossy(&o.stderr);
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("no sink placed"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains("big") && lines[0].contains("--resume"),
+        "{err}"
+    );
+    assert!(!root.join("src/big").exists());
+    drop(faulty);
+    let (_ds, url) = sound_daemons(&root, &key);
+    let j = striped(&key, &["cp", "-r", "--resume"], &src, &url);
+    assert_eq!(j["bytes"].as_u64().unwrap(), 0, "every piece was kept: {j}");
+    assert_same_tree(&src, &root.join("src"));
+    assert!(temp_files(&root).is_empty(), "{:?}", temp_files(&root));
+    let j = striped(&key, &["cp", "-r", "--resume"], &src, &url);
+    assert_eq!(j["ok"], true, "{j}");
+}
+
+/// Three daemons serving `root` (which exists), and their `--stripe` URL.
+fn sound_daemons(root: &std::path::Path, key: &std::path::Path) -> (Vec<TestDaemon>, String) {
+    let ds: Vec<TestDaemon> = (0..3).map(|_| TestDaemon::start(root, key)).collect();
+    let list: Vec<&str> = ds.iter().map(|d| d.addr.as_str()).collect();
+    let url = format!("ramsys://{}/", list.join(","));
+    (ds, url)
+}

@@ -45,4 +45,10 @@ pub struct Report {
     /// Streams added during the transfer (transport::grow): the source's
     /// own, or on a pull's sink what the daemon's source reported.
     pub growth: Option<Growth>,
+    /// A session of pieces of big files (a striped push, issue 36): the
+    /// record paths of those the sink found in place at its end (its
+    /// Placed); None where the sink sent none (a sink of before, or no
+    /// piece asked for it).
+    #[serde(skip)]
+    pub placed: Option<Vec<Vec<u8>>>,
 }

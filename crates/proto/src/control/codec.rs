@@ -72,6 +72,7 @@ impl Control {
             Control::Ready { .. } => "Ready",
             Control::SettledThrough { .. } => "SettledThrough",
             Control::Window { .. } => "Window",
+            Control::Placed { .. } => "Placed",
         }
     }
 

@@ -429,7 +429,22 @@ pub enum Control {
         files: u64,
         bytes: u64,
     },
+    /// Sink to source, once, right before Complete, only when the Propose
+    /// carried frame::PLACED_FLAG (issue 36, docs/PROTOCOL.md "Pieces of
+    /// a big file"): the record paths of the big files this session's
+    /// pieces belong to that are in place at the sink's end of the session
+    /// (this sink renamed the file, found it renamed by another, or found
+    /// it in place unchanged). At most [`MAX_PLACED`] paths, each a valid
+    /// relative path.
+    Placed {
+        files: Vec<Vec<u8>>,
+    },
 }
+
+/// Most paths a Placed may name: a big file is cut only when it is at
+/// least 1/16 of the transfer, so a session holds pieces of 16 at most;
+/// a margin for rounding.
+pub const MAX_PLACED: usize = 64;
 
 #[cfg(test)]
 mod tests;

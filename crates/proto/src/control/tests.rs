@@ -358,6 +358,9 @@ fn roundtrip_every_variant() {
             files: 1 << 20,
             bytes: u64::MAX,
         },
+        Control::Placed {
+            files: vec![b"big".to_vec(), b"d/huge".to_vec()],
+        },
         Control::Entries(vec![Entry {
             id: 3,
             path: b"d/l".to_vec(),

@@ -47,6 +47,18 @@ pub fn record_bytes(e: &Entry) -> u64 {
     e.path.len() as u64 + 16
 }
 
+/// A Placed (issue 36): at most [`crate::control::MAX_PLACED`] paths,
+/// each a valid relative path (a record's).
+fn check_placed(files: &[Vec<u8>]) -> Result<(), ProtoError> {
+    if files.len() > crate::control::MAX_PLACED {
+        return Err(ProtoError::malformed("placed", "too many paths"));
+    }
+    for f in files {
+        crate::path::validate_relative(f)?;
+    }
+    Ok(())
+}
+
 /// A window the records keep to (docs/PROTOCOL.md "Windows"): ids below
 /// the settled mark plus `files`, and at most `bytes` of the records not
 /// yet settled. Both machines keep it: the sink refuses records beyond

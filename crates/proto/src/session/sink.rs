@@ -4,7 +4,7 @@
 use super::checks::{check_attrs, EntryChecker};
 use super::{Marks, Phase, Windows};
 use crate::control::{Control, EntryKind};
-use crate::frame::{ANY_WINDOWS, WINDOWS_FLAG};
+use crate::frame::{ANY_WINDOWS, PLACED_FLAG, WINDOWS_FLAG};
 use crate::ProtoError;
 
 /// The sink end of a session.
@@ -23,6 +23,9 @@ pub struct SinkMachine {
     grown: bool,
     /// Windowed metadata (issue 36): negotiated, and the marks so far.
     marks: Marks,
+    /// The Propose asked for a Placed (frame::PLACED_FLAG), and it was
+    /// sent.
+    placed: (bool, bool),
 }
 
 /// Most ids a windowed source may announce past the sink's settled mark
@@ -51,7 +54,13 @@ impl SinkMachine {
             preserve: None,
             grown: false,
             marks: Marks::default(),
+            placed: (false, false),
         }
+    }
+
+    /// The source asked for a Placed before Complete (frame::PLACED_FLAG).
+    pub fn placed_asked(&self) -> bool {
+        self.placed.0
     }
 
     /// Windowed metadata: proposed, taken, or neither.
@@ -184,6 +193,11 @@ impl SinkMachine {
             (Payload, Control::Resend(_) | Control::Lost { .. }) => Payload,
             (Payload, Control::StreamAdded { .. }) => Payload,
             (Completing, Control::Deleted(_)) if self.sync.is_some() => Completing,
+            (Completing, Control::Placed { files }) if self.placed == (true, false) => {
+                super::check_placed(files)?;
+                self.placed.1 = true;
+                Completing
+            }
             (Completing, Control::Complete(_)) => Done,
             _ => return Err(self.phase.unexpected(m)),
         };
@@ -214,6 +228,7 @@ impl SinkMachine {
                     self.marks.windows = Windows::Proposed;
                 }
                 self.marks.propose_limit(flags)?;
+                self.placed.0 = flags & PLACED_FLAG != 0;
                 self.proposed = Some(p.clone());
                 Negotiate
             }

@@ -3,7 +3,7 @@
 
 use super::{Marks, Phase, Windows};
 use crate::control::{Control, Entry, EntryKind};
-use crate::frame::{ANY_WINDOWS, WINDOWS_FLAG};
+use crate::frame::{ANY_WINDOWS, PLACED_FLAG, WINDOWS_FLAG};
 use crate::ProtoError;
 
 /// The source end of a session. The source may stream its metadata right
@@ -27,6 +27,8 @@ pub struct SourceMachine {
     marks: Marks,
     /// Records sent (the next id).
     announced: u64,
+    /// A Placed asked for (frame::PLACED_FLAG on Propose), and received.
+    placed: (bool, bool),
 }
 
 impl Default for SourceMachine {
@@ -47,6 +49,7 @@ impl SourceMachine {
             grown: false,
             marks: Marks::default(),
             announced: 0,
+            placed: (false, false),
         }
     }
 
@@ -118,6 +121,7 @@ impl SourceMachine {
                     self.marks.windows = Windows::Proposed;
                 }
                 self.marks.propose_limit(flags)?;
+                self.placed.0 = flags & PLACED_FLAG != 0;
                 self.proposed = true;
                 Negotiate
             }
@@ -266,6 +270,12 @@ impl SourceMachine {
             (Payload, Control::StreamAdded { .. }) => Payload,
             (Completing, Control::StreamAdded { .. }) => Completing,
             (Completing, Control::Deleted(_)) if self.sync => Completing,
+            // Once, only when asked, right before Complete (issue 36).
+            (Completing, Control::Placed { files }) if self.placed == (true, false) => {
+                super::check_placed(files)?;
+                self.placed.1 = true;
+                Completing
+            }
             (Completing, Control::Complete(_)) => Done,
             _ => return Err(self.phase.unexpected(m)),
         };

@@ -1209,3 +1209,97 @@ fn window_limits_refused_out_of_place() {
     snk.on_send(&sd).unwrap();
     src.on_recv(&sd).unwrap();
 }
+
+/// A Placed (issue 36): only when the Propose asked for it
+/// (frame::PLACED_FLAG), once, after EndOfData and before Complete, with
+/// at most MAX_PLACED valid relative paths; refused by both machines
+/// otherwise.
+#[test]
+fn placed_only_when_asked_once_before_complete() {
+    use crate::frame::PLACED_FLAG;
+    let session = |flags: u8| {
+        let mut src = SourceMachine::new();
+        let mut snk = SinkMachine::new();
+        src.on_send_flags(&propose(), flags).unwrap();
+        snk.on_recv_flags(&propose(), flags).unwrap();
+        let c = confirm(2);
+        snk.on_send(&c).unwrap();
+        src.on_recv(&c).unwrap();
+        let es = Control::Entries(vec![entry(
+            0,
+            "big",
+            EntryKind::Piece {
+                size: 8,
+                piece: 4,
+                index: 1,
+            },
+        )]);
+        let end = Control::MetaEnd {
+            entries: 1,
+            files: 1,
+            bytes: 4,
+        };
+        for m in [es, end] {
+            src.on_send(&m).unwrap();
+            snk.on_recv(&m).unwrap();
+        }
+        let sd = Control::SyncDone { failures: vec![] };
+        snk.on_send(&sd).unwrap();
+        src.on_recv(&sd).unwrap();
+        (src, snk)
+    };
+    let placed = |files: &[&str]| Control::Placed {
+        files: files.iter().map(|f| f.as_bytes().to_vec()).collect(),
+    };
+    let eod = Control::EndOfData { files: 1, bytes: 4 };
+    let done = Control::Complete(Complete {
+        files: 1,
+        bytes: 4,
+        failures: vec![],
+        cpu_s: 0.0,
+    });
+    let (mut src, mut snk) = session(PLACED_FLAG);
+    assert!(snk.placed_asked());
+    // Not during the payload.
+    assert!(snk.on_send(&placed(&["big"])).is_err());
+    let (mut src2, _) = session(PLACED_FLAG);
+    assert!(src2.on_recv(&placed(&["big"])).is_err());
+    src.on_send(&eod).unwrap();
+    snk.on_recv(&eod).unwrap();
+    // Hostile contents: too many, an absolute or empty path, a `..`.
+    let many: Vec<String> = (0..=crate::control::MAX_PLACED)
+        .map(|i| format!("f{i}"))
+        .collect();
+    let many: Vec<&str> = many.iter().map(|s| s.as_str()).collect();
+    for bad in [
+        placed(&many),
+        placed(&["/etc"]),
+        placed(&[""]),
+        placed(&["a/../b"]),
+    ] {
+        let (mut s, mut k) = session(PLACED_FLAG);
+        s.on_send(&eod).unwrap();
+        k.on_recv(&eod).unwrap();
+        assert!(s.on_recv(&bad).is_err(), "{bad:?}");
+        assert!(k.on_send(&bad).is_err(), "{bad:?}");
+    }
+    let ok = placed(&["big"]);
+    snk.on_send(&ok).unwrap();
+    src.on_recv(&ok).unwrap();
+    // Once.
+    assert!(snk.on_send(&ok).is_err());
+    assert!(src.on_recv(&ok).is_err());
+    snk.on_send(&done).unwrap();
+    src.on_recv(&done).unwrap();
+    assert_eq!(src.phase(), Phase::Done);
+    // Not asked: refused at both ends (a sink of before never sends it).
+    let (mut src, mut snk) = session(0);
+    assert!(!snk.placed_asked());
+    src.on_send(&eod).unwrap();
+    snk.on_recv(&eod).unwrap();
+    assert!(snk.on_send(&ok).is_err());
+    assert!(src.on_recv(&ok).is_err());
+    snk.on_send(&done).unwrap();
+    src.on_recv(&done).unwrap();
+    assert_eq!(src.phase(), Phase::Done);
+}

@@ -532,6 +532,14 @@ impl SinkSession<'_> {
             growth: d.growth,
             ..Default::default()
         };
+        if self.ctl.machine.placed_asked() {
+            // The big files of this session's pieces in place (issue 36):
+            // the agent fails a striped push whose file no sink placed. A
+            // share never holds pieces of more (shares::piece_size).
+            let mut files = table.big_files_placed();
+            files.truncate(ramsys_proto::control::MAX_PLACED);
+            self.ctl.send(&Control::Placed { files })?;
+        }
         self.ctl.send(&Control::Complete(Complete {
             files,
             bytes,

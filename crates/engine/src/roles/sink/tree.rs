@@ -264,7 +264,7 @@ impl Tree {
         };
         self.table.push_entry(e.id, file);
         if let (EntryKind::Piece { piece, index, .. }, false) = (&e.kind, dry) {
-            self.table.set_piece(e.id, *piece, *index);
+            self.table.set_piece(e.id, &e.path, *piece, *index);
         }
         // Sync replaces what is in the way of another type (issue 35).
         let mut replace = false;

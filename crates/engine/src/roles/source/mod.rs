@@ -277,10 +277,16 @@ impl SourceSession<'_> {
             (true, false) => WINDOWS_FLAG,
             (true, true) => WIDE_WINDOWS_FLAG,
         };
-        let flags = match offer {
+        let mut flags = match offer {
             0 => 0,
             f => f | ramsys_proto::frame::WINDOW_LIMIT_FLAG,
         };
+        // Pieces of big files (a striped push): the sink names those in
+        // place before Complete, so the agent can tell a file no sink
+        // placed (issue 36); a sink of before ignores the flag.
+        if opts.pieces.is_some() {
+            flags |= ramsys_proto::frame::PLACED_FLAG;
+        }
         self.ctl.send_flagged(&propose, flags)?;
         // DEST_DIR is the sink's own (SyncOpen, or its agent's options).
         let mode = opts.sync & !crate::request::sync::flags::DEST_DIR;

@@ -137,6 +137,11 @@ struct PieceAt {
     names: bigfile::Names,
     /// This session's sink renamed the file into place.
     finished: AtomicBool,
+    /// The record's path (the source's wire path), for Placed.
+    wire: Box<[u8]>,
+    /// The file is in place as far as this session saw: renamed by this
+    /// sink or another, or found unchanged (Placed, issue 36).
+    in_place: AtomicBool,
 }
 
 /// The state of a file that only failed, synced or resumed files have.

@@ -105,7 +105,7 @@ impl FileTable {
             // whoever opens it first (roles::sink::bigfile).
             _ if f.piece.is_some() => {
                 let p = f.piece.as_ref().expect("a piece");
-                bigfile::open(dir.fd(), &p.names, f.size, p.count)?
+                bigfile::open(dir.fd(), &p.names, f.size)?
             }
             Some(Base::Part(name)) => {
                 self.root.rename_in(parent, name, &tmp)?;

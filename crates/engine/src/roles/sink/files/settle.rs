@@ -23,6 +23,18 @@ impl FileTable {
             }
         }
         f.flags.fetch_or(KEPT | FINAL, Ordering::AcqRel);
+        if let Some(p) = &f.piece {
+            // Kept: the big file is in place (or left as it is, by
+            // --ignore-existing or -u); markers an interrupted finish
+            // left linked to it go (the session of its first piece).
+            p.in_place.store(true, Ordering::Release);
+            if p.index == 0 && !self.storage.null {
+                if let Ok(dir) = self.dir_of(f) {
+                    let (_, name) = split_parent(self.rel(f));
+                    bigfile::forget(dir.fd(), &p.names, name, p.count);
+                }
+            }
+        }
     }
 
     /// Sync: the source reuses `bytes` of file `id`'s base; only the rest
@@ -267,9 +279,12 @@ impl FileTable {
             return;
         }
         if self.storage.null {
-            // Verified and discarded.
+            // Verified and discarded: as good as placed.
             f.flags.fetch_or(FINAL, Ordering::AcqRel);
             self.stats.files.fetch_add(1, Ordering::Relaxed);
+            if let Some(p) = &f.piece {
+                p.in_place.store(true, Ordering::Release);
+            }
             return;
         }
         if let Some(p) = &f.piece {

@@ -364,7 +364,7 @@ fn pieces_of_one_file_from_two_sessions_meet_and_one_places_it() {
         let t = FileTable::new(root, session, true, false, Arc::new(Stats::default()));
         for (id, &i) in pieces.iter().enumerate() {
             t.push_entry(id as u64, Some((b"big".to_vec(), 10, 0o640, (7, 8))));
-            t.set_piece(id as u64, 4, i);
+            t.set_piece(id as u64, b"big", 4, i);
         }
         t
     };
@@ -405,6 +405,10 @@ fn pieces_of_one_file_from_two_sessions_meet_and_one_places_it() {
         (0o640, 7, 8)
     );
     assert_eq!(names(d.path()), vec!["big"]);
+    // Said in place (Placed, issue 36) by the session that placed it
+    // only: the others finished before it was.
+    assert_eq!(c.big_files_placed(), vec![b"big".to_vec()]);
+    assert!(a.big_files_placed().is_empty() && b.big_files_placed().is_empty());
     // Counted once, where it was placed; bytes where they arrived.
     assert_eq!((b.files_moved(), c.files_moved()), (0, 1));
     assert_eq!((b.bytes_moved(), c.bytes_moved()), (4, 2));

@@ -67,6 +67,7 @@ impl Payload<'_> {
             unchanged: f.plan.as_ref().map_or(f.unchanged, |p| p.unchanged),
             deleted: std::mem::take(&mut f.deleted),
             planned,
+            placed: f.placed.take(),
         }
     }
 

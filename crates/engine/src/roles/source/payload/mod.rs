@@ -264,6 +264,8 @@ struct Facts {
     names: Names,
     local_failed: Vec<FailedPath>,
     deleted: Vec<String>,
+    /// The sink's Placed (a session of pieces, issue 36).
+    placed: Option<Vec<Vec<u8>>>,
 }
 
 impl Facts {
@@ -287,6 +289,7 @@ impl Facts {
             names,
             local_failed: Vec::new(),
             deleted: Vec::new(),
+            placed: None,
         }
     }
 }
@@ -863,6 +866,7 @@ impl<'s> Payload<'s> {
         self.ctl.admit(&m)?;
         match m {
             Control::Deleted(v) => self.facts.deleted.extend(v.iter().map(|p| show(p))),
+            Control::Placed { files } => self.facts.placed = Some(files),
             Control::Settled => {
                 crate::types::phase::mark("settled_in");
                 self.progress.settled = true
