@@ -287,6 +287,20 @@ struct Runner {
     pause: Option<PathBuf>,
 }
 
+/// Listed files a batch on the kept watch channel may carry.
+const KEPT_FILES: usize = 4096;
+
+/// Whether a batch runs on the kept watch channel: a few listed files.
+/// A kept session holds its whole list at both ends (it does not run in
+/// windows: docs/SCALE.md "Windows" step 7), so a full scan, a tree that
+/// appeared (of unknown size) and a long list go on connections of their
+/// own, in windows: a first full sync onto a 1 M-file DST took 320 MB on
+/// the channel, 24 MB as a sync of its own. Their handshake (about 1 ms)
+/// is nothing beside them.
+fn fits_kept(b: &Batch) -> bool {
+    !b.full && b.files.len() <= KEPT_FILES && b.files.iter().all(|(_, k)| *k <= Kind::File)
+}
+
 /// A job this long without a batch gives its buffer pools' pages and its
 /// freed heap back to the system (a full sync of a big tree touches most of
 /// the pool; docs/BENCHMARKS.md "idle cost").
@@ -542,8 +556,9 @@ impl Runner {
     }
 
     /// The batch's files, or (full) the whole tree, as a sync session: on
-    /// the job's watch channel when its daemon keeps sessions there (no
-    /// connect, no handshake; true), else on connections of its own.
+    /// the job's watch channel when its daemon keeps sessions there and
+    /// the batch is small ([`fits_kept`]; no connect, no handshake: true),
+    /// else on connections of its own.
     fn data(&mut self, b: &Batch) -> Result<(ramsys_engine::Report, bool), EngineError> {
         let mut opts = self.spec.opts.clone();
         opts.listed_may_vanish = true;
@@ -589,7 +604,7 @@ impl Runner {
             vec![self.spec.top.clone()],
         );
         let dest = self.target.dest.clone();
-        match self.chan.as_mut().filter(|c| c.keeps_sessions()) {
+        match (self.chan.as_mut()).filter(|c| c.keeps_sessions() && fits_kept(b)) {
             Some(c) => c
                 .push(&remote, root, tops, dest, &opts, &self.res, stats)
                 .map(|r| (r, true)),
