@@ -452,32 +452,16 @@ impl SinkSession<'_> {
         let Drained {
             table, mut sync, ..
         } = d;
-        let spec = &self.spec;
         let mut failures = prep_failures;
         failures.extend(
             d.file_failures
                 .into_iter()
                 .map(|(p, r)| Failure { path: p, reason: r }),
         );
-        let tmp = |i: usize| format!(".ramsys-{:016x}-{i}.lnk", spec.session).into_bytes();
         let dry = sync.as_ref().is_some_and(|s| s.dry());
-        failures.extend(deferred.place(&spec.root, &table, tmp));
-        let mut outcome = tree::SyncOutcome {
-            deleted: Vec::new(),
-            planned: Vec::new(),
-            unchanged: table.kept(),
-        };
-        if let Some(s) = &mut sync {
-            outcome = tree::sync_epilogue(
-                s,
-                &mut self.ctl,
-                &mut failures,
-                dest.dest(),
-                self.started,
-                outcome.unchanged,
-                spec.session,
-            )?;
-        }
+        let place = (&mut deferred, dest.dest());
+        let outcome = self.place_and_delete(&table, sync.as_mut(), place, &mut failures)?;
+        let root = &self.spec.root;
         // Source paths that vanished: failures, but after --delete ran.
         // The wire said so (ScanFailed's io_error); this end's report
         // keeps it as the typed flag.
@@ -485,45 +469,19 @@ impl SinkSession<'_> {
         failures.extend(vanished);
         // Last: --delete changed the mtimes of the directories it removed
         // from (issue 35).
-        failures.extend(deferred.finish_dirs(&spec.root));
+        failures.extend(deferred.finish_dirs(root));
         if failures.is_empty() && !dry {
-            dest.finished(&spec.root);
+            dest.finished(root);
         }
-        // Sync counts files whose data moved (a delta with no differing
-        // block moved none); a copy counts every file put in place.
-        let compare = sync
-            .as_ref()
-            .is_some_and(|s| s.flags & crate::request::sync::COMPARE != 0);
-        let files = if compare {
-            table.files_moved()
-        } else {
-            self.stats.files.load(Ordering::Relaxed)
-        };
-        let bytes: u64 = table.bytes_moved();
-        if let Some(u) = table.storage.usage(true) {
-            if u.direct_bytes + u.cached_bytes > 0 {
-                tracing::info!(
-                    "sink: large files {} MiB direct, {} MiB through the page cache ({:?})",
-                    u.direct_bytes >> 20,
-                    u.cached_bytes >> 20,
-                    u.mode
-                );
-            }
-        }
+        let (files, bytes) = self.moved(&table, sync.as_ref());
+        log_storage_usage(&table);
         let report = Report {
             unchanged: outcome.unchanged,
             deleted: outcome.deleted.iter().map(|p| show(p)).collect(),
             planned: outcome.planned.iter().map(|p| show(p)).collect(),
             files,
             bytes,
-            failed: failures
-                .iter()
-                .enumerate()
-                .map(|(i, f)| FailedPath {
-                    vanished: gone.contains(&i),
-                    ..FailedPath::new(show(&f.path), f.reason.clone())
-                })
-                .collect(),
+            failed: failed_paths(&failures, gone),
             peer_cpu_s: None,
             streams: d.streams,
             block_size: d.block_size,
@@ -532,6 +490,66 @@ impl SinkSession<'_> {
             growth: d.growth,
             ..Default::default()
         };
+        self.send_complete(&table, (files, bytes), failures, &d.control)?;
+        Ok(report)
+    }
+
+    /// Further names linked once their files are in place, then a sync's
+    /// deletions (tree::sync_epilogue), which run only if nothing failed.
+    fn place_and_delete(
+        &mut self,
+        table: &FileTable,
+        sync: Option<&mut SinkSync>,
+        (deferred, dest): (&mut Deferred, &[u8]),
+        failures: &mut Vec<Failure>,
+    ) -> Result<tree::SyncOutcome, EngineError> {
+        let spec = &self.spec;
+        let tmp = |i: usize| format!(".ramsys-{:016x}-{i}.lnk", spec.session).into_bytes();
+        failures.extend(deferred.place(&spec.root, table, tmp));
+        let outcome = tree::SyncOutcome {
+            deleted: Vec::new(),
+            planned: Vec::new(),
+            unchanged: table.kept(),
+        };
+        let Some(s) = sync else {
+            return Ok(outcome);
+        };
+        let (started, session) = (self.started, spec.session);
+        let unchanged = outcome.unchanged;
+        tree::sync_epilogue(
+            s,
+            &mut self.ctl,
+            failures,
+            dest,
+            started,
+            unchanged,
+            session,
+        )
+    }
+
+    /// Files and bytes moved: sync counts files whose data moved (a delta
+    /// with no differing block moved none); a copy counts every file put
+    /// in place.
+    fn moved(&self, table: &FileTable, sync: Option<&SinkSync>) -> (u64, u64) {
+        let compare = sync.is_some_and(|s| s.flags & crate::request::sync::COMPARE != 0);
+        let files = if compare {
+            table.files_moved()
+        } else {
+            self.stats.files.load(Ordering::Relaxed)
+        };
+        (files, table.bytes_moved())
+    }
+
+    /// Placed where the source asked for it, then Complete; then the
+    /// source's close is awaited, so our Complete is read before teardown
+    /// (a kept link is not closed: its reader has stopped).
+    fn send_complete(
+        &mut self,
+        table: &FileTable,
+        (files, bytes): (u64, u64),
+        failures: Vec<Failure>,
+        control: &crossbeam_channel::Receiver<crate::session::control::ControlEvent>,
+    ) -> Result<(), EngineError> {
         if self.ctl.machine.placed_asked() {
             // The big files of this session's pieces in place (issue 36):
             // the agent fails a striped push whose file no sink placed. A
@@ -546,11 +564,36 @@ impl SinkSession<'_> {
             failures,
             cpu_s: process_cpu_seconds() - self.cpu0,
         }))?;
-        // Wait for the source to close, so our Complete is read before
-        // teardown; a kept link is not closed (its reader has stopped).
         if !self.keep {
-            let _ = d.control.recv_timeout(Duration::from_secs(10));
+            let _ = control.recv_timeout(Duration::from_secs(10));
         }
-        Ok(report)
+        Ok(())
     }
+}
+
+/// How much of the large files went direct and how much through the page
+/// cache (storage::cache), in the log.
+fn log_storage_usage(table: &FileTable) {
+    if let Some(u) = table.storage.usage(true) {
+        if u.direct_bytes + u.cached_bytes > 0 {
+            tracing::info!(
+                "sink: large files {} MiB direct, {} MiB through the page cache ({:?})",
+                u.direct_bytes >> 20,
+                u.cached_bytes >> 20,
+                u.mode
+            );
+        }
+    }
+}
+
+/// The report's failures; those at `gone` are source paths that vanished.
+fn failed_paths(failures: &[Failure], gone: std::ops::Range<usize>) -> Vec<FailedPath> {
+    failures
+        .iter()
+        .enumerate()
+        .map(|(i, f)| FailedPath {
+            vanished: gone.contains(&i),
+            ..FailedPath::new(show(&f.path), f.reason.clone())
+        })
+        .collect()
 }
