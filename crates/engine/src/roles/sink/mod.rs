@@ -110,45 +110,11 @@ fn sink_session(
     };
     let (prop, dest, flags) = s.negotiate()?;
     crate::types::phase::mark("sink_propose");
-    // Windows (issue 36): only where the source asked and this end runs a
-    // plain copy too; else today's whole-tree phases.
-    use ramsys_proto::frame::{ANY_WINDOWS, WINDOW_LIMIT_FLAG};
-    let windowed = flags & ANY_WINDOWS != 0 && s.opts.windows_allowed();
-    // The window this end's memory budget holds, told to a source that
-    // takes one (docs/SCALE.md "Bounds and reports"): a windowed session
-    // then slows down instead of ending.
-    let limit = (windowed && flags & WINDOW_LIMIT_FLAG != 0)
-        .then(|| crate::session::options::budget_window(s.opts.meta_budget, files::SLOT_BYTES))
-        .flatten();
+    let (windowed, limit) = s.windows(flags);
     let grant = s.confirm(&prop, res, windowed, limit)?;
     crate::types::phase::mark("sink_confirm_sent");
     let (mut tree, opened, control) = if windowed {
-        let mut tree = s.new_tree(&prop, dest);
-        tree.windowed = true;
-        // A copy's default journal or a sync (sync::flags::WINDOWED), from
-        // this end's own options (the same flags the source's SyncMode
-        // carries: SyncOpen or the agent's), set before the writers share
-        // the table; a sync answers each window before its Ready.
-        let mode = s.opts.sync & !crate::request::sync::flags::DEST_DIR;
-        if mode != 0 {
-            tree.sync_mode(mode, &s.spec.root.clone());
-        }
-        // The payload starts now; the records arrive during it, read
-        // by the control reader even while the links are awaited, so
-        // the source never blocks on a full socket.
-        s.ctl.send(&Control::SyncDone { failures: vec![] })?;
-        // Until MetaEnd the source speaks at least every 2 s (a record,
-        // a digest or a keepalive): a silence of the idle timeout is named.
-        let idle = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        // (A windowed session is never a kept link's batch: windows are
-        // not offered there. Its reader stops only when the link does.)
-        let control = s
-            .ctl
-            .spawn_reader_idle("sink-ctl", None, Some(idle.clone()))?;
-        let opened = s.open_links(links, grant.streams)?;
-        let t = s.opts.idle_timeout;
-        s.ctl.link.set_read_timeout(Some(t))?;
-        (tree, opened, Some((control, idle)))
+        s.start_windowed(&prop, dest, links, grant.streams)?
     } else {
         let mut tree = s.receive_metadata(&prop, dest)?;
         crate::types::phase::mark("sink_metadata_in");
@@ -172,6 +138,17 @@ fn sink_session(
     crate::types::phase::mark("sink_payload_done");
     let done = data.teardown(result)?;
     crate::types::phase::mark("sink_torn_down");
+    let (deferred, prep_failures, scan, dest) = for_verdict(tree);
+    let report = s.verdict(done, deferred, prep_failures, scan, dest)?;
+    Ok((report, s.ctl.link))
+}
+
+/// What the verdict takes of the tree: the links and directories left to
+/// finish, the failures before the payload, the source's own failures,
+/// and DST. The source's own failures count in this end's verdict: the
+/// report names them; an I/O error among them (not just a vanished path)
+/// makes sync's --delete delete nothing, as rsync's IOERR_GENERAL does.
+fn for_verdict(tree: Tree) -> (Deferred, Vec<Failure>, Vec<Failure>, DestMap) {
     let Tree {
         deferred,
         mut prep_failures,
@@ -181,9 +158,6 @@ fn sink_session(
         dest,
         ..
     } = tree;
-    // The source's own failures count in this end's verdict: the report
-    // names them; an I/O error among them (not just a vanished path)
-    // makes sync's --delete delete nothing, as rsync's IOERR_GENERAL does.
     let mut scan = scan_failures;
     if scan_failures_dropped > 0 {
         scan.push(Failure::more_scan_failures(scan_failures_dropped));
@@ -191,9 +165,15 @@ fn sink_session(
     if scan_io_error {
         prep_failures.append(&mut scan);
     }
-    let report = s.verdict(done, deferred, prep_failures, scan, dest)?;
-    Ok((report, s.ctl.link))
+    (deferred, prep_failures, scan, dest)
 }
+
+/// A windowed session's control reader, started before the data links
+/// open, and its flag of records due (its timeouts count until MetaEnd).
+type RecordsReader = (
+    crossbeam_channel::Receiver<crate::session::control::ControlEvent>,
+    Arc<std::sync::atomic::AtomicBool>,
+);
 
 /// The sink end of one session, between its phases.
 struct SinkSession<'a> {
@@ -248,6 +228,58 @@ struct Drained {
 }
 
 impl SinkSession<'_> {
+    /// Windows (issue 36): only where the source asked and this end runs
+    /// a plain copy too; else today's whole-tree phases. And the window
+    /// this end's memory budget holds, told to a source that takes one
+    /// (docs/SCALE.md "Bounds and reports"): a windowed session then slows
+    /// down instead of ending.
+    fn windows(&self, flags: u8) -> (bool, Option<(u64, u64)>) {
+        use ramsys_proto::frame::{ANY_WINDOWS, WINDOW_LIMIT_FLAG};
+        let windowed = flags & ANY_WINDOWS != 0 && self.opts.windows_allowed();
+        let limit = (windowed && flags & WINDOW_LIMIT_FLAG != 0)
+            .then(|| {
+                crate::session::options::budget_window(self.opts.meta_budget, files::SLOT_BYTES)
+            })
+            .flatten();
+        (windowed, limit)
+    }
+
+    /// A windowed session's start (docs/PROTOCOL.md "Windows"): an empty
+    /// tree, SyncDone at once, then the data links; the records arrive
+    /// during the payload, read by the control reader even while the
+    /// links are awaited, so the source never blocks on a full socket.
+    fn start_windowed(
+        &mut self,
+        prop: &Propose,
+        dest: DestMap,
+        links: &mut dyn LinkProvider,
+        streams: u16,
+    ) -> Result<(Tree, Opened, Option<RecordsReader>), EngineError> {
+        let mut tree = self.new_tree(prop, dest);
+        tree.windowed = true;
+        // A copy's default journal or a sync (sync::flags::WINDOWED), from
+        // this end's own options (the same flags the source's SyncMode
+        // carries: SyncOpen or the agent's), set before the writers share
+        // the table; a sync answers each window before its Ready.
+        let mode = self.opts.sync & !crate::request::sync::flags::DEST_DIR;
+        if mode != 0 {
+            tree.sync_mode(mode, &self.spec.root.clone());
+        }
+        self.ctl.send(&Control::SyncDone { failures: vec![] })?;
+        // Until MetaEnd the source speaks at least every 2 s (a record,
+        // a digest or a keepalive): a silence of the idle timeout is named.
+        let idle = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        // (A windowed session is never a kept link's batch: windows are
+        // not offered there. Its reader stops only when the link does.)
+        let control = self
+            .ctl
+            .spawn_reader_idle("sink-ctl", None, Some(idle.clone()))?;
+        let opened = self.open_links(links, streams)?;
+        let t = self.opts.idle_timeout;
+        self.ctl.link.set_read_timeout(Some(t))?;
+        Ok((tree, opened, Some((control, idle))))
+    }
+
     /// The source's Propose, and where its roots go (roles::sink::dest: cp's
     /// rule, rsync's for sync, and where an interrupted copy went for a
     /// resumed one); refused here, before any data moves, when the
