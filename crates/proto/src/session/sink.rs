@@ -213,23 +213,13 @@ impl SinkMachine {
     /// run windows).
     pub fn on_recv_flags(&mut self, m: &Control, flags: u8) -> Result<(), ProtoError> {
         use Phase::*;
-        let plain = self.marks.windows == Windows::Off;
         let (on, open) = (self.marks.on(), !self.marks.meta_end);
+        // Windows: the metadata runs on in the payload until MetaEnd.
+        let records = self.phase == Metadata || (self.phase == Payload && on && open);
         self.phase = match (self.phase, m) {
             (_, Control::Abort { .. } | Control::Error { .. }) => Aborted,
             (Negotiate, Control::Propose(p)) if self.proposed.is_none() => {
-                if p.streams == 0 || p.block_size == 0 {
-                    return Err(ProtoError::malformed(
-                        "propose",
-                        "zero streams or block size",
-                    ));
-                }
-                if flags & ANY_WINDOWS != 0 {
-                    self.marks.windows = Windows::Proposed;
-                }
-                self.marks.propose_limit(flags)?;
-                self.placed.0 = flags & PLACED_FLAG != 0;
-                self.proposed = Some(p.clone());
+                self.recv_propose(p, flags)?;
                 Negotiate
             }
             // Right behind Propose, so it may arrive after Confirm left
@@ -237,11 +227,10 @@ impl SinkMachine {
             // a copy (its default journal) or a sync answered per window:
             // sync::WINDOWED at most (no dry run, resume or device).
             (Negotiate | Metadata | Payload, Control::SyncMode { flags })
-                if self.proposed.is_some()
-                    && self.sync.is_none()
-                    && self.entries.next_id == 0
-                    && (plain || flags & !crate::control::sync::WINDOWED == 0)
-                    && (self.phase != Payload || on) =>
+                if self.sync.is_none()
+                    && self.before_records()
+                    && (self.marks.windows == Windows::Off
+                        || flags & !crate::control::sync::WINDOWED == 0) =>
             {
                 if flags & !crate::control::sync::ALL != 0 {
                     return Err(ProtoError::malformed("sync mode", "unknown flags"));
@@ -251,10 +240,7 @@ impl SinkMachine {
             }
             // Likewise (windows: after SyncDone, before any record).
             (Negotiate | Metadata | Payload, Control::Preserve { flags })
-                if self.proposed.is_some()
-                    && self.preserve.is_none()
-                    && self.entries.next_id == 0
-                    && (self.phase != Payload || on) =>
+                if self.preserve.is_none() && self.before_records() =>
             {
                 if flags & !crate::attrs::preserve::ALL != 0 {
                     return Err(ProtoError::malformed("preserve", "unknown flags"));
@@ -262,38 +248,15 @@ impl SinkMachine {
                 self.preserve = Some(*flags);
                 self.phase
             }
-            (Metadata, Control::Entries(es)) => {
-                self.check_window(es)?;
-                self.marks.limit_entries(es)?;
-                for e in es {
-                    self.entries.check(e)?;
-                }
-                self.marks.entries(es.first().map(|e| e.id));
-                Metadata
+            (Metadata | Payload, Control::Entries(es)) if records => {
+                self.recv_entries(es)?;
+                self.phase
             }
-            (Payload, Control::Entries(es)) if on && open => {
-                self.check_window(es)?;
-                self.marks.limit_entries(es)?;
-                for e in es {
-                    self.entries.check(e)?;
-                }
-                self.marks.entries(es.first().map(|e| e.id));
-                Payload
-            }
-            (Metadata, Control::ScanFailed { .. }) => Metadata,
-            (Payload, Control::ScanFailed { .. }) if on && open => Payload,
-            (Metadata, Control::Attrs(v)) if self.preserve.is_some() => {
-                check_attrs(v, self.entries.next_id)?;
-                if !plain {
-                    self.marks.attrs(v, self.entries.next_id)?;
-                }
-                Metadata
-            }
+            (Metadata | Payload, Control::ScanFailed { .. }) if records => self.phase,
             // Windows: a batch's Attrs right behind its records.
-            (Payload, Control::Attrs(v)) if on && open && self.preserve.is_some() => {
-                check_attrs(v, self.entries.next_id)?;
-                self.marks.attrs(v, self.entries.next_id)?;
-                Payload
+            (Metadata | Payload, Control::Attrs(v)) if records && self.preserve.is_some() => {
+                self.recv_attrs(v)?;
+                self.phase
             }
             (
                 Metadata | Payload,
@@ -303,53 +266,116 @@ impl SinkMachine {
                     bytes,
                 },
             ) if open && (self.phase == Metadata || on) => {
-                if *entries != self.entries.next_id
-                    || *files != self.entries.files
-                    || *bytes != self.entries.bytes
-                {
-                    return Err(ProtoError::malformed(
-                        "meta end",
-                        "counts do not match the records received",
-                    ));
-                }
-                self.marks.meta_end = true;
+                self.recv_meta_end(*entries, *files, *bytes)?;
                 // Windows: the payload is under way already.
                 match self.phase {
                     Payload => Payload,
                     _ => Syncing,
                 }
             }
-            (Payload, Control::FilesDone(v)) => {
+            (Payload, Control::EndOfData { .. }) if !on || !open => Completing,
+            (Payload, _) => {
+                self.payload_report(m)?;
+                Payload
+            }
+            _ => return Err(self.phase.unexpected(m)),
+        };
+        Ok(())
+    }
+
+    /// The first Propose: the session's shape, and whether the source can
+    /// run windows (issue 36) and asks for a Placed.
+    fn recv_propose(&mut self, p: &crate::control::Propose, flags: u8) -> Result<(), ProtoError> {
+        if p.streams == 0 || p.block_size == 0 {
+            return Err(ProtoError::malformed(
+                "propose",
+                "zero streams or block size",
+            ));
+        }
+        if flags & ANY_WINDOWS != 0 {
+            self.marks.windows = Windows::Proposed;
+        }
+        self.marks.propose_limit(flags)?;
+        self.placed.0 = flags & PLACED_FLAG != 0;
+        self.proposed = Some(p.clone());
+        Ok(())
+    }
+
+    /// A SyncMode or Preserve may still come: after Propose, before the
+    /// first record, and in the payload only of a windowed session.
+    fn before_records(&self) -> bool {
+        self.proposed.is_some()
+            && self.entries.next_id == 0
+            && (self.phase != Phase::Payload || self.marks.on())
+    }
+
+    /// A batch of records: within the window, each consistent with those
+    /// before it.
+    fn recv_entries(&mut self, es: &[crate::control::Entry]) -> Result<(), ProtoError> {
+        self.check_window(es)?;
+        self.marks.limit_entries(es)?;
+        for e in es {
+            self.entries.check(e)?;
+        }
+        self.marks.entries(es.first().map(|e| e.id));
+        Ok(())
+    }
+
+    /// Attributes of records received; windowed, they also count against
+    /// the window.
+    fn recv_attrs(&mut self, v: &[crate::attrs::Attrs]) -> Result<(), ProtoError> {
+        check_attrs(v, self.entries.next_id)?;
+        if self.marks.windows != Windows::Off {
+            self.marks.attrs(v, self.entries.next_id)?;
+        }
+        Ok(())
+    }
+
+    /// MetaEnd's totals must be those of the records received.
+    fn recv_meta_end(&mut self, entries: u64, files: u64, bytes: u64) -> Result<(), ProtoError> {
+        if entries != self.entries.next_id
+            || files != self.entries.files
+            || bytes != self.entries.bytes
+        {
+            return Err(ProtoError::malformed(
+                "meta end",
+                "counts do not match the records received",
+            ));
+        }
+        self.marks.meta_end = true;
+        Ok(())
+    }
+
+    /// The reports a source sends while the payload runs, each checked
+    /// against what the sink announced; any other message is unexpected.
+    fn payload_report(&mut self, m: &Control) -> Result<(), ProtoError> {
+        match m {
+            Control::FilesDone(v) => {
                 if v.iter().any(|(id, _)| !self.known(*id)) {
                     return Err(ProtoError::malformed("files done", "unknown file id"));
                 }
-                Payload
             }
-            (Payload, Control::FileFailed { id, .. }) => {
+            Control::FileFailed { id, .. } => {
                 if !self.known(*id) {
                     return Err(ProtoError::malformed("file failed", "unknown file id"));
                 }
-                Payload
             }
-            (Payload, Control::Reuse(v)) if self.sync.is_some() => {
+            Control::Reuse(v) if self.sync.is_some() => {
                 if v.iter().any(|r| r.id >= self.entries.next_id) {
                     return Err(ProtoError::malformed("reuse", "unknown file id"));
                 }
-                if on {
+                if self.marks.on() {
                     self.marks.reuse(v)?;
                 }
-                Payload
             }
-            (Payload, Control::LinkDown { .. }) => Payload,
-            (Payload, Control::AddStream { .. }) => Payload,
-            (Payload, Control::Grown { stages, .. }) if !self.grown => {
+            Control::LinkDown { .. } | Control::AddStream { .. } => {}
+            Control::Grown { stages, .. } if !self.grown => {
                 if stages.len() > MAX_GROW_STAGES {
                     return Err(ProtoError::malformed("grown", "too many stages"));
                 }
                 self.grown = true;
-                Payload
             }
-            (Payload, Control::GrownLinks { stages, links, .. }) if !self.grown => {
+            Control::GrownLinks { stages, links, .. } if !self.grown => {
                 if stages.len() > MAX_GROW_STAGES || links.len() != stages.len() {
                     return Err(ProtoError::malformed(
                         "grown",
@@ -357,11 +383,9 @@ impl SinkMachine {
                     ));
                 }
                 self.grown = true;
-                Payload
             }
-            (Payload, Control::EndOfData { .. }) if !on || !open => Completing,
-            _ => return Err(self.phase.unexpected(m)),
-        };
+            _ => return Err(Phase::Payload.unexpected(m)),
+        }
         Ok(())
     }
 }

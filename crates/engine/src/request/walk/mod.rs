@@ -247,9 +247,75 @@ fn walk_inner<E>(
     emit: &mut InnerEmit<E>,
 ) -> Result<Walk, E> {
     let mut col = Collector::new(preserve);
-    let mut pace = Pace(std::time::Instant::now());
+    let mut out = Outbox {
+        entries: Vec::new(),
+        attrs: Vec::new(),
+        pace: Pace(std::time::Instant::now()),
+    };
+    let first = (base, tops, recursive, filter);
+    let (dirs, later, failures) = paced_first_pass(first, &col, &mut out.pace, emit)?;
+    let mut w = Walk {
+        failures,
+        ..Default::default()
+    };
+    // Several tops may name one path (`a/ b/ DST`, or one source named
+    // twice): the list keeps one entry per path, as rsync's does (its
+    // flist_sort_and_clean): a directory over anything else, else the
+    // first; a directory named again merges its contents and keeps the
+    // first one's attributes (issue 35). All directories are known before
+    // any other record goes out, so a later directory still wins.
+    let mut dup = Dedup::new(tops.len() > 1);
+    emit_dirs(base, &dirs, &mut dup, &mut col, &mut w, &mut out, emit)?;
+    let mut second = SecondPass {
+        base,
+        filter,
+        hand,
+        batch_len,
+        dup,
+        inodes: Inodes {
+            first: HashMap::new(),
+            by_path: hand,
+        },
+        arena: RelArena::default(),
+        out,
+    };
+    for d in later.items {
+        match d {
+            Deferred::Ready(p) => second.take(*p, &mut w, &mut col, emit)?,
+            Deferred::Dir(i) => {
+                let dir = &dirs[i as usize];
+                let Some(mut names) = DirNames::open(base, dir, &mut w.failures) else {
+                    continue;
+                };
+                while let Some(p) = names.next(base, dir, filter, &col, &mut w.failures) {
+                    second.take(p, &mut w, &mut col, emit)?;
+                }
+            }
+        }
+    }
+    second.finish(&mut w, emit)?;
+    w.files.shrink_to_fit();
+    Ok(w)
+}
+
+/// The batch being emitted, the only records held (issue 36: none kept
+/// once sent), with their Attrs; and when the scan last said something.
+struct Outbox {
+    entries: Vec<Entry>,
+    attrs: Vec<Attrs>,
+    pace: Pace,
+}
+
+/// [`first_pass`] (`first`: base, tops, recursive, filter), which emits
+/// nothing until it ends: it says it is alive with an empty batch each
+/// [`SCAN_KEEPALIVE`]; an `emit` error stops it and is returned.
+fn paced_first_pass<E>(
+    (base, tops, recursive, filter): (&Path, &[Top], bool, &Filter),
+    col: &Collector,
+    pace: &mut Pace,
+    emit: &mut InnerEmit<E>,
+) -> Result<(Vec<Pending>, Later, Vec<FailedPath>), E> {
     let mut stopped = None;
-    // The directory pass emits nothing until it ends: it says it is alive.
     let mut alive = || {
         if pace.due() {
             pace.said();
@@ -259,33 +325,31 @@ fn walk_inner<E>(
         }
         stopped.is_none()
     };
-    let (dirs, later, failures) = first_pass(base, tops, recursive, filter, &col, &mut alive);
-    if let Some(e) = stopped {
-        return Err(e);
+    let found = first_pass(base, tops, recursive, filter, col, &mut alive);
+    match stopped {
+        Some(e) => Err(e),
+        None => Ok(found),
     }
-    let mut w = Walk {
-        failures,
-        ..Default::default()
-    };
-    // The Attrs of the batch being emitted only (issue 36: none kept
-    // once sent).
-    let mut attrs: Vec<Attrs> = Vec::new();
-    // Several tops may name one path (`a/ b/ DST`, or one source named
-    // twice): the list keeps one entry per path, as rsync's does (its
-    // flist_sort_and_clean): a directory over anything else, else the
-    // first; a directory named again merges its contents and keeps the
-    // first one's attributes (issue 35). All directories are known before
-    // any other record goes out, so a later directory still wins.
-    let mut dup = Dedup::new(tops.len() > 1);
-    // Only the batch being emitted is held (issue 36): records are not
-    // kept once sent.
-    let mut batch: Vec<Entry> = Vec::new();
+}
+
+/// The directory records, numbered first (ids from 0) and emitted in one
+/// batch, so the sink builds the tree before any other record (seed 000
+/// Fig. 6-4b).
+fn emit_dirs<E>(
+    base: &Path,
+    dirs: &[Pending],
+    dup: &mut Dedup,
+    col: &mut Collector,
+    w: &mut Walk,
+    out: &mut Outbox,
+    emit: &mut InnerEmit<E>,
+) -> Result<(), E> {
     for d in dirs.iter() {
         if !dup.dir(&d.wire) {
             continue;
         }
-        let i = batch.len();
-        batch.push(Entry {
+        let i = out.entries.len();
+        out.entries.push(Entry {
             id: i as u64,
             path: d.wire.clone(),
             kind: EntryKind::Dir,
@@ -295,71 +359,80 @@ fn walk_inner<E>(
         });
         if col.wanted() {
             let a = col.attrs(i as u64, &abs(base, &d.rel), &d.owners, false, true);
-            attrs.push(a);
+            out.attrs.push(a);
         }
     }
-    w.entries = batch.len() as u64;
-    if !batch.is_empty() {
-        emit(&batch, &attrs, &mut w.files)?;
-        pace.said();
+    w.entries = out.entries.len() as u64;
+    if !out.entries.is_empty() {
+        emit(&out.entries, &out.attrs, &mut w.files)?;
+        out.pace.said();
     }
-    batch.clear();
-    attrs.clear();
-    let mut inodes = Inodes {
-        first: HashMap::new(),
-        by_path: hand,
-    };
-    let mut arena = RelArena::default();
-    // One record of the second pass: listed, and its batch handed over
-    // when full or when the peer has waited long enough.
-    let mut take = |o: Pending, w: &mut Walk, col: &mut Collector| -> Result<(), E> {
-        if !dup.other(&o.wire) {
+    out.entries.clear();
+    out.attrs.clear();
+    Ok(())
+}
+
+/// The second pass: every non-directory record, in scan order, batched.
+struct SecondPass<'a> {
+    base: &'a Path,
+    filter: &'a Filter,
+    /// A handing walk: the files leave with their batch.
+    hand: bool,
+    batch_len: usize,
+    dup: Dedup,
+    inodes: Inodes,
+    arena: RelArena,
+    out: Outbox,
+}
+
+impl SecondPass<'_> {
+    /// One record: listed, and its batch handed over when full or when
+    /// the peer has waited long enough.
+    fn take<E>(
+        &mut self,
+        o: Pending,
+        w: &mut Walk,
+        col: &mut Collector,
+        emit: &mut InnerEmit<E>,
+    ) -> Result<(), E> {
+        if !self.dup.other(&o.wire) {
             return Ok(());
         }
         let id = w.entries;
         let symlink = matches!(o.kind, PendingKind::Symlink(_));
-        let attrs_of = col.wanted().then(|| (abs(base, &o.rel), o.owners));
-        if !record(w, &mut batch, o, id, filter, (&mut inodes, &mut arena)) {
+        let attrs_of = col.wanted().then(|| (abs(self.base, &o.rel), o.owners));
+        let links = (&mut self.inodes, &mut self.arena);
+        if !record(w, &mut self.out.entries, o, id, self.filter, links) {
             return Ok(());
         }
         if let Some((path, owners)) = attrs_of {
             let a = col.attrs(id, &path, &owners, symlink, false);
-            attrs.push(a);
+            self.out.attrs.push(a);
         }
         // A slow file system's stats send what they have (or nothing, as
         // a keepalive) before the sink's idle timeout.
-        if batch.len() >= batch_len || pace.due() {
-            if hand {
+        let out = &mut self.out;
+        if out.entries.len() >= self.batch_len || out.pace.due() {
+            if self.hand {
                 // The files leave with their batch: their paths first.
-                arena.seal(&mut w.files);
+                self.arena.seal(&mut w.files);
             }
-            emit(&batch, &attrs, &mut w.files)?;
-            batch.clear();
-            attrs.clear();
-            pace.said();
+            emit(&out.entries, &out.attrs, &mut w.files)?;
+            out.entries.clear();
+            out.attrs.clear();
+            out.pace.said();
         }
         Ok(())
-    };
-    for d in later.items {
-        match d {
-            Deferred::Ready(p) => take(*p, &mut w, &mut col)?,
-            Deferred::Dir(i) => {
-                let dir = &dirs[i as usize];
-                let Some(mut names) = DirNames::open(base, dir, &mut w.failures) else {
-                    continue;
-                };
-                while let Some(p) = names.next(base, dir, filter, &col, &mut w.failures) {
-                    take(p, &mut w, &mut col)?;
-                }
-            }
+    }
+
+    /// The last batch, and the paths of every file listed.
+    fn finish<E>(mut self, w: &mut Walk, emit: &mut InnerEmit<E>) -> Result<(), E> {
+        self.arena.seal(&mut w.files);
+        if !self.out.entries.is_empty() {
+            emit(&self.out.entries, &self.out.attrs, &mut w.files)?;
         }
+        Ok(())
     }
-    arena.seal(&mut w.files);
-    if !batch.is_empty() {
-        emit(&batch, &attrs, &mut w.files)?;
-    }
-    w.files.shrink_to_fit();
-    Ok(w)
 }
 
 /// The first name of each inode with several (its id, and its wire path

@@ -110,45 +110,11 @@ fn sink_session(
     };
     let (prop, dest, flags) = s.negotiate()?;
     crate::types::phase::mark("sink_propose");
-    // Windows (issue 36): only where the source asked and this end runs a
-    // plain copy too; else today's whole-tree phases.
-    use ramsys_proto::frame::{ANY_WINDOWS, WINDOW_LIMIT_FLAG};
-    let windowed = flags & ANY_WINDOWS != 0 && s.opts.windows_allowed();
-    // The window this end's memory budget holds, told to a source that
-    // takes one (docs/SCALE.md "Bounds and reports"): a windowed session
-    // then slows down instead of ending.
-    let limit = (windowed && flags & WINDOW_LIMIT_FLAG != 0)
-        .then(|| crate::session::options::budget_window(s.opts.meta_budget, files::SLOT_BYTES))
-        .flatten();
+    let (windowed, limit) = s.windows(flags);
     let grant = s.confirm(&prop, res, windowed, limit)?;
     crate::types::phase::mark("sink_confirm_sent");
     let (mut tree, opened, control) = if windowed {
-        let mut tree = s.new_tree(&prop, dest);
-        tree.windowed = true;
-        // A copy's default journal or a sync (sync::flags::WINDOWED), from
-        // this end's own options (the same flags the source's SyncMode
-        // carries: SyncOpen or the agent's), set before the writers share
-        // the table; a sync answers each window before its Ready.
-        let mode = s.opts.sync & !crate::request::sync::flags::DEST_DIR;
-        if mode != 0 {
-            tree.sync_mode(mode, &s.spec.root.clone());
-        }
-        // The payload starts now; the records arrive during it, read
-        // by the control reader even while the links are awaited, so
-        // the source never blocks on a full socket.
-        s.ctl.send(&Control::SyncDone { failures: vec![] })?;
-        // Until MetaEnd the source speaks at least every 2 s (a record,
-        // a digest or a keepalive): a silence of the idle timeout is named.
-        let idle = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        // (A windowed session is never a kept link's batch: windows are
-        // not offered there. Its reader stops only when the link does.)
-        let control = s
-            .ctl
-            .spawn_reader_idle("sink-ctl", None, Some(idle.clone()))?;
-        let opened = s.open_links(links, grant.streams)?;
-        let t = s.opts.idle_timeout;
-        s.ctl.link.set_read_timeout(Some(t))?;
-        (tree, opened, Some((control, idle)))
+        s.start_windowed(&prop, dest, links, grant.streams)?
     } else {
         let mut tree = s.receive_metadata(&prop, dest)?;
         crate::types::phase::mark("sink_metadata_in");
@@ -172,6 +138,17 @@ fn sink_session(
     crate::types::phase::mark("sink_payload_done");
     let done = data.teardown(result)?;
     crate::types::phase::mark("sink_torn_down");
+    let (deferred, prep_failures, scan, dest) = for_verdict(tree);
+    let report = s.verdict(done, deferred, prep_failures, scan, dest)?;
+    Ok((report, s.ctl.link))
+}
+
+/// What the verdict takes of the tree: the links and directories left to
+/// finish, the failures before the payload, the source's own failures,
+/// and DST. The source's own failures count in this end's verdict: the
+/// report names them; an I/O error among them (not just a vanished path)
+/// makes sync's --delete delete nothing, as rsync's IOERR_GENERAL does.
+fn for_verdict(tree: Tree) -> (Deferred, Vec<Failure>, Vec<Failure>, DestMap) {
     let Tree {
         deferred,
         mut prep_failures,
@@ -181,9 +158,6 @@ fn sink_session(
         dest,
         ..
     } = tree;
-    // The source's own failures count in this end's verdict: the report
-    // names them; an I/O error among them (not just a vanished path)
-    // makes sync's --delete delete nothing, as rsync's IOERR_GENERAL does.
     let mut scan = scan_failures;
     if scan_failures_dropped > 0 {
         scan.push(Failure::more_scan_failures(scan_failures_dropped));
@@ -191,9 +165,15 @@ fn sink_session(
     if scan_io_error {
         prep_failures.append(&mut scan);
     }
-    let report = s.verdict(done, deferred, prep_failures, scan, dest)?;
-    Ok((report, s.ctl.link))
+    (deferred, prep_failures, scan, dest)
 }
+
+/// A windowed session's control reader, started before the data links
+/// open, and its flag of records due (its timeouts count until MetaEnd).
+type RecordsReader = (
+    crossbeam_channel::Receiver<crate::session::control::ControlEvent>,
+    Arc<std::sync::atomic::AtomicBool>,
+);
 
 /// The sink end of one session, between its phases.
 struct SinkSession<'a> {
@@ -248,6 +228,58 @@ struct Drained {
 }
 
 impl SinkSession<'_> {
+    /// Windows (issue 36): only where the source asked and this end runs
+    /// a plain copy too; else today's whole-tree phases. And the window
+    /// this end's memory budget holds, told to a source that takes one
+    /// (docs/SCALE.md "Bounds and reports"): a windowed session then slows
+    /// down instead of ending.
+    fn windows(&self, flags: u8) -> (bool, Option<(u64, u64)>) {
+        use ramsys_proto::frame::{ANY_WINDOWS, WINDOW_LIMIT_FLAG};
+        let windowed = flags & ANY_WINDOWS != 0 && self.opts.windows_allowed();
+        let limit = (windowed && flags & WINDOW_LIMIT_FLAG != 0)
+            .then(|| {
+                crate::session::options::budget_window(self.opts.meta_budget, files::SLOT_BYTES)
+            })
+            .flatten();
+        (windowed, limit)
+    }
+
+    /// A windowed session's start (docs/PROTOCOL.md "Windows"): an empty
+    /// tree, SyncDone at once, then the data links; the records arrive
+    /// during the payload, read by the control reader even while the
+    /// links are awaited, so the source never blocks on a full socket.
+    fn start_windowed(
+        &mut self,
+        prop: &Propose,
+        dest: DestMap,
+        links: &mut dyn LinkProvider,
+        streams: u16,
+    ) -> Result<(Tree, Opened, Option<RecordsReader>), EngineError> {
+        let mut tree = self.new_tree(prop, dest);
+        tree.windowed = true;
+        // A copy's default journal or a sync (sync::flags::WINDOWED), from
+        // this end's own options (the same flags the source's SyncMode
+        // carries: SyncOpen or the agent's), set before the writers share
+        // the table; a sync answers each window before its Ready.
+        let mode = self.opts.sync & !crate::request::sync::flags::DEST_DIR;
+        if mode != 0 {
+            tree.sync_mode(mode, &self.spec.root.clone());
+        }
+        self.ctl.send(&Control::SyncDone { failures: vec![] })?;
+        // Until MetaEnd the source speaks at least every 2 s (a record,
+        // a digest or a keepalive): a silence of the idle timeout is named.
+        let idle = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        // (A windowed session is never a kept link's batch: windows are
+        // not offered there. Its reader stops only when the link does.)
+        let control = self
+            .ctl
+            .spawn_reader_idle("sink-ctl", None, Some(idle.clone()))?;
+        let opened = self.open_links(links, streams)?;
+        let t = self.opts.idle_timeout;
+        self.ctl.link.set_read_timeout(Some(t))?;
+        Ok((tree, opened, Some((control, idle))))
+    }
+
     /// The source's Propose, and where its roots go (roles::sink::dest: cp's
     /// rule, rsync's for sync, and where an interrupted copy went for a
     /// resumed one); refused here, before any data moves, when the
@@ -452,32 +484,16 @@ impl SinkSession<'_> {
         let Drained {
             table, mut sync, ..
         } = d;
-        let spec = &self.spec;
         let mut failures = prep_failures;
         failures.extend(
             d.file_failures
                 .into_iter()
                 .map(|(p, r)| Failure { path: p, reason: r }),
         );
-        let tmp = |i: usize| format!(".ramsys-{:016x}-{i}.lnk", spec.session).into_bytes();
         let dry = sync.as_ref().is_some_and(|s| s.dry());
-        failures.extend(deferred.place(&spec.root, &table, tmp));
-        let mut outcome = tree::SyncOutcome {
-            deleted: Vec::new(),
-            planned: Vec::new(),
-            unchanged: table.kept(),
-        };
-        if let Some(s) = &mut sync {
-            outcome = tree::sync_epilogue(
-                s,
-                &mut self.ctl,
-                &mut failures,
-                dest.dest(),
-                self.started,
-                outcome.unchanged,
-                spec.session,
-            )?;
-        }
+        let place = (&mut deferred, dest.dest());
+        let outcome = self.place_and_delete(&table, sync.as_mut(), place, &mut failures)?;
+        let root = &self.spec.root;
         // Source paths that vanished: failures, but after --delete ran.
         // The wire said so (ScanFailed's io_error); this end's report
         // keeps it as the typed flag.
@@ -485,45 +501,19 @@ impl SinkSession<'_> {
         failures.extend(vanished);
         // Last: --delete changed the mtimes of the directories it removed
         // from (issue 35).
-        failures.extend(deferred.finish_dirs(&spec.root));
+        failures.extend(deferred.finish_dirs(root));
         if failures.is_empty() && !dry {
-            dest.finished(&spec.root);
+            dest.finished(root);
         }
-        // Sync counts files whose data moved (a delta with no differing
-        // block moved none); a copy counts every file put in place.
-        let compare = sync
-            .as_ref()
-            .is_some_and(|s| s.flags & crate::request::sync::COMPARE != 0);
-        let files = if compare {
-            table.files_moved()
-        } else {
-            self.stats.files.load(Ordering::Relaxed)
-        };
-        let bytes: u64 = table.bytes_moved();
-        if let Some(u) = table.storage.usage(true) {
-            if u.direct_bytes + u.cached_bytes > 0 {
-                tracing::info!(
-                    "sink: large files {} MiB direct, {} MiB through the page cache ({:?})",
-                    u.direct_bytes >> 20,
-                    u.cached_bytes >> 20,
-                    u.mode
-                );
-            }
-        }
+        let (files, bytes) = self.moved(&table, sync.as_ref());
+        log_storage_usage(&table);
         let report = Report {
             unchanged: outcome.unchanged,
             deleted: outcome.deleted.iter().map(|p| show(p)).collect(),
             planned: outcome.planned.iter().map(|p| show(p)).collect(),
             files,
             bytes,
-            failed: failures
-                .iter()
-                .enumerate()
-                .map(|(i, f)| FailedPath {
-                    vanished: gone.contains(&i),
-                    ..FailedPath::new(show(&f.path), f.reason.clone())
-                })
-                .collect(),
+            failed: failed_paths(&failures, gone),
             peer_cpu_s: None,
             streams: d.streams,
             block_size: d.block_size,
@@ -532,6 +522,66 @@ impl SinkSession<'_> {
             growth: d.growth,
             ..Default::default()
         };
+        self.send_complete(&table, (files, bytes), failures, &d.control)?;
+        Ok(report)
+    }
+
+    /// Further names linked once their files are in place, then a sync's
+    /// deletions (tree::sync_epilogue), which run only if nothing failed.
+    fn place_and_delete(
+        &mut self,
+        table: &FileTable,
+        sync: Option<&mut SinkSync>,
+        (deferred, dest): (&mut Deferred, &[u8]),
+        failures: &mut Vec<Failure>,
+    ) -> Result<tree::SyncOutcome, EngineError> {
+        let spec = &self.spec;
+        let tmp = |i: usize| format!(".ramsys-{:016x}-{i}.lnk", spec.session).into_bytes();
+        failures.extend(deferred.place(&spec.root, table, tmp));
+        let outcome = tree::SyncOutcome {
+            deleted: Vec::new(),
+            planned: Vec::new(),
+            unchanged: table.kept(),
+        };
+        let Some(s) = sync else {
+            return Ok(outcome);
+        };
+        let (started, session) = (self.started, spec.session);
+        let unchanged = outcome.unchanged;
+        tree::sync_epilogue(
+            s,
+            &mut self.ctl,
+            failures,
+            dest,
+            started,
+            unchanged,
+            session,
+        )
+    }
+
+    /// Files and bytes moved: sync counts files whose data moved (a delta
+    /// with no differing block moved none); a copy counts every file put
+    /// in place.
+    fn moved(&self, table: &FileTable, sync: Option<&SinkSync>) -> (u64, u64) {
+        let compare = sync.is_some_and(|s| s.flags & crate::request::sync::COMPARE != 0);
+        let files = if compare {
+            table.files_moved()
+        } else {
+            self.stats.files.load(Ordering::Relaxed)
+        };
+        (files, table.bytes_moved())
+    }
+
+    /// Placed where the source asked for it, then Complete; then the
+    /// source's close is awaited, so our Complete is read before teardown
+    /// (a kept link is not closed: its reader has stopped).
+    fn send_complete(
+        &mut self,
+        table: &FileTable,
+        (files, bytes): (u64, u64),
+        failures: Vec<Failure>,
+        control: &crossbeam_channel::Receiver<crate::session::control::ControlEvent>,
+    ) -> Result<(), EngineError> {
         if self.ctl.machine.placed_asked() {
             // The big files of this session's pieces in place (issue 36):
             // the agent fails a striped push whose file no sink placed. A
@@ -546,11 +596,36 @@ impl SinkSession<'_> {
             failures,
             cpu_s: process_cpu_seconds() - self.cpu0,
         }))?;
-        // Wait for the source to close, so our Complete is read before
-        // teardown; a kept link is not closed (its reader has stopped).
         if !self.keep {
-            let _ = d.control.recv_timeout(Duration::from_secs(10));
+            let _ = control.recv_timeout(Duration::from_secs(10));
         }
-        Ok(report)
+        Ok(())
     }
+}
+
+/// How much of the large files went direct and how much through the page
+/// cache (storage::cache), in the log.
+fn log_storage_usage(table: &FileTable) {
+    if let Some(u) = table.storage.usage(true) {
+        if u.direct_bytes + u.cached_bytes > 0 {
+            tracing::info!(
+                "sink: large files {} MiB direct, {} MiB through the page cache ({:?})",
+                u.direct_bytes >> 20,
+                u.cached_bytes >> 20,
+                u.mode
+            );
+        }
+    }
+}
+
+/// The report's failures; those at `gone` are source paths that vanished.
+fn failed_paths(failures: &[Failure], gone: std::ops::Range<usize>) -> Vec<FailedPath> {
+    failures
+        .iter()
+        .enumerate()
+        .map(|(i, f)| FailedPath {
+            vanished: gone.contains(&i),
+            ..FailedPath::new(show(&f.path), f.reason.clone())
+        })
+        .collect()
 }

@@ -91,6 +91,20 @@ struct Window<'s> {
     idle: Arc<AtomicBool>,
 }
 
+impl<'s> Window<'s> {
+    /// No mark sent yet; `idle` counts the control reader's timeouts.
+    fn new(tree: &'s mut Tree, idle: Arc<AtomicBool>) -> Self {
+        Window {
+            tree,
+            ready: 0,
+            settled: 0,
+            meta_end: false,
+            last: (u64::MAX, 0),
+            idle,
+        }
+    }
+}
+
 /// What the loop waits on, besides the links' own events.
 struct Events {
     check_tick: Receiver<Instant>,
@@ -108,6 +122,28 @@ struct Events {
     corrupt: Receiver<ReceiverEvent>,
 }
 
+impl Events {
+    /// `settle`: the writers' wake-up and the journal's tick.
+    fn new(
+        (settle_wake, journal_tick): (Receiver<()>, Receiver<Instant>),
+        control: Receiver<ControlEvent>,
+        receivers_done: Receiver<ReceiverDone>,
+        writers: Receiver<WriterEvent>,
+        corrupt: Receiver<ReceiverEvent>,
+    ) -> Events {
+        Events {
+            check_tick: crossbeam_channel::tick(Duration::from_millis(250)),
+            settle_tick: crossbeam_channel::tick(Duration::from_millis(5)),
+            settle_wake,
+            journal_tick,
+            control,
+            receivers_done,
+            writers,
+            corrupt,
+        }
+    }
+}
+
 /// The data links' receiving ends.
 struct ReceiverSet {
     make: ReceiverFactory,
@@ -118,6 +154,25 @@ struct ReceiverSet {
     /// Shut down on error so no thread stays blocked on a link.
     shutdown: Vec<Box<dyn Link>>,
     idle: Duration,
+}
+
+impl ReceiverSet {
+    fn new(
+        make: ReceiverFactory,
+        reservation: ramsys_resources::Reservation,
+        jobs: Vec<JobHandle>,
+        shutdown: Vec<Box<dyn Link>>,
+        idle: Duration,
+    ) -> ReceiverSet {
+        ReceiverSet {
+            make,
+            reservation,
+            jobs,
+            extra: Vec::new(),
+            shutdown,
+            idle,
+        }
+    }
 }
 
 /// Credits returned per stream, and what a replacement link rebases on.
@@ -233,6 +288,49 @@ fn is_end_of_data(m: &Control) -> bool {
     matches!(m, Control::EndOfData { .. })
 }
 
+/// A receiver on each first link, from the receiver pool; each may be
+/// granted its stream's credits.
+fn spawn_receivers(
+    receivers: &mut ramsys_resources::Reservation,
+    make: &ReceiverFactory,
+    links: Links,
+    returns: &[CreditReturn],
+) -> Vec<JobHandle> {
+    let mut jobs = Vec::new();
+    for (i, l) in links.into_iter().enumerate() {
+        jobs.push(receivers.spawn(make(i, 0, l, returns[i].granted())));
+    }
+    jobs
+}
+
+/// Each first stream's window of credits, once every receiver runs. The
+/// slots past `streams` wait for links the source may add (issue 21).
+fn grant_first_credits(
+    returns: &[CreditReturn],
+    streams: u16,
+    per_stream: u64,
+) -> Result<(), EngineError> {
+    for c in returns.iter().take(streams as usize) {
+        c.grant(per_stream)?;
+    }
+    Ok(())
+}
+
+/// The control messages: from the reader a windowed session started
+/// already (with its flag of records due), else from a reader started
+/// here, which on a kept link stops at EndOfData (run_sink_kept).
+fn control_reader(
+    ctl: &mut Ctl,
+    keep: bool,
+    started: Option<(Receiver<ControlEvent>, Arc<AtomicBool>)>,
+) -> Result<(Receiver<ControlEvent>, Option<Arc<AtomicBool>>), EngineError> {
+    let last = keep.then_some(is_end_of_data as fn(&Control) -> bool);
+    Ok(match started {
+        Some((c, due)) => (c, Some(due)),
+        None => (ctl.spawn_reader("sink-ctl", last)?, None),
+    })
+}
+
 /// How many of the `reserved` writers run. SINK_WRITERS_MIN is for trees
 /// of small files (metadata-bound); a session of large files keeps the
 /// plan's count, `bulk` (4 x 1 GiB took ~10 % more sink CPU with the
@@ -269,6 +367,17 @@ struct Progress {
     /// The source sent EndOfData.
     eod: bool,
     settle: payload::SettleWatch,
+}
+
+impl Progress {
+    /// Every first stream's receiver still to end.
+    fn new(streams: u16) -> Progress {
+        Progress {
+            receivers_left: streams as usize,
+            eod: false,
+            settle: payload::SettleWatch::new(),
+        }
+    }
 }
 
 /// The per-stream keys: open blocks, seal credits.
@@ -408,22 +517,11 @@ impl<'s> SinkPipeline<'s> {
             .collect::<Result<_, _>>()?;
         let (peer, ab) = (s.ctl.link.peer(), abort.clone());
         let streams_st = Streams::new(o.relinks, handles, peer, stats.clone(), ab);
-        let mut jobs = Vec::new();
-        for (i, l) in o.links.into_iter().enumerate() {
-            jobs.push(receivers.spawn(make(i, 0, l, returns[i].granted())));
-        }
+        let jobs = spawn_receivers(&mut receivers, &make, o.links, &returns);
         receivers.release_unused();
         writers.release_unused();
-        // (The slots past `streams` wait for links the source may add.)
-        for c in returns.iter().take(streams as usize) {
-            c.grant(credits_per_stream as u64)?;
-        }
-        // On a kept link the reader stops at EndOfData (run_sink_kept).
-        let last = s.keep.then_some(is_end_of_data as fn(&Control) -> bool);
-        let (control, records_due) = match control {
-            Some((c, due)) => (c, Some(due)),
-            None => (s.ctl.spawn_reader("sink-ctl", last)?, None),
-        };
+        grant_first_credits(&returns, streams, credits_per_stream as u64)?;
+        let (control, records_due) = control_reader(&mut s.ctl, s.keep, control)?;
         let journal_tick = journal_tick(table.resume);
         Ok(SinkPipeline {
             ctl: &mut s.ctl,
@@ -433,44 +531,17 @@ impl<'s> SinkPipeline<'s> {
             abort,
             share,
             pool,
-            events: Events {
-                check_tick: crossbeam_channel::tick(Duration::from_millis(250)),
-                settle_tick: crossbeam_channel::tick(Duration::from_millis(5)),
-                settle_wake: wake_rx,
-                journal_tick,
-                control,
-                receivers_done: rdone_rx,
-                writers: wev_rx,
-                corrupt: rev_rx,
-            },
+            events: Events::new((wake_rx, journal_tick), control, rdone_rx, wev_rx, rev_rx),
             streams: streams_st,
-            receivers: ReceiverSet {
-                make,
-                reservation: receivers,
-                jobs,
-                extra: Vec::new(),
-                shutdown,
-                idle,
-            },
+            receivers: ReceiverSet::new(make, receivers, jobs, shutdown, idle),
             credits: Credits::new(returns, keys, streams, credits_per_stream as u64, nbuf),
-            progress: Progress {
-                receivers_left: streams as usize,
-                eod: false,
-                settle: payload::SettleWatch::new(),
-            },
+            progress: Progress::new(streams),
             writer_jobs,
             _writers: writers,
             session: s.spec.session,
             facts: (streams, block_size, o.desc),
             growth: None,
-            window: tree.map(|tree| Window {
-                tree,
-                ready: 0,
-                settled: 0,
-                meta_end: false,
-                last: (u64::MAX, 0),
-                idle: records_due.unwrap_or_default(),
-            }),
+            window: tree.map(|tree| Window::new(tree, records_due.unwrap_or_default())),
         })
     }
 

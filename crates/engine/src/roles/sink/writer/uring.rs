@@ -11,7 +11,7 @@ use ramsys_proto::data::Segment;
 use ramsys_resources::Buf;
 
 use super::WriterIo;
-use crate::roles::sink::files::SinkFd;
+use crate::roles::sink::files::{FileRef, SinkFd};
 use crate::storage::cache::{pwrite_cached, DiskReads, LANE_CONTENDED};
 use crate::storage::direct::direct_prefix;
 use crate::storage::uring::{Ring, Slab, FIXED_MIN_BYTES, MAX_INFLIGHT, RING_ENTRIES};
@@ -180,7 +180,6 @@ pub(super) fn run_writer_uring(w: &WriterIo<'_>, rx: &Receiver<Buf>) -> bool {
 /// Queue the writes of block `s`; holes and skipped segments are
 /// accounted at once.
 fn queue_block(w: &WriterIo<'_>, ring: &mut Ring, q: &mut Queues, s: usize) {
-    let table = w.table;
     let lane = q.lane_width(w.lane);
     let mut p = 0usize;
     let nseg = q.slots.get_mut(s).buf.segs.len();
@@ -202,93 +201,143 @@ fn queue_block(w: &WriterIo<'_>, ring: &mut Ring, q: &mut Queues, s: usize) {
         };
         let start = p;
         p += seg.payload_len();
-        let (f, fd) = match table.prepare(&seg) {
-            Ok(Some((f, Some(fd)))) => (f, fd),
-            Ok(Some((f, None))) => {
-                if !w.check(table.account(&f, &seg, hash)) {
-                    break;
-                }
-                continue;
-            }
-            Ok(None) => continue,
-            Err(e) => {
-                w.check(Err(e));
-                break;
-            }
+        let (f, fd) = match open_seg(w, &seg, hash) {
+            SegOpen::Write(f, fd) => (f, fd),
+            SegOpen::Done => continue,
+            SegOpen::Stop => break,
         };
-        // A local copy (in the kernel) or a hole: done synchronously.
-        if let Some(r) = table.write_marker(&f, &fd, &seg, hash) {
-            if !w.check(r) {
-                break;
-            }
-            continue;
-        }
-        let len = seg.payload_len();
-        if let Err(e) = table
-            .storage
-            .hook
-            .check(IoOp::Write, table.rel(&f), seg.offset, len)
-        {
-            if !w.check(table.write_failed(&f, e)) {
-                break;
-            }
-            continue;
-        }
-        let addr = base + start;
-        // A lane file goes direct only while the lane has room.
-        let pre = match &fd.direct {
-            Some(_) if !fd.lane || q.lane < lane => direct_prefix(addr, seg.offset, len),
-            _ => 0,
-        };
-        if fd.lane {
-            table.storage.count(f.size, pre as u64, true);
-            table.storage.count(f.size, (len - pre) as u64, false);
-        }
-        // The direct prefix in one write, the buffered rest in pieces
-        // (cache::write_piece: smaller page-cache folios fill faster).
-        let piece = crate::storage::cache::write_piece();
-        let direct_part = std::iter::once((0, pre, true));
-        let cached_parts = (pre..len)
-            .step_by(piece)
-            .map(|o| (o, piece.min(len - o), false));
-        let parts = direct_part.chain(cached_parts);
-        let sw = q.segs.insert(SegWrite {
+        let at = SegAt {
             slot: s,
             seg,
             hash,
-            fd: fd.clone(),
-            pending: 1,
-            error: None,
-        });
-        q.slots.get_mut(s).pending += 1;
-        for (o, l, direct) in parts {
-            if l == 0 {
-                continue;
-            }
-            let rawfd = if direct {
-                fd.direct.as_ref().unwrap().as_raw_fd()
-            } else {
-                fd.buffered.as_raw_fd()
-            };
-            let op = q.ops.insert(WriteOp {
-                segw: sw,
-                p: addr + o,
-                len: l,
-                off: seg.offset + o as u64,
-                direct,
-            });
-            q.segs.get_mut(sw).pending += 1;
-            if direct {
-                q.lane += l;
-            }
-            let io = ((addr + o) as *const u8, l);
-            if !ring.write(rawfd, io, seg.offset + o as u64, direct, op as u64) {
-                write_done(w, q, op, -libc::EIO);
-            }
-        }
-        seg_step(w, &mut q.slots, &mut q.segs, sw);
+            addr: base + start,
+        };
+        queue_seg(w, ring, q, at, (&f, &fd), lane);
     }
     slot_step(w, &mut q.slots, s);
+}
+
+/// What becomes of one segment before any write is queued.
+enum SegOpen {
+    /// Its bytes go to this file's descriptors, through the ring.
+    Write(FileRef, Arc<SinkFd>),
+    /// Nothing to queue: skipped, accounted, or failed its file only.
+    Done,
+    /// The writer stops (an error that ends the session).
+    Stop,
+}
+
+/// Segment `seg`'s file made ready (files::open); a segment with nothing
+/// to write, a local copy, a hole (both done synchronously) or a write
+/// the fault hook refuses is accounted here.
+#[inline]
+fn open_seg(w: &WriterIo<'_>, seg: &Segment, hash: u64) -> SegOpen {
+    let table = w.table;
+    let go_on = |ok: bool| if ok { SegOpen::Done } else { SegOpen::Stop };
+    let (f, fd) = match table.prepare(seg) {
+        Ok(Some((f, Some(fd)))) => (f, fd),
+        Ok(Some((f, None))) => return go_on(w.check(table.account(&f, seg, hash))),
+        Ok(None) => return SegOpen::Done,
+        Err(e) => {
+            w.check(Err(e));
+            return SegOpen::Stop;
+        }
+    };
+    // A local copy (in the kernel) or a hole: done synchronously.
+    if let Some(r) = table.write_marker(&f, &fd, seg, hash) {
+        return go_on(w.check(r));
+    }
+    let len = seg.payload_len();
+    if let Err(e) = table
+        .storage
+        .hook
+        .check(IoOp::Write, table.rel(&f), seg.offset, len)
+    {
+        return go_on(w.check(table.write_failed(&f, e)));
+    }
+    SegOpen::Write(f, fd)
+}
+
+/// Where one segment's writes come from: its block's slot, the segment,
+/// its digest, and the address of its payload in the block's buffer.
+#[derive(Clone, Copy)]
+struct SegAt {
+    slot: usize,
+    seg: Segment,
+    hash: u64,
+    addr: usize,
+}
+
+/// Queue segment `at`'s writes on the ring: the direct prefix in one
+/// write while the direct lane (`lane` wide) has room, the buffered rest
+/// in pieces (cache::write_piece: smaller page-cache folios fill faster).
+#[inline]
+fn queue_seg(
+    w: &WriterIo<'_>,
+    ring: &mut Ring,
+    q: &mut Queues,
+    at: SegAt,
+    (f, fd): (&FileRef, &Arc<SinkFd>),
+    lane: usize,
+) {
+    let table = w.table;
+    let SegAt {
+        slot: s,
+        seg,
+        hash,
+        addr,
+    } = at;
+    let len = seg.payload_len();
+    // A lane file goes direct only while the lane has room.
+    let pre = match &fd.direct {
+        Some(_) if !fd.lane || q.lane < lane => direct_prefix(addr, seg.offset, len),
+        _ => 0,
+    };
+    if fd.lane {
+        table.storage.count(f.size, pre as u64, true);
+        table.storage.count(f.size, (len - pre) as u64, false);
+    }
+    let piece = crate::storage::cache::write_piece();
+    let direct_part = std::iter::once((0, pre, true));
+    let cached_parts = (pre..len)
+        .step_by(piece)
+        .map(|o| (o, piece.min(len - o), false));
+    let parts = direct_part.chain(cached_parts);
+    let sw = q.segs.insert(SegWrite {
+        slot: s,
+        seg,
+        hash,
+        fd: fd.clone(),
+        pending: 1,
+        error: None,
+    });
+    q.slots.get_mut(s).pending += 1;
+    for (o, l, direct) in parts {
+        if l == 0 {
+            continue;
+        }
+        let rawfd = if direct {
+            fd.direct.as_ref().unwrap().as_raw_fd()
+        } else {
+            fd.buffered.as_raw_fd()
+        };
+        let op = q.ops.insert(WriteOp {
+            segw: sw,
+            p: addr + o,
+            len: l,
+            off: seg.offset + o as u64,
+            direct,
+        });
+        q.segs.get_mut(sw).pending += 1;
+        if direct {
+            q.lane += l;
+        }
+        let io = ((addr + o) as *const u8, l);
+        if !ring.write(rawfd, io, seg.offset + o as u64, direct, op as u64) {
+            write_done(w, q, op, -libc::EIO);
+        }
+    }
+    seg_step(w, &mut q.slots, &mut q.segs, sw);
 }
 
 /// One of a segment's writes (or its queueing guard) is done.

@@ -367,10 +367,7 @@ impl<'s> Payload<'s> {
         } = listed(s, what, c.block_size, &mut readers);
         let nread = readers.len();
         let share = take_share(res, c.streams, nread)?;
-        let pool = share.pool().clone();
-        let (filled_tx, filled_rx) = bounded::<Buf>(pool.count());
-        let (rev_tx, rev_rx) = unbounded::<ReaderEvent>();
-        let abort = Arc::new(AtomicBool::new(false));
+        let w = Wires::new(share.pool().clone());
         // Every sending end reports on `sdone` (data::sender::LinkDone).
         let (sdone_tx, sdone_rx) = unbounded::<LinkDone>();
         let shutdown = clone_links(&o.links)?;
@@ -383,74 +380,32 @@ impl<'s> Payload<'s> {
         let path = send_path(s, nread, c.streams);
         let zerocopy = zerocopy_allowed(opts, &c, &o);
         let mut data_links = o.links;
-        let inline = (path == SendPath::Inline).then(|| {
-            let outs = data_links.drain(..).enumerate();
-            let outs = outs.map(|(i, l)| keys.out(i, 0, l)).collect();
-            let (tx, pool, abort) = (sdone_tx.clone(), pool.clone(), abort.clone());
-            Arc::new(InlineLinks::new(outs, tx, pool, abort, stats.clone()))
-        });
-        let template = Template {
-            root: root.clone(),
-            pool: pool.clone(),
-            filled: filled_tx.clone(),
-            inline: inline.clone(),
-            events: rev_tx.clone(),
-            checksum: c.checksum,
-            abort: abort.clone(),
-            stats: stats.clone(),
-            block_size: c.block_size,
-            storage: Arc::new(opts.source_storage(c.block_size)),
-            zerocopy,
-            plan: PlanOptions {
-                block_size: c.block_size as u64,
-                sort: opts.sort,
-                threads: opts.device_threads,
-            },
-            engine: opts.source_engine,
-        };
+        let inline = (path == SendPath::Inline)
+            .then(|| w.inline_links(&keys, &mut data_links, &sdone_tx, &stats));
+        let template = w.template(opts, &c, &root, &stats, inline.clone(), zerocopy);
         let read_storage = template.storage.clone();
-        let (mut jobs, rdone_rx, win) = match reads {
-            Reads::Whole(queues) => {
-                report_nothing_to_read(&files, plan.as_ref(), &rev_tx);
-                let state = file_states(&files, plan.as_ref());
-                let ctx = template.ctx(files.clone(), state, queues, nread);
-                let (jobs, rdone) = spawn_readers(&mut readers, ctx);
-                (jobs, rdone, None)
-            }
-            Reads::Windowed(scan, ahead) => {
-                let compare = opts.sync & crate::request::sync::COMPARE != 0;
-                let dry = opts.sync & crate::request::sync::flags::DRY_RUN != 0;
-                let how = (opts.meta_budget, compare, dry);
-                let (jobs, rdone, win) =
-                    SrcWindow::spawn(&mut readers, template, (scan, *ahead), how);
-                (jobs, rdone, Some(win))
-            }
-        };
-        let make = sender_factory(keys, &filled_rx, &pool, &abort, &stats, &sdone_tx, &inline);
+        let first = (&files, plan.as_ref(), nread);
+        let (mut jobs, rdone_rx, win) = spawn_reads(opts, reads, template, first, &mut readers);
+        let make = sender_factory(
+            keys,
+            &w.filled_rx,
+            &w.pool,
+            &w.abort,
+            &stats,
+            &sdone_tx,
+            &inline,
+        );
         let closers = spawn_senders(&make, data_links, &mut senders, &mut jobs);
         let mut extra = Vec::new();
         if let Some(links) = &inline {
-            extra.push(spawn_inline_resender(links.clone(), filled_rx.clone())?);
+            extra.push(spawn_inline_resender(links.clone(), w.filled_rx.clone())?);
         }
         drop(sdone_tx);
-        let (peer, ab) = (s.ctl.link.peer(), abort.clone());
+        let (peer, ab) = (s.ctl.link.peer(), w.abort.clone());
         let streams = Streams::new(o.relinks, clone_links(&shutdown)?, peer, stats.clone(), ab);
-        // The inline path's link set is fixed. The client dials: a push's
-        // source itself, a pull's sink (its daemon-side source asks).
-        let grow =
-            (opts.auto_streams && streams.enabled() && path != SendPath::Inline).then(|| {
-                let (rtt, max) = (s.ctl.link.rtt(), res.config.max_streams);
-                Adapt::new(rtt, c.streams, max, opts.grown_links)
-            });
+        let grow = adapt(s, c.streams, &streams, path);
         let null = opts.source_engine == crate::storage::DataEngine::Null;
-        let requeue = Arc::new(Requeue {
-            root: root.clone(),
-            files: live.clone(),
-            pool: pool.clone(),
-            checksum: c.checksum,
-            null,
-            abort: abort.clone(),
-        });
+        let requeue = w.requeue(&root, &live, c.checksum, null);
         let ends = (closers, shutdown, extra);
         let senders_set = SenderSet::new(make, senders.pool(), ends, inline, opts.idle_timeout);
         senders.release_unused();
@@ -467,16 +422,16 @@ impl<'s> Payload<'s> {
             live,
             win,
             stats,
-            abort,
+            abort: w.abort,
             share,
-            pool,
+            pool: w.pool,
             checksum: c.checksum,
             null,
-            filled: filled_rx,
-            events: Events::new(rev_rx, rdone_rx, sdone_rx, control),
+            filled: w.filled_rx,
+            events: Events::new(w.rev_rx, rdone_rx, sdone_rx, control),
             streams,
             senders: senders_set,
-            resends: Resends::new(filled_tx, requeue, rev_tx),
+            resends: Resends::new(w.filled_tx, requeue, w.rev_tx),
             progress: Pipeline::new(nread, c.streams as usize),
             jobs,
             grow,

@@ -108,6 +108,142 @@ pub(super) fn sender_factory(
     })
 }
 
+/// What the readers, the senders and the event loop share: the session's
+/// buffers, the full ones on their way to the links, the readers' reports,
+/// and the flag that stops them all.
+pub(super) struct Wires {
+    pub(super) pool: Arc<BufferPool>,
+    pub(super) filled_tx: Sender<Buf>,
+    pub(super) filled_rx: Receiver<Buf>,
+    pub(super) rev_tx: Sender<ReaderEvent>,
+    pub(super) rev_rx: Receiver<ReaderEvent>,
+    pub(super) abort: Arc<AtomicBool>,
+}
+
+impl Wires {
+    /// As many full buffers queue as the share holds.
+    pub(super) fn new(pool: Arc<BufferPool>) -> Wires {
+        let (filled_tx, filled_rx) = bounded::<Buf>(pool.count());
+        let (rev_tx, rev_rx) = unbounded::<ReaderEvent>();
+        Wires {
+            pool,
+            filled_tx,
+            filled_rx,
+            rev_tx,
+            rev_rx,
+            abort: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// The inline path's links (crate::data::inline): every first link's
+    /// sending end, taken from `links`, which the readers share.
+    pub(super) fn inline_links(
+        &self,
+        keys: &StreamKeys,
+        links: &mut Vec<Box<dyn Link>>,
+        done: &Sender<LinkDone>,
+        stats: &Arc<Stats>,
+    ) -> Arc<InlineLinks> {
+        let outs = links.drain(..).enumerate();
+        let outs = outs.map(|(i, l)| keys.out(i, 0, l)).collect();
+        let (tx, pool, abort) = (done.clone(), self.pool.clone(), self.abort.clone());
+        Arc::new(InlineLinks::new(outs, tx, pool, abort, stats.clone()))
+    }
+
+    /// What every generation of readers shares (a whole walk has one).
+    pub(super) fn template(
+        &self,
+        opts: &TransferOptions,
+        c: &Confirmed,
+        root: &Arc<Root>,
+        stats: &Arc<Stats>,
+        inline: Option<Arc<InlineLinks>>,
+        zerocopy: bool,
+    ) -> Template {
+        Template {
+            root: root.clone(),
+            pool: self.pool.clone(),
+            filled: self.filled_tx.clone(),
+            inline,
+            events: self.rev_tx.clone(),
+            checksum: c.checksum,
+            abort: self.abort.clone(),
+            stats: stats.clone(),
+            block_size: c.block_size,
+            storage: Arc::new(opts.source_storage(c.block_size)),
+            zerocopy,
+            plan: PlanOptions {
+                block_size: c.block_size as u64,
+                sort: opts.sort,
+                threads: opts.device_threads,
+            },
+            engine: opts.source_engine,
+        }
+    }
+
+    /// How lost links' blocks are read again (crate::session::relink).
+    pub(super) fn requeue(
+        &self,
+        root: &Arc<Root>,
+        live: &LiveFiles,
+        checksum: bool,
+        null: bool,
+    ) -> Arc<Requeue> {
+        Arc::new(Requeue {
+            root: root.clone(),
+            files: live.clone(),
+            pool: self.pool.clone(),
+            checksum,
+            null,
+            abort: self.abort.clone(),
+        })
+    }
+}
+
+/// The first readers: on the whole walk's queues (`first`: its files, a
+/// sync's plan, the reader count), or a windowed session's generations
+/// (issue 36), each planned as the sink readies its window.
+pub(super) fn spawn_reads(
+    opts: &TransferOptions,
+    reads: Reads,
+    template: Template,
+    (files, plan, nread): (&Arc<Vec<SourceFile>>, Option<&SyncPlan>, usize),
+    readers: &mut Reservation,
+) -> (Vec<JobHandle>, Receiver<()>, Option<SrcWindow>) {
+    match reads {
+        Reads::Whole(queues) => {
+            report_nothing_to_read(files, plan, &template.events);
+            let state = file_states(files, plan);
+            let ctx = template.ctx(files.clone(), state, queues, nread);
+            let (jobs, rdone) = spawn_readers(readers, ctx);
+            (jobs, rdone, None)
+        }
+        Reads::Windowed(scan, ahead) => {
+            let compare = opts.sync & crate::request::sync::COMPARE != 0;
+            let dry = opts.sync & crate::request::sync::flags::DRY_RUN != 0;
+            let how = (opts.meta_budget, compare, dry);
+            let (jobs, rdone, win) = SrcWindow::spawn(readers, template, (scan, *ahead), how);
+            (jobs, rdone, Some(win))
+        }
+    }
+}
+
+/// More streams while the rate grows (issue 21), unless the count is
+/// fixed. The inline path's link set is fixed. The client dials: a push's
+/// source itself, a pull's sink (its daemon-side source asks).
+pub(super) fn adapt(
+    s: &SourceSession<'_>,
+    streams: u16,
+    links: &Streams,
+    path: SendPath,
+) -> Option<Adapt> {
+    let opts = s.opts;
+    (opts.auto_streams && links.enabled() && path != SendPath::Inline).then(|| {
+        let (rtt, max) = (s.ctl.link.rtt(), s.res.config.max_streams);
+        Adapt::new(rtt, streams, max, opts.grown_links)
+    })
+}
+
 /// Inline: re-sent blocks (Resend, and those lost links lost) still come
 /// through `filled`; one thread sends them, and ends the links once the
 /// queue closes, as the queued senders would.
