@@ -666,6 +666,39 @@ fn ignore_existing_leaves_what_is_there() {
 }
 
 #[test]
+fn ignore_existing_leaves_links_and_what_is_in_their_place() {
+    // rsync's recv_generator skips every existing non-directory under
+    // --ignore-existing: a hard link of the source whose names DST has
+    // (a file, a directory), a symlink over a file or another symlink.
+    // ramsys replaced them (a link onto a directory failed with EPERM
+    // and stopped --delete).
+    check(Scenario {
+        name: "ignore-existing-links",
+        from: "generator.c recv_generator (ignore_existing)",
+        setup: |w| {
+            write(&w.join("src/name1"), b"the source's file\n");
+            std::fs::hard_link(w.join("src/name1"), w.join("src/name2")).unwrap();
+            symlink("name1", &w.join("src/sym"));
+            symlink("name1", &w.join("src/sym2"));
+            write(&w.join("src/new"), b"new\n");
+            write(&w.join("dst/name1/in"), b"KEEP: a directory\n");
+            write(&w.join("dst/name2"), b"KEEP: not a link of name1\n");
+            write(
+                &w.join("dst/sym"),
+                b"KEEP: a file where the source has a link\n",
+            );
+            symlink("elsewhere", &w.join("dst/sym2"));
+            write(&w.join("dst/extra"), b"deleted\n");
+            age(w);
+        },
+        ramsys: &["-r", "--ignore-existing", "--delete"],
+        rsync: &["-rlptH", "--ignore-existing", "--delete"],
+        windowed: true,
+        ..BASE
+    });
+}
+
+#[test]
 fn hard_links_are_kept_and_repaired() {
     check(Scenario {
         name: "hardlinks",

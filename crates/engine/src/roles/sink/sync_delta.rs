@@ -166,17 +166,22 @@ impl SinkSync {
         self.wires.push(wire.to_vec());
     }
 
-    /// A symlink, hard link or special file record. Err: a directory is
-    /// in its way and stays (the reason; the caller reports it and skips
-    /// the record).
-    pub fn on_other(&mut self, target: &[u8]) -> Result<(), String> {
+    /// A symlink, hard link or special file record: Ok(true) to make it,
+    /// Ok(false) to leave DST's entry as it is (`--ignore-existing`: rsync's
+    /// recv_generator skips every existing non-directory, whatever its
+    /// type). Err: a directory is in its way and stays (the reason; the
+    /// caller reports it and skips the record).
+    pub fn on_other(&mut self, target: &[u8]) -> Result<bool, String> {
         self.remember(target);
+        if self.flags & IGNORE_EXISTING != 0 {
+            return Ok(self.lstat(target).is_none());
+        }
         if !self.replaces() {
-            return Ok(());
+            return Ok(true);
         }
         match self.lstat(target) {
-            Some(st) if is_dir(&st) => self.make_way(target),
-            _ => Ok(()),
+            Some(st) if is_dir(&st) => self.make_way(target).map(|()| true),
+            _ => Ok(true),
         }
     }
 

@@ -278,15 +278,17 @@ impl Tree {
                 EntryKind::Piece { size, .. } => {
                     s.on_piece(&self.table, e.id, &target, size, e.mode, mtime)
                 }
-                _ => {
-                    if let Err(reason) = s.on_other(&target) {
+                _ => match s.on_other(&target) {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    Err(reason) => {
                         self.prep_failures.push(Failure {
                             path: target,
                             reason,
                         });
                         return;
                     }
-                }
+                },
             }
         }
         if dry {
