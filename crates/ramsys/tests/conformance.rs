@@ -636,7 +636,15 @@ fn update_keeps_newer_destination_files() {
             write(&w.join("dst/d1/f1"), b"older destination\n");
             write(&w.join("src/foo"), b"regular source file\n");
             symlink("/should/not/exist", &w.join("dst/foo"));
+            // A hard-link group whose names DST has, newer, as files of
+            // its own: both stay (one was relinked to the other).
+            write(&w.join("src/hl1"), b"linked source\n");
+            std::fs::hard_link(w.join("src/hl1"), w.join("src/hl2")).unwrap();
+            write(&w.join("dst/hl1"), b"newer destination 1\n");
+            write(&w.join("dst/hl2"), b"newer destination 2\n");
             age(w);
+            set_mtime(&w.join("dst/hl1"), 1_700_000_000, 0);
+            set_mtime(&w.join("dst/hl2"), 1_700_000_000, 0);
             set_mtime(&w.join("dst/d1/d2/d3/f3"), 1_700_000_000, 0);
             set_mtime(&w.join("dst/d1/f1"), 1_400_000_000, 0);
             set_mtime(&w.join("dst/foo"), 1_700_000_000, 0);

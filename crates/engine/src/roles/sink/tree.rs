@@ -278,17 +278,24 @@ impl Tree {
                 EntryKind::Piece { size, .. } => {
                     s.on_piece(&self.table, e.id, &target, size, e.mode, mtime)
                 }
-                _ => match s.on_other(&target) {
-                    Ok(true) => {}
-                    Ok(false) => return,
-                    Err(reason) => {
-                        self.prep_failures.push(Failure {
-                            path: target,
-                            reason,
-                        });
-                        return;
+                _ => {
+                    // A hard link's mtime: `-u` may keep DST's file.
+                    let link = matches!(
+                        e.kind,
+                        EntryKind::HardLink { .. } | EntryKind::LinkTo { .. }
+                    );
+                    match s.on_other(&target, link.then_some(mtime)) {
+                        Ok(true) => {}
+                        Ok(false) => return,
+                        Err(reason) => {
+                            self.prep_failures.push(Failure {
+                                path: target,
+                                reason,
+                            });
+                            return;
+                        }
                     }
-                },
+                }
             }
         }
         if dry {
