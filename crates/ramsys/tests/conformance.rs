@@ -8,7 +8,9 @@
 //! in the work directory (so a write through a link to a directory
 //! outside the destination shows). Both tools must agree on success. A
 //! second ramsys run must change nothing at all (no inode, no ctime) and
-//! move no data.
+//! move no data. Most scenarios run again locally, pushed and pulled with
+//! both ramsys ends in windows of two records (issue 36, docs/SCALE.md
+//! "Windows"): their small trees then cross window boundaries everywhere.
 //!
 //! The scenarios re-express those of rsync's own testsuite
 //! (RsyncProject/rsync, testsuite/*_test.py, named in each) for every
@@ -97,6 +99,9 @@ struct Scenario {
     stderr_has: Option<&'static str>,
     /// Needs root beyond the lab's own needs (devices, owners).
     root: bool,
+    /// Also run locally, pushed and pulled in windows of WINDOW records
+    /// at both ends (issue 36): a small tree then spans many windows.
+    windowed: bool,
 }
 
 const BASE: Scenario = Scenario {
@@ -115,7 +120,13 @@ const BASE: Scenario = Scenario {
     summary: None,
     stderr_has: None,
     root: false,
+    windowed: false,
 };
+
+/// The window (RAMSYS_WINDOW_FILES) of `Scenario::windowed` runs: two
+/// records, so every directory of a scenario's tree spans windows
+/// (docs/SCALE.md "Windows").
+const WINDOW: &str = "2";
 
 /// A daemon of each kind over one base directory, and an sshd.
 struct Lab {
@@ -125,11 +136,13 @@ struct Lab {
     ramsysd: TestDaemon,
     rsyncd: RsyncDaemon,
     sshd: Option<Sshd>,
+    /// RAMSYS_WINDOW_FILES for both ramsys ends (None: the default).
+    window: Option<&'static str>,
 }
 
 impl Lab {
     /// None (the reason printed) where this machine cannot run it.
-    fn new() -> Option<Lab> {
+    fn new(window: Option<&'static str>) -> Option<Lab> {
         if !is_root() {
             eprintln!("skipping: not root (the rsync daemon chroots and keeps owners)");
             return None;
@@ -143,10 +156,22 @@ impl Lab {
         let keys = tempfile::tempdir().unwrap();
         let key = key_file(keys.path());
         let base = tempfile::tempdir().unwrap();
+        let mut d = Command::new(bin());
+        d.args(["serve", "--listen", "127.0.0.1:0", "--root"])
+            .arg(base.path())
+            .arg("--key-file")
+            .arg(&key)
+            .stdout(std::process::Stdio::piped());
+        if let Some(w) = window {
+            d.env("RAMSYS_WINDOW_FILES", w);
+        }
         Some(Lab {
-            ramsysd: TestDaemon::start(base.path(), &key),
+            ramsysd: TestDaemon::spawn(d, base.path()),
             rsyncd: RsyncDaemon::start(base.path()),
-            sshd: Sshd::start(),
+            // The windowed runs stay off ssh: the remote end would not
+            // get the window.
+            sshd: window.is_none().then(Sshd::start).flatten(),
+            window,
             key,
             _keys: keys,
             base,
@@ -199,6 +224,9 @@ impl Lab {
         let mut c = Command::new(bin());
         c.arg("sync").arg("--json").args(s.ramsys);
         c.env("RAMSYS_KEY_FILE", &self.key);
+        if let Some(w) = self.window {
+            c.env("RAMSYS_WINDOW_FILES", w);
+        }
         if matches!(m, Mode::SshPush | Mode::SshPull) {
             c.args(self.sshd.as_ref().unwrap().opts());
         }
@@ -232,7 +260,11 @@ impl Lab {
         assert!(cp.unwrap().status.success(), "cp -a {}", ours.display());
         let mut loose: Vec<&str> = vec!["."];
         loose.extend_from_slice(s.loose);
-        let what = |step: &str| format!("{} ({}), {m:?}, {step}", s.name, s.from);
+        let win = self
+            .window
+            .map(|w| format!(", window {w}"))
+            .unwrap_or_default();
+        let what = |step: &str| format!("{} ({}), {m:?}{win}, {step}", s.name, s.from);
         self.both(s, m, &ours, &theirs, &loose, &what("first run"), true)?;
         if let Some(change) = s.between {
             change(&ours);
@@ -307,21 +339,31 @@ impl Lab {
     }
 }
 
-/// Run `s` in each of its modes; every difference is reported at once.
+/// Run `s` in each of its modes, and windowed ones locally, pushed and
+/// pulled in windows of WINDOW records; every difference is reported at
+/// once.
 fn check(s: Scenario) {
     if s.root && !is_root() {
         eprintln!("skipping {}: needs root", s.name);
         return;
     }
-    let Some(lab) = Lab::new() else { return };
     let mut errors = Vec::new();
-    for &m in s.modes {
-        if matches!(m, Mode::SshPush | Mode::SshPull) && lab.sshd.is_none() {
-            eprintln!("{}: {m:?} skipped (no sshd)", s.name);
-            continue;
-        }
-        if let Err(e) = lab.run(&s, m) {
-            errors.push(e);
+    let windows: &[Option<&'static str>] = match s.windowed {
+        true => &[None, Some(WINDOW)],
+        false => &[None],
+    };
+    for &window in windows {
+        let Some(lab) = Lab::new(window) else { return };
+        for &m in s.modes {
+            if matches!(m, Mode::SshPush | Mode::SshPull) && lab.sshd.is_none() {
+                if window.is_none() {
+                    eprintln!("{}: {m:?} skipped (no sshd)", s.name);
+                }
+                continue;
+            }
+            if let Err(e) = lab.run(&s, m) {
+                errors.push(e);
+            }
         }
     }
     assert!(errors.is_empty(), "{}", errors.join("\n\n"));
@@ -387,6 +429,7 @@ fn a_varied_tree_into_a_new_destination() {
             make_varied_tree(&w.join("src"), 4096);
             age(w);
         },
+        windowed: true,
         ..BASE
     });
 }
@@ -525,6 +568,7 @@ fn delete_removes_extras_at_depth_and_restores_directory_mtimes() {
         },
         ramsys: &["-r", "--delete"],
         rsync: &["-rlptH", "--delete"],
+        windowed: true,
         ..BASE
     });
 }
@@ -543,6 +587,7 @@ fn delete_stays_inside_the_directories_sent() {
         ramsys: &["-r", "--delete"],
         rsync: &["-rlptH", "--delete"],
         srcs: &["src/d1"],
+        windowed: true,
         ..BASE
     });
 }
@@ -570,6 +615,7 @@ fn dry_run_with_delete_changes_nothing() {
                 "{s}"
             );
         }),
+        windowed: true,
         ..BASE
     });
 }
@@ -590,13 +636,22 @@ fn update_keeps_newer_destination_files() {
             write(&w.join("dst/d1/f1"), b"older destination\n");
             write(&w.join("src/foo"), b"regular source file\n");
             symlink("/should/not/exist", &w.join("dst/foo"));
+            // A hard-link group whose names DST has, newer, as files of
+            // its own: both stay (one was relinked to the other).
+            write(&w.join("src/hl1"), b"linked source\n");
+            std::fs::hard_link(w.join("src/hl1"), w.join("src/hl2")).unwrap();
+            write(&w.join("dst/hl1"), b"newer destination 1\n");
+            write(&w.join("dst/hl2"), b"newer destination 2\n");
             age(w);
+            set_mtime(&w.join("dst/hl1"), 1_700_000_000, 0);
+            set_mtime(&w.join("dst/hl2"), 1_700_000_000, 0);
             set_mtime(&w.join("dst/d1/d2/d3/f3"), 1_700_000_000, 0);
             set_mtime(&w.join("dst/d1/f1"), 1_400_000_000, 0);
             set_mtime(&w.join("dst/foo"), 1_700_000_000, 0);
         },
         ramsys: &["-r", "-u"],
         rsync: &["-rlptH", "-u"],
+        windowed: true,
         ..BASE
     });
 }
@@ -613,6 +668,40 @@ fn ignore_existing_leaves_what_is_there() {
         },
         ramsys: &["-r", "--ignore-existing"],
         rsync: &["-rlptH", "--ignore-existing"],
+        windowed: true,
+        ..BASE
+    });
+}
+
+#[test]
+fn ignore_existing_leaves_links_and_what_is_in_their_place() {
+    // rsync's recv_generator skips every existing non-directory under
+    // --ignore-existing: a hard link of the source whose names DST has
+    // (a file, a directory), a symlink over a file or another symlink.
+    // ramsys replaced them (a link onto a directory failed with EPERM
+    // and stopped --delete).
+    check(Scenario {
+        name: "ignore-existing-links",
+        from: "generator.c recv_generator (ignore_existing)",
+        setup: |w| {
+            write(&w.join("src/name1"), b"the source's file\n");
+            std::fs::hard_link(w.join("src/name1"), w.join("src/name2")).unwrap();
+            symlink("name1", &w.join("src/sym"));
+            symlink("name1", &w.join("src/sym2"));
+            write(&w.join("src/new"), b"new\n");
+            write(&w.join("dst/name1/in"), b"KEEP: a directory\n");
+            write(&w.join("dst/name2"), b"KEEP: not a link of name1\n");
+            write(
+                &w.join("dst/sym"),
+                b"KEEP: a file where the source has a link\n",
+            );
+            symlink("elsewhere", &w.join("dst/sym2"));
+            write(&w.join("dst/extra"), b"deleted\n");
+            age(w);
+        },
+        ramsys: &["-r", "--ignore-existing", "--delete"],
+        rsync: &["-rlptH", "--ignore-existing", "--delete"],
+        windowed: true,
         ..BASE
     });
 }
@@ -644,6 +733,7 @@ fn hard_links_are_kept_and_repaired() {
             std::fs::write(&p, data).unwrap();
             std::fs::remove_file(w.join("dst/text")).unwrap();
         }),
+        windowed: true,
         ..BASE
     });
 }
@@ -668,6 +758,7 @@ fn symlinks_safe_unsafe_absolute_and_dangling_are_copied_as_links() {
         },
         srcs: &["from/safe/"],
         dst: "to",
+        windowed: true,
         ..BASE
     });
 }
@@ -688,6 +779,7 @@ fn a_directory_replaces_a_symlink_in_dst_without_following_it() {
             symlink("../../outside", &w.join("dst/d/link"));
             age(w);
         },
+        windowed: true,
         ..BASE
     });
 }
@@ -702,6 +794,7 @@ fn a_directory_replaces_a_file_in_dst() {
             write(&w.join("dst/x"), b"a file in the way\n");
             age(w);
         },
+        windowed: true,
         ..BASE
     });
 }
@@ -718,6 +811,7 @@ fn a_file_and_a_link_replace_empty_directories() {
             std::fs::create_dir_all(w.join("dst/l")).unwrap();
             age(w);
         },
+        windowed: true,
         ..BASE
     });
 }
@@ -734,6 +828,7 @@ fn delete_lets_a_file_replace_a_full_directory() {
         },
         ramsys: &["-r", "--delete"],
         rsync: &["-rlptH", "--delete"],
+        windowed: true,
         ..BASE
     });
 }
@@ -753,6 +848,7 @@ fn without_delete_a_full_directory_stays_and_both_fail() {
         // rsync sets d1's mtime after its failed entry; so does ramsys,
         // at its own moment.
         loose: &["dst/d1"],
+        windowed: true,
         ..BASE
     });
 }
@@ -786,6 +882,7 @@ fn a_missing_source_fails_and_delete_still_runs() {
                 "{s}"
             );
         }),
+        windowed: true,
         ..BASE
     });
 }
@@ -829,6 +926,7 @@ fn several_sources_keep_the_first_name_and_a_directory_over_a_file() {
             chmod(&w.join("b/both"), 0o700);
         },
         srcs: &["a/", "b/"],
+        windowed: true,
         ..BASE
     });
 }
@@ -880,6 +978,7 @@ fn modes_and_set_id_bits_with_archive() {
         ramsys: &["-a"],
         rsync: &["-aH"],
         root: true,
+        windowed: true,
         ..BASE
     });
 }
@@ -985,6 +1084,7 @@ fn xattrs_on_files_and_directories() {
         },
         ramsys: &["-r", "-X"],
         rsync: &["-rlptHX"],
+        windowed: true,
         ..BASE
     });
 }

@@ -4,7 +4,8 @@
 //! negation, every option form, rules files) run through rsync (the oracle) and ramsys,
 //! locally, pushed to a daemon and pulled from one, with and without
 //! `--delete`; the trees must be the same, entry for entry and byte for
-//! byte (every fourth case after a second run too). Bounded (a fixed number of cases, a few seconds) so CI stays fast;
+//! byte (every fourth case after a second run too), and again with both
+//! ramsys ends in windows of two records (issue 36). Bounded (a fixed number of cases, a few seconds) so CI stays fast;
 //! `RAMSYS_FILTER_SEED=N` reruns another seed, and a failure prints the
 //! seed, the case and its command line.
 
@@ -149,9 +150,11 @@ enum Mode {
     Pull,
 }
 
-/// Run `cases` random cases in `mode`; returns how many had a non-empty
-/// difference between the source and the result (the rules did work).
-fn run(mode: Mode, cases: usize, salt: u64) -> usize {
+/// Run `cases` random cases in `mode`, both ramsys ends in windows of
+/// `window` records (RAMSYS_WINDOW_FILES; None: the default); returns how
+/// many had a non-empty difference between the source and the result
+/// (the rules did work).
+fn run(mode: Mode, cases: usize, salt: u64, window: Option<&str>) -> usize {
     let seed: u64 = std::env::var("RAMSYS_FILTER_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -160,7 +163,14 @@ fn run(mode: Mode, cases: usize, salt: u64) -> usize {
     let key = key_file(t.path());
     let root = t.path().join("root");
     std::fs::create_dir(&root).unwrap();
-    let d = TestDaemon::start(&root, &key);
+    let mut c = Command::new(bin());
+    c.args(["serve", "--listen", "127.0.0.1:0", "--root"])
+        .arg(&root)
+        .arg("--key-file")
+        .arg(&key)
+        .envs(window.map(|w| ("RAMSYS_WINDOW_FILES", w)))
+        .stdout(std::process::Stdio::piped());
+    let d = TestDaemon::spawn(c, &root);
     let mut filtered = 0;
     for case in 0..cases {
         let mut r =
@@ -232,11 +242,15 @@ fn run(mode: Mode, cases: usize, salt: u64) -> usize {
         let mut a: Vec<&str> = vec!["sync", "-r"];
         a.extend(args.iter().map(|s| s.as_str()));
         a.extend([from.as_str(), to.as_str()]);
-        let what = format!("seed {seed} {mode:?} case {case}: ramsys {a:?}");
+        let what = format!("seed {seed} {mode:?} window {window:?} case {case}: ramsys {a:?}");
         // Every fourth case runs twice: the second run must not change
         // the tree (issue 35: rsync's tree, twice in a row).
         for _ in 0..1 + usize::from(case % 4 == 0) {
-            let o = ramsys(&key, &a);
+            let mut c = Command::new(bin());
+            c.args(&a)
+                .env("RAMSYS_KEY_FILE", &key)
+                .envs(window.map(|w| ("RAMSYS_WINDOW_FILES", w)));
+            let o = run_with_timeout(c, std::time::Duration::from_secs(120));
             assert!(o.status.success(), "{what}: {}", stderr(&o));
         }
         let (got, want) = (tree(&dst), tree(&reference));
@@ -291,17 +305,32 @@ fn copy_tree(from: &Path, to: &Path) {
 
 #[test]
 fn random_rules_give_rsyncs_tree_locally() {
-    let n = run(Mode::Local, 80, 1);
+    let n = run(Mode::Local, 80, 1, None);
     // The generator must exercise the rules, not just copy everything.
     assert!(n >= 12, "only {n} cases left anything out");
 }
 
 #[test]
 fn random_rules_give_rsyncs_tree_pushing_to_a_daemon() {
-    run(Mode::Push, 30, 2);
+    run(Mode::Push, 30, 2, None);
 }
 
 #[test]
 fn random_rules_give_rsyncs_tree_pulling_from_a_daemon() {
-    run(Mode::Pull, 30, 3);
+    run(Mode::Pull, 30, 3, None);
+}
+
+/// Windows of two records at both ends (issue 36, docs/SCALE.md
+/// "Windows"): every directory of the small trees spans windows, and
+/// `--delete` with its excluded (protected) entries still gives rsync's
+/// tree.
+#[test]
+fn random_rules_give_rsyncs_tree_in_windows_of_two() {
+    for (mode, cases, salt) in [
+        (Mode::Local, 30, 4),
+        (Mode::Push, 15, 5),
+        (Mode::Pull, 15, 6),
+    ] {
+        run(mode, cases, salt, Some("2"));
+    }
 }

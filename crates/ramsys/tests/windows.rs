@@ -705,3 +705,39 @@ fn a_killed_push_resumes_in_windows() {
     let all = meta_bytes(&o);
     assert!(windowed * 4 < all, "source held {windowed} of {all} bytes");
 }
+
+/// Hard links inside the first window (the one sent before Confirm): a
+/// no-change sync settles a group's first name as soon as it answers it,
+/// and a second name sent as a HardLink by id came after its target's
+/// slot was dropped: the sink aborted ('a link the window cannot
+/// resolve'). In windows of three, local, pushed and pulled, twice.
+#[test]
+fn hard_links_in_the_first_window_of_a_no_change_sync() {
+    const SMALL: &str = "3";
+    let t = tempfile::tempdir().unwrap();
+    let key = key_file(t.path());
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    // The root and both names: ids 0-2, the whole first window.
+    std::fs::write(src.join("f"), b"one file, two names\n").unwrap();
+    std::fs::hard_link(src.join("f"), src.join("l")).unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let d = daemon(&root, &key, SMALL);
+    let s = format!("{}/", src.display());
+    let (back, local) = (t.path().join("back"), t.path().join("local"));
+    let runs = [
+        (s.clone(), d.url("push"), root.join("push")),
+        (d.url("push/"), back.display().to_string(), back),
+        (s, local.display().to_string(), local),
+    ];
+    for (from, to, at) in &runs {
+        for _ in 0..2 {
+            let o = sync(&key, SMALL, &[from, to]);
+            assert_ok(&o);
+            assert_same_tree(&src, at);
+            let md = std::fs::metadata(at.join("l")).unwrap();
+            assert_eq!(md.nlink(), 2, "{from} -> {to}");
+        }
+    }
+}

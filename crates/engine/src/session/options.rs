@@ -167,9 +167,9 @@ pub fn budget_window(budget: u64, per_id: u64) -> Option<(u64, u64)> {
 
 impl TransferOptions {
     /// A session that may run its metadata in windows (issue 36): a copy
-    /// or a sync whose answer comes per window (flags::WINDOWED: no dry
-    /// run, resume or device DST), archive copies included (their Attrs
-    /// travel per batch), without pieces or synthetic files.
+    /// or a sync whose answer comes per window (flags::WINDOWED: dry runs
+    /// and resumes included, no device DST), archive copies included
+    /// (their Attrs travel per batch), without pieces or synthetic files.
     pub fn windows_allowed(&self) -> bool {
         use crate::request::sync::flags;
         let synthetic =

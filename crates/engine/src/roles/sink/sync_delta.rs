@@ -166,17 +166,34 @@ impl SinkSync {
         self.wires.push(wire.to_vec());
     }
 
-    /// A symlink, hard link or special file record. Err: a directory is
-    /// in its way and stays (the reason; the caller reports it and skips
-    /// the record).
-    pub fn on_other(&mut self, target: &[u8]) -> Result<(), String> {
+    /// A symlink, hard link or special file record (`link_mtime`: a hard
+    /// link's, a regular file's mtime): Ok(true) to make it, Ok(false) to
+    /// leave DST's entry as it is (`--ignore-existing`: rsync's
+    /// recv_generator skips every existing non-directory, whatever its
+    /// type; `-u`: a hard link is a regular file, and a newer one at DST
+    /// stays; rsync's -u leaves symlinks and specials alone). Err: a
+    /// directory is in its way and stays (the reason; the caller reports
+    /// it and skips the record).
+    pub fn on_other(
+        &mut self,
+        target: &[u8],
+        link_mtime: Option<(i64, u32)>,
+    ) -> Result<bool, String> {
         self.remember(target);
+        if self.flags & IGNORE_EXISTING != 0 {
+            return Ok(self.lstat(target).is_none());
+        }
+        if let (Some(m), true) = (link_mtime, self.flags & UPDATE != 0) {
+            if self.lstat(target).is_some_and(|st| self.leaves(&st, m)) {
+                return Ok(false);
+            }
+        }
         if !self.replaces() {
-            return Ok(());
+            return Ok(true);
         }
         match self.lstat(target) {
-            Some(st) if is_dir(&st) => self.make_way(target),
-            _ => Ok(()),
+            Some(st) if is_dir(&st) => self.make_way(target).map(|()| true),
+            _ => Ok(true),
         }
     }
 

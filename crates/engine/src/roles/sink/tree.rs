@@ -279,12 +279,21 @@ impl Tree {
                     s.on_piece(&self.table, e.id, &target, size, e.mode, mtime)
                 }
                 _ => {
-                    if let Err(reason) = s.on_other(&target) {
-                        self.prep_failures.push(Failure {
-                            path: target,
-                            reason,
-                        });
-                        return;
+                    // A hard link's mtime: `-u` may keep DST's file.
+                    let link = matches!(
+                        e.kind,
+                        EntryKind::HardLink { .. } | EntryKind::LinkTo { .. }
+                    );
+                    match s.on_other(&target, link.then_some(mtime)) {
+                        Ok(true) => {}
+                        Ok(false) => return,
+                        Err(reason) => {
+                            self.prep_failures.push(Failure {
+                                path: target,
+                                reason,
+                            });
+                            return;
+                        }
                     }
                 }
             }

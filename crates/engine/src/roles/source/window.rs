@@ -212,8 +212,8 @@ impl Ahead {
 }
 
 /// Records as the windows allow them: a second name is a LinkTo once the
-/// sink took windows, else (before Confirm, or an old sink) a HardLink,
-/// which names its target by id alone.
+/// sink took windows, else (an old sink) a HardLink, which names its
+/// target by id alone (before Confirm, `flush` holds it back).
 fn wire(mut es: Vec<Entry>, on: bool) -> Vec<Entry> {
     if !on {
         for e in &mut es {
@@ -266,7 +266,17 @@ pub(super) fn flush(ctl: &mut Ctl, ahead: &mut Ahead) -> Result<(), EngineError>
     let Some((mut es, mut attrs, mut files)) = ahead.carry.take() else {
         return Ok(());
     };
-    let n = ahead.fit(&es);
+    let mut n = ahead.fit(&es);
+    // Before Confirm a second name would go as a HardLink, whose target
+    // the sink may have settled and dropped by the time it comes (a
+    // sync's unchanged file settles as it is answered: a protocol error
+    // at the sink). It waits for Confirm and goes as a LinkTo, by path.
+    if ctl.machine.windows() == Windows::Proposed {
+        let link = es
+            .iter()
+            .position(|e| matches!(e.kind, EntryKind::LinkTo { .. }));
+        n = n.min(link.unwrap_or(n));
+    }
     if n == 0 {
         ahead.carry = Some((es, attrs, files));
         return Ok(());

@@ -778,7 +778,8 @@ impl<'s> SinkPipeline<'s> {
         if attrs {
             return ended.map(|_| ());
         }
-        if ended? {
+        let ended = ended?;
+        if ended {
             // Data and digests may now be far apart: no idle timeout.
             w.meta_end = true;
             w.idle.store(false, Ordering::Release);
@@ -814,6 +815,9 @@ impl<'s> SinkPipeline<'s> {
         }
         // Every record in, and maybe every file settled already.
         if meta_end {
+            if ended {
+                self.progress.settle.rescan();
+            }
             self.on_settle_tick()?;
         }
         Ok(())
