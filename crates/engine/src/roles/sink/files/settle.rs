@@ -231,7 +231,10 @@ impl FileTable {
             // No payload will come: create the empty file now, at its
             // final name where nothing is there (a digest that is not the
             // empty data's fails in finalize, as any other).
-            let verified = !self.checksum || f.digest.load(Ordering::Acquire) == digest;
+            // Not once a temp file was made for it (a zero-length
+            // segment): that one is linked as before.
+            let verified = (!self.checksum || f.digest.load(Ordering::Acquire) == digest)
+                && f.flags.load(Ordering::Acquire) & TEMP == 0;
             match verified.then(|| self.create_empty_in_place(f)).flatten() {
                 Some(Ok(())) => {
                     f.flags
