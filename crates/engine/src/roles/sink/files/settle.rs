@@ -229,18 +229,16 @@ impl FileTable {
             f.flags.fetch_or(TEMP | DATA_DONE, Ordering::AcqRel);
         } else if f.size == 0 && !self.storage.null {
             // No payload will come: create the empty file now, at its
-            // final name where nothing is there (a digest that is not the
-            // empty data's fails in finalize, as any other).
-            // Not once a temp file was made for it (a zero-length
-            // segment): that one is linked as before.
-            let verified = (!self.checksum || f.digest.load(Ordering::Acquire) == digest)
+            // final name where nothing is there, unless its digest is not
+            // the empty data's (it fails in finalize, as any other) or a
+            // temp file was made for it (a zero-length segment: linked as
+            // before).
+            let direct = (!self.checksum || f.digest.load(Ordering::Acquire) == digest)
                 && f.flags.load(Ordering::Acquire) & TEMP == 0;
-            match verified.then(|| self.create_empty_in_place(f)).flatten() {
+            match direct.then(|| self.create_empty_in_place(f)).flatten() {
                 Some(Ok(())) => {
-                    f.flags
-                        .fetch_or(DATA_DONE | DIGEST_KNOWN | FINAL, Ordering::AcqRel);
-                    self.stats.files.fetch_add(1, Ordering::Relaxed);
-                    crate::types::phase::mark("sink_file_in_place");
+                    f.flags.fetch_or(DATA_DONE | DIGEST_KNOWN, Ordering::AcqRel);
+                    self.in_place(f);
                     return Ok(());
                 }
                 Some(Err(e)) if is_fatal(&e) => return Err(self.storage_fatal(&e)),
@@ -322,13 +320,16 @@ impl FileTable {
         });
         drop(fd);
         match placed {
-            Ok(()) => {
-                f.flags.fetch_or(FINAL, Ordering::AcqRel);
-                self.stats.files.fetch_add(1, Ordering::Relaxed);
-                crate::types::phase::mark("sink_file_in_place");
-            }
+            Ok(()) => self.in_place(f),
             Err(e) => self.fail(f, format!("cannot rename into place: {e}")),
         }
+    }
+
+    /// File `f` is under its final name.
+    fn in_place(&self, f: &FileRef) {
+        f.flags.fetch_or(FINAL, Ordering::AcqRel);
+        self.stats.files.fetch_add(1, Ordering::Relaxed);
+        crate::types::phase::mark("sink_file_in_place");
     }
 
     /// Re-read the ranges this session wrote into a device and compare
