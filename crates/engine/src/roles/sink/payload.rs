@@ -10,6 +10,7 @@ use ramsys_proto::Control;
 use super::Ctl;
 use crate::roles::sink::files::{FileTable, WriteError};
 use crate::roles::sink::sync_delta::SinkSync;
+use crate::roles::sink::writer::settler::Settlers;
 use crate::session::relink::Streams;
 use crate::types::error::EngineError;
 use crate::types::stats::Stats;
@@ -91,6 +92,7 @@ pub(super) fn on_control(
     table: &FileTable,
     sync: &mut Option<SinkSync>,
     streams: &mut Streams,
+    settlers: &mut Settlers,
     eod: &mut bool,
 ) -> Result<(), EngineError> {
     if let Control::Abort { reason } = &m {
@@ -100,9 +102,7 @@ pub(super) fn on_control(
     match m {
         Control::FilesDone(v) => {
             crate::types::phase::mark("sink_digests_in");
-            for (id, d) in v {
-                table.digest_known(id, d).map_err(write_error)?;
-            }
+            settlers.digests(table, v).map_err(write_error)?;
         }
         Control::FileFailed { id, reason } => table.fail_id(id, format!("source: {reason}")),
         Control::Reuse(v) => {

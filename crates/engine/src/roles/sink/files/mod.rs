@@ -203,6 +203,12 @@ impl SinkFile {
             .unwrap_or_default()
     }
 
+    /// Its directory's index in the table's SinkDirs (writer::settler
+    /// keeps a directory's files on one thread).
+    pub fn dir_index(&self) -> u32 {
+        self.dir
+    }
+
     /// Written in place into a block device (storage::volume).
     pub fn is_device(&self) -> bool {
         self.flags.load(Ordering::Acquire) & DEVICE != 0

@@ -220,9 +220,17 @@ impl FileTable {
             // Settled (failed here) and dropped before its digest came.
             return Ok(());
         }
-        let f = self
-            .get(id)
-            .ok_or_else(|| WriteError::Protocol(format!("digest for unknown file id {id}")))?;
+        let f = match self.get(id) {
+            Some(f) => f,
+            // Released since the look above (a settler runs beside the
+            // loop that releases: writer::settler).
+            None if self.is_released(id) => return Ok(()),
+            None => {
+                return Err(WriteError::Protocol(format!(
+                    "digest for unknown file id {id}"
+                )))
+            }
+        };
         let f = &f;
         f.expected.store(digest, Ordering::Release);
         if f.size == 0 && !self.storage.null && f.is_device() {

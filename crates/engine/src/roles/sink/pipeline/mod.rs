@@ -26,6 +26,7 @@ use crate::data::receiver::{run_receiver, ReceiverEvent};
 use crate::data::resources::ShareGuard;
 use crate::roles::sink::files::FileTable;
 use crate::roles::sink::sync_delta::SinkSync;
+use crate::roles::sink::writer::settler::{SettlerWiring, Settlers, MAX_SETTLERS};
 use crate::roles::sink::writer::{direct_lane, run_writer, CreditReturn, WriterEvent, WriterIo};
 use crate::session::control::ControlEvent;
 use crate::session::relink::{Joined, LinkEvent, Streams};
@@ -64,6 +65,8 @@ pub(super) struct SinkPipeline<'s> {
     credits: Credits,
     progress: Progress,
     writer_jobs: Vec<JobHandle>,
+    /// FilesDone applied off this thread (writer::settler).
+    settlers: Settlers,
     _writers: ramsys_resources::Reservation,
     session: u64,
     facts: (u16, u32, Vec<crate::types::stats::LinkDesc>),
@@ -500,7 +503,16 @@ impl<'s> SinkPipeline<'s> {
             abort: abort.clone(),
             gate,
         };
-        // The channels' other ends are the writers' only: dropped here.
+        let settlers = Settlers::new(SettlerWiring {
+            table: table.clone(),
+            pool: writers.pool().clone(),
+            events: wev_tx.clone(),
+            wake: wake_tx.clone(),
+            abort: abort.clone(),
+            most: nw.clamp(1, MAX_SETTLERS),
+        });
+        // The channels' other ends are the writers' and settlers' only:
+        // dropped here.
         let writer_jobs = wiring.spawn(&mut writers, nw, recv_rx, wev_tx, wake_tx);
         let make = receiver_factory(
             (block_size as usize, checksum, keys),
@@ -537,6 +549,7 @@ impl<'s> SinkPipeline<'s> {
             credits: Credits::new(returns, keys, streams, credits_per_stream as u64, nbuf),
             progress: Progress::new(streams),
             writer_jobs,
+            settlers,
             _writers: writers,
             session: s.spec.session,
             facts: (streams, block_size, o.desc),
@@ -723,6 +736,7 @@ impl<'s> SinkPipeline<'s> {
                     &self.table,
                     &mut self.sync,
                     &mut self.streams,
+                    &mut self.settlers,
                     &mut self.progress.eod,
                 )?;
                 // A digest that came after its data settles the file here.
@@ -911,6 +925,7 @@ impl<'s> SinkPipeline<'s> {
             receivers,
             credits,
             writer_jobs,
+            settlers,
             session,
             facts,
             growth,
@@ -940,6 +955,8 @@ impl<'s> SinkPipeline<'s> {
         for j in writer_jobs {
             let _ = j.join();
         }
+        // Before the table is finalized: every digest handed on applied.
+        settlers.join();
         // A writer may have failed after the last block arrived (disk full on
         // the final write): that fails the session, with its reason.
         let mut result = result;

@@ -3,6 +3,8 @@
 
 // The io_uring loop: a private part of the writer.
 mod uring;
+// Digests applied off the control thread, beside the writers.
+pub mod settler;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
