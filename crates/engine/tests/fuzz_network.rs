@@ -17,8 +17,8 @@ use ramsys_proto::control::{Complete, Confirm, Entry, EntryKind, Failure, Open, 
 use ramsys_proto::data::{
     decode_credit, decode_table, encode_table, hash_block, table_len, Segment,
 };
-use ramsys_proto::frame::{FrameDecoder, FrameHeader, FrameKind, HEADER_LEN};
-use ramsys_proto::session::{SinkMachine, SourceMachine};
+use ramsys_proto::frame::{FrameDecoder, FrameHeader, FrameKind, HEADER_LEN, PLACED_FLAG};
+use ramsys_proto::session::{RelayMachine, SinkMachine, SourceMachine};
 mod common;
 use common::rng::Rng;
 use ramsys_proto::{parse_preamble, preamble, Control, PREAMBLE_LEN};
@@ -133,6 +133,11 @@ fn seeds() -> Vec<Control> {
             cpu_s: 0.1,
         }),
         Control::Abort { reason: "x".into() },
+        // What a relay's sink placed (issue 36), to the agent's relay machine.
+        Control::RelayPlaced(ramsys_proto::control::RelayPlaced {
+            cut: vec![b"top/big".to_vec(), b"top/huge".to_vec()],
+            placed: Some(vec![b"top/big".to_vec()]),
+        }),
     ]
 }
 
@@ -272,6 +277,7 @@ fn network_decoders_survive_mutated_input() {
                 assert_eq!(again, e, "re-encoding changed the message");
                 let _ = SinkMachine::new().on_recv(&c);
                 let _ = SourceMachine::new().on_recv(&c);
+                let _ = RelayMachine::new(PLACED_FLAG).on_recv(&c);
             }
             // Frame streams.
             let mut s = stream.clone();

@@ -158,7 +158,10 @@ pub const WINDOW_LIMIT_FLAG: u8 = 8;
 /// sends pieces of big files (a striped push, issue 36): the sink names
 /// the big files in place in a [`crate::Control::Placed`] right before its
 /// Complete, so the agent can tell a file no sink placed. A sink of before
-/// ignores it and sends none.
+/// ignores it and sends none. On the CONTROL frame of a RelayOpen (a
+/// striped transfer between two sites): the relaying daemon sends a
+/// [`crate::Control::RelayPlaced`] right before its RelayDone; a daemon of
+/// before ignores it and sends none.
 pub const PLACED_FLAG: u8 = 64;
 
 /// Body of a sealed CREDIT: n (u32 LE) and a 16-byte tag over header + n.

@@ -59,6 +59,40 @@ proptest! {
         prop_assert_eq!(Control::decode(&m.encode().unwrap()).unwrap(), m);
     }
 
+    /// RelayPlaced (issue 36) with lists up to past their bound: what the
+    /// agent's relay machine takes names at most MAX_PLACED valid paths in
+    /// each list and places only cut files; any decoded one is taken or
+    /// refused, never panics; any one round-trips.
+    #[test]
+    fn relay_placed_decode(
+        tail in proptest::collection::vec(any::<u8>(), 0..512),
+        cut in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..12), 0..80),
+        placed in proptest::option::of(proptest::collection::vec(
+            proptest::collection::vec(any::<u8>(), 0..12), 0..80)),
+    ) {
+        use ramsys_proto::control::{RelayPlaced, MAX_PLACED};
+        use ramsys_proto::frame::PLACED_FLAG;
+        use ramsys_proto::session::RelayMachine;
+        let empty = RelayPlaced { cut: vec![], placed: None };
+        let mut b = vec![Control::RelayPlaced(empty).encode().unwrap()[0]];
+        b.extend(tail);
+        if let Ok(m) = Control::decode(&b) {
+            let _ = RelayMachine::new(PLACED_FLAG).on_recv(&m);
+        }
+        let rp = RelayPlaced { cut, placed };
+        let m = Control::RelayPlaced(rp.clone());
+        prop_assert_eq!(Control::decode(&m.encode().unwrap()).unwrap(), m.clone());
+        if RelayMachine::new(PLACED_FLAG).on_recv(&m).is_ok() {
+            let p = rp.placed.unwrap_or_default();
+            prop_assert!(rp.cut.len() <= MAX_PLACED && p.len() <= MAX_PLACED);
+            prop_assert!(p.iter().all(|f| rp.cut.contains(f)));
+            for f in rp.cut.iter() {
+                prop_assert!(path::validate_relative(f).is_ok());
+            }
+        }
+        prop_assert!(RelayMachine::new(0).on_recv(&m).is_err());
+    }
+
     #[test]
     fn header_decode_never_panics(b in any::<[u8; HEADER_LEN]>(), max in any::<u32>()) {
         if let Ok(h) = FrameHeader::decode(&b, max) {
@@ -187,12 +221,13 @@ proptest! {
     }
 
     /// The third-party messages (issue 19: RelayOpen, OnBehalf,
-    /// RelayProgress, RelayDone) behind their own tags (taken from an
-    /// encoding) followed by arbitrary bytes decode or fail, never panic;
-    /// any valid one round-trips.
+    /// RelayProgress, RelayDone; RelayPlaced, issue 36) behind their own
+    /// tags (taken from an encoding) followed by arbitrary bytes decode or
+    /// fail, never panic, and the agent's relay machine takes or refuses
+    /// any decoded one without panicking; any valid one round-trips.
     #[test]
     fn relay_messages_decode_or_fail(
-        which in 0usize..4,
+        which in 0usize..5,
         rest in proptest::collection::vec(any::<u8>(), 0..400),
         sink in ".{0,40}",
         paths in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..4),
@@ -200,7 +235,7 @@ proptest! {
         share in proptest::option::of((any::<u16>(), proptest::collection::vec(any::<u32>(), 0..6))),
         reason in ".{0,60}",
     ) {
-        use ramsys_proto::control::{Failure, Relay, RelayReport, Share};
+        use ramsys_proto::control::{Failure, Relay, RelayPlaced, RelayReport, Share};
         let (a, b, c, d) = nums;
         let msgs = [
             Control::RelayOpen(Relay {
@@ -233,12 +268,18 @@ proptest! {
                 listing: b,
                 error: reason.clone(),
             }),
+            Control::RelayPlaced(RelayPlaced {
+                cut: paths.clone(),
+                placed: (a & 1 == 1).then(|| paths.iter().skip(1).cloned().collect()),
+            }),
         ];
         let tag = msgs[which].encode().unwrap()[0];
         let mut bytes = vec![tag];
         bytes.extend_from_slice(&rest);
         if let Ok(m) = Control::decode(&bytes) {
             prop_assert_eq!(m.name(), msgs[which].name());
+            let flags = if a & 2 == 2 { ramsys_proto::frame::PLACED_FLAG } else { 0 };
+            let _ = ramsys_proto::session::RelayMachine::new(flags).on_recv(&m);
             let again = Control::decode(&m.encode().unwrap()).unwrap();
             // f64 fields: compare encodings (a NaN is not equal to itself).
             prop_assert_eq!(again.encode().unwrap(), m.encode().unwrap());

@@ -7,19 +7,22 @@
 //! runs one relay per pair at once, each moving its share of the files
 //! (every Ai lists the shared SRC and deals it the same way,
 //! request::shares; with `--split-sources` each Ai sends all it holds),
-//! with one summary and a `stripes` entry per pair.
+//! with one summary and a `stripes` entry per pair. Each pair's source
+//! daemon says which big files its share held pieces of and which its
+//! sink placed (RelayPlaced), and a file no sink placed fails the push
+//! as for a striped push from here (stripe::fail_unplaced, issue 36).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use ramsys_engine::daemon::site::redirect::{score, FRESH_MS};
-use ramsys_engine::roles::client::{relay, Remote};
+use ramsys_engine::roles::client::{relay, Relayed, Remote};
 use ramsys_engine::transport::tcp::Tcp;
 use ramsys_engine::types::stats::FailedPath;
 use ramsys_engine::{show, EngineError, Report, Stats};
 use ramsys_proto::control::{Relay, RelayReport, Share};
 
-use crate::stripe::{Outcomes, Stripe};
+use crate::stripe::{fail_unplaced, Outcomes, Pieced, Stripe};
 
 /// A third-party transfer as the agent resolved it.
 pub struct Job {
@@ -47,7 +50,8 @@ pub fn daemons(list: &str) -> Vec<String> {
         .collect()
 }
 
-/// One pair's relay; its outcome as the engine reports it.
+/// One pair's relay; its outcome as the engine reports it. A pair of a
+/// striped transfer asks what its sink placed.
 fn one(
     src: &str,
     relay_req: Relay,
@@ -55,7 +59,7 @@ fn one(
     timeout: Duration,
     idle: Duration,
     stats: &Stats,
-) -> Result<RelayReport, EngineError> {
+) -> Result<Relayed, EngineError> {
     let remote = Remote {
         transport: Arc::new(Tcp {
             socket_buffer: None,
@@ -67,9 +71,10 @@ fn one(
     };
     let sink = relay_req.sink.clone();
     let at = |m: String| EngineError::Local(format!("{src} -> {sink}: {m}"));
-    match relay(&remote, relay_req, stats, idle) {
-        Ok(r) if r.error.is_empty() => Ok(r),
-        Ok(r) => Err(at(r.error)),
+    let ask = relay_req.share.is_some();
+    match relay(&remote, relay_req, stats, idle, ask) {
+        Ok(r) if r.0.error.is_empty() => Ok(r),
+        Ok((r, _)) => Err(at(r.error)),
         Err(EngineError::Refused(m)) => Err(at(format!("refused: {m}"))),
         Err(EngineError::PeerClosed) => Err(at(format!(
             "the source daemon {src} closed the connection (stopped?)"
@@ -114,7 +119,7 @@ pub fn single(job: Job, stats: Arc<Stats>) -> Result<Report, EngineError> {
         &stats,
     );
     progress.finish();
-    r.map(|r| to_report(&r))
+    r.map(|(r, _)| to_report(&r))
 }
 
 /// The pairs whose two daemons answer a status query (one line for each
@@ -210,7 +215,9 @@ pub fn striped(job: Job) -> anyhow::Result<(Result<Report, EngineError>, Vec<Str
     let mut outcomes = Outcomes::default();
     let mut stripes = Vec::new();
     let mut listings = Vec::new();
+    let mut pieced = Vec::new();
     for ((a, b, _), r) in pairs.iter().zip(results) {
+        pieced.push(pair_pieced(&r));
         let mut s = Stripe {
             daemon: a.clone(),
             sink: Some(b.clone()),
@@ -220,7 +227,7 @@ pub fn striped(job: Job) -> anyhow::Result<(Result<Report, EngineError>, Vec<Str
             bytes: 0,
             error: None,
         };
-        let r = r.map(|rep| {
+        let r = r.map(|(rep, _)| {
             (s.share_files, s.share_bytes) = (rep.share_files, rep.share_bytes);
             if !job.split {
                 listings.push(rep.listing);
@@ -234,7 +241,7 @@ pub fn striped(job: Job) -> anyhow::Result<(Result<Report, EngineError>, Vec<Str
         let sink = s.sink.as_deref().unwrap_or_default();
         format!("(share of {} -> {sink})", s.daemon)
     };
-    let result = outcomes.report(&stripes, share).map(|mut t| {
+    let mut result = outcomes.report(&stripes, share).map(|mut t| {
         // Every pair dealt its share from its own listing of the shared
         // tree: if they differ, a file may be in no share.
         if listings.windows(2).any(|w| w[0] != w[1]) {
@@ -248,5 +255,79 @@ pub fn striped(job: Job) -> anyhow::Result<(Result<Report, EngineError>, Vec<Str
         }
         t
     });
+    fail_unplaced(&mut result, &pieced);
     Ok((result, stripes))
+}
+
+/// What a pair said of its share's big files in pieces. A pair whose
+/// relay failed, or whose source daemon of before sent no RelayPlaced
+/// (which files it cut is unknown), makes nothing judged, as a failed
+/// session does in a striped push from here.
+fn pair_pieced(r: &Result<Relayed, EngineError>) -> Pieced {
+    match r {
+        Ok((_, Some(p))) => Pieced {
+            cut: p.cut.clone(),
+            placed: Some(p.placed.clone()),
+        },
+        _ => Pieced {
+            cut: Vec::new(),
+            placed: None,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ramsys_proto::control::RelayPlaced;
+
+    fn relayed(placed: Option<(&[&str], Option<&[&str]>)>) -> Result<Relayed, EngineError> {
+        let v = |l: &[&str]| l.iter().map(|s| s.as_bytes().to_vec()).collect();
+        let done = RelayReport {
+            files: 0,
+            bytes: 0,
+            unchanged: 0,
+            streams: 1,
+            block_size: 1 << 20,
+            failures: vec![],
+            sink_cpu_s: -1.0,
+            share_files: 0,
+            share_bytes: 0,
+            listing: 0,
+            error: String::new(),
+        };
+        let p = placed.map(|(cut, placed)| RelayPlaced {
+            cut: v(cut),
+            placed: placed.map(v),
+        });
+        Ok((done, p))
+    }
+
+    /// The failed paths of a push whose pairs said `rs`.
+    fn verdict(rs: &[Result<Relayed, EngineError>]) -> Vec<String> {
+        let pieced: Vec<Pieced> = rs.iter().map(pair_pieced).collect();
+        let mut r = Ok(Report::default());
+        fail_unplaced(&mut r, &pieced);
+        r.unwrap().failed.into_iter().map(|f| f.path).collect()
+    }
+
+    /// Between two sites a big file no pair's sink placed is failed, one
+    /// named by a pair's sink is not; a pair whose source daemon is of
+    /// before (no RelayPlaced: which files it cut is unknown) or whose
+    /// relay failed makes nothing judged; a sink of before leaves its
+    /// files unjudged.
+    #[test]
+    fn a_pair_of_before_is_not_judged() {
+        let a = relayed(Some((&["src/big", "src/huge"], Some(&["src/huge"]))));
+        let b = relayed(Some((&["src/big"], Some(&[]))));
+        assert_eq!(verdict(&[a, b]), vec!["src/big"]);
+        let a = relayed(Some((&["src/big"], Some(&[]))));
+        assert!(verdict(&[a, relayed(None)]).is_empty());
+        let a = relayed(Some((&["src/big"], Some(&[]))));
+        let failed = Err(EngineError::local("A -> B: refused"));
+        assert!(verdict(&[a, failed]).is_empty());
+        let a = relayed(Some((&["src/big"], None)));
+        let b = relayed(Some((&["src/big", "src/x"], Some(&[]))));
+        assert_eq!(verdict(&[a, b]), vec!["src/x"]);
+    }
 }

@@ -186,13 +186,7 @@ pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>,
     }
     let share = |s: &Stripe| format!("(share of {}: {} files)", s.daemon, s.share_files);
     let mut report = outcomes.report(&stripes, share);
-    if let Ok(rep) = &mut report {
-        if rep.failed.is_empty() {
-            for f in unplaced(&pieced) {
-                rep.failed.push(FailedPath::new(show(&f), UNPLACED));
-            }
-        }
-    }
+    fail_unplaced(&mut report, &pieced);
     Ok((report, stripes))
 }
 
@@ -201,12 +195,28 @@ pub fn run(job: Job, json: bool) -> anyhow::Result<(Result<Report, EngineError>,
 const UNPLACED: &str =
     "every piece verified but no sink placed the file; run again with --resume to place it";
 
+/// A push (here, or between two sites: pairs::striped) that ended without
+/// a failure fails each big file no sink placed ([`unplaced`]), one line
+/// each. The lists only decide this verdict: nothing is read or written
+/// by them (docs/SECURITY.md).
+pub(crate) fn fail_unplaced(report: &mut Result<Report, EngineError>, pieced: &[Pieced]) {
+    if let Ok(rep) = report {
+        if rep.failed.is_empty() {
+            for f in unplaced(pieced) {
+                rep.failed.push(FailedPath::new(show(&f), UNPLACED));
+            }
+        }
+    }
+}
+
 /// One share's big files cut into pieces, and what its session said of
-/// them: None when it failed, Some(None) when its sink sent no Placed (a
-/// sink of before), else the record paths in place at its end.
-struct Pieced {
-    cut: Vec<Vec<u8>>,
-    placed: Option<Option<Vec<Vec<u8>>>>,
+/// them: None when it failed (or, between two sites, its relaying daemon
+/// of before did not say which files it cut: then nothing is judged),
+/// Some(None) when its sink sent no Placed (a sink of before), else the
+/// record paths in place at its end.
+pub(crate) struct Pieced {
+    pub(crate) cut: Vec<Vec<u8>>,
+    pub(crate) placed: Option<Option<Vec<Vec<u8>>>>,
 }
 
 /// The big files no sink placed (docs/SITE.md "A big file's blocks"):

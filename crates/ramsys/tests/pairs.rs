@@ -60,13 +60,38 @@ fn wait_peer(key: &Path, env: &[(&str, &Path)], a: &str, b: &str) {
 
 /// Source daemon A serving `ra`, sink daemon B serving `rb`, B a peer of A.
 fn pair(ra: &Path, rb: &Path, key: &Path, extra: &[&str]) -> (TestDaemon, TestDaemon) {
-    let mut ea = vec!["--site-interval", "50"];
-    ea.extend_from_slice(extra);
-    let a = TestDaemon::start_with(ra, key, &ea);
-    let mut eb = vec!["--site-interval", "50", "--peer", &a.addr];
-    eb.extend_from_slice(extra);
-    let b = TestDaemon::start_with(rb, key, &eb);
+    let a = daemon(ra, key, extra, &[]);
+    let b = sink_of(&a, rb, key, extra, &[]);
     (a, b)
+}
+
+/// A daemon serving `root` with `--site-interval 50`, `extra` and the
+/// environment `env` (fault hooks).
+fn daemon(root: &Path, key: &Path, extra: &[&str], env: Env) -> TestDaemon {
+    let mut c = std::process::Command::new(bin());
+    c.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--site-interval",
+        "50",
+        "--root",
+    ])
+    .arg(root)
+    .arg("--key-file")
+    .arg(key)
+    .args(extra)
+    .envs(env.iter().copied())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::inherit());
+    TestDaemon::spawn(c, root)
+}
+
+/// A sink daemon serving `rb`, a peer of `a`.
+fn sink_of(a: &TestDaemon, rb: &Path, key: &Path, extra: &[&str], env: Env) -> TestDaemon {
+    let mut eb = vec!["--peer", &a.addr];
+    eb.extend_from_slice(extra);
+    daemon(rb, key, &eb, env)
 }
 
 #[test]
@@ -342,6 +367,14 @@ struct Pairs {
 }
 
 fn three_pairs(big: usize, size: usize) -> Pairs {
+    three_pairs_env(big, size, (&[], &[]))
+}
+
+/// A daemon's environment: (variable, value), fault hooks.
+type Env<'a> = &'a [(&'a str, &'a str)];
+
+/// [`three_pairs`] with the source and sink daemons' environments.
+fn three_pairs_env(big: usize, size: usize, (env_a, env_b): (Env, Env)) -> Pairs {
     let t = tempfile::tempdir().unwrap();
     let key = key_file(t.path());
     let (ra, rb) = (t.path().join("a"), t.path().join("b"));
@@ -350,9 +383,9 @@ fn three_pairs(big: usize, size: usize) -> Pairs {
     tree(&src, big, size);
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for _ in 0..3 {
-        let (x, y) = pair(&ra, &rb, &key, &[]);
+        let x = daemon(&ra, &key, &[], env_a);
+        b.push(sink_of(&x, &rb, &key, &[], env_b));
         a.push(x);
-        b.push(y);
     }
     for (x, y) in a.iter().zip(&b) {
         wait_peer(&key, &[], &x.addr, &y.addr);
@@ -463,6 +496,134 @@ fn a_big_files_pieces_striped_over_three_pairs() {
     let o = ramsys(&p.key, &["cp", "-r", "--stripe", "--json", &s, &d]);
     assert_ok(&o);
     assert_eq!(summary(&o)["bytes"], 0);
+    drop(p.t);
+}
+
+/// Issue 36 between two sites: sinks whose fault hook skips every rename
+/// of a big file (as the lost-marker race did) leave its pieces verified
+/// but the file not placed; each pair's source daemon says so in its
+/// RelayPlaced, and the push fails in one line naming the file with a
+/// non-zero exit (it exited 0 without it). A daemon asked nothing sends
+/// no RelayPlaced (an agent of before reads its relay as before).
+/// `--resume` over sound sinks places the file from the kept pieces,
+/// moving nothing, and a run again finds it in place.
+#[test]
+fn a_big_file_no_pairs_sink_placed_fails_the_push_in_one_line() {
+    let skip = [("RAMSYS_FAULT_SKIP_PLACE", "1")];
+    let mut p = three_pairs_env(0, 0, (&[], &skip));
+    std::fs::write(p.src.join("huge"), Rng(6).bytes(24 << 20)).unwrap();
+    let (s, d) = (
+        format!("ramsys://{}/src", list(&p.a)),
+        format!("ramsys://{}/dst", list(&p.b)),
+    );
+    let o = ramsys(&p.key, &["cp", "-r", "--stripe", &s, &d]);
+    assert!(!o.status.success(), "exit 0 without the file");
+    let err = stderr(&o);
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("no sink placed"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains("src/huge") && lines[0].contains("--resume"),
+        "{err}"
+    );
+    assert!(!p.rb.join("dst/src/huge").exists());
+    assert!(p.rb.join("dst/src").is_dir(), "the rest was placed: {err}");
+    // What a pair's source daemon says, asked and not: one share of all.
+    let relay = |ask: bool, dest: &str| {
+        let remote = ramsys_engine::roles::client::Remote {
+            transport: std::sync::Arc::new(ramsys_engine::transport::tcp::Tcp {
+                socket_buffer: None,
+            }),
+            addr: p.a[0].addr.clone(),
+            key: ramsys_resources::keys::load_existing(&p.key).unwrap(),
+            connect_timeout: Duration::from_secs(10),
+            user: None,
+        };
+        let req = ramsys_proto::control::Relay {
+            sink: p.b[0].addr.clone(),
+            paths: vec![b"src".to_vec()],
+            dest: dest.as_bytes().to_vec(),
+            recursive: true,
+            streams: 0,
+            block_size: 1 << 20,
+            checksum: false,
+            flags: ramsys_engine::request::sync::flags::SYNC,
+            select: Default::default(),
+            preserve: 0,
+            bwlimit: 0,
+            cipher: 0,
+            share: Some(ramsys_proto::control::Share {
+                index: 0,
+                weights: vec![1000],
+                pieces: ramsys_engine::request::shares::PIECE_ALIGN as u32,
+            }),
+        };
+        let stats = ramsys_engine::Stats::default();
+        ramsys_engine::roles::client::relay(&remote, req, &stats, Duration::from_secs(30), ask)
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let (done, placed) = relay(true, "probe");
+    assert!(done.error.is_empty(), "{done:?}");
+    let placed = placed.expect("asked: a RelayPlaced");
+    assert_eq!(placed.cut, vec![b"src/huge".to_vec()]);
+    assert_eq!(placed.placed, Some(vec![]), "the sink placed nothing");
+    let (done, placed) = relay(false, "probe");
+    assert!(
+        done.error.is_empty() && placed.is_none(),
+        "{done:?} {placed:?}"
+    );
+    std::fs::remove_dir_all(p.rb.join("probe")).unwrap();
+    // Sound sinks: --resume places it from the kept pieces.
+    p.b.clear();
+    for x in &p.a {
+        p.b.push(sink_of(x, &p.rb, &p.key, &[], &[]));
+    }
+    for (x, y) in p.a.iter().zip(&p.b) {
+        wait_peer(&p.key, &[], &x.addr, &y.addr);
+    }
+    let d = format!("ramsys://{}/dst", list(&p.b));
+    let o = ramsys(
+        &p.key,
+        &["cp", "-r", "--stripe", "--resume", "--json", &s, &d],
+    );
+    assert_ok(&o);
+    assert_eq!(
+        summary(&o)["bytes"],
+        0,
+        "every piece was kept: {}",
+        stderr(&o)
+    );
+    assert_same_tree(&p.src, &p.rb.join("dst/src"));
+    assert!(temp_files(&p.rb).is_empty(), "{:?}", temp_files(&p.rb));
+    let o = ramsys(
+        &p.key,
+        &["cp", "-r", "--stripe", "--resume", "--json", &s, &d],
+    );
+    assert_ok(&o);
+    assert_eq!(summary(&o)["ok"], true);
+    drop(p.t);
+}
+
+/// A pair's source daemon of before (its fault hook ignores the ask, as
+/// a daemon of before does) sends no RelayPlaced: which files its share
+/// cut is unknown, so nothing is judged and a push whose sinks placed no
+/// big file ends as before, exit 0 (as for a sink of before).
+#[test]
+fn a_relay_of_before_is_not_judged() {
+    let old = [("RAMSYS_FAULT_RELAY_OF_BEFORE", "1")];
+    let skip = [("RAMSYS_FAULT_SKIP_PLACE", "1")];
+    let p = three_pairs_env(0, 0, (&old, &skip));
+    std::fs::write(p.src.join("huge"), Rng(7).bytes(24 << 20)).unwrap();
+    let (s, d) = (
+        format!("ramsys://{}/src", list(&p.a)),
+        format!("ramsys://{}/dst", list(&p.b)),
+    );
+    let o = ramsys(&p.key, &["cp", "-r", "--stripe", "--json", &s, &d]);
+    assert_ok(&o);
+    assert!(!stderr(&o).contains("no sink placed"), "{}", stderr(&o));
+    assert!(!p.rb.join("dst/src/huge").exists(), "the hook placed it");
     drop(p.t);
 }
 

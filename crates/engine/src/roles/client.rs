@@ -18,7 +18,7 @@ use crate::session::{dial, ClientSession, Connect, PreLinks};
 use crate::storage::fsops::Root;
 use crate::transport::crypto::Cipher;
 use crate::transport::sealed::{End, SealedLink};
-use crate::transport::wire::send_control;
+use crate::transport::wire::{send_control, send_control_flagged};
 use crate::transport::{path, Transport};
 use crate::types::error::EngineError;
 use crate::types::stats::Stats;
@@ -581,24 +581,45 @@ pub fn request_token(remote: &Remote, ttl_s: u32) -> Result<OneTimeCredential, E
     }
 }
 
+/// A relay's outcome as the agent gets it: the RelayDone, and the
+/// RelayPlaced before it (None: not asked, the relay failed, or a daemon
+/// of before sent none).
+pub type Relayed = (
+    ramsys_proto::control::RelayReport,
+    Option<ramsys_proto::control::RelayPlaced>,
+);
+
 /// A third-party transfer (issue 19, server::relay): ask the daemon at
 /// `remote` (the source) to push to the sink `relay.sink`, and follow its
 /// progress into `stats` until its RelayDone. `idle` bounds the wait for
-/// any message (the source reports every 500 ms).
+/// any message (the source reports every 500 ms). `ask_placed`: ask which
+/// big files in pieces the sink placed (frame::PLACED_FLAG, issue 36; a
+/// striped transfer's pairs).
 pub fn relay(
     remote: &Remote,
     relay: ramsys_proto::control::Relay,
     stats: &Stats,
     idle: Duration,
-) -> Result<ramsys_proto::control::RelayReport, EngineError> {
+    ask_placed: bool,
+) -> Result<Relayed, EngineError> {
     use std::sync::atomic::Ordering::Relaxed;
     let cipher = Cipher::from_id(relay.cipher)?;
     let mut s = remote.connect().open(&*remote.transport)?;
     seal_control(&mut s, cipher)?;
-    send_control(&mut *s.ctl, &Control::RelayOpen(relay))?;
+    let flags = if ask_placed {
+        ramsys_proto::frame::PLACED_FLAG
+    } else {
+        0
+    };
+    send_control_flagged(&mut *s.ctl, &Control::RelayOpen(relay), flags)?;
     s.ctl.set_read_timeout(Some(idle))?;
+    // The daemon's messages in their order, RelayPlaced checked.
+    let mut machine = ramsys_proto::session::RelayMachine::new(flags);
+    let mut placed = None;
     loop {
-        match crate::transport::wire::recv_control(&mut *s.ctl)? {
+        let m = crate::transport::wire::recv_control(&mut *s.ctl)?;
+        machine.on_recv(&m)?;
+        match m {
             Control::RelayProgress {
                 files,
                 bytes,
@@ -610,19 +631,14 @@ pub fn relay(
                 stats.total_files.store(total_files, Relaxed);
                 stats.total_bytes.store(total_bytes, Relaxed);
             }
+            Control::RelayPlaced(p) => placed = Some(p),
             Control::RelayDone(r) => {
                 stats.files.store(r.files, Relaxed);
                 stats.bytes.store(r.bytes, Relaxed);
-                return Ok(r);
+                return Ok((r, placed));
             }
             Control::Error { message, .. } => return Err(EngineError::Refused(message)),
-            other => {
-                return Err(ramsys_proto::ProtoError::Unexpected {
-                    got: other.name(),
-                    state: "awaiting RelayProgress or RelayDone",
-                }
-                .into())
-            }
+            other => unreachable!("the relay machine refuses {}", other.name()),
         }
     }
 }

@@ -583,10 +583,10 @@ fn serve_control(
     let (session, skey) = (auth.session, auth.key);
     // Removed again on every exit from here on.
     let (registered, rx) = register(sh, link, &auth)?;
-    let Some((first, sealed)) = seal(link, &skey)? else {
+    let Some((first, flags, sealed)) = seal(link, &skey)? else {
         return Ok(());
     };
-    let Some((mut pre, first)) = preamble(sh, link, &mut auth, (first, sealed))? else {
+    let Some((mut pre, first)) = preamble(sh, link, &mut auth, (first, flags, sealed))? else {
         return Ok(());
     };
     // A replication job's channel (issue 38): its batches' sessions
@@ -595,7 +595,7 @@ fn serve_control(
         drop(registered);
         return kept::serve_watch(sh, link, &mut auth, (version, dest), (path, sealed));
     }
-    let Some(req) = serve_request(sh, link, &auth, first)? else {
+    let Some(req) = serve_request(sh, link, &auth, (first, pre.flags))? else {
         return Ok(());
     };
     let req = match pre.apply(req, path) {

@@ -16,7 +16,8 @@
 //! - `sync.rs`: the SyncOpen/SyncMode flag bits; `delta.rs`: what the sink
 //!   has and the source's verdict on it (Have, Reuse).
 //! - `paths.rs`: `--files-from`'s list, packed (PathList).
-//! - `relay.rs`: third-party transfers (Relay, Share, RelayReport).
+//! - `relay.rs`: third-party transfers (Relay, Share, RelayReport,
+//!   RelayPlaced).
 //! - `transport.rs`: what links and hosts report (TCP buffers, stream growth,
 //!   raw interfaces).
 //! - `watch.rs`: a watch channel's operations.
@@ -40,7 +41,7 @@ pub use delta::{Have, HaveState, Reuse, ReuseKind};
 pub use meta::{Complete, Entry, EntryKind, Failure, MAX_PIECES, SCAN_FAILURES_KEPT};
 pub use open::{Confirm, Open, Propose, Role, Selection};
 pub use paths::{PathList, PathListFull};
-pub use relay::{Relay, RelayReport, Share};
+pub use relay::{Relay, RelayPlaced, RelayReport, Share};
 pub use transport::{GrowStage, RawIface, StageLinks, TcpBuffers};
 pub use watch::{WatchOp, WatchResult, WATCH_SESSIONS, WATCH_VERSION};
 
@@ -439,6 +440,11 @@ pub enum Control {
     Placed {
         files: Vec<Vec<u8>>,
     },
+    /// Server to client during a relay, once, right before RelayDone,
+    /// only when the RelayOpen frame carried frame::PLACED_FLAG and the
+    /// push ran (issue 36): the big files of the pair's share in pieces
+    /// and those its sink placed ([`RelayPlaced::check`]).
+    RelayPlaced(RelayPlaced),
 }
 
 /// Most paths a Placed may name: a big file is cut only when it is at

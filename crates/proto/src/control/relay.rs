@@ -1,9 +1,11 @@
 //! Third-party transfers: the request (Relay), a pair's share of a striped one
-//! (Share) and its outcome (RelayReport).
+//! (Share), its outcome (RelayReport) and what its sink placed of the big
+//! files in pieces (RelayPlaced).
 
 use serde::{Deserialize, Serialize};
 
-use super::{Failure, Selection};
+use super::{Failure, Selection, MAX_PLACED};
+use crate::ProtoError;
 
 /// A third-party transfer request (RelayOpen).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,4 +75,41 @@ pub struct RelayReport {
     pub listing: u64,
     /// Empty: done (see `failures`); else why the relay failed, one line.
     pub error: String,
+}
+
+/// What a relay's push said of the big files its share held pieces of
+/// (RelayPlaced, issue 36; docs/PROTOCOL.md "Third-party transfers"):
+/// sent right before RelayDone, only to an agent that asked (PLACED_FLAG
+/// on its RelayOpen frame), so the agent can fail a striped transfer
+/// between two sites whose file no sink placed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelayPlaced {
+    /// The record paths of the big files this pair's share held pieces
+    /// of (the Piece records it sent).
+    pub cut: Vec<Vec<u8>>,
+    /// Of those, the ones the sink named in its Placed; None: the sink
+    /// sent no Placed (a sink of before).
+    pub placed: Option<Vec<Vec<u8>>>,
+}
+
+impl RelayPlaced {
+    /// At most [`MAX_PLACED`] paths in each list (a share holds pieces of
+    /// 16 files at most, as for Placed), each a valid relative path, and
+    /// `placed` only names files of `cut`. Anything else: malformed.
+    pub fn check(&self) -> Result<(), ProtoError> {
+        let placed = self.placed.as_deref().unwrap_or_default();
+        if self.cut.len() > MAX_PLACED || placed.len() > MAX_PLACED {
+            return Err(ProtoError::malformed("relay placed", "too many paths"));
+        }
+        for p in self.cut.iter().chain(placed) {
+            crate::path::validate_relative(p)?;
+        }
+        if placed.iter().any(|p| !self.cut.contains(p)) {
+            return Err(ProtoError::malformed(
+                "relay placed",
+                "a placed file that was not cut into pieces",
+            ));
+        }
+        Ok(())
+    }
 }

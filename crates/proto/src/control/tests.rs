@@ -361,6 +361,14 @@ fn roundtrip_every_variant() {
         Control::Placed {
             files: vec![b"big".to_vec(), b"d/huge".to_vec()],
         },
+        Control::RelayPlaced(RelayPlaced {
+            cut: vec![b"src/big".to_vec(), b"src/huge".to_vec()],
+            placed: Some(vec![b"src/huge".to_vec()]),
+        }),
+        Control::RelayPlaced(RelayPlaced {
+            cut: vec![b"src/big".to_vec()],
+            placed: None,
+        }),
         Control::Entries(vec![Entry {
             id: 3,
             path: b"d/l".to_vec(),

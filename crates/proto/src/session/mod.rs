@@ -10,14 +10,17 @@
 //! confused or hostile peer is caught here and not deep in the engine.
 //!
 //! One file per job (issue 37): `mod.rs` the phases and the re-exports;
-//! `source.rs` and `sink.rs` the two machines; `checks.rs` the sink's
+//! `source.rs` and `sink.rs` the two machines; `relay.rs` the agent's end
+//! of a third-party transfer; `checks.rs` the sink's
 //! checks of metadata records and attributes from a peer; `tests.rs`
 //! whole sessions and hostile orders through both machines.
 
 mod checks;
+mod relay;
 mod sink;
 mod source;
 
+pub use relay::RelayMachine;
 pub use sink::{SinkMachine, MAX_GROW_STAGES, MAX_WINDOW_IDS};
 pub use source::SourceMachine;
 

@@ -1303,3 +1303,86 @@ fn placed_only_when_asked_once_before_complete() {
     src.on_recv(&done).unwrap();
     assert_eq!(src.phase(), Phase::Done);
 }
+
+/// A RelayPlaced (issue 36) reaches the agent only when its RelayOpen
+/// frame asked (frame::PLACED_FLAG), once, before RelayDone, with at most
+/// MAX_PLACED valid paths in each list and only cut files placed; the
+/// agent's machine refuses it otherwise, and a relay of before (none
+/// sent) is a relay like any other.
+#[test]
+fn relay_placed_only_when_asked_once_before_done() {
+    use crate::control::{RelayPlaced, RelayReport, MAX_PLACED};
+    use crate::frame::PLACED_FLAG;
+    let v = |l: &[&str]| l.iter().map(|s| s.as_bytes().to_vec()).collect::<Vec<_>>();
+    let rp = |cut: &[&str], placed: Option<&[&str]>| {
+        Control::RelayPlaced(RelayPlaced {
+            cut: v(cut),
+            placed: placed.map(v),
+        })
+    };
+    let progress = Control::RelayProgress {
+        files: 1,
+        bytes: 2,
+        total_files: 3,
+        total_bytes: 4,
+    };
+    let done = Control::RelayDone(RelayReport {
+        files: 1,
+        bytes: 2,
+        unchanged: 0,
+        streams: 1,
+        block_size: 1 << 20,
+        failures: vec![],
+        sink_cpu_s: -1.0,
+        share_files: 1,
+        share_bytes: 2,
+        listing: 7,
+        error: String::new(),
+    });
+    let ok = rp(&["src/a", "src/b"], Some(&["src/b"]));
+    // Asked: progress, one RelayPlaced, RelayDone.
+    let mut m = RelayMachine::new(PLACED_FLAG);
+    m.on_recv(&progress).unwrap();
+    m.on_recv(&ok).unwrap();
+    // Twice, or progress after it: refused.
+    assert!(RelayMachine::new(PLACED_FLAG).on_recv(&ok).is_ok());
+    let mut twice = RelayMachine::new(PLACED_FLAG);
+    twice.on_recv(&ok).unwrap();
+    assert!(twice.on_recv(&ok).is_err());
+    let mut late = RelayMachine::new(PLACED_FLAG);
+    late.on_recv(&ok).unwrap();
+    assert!(late.on_recv(&progress).is_err());
+    m.on_recv(&done).unwrap();
+    // Nothing after RelayDone.
+    assert!(m.on_recv(&ok).is_err() && m.on_recv(&done).is_err());
+    // A sink of before: cut, no placed list.
+    RelayMachine::new(PLACED_FLAG)
+        .on_recv(&rp(&["big"], None))
+        .unwrap();
+    // Unasked (an agent of before never gets one): refused.
+    let mut unasked = RelayMachine::new(0);
+    assert!(unasked.on_recv(&ok).is_err());
+    // Asked, but a daemon of before sends none: a relay as before.
+    let mut old = RelayMachine::new(PLACED_FLAG);
+    old.on_recv(&progress).unwrap();
+    old.on_recv(&done).unwrap();
+    // Hostile contents: too many, bad paths, a placed file not cut.
+    let many: Vec<String> = (0..=MAX_PLACED).map(|i| format!("f{i}")).collect();
+    let many: Vec<&str> = many.iter().map(|s| s.as_str()).collect();
+    for bad in [
+        rp(&many, Some(&[])),
+        rp(&["a"], Some(&many)),
+        rp(&["/etc/passwd"], Some(&[])),
+        rp(&["a"], Some(&["../a"])),
+        rp(&[""], None),
+        rp(&["a/../b"], None),
+        rp(&["src/a"], Some(&["src/elsewhere"])),
+    ] {
+        let mut m = RelayMachine::new(PLACED_FLAG);
+        assert!(m.on_recv(&bad).is_err(), "{bad:?}");
+    }
+    // Anything else during a relay.
+    assert!(RelayMachine::new(PLACED_FLAG)
+        .on_recv(&Control::Settled)
+        .is_err());
+}

@@ -14,7 +14,7 @@ use ramsys_proto::Control;
 
 use crate::daemon::credentials::{Grant, Refusal};
 use crate::session::serve_handshake;
-use crate::transport::wire::{recv_control, send_control};
+use crate::transport::wire::{recv_control_flags, send_control};
 use crate::transport::Link;
 use crate::types::error::EngineError;
 
@@ -130,15 +130,15 @@ pub(super) fn register_batch(
 
 /// The request, behind SealControl if the client asked for one (--encrypt,
 /// or a relaying daemon: everything after it is sealed both ways,
-/// transport/sealed.rs; AuthOk was the last clear frame), and whether it
-/// was sealed. None: refused.
+/// transport/sealed.rs; AuthOk was the last clear frame), its frame's
+/// flags, and whether it was sealed. None: refused.
 pub(super) fn seal(
     link: &mut Box<dyn Link>,
     key: &Bytes32,
-) -> Result<Option<(Control, bool)>, EngineError> {
-    let first = recv_control(&mut **link)?;
+) -> Result<Option<(Control, u8, bool)>, EngineError> {
+    let (first, flags) = recv_control_flags(&mut **link)?;
     let Control::SealControl { cipher } = first else {
-        return Ok(Some((first, false)));
+        return Ok(Some((first, flags, false)));
     };
     let cipher = match crate::transport::crypto::Cipher::from_id(cipher) {
         Ok(c) if c != crate::transport::crypto::Cipher::None => c,
@@ -153,7 +153,7 @@ pub(super) fn seal(
     *link = Box::new(crate::transport::sealed::SealedLink::new(
         inner, cipher, key, end, 0,
     )?);
-    recv_control(&mut **link).map(|m| Some((m, true)))
+    recv_control_flags(&mut **link).map(|(m, f)| Some((m, f, true)))
 }
 
 /// A one-time credential for the authenticated user (docs/SECURITY.md).

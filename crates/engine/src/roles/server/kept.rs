@@ -24,7 +24,7 @@ use super::redirect::{preamble, sent_elsewhere};
 use super::request::open_request;
 use super::{refuse, run_counted, DaemonShared, Unannounce};
 use crate::session::ServerLinks;
-use crate::transport::wire::recv_control;
+use crate::transport::wire::recv_control_flags;
 use crate::transport::Link;
 use crate::types::error::EngineError;
 
@@ -69,7 +69,7 @@ fn serve_batch(
     (path, sealed): (bool, bool),
 ) -> Result<(), EngineError> {
     crate::types::phase::start();
-    let first = recv_control(&mut **link)?;
+    let (first, flags) = recv_control_flags(&mut **link)?;
     // The channel's user runs every batch: no relaying for another.
     if let Control::OnBehalf { .. } = first {
         refuse(
@@ -79,7 +79,7 @@ fn serve_batch(
         );
         return Ok(());
     }
-    let Some((mut pre, first)) = preamble(sh, link, auth, (first, sealed))? else {
+    let Some((mut pre, first)) = preamble(sh, link, auth, (first, flags, sealed))? else {
         return Ok(());
     };
     let req = match open_request(first) {

@@ -9,7 +9,7 @@ use ramsys_proto::control::PathList;
 use ramsys_proto::control::{Bytes32, Role};
 use ramsys_proto::Control;
 
-use crate::transport::wire::recv_control;
+use crate::transport::wire::recv_control_flags;
 use crate::transport::Link;
 use crate::types::error::EngineError;
 
@@ -31,6 +31,8 @@ pub(super) struct Preamble {
     pub(super) grow: bool,
     /// A long `--files-from` list sent ahead of the request (SelectFiles).
     pub(super) files: PathList,
+    /// The request's frame flags (a RelayOpen's frame::PLACED_FLAG).
+    pub(super) flags: u8,
 }
 
 impl Preamble {
@@ -65,31 +67,38 @@ pub(super) fn preamble(
     sh: &DaemonShared,
     link: &mut Box<dyn Link>,
     auth: &mut Authenticated,
-    (first, sealed): (Control, bool),
+    (first, flags, sealed): (Control, u8, bool),
 ) -> Result<Option<(Preamble, Control)>, EngineError> {
+    // Each message read here, keeping the last one's frame flags: the
+    // request's, once the preamble is read.
+    let mut flags = flags;
+    let mut next = |link: &mut Box<dyn Link>| -> Result<Control, EngineError> {
+        let (m, f) = recv_control_flags(&mut **link)?;
+        flags = f;
+        Ok(m)
+    };
     let (relayed, first) = match first {
         Control::OnBehalf { user } => {
             let Some(g) = relay::on_behalf(sh, link, &auth.grant, &user, sealed) else {
                 return Ok(None);
             };
             auth.grant = g;
-            (true, recv_control(&mut **link)?)
+            (true, next(link)?)
         }
         first => (false, first),
     };
     let (bwlimit, first) = match first {
-        Control::BwLimit { bytes_per_s } => (
-            bytes_per_s.max(crate::data::rate::MIN_RATE),
-            recv_control(&mut **link)?,
-        ),
+        Control::BwLimit { bytes_per_s } => {
+            (bytes_per_s.max(crate::data::rate::MIN_RATE), next(link)?)
+        }
         first => (0, first),
     };
     let (redirected, first) = match first {
-        Control::Redirected { from } => (Some(from), recv_control(&mut **link)?),
+        Control::Redirected { from } => (Some(from), next(link)?),
         first => (None, first),
     };
     let (grow, mut first) = match first {
-        Control::GrowStreams => (true, recv_control(&mut **link)?),
+        Control::GrowStreams => (true, next(link)?),
         first => (false, first),
     };
     let (mut files, mut bytes) = (PathList::default(), 0u64);
@@ -111,7 +120,7 @@ pub(super) fn preamble(
             refuse(link, 1, msg);
             return Ok(None);
         }
-        first = recv_control(&mut **link)?;
+        first = next(link)?;
     }
     let pre = Preamble {
         relayed,
@@ -119,6 +128,7 @@ pub(super) fn preamble(
         redirected,
         grow,
         files,
+        flags,
     };
     Ok(Some((pre, first)))
 }

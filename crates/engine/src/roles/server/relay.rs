@@ -9,12 +9,15 @@
 //! reports back to the agent (RelayProgress every 500 ms, then one
 //! RelayDone). With a Share (a striped transfer over several pairs) A
 //! lists the sources and sends only its pair's share of the files
-//! (request::shares).
+//! (request::shares); an agent that asks (frame::PLACED_FLAG on its
+//! RelayOpen) is told, in a RelayPlaced right before RelayDone, which big
+//! files the share held pieces of and which of them the sink placed
+//! (issue 36), so it can fail a file no pair's sink placed.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use ramsys_proto::control::{Failure, Open, Relay, RelayReport, Role};
+use ramsys_proto::control::{Failure, Open, Relay, RelayPlaced, RelayReport, Role, MAX_PLACED};
 use ramsys_proto::path::validate_relative;
 use ramsys_proto::Control;
 
@@ -83,10 +86,11 @@ pub(crate) fn on_behalf(
 pub(crate) fn serve(
     sh: &DaemonShared,
     link: &mut Box<dyn Link>,
-    session: u64,
+    (session, flags): (u64, u8),
     grant: &Grant,
     relay: Relay,
 ) {
+    let asked = flags & ramsys_proto::frame::PLACED_FLAG != 0 && !of_before_fault();
     let (opts, tops, share) = match prepare(sh, grant, &relay) {
         Ok(v) => v,
         Err((code, m)) => {
@@ -110,7 +114,7 @@ pub(crate) fn serve(
         .rates
         .for_session(session, relay.bwlimit, grant.rate.clone(), true, &mut opts);
     let stats = Arc::new(Stats::default());
-    let (share_files, share_bytes, listing) = share.as_ref().map_or((0, 0, 0), |s| *s);
+    let (share_files, share_bytes, listing) = share.as_ref().map_or((0, 0, 0), |s| s.counts);
     let r = if share.is_some() && opts.select.files.is_empty() {
         // This pair's share is empty (more pairs than files).
         Ok(Report::default())
@@ -131,12 +135,50 @@ pub(crate) fn serve(
         Ok(_) => tracing::info!("session {session:x}: relay complete"),
         Err(e) => tracing::warn!("session {session:x}: relay failed: {e}"),
     }
+    if let (true, Ok(rep)) = (asked, &r) {
+        let cut = share.map(|s| s.cut).unwrap_or_default();
+        let m = Control::RelayPlaced(placed(cut, rep.placed.as_deref()));
+        // Not sent: the agent is gone, and so is RelayDone.
+        let _ = send_control(&mut **link, &m);
+    }
     send_final(&mut **link, &Control::RelayDone(done));
 }
 
+/// The RelayPlaced of a push that ran: the big files of the share in
+/// pieces (`cut`, each path once) and those of them its sink named in its
+/// Placed (`placed`; None: a sink of before sent none). Bounded as the
+/// agent checks it (RelayPlaced::check): a share holds pieces of 16 files
+/// at most, and the sink's list was checked by this end's source machine.
+fn placed(mut cut: Vec<Vec<u8>>, placed: Option<&[Vec<u8>]>) -> RelayPlaced {
+    cut.truncate(MAX_PLACED);
+    let placed = placed.map(|p| {
+        let mut v: Vec<Vec<u8>> = p.iter().filter(|f| cut.contains(f)).cloned().collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    });
+    RelayPlaced { cut, placed }
+}
+
+/// Fault injection for the agent's placed check between two sites
+/// (crates/ramsys/tests/pairs.rs): `RAMSYS_FAULT_RELAY_OF_BEFORE=1` makes
+/// this daemon ignore PLACED_FLAG on a RelayOpen and send no RelayPlaced,
+/// as a daemon of before does. Read once per process.
+fn of_before_fault() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("RAMSYS_FAULT_RELAY_OF_BEFORE").is_ok_and(|v| v == "1"))
+}
+
+/// A pair's share as the relay deals it: its files, bytes and the digest
+/// of the listing it was dealt from (RelayReport), and the big files it
+/// holds pieces of (RelayPlaced).
+struct Dealt {
+    counts: (u64, u64, u64),
+    cut: Vec<Vec<u8>>,
+}
+
 /// What a relay needs, checked before anything moves: (options, source
-/// tops, the share's files, bytes and listing digest). Err: (code, one
-/// line) to refuse with.
+/// tops, the share as dealt). Err: (code, one line) to refuse with.
 #[allow(clippy::type_complexity)]
 fn prepare(
     sh: &DaemonShared,
@@ -146,7 +188,7 @@ fn prepare(
     (
         TransferOptions,
         Vec<crate::request::walk::Top>,
-        Option<(u64, u64, u64)>,
+        Option<Dealt>,
     ),
     (u16, String),
 > {
@@ -219,7 +261,10 @@ fn prepare(
         let whole = opts.preserve != 0 || opts.sync & crate::request::sync::flags::DRY_RUN != 0;
         let align = if whole { 0 } else { u64::from(s.pieces) };
         let mine = shares::deal(files, others, &weights, align).swap_remove(usize::from(s.index));
-        share = Some((mine.files, mine.bytes, listing));
+        share = Some(Dealt {
+            counts: (mine.files, mine.bytes, listing),
+            cut: mine.pieces.keys().cloned().collect(),
+        });
         opts.pieces = mine.pieces();
         opts.select.files = mine.paths.into();
         opts.select.files_recursive = false;

@@ -36,7 +36,7 @@ pub(super) fn serve_request(
     sh: &DaemonShared,
     link: &mut Box<dyn Link>,
     a: &Authenticated,
-    first: Control,
+    (first, flags): (Control, u8),
 ) -> Result<Option<Request>, EngineError> {
     let first = match open_request(first) {
         Ok(req) => return Ok(Some(req)),
@@ -49,8 +49,9 @@ pub(super) fn serve_request(
             send_control(&mut **link, &Control::StatusReport { json })?;
         }
         Control::TokenRequest { ttl_s } => mint(sh, link, a, ttl_s)?,
-        // A third-party transfer from here to a site peer (server::relay).
-        Control::RelayOpen(relay) => relay::serve(sh, link, a.session, &a.grant, relay),
+        // A third-party transfer from here to a site peer (server::relay);
+        // the agent may ask what its sink placed (frame::PLACED_FLAG).
+        Control::RelayOpen(relay) => relay::serve(sh, link, (a.session, flags), &a.grant, relay),
         // `--transport raw|auto` (transport::rawlink): our interfaces.
         Control::RawQuery => {
             let ifaces = sh.raw.get().cloned().unwrap_or_default();
