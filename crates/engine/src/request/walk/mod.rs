@@ -140,14 +140,17 @@ impl Pace {
 
 /// What the directory pass leaves to the second, in scan order.
 enum Deferred {
-    /// Already stat'ed: a top-level file, symlink or device, or a listed
-    /// (`--files-from`) name.
+    /// Already stat'ed: a top-level file, symlink or device.
     Ready(Box<Pending>),
     /// The non-directory names of `dirs[i]`: the second pass reads the
     /// directory again (issue 36: the first pass keeps nothing per file,
     /// so a scan's memory follows its directories, not its files; one
     /// more getdents per directory is the cost).
     Dir(u32),
+    /// The listed non-directory names of `dirs[i]` (`--files-from`), a
+    /// bit per name of the list's children of that directory: stat'ed
+    /// again by the second pass (`listed_again`).
+    Listed(u32, Box<[u64]>),
 }
 
 /// The directory pass's list for the second (docs/SCALE.md "Windows"
@@ -166,6 +169,10 @@ impl Later {
 
     fn dir(&mut self, dir: usize) {
         self.items.push(Deferred::Dir(dir as u32));
+    }
+
+    fn listed(&mut self, dir: usize, take: Box<[u64]>) {
+        self.items.push(Deferred::Listed(dir as u32, take));
     }
 }
 
@@ -282,6 +289,17 @@ fn walk_inner<E>(
     for d in later.items {
         match d {
             Deferred::Ready(p) => second.take(*p, &mut w, &mut col, emit)?,
+            Deferred::Listed(i, take) => {
+                let dir = &dirs[i as usize];
+                let names = filter.listed_children(&dir.wire).unwrap_or_default();
+                for (k, name) in names.iter().enumerate() {
+                    let at = (k, name.as_slice());
+                    let fc = (filter, &col);
+                    if let Some(p) = listed_again(base, dir, at, &take, fc, &mut w.failures) {
+                        second.take(p, &mut w, &mut col, emit)?;
+                    }
+                }
+            }
             Deferred::Dir(i) => {
                 let dir = &dirs[i as usize];
                 let Some(mut names) = DirNames::open(base, dir, &mut w.failures) else {
@@ -887,7 +905,7 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
         owners: owners_of(&md),
     });
     if let Some(names) = filter.listed_children(wire) {
-        return scan_listed(base, rel, wire, names, filter, to);
+        return scan_listed(base, (rel, wire, me), names, filter, to);
     }
     let path = abs(base, rel);
     let rd = match fs::read_dir(&path) {
@@ -961,39 +979,86 @@ fn scan(base: &Path, rel: &[u8], wire: &[u8], md: fs::Metadata, filter: &Filter,
 /// is not there is a failure (rsync's link_stat error, exit 23).
 fn scan_listed(
     base: &Path,
-    rel: &[u8],
-    wire: &[u8],
+    (rel, wire, me): (&[u8], &[u8], usize),
     names: Vec<Vec<u8>>,
     filter: &Filter,
     to: &mut Found,
 ) {
-    for name in names {
+    // The non-directories are stat'ed again by the second pass, which
+    // finds them by their index in this same list: a bit each here, where
+    // a record each (~150 B a listed file, all held until the directory
+    // pass ended) made a list of 1 M paths cost ~300 MB (issue 36).
+    let mut take = vec![0u64; names.len().div_ceil(64)];
+    for (k, name) in names.into_iter().enumerate() {
         let crel = join(rel, &name);
         let cwire = join(wire, &name);
-        let md = match fs::symlink_metadata(abs(base, &crel)) {
-            Ok(md) => md,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && filter.listed_may_vanish => {
-                // A replication batch's name, gone since it was listed: a
-                // vanished path the job learns from (docs/WATCH.md).
-                let path = abs(base, &crel).display().to_string();
-                to.failures.push(FailedPath::io(path, e.to_string(), &e));
-                continue;
-            }
-            Err(e) => {
-                // A path the user listed is not a path that vanished
-                // while the scan ran: rsync's `link_stat ... failed`
-                // (IOERR_GENERAL, exit 23: --delete deletes nothing).
-                let path = abs(base, &crel).display().to_string();
-                to.failures
-                    .push(FailedPath::new(path, format!("cannot stat: {e}")));
-                continue;
-            }
+        let md = match listed_stat(base, &crel, filter, to.failures) {
+            Some(md) => md,
+            None => continue,
         };
         if filter.excluded(&cwire, md.is_dir()) {
             continue;
         }
-        scan(base, &crel, &cwire, md, filter, to);
+        if md.is_dir() {
+            scan(base, &crel, &cwire, md, filter, to);
+        } else {
+            take[k / 64] |= 1 << (k % 64);
+        }
     }
+    if take.iter().any(|&b| b != 0) {
+        to.later.listed(me, take.into_boxed_slice());
+    }
+}
+
+/// A listed name's lstat, or None with its failure recorded: a name gone
+/// from a replication batch is a vanished path the job learns from
+/// (docs/WATCH.md); a path the user listed that is not there is rsync's
+/// `link_stat ... failed` (IOERR_GENERAL, exit 23: --delete deletes
+/// nothing).
+fn listed_stat(
+    base: &Path,
+    rel: &[u8],
+    filter: &Filter,
+    failures: &mut Vec<FailedPath>,
+) -> Option<fs::Metadata> {
+    match fs::symlink_metadata(abs(base, rel)) {
+        Ok(md) => Some(md),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && filter.listed_may_vanish => {
+            let path = abs(base, rel).display().to_string();
+            failures.push(FailedPath::io(path, e.to_string(), &e));
+            None
+        }
+        Err(e) => {
+            let path = abs(base, rel).display().to_string();
+            failures.push(FailedPath::new(path, format!("cannot stat: {e}")));
+            None
+        }
+    }
+}
+
+/// Second pass over a directory that only leads to listed paths, one
+/// name: the non-directories the first pass found (`take`: a bit per name
+/// of `listed_children`, the same list again) are stat'ed again. One
+/// turned into a directory since is left out, as the plain second pass
+/// does; one gone since fails as it would have in the first pass.
+fn listed_again(
+    base: &Path,
+    dir: &Pending,
+    (k, name): (usize, &[u8]),
+    take: &[u64],
+    (filter, col): (&Filter, &Collector),
+    failures: &mut Vec<FailedPath>,
+) -> Option<Pending> {
+    if take.get(k / 64).is_none_or(|b| b & (1 << (k % 64)) == 0) {
+        return None;
+    }
+    let rel = join(&dir.rel, name);
+    let md = listed_stat(base, &rel, filter, failures)?;
+    if md.is_dir() {
+        return None;
+    }
+    let wire = join(&dir.wire, name);
+    pending(base, rel, wire, &Meta::from(&md), col, failures)
 }
 
 /// Second pass: the record of a non-directory.
