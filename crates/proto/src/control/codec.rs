@@ -73,6 +73,7 @@ impl Control {
             Control::SettledThrough { .. } => "SettledThrough",
             Control::Window { .. } => "Window",
             Control::Placed { .. } => "Placed",
+            Control::DirsDone { .. } => "DirsDone",
         }
     }
 

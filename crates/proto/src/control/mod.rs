@@ -439,6 +439,14 @@ pub enum Control {
     Placed {
         files: Vec<Vec<u8>>,
     },
+    /// Source to sink, in a windowed session whose Propose and Confirm
+    /// carried frame::DIRS_DONE_FLAG, after records and before MetaEnd
+    /// (issue 36, docs/PROTOCOL.md "Directories done"): every entry of
+    /// these directories (ids of Dir records sent, each at most once) has
+    /// been sent, so the sink may delete their extra entries now.
+    DirsDone {
+        ids: Vec<u64>,
+    },
 }
 
 /// Most paths a Placed may name: a big file is cut only when it is at

@@ -361,6 +361,9 @@ fn roundtrip_every_variant() {
         Control::Placed {
             files: vec![b"big".to_vec(), b"d/huge".to_vec()],
         },
+        Control::DirsDone {
+            ids: vec![0, 7, u64::MAX],
+        },
         Control::Entries(vec![Entry {
             id: 3,
             path: b"d/l".to_vec(),
