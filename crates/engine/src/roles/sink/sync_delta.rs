@@ -908,6 +908,92 @@ mod tests {
         }
     }
 
+    fn put(root: &std::path::Path, files: &[&str]) {
+        for f in files {
+            let p = root.join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, b"x").unwrap();
+        }
+    }
+
+    /// `--delete` per directory (DirsDone, docs/PROTOCOL.md "Directories
+    /// done"): a directory done has its extras deleted then (never our
+    /// temp files or what the rules protect) and its names dropped; after a
+    /// failure nothing is deleted there; an id not sent does nothing; the
+    /// end deletes in the others, and the report lists every deletion in
+    /// the order of the directory records.
+    #[test]
+    fn a_directory_done_is_deleted_then_and_forgotten() {
+        let d = tempfile::tempdir().unwrap();
+        put(
+            d.path(),
+            &[
+                "a/keep",
+                "a/extra",
+                "a/.keep.ramsys-1.part",
+                "a/x.o",
+                "b/keep",
+                "b/extra",
+            ],
+        );
+        put(d.path(), &["b/x.o", "c/extra", "top_extra"]);
+        let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
+        let mut s = SinkSync::new(SYNC | DELETE, root);
+        let sel = ramsys_proto::control::Selection {
+            rules: vec![b"- *.o".to_vec()],
+            ..Default::default()
+        };
+        s.protect(crate::request::filter::Filter::new(&sel).unwrap());
+        s.by_directory();
+        for (id, p) in [(0, ""), (1, "a"), (2, "b"), (3, "c")] {
+            s.on_dir(id, p.as_bytes(), p.as_bytes());
+        }
+        s.remember(b"a/keep");
+        s.remember(b"b/keep");
+        let held = s.keep_bytes();
+        s.dir_done(2, true);
+        assert!(!d.path().join("b/extra").exists());
+        assert!(d.path().join("b/keep").exists() && d.path().join("b/x.o").exists());
+        assert!(s.keep_bytes() < held, "b's names dropped");
+        // A failure so far: nothing deleted in c, not at the end either.
+        s.dir_done(3, false);
+        s.dir_done(7, true);
+        assert!(d.path().join("c/extra").exists());
+        let (deleted, failed) = s.delete();
+        assert!(failed.is_empty(), "{failed:?}");
+        assert_eq!(deleted, [&b"top_extra"[..], b"a/extra", b"b/extra"]);
+        assert!(d.path().join("a/.keep.ramsys-1.part").exists());
+        assert!(d.path().join("a/x.o").exists() && d.path().join("c/extra").exists());
+    }
+
+    /// A resume drops a directory's stale temp files when it is done: one
+    /// of a file sent and not taken as a base goes; one of a file not sent,
+    /// and this session's own, stay.
+    #[test]
+    fn a_resumed_directory_done_drops_its_stale_temp_files() {
+        let d = tempfile::tempdir().unwrap();
+        let temps = [".f.ramsys-1.part", ".g.ramsys-1.part", ".f.ramsys-9.part"];
+        put(
+            d.path(),
+            &temps
+                .map(|t| format!("a/{t}"))
+                .each_ref()
+                .map(|s| s.as_str()),
+        );
+        let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
+        let mut s = SinkSync::new(RESUME, root);
+        s.own_temp_suffix(".ramsys-9.part");
+        s.by_directory();
+        s.on_dir(0, b"a", b"a");
+        s.remember(b"a/f");
+        s.dir_done(0, true);
+        let left: Vec<bool> = temps
+            .iter()
+            .map(|t| d.path().join("a").join(t).exists())
+            .collect();
+        assert_eq!(left, [false, true, true]);
+    }
+
     /// A windowed resume's table no longer holds the files of its settled
     /// windows: at the end, a journal row whose temp file is gone goes, one
     /// whose temp file is still there stays (issue 36), and an emptied
