@@ -163,6 +163,15 @@ pub const WINDOW_LIMIT_FLAG: u8 = 8;
 /// [`crate::Control::RelayPlaced`] right before its RelayDone; a daemon of
 /// before ignores it and sends none.
 pub const PLACED_FLAG: u8 = 64;
+/// Header flag of the CONTROL frame carrying a windowed Propose of a
+/// `--delete` or resume sync, and of the Confirm that takes it: the source
+/// names each directory whose every entry it has sent
+/// ([`crate::Control::DirsDone`]), and the sink deletes that directory's
+/// extra entries then and forgets its names (issue 36, docs/PROTOCOL.md
+/// "Windows", "Directories done"). A sink of before ignores it and sends
+/// a Confirm without it: the source then sends no DirsDone, and the sink
+/// deletes at the session's end as before.
+pub const DIRS_DONE_FLAG: u8 = 128;
 
 /// Body of a sealed CREDIT: n (u32 LE) and a 16-byte tag over header + n.
 pub const CREDIT_SEALED_LEN: u32 = 4 + 16;

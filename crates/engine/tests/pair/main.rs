@@ -12,6 +12,7 @@ mod budget;
 mod credits;
 mod daemon;
 mod deadlock;
+mod dirs_done;
 mod faults;
 mod kept;
 mod metadata;

@@ -208,10 +208,11 @@ fn a_windowed_checksum_sync_moves_what_changed() {
 }
 
 /// `--delete` in windows: the sink answers per window and keeps a keyed
-/// hash per path it was sent; at the end it deletes what the source does
-/// not have (a file, a directory with its files), nothing it was sent.
+/// hash per path it was sent, per directory until the source names it
+/// done (dirs_done.rs); it deletes what the source does not have (a file,
+/// a directory with its files), nothing it was sent.
 #[test]
-fn a_windowed_delete_sync_deletes_at_the_end() {
+fn a_windowed_delete_sync_deletes_what_the_source_lost() {
     let t = tmp();
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
     small_files(&src, 300, 14);

@@ -74,6 +74,7 @@ impl Control {
             Control::Window { .. } => "Window",
             Control::Placed { .. } => "Placed",
             Control::RelayPlaced(_) => "RelayPlaced",
+            Control::DirsDone { .. } => "DirsDone",
         }
     }
 

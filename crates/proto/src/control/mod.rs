@@ -445,6 +445,14 @@ pub enum Control {
     /// push ran (issue 36): the big files of the pair's share in pieces
     /// and those its sink placed ([`RelayPlaced::check`]).
     RelayPlaced(RelayPlaced),
+    /// Source to sink, in a windowed session whose Propose and Confirm
+    /// carried frame::DIRS_DONE_FLAG, after records and before MetaEnd
+    /// (issue 36, docs/PROTOCOL.md "Directories done"): every entry of
+    /// these directories (ids of Dir records sent, each at most once) has
+    /// been sent, so the sink may delete their extra entries now.
+    DirsDone {
+        ids: Vec<u64>,
+    },
 }
 
 /// Most paths a Placed may name: a big file is cut only when it is at

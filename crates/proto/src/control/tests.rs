@@ -369,6 +369,9 @@ fn roundtrip_every_variant() {
             cut: vec![b"src/big".to_vec()],
             placed: None,
         }),
+        Control::DirsDone {
+            ids: vec![0, 7, u64::MAX],
+        },
         Control::Entries(vec![Entry {
             id: 3,
             path: b"d/l".to_vec(),

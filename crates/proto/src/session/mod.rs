@@ -27,7 +27,7 @@ pub use source::SourceMachine;
 use std::collections::VecDeque;
 
 use crate::control::Entry;
-use crate::frame::{ANY_WINDOWS, WINDOW_LIMIT_FLAG};
+use crate::frame::{ANY_WINDOWS, DIRS_DONE_FLAG, WINDOW_LIMIT_FLAG};
 use crate::ProtoError;
 
 /// The window (ids, record bytes) a source that proposed with
@@ -166,6 +166,59 @@ pub(super) struct Marks {
     /// Confirm carried WINDOW_LIMIT_FLAG: the sink's next message is its
     /// Window.
     pub(super) window_due: bool,
+    /// Directories done (frame::DIRS_DONE_FLAG): proposed, then taken.
+    pub(super) dirs: DirMarks,
+}
+
+/// DirsDone (frame::DIRS_DONE_FLAG, docs/PROTOCOL.md "Directories done"):
+/// negotiated, the Dir records sent (ids 0 .. `count`: directories come
+/// first), and which of them were named done, a bit each, so none twice.
+#[derive(Debug, Default)]
+pub(super) struct DirMarks {
+    proposed: bool,
+    pub(super) on: bool,
+    count: u64,
+    done: Vec<u64>,
+}
+
+impl DirMarks {
+    pub(super) fn proposed(&self) -> bool {
+        self.proposed
+    }
+
+    /// Dir records among a batch (ids in order, checked elsewhere): the
+    /// leading run of directories from id `count` on.
+    fn records(&mut self, es: &[Entry]) {
+        for e in es {
+            if e.kind == crate::control::EntryKind::Dir && e.id == self.count {
+                self.count += 1;
+            }
+        }
+    }
+
+    /// A DirsDone: each id a Dir record sent, not named before.
+    fn done(&mut self, ids: &[u64]) -> Result<(), ProtoError> {
+        for &id in ids {
+            if id >= self.count {
+                return Err(ProtoError::malformed(
+                    "dirs done",
+                    format!("id {id} is not a directory sent ({} so far)", self.count),
+                ));
+            }
+            let (word, bit) = ((id / 64) as usize, id % 64);
+            if self.done.len() <= word {
+                self.done.resize(word + 1, 0);
+            }
+            if self.done[word] & (1 << bit) != 0 {
+                return Err(ProtoError::malformed(
+                    "dirs done",
+                    format!("directory {id} named done twice"),
+                ));
+            }
+            self.done[word] |= 1 << bit;
+        }
+        Ok(())
+    }
 }
 
 impl Marks {
@@ -190,6 +243,15 @@ impl Marks {
             }
             self.limit = Some(Limit::first());
         }
+        if flags & DIRS_DONE_FLAG != 0 {
+            if flags & ANY_WINDOWS == 0 {
+                return Err(ProtoError::malformed(
+                    "propose",
+                    "directories done without windows",
+                ));
+            }
+            self.dirs.proposed = true;
+        }
         Ok(())
     }
 
@@ -197,6 +259,15 @@ impl Marks {
     /// on one that takes windows the Propose offered it for (a Window is
     /// then due); without it the source keeps its own window.
     pub(super) fn confirm_limit(&mut self, flags: u8, on: bool) -> Result<(), ProtoError> {
+        if flags & DIRS_DONE_FLAG != 0 {
+            if !(on && self.dirs.proposed) {
+                return Err(ProtoError::malformed(
+                    "confirm",
+                    "directories done never proposed, or without windows",
+                ));
+            }
+            self.dirs.on = true;
+        }
         if flags & WINDOW_LIMIT_FLAG == 0 {
             self.limit = None;
         } else if on && self.limit.is_some() {
@@ -322,10 +393,12 @@ impl Marks {
         }
     }
 
-    /// An Entries batch whose first record is `first` (None: a keepalive):
-    /// after an Attrs it starts the batch the next Attrs may name.
-    pub(super) fn entries(&mut self, first: Option<u64>) {
-        if let (Some(id), true) = (first, self.after_attrs) {
+    /// An Entries batch (empty: a keepalive): after an Attrs it starts
+    /// the batch the next Attrs may name; its Dir records may be named
+    /// done later.
+    pub(super) fn entries(&mut self, es: &[Entry]) {
+        self.dirs.records(es);
+        if let (Some(id), true) = (es.first().map(|e| e.id), self.after_attrs) {
             self.attrs_from = id;
             self.after_attrs = false;
         }
@@ -355,6 +428,18 @@ impl Marks {
         }
         self.after_attrs = true;
         Ok(())
+    }
+
+    /// A DirsDone: negotiated, windows on, before MetaEnd, and naming
+    /// only directories sent, each once.
+    pub(super) fn dirs_done(&mut self, ids: &[u64]) -> Result<(), ProtoError> {
+        if !self.dirs.on || !self.on() || self.meta_end {
+            return Err(ProtoError::malformed(
+                "dirs done",
+                "not negotiated, without windows, or after MetaEnd",
+            ));
+        }
+        self.dirs.done(ids)
     }
 
     /// A SettledThrough for `through`.

@@ -68,6 +68,18 @@ impl SinkMachine {
         self.marks.windows
     }
 
+    /// The source proposed DirsDone (frame::DIRS_DONE_FLAG on Propose):
+    /// a sink that takes windows takes them too.
+    pub fn dirs_done_proposed(&self) -> bool {
+        self.marks.dirs.proposed()
+    }
+
+    /// A SyncMode of a `--delete` or resume sync came: DirsDone may.
+    fn deletes(&self) -> bool {
+        use crate::control::sync::{DELETE, RESUME};
+        self.sync.is_some_and(|f| f & (DELETE | RESUME) != 0)
+    }
+
     /// The Ready and SettledThrough marks sent so far.
     pub fn marks(&self) -> (u64, u64) {
         (self.marks.ready, self.marks.settled)
@@ -253,6 +265,12 @@ impl SinkMachine {
                 self.phase
             }
             (Metadata | Payload, Control::ScanFailed { .. }) if records => self.phase,
+            // Directories whose every entry came (DIRS_DONE_FLAG), only
+            // of a `--delete` or resume sync.
+            (Payload, Control::DirsDone { ids }) if records && self.deletes() => {
+                self.marks.dirs_done(ids)?;
+                Payload
+            }
             // Windows: a batch's Attrs right behind its records.
             (Metadata | Payload, Control::Attrs(v)) if records && self.preserve.is_some() => {
                 self.recv_attrs(v)?;
@@ -317,7 +335,7 @@ impl SinkMachine {
         for e in es {
             self.entries.check(e)?;
         }
-        self.marks.entries(es.first().map(|e| e.id));
+        self.marks.entries(es);
         Ok(())
     }
 

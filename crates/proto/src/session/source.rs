@@ -58,6 +58,11 @@ impl SourceMachine {
         self.marks.windows
     }
 
+    /// The sink takes DirsDone (frame::DIRS_DONE_FLAG on its Confirm).
+    pub fn dirs_done(&self) -> bool {
+        self.marks.dirs.on
+    }
+
     /// The sink's last Ready and SettledThrough marks.
     pub fn marks(&self) -> (u64, u64) {
         (self.marks.ready, self.marks.settled)
@@ -150,14 +155,14 @@ impl SourceMachine {
             }
             (Negotiate | Metadata, Control::Entries(es)) if self.proposed => {
                 self.count(es)?;
-                self.marks.entries(es.first().map(|e| e.id));
+                self.marks.entries(es);
                 self.sent_entries = true;
                 Metadata
             }
             // Windows: the metadata runs on into the payload.
             (Payload, Control::Entries(es)) if on && open => {
                 self.count(es)?;
-                self.marks.entries(es.first().map(|e| e.id));
+                self.marks.entries(es);
                 Payload
             }
             (Metadata, Control::Attrs(v)) if self.preserve => {
@@ -169,6 +174,11 @@ impl SourceMachine {
             // Windows: a batch's Attrs right behind its records.
             (Payload, Control::Attrs(v)) if on && open && self.preserve => {
                 self.marks.attrs(v, self.announced)?;
+                Payload
+            }
+            // Directories whose every entry went (DIRS_DONE_FLAG).
+            (Payload, Control::DirsDone { ids }) if on && open => {
+                self.marks.dirs_done(ids)?;
                 Payload
             }
             (Negotiate | Metadata, Control::ScanFailed { .. }) if self.proposed => self.phase,

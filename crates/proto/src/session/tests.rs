@@ -868,14 +868,137 @@ fn the_dry_and_resume_flags_propose_windows() {
     }];
     let (mut src, mut snk) = windowed_with(crate::frame::RESUME_WINDOWS_FLAG, &resume, 2);
     ready(2, &mut src, &mut snk);
-    // A flag no build gives meaning to proposes nothing: a Confirm with
-    // WINDOWS_FLAG to it is refused at both ends.
+    // DIRS_DONE_FLAG alone proposes nothing: refused at both ends.
     let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
-    src.on_send_flags(&propose(), 128).unwrap();
-    snk.on_recv_flags(&propose(), 128).unwrap();
+    let flag = crate::frame::DIRS_DONE_FLAG;
+    assert!(src.on_send_flags(&propose(), flag).is_err());
+    assert!(snk.on_recv_flags(&propose(), flag).is_err());
+}
+
+/// A windowed `--delete` pair with DIRS_DONE_FLAG on Propose (and on the
+/// Confirm if `taken`), up to the payload: `dirs` Dir records, then one
+/// file record, none ready.
+fn dirs_done_pair(dirs: u64, taken: bool) -> (SourceMachine, SinkMachine) {
+    use crate::control::sync::{DELETE, SYNC};
+    use crate::frame::{DIRS_DONE_FLAG, WIDE_WINDOWS_FLAG, WINDOWS_FLAG};
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    let p = propose();
+    let flag = WIDE_WINDOWS_FLAG | DIRS_DONE_FLAG;
+    src.on_send_flags(&p, flag).unwrap();
+    snk.on_recv_flags(&p, flag).unwrap();
+    assert!(snk.dirs_done_proposed());
+    let m = Control::SyncMode {
+        flags: SYNC | DELETE,
+    };
+    src.on_send(&m).unwrap();
+    snk.on_recv(&m).unwrap();
     let c = confirm(1);
-    assert!(snk.on_send_flags(&c, crate::frame::WINDOWS_FLAG).is_err());
-    assert!(src.on_recv_flags(&c, crate::frame::WINDOWS_FLAG).is_err());
+    let cflags = WINDOWS_FLAG | if taken { DIRS_DONE_FLAG } else { 0 };
+    snk.on_send_flags(&c, cflags).unwrap();
+    src.on_recv_flags(&c, cflags).unwrap();
+    assert_eq!(src.dirs_done(), taken);
+    let sd = Control::SyncDone { failures: vec![] };
+    snk.on_send(&sd).unwrap();
+    src.on_recv(&sd).unwrap();
+    let mut es: Vec<_> = (0..dirs)
+        .map(|i| entry(i, &format!("d{i}"), EntryKind::Dir))
+        .collect();
+    es.push(entry(dirs, "d0/f", EntryKind::File { size: 1 }));
+    let es = Control::Entries(es);
+    src.on_send(&es).unwrap();
+    snk.on_recv(&es).unwrap();
+    (src, snk)
+}
+
+fn dirs_done(ids: &[u64]) -> Control {
+    Control::DirsDone { ids: ids.to_vec() }
+}
+
+/// DirsDone (docs/PROTOCOL.md "Directories done"): each directory sent,
+/// once, before MetaEnd, in any order and batch; both ends agree.
+#[test]
+fn dirs_done_names_each_directory_sent_once() {
+    let (mut src, mut snk) = dirs_done_pair(3, true);
+    for m in [dirs_done(&[2]), dirs_done(&[]), dirs_done(&[0, 1])] {
+        src.on_send(&m).unwrap();
+        snk.on_recv(&m).unwrap();
+    }
+    let end = Control::MetaEnd {
+        entries: 4,
+        files: 1,
+        bytes: 1,
+    };
+    src.on_send(&end).unwrap();
+    snk.on_recv(&end).unwrap();
+}
+
+/// What both machines refuse of DirsDone: an id that is not a directory
+/// sent (a file's, one not announced yet), a directory named twice (in
+/// one message or two), one after MetaEnd, one without the flag on the
+/// Confirm (a sink of before), in a session without windows, in a sync
+/// without `--delete` or resume; and the flag on a Confirm to a Propose
+/// without it.
+#[test]
+fn dirs_done_refused_out_of_place() {
+    use crate::frame::{DIRS_DONE_FLAG, WINDOWS_FLAG};
+    let both = |src: &mut SourceMachine, snk: &mut SinkMachine, m: &Control| {
+        (src.on_send(m).is_err(), snk.on_recv(m).is_err())
+    };
+    for bad in [&[1u64][..], &[2], &[5], &[0, 0], &[u64::MAX]] {
+        let (mut src, mut snk) = dirs_done_pair(1, true);
+        assert_eq!(
+            both(&mut src, &mut snk, &dirs_done(bad)),
+            (true, true),
+            "{bad:?}"
+        );
+    }
+    let (mut src, mut snk) = dirs_done_pair(2, true);
+    src.on_send(&dirs_done(&[1])).unwrap();
+    snk.on_recv(&dirs_done(&[1])).unwrap();
+    assert_eq!(both(&mut src, &mut snk, &dirs_done(&[1])), (true, true));
+    // After MetaEnd.
+    let (mut src, mut snk) = dirs_done_pair(1, true);
+    let end = Control::MetaEnd {
+        entries: 2,
+        files: 1,
+        bytes: 1,
+    };
+    src.on_send(&end).unwrap();
+    snk.on_recv(&end).unwrap();
+    assert_eq!(both(&mut src, &mut snk, &dirs_done(&[0])), (true, true));
+    // A sink of before: its Confirm carries no flag.
+    let (mut src, mut snk) = dirs_done_pair(1, false);
+    assert_eq!(both(&mut src, &mut snk, &dirs_done(&[0])), (true, true));
+    // Without windows (an old sink's plain Confirm), and in the metadata
+    // phase.
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    let flag = WINDOWS_FLAG | DIRS_DONE_FLAG;
+    src.on_send_flags(&propose(), flag).unwrap();
+    snk.on_recv_flags(&propose(), flag).unwrap();
+    snk.on_send(&confirm(1)).unwrap();
+    src.on_recv(&confirm(1)).unwrap();
+    let es = Control::Entries(vec![entry(0, "d", EntryKind::Dir)]);
+    src.on_send(&es).unwrap();
+    snk.on_recv(&es).unwrap();
+    assert_eq!(both(&mut src, &mut snk, &dirs_done(&[0])), (true, true));
+    // A windowed sync without --delete or resume: the sink refuses.
+    let mode = [Control::SyncMode {
+        flags: crate::control::sync::SYNC,
+    }];
+    let (_, mut snk) = windowed_with(flag, &mode, 0);
+    assert!(snk.on_recv(&dirs_done(&[])).is_err());
+    // The flag on a Confirm whose Propose had none, or without windows.
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    src.on_send_flags(&propose(), WINDOWS_FLAG).unwrap();
+    snk.on_recv_flags(&propose(), WINDOWS_FLAG).unwrap();
+    let c = confirm(1);
+    assert!(snk.on_send_flags(&c, flag).is_err());
+    assert!(src.on_recv_flags(&c, flag).is_err());
+    let (mut src, mut snk) = (SourceMachine::new(), SinkMachine::new());
+    src.on_send_flags(&propose(), flag).unwrap();
+    snk.on_recv_flags(&propose(), flag).unwrap();
+    assert!(snk.on_send_flags(&c, DIRS_DONE_FLAG).is_err());
+    assert!(src.on_recv_flags(&c, DIRS_DONE_FLAG).is_err());
 }
 
 /// A windowed pair of a sync (SyncMode SYNC) up to the payload, `n`

@@ -210,7 +210,8 @@ pub fn walk_archive<E>(
     preserve: u32,
     emit: &mut ArchiveEmit<E>,
 ) -> Result<Walk, E> {
-    let mut emit = |es: &[Entry], attrs: &[Attrs], _: &mut Vec<SourceFile>| emit(es, attrs);
+    let mut emit =
+        |es: &[Entry], attrs: &[Attrs], _: &mut Vec<SourceFile>, _: &mut Vec<u64>| emit(es, attrs);
     let how = (preserve, false, STREAM_BATCH);
     walk_inner(base, tops, recursive, filter, how, &mut emit)
 }
@@ -221,7 +222,9 @@ pub fn walk_archive<E>(
 /// Attrs of its entries; a second name of an inode is a LinkTo that
 /// carries its target's path (kept only for inodes of several names). The
 /// Walk it returns has no files. Batches of at most `batch` records (a
-/// window holds several).
+/// window holds several). Each batch also names the directories done
+/// since the last one (ids of Dir records every entry of which is now
+/// handed over, so a `--delete` sink may delete their extras: [`Done`]).
 pub fn walk_handing<E>(
     base: &Path,
     tops: &[Top],
@@ -229,20 +232,23 @@ pub fn walk_handing<E>(
     filter: &Filter,
     emit: &mut HandEmit<E>,
 ) -> Result<Walk, E> {
-    let mut emit = |es: &[Entry], attrs: &[Attrs], files: &mut Vec<SourceFile>| {
-        emit(es, attrs, std::mem::take(files))
-    };
+    let mut emit =
+        |es: &[Entry], attrs: &[Attrs], files: &mut Vec<SourceFile>, done: &mut Vec<u64>| {
+            emit(es, attrs, std::mem::take(files), std::mem::take(done))
+        };
     let how = (preserve, true, batch.clamp(1, STREAM_BATCH));
     walk_inner(base, tops, recursive, filter, how, &mut emit)
 }
 
-/// Where [`walk_handing`] hands each batch of records, their Attrs and
-/// their files.
-pub type HandEmit<'a, E> = dyn FnMut(&[Entry], &[Attrs], Vec<SourceFile>) -> Result<(), E> + 'a;
+/// Where [`walk_handing`] hands each batch of records, their Attrs, their
+/// files and the directories done.
+pub type HandEmit<'a, E> =
+    dyn FnMut(&[Entry], &[Attrs], Vec<SourceFile>, Vec<u64>) -> Result<(), E> + 'a;
 
-/// Where [`walk_inner`] hands each batch: records, their Attrs, and the
-/// file list so far (taken by a handing walk).
-type InnerEmit<'a, E> = dyn FnMut(&[Entry], &[Attrs], &mut Vec<SourceFile>) -> Result<(), E> + 'a;
+/// Where [`walk_inner`] hands each batch: records, their Attrs, the file
+/// list so far and the directories done (both taken by a handing walk).
+type InnerEmit<'a, E> =
+    dyn FnMut(&[Entry], &[Attrs], &mut Vec<SourceFile>, &mut Vec<u64>) -> Result<(), E> + 'a;
 
 /// The scan behind [`walk_archive`] and [`walk_handing`] (`hand`).
 fn walk_inner<E>(
@@ -257,6 +263,7 @@ fn walk_inner<E>(
     let mut out = Outbox {
         entries: Vec::new(),
         attrs: Vec::new(),
+        done: Vec::new(),
         pace: Pace(std::time::Instant::now()),
     };
     let first = (base, tops, recursive, filter);
@@ -272,7 +279,9 @@ fn walk_inner<E>(
     // first one's attributes (issue 35). All directories are known before
     // any other record goes out, so a later directory still wins.
     let mut dup = Dedup::new(tops.len() > 1);
-    emit_dirs(base, &dirs, &mut dup, &mut col, &mut w, &mut out, emit)?;
+    let ids = emit_dirs(base, &dirs, &mut dup, &mut col, &mut w, &mut out, emit)?;
+    let mut done = Done::new(&dirs, ids, &later, w.failures.is_empty());
+    done.start(&mut out.done);
     let mut second = SecondPass {
         base,
         filter,
@@ -287,6 +296,7 @@ fn walk_inner<E>(
         out,
     };
     for d in later.items {
+        let to = done.target(&d);
         match d {
             Deferred::Ready(p) => second.take(*p, &mut w, &mut col, emit)?,
             Deferred::Listed(i, take) => {
@@ -310,6 +320,7 @@ fn walk_inner<E>(
                 }
             }
         }
+        done.item(to, w.failures.is_empty(), &mut second.out.done);
     }
     second.finish(&mut w, emit)?;
     w.files.shrink_to_fit();
@@ -317,11 +328,94 @@ fn walk_inner<E>(
 }
 
 /// The batch being emitted, the only records held (issue 36: none kept
-/// once sent), with their Attrs; and when the scan last said something.
+/// once sent), with their Attrs and the directories done once they are
+/// out; and when the scan last said something.
 struct Outbox {
     entries: Vec<Entry>,
     attrs: Vec<Attrs>,
+    done: Vec<u64>,
     pace: Pace,
+}
+
+/// Which directories are done (docs/PROTOCOL.md "Directories done"): a
+/// directory's entries are its subdirectories (sent first, with every
+/// directory) and the non-directories of each second-pass item that
+/// lands in it: its `Deferred::Dir` or `Deferred::Listed` (`--files-from`)
+/// slot, that of a directory of another top merged with it (`a/ b/ DST`),
+/// or a top-level file whose parent it is. Once the last such item is
+/// handed over, it is done. After any scan failure no directory is (an
+/// unread name must not be deleted at the sink: rsync's "IO error
+/// encountered -- skipping file deletion"); the sink deletes in those at
+/// the end, by today's rules. What it holds is a count per directory.
+struct Done {
+    /// Per directory (index of the first pass's list): its record's id.
+    ids: Vec<u64>,
+    /// Per record id of a directory: second-pass items still to come.
+    left: Vec<u32>,
+    /// Wire path -> id of a directory, only when a second-pass item of
+    /// its own (a top-level file, a listed name) may land in one.
+    by_wire: HashMap<Vec<u8>, u64>,
+    /// No failure so far: directories may still be done.
+    clean: bool,
+}
+
+impl Done {
+    fn new(dirs: &[Pending], ids: Vec<u64>, later: &Later, clean: bool) -> Done {
+        let mut d = Done {
+            left: vec![0; ids.iter().map(|&i| i as usize + 1).max().unwrap_or(0)],
+            ids,
+            by_wire: HashMap::new(),
+            clean,
+        };
+        if later.items.iter().any(|i| matches!(i, Deferred::Ready(_))) {
+            for (p, &id) in dirs.iter().zip(&d.ids) {
+                d.by_wire.insert(p.wire.clone(), id);
+            }
+        }
+        for item in &later.items {
+            if let Some(id) = d.target(item) {
+                d.left[id as usize] += 1;
+            }
+        }
+        d
+    }
+
+    /// The directory (record id) a second-pass item lands in, if sent.
+    fn target(&self, item: &Deferred) -> Option<u64> {
+        match item {
+            Deferred::Dir(i) | Deferred::Listed(i, _) => Some(self.ids[*i as usize]),
+            Deferred::Ready(p) => {
+                let parent = match p.wire.iter().rposition(|&b| b == b'/') {
+                    Some(i) => &p.wire[..i],
+                    None => &[][..],
+                };
+                self.by_wire.get(parent).copied()
+            }
+        }
+    }
+
+    /// Directories with nothing for the second pass: done at once.
+    fn start(&mut self, out: &mut Vec<u64>) {
+        if self.clean {
+            let mut seen = vec![false; self.left.len()];
+            for &id in &self.ids {
+                if self.left[id as usize] == 0 && !std::mem::replace(&mut seen[id as usize], true) {
+                    out.push(id);
+                }
+            }
+        }
+    }
+
+    /// A second-pass item handed over (`clean`: no failure so far).
+    fn item(&mut self, to: Option<u64>, clean: bool, out: &mut Vec<u64>) {
+        self.clean &= clean;
+        let Some(id) = to else { return };
+        let left = &mut self.left[id as usize];
+        *left -= 1;
+        if *left == 0 && self.clean {
+            out.push(id);
+        }
+    }
 }
 
 /// [`first_pass`] (`first`: base, tops, recursive, filter), which emits
@@ -337,7 +431,7 @@ fn paced_first_pass<E>(
     let mut alive = || {
         if pace.due() {
             pace.said();
-            if let Err(e) = emit(&[], &[], &mut Vec::new()) {
+            if let Err(e) = emit(&[], &[], &mut Vec::new(), &mut Vec::new()) {
                 stopped = Some(e);
             }
         }
@@ -361,12 +455,16 @@ fn emit_dirs<E>(
     w: &mut Walk,
     out: &mut Outbox,
     emit: &mut InnerEmit<E>,
-) -> Result<(), E> {
+) -> Result<Vec<u64>, E> {
+    // Each directory's record id (one named again: the first one's).
+    let mut ids = Vec::with_capacity(dirs.len());
     for d in dirs.iter() {
-        if !dup.dir(&d.wire) {
+        let i = out.entries.len();
+        if let Some(first) = dup.dir(&d.wire, i as u64) {
+            ids.push(first);
             continue;
         }
-        let i = out.entries.len();
+        ids.push(i as u64);
         out.entries.push(Entry {
             id: i as u64,
             path: d.wire.clone(),
@@ -382,12 +480,12 @@ fn emit_dirs<E>(
     }
     w.entries = out.entries.len() as u64;
     if !out.entries.is_empty() {
-        emit(&out.entries, &out.attrs, &mut w.files)?;
+        emit(&out.entries, &out.attrs, &mut w.files, &mut Vec::new())?;
         out.pace.said();
     }
     out.entries.clear();
     out.attrs.clear();
-    Ok(())
+    Ok(ids)
 }
 
 /// The second pass: every non-directory record, in scan order, batched.
@@ -435,7 +533,7 @@ impl SecondPass<'_> {
                 // The files leave with their batch: their paths first.
                 self.arena.seal(&mut w.files);
             }
-            emit(&out.entries, &out.attrs, &mut w.files)?;
+            emit(&out.entries, &out.attrs, &mut w.files, &mut out.done)?;
             out.entries.clear();
             out.attrs.clear();
             out.pace.said();
@@ -446,8 +544,9 @@ impl SecondPass<'_> {
     /// The last batch, and the paths of every file listed.
     fn finish<E>(mut self, w: &mut Walk, emit: &mut InnerEmit<E>) -> Result<(), E> {
         self.arena.seal(&mut w.files);
-        if !self.out.entries.is_empty() {
-            emit(&self.out.entries, &self.out.attrs, &mut w.files)?;
+        let out = &mut self.out;
+        if !out.entries.is_empty() || !out.done.is_empty() {
+            emit(&out.entries, &out.attrs, &mut w.files, &mut out.done)?;
         }
         Ok(())
     }
@@ -464,7 +563,8 @@ struct Inodes {
 /// same one (see [`walk_archive`]).
 struct Dedup {
     on: bool,
-    dirs: HashSet<Vec<u8>>,
+    /// Wire path -> record id.
+    dirs: HashMap<Vec<u8>, u64>,
     others: HashSet<Vec<u8>>,
 }
 
@@ -472,20 +572,30 @@ impl Dedup {
     fn new(on: bool) -> Dedup {
         Dedup {
             on,
-            dirs: HashSet::new(),
+            dirs: HashMap::new(),
             others: HashSet::new(),
         }
     }
 
-    /// Whether to list a directory at `wire` (not listed yet).
-    fn dir(&mut self, wire: &[u8]) -> bool {
-        !self.on || self.dirs.insert(wire.to_vec())
+    /// Whether to list a directory at `wire` as record `id`: None, or
+    /// Some(the id of the directory listed at that path already).
+    fn dir(&mut self, wire: &[u8], id: u64) -> Option<u64> {
+        if !self.on {
+            return None;
+        }
+        match self.dirs.entry(wire.to_vec()) {
+            std::collections::hash_map::Entry::Occupied(e) => Some(*e.get()),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(id);
+                None
+            }
+        }
     }
 
     /// Whether to list a non-directory at `wire`: no directory and no
     /// earlier entry has that path.
     fn other(&mut self, wire: &[u8]) -> bool {
-        !self.on || (!self.dirs.contains(wire) && self.others.insert(wire.to_vec()))
+        !self.on || (!self.dirs.contains_key(wire) && self.others.insert(wire.to_vec()))
     }
 }
 

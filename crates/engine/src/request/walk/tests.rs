@@ -312,3 +312,128 @@ fn the_directory_pass_keeps_a_slot_per_directory_not_a_name_per_file() {
     want.sort();
     assert_eq!(listed, want);
 }
+
+/// A handing walk over `tops`: every record with the number of the batch
+/// it went in, and (batch, id) of each directory named done.
+type Handed = (Walk, Vec<(usize, Entry)>, Vec<(usize, u64)>);
+
+fn handed(base: &Path, tops: &[Top], batch: usize) -> Handed {
+    let (mut records, mut done, mut n) = (Vec::new(), Vec::new(), 0);
+    let w: Result<Walk, ()> = walk_handing(
+        base,
+        tops,
+        (true, batch, 0),
+        &Filter::all(),
+        &mut |es, _, _, d| {
+            records.extend(es.iter().map(|e| (n, e.clone())));
+            done.extend(d.into_iter().map(|id| (n, id)));
+            n += 1;
+            Ok(())
+        },
+    );
+    (w.unwrap(), records, done)
+}
+
+/// Directories done (docs/PROTOCOL.md "Directories done"): each directory
+/// is named once, in the batch of its last entry or later, never before
+/// an entry of its own (a hard link or symlink in it included); those
+/// holding only directories at once; two tops merged into one wire
+/// directory (`a/ b/`) only after both tops' entries in it went.
+#[test]
+fn each_directory_is_done_once_after_its_last_entry() {
+    let d = tempfile::tempdir().unwrap();
+    for top in ["a", "b"] {
+        let t = d.path().join(top);
+        fs::create_dir_all(t.join("x/only/deep")).unwrap();
+        for i in 0..30 {
+            fs::write(t.join(format!("x/{top}{i}")), b"z").unwrap();
+        }
+        fs::write(t.join(format!("x/only/deep/{top}")), b"z").unwrap();
+        let first = t.join(format!("x/{top}0"));
+        fs::hard_link(first, t.join(format!("x/{top}-link"))).unwrap();
+        std::os::unix::fs::symlink("x", t.join(format!("{top}-sym"))).unwrap();
+    }
+    let contents = |p: &str| Top {
+        rel: p.as_bytes().to_vec(),
+        name: Vec::new(),
+    };
+    let (w, records, done) = handed(d.path(), &[contents("a"), contents("b")], 7);
+    assert!(w.failures.is_empty(), "{:?}", w.failures);
+    let dirs: Vec<&Entry> = records
+        .iter()
+        .map(|(_, e)| e)
+        .filter(|e| e.kind == EntryKind::Dir)
+        .collect();
+    let mut ids: Vec<u64> = done.iter().map(|(_, id)| *id).collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        dirs.iter().map(|e| e.id).collect::<Vec<_>>(),
+        "each once"
+    );
+    for (b, id) in &done {
+        let dir = &dirs.iter().find(|e| e.id == *id).unwrap().path;
+        let last = records
+            .iter()
+            .filter(|(_, e)| crate::storage::fsops::split_parent(&e.path).0 == &dir[..])
+            .filter(|(_, e)| e.path != *dir)
+            .map(|(b, _)| *b)
+            .max()
+            .unwrap_or(0);
+        assert!(
+            *b >= last,
+            "{} done in batch {b}, its last entry in {last}",
+            show(dir)
+        );
+    }
+    // "x/only" holds a directory only: done with the first batch after
+    // the directories'.
+    let id = dirs.iter().find(|e| e.path == b"x/only").unwrap().id;
+    assert_eq!(done.iter().find(|(_, i)| *i == id).unwrap().0, 1);
+}
+
+/// After a scan failure no directory is done: an entry not sent must not
+/// be deleted at the sink (rsync: "IO error encountered -- skipping file
+/// deletion"); those done before it stay done. A failure of the
+/// directory pass: none at all.
+#[test]
+fn no_directory_is_done_after_a_scan_failure() {
+    let d = tempfile::tempdir().unwrap();
+    let t = d.path().join("t");
+    for i in 0..3 {
+        fs::create_dir_all(t.join(format!("d{i}"))).unwrap();
+        fs::write(t.join(format!("d{i}/f")), b"z").unwrap();
+    }
+    // A FIFO without --specials: a failure of the second pass, in d1.
+    let fifo = std::ffi::CString::new(t.join("d1/p").as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let top = |p: &str| Top {
+        rel: p.as_bytes().to_vec(),
+        name: p.rsplit('/').next().unwrap().as_bytes().to_vec(),
+    };
+    let (w, records, done) = handed(d.path(), &[top("t")], 1024);
+    assert_eq!(w.failures.len(), 1, "{:?}", w.failures);
+    let name = |id: u64| show(&records.iter().find(|(_, e)| e.id == id).unwrap().1.path);
+    let mut named: Vec<String> = done.iter().map(|(_, id)| name(*id)).collect();
+    named.sort();
+    // t/d0 is listed before t/d1 (the first pass's order), t/d2 after.
+    let order: Vec<String> = records
+        .iter()
+        .filter(|(_, e)| e.kind == EntryKind::Dir)
+        .map(|(_, e)| show(&e.path))
+        .collect();
+    // "t" holds directories only: done at once.
+    let d1 = order.iter().position(|p| p == "t/d1").unwrap();
+    let mut before = order[..d1].to_vec();
+    before.sort();
+    assert_eq!(named, before, "{order:?}");
+    // A failure of the directory pass (a top not there): none done.
+    let (w, _, done) = handed(d.path(), &[top("t"), top("missing")], 1024);
+    assert_eq!(w.failures.len(), 2);
+    assert!(done.is_empty(), "{done:?}");
+}
+
+fn show(p: &[u8]) -> String {
+    String::from_utf8_lossy(p).into_owned()
+}

@@ -128,9 +128,96 @@ impl KeepSet {
     }
 }
 
+/// The names a windowed `--delete` sync was sent, per sent directory,
+/// as [`KeepSet`]'s keyed hashes of their paths (issue 36, step 6:
+/// docs/PROTOCOL.md "Directories done"): when the source names a
+/// directory done, its set is taken, the directory's extras deleted, and
+/// the set dropped; what is held follows the directories in flight, not
+/// the tree. A name whose parent is not a sent directory is never looked
+/// up (only sent directories are listed), so it is not kept.
+#[derive(Default)]
+pub struct DirKeeps {
+    key: std::collections::hash_map::RandomState,
+    /// Sent directory (its path under the root) -> hashes of its entries'
+    /// paths, in arrival order until taken.
+    sets: std::collections::HashMap<Vec<u8>, Vec<u64>>,
+    /// What the sets hold (the session's accounting), kept as they grow.
+    bytes: usize,
+}
+
+/// What a directory set costs beyond its hashes: its path's copy, the
+/// map's slot and the vector's header.
+const DIR_SET_BYTES: usize = 64;
+
+/// One directory's set, sorted: is an entry's path among its names?
+pub struct KeptDir<'a> {
+    key: &'a std::collections::hash_map::RandomState,
+    hashes: &'a [u64],
+}
+
+impl KeptDir<'_> {
+    pub fn contains(&self, path: &[u8]) -> bool {
+        let h = std::hash::BuildHasher::hash_one(self.key, path);
+        self.hashes.binary_search(&h).is_ok()
+    }
+}
+
+impl DirKeeps {
+    /// A directory the source sent: its entries' names are kept from now.
+    pub fn open(&mut self, dir: &[u8]) {
+        if !self.sets.contains_key(dir) {
+            self.bytes += DIR_SET_BYTES + dir.len();
+            self.sets.insert(dir.to_vec(), Vec::new());
+        }
+    }
+
+    /// An entry the source sent (its path under the root).
+    pub fn insert(&mut self, path: &[u8]) {
+        let (parent, _) = fsops::split_parent(path);
+        if let Some(v) = self.sets.get_mut(parent) {
+            v.push(std::hash::BuildHasher::hash_one(&self.key, path));
+            self.bytes += 8;
+        }
+    }
+
+    /// Directory `dir`'s set, taken out (the caller drops it when done).
+    pub fn take(&mut self, dir: &[u8]) -> Option<Vec<u64>> {
+        let mut v = self.sets.remove(dir)?;
+        self.bytes -= DIR_SET_BYTES + dir.len() + v.len() * 8;
+        v.sort_unstable();
+        Some(v)
+    }
+
+    /// A set taken (or sorted in place by [`Self::sorted`]) to look up.
+    pub fn view<'a>(&'a self, hashes: &'a [u64]) -> KeptDir<'a> {
+        KeptDir {
+            key: &self.key,
+            hashes,
+        }
+    }
+
+    /// Directory `dir`'s set, sorted in place, left held (the session's
+    /// end, and a resume's stale temp files before it).
+    pub fn sorted(&mut self, dir: &[u8]) -> Option<KeptDir<'_>> {
+        let v = self.sets.get_mut(dir)?;
+        v.sort_unstable();
+        Some(KeptDir {
+            key: &self.key,
+            hashes: v,
+        })
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
 /// `protected(i, name, is_dir)`: entry `name` of `dirs[i]` is excluded
 /// by the user's selection, so `--delete` leaves it (rsync's rule).
 pub type Protected<'a> = &'a dyn Fn(usize, &[u8], bool) -> bool;
+
+/// [`Protected`] within one directory: `protected(name, is_dir)`.
+pub type ProtectedIn<'a> = &'a dyn Fn(&[u8], bool) -> bool;
 
 /// Entries of the sink directories `dirs` whose paths are not in `keep`
 /// and that `protected` does not cover.
@@ -141,40 +228,56 @@ pub fn extraneous(
     protected: Option<Protected>,
 ) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
-    let mut p = Vec::new();
     for (i, d) in dirs.iter().enumerate() {
-        let Ok(fd) = root.open_dir(d) else { continue };
-        // Listing through the descriptor keeps the walk on the directory
-        // openat2 confined.
-        let Ok(mut names) = fsops::list_dir(fd.as_fd()) else {
-            continue;
-        };
-        names.sort_unstable();
-        for n in names.iter().filter(|n| !is_ours(n)) {
-            p.clear();
-            if !d.is_empty() {
-                p.extend_from_slice(d);
-                p.push(b'/');
-            }
-            p.extend_from_slice(n);
-            if keep.contains(p.as_slice()) {
-                continue;
-            }
-            if let Some(prot) = protected {
-                // lstat only the few entries that would go: a dir-only
-                // pattern needs to know.
-                let is_dir = fsops::lstat_at(fd.as_fd(), n)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|st| fsops::is_dir(&st));
-                if prot(i, n, is_dir) {
-                    continue;
-                }
-            }
-            out.push(p.clone());
-        }
+        let prot = protected.map(|p| move |n: &[u8], is_dir: bool| p(i, n, is_dir));
+        let prot = prot.as_ref().map(|p| p as ProtectedIn);
+        extraneous_in(root, d, &|p| keep.contains(p), prot, &mut out);
     }
     out
+}
+
+/// [`extraneous`] of one directory `d`: its entries whose paths `keep`
+/// does not hold and `protected(name, is_dir)` does not cover, sorted,
+/// appended to `out`. A directory that cannot be opened or listed
+/// (gone, or not one) has none.
+pub fn extraneous_in(
+    root: &Root,
+    d: &[u8],
+    keep: &dyn Fn(&[u8]) -> bool,
+    protected: Option<ProtectedIn>,
+    out: &mut Vec<Vec<u8>>,
+) {
+    let Ok(fd) = root.open_dir(d) else { return };
+    // Listing through the descriptor keeps the walk on the directory
+    // openat2 confined.
+    let Ok(mut names) = fsops::list_dir(fd.as_fd()) else {
+        return;
+    };
+    names.sort_unstable();
+    let mut p = Vec::new();
+    for n in names.iter().filter(|n| !is_ours(n)) {
+        p.clear();
+        if !d.is_empty() {
+            p.extend_from_slice(d);
+            p.push(b'/');
+        }
+        p.extend_from_slice(n);
+        if keep(p.as_slice()) {
+            continue;
+        }
+        if let Some(prot) = protected {
+            // lstat only the few entries that would go: a dir-only
+            // pattern needs to know.
+            let is_dir = fsops::lstat_at(fd.as_fd(), n)
+                .ok()
+                .flatten()
+                .is_some_and(|st| fsops::is_dir(&st));
+            if prot(n, is_dir) {
+                continue;
+            }
+        }
+        out.push(p.clone());
+    }
 }
 
 /// Remove `rel` (a whole tree if it is a directory).
@@ -296,6 +399,40 @@ mod tests {
             k.insert(b"late");
             assert!(k.contains(b"late") && (n == 0 || k.contains(b"d0/f0")));
         }
+    }
+
+    /// The per-directory sets: an entry is found in its own directory's
+    /// set only; names under no open directory are not kept; a set taken
+    /// is gone (its bytes with it); the bytes follow what is held.
+    #[test]
+    fn dir_keeps_hold_each_directory_until_it_is_taken() {
+        let mut k = DirKeeps::default();
+        k.open(b"");
+        k.insert(b"a");
+        k.open(b"a");
+        k.open(b"a/b");
+        k.insert(b"a/b");
+        for i in 0..100 {
+            k.insert(format!("a/f{i}").as_bytes());
+            k.insert(format!("a/b/g{i}").as_bytes());
+        }
+        // Its parent is no directory sent: not kept.
+        k.insert(b"elsewhere/x");
+        let held = k.bytes();
+        assert_eq!(held, 3 * DIR_SET_BYTES + 1 + 3 + 8 * 202);
+        let a = k.take(b"a").unwrap();
+        let view = k.view(&a);
+        assert!(view.contains(b"a/b") && view.contains(b"a/f99"));
+        assert!(!view.contains(b"a/b/g1") && !view.contains(b"a/f100"));
+        assert_eq!(k.bytes(), held - DIR_SET_BYTES - 1 - 8 * 101);
+        assert!(k.take(b"a").is_none(), "taken once");
+        let b = k.sorted(b"a/b").unwrap();
+        assert!(b.contains(b"a/b/g0") && !b.contains(b"a/f0"));
+        assert!(k.sorted(b"").unwrap().contains(b"a"));
+        assert!(k.sorted(b"elsewhere").is_none());
+        // A name that comes after its directory was taken is not kept.
+        k.insert(b"a/late");
+        assert_eq!(k.bytes(), 2 * DIR_SET_BYTES + 3 + 8 * 101);
     }
 
     #[test]

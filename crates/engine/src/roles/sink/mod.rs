@@ -111,10 +111,12 @@ fn sink_session(
     let (prop, dest, flags) = s.negotiate()?;
     crate::types::phase::mark("sink_propose");
     let (windowed, limit) = s.windows(flags);
-    let grant = s.confirm(&prop, res, windowed, limit)?;
+    // Directories done (DIRS_DONE_FLAG): taken with windows.
+    let dirs_done = windowed && flags & ramsys_proto::frame::DIRS_DONE_FLAG != 0;
+    let grant = s.confirm(&prop, res, (windowed, dirs_done), limit)?;
     crate::types::phase::mark("sink_confirm_sent");
     let (mut tree, opened, control) = if windowed {
-        s.start_windowed(&prop, dest, links, grant.streams)?
+        s.start_windowed(&prop, dest, links, (grant.streams, dirs_done))?
     } else {
         let mut tree = s.receive_metadata(&prop, dest)?;
         crate::types::phase::mark("sink_metadata_in");
@@ -253,7 +255,7 @@ impl SinkSession<'_> {
         prop: &Propose,
         dest: DestMap,
         links: &mut dyn LinkProvider,
-        streams: u16,
+        (streams, dirs_done): (u16, bool),
     ) -> Result<(Tree, Opened, Option<RecordsReader>), EngineError> {
         let mut tree = self.new_tree(prop, dest);
         tree.windowed = true;
@@ -264,6 +266,11 @@ impl SinkSession<'_> {
         let mode = self.opts.sync & !crate::request::sync::flags::DEST_DIR;
         if mode != 0 {
             tree.sync_mode(mode, &self.spec.root.clone());
+        }
+        // A `--delete` or resume keeps names per directory, dropped as the
+        // source names each done (docs/PROTOCOL.md "Directories done").
+        if let (Some(s), true) = (&mut tree.sync, dirs_done) {
+            s.by_directory();
         }
         self.ctl.send(&Control::SyncDone { failures: vec![] })?;
         // Until MetaEnd the source speaks at least every 2 s (a record,
@@ -319,7 +326,7 @@ impl SinkSession<'_> {
         &mut self,
         prop: &Propose,
         res: &'r EngineResources,
-        windowed: bool,
+        (windowed, dirs_done): (bool, bool),
         limit: Option<(u64, u64)>,
     ) -> Result<Grant<'r>, EngineError> {
         let opts = self.opts;
@@ -354,11 +361,14 @@ impl SinkSession<'_> {
             cipher: cipher.id(),
         });
         use ramsys_proto::frame::{WINDOWS_FLAG, WINDOW_LIMIT_FLAG};
-        let flags = match (windowed, limit) {
+        let mut flags = match (windowed, limit) {
             (true, Some(_)) => WINDOWS_FLAG | WINDOW_LIMIT_FLAG,
             (true, None) => WINDOWS_FLAG,
             (false, _) => 0,
         };
+        if dirs_done {
+            flags |= ramsys_proto::frame::DIRS_DONE_FLAG;
+        }
         self.ctl.send_flagged(&confirm, flags)?;
         if let (true, Some((files, bytes))) = (windowed, limit) {
             self.ctl.send(&Control::Window { files, bytes })?;

@@ -39,10 +39,22 @@ pub struct SinkSync {
     unchanged: Vec<(u64, u64)>,
     /// Every destination path the source sent (for --delete).
     keep: super::delete::KeepSet,
+    /// Instead, per directory, once the source names directories done
+    /// (DIRS_DONE_FLAG; issue 36, docs/PROTOCOL.md "Directories done").
+    by_dir: Option<super::delete::DirKeeps>,
     /// Destination directories the source sent that exist here.
     dirs: Vec<Vec<u8>>,
     /// Their wire paths (same order), what `protect` matches.
     wires: Vec<Vec<u8>>,
+    /// Their record ids (same order, ascending), and which were done (their
+    /// extras deleted then; the end looks at the others only).
+    dir_ids: Vec<u64>,
+    dir_done: Vec<bool>,
+    /// What was deleted (or would be) in directories done, by index in
+    /// `dirs` (the report lists them in `dirs`' order, as before), and
+    /// what could not be.
+    early: Vec<(usize, Vec<u8>)>,
+    early_failed: PathFailures,
     /// The user's selection: what it excludes is never deleted.
     protect: Option<crate::request::filter::Filter>,
     /// Dry run: files that would be sent, by id; a file found unchanged
@@ -97,8 +109,13 @@ impl SinkSync {
             checks: Vec::new(),
             unchanged: Vec::new(),
             keep: Default::default(),
+            by_dir: None,
             dirs: Vec::new(),
             wires: Vec::new(),
+            dir_ids: Vec::new(),
+            dir_done: Vec::new(),
+            early: Vec::new(),
+            early_failed: Vec::new(),
             protect: None,
             dry_files: BTreeMap::new(),
             dry_kept: 0,
@@ -114,7 +131,18 @@ impl SinkSync {
     /// longer has (--delete) and stale temp files (resume).
     fn remember(&mut self, target: &[u8]) {
         if self.flags & (DELETE | RESUME) != 0 {
-            self.keep.insert(target);
+            match &mut self.by_dir {
+                Some(k) => k.insert(target),
+                None => self.keep.insert(target),
+            }
+        }
+    }
+
+    /// The source names directories done (DIRS_DONE_FLAG): keep names per
+    /// directory from the first record on.
+    pub fn by_directory(&mut self) {
+        if self.flags & (DELETE | RESUME) != 0 {
+            self.by_dir = Some(Default::default());
         }
     }
 
@@ -136,7 +164,7 @@ impl SinkSync {
 
     /// Bytes its --delete set holds (the session's memory budget).
     pub fn keep_bytes(&self) -> u64 {
-        self.keep.bytes() as u64
+        (self.keep.bytes() + self.by_dir.as_ref().map_or(0, |k| k.bytes())) as u64
     }
 
     pub fn dry(&self) -> bool {
@@ -159,11 +187,45 @@ impl SinkSync {
 
     /// A directory record (created by the caller unless dry run); `wire`
     /// is its path as the source sent it.
-    pub fn on_dir(&mut self, target: &[u8], wire: &[u8]) {
+    pub fn on_dir(&mut self, id: u64, target: &[u8], wire: &[u8]) {
         self.dir = None;
         self.remember(target);
+        if let Some(k) = &mut self.by_dir {
+            k.open(target);
+        }
         self.dirs.push(target.to_vec());
         self.wires.push(wire.to_vec());
+        self.dir_ids.push(id);
+        self.dir_done.push(false);
+    }
+
+    /// The source sent every entry of directory record `id` (DirsDone):
+    /// a resume drops the directory's stale temp files, `--delete` its
+    /// extras (listed only, in a dry run) if `may_delete` (nothing failed
+    /// so far: the rule the session's end keeps, so nothing is deleted
+    /// there after a failure either), and its names are dropped. A
+    /// directory not sent here (a reserved name refused) has nothing.
+    pub fn dir_done(&mut self, id: u64, may_delete: bool) {
+        let Ok(i) = self.dir_ids.binary_search(&id) else {
+            return;
+        };
+        let Some(hashes) = self.by_dir.as_mut().and_then(|k| k.take(&self.dirs[i])) else {
+            return;
+        };
+        self.dir_done[i] = true;
+        let keeps = self.by_dir.as_ref().expect("by directory");
+        let kept = keeps.view(&hashes);
+        if self.resume() {
+            self.drop_stale_in(&self.dirs[i], &|p| kept.contains(p));
+        }
+        if self.flags & DELETE == 0 || !may_delete {
+            return;
+        }
+        let mut gone = Vec::new();
+        self.extraneous_in(i, &|p| kept.contains(p), &mut gone);
+        let (done, failed) = self.remove_all(i, gone);
+        self.early.extend(done.into_iter().map(|p| (i, p)));
+        self.early_failed.extend(failed);
     }
 
     /// A symlink, hard link or special file record (`link_mtime`: a hard
@@ -412,39 +474,59 @@ impl SinkSync {
     /// Resume: temp files of this session's files that no journal row
     /// vouches for (written after its last save before a kill, or of
     /// another source version) are removed: their blocks are unverified.
-    fn drop_stale_parts(&self) {
-        for d in &self.dirs {
-            let Ok(fd) = self.root.open_dir(d) else {
+    /// Directories done (DirsDone) had theirs removed then.
+    fn drop_stale_parts(&mut self) {
+        let mut by_dir = self.by_dir.take();
+        for (i, d) in self.dirs.iter().enumerate() {
+            if self.dir_done[i] {
+                continue;
+            }
+            match &mut by_dir {
+                Some(k) => {
+                    if let Some(kept) = k.sorted(d) {
+                        self.drop_stale_in(d, &|p| kept.contains(p));
+                    }
+                }
+                None => self.drop_stale_in(d, &|p| self.keep.contains(p)),
+            }
+        }
+        self.by_dir = by_dir;
+    }
+
+    /// [`Self::drop_stale_parts`] in directory `d`, whose sent paths
+    /// `keep` holds: a temp file of a file sent, not taken as a base and
+    /// not this session's own, goes.
+    fn drop_stale_in(&self, d: &[u8], keep: &dyn Fn(&[u8]) -> bool) {
+        let Ok(fd) = self.root.open_dir(d) else {
+            return;
+        };
+        use std::os::fd::AsRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let Ok(rd) = std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+            return;
+        };
+        for e in rd.filter_map(|e| e.ok()) {
+            let name = e.file_name().as_bytes().to_vec();
+            let s = String::from_utf8_lossy(&name).into_owned();
+            let Some(i) = s.rfind(".ramsys-") else {
                 continue;
             };
-            use std::os::fd::AsRawFd;
-            use std::os::unix::ffi::OsStrExt;
-            let Ok(rd) = std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+            if !s.starts_with('.') || !s.ends_with(".part") {
                 continue;
-            };
-            for e in rd.filter_map(|e| e.ok()) {
-                let name = e.file_name().as_bytes().to_vec();
-                let s = String::from_utf8_lossy(&name).into_owned();
-                let Some(i) = s.rfind(".ramsys-") else {
-                    continue;
-                };
-                if !s.starts_with('.') || !s.ends_with(".part") {
-                    continue;
-                }
-                if !self.own_suffix.is_empty() && name.ends_with(&self.own_suffix) {
-                    continue;
-                }
-                let mut dest = d.clone();
-                let mut part = d.clone();
-                if !d.is_empty() {
-                    dest.push(b'/');
-                    part.push(b'/');
-                }
-                dest.extend_from_slice(&name[1..i]);
-                part.extend_from_slice(&name);
-                if self.keep.contains(&dest) && !self.used_parts.contains(&part) {
-                    let _ = self.root.unlink(d, &name);
-                }
+            }
+            if !self.own_suffix.is_empty() && name.ends_with(&self.own_suffix) {
+                continue;
+            }
+            let mut dest = d.to_vec();
+            let mut part = d.to_vec();
+            if !d.is_empty() {
+                dest.push(b'/');
+                part.push(b'/');
+            }
+            dest.extend_from_slice(&name[1..i]);
+            part.extend_from_slice(&name);
+            if keep(&dest) && !self.used_parts.contains(&part) {
+                let _ = self.root.unlink(d, &name);
             }
         }
     }
@@ -699,42 +781,87 @@ impl SinkSync {
     }
 
     /// `--delete`, last of all: entries of the sent directories the source
-    /// does not have (removed unless dry run). Returns (removed, failures).
-    pub fn delete(&self) -> (Vec<Vec<u8>>, PathFailures) {
+    /// does not have (removed unless dry run), with those deleted in
+    /// directories done earlier (DirsDone), in the order of the directory
+    /// records as before. Returns (removed, failures).
+    pub fn delete(&mut self) -> (Vec<Vec<u8>>, PathFailures) {
         if self.flags & DELETE == 0 {
             return (self.made_way.clone(), Vec::new());
         }
-        let gone = match &self.protect {
-            None => super::delete::extraneous(&self.root, &self.dirs, &self.keep, None),
-            Some(f) => {
-                let protected = |i: usize, name: &[u8], is_dir: bool| {
-                    let w = &self.wires[i];
-                    let wire = if w.is_empty() {
-                        name.to_vec()
-                    } else {
-                        [w.as_slice(), b"/", name].concat()
-                    };
-                    f.protects(&wire, is_dir)
-                };
-                super::delete::extraneous(&self.root, &self.dirs, &self.keep, Some(&protected))
+        let mut gone: Vec<(usize, Vec<u8>)> = std::mem::take(&mut self.early);
+        let mut failed = std::mem::take(&mut self.early_failed);
+        let mut by_dir = self.by_dir.take();
+        let mut out = Vec::new();
+        for i in 0..self.dirs.len() {
+            if self.dir_done[i] {
+                continue;
             }
+            match &mut by_dir {
+                // Every sent directory has its set until it is done.
+                Some(k) => match k.sorted(&self.dirs[i]) {
+                    Some(kept) => self.extraneous_in(i, &|p| kept.contains(p), &mut out),
+                    None => continue,
+                },
+                None => self.extraneous_in(i, &|p| self.keep.contains(p), &mut out),
+            }
+            let (done, f) = self.remove_all(i, std::mem::take(&mut out));
+            gone.extend(done.into_iter().map(|p| (i, p)));
+            failed.extend(f);
+        }
+        self.by_dir = by_dir;
+        // Stable: each directory's names stay sorted.
+        gone.sort_by_key(|(i, _)| *i);
+        let mut done = match self.dry() {
+            true => Vec::new(),
+            false => self.made_way.clone(),
         };
+        done.extend(gone.into_iter().map(|(_, p)| p));
+        (done, failed)
+    }
+
+    /// Entries of `dirs[i]` whose paths `keep` does not hold and that the
+    /// user's selection does not protect (delete::extraneous_in).
+    fn extraneous_in(&self, i: usize, keep: &dyn Fn(&[u8]) -> bool, out: &mut Vec<Vec<u8>>) {
+        let d = &self.dirs[i];
+        let Some(f) = &self.protect else {
+            return super::delete::extraneous_in(&self.root, d, keep, None, out);
+        };
+        let w = &self.wires[i];
+        let protected = |name: &[u8], is_dir: bool| {
+            let wire = if w.is_empty() {
+                name.to_vec()
+            } else {
+                [w.as_slice(), b"/", name].concat()
+            };
+            f.protects(&wire, is_dir)
+        };
+        super::delete::extraneous_in(&self.root, d, keep, Some(&protected), out)
+    }
+
+    /// Remove `gone`, entries of `dirs[i]` (nothing in a dry run, which
+    /// reports them as they are): (removed, failures). What the rules
+    /// exclude inside a directory that goes stays, with the directory
+    /// (rsync's rule).
+    fn remove_all(&self, i: usize, gone: Vec<Vec<u8>>) -> (Vec<Vec<u8>>, PathFailures) {
         if self.dry() {
             return (gone, Vec::new());
         }
-        let mut done = self.made_way.clone();
+        let mut done = Vec::new();
         let mut failed = Vec::new();
         for p in gone {
             let r = match &self.protect {
                 None => super::delete::remove(&self.root, &p).map(|()| true),
-                // What the rules exclude inside a directory that goes
-                // stays, with the directory (rsync's rule).
-                Some(f) => super::delete::remove_unprotected(
-                    &self.root,
-                    &p,
-                    &self.wire_of(&p),
-                    &|w, is_dir| f.protects(w, is_dir),
-                ),
+                Some(f) => {
+                    let (_, name) = split_parent(&p);
+                    let w = &self.wires[i];
+                    let wire = match w.is_empty() {
+                        true => name.to_vec(),
+                        false => [&w[..], b"/", name].concat(),
+                    };
+                    super::delete::remove_unprotected(&self.root, &p, &wire, &|w, is_dir| {
+                        f.protects(w, is_dir)
+                    })
+                }
             };
             match r {
                 Ok(true) => done.push(p),
@@ -743,15 +870,6 @@ impl SinkSync {
             }
         }
         (done, failed)
-    }
-
-    /// The path from the transfer root of `p`, an entry of one of `dirs`.
-    fn wire_of(&self, p: &[u8]) -> Vec<u8> {
-        let (parent, name) = crate::storage::fsops::split_parent(p);
-        match self.dirs.iter().position(|d| d == parent) {
-            Some(i) if !self.wires[i].is_empty() => [&self.wires[i][..], b"/", name].concat(),
-            _ => name.to_vec(),
-        }
     }
 
     /// Directories removed to make way for a non-directory (reported
@@ -788,6 +906,92 @@ mod tests {
             block_size: 4,
             written: vec![1],
         }
+    }
+
+    fn put(root: &std::path::Path, files: &[&str]) {
+        for f in files {
+            let p = root.join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, b"x").unwrap();
+        }
+    }
+
+    /// `--delete` per directory (DirsDone, docs/PROTOCOL.md "Directories
+    /// done"): a directory done has its extras deleted then (never our
+    /// temp files or what the rules protect) and its names dropped; after a
+    /// failure nothing is deleted there; an id not sent does nothing; the
+    /// end deletes in the others, and the report lists every deletion in
+    /// the order of the directory records.
+    #[test]
+    fn a_directory_done_is_deleted_then_and_forgotten() {
+        let d = tempfile::tempdir().unwrap();
+        put(
+            d.path(),
+            &[
+                "a/keep",
+                "a/extra",
+                "a/.keep.ramsys-1.part",
+                "a/x.o",
+                "b/keep",
+                "b/extra",
+            ],
+        );
+        put(d.path(), &["b/x.o", "c/extra", "top_extra"]);
+        let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
+        let mut s = SinkSync::new(SYNC | DELETE, root);
+        let sel = ramsys_proto::control::Selection {
+            rules: vec![b"- *.o".to_vec()],
+            ..Default::default()
+        };
+        s.protect(crate::request::filter::Filter::new(&sel).unwrap());
+        s.by_directory();
+        for (id, p) in [(0, ""), (1, "a"), (2, "b"), (3, "c")] {
+            s.on_dir(id, p.as_bytes(), p.as_bytes());
+        }
+        s.remember(b"a/keep");
+        s.remember(b"b/keep");
+        let held = s.keep_bytes();
+        s.dir_done(2, true);
+        assert!(!d.path().join("b/extra").exists());
+        assert!(d.path().join("b/keep").exists() && d.path().join("b/x.o").exists());
+        assert!(s.keep_bytes() < held, "b's names dropped");
+        // A failure so far: nothing deleted in c, not at the end either.
+        s.dir_done(3, false);
+        s.dir_done(7, true);
+        assert!(d.path().join("c/extra").exists());
+        let (deleted, failed) = s.delete();
+        assert!(failed.is_empty(), "{failed:?}");
+        assert_eq!(deleted, [&b"top_extra"[..], b"a/extra", b"b/extra"]);
+        assert!(d.path().join("a/.keep.ramsys-1.part").exists());
+        assert!(d.path().join("a/x.o").exists() && d.path().join("c/extra").exists());
+    }
+
+    /// A resume drops a directory's stale temp files when it is done: one
+    /// of a file sent and not taken as a base goes; one of a file not sent,
+    /// and this session's own, stay.
+    #[test]
+    fn a_resumed_directory_done_drops_its_stale_temp_files() {
+        let d = tempfile::tempdir().unwrap();
+        let temps = [".f.ramsys-1.part", ".g.ramsys-1.part", ".f.ramsys-9.part"];
+        put(
+            d.path(),
+            &temps
+                .map(|t| format!("a/{t}"))
+                .each_ref()
+                .map(|s| s.as_str()),
+        );
+        let root = Arc::new(Root::open(d.path(), Confinement::Strict).unwrap());
+        let mut s = SinkSync::new(RESUME, root);
+        s.own_temp_suffix(".ramsys-9.part");
+        s.by_directory();
+        s.on_dir(0, b"a", b"a");
+        s.remember(b"a/f");
+        s.dir_done(0, true);
+        let left: Vec<bool> = temps
+            .iter()
+            .map(|t| d.path().join("a").join(t).exists())
+            .collect();
+        assert_eq!(left, [false, true, true]);
     }
 
     /// A windowed resume's table no longer holds the files of its settled

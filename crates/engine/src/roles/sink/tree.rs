@@ -6,6 +6,7 @@
 //! the directories' attributes (last: a deletion changes its directory's
 //! mtime).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ramsys_proto::control::{EntryKind, Failure};
@@ -141,8 +142,20 @@ impl Tree {
                     self.scan_failures_dropped += f.len().saturating_sub(room) as u64;
                     self.scan_failures.extend(f.into_iter().take(room));
                 }
+                // Directories whose every entry came (windowed, issue 36):
+                // their extras go now, unless something failed so far.
+                Control::DirsDone { ids } => {
+                    let failed = self.table.stats().failed.load(Ordering::Relaxed);
+                    let may = self.prep_failures.is_empty() && !self.scan_io_error && failed == 0;
+                    if let Some(s) = &mut self.sync {
+                        for id in ids {
+                            s.dir_done(id, may);
+                        }
+                    }
+                    self.account()?;
+                }
                 Control::MetaEnd { .. } => return Ok(true),
-                // SinkMachine admits only these three in this phase.
+                // SinkMachine admits only these in this phase.
                 m => {
                     return Err(EngineError::local(format!(
                         "protocol error: {} during metadata",
@@ -271,7 +284,7 @@ impl Tree {
         if let Some(s) = &mut self.sync {
             replace = s.replaces();
             match e.kind {
-                EntryKind::Dir => s.on_dir(&target, &e.path),
+                EntryKind::Dir => s.on_dir(e.id, &target, &e.path),
                 EntryKind::File { size } => {
                     s.on_file(&self.table, e.id, &target, size, e.mode, mtime)
                 }

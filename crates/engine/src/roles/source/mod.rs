@@ -281,6 +281,13 @@ impl SourceSession<'_> {
             0 => 0,
             f => f | ramsys_proto::frame::WINDOW_LIMIT_FLAG,
         };
+        // A windowed `--delete` or resume names each directory done, so
+        // the sink deletes there and forgets its names during the payload
+        // (docs/PROTOCOL.md "Directories done"); a sink of before ignores
+        // the flag and deletes at the end.
+        if offer != 0 && opts.sync & (DELETE | RESUME) != 0 {
+            flags |= ramsys_proto::frame::DIRS_DONE_FLAG;
+        }
         // Pieces of big files (a striped push): the sink names those in
         // place before Complete, so the agent can tell a file no sink
         // placed (issue 36); a sink of before ignores the flag.

@@ -21,16 +21,18 @@ use crate::types::file::SourceFile;
 /// What the scan thread hands the control loop.
 pub(super) enum ScanMsg {
     /// A batch of records (empty: the scan's keepalive), their Attrs (an
-    /// archive copy's) and the regular files among them.
-    Batch(Vec<Entry>, Vec<Attrs>, Vec<SourceFile>),
+    /// archive copy's), the regular files among them and the directories
+    /// done once they are out (walk::Done).
+    Batch(Vec<Entry>, Vec<Attrs>, Vec<SourceFile>, Vec<u64>),
     /// The scan is over: its failures and totals (no files).
     Done(Walk),
 }
 
 pub(super) type ScanRx = Receiver<ScanMsg>;
 
-/// A scan batch: records, their Attrs, the regular files among them.
-type Batch = (Vec<Entry>, Vec<Attrs>, Vec<SourceFile>);
+/// A scan batch: records, their Attrs, the regular files among them, the
+/// directories done once they are out.
+type Batch = (Vec<Entry>, Vec<Attrs>, Vec<SourceFile>, Vec<u64>);
 
 /// This end's window: RAMSYS_WINDOW_FILES and _BYTES
 /// (TransferOptions::meta_window) within what its own memory budget holds
@@ -64,8 +66,8 @@ pub(super) fn start_scan(s: &SourceSession<'_>) -> Result<ScanRx, EngineError> {
     std::thread::Builder::new()
         .name("src-scan".into())
         .spawn(move || {
-            let walked = walk_handing(&base, &tops, how, &filter, &mut |es, attrs, files| {
-                let batch = ScanMsg::Batch(es.to_vec(), attrs.to_vec(), files);
+            let walked = walk_handing(&base, &tops, how, &filter, &mut |es, attrs, files, done| {
+                let batch = ScanMsg::Batch(es.to_vec(), attrs.to_vec(), files, done);
                 tx.send(batch).map_err(|_| ())
             });
             if let Ok(mut w) = walked {
@@ -110,6 +112,9 @@ pub(super) struct Ahead {
     /// of the files announced and not yet ready, ascending ids (None
     /// otherwise).
     names: Option<VecDeque<(u64, Vec<u8>)>>,
+    /// Directories done whose records are all out, not yet named to the
+    /// sink (before Confirm: it may not take DirsDone).
+    done: Vec<u64>,
 }
 
 impl Ahead {
@@ -127,6 +132,7 @@ impl Ahead {
             pending: VecDeque::new(),
             walk: None,
             names: None,
+            done: Vec::new(),
         }
     }
 
@@ -235,16 +241,24 @@ pub(super) fn on_scan(
     root: &crate::storage::fsops::Root,
 ) -> Result<bool, EngineError> {
     match m {
-        ScanMsg::Batch(es, ..) if es.is_empty() => {
+        ScanMsg::Batch(es, _, _, done) if es.is_empty() && done.is_empty() => {
             send_entries(ctl, &[])?;
             Ok(true)
         }
-        ScanMsg::Batch(es, attrs, files) => {
-            ahead.carry = Some((es, attrs, files));
+        ScanMsg::Batch(es, _, _, done) if es.is_empty() => {
+            ahead.done.extend(done);
+            dirs_done(ctl, ahead)?;
+            Ok(true)
+        }
+        ScanMsg::Batch(es, attrs, files, done) => {
+            ahead.carry = Some((es, attrs, files, done));
             flush(ctl, ahead)?;
             Ok(true)
         }
         ScanMsg::Done(w) => {
+            dirs_done(ctl, ahead)?;
+            // None after MetaEnd: the sink deletes in the rest at the end.
+            ahead.done = Vec::new();
             super::send_scan_failures(ctl, &w.failures, &root.path().to_string_lossy())?;
             ctl.send(&Control::MetaEnd {
                 entries: w.entries,
@@ -263,8 +277,8 @@ pub(super) fn on_scan(
 /// settles more (a window smaller than the scan's batch: the sink's
 /// memory budget, docs/SCALE.md "Bounds and reports").
 pub(super) fn flush(ctl: &mut Ctl, ahead: &mut Ahead) -> Result<(), EngineError> {
-    let Some((mut es, mut attrs, mut files)) = ahead.carry.take() else {
-        return Ok(());
+    let Some((mut es, mut attrs, mut files, done)) = ahead.carry.take() else {
+        return dirs_done(ctl, ahead);
     };
     let mut n = ahead.fit(&es);
     // Before Confirm a second name would go as a HardLink, whose target
@@ -278,8 +292,8 @@ pub(super) fn flush(ctl: &mut Ctl, ahead: &mut Ahead) -> Result<(), EngineError>
         n = n.min(link.unwrap_or(n));
     }
     if n == 0 {
-        ahead.carry = Some((es, attrs, files));
-        return Ok(());
+        ahead.carry = Some((es, attrs, files, done));
+        return dirs_done(ctl, ahead);
     }
     let rest = es.split_off(n);
     let end = es[n - 1].id + 1;
@@ -289,10 +303,35 @@ pub(super) fn flush(ctl: &mut Ctl, ahead: &mut Ahead) -> Result<(), EngineError>
     send_entries(ctl, &wire(es.clone(), on))?;
     crate::storage::archive::collect::send_attrs(&attrs, &mut |m| ctl.send(&m))?;
     ahead.sent(&es, files);
-    if !rest.is_empty() {
-        ahead.carry = Some((rest, rest_attrs, rest_files));
+    if rest.is_empty() {
+        // The batch's records are all out: its directories are done.
+        ahead.done.extend(done);
+    } else {
+        ahead.carry = Some((rest, rest_attrs, rest_files, done));
     }
-    Ok(())
+    dirs_done(ctl, ahead)
+}
+
+/// Directories done (docs/PROTOCOL.md "Directories done"): named to a
+/// sink that took DIRS_DONE_FLAG once the payload runs (its SyncDone
+/// came); held while Confirm is unread; dropped for any other sink, which
+/// deletes at the end.
+fn dirs_done(ctl: &mut Ctl, ahead: &mut Ahead) -> Result<(), EngineError> {
+    if ahead.done.is_empty() || ctl.machine.windows() == Windows::Proposed {
+        return Ok(());
+    }
+    let done = std::mem::take(&mut ahead.done);
+    match ctl.machine.dirs_done() {
+        true if ctl.phase() == ramsys_proto::session::Phase::Payload => {
+            // A varint id is at most 10 bytes.
+            ctl.send_batched(done, |_| 10, |ids| Control::DirsDone { ids })
+        }
+        true => {
+            ahead.done = done;
+            Ok(())
+        }
+        false => Ok(()),
+    }
 }
 
 /// The first window, in the flight of Propose: records until the window

@@ -717,7 +717,8 @@ impl<'s> SinkPipeline<'s> {
                 | Control::MetaEnd { .. }
                 | Control::SyncMode { .. }
                 | Control::Preserve { .. }
-                | Control::Attrs(_)),
+                | Control::Attrs(_)
+                | Control::DirsDone { .. }),
             )) if self.window.is_some() => self.on_metadata(m),
             Ok(Ok(m @ (Control::Grown { .. } | Control::GrownLinks { .. }))) => {
                 self.ctl.machine.on_recv(&m)?;
@@ -781,9 +782,13 @@ impl<'s> SinkPipeline<'s> {
             return Ok(());
         };
         let root = self.table.root.clone();
-        // An archive copy's flags, or a batch's Attrs (right behind its
-        // records): nothing to register or make ready after them.
-        let attrs = matches!(m, Control::Preserve { .. } | Control::Attrs(_));
+        // An archive copy's flags, a batch's Attrs (right behind its
+        // records) or directories done: nothing to register or make ready
+        // after them.
+        let attrs = matches!(
+            m,
+            Control::Preserve { .. } | Control::Attrs(_) | Control::DirsDone { .. }
+        );
         // The records see the session's sync (the loop holds it for the
         // Reuse verdicts and the journal).
         w.tree.sync = self.sync.take();
