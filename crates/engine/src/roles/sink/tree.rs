@@ -74,6 +74,10 @@ pub(super) struct Tree {
     /// Bytes of per-file state this session may hold (0: no bound;
     /// `serve --session-memory`, issue 36).
     pub meta_budget: u64,
+    /// A dry run without windows: each file's path by id, for the
+    /// HardLink records that name it by id only (SinkSync::on_dry_entry;
+    /// a windowed session sends LinkTo, which names it).
+    dry_paths: std::collections::HashMap<u64, Vec<u8>>,
 }
 
 impl Tree {
@@ -94,6 +98,7 @@ impl Tree {
             protect: None,
             setid_dropped: 0,
             meta_budget: 0,
+            dry_paths: Default::default(),
         }
     }
 
@@ -266,6 +271,16 @@ impl Tree {
         if let (EntryKind::Piece { piece, index, .. }, false) = (&e.kind, dry) {
             self.table.set_piece(e.id, &e.path, *piece, *index);
         }
+        // A dry run lists a hard link by its first name's state at DST.
+        let first = match &e.kind {
+            EntryKind::File { .. } if dry && !self.windowed => {
+                self.dry_paths.insert(e.id, target.clone());
+                None
+            }
+            EntryKind::HardLink { target_id } if dry => self.dry_paths.get(target_id).cloned(),
+            EntryKind::LinkTo { target: to, .. } if dry => Some(self.dest.map(to)),
+            _ => None,
+        };
         // Sync replaces what is in the way of another type (issue 35).
         let mut replace = false;
         if let Some(s) = &mut self.sync {
@@ -285,6 +300,7 @@ impl Tree {
                         EntryKind::HardLink { .. } | EntryKind::LinkTo { .. }
                     );
                     match s.on_other(&target, link.then_some(mtime)) {
+                        Ok(true) if dry => s.on_dry_entry(&e, &target, first.as_deref()),
                         Ok(true) => {}
                         Ok(false) => return,
                         Err(reason) => {

@@ -42,10 +42,8 @@ impl Payload<'_> {
         let sinks = sink_only_failures(&failed, c.failures);
         failed.extend(sinks);
         let planned = f.plan.as_ref().map_or(std::mem::take(&mut f.planned), |p| {
-            p.planned
-                .iter()
-                .filter_map(|&i| name_of(&f.names, self.files[i].id))
-                .collect()
+            let ids = p.planned.iter().map(|&i| self.files[i].id);
+            dry_list(&f.names, ids, &p.made, &mut Default::default())
         });
         Report {
             files: c.files,

@@ -17,7 +17,7 @@ use ramsys_proto::Control;
 use ramsys_resources::{Buf, BufferPool, JobHandle, Reservation, ThreadPool};
 
 use super::pipeline::{self, LostLinks, Pipeline};
-use super::{name_of, Names};
+use super::{dry_list, Names};
 use super::{Confirmed, Ctl, Opened, SourceSession, Threads};
 use crate::data::inline::InlineLinks;
 use crate::data::queue::DeviceQueue;
