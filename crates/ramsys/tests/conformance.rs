@@ -977,6 +977,43 @@ fn a_missing_source_fails_and_delete_still_runs() {
 }
 
 #[test]
+fn errors_at_the_destination_do_not_stop_delete() {
+    // issue 36: rsync's receiver-side errors (here --ignore-existing
+    // keeps a file where the source has a directory, so nothing can be
+    // made inside it) exit 23 and still delete, with --delete-after too;
+    // only the sender's I/O errors skip deletion ("IO error encountered
+    // -- skipping file deletion"; failures.rs
+    // an_unreadable_source_directory_stops_delete). ramsys deleted
+    // nothing after any error.
+    check(Scenario {
+        name: "dst-errors-delete",
+        from: "generator.c delete_in_dir (IOERR_GENERAL only), delete-deep_test.py",
+        setup: |w| {
+            write(&w.join("src/d/x"), b"cannot land\n");
+            write(&w.join("src/y"), b"new\n");
+            write(
+                &w.join("dst/d"),
+                b"a file where the source has a directory\n",
+            );
+            write(&w.join("dst/orphan"), b"goes\n");
+            age(w);
+        },
+        ramsys: &["-r", "--ignore-existing", "--delete"],
+        rsync: &["-rlptH", "--ignore-existing", "--delete"],
+        // rsync puts the source directory's mtime on DST's file it kept
+        // in its place (its directory pass at the end); not copied.
+        loose: &["dst/d"],
+        fails: true,
+        summary: Some(|s| {
+            assert_eq!(s["deletions_skipped"], false, "{s}");
+            assert_eq!(s["deleted"], 1, "{s}");
+        }),
+        windowed: true,
+        ..BASE
+    });
+}
+
+#[test]
 fn one_source_named_ten_times_is_sent_once() {
     // issue 35: ramsys sent the files ten times.
     check(Scenario {

@@ -486,14 +486,17 @@ fn from_dest(dest: &[u8], p: &[u8]) -> Vec<u8> {
     }
 }
 
-/// Sync's epilogue: `--delete` only after a session without failures (a
-/// file that could not be written must not cost the copy the sink still
-/// has), orphan cleanup, the dry run's plan; deletions reported to the
-/// source in batches that fit a control frame.
+/// Sync's epilogue: `--delete` unless the source's side was `incomplete`
+/// (a directory it could not list, a file it could not read: rsync's
+/// IOERR_GENERAL); this end's own failures (an entry it could not make
+/// or write) do not stop it, as rsync's receiver's errors do not. Then
+/// orphan cleanup (after a session without failures), the dry run's
+/// plan; deletions reported to the source in batches that fit a control
+/// frame.
 pub(super) fn sync_epilogue(
     s: &mut SinkSync,
     ctl: &mut Ctl,
-    failures: &mut Vec<Failure>,
+    (failures, incomplete): (&mut Vec<Failure>, bool),
     dest: &[u8],
     started: std::time::SystemTime,
     mut unchanged: u64,
@@ -501,7 +504,7 @@ pub(super) fn sync_epilogue(
 ) -> Result<SyncOutcome, EngineError> {
     let deleted: Vec<Vec<u8>>;
     let mut planned = Vec::new();
-    if failures.is_empty() {
+    if !incomplete {
         let (d, f) = s.delete();
         deleted = d;
         failures.extend(f.into_iter().map(|(p, r)| Failure { path: p, reason: r }));

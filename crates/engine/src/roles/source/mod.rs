@@ -105,6 +105,7 @@ fn source_session(
     let (walk, kept) = s.stream_metadata()?;
     crate::types::phase::mark("metadata_sent");
     let mut failures = walk.failures.clone();
+    incomplete(&s.stats, &failures);
     let confirmed = s.confirm(&mut threads.senders)?;
     crate::types::phase::mark("confirm");
     // The sink's answer before its data links: a sink streams its Have
@@ -163,6 +164,7 @@ fn run_windowed(
             .store(walk.total_bytes, Ordering::Relaxed);
         (s.stats.total_files).store(walk.files.len() as u64, Ordering::Relaxed);
         let mut failures = walk.failures.clone();
+        incomplete(&s.stats, &failures);
         let plan = s.sync_answer(&walk, confirmed.block_size, &mut failures)?;
         let opened = s.open_links(links, &confirmed)?;
         let plain = (walk, names);
@@ -548,6 +550,14 @@ fn send_scan_failures(ctl: &mut Ctl, failed: &[FailedPath], root: &str) -> Resul
         |f| f.path.len() + f.reason.len() + 16,
         |failures| Control::ScanFailed { failures, io_error },
     )
+}
+
+/// The scan's `failed` paths: any but a vanished one (rsync's
+/// IOERR_GENERAL) stops the sink's --delete, as the report says.
+pub(super) fn incomplete(stats: &Stats, failed: &[FailedPath]) {
+    if failed.iter().any(|f| !f.vanished) {
+        stats.source_incomplete.store(true, Ordering::Relaxed);
+    }
 }
 
 /// A failed path as the sink names it: a daemon's root stripped; "/" (an

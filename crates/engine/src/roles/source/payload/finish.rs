@@ -19,6 +19,7 @@ impl Payload<'_> {
             self.facts.unchanged = w.unchanged;
             self.facts.planned = std::mem::take(&mut w.planned);
             if let Some(walk) = w.take_walk() {
+                super::super::incomplete(&self.stats, &walk.failures);
                 failures.extend(walk.failures);
             }
         }
@@ -65,6 +66,7 @@ impl Payload<'_> {
             unchanged: f.plan.as_ref().map_or(f.unchanged, |p| p.unchanged),
             deleted: std::mem::take(&mut f.deleted),
             planned,
+            source_incomplete: self.stats.source_incomplete.load(Ordering::Relaxed),
             placed: f.placed.take(),
         }
     }

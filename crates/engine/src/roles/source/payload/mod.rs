@@ -719,6 +719,7 @@ impl<'s> Payload<'s> {
                 // Not vanished even when the file was removed since the
                 // scan: the sink's --delete stops on a FileFailed.
                 let full = full.display().to_string();
+                (self.stats.source_incomplete).store(true, Ordering::Relaxed);
                 self.facts
                     .local_failed
                     .push(FailedPath::new(full, reason.clone()));
