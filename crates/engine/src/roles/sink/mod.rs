@@ -394,6 +394,7 @@ impl SinkSession<'_> {
         tree.meta_budget = opts.meta_budget;
         // Checked before the session started (server.rs, the agent).
         tree.protect = crate::request::filter::Filter::new(&opts.select).ok();
+        tree.root_attrs = tree.protect.as_ref().is_none_or(|f| f.root_attrs());
         tree
     }
 

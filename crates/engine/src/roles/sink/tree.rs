@@ -78,6 +78,9 @@ pub(super) struct Tree {
     /// HardLink records that name it by id only (SinkSync::on_dry_entry;
     /// a windowed session sends LinkTo, which names it).
     dry_paths: std::collections::HashMap<u64, Vec<u8>>,
+    /// The transfer root's directory record sets DST's mode and mtime
+    /// (not under a `--files-from` list that does not name `.`).
+    pub root_attrs: bool,
 }
 
 impl Tree {
@@ -99,6 +102,7 @@ impl Tree {
             setid_dropped: 0,
             meta_budget: 0,
             dry_paths: Default::default(),
+            root_attrs: true,
         }
     }
 
@@ -326,6 +330,7 @@ impl Tree {
             // exists and keeps its attributes.
             EntryKind::Dir if target.is_empty() => {}
             EntryKind::Dir => match mkdir(root, &target, e.mode, replace) {
+                Ok(()) if e.path.is_empty() && !self.root_attrs => {}
                 Ok(()) => d.dirs.push((target, e.mode, mtime)),
                 Err(err) => self.prep_failures.push(Failure {
                     path: target,
