@@ -103,6 +103,9 @@ struct Scenario {
     /// in `would_send` / `would_delete` what rsync's names (directories
     /// aside: ramsys lists no directory).
     dry_names: bool,
+    /// rsync runs with `--stats` too: ramsys's first `deleted` is its
+    /// "Number of deleted files".
+    stats: bool,
     /// Also run locally, pushed and pulled in windows of WINDOW records
     /// at both ends (issue 36): a small tree then spans many windows.
     windowed: bool,
@@ -125,6 +128,7 @@ const BASE: Scenario = Scenario {
     stderr_has: None,
     root: false,
     dry_names: false,
+    stats: false,
     windowed: false,
 };
 
@@ -213,6 +217,9 @@ impl Lab {
     fn run_rsync(&self, s: &Scenario, m: Mode, w: &Path) -> Output {
         let mut c = Command::new("rsync");
         c.args(s.rsync);
+        if s.stats {
+            c.arg("--stats");
+        }
         if matches!(m, Mode::SshPush | Mode::SshPull) {
             c.arg("-e").arg(self.ssh_cmd());
         }
@@ -334,6 +341,19 @@ impl Lab {
         }
         if let (true, Some(check)) = (first, s.summary) {
             check(&sum);
+        }
+        if first && s.stats {
+            let out = String::from_utf8_lossy(&r.stdout);
+            let theirs = out
+                .lines()
+                .find_map(|l| l.strip_prefix("Number of deleted files: "))
+                .and_then(|n| n.split_whitespace().next()?.parse::<u64>().ok());
+            if theirs != sum["deleted"].as_u64() {
+                return Err(format!(
+                    "{what}: deleted {} where rsync --stats says {theirs:?}",
+                    sum["deleted"]
+                ));
+            }
         }
         if first && s.dry_names {
             let (send, delete) = rsync_names(&r.stdout);
@@ -900,6 +920,9 @@ fn a_file_and_a_link_replace_empty_directories() {
             std::fs::create_dir_all(w.join("dst/l")).unwrap();
             age(w);
         },
+        // A type change is no deletion: rsync --stats counts none (it
+        // was "1 deleted" until issue 36).
+        stats: true,
         windowed: true,
         ..BASE
     });
@@ -917,6 +940,8 @@ fn delete_lets_a_file_replace_a_full_directory() {
         },
         ramsys: &["-r", "--delete"],
         rsync: &["-rlptH", "--delete"],
+        // rsync counts what the directory held, not the directory.
+        stats: true,
         windowed: true,
         ..BASE
     });

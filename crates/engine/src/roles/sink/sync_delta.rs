@@ -76,8 +76,9 @@ pub struct SinkSync {
     /// order, so one confined open per directory instead of per file
     /// (None: it does not exist here).
     dir: Option<(Vec<u8>, Option<std::os::fd::OwnedFd>)>,
-    /// Directories removed to make way for a non-directory (issue 35),
-    /// reported with the deletions.
+    /// What the directories removed to make way for a non-directory held
+    /// (issue 35; not the directories, which rsync does not count: issue
+    /// 36), reported with the deletions.
     made_way: Vec<Vec<u8>>,
 }
 
@@ -223,8 +224,8 @@ impl SinkSync {
             return Ok(());
         }
         match super::delete::make_way(&self.root, target, self.flags & DELETE != 0) {
-            Ok(()) => {
-                self.made_way.push(target.to_vec());
+            Ok(gone) => {
+                self.made_way.extend(gone);
                 Ok(())
             }
             Err(e) => Err(format!("cannot replace the directory: {e}")),
@@ -834,8 +835,8 @@ impl SinkSync {
         }
     }
 
-    /// Directories removed to make way for a non-directory (reported
-    /// with the deletions, also where `--delete` did not run).
+    /// What directories removed to make way for a non-directory held
+    /// (reported with the deletions, also where `--delete` did not run).
     pub fn made_way(&self) -> Vec<Vec<u8>> {
         self.made_way.clone()
     }
