@@ -101,6 +101,10 @@ fn to_report(r: &RelayReport) -> Report {
         streams: r.streams,
         block_size: r.block_size,
         unchanged: r.unchanged,
+        // Only the failures' text comes back: any but a vanished path is
+        // taken as the source's (the sink's own errors may have let its
+        // --delete run; RelayReport does not say).
+        source_incomplete: r.failures.iter().any(|f| !f.reason_says_vanished()),
         ..Default::default()
     }
 }

@@ -267,12 +267,12 @@ pub(crate) fn summarize(rep: &Report, run: &RunFacts, json: bool, sync: u32) -> 
     }
 }
 
-/// --delete was asked for and a failure (at either end, the source's scan
-/// included) made the sink delete nothing (sink::tree::sync_epilogue):
-/// any but a vanished source path (rsync's IOERR_VANISHED).
+/// --delete was asked for and the source could not list or read all it
+/// was asked for (any error but a vanished path, rsync's IOERR_GENERAL):
+/// the sink deleted nothing (sink::tree::sync_epilogue). The sink's own
+/// errors do not stop it, as rsync's receiver's do not.
 fn deletions_skipped(rep: &Report, sync: u32) -> bool {
-    sync & ramsys_engine::request::sync::flags::DELETE != 0
-        && rep.failed.iter().any(|f| !f.vanished)
+    sync & ramsys_engine::request::sync::flags::DELETE != 0 && rep.source_incomplete
 }
 
 /// `n thing` or `n things`.
@@ -398,23 +398,20 @@ mod tests {
         assert_eq!(count(0, "entry", "entries"), "0 entries");
     }
 
-    /// "deletions skipped" follows the typed flag the failing end set,
-    /// not the reason's text: a sink's own ENOENT stopped its --delete.
+    /// "deletions skipped" follows the typed flag the end that built the
+    /// report set (the source's listing or reads incomplete), not the
+    /// failures: a sink's own errors do not stop its --delete.
     #[test]
-    fn deletions_skipped_unless_every_failure_vanished() {
+    fn deletions_skipped_only_when_the_source_was_incomplete() {
         use ramsys_engine::request::sync::flags::{DELETE, SYNC};
         use ramsys_engine::types::stats::FailedPath;
         let enoent = "No such file or directory (os error 2)";
-        let gone = FailedPath {
-            vanished: true,
-            ..FailedPath::new("/src/missing", enoent)
-        };
         let mut rep = Report {
-            failed: vec![gone.clone(), gone],
+            failed: vec![FailedPath::new("dst/d/f", enoent)],
             ..Default::default()
         };
         assert!(!deletions_skipped(&rep, SYNC | DELETE));
-        rep.failed.push(FailedPath::new("dst/d/f", enoent));
+        rep.source_incomplete = true;
         assert!(deletions_skipped(&rep, SYNC | DELETE));
         assert!(
             !deletions_skipped(&rep, SYNC),

@@ -99,6 +99,13 @@ struct Scenario {
     stderr_has: Option<&'static str>,
     /// Needs root beyond the lab's own needs (devices, owners).
     root: bool,
+    /// A dry run (rsync with `--out-format=%n`): ramsys's first run names
+    /// in `would_send` / `would_delete` what rsync's names (directories
+    /// aside: ramsys lists no directory).
+    dry_names: bool,
+    /// rsync runs with `--stats` too: ramsys's first `deleted` is its
+    /// "Number of deleted files".
+    stats: bool,
     /// Also run locally, pushed and pulled in windows of WINDOW records
     /// at both ends (issue 36): a small tree then spans many windows.
     windowed: bool,
@@ -120,6 +127,8 @@ const BASE: Scenario = Scenario {
     summary: None,
     stderr_has: None,
     root: false,
+    dry_names: false,
+    stats: false,
     windowed: false,
 };
 
@@ -208,6 +217,9 @@ impl Lab {
     fn run_rsync(&self, s: &Scenario, m: Mode, w: &Path) -> Output {
         let mut c = Command::new("rsync");
         c.args(s.rsync);
+        if s.stats {
+            c.arg("--stats");
+        }
         if matches!(m, Mode::SshPush | Mode::SshPull) {
             c.arg("-e").arg(self.ssh_cmd());
         }
@@ -330,6 +342,36 @@ impl Lab {
         if let (true, Some(check)) = (first, s.summary) {
             check(&sum);
         }
+        if first && s.stats {
+            let out = String::from_utf8_lossy(&r.stdout);
+            let theirs = out
+                .lines()
+                .find_map(|l| l.strip_prefix("Number of deleted files: "))
+                .and_then(|n| n.split_whitespace().next()?.parse::<u64>().ok());
+            if theirs != sum["deleted"].as_u64() {
+                return Err(format!(
+                    "{what}: deleted {} where rsync --stats says {theirs:?}",
+                    sum["deleted"]
+                ));
+            }
+        }
+        if first && s.dry_names {
+            let (send, delete) = rsync_names(&r.stdout);
+            let got = |k: &str| -> Vec<String> {
+                let mut v: Vec<String> = (sum[k].as_array().into_iter().flatten())
+                    .map(|n| n.as_str().unwrap_or_default().to_string())
+                    .collect();
+                v.sort();
+                v
+            };
+            let ours = (got("would_send"), got("would_delete"));
+            if ours != (send.clone(), delete.clone()) {
+                return Err(format!(
+                    "{what}: ramsys would send {:?}, delete {:?}; rsync {send:?}, {delete:?}",
+                    ours.0, ours.1
+                ));
+            }
+        }
         if let (true, Some(line)) = (first, s.stderr_has) {
             if !stderr(&o).contains(line) {
                 return Err(format!("{what}: no {line:?} in {}", stderr(&o)));
@@ -337,6 +379,22 @@ impl Lab {
         }
         Ok(())
     }
+}
+
+/// What `rsync -n --out-format=%n` printed: the names it would send or
+/// make and those it would delete, each sorted, directories left out.
+fn rsync_names(out: &[u8]) -> (Vec<String>, Vec<String>) {
+    let (mut send, mut delete) = (Vec::new(), Vec::new());
+    for l in String::from_utf8_lossy(out).lines() {
+        match l.strip_prefix("deleting ") {
+            Some(p) => delete.push(p.trim_end_matches('/').to_string()),
+            None if l.ends_with('/') || l.is_empty() => {}
+            None => send.push(l.to_string()),
+        }
+    }
+    send.sort();
+    delete.sort();
+    (send, delete)
 }
 
 /// Run `s` in each of its modes, and windowed ones locally, pushed and
@@ -621,6 +679,57 @@ fn dry_run_with_delete_changes_nothing() {
 }
 
 #[test]
+fn dry_run_names_links_and_symlinks_as_rsync_does() {
+    // issue 36: `sync -n` named one name of a hard-link group and no
+    // symlink that replaces a file.
+    check(Scenario {
+        name: "dry-names",
+        from: "hardlinks_test.py, daemon-gzip-download_test.py (-n), itemize_test.py",
+        setup: |w| {
+            // A new group of three names, one in a new directory.
+            write(&w.join("src/g1"), b"group one\n");
+            std::fs::hard_link(w.join("src/g1"), w.join("src/g2")).unwrap();
+            std::fs::create_dir(w.join("src/sub")).unwrap();
+            std::fs::hard_link(w.join("src/g1"), w.join("src/sub/g3")).unwrap();
+            // A group DST holds linked (stays), one whose data changed
+            // (every name is made again). (Not a group DST holds unlinked:
+            // which name leads a group is each tool's walk order.)
+            for (g, dst) in [("same", "same"), ("chg", "chg-old")] {
+                write(&w.join(format!("src/{g}1")), g.as_bytes());
+                std::fs::hard_link(w.join(format!("src/{g}1")), w.join(format!("src/{g}2")))
+                    .unwrap();
+                write(&w.join(format!("dst/{g}1")), dst.as_bytes());
+                std::fs::hard_link(w.join(format!("dst/{g}1")), w.join(format!("dst/{g}2")))
+                    .unwrap();
+            }
+            // Symlinks: over a file, new, the same, another target.
+            symlink("t1", &w.join("src/over-file"));
+            write(&w.join("dst/over-file"), b"a file\n");
+            symlink("t2", &w.join("src/new-link"));
+            symlink("t3", &w.join("src/same-link"));
+            symlink("t3", &w.join("dst/same-link"));
+            symlink("t4", &w.join("src/moved-link"));
+            symlink("old", &w.join("dst/moved-link"));
+            write(&w.join("src/plain"), b"plain\n");
+            write(&w.join("dst/plain"), b"plain\n");
+            write(&w.join("dst/orphan"), b"goes\n");
+            age(w);
+            // DST's copies of unchanged names as the source's.
+            for n in ["same1", "plain", "same-link"] {
+                use std::os::unix::fs::MetadataExt;
+                let m = std::fs::symlink_metadata(w.join("src").join(n)).unwrap();
+                set_mtime(&w.join("dst").join(n), m.mtime(), m.mtime_nsec());
+            }
+        },
+        ramsys: &["-r", "-n", "--delete"],
+        rsync: &["-rlptH", "-n", "--delete", "--out-format=%n"],
+        dry_names: true,
+        windowed: true,
+        ..BASE
+    });
+}
+
+#[test]
 fn update_keeps_newer_destination_files() {
     check(Scenario {
         name: "update",
@@ -811,6 +920,9 @@ fn a_file_and_a_link_replace_empty_directories() {
             std::fs::create_dir_all(w.join("dst/l")).unwrap();
             age(w);
         },
+        // A type change is no deletion: rsync --stats counts none (it
+        // was "1 deleted" until issue 36).
+        stats: true,
         windowed: true,
         ..BASE
     });
@@ -828,6 +940,8 @@ fn delete_lets_a_file_replace_a_full_directory() {
         },
         ramsys: &["-r", "--delete"],
         rsync: &["-rlptH", "--delete"],
+        // rsync counts what the directory held, not the directory.
+        stats: true,
         windowed: true,
         ..BASE
     });
@@ -881,6 +995,43 @@ fn a_missing_source_fails_and_delete_still_runs() {
                     .any(|f| f["path"].as_str().unwrap().ends_with("missing")),
                 "{s}"
             );
+        }),
+        windowed: true,
+        ..BASE
+    });
+}
+
+#[test]
+fn errors_at_the_destination_do_not_stop_delete() {
+    // issue 36: rsync's receiver-side errors (here --ignore-existing
+    // keeps a file where the source has a directory, so nothing can be
+    // made inside it) exit 23 and still delete, with --delete-after too;
+    // only the sender's I/O errors skip deletion ("IO error encountered
+    // -- skipping file deletion"; failures.rs
+    // an_unreadable_source_directory_stops_delete). ramsys deleted
+    // nothing after any error.
+    check(Scenario {
+        name: "dst-errors-delete",
+        from: "generator.c delete_in_dir (IOERR_GENERAL only), delete-deep_test.py",
+        setup: |w| {
+            write(&w.join("src/d/x"), b"cannot land\n");
+            write(&w.join("src/y"), b"new\n");
+            write(
+                &w.join("dst/d"),
+                b"a file where the source has a directory\n",
+            );
+            write(&w.join("dst/orphan"), b"goes\n");
+            age(w);
+        },
+        ramsys: &["-r", "--ignore-existing", "--delete"],
+        rsync: &["-rlptH", "--ignore-existing", "--delete"],
+        // rsync puts the source directory's mtime on DST's file it kept
+        // in its place (its directory pass at the end); not copied.
+        loose: &["dst/d"],
+        fails: true,
+        summary: Some(|s| {
+            assert_eq!(s["deletions_skipped"], false, "{s}");
+            assert_eq!(s["deleted"], 1, "{s}");
         }),
         windowed: true,
         ..BASE

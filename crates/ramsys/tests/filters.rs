@@ -431,3 +431,56 @@ fn a_listed_path_that_is_not_there_fails_like_rsync() {
         assert!(extra.is_file(), "{kind:?}: --delete ran after a failure");
     }
 }
+
+/// `--files-from` leaves DST's own mode and mtime unless the list names
+/// `.` (issue 36): rsync copies the root's attributes only then, and
+/// those of the directories leading to a listed path always (with -t);
+/// ramsys set DST's mtime every time. Local, pushed and pulled.
+#[test]
+fn files_from_keeps_the_destination_root_unless_it_lists_dot() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // DST's own: whether it has the source's mtime (else both tools leave
+    // the time their new entries gave it), and its mode; exact below it.
+    let mtimes = |d: &Path| -> Vec<(i64, i64, u32)> {
+        ["", "a", "a/b"]
+            .iter()
+            .map(|p| {
+                let m = std::fs::metadata(d.join(p)).unwrap();
+                match *p {
+                    "" => ((m.mtime() == 1_500_000_000).into(), 0, m.mode()),
+                    _ => (m.mtime(), m.mtime_nsec(), m.mode()),
+                }
+            })
+            .collect()
+    };
+    for kind in [Kind::Local, Kind::Push, Kind::Pull] {
+        for list in ["a/b/y.c\ntop.txt\n", ".\na/b/y.c\n"] {
+            let s = setup(kind);
+            set_mtime(&s.plain_src, 1_500_000_000, 0);
+            set_mtime(&s.plain_src.join("a"), 1_500_000_100, 0);
+            set_mtime(&s.plain_src.join("a/b"), 1_500_000_200, 0);
+            let file = s.reference.parent().unwrap().join("list");
+            std::fs::write(&file, list).unwrap();
+            let file = file.display().to_string();
+            for d in [&s.dst.1, &s.reference] {
+                std::fs::create_dir_all(d).unwrap();
+                std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o750)).unwrap();
+                set_mtime(d, 1_600_000_000, 0);
+            }
+            let from = format!("{}/", s.src.0);
+            let to = format!("{}/", s.dst.0);
+            for _ in 0..2 {
+                let o = ramsys(&s.key, &["sync", "--files-from", &file, &from, &to]);
+                assert_ok(&o);
+            }
+            let reference = format!("{}/", s.reference.display());
+            rsync(
+                &["-lpH", "--files-from", &file],
+                &s.plain_src.join(""),
+                Path::new(&reference),
+            );
+            let (got, want) = (mtimes(&s.dst.1), mtimes(&s.reference));
+            assert_eq!(got, want, "{kind:?}, list {list:?}");
+        }
+    }
+}

@@ -56,6 +56,9 @@ struct FilesFrom {
     listed: SortedPaths,
     parents: SortedPaths,
     recursive: bool,
+    /// The list names the transfer root itself (`.`): only then are its
+    /// attributes copied, as rsync's are.
+    root: bool,
 }
 
 impl FilesFrom {
@@ -64,10 +67,12 @@ impl FilesFrom {
         // a line there, so both lists start as spans of the same bytes.
         let mut bytes = Vec::with_capacity(files.byte_len());
         let (mut listed, mut parents) = (Vec::with_capacity(files.len()), Vec::new());
+        let mut root = false;
         for f in files.iter() {
             let start = bytes.len();
             normalize_into(&mut bytes, f);
             if bytes.len() == start {
+                root |= !f.is_empty();
                 continue;
             }
             let end = u32::try_from(bytes.len())
@@ -84,6 +89,7 @@ impl FilesFrom {
             listed: SortedPaths::new(&bytes, listed),
             parents: SortedPaths::new(&bytes, parents),
             recursive,
+            root,
         })
     }
 
@@ -263,6 +269,13 @@ impl Filter {
             return None;
         }
         Some(f.children(dir))
+    }
+
+    /// Whether the transfer root's own mode and mtime are copied: always,
+    /// but under `--files-from` only where the list names it (`.`), as
+    /// rsync does (issue 36; else DST keeps its own).
+    pub fn root_attrs(&self) -> bool {
+        self.files.as_ref().is_none_or(|f| f.root)
     }
 
     pub fn is_all(&self) -> bool {

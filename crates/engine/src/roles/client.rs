@@ -210,9 +210,11 @@ fn open_msg(role: Role, paths: Vec<Vec<u8>>, opts: &TransferOptions) -> Control 
         };
     }
     // A selection the server's scan applies (request::filter), or that a
-    // server sink keeps from --delete.
+    // server sink keeps from --delete, or (a `--files-from` list) reads
+    // whether DST's own attributes are copied (Filter::root_attrs).
     let delete = opts.sync & crate::request::sync::flags::DELETE != 0;
-    if !opts.select.is_empty() && (role == Role::Source || delete) {
+    let listed = !opts.select.files.is_empty();
+    if !opts.select.is_empty() && (role == Role::Source || delete || listed) {
         return Control::SelectOpen {
             open,
             flags: opts.sync,

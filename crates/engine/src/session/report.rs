@@ -31,6 +31,10 @@ pub struct Report {
     pub deleted: Vec<String>,
     /// Dry run: files that would be sent.
     pub planned: Vec<String>,
+    /// The source could not list or read all it was asked for (an error
+    /// but a vanished path): sync's --delete deleted nothing (rsync's
+    /// IOERR_GENERAL). Set by the end that builds the report.
+    pub source_incomplete: bool,
     /// Where this end was the source: the send path it took (seed 002
     /// sec. 7) and the blocks it passed through the filled queue.
     pub send_path: Option<SendPath>,

@@ -60,7 +60,7 @@ fn oflags(flags: i32) -> OFlags {
 }
 
 /// The target of symlink `name` in `dir`.
-fn readlink_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Vec<u8>> {
+pub fn readlink_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Vec<u8>> {
     Ok(rustix::fs::readlinkat(dir, cpath(name)?, Vec::new())?.into_bytes())
 }
 

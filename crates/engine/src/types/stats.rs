@@ -20,6 +20,10 @@ pub struct Stats {
     /// Segments of failed blocks sent again: requested (sink) or re-read
     /// and re-sent (source).
     pub resends: AtomicU64,
+    /// The source could not list or read all it was asked for (an error
+    /// but a vanished path): the sink's --delete deletes nothing
+    /// (Report::source_incomplete).
+    pub source_incomplete: std::sync::atomic::AtomicBool,
     /// Data links that broke mid-transfer (crate::session::relink).
     pub links_lost: AtomicU64,
     /// Broken data links replaced by a new one.

@@ -347,15 +347,22 @@ pub fn remove_unprotected(
 /// (rsync's receiver does the same; issue 35): an empty directory is
 /// removed; a non-empty one only with `tree` (`--delete`, which rsync's
 /// `--force` implies), through [`remove`], never following a symlink.
-pub fn make_way(root: &Root, rel: &[u8], tree: bool) -> std::io::Result<()> {
+/// What was deleted: the entries the directory held (each one entry, as
+/// `--delete` counts a directory with its contents), not the directory,
+/// which rsync's `--stats` does not count either (issue 36).
+pub fn make_way(root: &Root, rel: &[u8], tree: bool) -> std::io::Result<Vec<Vec<u8>>> {
     let (parent, name) = fsops::split_parent(rel);
     let dir = root.open_dir(parent)?;
     let e = match fsops::rmdir_in(dir.as_fd(), nul_free(name)?) {
-        Ok(()) => return Ok(()),
+        Ok(()) => return Ok(Vec::new()),
         Err(e) => e,
     };
     match e.raw_os_error() {
-        Some(libc::ENOTEMPTY | libc::EEXIST) if tree => remove(root, rel),
+        Some(libc::ENOTEMPTY | libc::EEXIST) if tree => {
+            let held = fsops::list_dir(root.open_dir(rel)?.as_fd())?;
+            remove(root, rel)?;
+            Ok(held.iter().map(|n| join(rel, n)).collect())
+        }
         Some(libc::ENOTEMPTY | libc::EEXIST) => Err(std::io::Error::new(
             std::io::ErrorKind::DirectoryNotEmpty,
             "a non-empty directory is in the way (--delete replaces it)",
@@ -505,12 +512,16 @@ mod tests {
         std::fs::write(d.path().join("full/sub/f"), b"x").unwrap();
         std::os::unix::fs::symlink(outside.path(), d.path().join("full/link")).unwrap();
         let root = Root::open(d.path(), Confinement::Strict).unwrap();
-        make_way(&root, b"empty", false).unwrap();
+        // Not a deletion (rsync's --stats counts none); a full one's
+        // entries are.
+        assert!(make_way(&root, b"empty", false).unwrap().is_empty());
         assert!(!d.path().join("empty").exists());
         let e = make_way(&root, b"full", false).unwrap_err();
         assert!(e.to_string().contains("--delete"), "{e}");
         assert!(d.path().join("full/sub/f").exists());
-        make_way(&root, b"full", true).unwrap();
+        let mut gone = make_way(&root, b"full", true).unwrap();
+        gone.sort();
+        assert_eq!(gone, [b"full/link".to_vec(), b"full/sub".to_vec()]);
         assert!(!d.path().join("full").exists());
         assert!(outside.path().join("keep").exists());
     }

@@ -140,8 +140,8 @@ fn sink_session(
     crate::types::phase::mark("sink_payload_done");
     let done = data.teardown(result)?;
     crate::types::phase::mark("sink_torn_down");
-    let (deferred, prep_failures, scan, dest) = for_verdict(tree);
-    let report = s.verdict(done, deferred, prep_failures, scan, dest)?;
+    let (deferred, prep_failures, scan, dest, scan_io_error) = for_verdict(tree);
+    let report = s.verdict(done, deferred, (prep_failures, scan_io_error), scan, dest)?;
     Ok((report, s.ctl.link))
 }
 
@@ -149,8 +149,9 @@ fn sink_session(
 /// finish, the failures before the payload, the source's own failures,
 /// and DST. The source's own failures count in this end's verdict: the
 /// report names them; an I/O error among them (not just a vanished path)
-/// makes sync's --delete delete nothing, as rsync's IOERR_GENERAL does.
-fn for_verdict(tree: Tree) -> (Deferred, Vec<Failure>, Vec<Failure>, DestMap) {
+/// makes sync's --delete delete nothing, as rsync's IOERR_GENERAL does
+/// (the last: whether there was one).
+fn for_verdict(tree: Tree) -> (Deferred, Vec<Failure>, Vec<Failure>, DestMap, bool) {
     let Tree {
         deferred,
         mut prep_failures,
@@ -167,7 +168,7 @@ fn for_verdict(tree: Tree) -> (Deferred, Vec<Failure>, Vec<Failure>, DestMap) {
     if scan_io_error {
         prep_failures.append(&mut scan);
     }
-    (deferred, prep_failures, scan, dest)
+    (deferred, prep_failures, scan, dest, scan_io_error)
 }
 
 /// A windowed session's control reader, started before the data links
@@ -403,6 +404,7 @@ impl SinkSession<'_> {
         tree.meta_budget = opts.meta_budget;
         // Checked before the session started (server.rs, the agent).
         tree.protect = crate::request::filter::Filter::new(&opts.select).ok();
+        tree.root_attrs = tree.protect.as_ref().is_none_or(|f| f.root_attrs());
         tree
     }
 
@@ -487,13 +489,17 @@ impl SinkSession<'_> {
         &mut self,
         d: Drained,
         mut deferred: Deferred,
-        prep_failures: Vec<Failure>,
+        (prep_failures, scan_io_error): (Vec<Failure>, bool),
         vanished: Vec<Failure>,
         mut dest: DestMap,
     ) -> Result<Report, EngineError> {
         let Drained {
             table, mut sync, ..
         } = d;
+        // The source's listing or a file's data was incomplete: --delete
+        // deletes nothing (rsync's IOERR_GENERAL; this end's own errors
+        // do not stop it, as rsync's receiver's do not).
+        let incomplete = scan_io_error || table.source_failed();
         let mut failures = prep_failures;
         failures.extend(
             d.file_failures
@@ -502,7 +508,8 @@ impl SinkSession<'_> {
         );
         let dry = sync.as_ref().is_some_and(|s| s.dry());
         let place = (&mut deferred, dest.dest());
-        let outcome = self.place_and_delete(&table, sync.as_mut(), place, &mut failures)?;
+        let outcome =
+            self.place_and_delete(&table, sync.as_mut(), place, &mut failures, incomplete)?;
         let root = &self.spec.root;
         // Source paths that vanished: failures, but after --delete ran.
         // The wire said so (ScanFailed's io_error); this end's report
@@ -518,6 +525,7 @@ impl SinkSession<'_> {
         let (files, bytes) = self.moved(&table, sync.as_ref());
         log_storage_usage(&table);
         let report = Report {
+            source_incomplete: incomplete,
             unchanged: outcome.unchanged,
             deleted: outcome.deleted.iter().map(|p| show(p)).collect(),
             planned: outcome.planned.iter().map(|p| show(p)).collect(),
@@ -537,13 +545,15 @@ impl SinkSession<'_> {
     }
 
     /// Further names linked once their files are in place, then a sync's
-    /// deletions (tree::sync_epilogue), which run only if nothing failed.
+    /// deletions (tree::sync_epilogue), which run unless the source
+    /// failed to read something (`incomplete`).
     fn place_and_delete(
         &mut self,
         table: &FileTable,
         sync: Option<&mut SinkSync>,
         (deferred, dest): (&mut Deferred, &[u8]),
         failures: &mut Vec<Failure>,
+        incomplete: bool,
     ) -> Result<tree::SyncOutcome, EngineError> {
         let spec = &self.spec;
         let tmp = |i: usize| format!(".ramsys-{:016x}-{i}.lnk", spec.session).into_bytes();
@@ -561,7 +571,7 @@ impl SinkSession<'_> {
         tree::sync_epilogue(
             s,
             &mut self.ctl,
-            failures,
+            (failures, incomplete),
             dest,
             started,
             unchanged,

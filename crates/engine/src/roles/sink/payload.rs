@@ -104,7 +104,7 @@ pub(super) fn on_control(
             crate::types::phase::mark("sink_digests_in");
             settlers.digests(table, v).map_err(write_error)?;
         }
-        Control::FileFailed { id, reason } => table.fail_id(id, format!("source: {reason}")),
+        Control::FileFailed { id, reason } => table.source_failed_id(id, reason),
         Control::Reuse(v) => {
             if let Some(s) = sync {
                 s.on_reuse(table, v).map_err(write_error)?;

@@ -64,6 +64,15 @@ pub struct SinkSync {
     dry_files: BTreeMap<u64, Vec<u8>>,
     /// Dry run: files found unchanged.
     dry_kept: u64,
+    /// Dry run: symlinks, hard links and special files DST does not hold
+    /// as sent, which the run would make (listed, as `rsync -n` lists
+    /// them), and their ids not yet answered (a Have each: the source
+    /// names them too).
+    dry_made: Vec<Vec<u8>>,
+    dry_made_ids: Vec<u64>,
+    /// Dry run: further names DST already links to the file `id`'s name,
+    /// by `id`: remade (and listed) only if that file would be sent.
+    dry_links: BTreeMap<u64, Vec<Vec<u8>>>,
     /// Resume: temp files taken as bases (paths under the root).
     used_parts: HashSet<Vec<u8>>,
     /// Resume: the destinations the journal held rows for at the first
@@ -79,8 +88,9 @@ pub struct SinkSync {
     /// order, so one confined open per directory instead of per file
     /// (None: it does not exist here).
     dir: Option<(Vec<u8>, Option<std::os::fd::OwnedFd>)>,
-    /// Directories removed to make way for a non-directory (issue 35),
-    /// reported with the deletions.
+    /// What the directories removed to make way for a non-directory held
+    /// (issue 35; not the directories, which rsync does not count: issue
+    /// 36), reported with the deletions.
     made_way: Vec<Vec<u8>>,
 }
 
@@ -119,6 +129,9 @@ impl SinkSync {
             protect: None,
             dry_files: BTreeMap::new(),
             dry_kept: 0,
+            dry_made: Vec::new(),
+            dry_made_ids: Vec::new(),
+            dry_links: BTreeMap::new(),
             used_parts: HashSet::new(),
             own_suffix: Vec::new(),
             held_rows: Default::default(),
@@ -201,9 +214,10 @@ impl SinkSync {
 
     /// The source sent every entry of directory record `id` (DirsDone):
     /// a resume drops the directory's stale temp files, `--delete` its
-    /// extras (listed only, in a dry run) if `may_delete` (nothing failed
-    /// so far: the rule the session's end keeps, so nothing is deleted
-    /// there after a failure either), and its names are dropped. A
+    /// extras (listed only, in a dry run) if `may_delete` (the source has
+    /// failed to read nothing so far: the rule the session's end keeps,
+    /// so nothing is deleted there after such a failure either), and its
+    /// names are dropped. A
     /// directory not sent here (a reserved name refused) has nothing.
     pub fn dir_done(&mut self, id: u64, may_delete: bool) {
         let Ok(i) = self.dir_ids.binary_search(&id) else {
@@ -273,8 +287,8 @@ impl SinkSync {
             return Ok(());
         }
         match super::delete::make_way(&self.root, target, self.flags & DELETE != 0) {
-            Ok(()) => {
-                self.made_way.push(target.to_vec());
+            Ok(gone) => {
+                self.made_way.extend(gone);
                 Ok(())
             }
             Err(e) => Err(format!("cannot replace the directory: {e}")),
@@ -320,7 +334,63 @@ impl SinkSync {
     fn kept(&mut self, id: u64) {
         if self.dry() && self.dry_files.remove(&id).is_some() {
             self.dry_kept += 1;
+            self.dry_links.remove(&id);
         }
+    }
+
+    /// Dry run: a symlink, hard link or special record `e` the run would
+    /// place at `target` (`first`: a hard link's first name at DST). It is
+    /// listed where DST does not hold it as sent, as `rsync -n` lists it
+    /// (issue 36): a symlink with another target or none, a name not yet
+    /// linked to the first (or linked to a first name that would be sent
+    /// again), a special file of another type or device.
+    pub fn on_dry_entry(
+        &mut self,
+        e: &ramsys_proto::control::Entry,
+        target: &[u8],
+        first: Option<&[u8]>,
+    ) {
+        use ramsys_proto::control::EntryKind;
+        let st = self.lstat(target);
+        let held = match (&e.kind, &st) {
+            (_, None) => false,
+            (EntryKind::Symlink { target: t }, Some(st)) => {
+                crate::storage::fsops::is_symlink(st) && self.readlink(target).as_ref() == Some(t)
+            }
+            (EntryKind::HardLink { target_id } | EntryKind::LinkTo { target_id, .. }, Some(st)) => {
+                let one = first
+                    .and_then(|f| self.lstat(f))
+                    .is_some_and(|f| (f.st_dev, f.st_ino) == (st.st_dev, st.st_ino));
+                if one && self.dry_files.contains_key(target_id) {
+                    let names = self.dry_links.entry(*target_id).or_default();
+                    names.push(target.to_vec());
+                }
+                one
+            }
+            (EntryKind::Special { kind, rdev }, Some(st)) => {
+                use ramsys_proto::attrs::special;
+                let (want, dev) = match *kind {
+                    special::FIFO => (libc::S_IFIFO, false),
+                    special::SOCKET => (libc::S_IFSOCK, false),
+                    special::CHAR => (libc::S_IFCHR, true),
+                    _ => (libc::S_IFBLK, true),
+                };
+                st.st_mode & libc::S_IFMT == want && (!dev || st.st_rdev == *rdev)
+            }
+            _ => true,
+        };
+        if !held {
+            self.dry_made.push(target.to_vec());
+            self.dry_made_ids.push(e.id);
+        }
+    }
+
+    /// The target of the symlink at `rel`, through the cached directory.
+    fn readlink(&mut self, rel: &[u8]) -> Option<Vec<u8>> {
+        let (_, name) = split_parent(rel);
+        self.lstat(rel)?;
+        let fd = self.dir.as_ref()?.1.as_ref()?;
+        crate::storage::fsops::readlink_at(std::os::fd::AsFd::as_fd(fd), name).ok()
     }
 
     /// A file record, already in `table` (unless dry run): unchanged,
@@ -610,9 +680,21 @@ impl SinkSync {
                 id,
                 state: HaveState::Unchanged,
             });
+        // A dry run's entries it would make (on_dry_entry): Blocks with
+        // nothing in them, "DST holds none of it" (docs/PROTOCOL.md, Have).
+        let made = std::mem::take(&mut self.dry_made_ids)
+            .into_iter()
+            .map(|id| Have {
+                id,
+                state: HaveState::Blocks {
+                    block_size: 0,
+                    size: 0,
+                    sums: Vec::new(),
+                },
+            });
         let mut cur = Vec::new();
         let mut bytes = 0;
-        for h in unchanged.chain(compared) {
+        for h in unchanged.chain(compared).chain(made) {
             let sz = 16
                 + match &h.state {
                     HaveState::Blocks { sums, .. } => sums.len() * 10 + 16,
@@ -872,15 +954,24 @@ impl SinkSync {
         (done, failed)
     }
 
-    /// Directories removed to make way for a non-directory (reported
-    /// with the deletions, also where `--delete` did not run).
+    /// What directories removed to make way for a non-directory held
+    /// (reported with the deletions, also where `--delete` did not run).
     pub fn made_way(&self) -> Vec<Vec<u8>> {
         self.made_way.clone()
     }
 
-    /// Dry run: files that would be sent, and how many were unchanged.
+    /// Dry run: what would be sent or made (files, and the symlinks,
+    /// hard links and special files DST does not hold as sent), and how
+    /// many files were unchanged.
     pub fn planned(&self) -> (Vec<Vec<u8>>, u64) {
-        (self.dry_files.values().cloned().collect(), self.dry_kept)
+        let links = (self.dry_links.iter())
+            .filter(|(id, _)| self.dry_files.contains_key(id))
+            .flat_map(|(_, names)| names.iter());
+        let all = (self.dry_files.values())
+            .chain(&self.dry_made)
+            .chain(links)
+            .cloned();
+        (all.collect(), self.dry_kept)
     }
 }
 

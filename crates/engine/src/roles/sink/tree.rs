@@ -6,7 +6,6 @@
 //! the directories' attributes (last: a deletion changes its directory's
 //! mtime).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ramsys_proto::control::{EntryKind, Failure};
@@ -75,6 +74,13 @@ pub(super) struct Tree {
     /// Bytes of per-file state this session may hold (0: no bound;
     /// `serve --session-memory`, issue 36).
     pub meta_budget: u64,
+    /// A dry run without windows: each file's path by id, for the
+    /// HardLink records that name it by id only (SinkSync::on_dry_entry;
+    /// a windowed session sends LinkTo, which names it).
+    dry_paths: std::collections::HashMap<u64, Vec<u8>>,
+    /// The transfer root's directory record sets DST's mode and mtime
+    /// (not under a `--files-from` list that does not name `.`).
+    pub root_attrs: bool,
 }
 
 impl Tree {
@@ -95,6 +101,8 @@ impl Tree {
             protect: None,
             setid_dropped: 0,
             meta_budget: 0,
+            dry_paths: Default::default(),
+            root_attrs: true,
         }
     }
 
@@ -143,10 +151,12 @@ impl Tree {
                     self.scan_failures.extend(f.into_iter().take(room));
                 }
                 // Directories whose every entry came (windowed, issue 36):
-                // their extras go now, unless something failed so far.
+                // their extras go now, unless the source failed to read
+                // something so far (the rule of the session's end: only
+                // the source's errors stop --delete, as only rsync's
+                // sender's do; docs/SYNC.md).
                 Control::DirsDone { ids } => {
-                    let failed = self.table.stats().failed.load(Ordering::Relaxed);
-                    let may = self.prep_failures.is_empty() && !self.scan_io_error && failed == 0;
+                    let may = !self.scan_io_error && !self.table.source_failed();
                     if let Some(s) = &mut self.sync {
                         for id in ids {
                             s.dir_done(id, may);
@@ -279,6 +289,16 @@ impl Tree {
         if let (EntryKind::Piece { piece, index, .. }, false) = (&e.kind, dry) {
             self.table.set_piece(e.id, &e.path, *piece, *index);
         }
+        // A dry run lists a hard link by its first name's state at DST.
+        let first = match &e.kind {
+            EntryKind::File { .. } if dry && !self.windowed => {
+                self.dry_paths.insert(e.id, target.clone());
+                None
+            }
+            EntryKind::HardLink { target_id } if dry => self.dry_paths.get(target_id).cloned(),
+            EntryKind::LinkTo { target: to, .. } if dry => Some(self.dest.map(to)),
+            _ => None,
+        };
         // Sync replaces what is in the way of another type (issue 35).
         let mut replace = false;
         if let Some(s) = &mut self.sync {
@@ -298,6 +318,7 @@ impl Tree {
                         EntryKind::HardLink { .. } | EntryKind::LinkTo { .. }
                     );
                     match s.on_other(&target, link.then_some(mtime)) {
+                        Ok(true) if dry => s.on_dry_entry(&e, &target, first.as_deref()),
                         Ok(true) => {}
                         Ok(false) => return,
                         Err(reason) => {
@@ -323,6 +344,7 @@ impl Tree {
             // exists and keeps its attributes.
             EntryKind::Dir if target.is_empty() => {}
             EntryKind::Dir => match mkdir(root, &target, e.mode, replace) {
+                Ok(()) if e.path.is_empty() && !self.root_attrs => {}
                 Ok(()) => d.dirs.push((target, e.mode, mtime)),
                 Err(err) => self.prep_failures.push(Failure {
                     path: target,
@@ -483,14 +505,17 @@ fn from_dest(dest: &[u8], p: &[u8]) -> Vec<u8> {
     }
 }
 
-/// Sync's epilogue: `--delete` only after a session without failures (a
-/// file that could not be written must not cost the copy the sink still
-/// has), orphan cleanup, the dry run's plan; deletions reported to the
-/// source in batches that fit a control frame.
+/// Sync's epilogue: `--delete` unless the source's side was `incomplete`
+/// (a directory it could not list, a file it could not read: rsync's
+/// IOERR_GENERAL); this end's own failures (an entry it could not make
+/// or write) do not stop it, as rsync's receiver's errors do not. Then
+/// orphan cleanup (after a session without failures), the dry run's
+/// plan; deletions reported to the source in batches that fit a control
+/// frame.
 pub(super) fn sync_epilogue(
     s: &mut SinkSync,
     ctl: &mut Ctl,
-    failures: &mut Vec<Failure>,
+    (failures, incomplete): (&mut Vec<Failure>, bool),
     dest: &[u8],
     started: std::time::SystemTime,
     mut unchanged: u64,
@@ -498,7 +523,7 @@ pub(super) fn sync_epilogue(
 ) -> Result<SyncOutcome, EngineError> {
     let deleted: Vec<Vec<u8>>;
     let mut planned = Vec::new();
-    if failures.is_empty() {
+    if !incomplete {
         let (d, f) = s.delete();
         deleted = d;
         failures.extend(f.into_iter().map(|(p, r)| Failure { path: p, reason: r }));

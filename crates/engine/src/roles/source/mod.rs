@@ -105,6 +105,7 @@ fn source_session(
     let (walk, kept) = s.stream_metadata()?;
     crate::types::phase::mark("metadata_sent");
     let mut failures = walk.failures.clone();
+    incomplete(&s.stats, &failures);
     let confirmed = s.confirm(&mut threads.senders)?;
     crate::types::phase::mark("confirm");
     // The sink's answer before its data links: a sink streams its Have
@@ -163,6 +164,7 @@ fn run_windowed(
             .store(walk.total_bytes, Ordering::Relaxed);
         (s.stats.total_files).store(walk.files.len() as u64, Ordering::Relaxed);
         let mut failures = walk.failures.clone();
+        incomplete(&s.stats, &failures);
         let plan = s.sync_answer(&walk, confirmed.block_size, &mut failures)?;
         let opened = s.open_links(links, &confirmed)?;
         let plain = (walk, names);
@@ -557,6 +559,14 @@ fn send_scan_failures(ctl: &mut Ctl, failed: &[FailedPath], root: &str) -> Resul
     )
 }
 
+/// The scan's `failed` paths: any but a vanished one (rsync's
+/// IOERR_GENERAL) stops the sink's --delete, as the report says.
+pub(super) fn incomplete(stats: &Stats, failed: &[FailedPath]) {
+    if failed.iter().any(|f| !f.vanished) {
+        stats.source_incomplete.store(true, Ordering::Relaxed);
+    }
+}
+
 /// A failed path as the sink names it: a daemon's root stripped; "/" (an
 /// ssh source) keeps paths whole.
 fn wire_path<'p>(root: &str, path: &'p str) -> &'p str {
@@ -567,22 +577,48 @@ fn wire_path<'p>(root: &str, path: &'p str) -> &'p str {
     }
 }
 
-/// A dry run's report names the files it would send by their wire paths:
-/// (id, path) of each regular file, ascending ids.
-pub(super) type Names = Vec<(u64, Vec<u8>)>;
+/// A dry run's report names what it would send or make by wire paths:
+/// (id, path, the file a further name links to) of each record but
+/// directories, ascending ids.
+pub(super) type Names = Vec<Named>;
+pub(super) type Named = (u64, Vec<u8>, Option<u64>);
 
-/// The regular files among `es`, named.
-pub(super) fn names_of(es: &[Entry]) -> impl Iterator<Item = (u64, Vec<u8>)> + '_ {
+/// The records among `es` a dry run may name (all but directories).
+pub(super) fn names_of(es: &[Entry]) -> impl Iterator<Item = Named> + '_ {
     use ramsys_proto::control::EntryKind;
     es.iter()
-        .filter(|e| matches!(e.kind, EntryKind::File { .. } | EntryKind::Piece { .. }))
-        .map(|e| (e.id, e.path.clone()))
+        .filter(|e| !matches!(e.kind, EntryKind::Dir))
+        .map(|e| {
+            let link = match e.kind {
+                EntryKind::HardLink { target_id } | EntryKind::LinkTo { target_id, .. } => {
+                    Some(target_id)
+                }
+                _ => None,
+            };
+            (e.id, e.path.clone(), link)
+        })
 }
 
-/// File `id`'s name in `names`, as the report shows it.
-pub(super) fn name_of(names: &[(u64, Vec<u8>)], id: u64) -> Option<String> {
-    let k = names.binary_search_by_key(&id, |(id, _)| *id).ok()?;
-    Some(show(&names[k].1))
+/// What a dry run lists of `names`, in id order, as `rsync -n` lists it
+/// (issue 36): the files it would send (`planned`, ids; kept in `sent`
+/// for the further names of later windows), the records the sink would
+/// make (`made`: its Have for a record that is not a file,
+/// docs/PROTOCOL.md), and every further name of a file it would send.
+pub(super) fn dry_list(
+    names: &Names,
+    planned: impl IntoIterator<Item = u64>,
+    made: &[u64],
+    sent: &mut std::collections::HashSet<u64>,
+) -> Vec<String> {
+    sent.extend(planned);
+    let made: std::collections::HashSet<u64> = made.iter().copied().collect();
+    names
+        .iter()
+        .filter(|(id, _, link)| {
+            sent.contains(id) || made.contains(id) || link.is_some_and(|t| sent.contains(&t))
+        })
+        .map(|(_, p, _)| show(p))
+        .collect()
 }
 
 /// After a failed send: the reason the peer gave, if it sent one.

@@ -178,6 +178,7 @@ pub(super) fn on_resend(
             }
             Err(reason) => {
                 tracing::warn!("cannot re-send file id {id}: {reason}");
+                (stats.source_incomplete).store(true, Ordering::Relaxed);
                 ctl.send(&Control::FileFailed { id, reason })?;
             }
         }

@@ -22,6 +22,9 @@ pub struct SyncPlan {
     pub unchanged: u64,
     /// Dry run: indices of the files that would be sent.
     pub planned: Vec<usize>,
+    /// Dry run: ids of the records not files the sink would make (its
+    /// Have for one, docs/PROTOCOL.md).
+    pub made: Vec<u64>,
 }
 
 impl SyncPlan {
@@ -84,6 +87,12 @@ impl Answer {
             }
         }
         self.other.extend(later.other);
+    }
+
+    /// A dry run's answer for records that are not files: the ids of
+    /// those the sink would make (any Have for one, docs/PROTOCOL.md).
+    pub fn made(self) -> Vec<u64> {
+        self.other.into_iter().map(|h| h.id).collect()
     }
 
     pub fn extend(&mut self, v: Vec<Have>) {
@@ -176,6 +185,10 @@ fn comparisons(
     let mut jobs: Vec<(usize, Job)> = Vec::new();
     for h in haves.other {
         let Some(i) = by_id.get(files, h.id) else {
+            // A symlink, hard link or special record a dry run would make.
+            if dry {
+                p.made.push(h.id);
+            }
             continue;
         };
         match h.state {

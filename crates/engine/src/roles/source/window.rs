@@ -111,7 +111,7 @@ pub(super) struct Ahead {
     /// A dry run's report names the files it would send: the wire paths
     /// of the files announced and not yet ready, ascending ids (None
     /// otherwise).
-    names: Option<VecDeque<(u64, Vec<u8>)>>,
+    names: Option<VecDeque<super::Named>>,
     /// Directories done whose records are all out, not yet named to the
     /// sink (before Confirm: it may not take DirsDone).
     done: Vec<u64>,
@@ -210,7 +210,7 @@ impl Ahead {
     pub fn ready(&mut self, through: u64) -> (Vec<SourceFile>, super::Names) {
         let n = self.pending.partition_point(|f| f.id < through);
         let names = self.names.as_mut().map_or(Vec::new(), |v| {
-            let k = v.partition_point(|(id, _)| *id < through);
+            let k = v.partition_point(|(id, _, _)| *id < through);
             v.drain(..k).collect()
         });
         (self.pending.drain(..n).collect(), names)

@@ -416,6 +416,9 @@ pub struct FileTable {
     /// error ended the session first (the source closing its links after
     /// the sink's Abort often does).
     storage_failed: AtomicBool,
+    /// The source could not read a file it listed (its FileFailed): sync's
+    /// --delete deletes nothing (rsync's IOERR_GENERAL).
+    source_failed: AtomicBool,
     /// Files of ids below this are all settled (never unsettle again).
     settled_upto: AtomicU64,
     /// The counters reached the table's size once ([`Self::counted_all_first`]).
@@ -487,6 +490,7 @@ impl FileTable {
             journal_min: 0,
             dirty: std::sync::Mutex::new(Vec::new()),
             storage_failed: AtomicBool::new(false),
+            source_failed: AtomicBool::new(false),
             settled_upto: AtomicU64::new(0),
             counted_all: AtomicBool::new(false),
             dirs: SinkDirs::default(),
@@ -770,6 +774,17 @@ impl FileTable {
     fn dir_of(&self, f: &FileRef) -> std::io::Result<DirRef<'_>> {
         self.dirs
             .get(&self.root, f.dir, split_parent(self.rel(f)).0)
+    }
+
+    /// File `id` failed at the source (its FileFailed).
+    pub fn source_failed_id(&self, id: u64, reason: String) {
+        self.source_failed.store(true, Ordering::Release);
+        self.fail_id(id, format!("source: {reason}"));
+    }
+
+    /// Whether the source failed to read a file it listed.
+    pub fn source_failed(&self) -> bool {
+        self.source_failed.load(Ordering::Acquire)
     }
 
     pub fn fail_id(&self, id: u64, reason: String) {

@@ -19,6 +19,7 @@ impl Payload<'_> {
             self.facts.unchanged = w.unchanged;
             self.facts.planned = std::mem::take(&mut w.planned);
             if let Some(walk) = w.take_walk() {
+                super::super::incomplete(&self.stats, &walk.failures);
                 failures.extend(walk.failures);
             }
         }
@@ -42,10 +43,8 @@ impl Payload<'_> {
         let sinks = sink_only_failures(&failed, c.failures);
         failed.extend(sinks);
         let planned = f.plan.as_ref().map_or(std::mem::take(&mut f.planned), |p| {
-            p.planned
-                .iter()
-                .filter_map(|&i| name_of(&f.names, self.files[i].id))
-                .collect()
+            let ids = p.planned.iter().map(|&i| self.files[i].id);
+            dry_list(&f.names, ids, &p.made, &mut Default::default())
         });
         Report {
             files: c.files,
@@ -67,6 +66,7 @@ impl Payload<'_> {
             unchanged: f.plan.as_ref().map_or(f.unchanged, |p| p.unchanged),
             deleted: std::mem::take(&mut f.deleted),
             planned,
+            source_incomplete: self.stats.source_incomplete.load(Ordering::Relaxed),
             placed: f.placed.take(),
         }
     }

@@ -17,7 +17,7 @@ use ramsys_proto::Control;
 use ramsys_resources::{Buf, BufferPool, JobHandle, Reservation, ThreadPool};
 
 use super::pipeline::{self, LostLinks, Pipeline};
-use super::{name_of, Names};
+use super::{dry_list, Names};
 use super::{Confirmed, Ctl, Opened, SourceSession, Threads};
 use crate::data::inline::InlineLinks;
 use crate::data::queue::DeviceQueue;
@@ -719,6 +719,7 @@ impl<'s> Payload<'s> {
                 // Not vanished even when the file was removed since the
                 // scan: the sink's --delete stops on a FileFailed.
                 let full = full.display().to_string();
+                (self.stats.source_incomplete).store(true, Ordering::Relaxed);
                 self.facts
                     .local_failed
                     .push(FailedPath::new(full, reason.clone()));

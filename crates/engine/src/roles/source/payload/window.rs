@@ -91,6 +91,8 @@ pub(in crate::roles::source) struct SrcWindow {
     ready_names: Names,
     /// A dry run's files that would be sent (the report's list).
     pub planned: Vec<String>,
+    /// Their ids: a further name in a later window is listed with them.
+    sent: std::collections::HashSet<u64>,
 }
 
 impl SrcWindow {
@@ -138,6 +140,7 @@ impl SrcWindow {
             dry,
             ready_names: Vec::new(),
             planned: Vec::new(),
+            sent: Default::default(),
         };
         (jobs, rdone_rx, win)
     }
@@ -258,6 +261,14 @@ impl Payload<'_> {
             return Ok(());
         }
         if w.ready.is_empty() {
+            // A dry run's window of records but files (further names,
+            // symlinks): listed all the same, what the sink would make by
+            // its Have.
+            if w.dry && !w.ready_names.is_empty() {
+                let names = std::mem::take(&mut w.ready_names);
+                let made = std::mem::take(&mut w.readied).made();
+                w.planned.extend(dry_list(&names, [], &made, &mut w.sent));
+            }
             if w.scanned && w.ahead.pending.is_empty() {
                 w.gens.clear();
                 w.template = None;
@@ -279,11 +290,9 @@ impl Payload<'_> {
             if w.dry {
                 // Named as the whole-tree phases name them (wire paths).
                 let names = std::mem::take(&mut w.ready_names);
-                let named = p
-                    .planned
-                    .iter()
-                    .filter_map(|&i| name_of(&names, files[i].id));
-                w.planned.extend(named);
+                let ids = p.planned.iter().map(|&i| files[i].id);
+                w.planned
+                    .extend(dry_list(&names, ids, &p.made, &mut w.sent));
             }
             for chunk in p.reuse.chunks(16_384) {
                 self.ctl.send(&Control::Reuse(chunk.to_vec()))?;
